@@ -25,6 +25,7 @@ rule above gave 5.40 % at equal accuracy.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -40,7 +41,7 @@ from tqdm.auto import tqdm
 
 from ._checks import IGNORE_INDEX, check_float, check_int
 from .features import capture_features, find_classifier_head
-from .masked_head import MaskedBottleneckHead, MaskedSGD, head_path, install_head
+from .masked_head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD, head_path, install_head
 
 logger = logging.getLogger(__name__)
 
@@ -305,6 +306,35 @@ def _loss_value(loss_fn, logits, labels, features):
     return loss_fn(logits, labels)
 
 
+def _cross_entropy_grad(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``n · ∂ mean-CE / ∂ logits`` in closed form, ``softmax(z) − onehot(y)`` (autograd's gradient times n)."""
+    index = labels.unsqueeze(1)
+    return torch.softmax(logits, 1).scatter_add_(1, index, _MINUS_ONE.get(logits).expand(index.shape[0], 1))
+
+
+class _Constant:
+    """A cached ``-1`` scalar tensor per (device, dtype), so the closed-form gradient allocates nothing for it."""
+
+    def __init__(self, value: float):
+        self.value, self.cache = value, {}
+
+    def get(self, like: torch.Tensor) -> torch.Tensor:
+        key = (like.device, like.dtype)
+        if key not in self.cache:
+            self.cache[key] = torch.full((1, 1), self.value, device=like.device, dtype=like.dtype)
+        return self.cache[key]
+
+
+_MINUS_ONE = _Constant(-1.0)
+
+
+def _autocast_off(device_type: str):
+    """Disable an outer autocast around the head's step (it trains in its own dtype); a no-op when none is active."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def train_masked_head(
     head: MaskedBottleneckHead,
     batches: Callable[[int, torch.Generator], Iterable[tuple[torch.Tensor, torch.Tensor]]],
@@ -315,63 +345,88 @@ def train_masked_head(
 ) -> list[dict[str, float]]:
     """Train ``head`` for ``config.epochs`` epochs; ``batches(epoch, generator)`` yields ``(features, labels)``.
 
-    Each epoch: draw masks with retention ρ (Eq. 8), train with :class:`MaskedSGD` (Eqs. 9–11),
+    Each epoch: draw masks with retention ρ (Eq. 8), train with :class:`MaskedSGD`'s rule (Eqs. 9–11),
     record training accuracy / mean confidence / loss of the masked forward passes, log them,
     then adapt ρ (``update_retention``) when ``config.adaptive``. Returns one dict per epoch.
+
+    The head's steps are small and overhead-bound, so they skip the autograd engine
+    (:class:`~hf_calibration.masked_head.FlatHeadTrainer`: hand-written forward and backward passes,
+    one update on a flat parameter vector); the default cross-entropy's gradient
+    ``(softmax − onehot)/n`` is closed-form, and any other loss is differentiated by autograd w.r.t.
+    the logits and its own parameters only (those get plain SGD, no decay). The result equals
+    ``loss.backward(); MaskedSGD.step()`` through :meth:`MaskedBottleneckHead.forward` up to float
+    rounding. Forward hooks on ``head`` do not run during this training.
     """
     loss_fn = _resolve_loss(loss, head.num_labels)
     generator = torch.Generator().manual_seed(config.seed)
-    weights = list(head.masked_weights)
-    decayed = [{"params": weights, "weight_decay": config.weight_decay}]
-    rest = [p for p in head.parameters() if all(p is not w for w in weights)]
+    trainer = FlatHeadTrainer(head, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    loss_params, loss_optimizer = [], None
     if isinstance(loss_fn, nn.Module):
-        loss_fn.to(weights[0].device).train()
-        rest += [p for p in loss_fn.parameters() if p.requires_grad]
-    decayed.append({"params": rest, "weight_decay": 0.0})
-    optimizer = MaskedSGD(decayed, lr=config.lr, momentum=config.momentum)
+        loss_fn.to(trainer.theta.device).train()
+        loss_params = [p for p in loss_fn.parameters() if p.requires_grad]
+        if loss_params:  # the loss's own parameters (FeDLaS gate): plain SGD, no decay, no masks
+            loss_optimizer = MaskedSGD(loss_params, lr=config.lr, momentum=config.momentum)
     rho, history = config.rho0, []
     head.train()
     bar = tqdm(range(config.epochs), desc="MaC-Cal: head epochs", disable=not config.progress, leave=False)
-    for epoch in bar:
-        masks = head.draw_masks(rho, generator, rescale=config.rescale)
-        optimizer.set_masks(dict(zip(weights, masks)))
-        seen_logits, seen_labels, losses = [], [], []  # kept on the device: one host sync per epoch
-        for x, y in batches(epoch, generator):
-            with torch.autocast(x.device.type, enabled=False):  # the head trains in float32 under any outer autocast
-                logits = head(x)
-                value = _loss_value(loss_fn, logits, y, x)
-            optimizer.zero_grad(set_to_none=True)
-            value.backward()
-            optimizer.step()
-            seen_logits.append(logits.detach())
-            seen_labels.append(y)
-            losses.append(value.detach() * y.numel())
-        if not seen_labels:
-            raise ValueError("Expected the stage-2 data to hold at least one labelled sample, but got none.")
-        with torch.no_grad():
-            conf_all, pred = torch.cat(seen_logits).float().softmax(-1).max(-1)
-            labels_all = torch.cat(seen_labels)
-            n = labels_all.numel()
-            correct, conf_sum, loss_sum = torch.stack(
-                [(pred == labels_all).sum().double(), conf_all.double().sum(), torch.stack(losses).double().sum()]
-            ).tolist()
-        acc, conf = correct / n, conf_sum / n
-        record = {
-            "epoch": float(epoch),
-            "retention": float(rho),
-            "clip_bound": clip_bound(epoch, config),
-            "train_accuracy": acc,
-            "mean_confidence": conf,
-            "loss": loss_sum / n,
-        }
-        history.append(record)
-        bar.set_postfix(rho=f"{rho:.3f}", acc=f"{acc:.3f}", conf=f"{conf:.3f}")
-        logger.info("MaC-Cal epoch %d: rho=%.4f acc=%.4f conf=%.4f loss=%.4f", epoch, rho, acc, conf, record["loss"])
-        if log_fn is not None:
-            log_fn({f"maccal/{k}": v for k, v in record.items()})
-        if config.adaptive:
-            rho = update_retention(rho, min(acc, 1.0), min(conf, 1.0), epoch, config)
-    head.clear_masks()
+    try:
+        for epoch in bar:
+            masks = head.draw_masks(rho, generator, rescale=config.rescale)
+            trainer.set_masks(masks, head.mask_scale)
+            seen_logits, seen_labels, losses = [], [], []  # kept on the device: one host sync per epoch
+            with torch.no_grad():
+                for x, y in batches(epoch, generator):
+                    with _autocast_off(x.device.type):  # the head trains in its own dtype under any outer autocast
+                        logits, saved = trainer.forward(x)
+                        if loss_fn is None:  # mean CE: the 1/n goes into the backward pass's one scaling
+                            grad_logits, grad_scale = _cross_entropy_grad(logits, y), 1.0 / y.shape[0]
+                        else:
+                            leaf = logits.detach().requires_grad_()
+                            with torch.enable_grad():
+                                value = _loss_value(loss_fn, leaf, y, x)
+                            grad_logits, *loss_grads = torch.autograd.grad(value, [leaf, *loss_params], allow_unused=True)
+                            if grad_logits is None:  # a loss that ignores the logits
+                                grad_logits = torch.zeros_like(logits)
+                            losses.append(value.detach() * y.numel())
+                            grad_scale = 1.0
+                            if loss_optimizer is not None:
+                                loss_optimizer.update([loss_grads])
+                        trainer.backward(saved, grad_logits, grad_scale)
+                        trainer.step()
+                    seen_logits.append(logits)
+                    seen_labels.append(y)
+                if not seen_labels:
+                    raise ValueError("Expected the stage-2 data to hold at least one labelled sample, but got none.")
+                logits_all, labels_all = torch.cat(seen_logits), torch.cat(seen_labels)
+                n = labels_all.numel()
+                if loss_fn is None:  # the loss of each step's masked forward pass, summed once per epoch
+                    loss_total = F.cross_entropy(logits_all, labels_all, reduction="sum").double()
+                else:
+                    loss_total = torch.stack(losses).double().sum()
+                conf_all, pred = logits_all.float().softmax(-1).max(-1)
+                correct, conf_sum, loss_sum = torch.stack(
+                    [(pred == labels_all).sum().double(), conf_all.double().sum(), loss_total]
+                ).tolist()
+            trainer.write_back()  # the head's parameters are current at every epoch's end (and log_fn)
+            acc, conf = correct / n, conf_sum / n
+            record = {
+                "epoch": float(epoch),
+                "retention": float(rho),
+                "clip_bound": clip_bound(epoch, config),
+                "train_accuracy": acc,
+                "mean_confidence": conf,
+                "loss": loss_sum / n,
+            }
+            history.append(record)
+            bar.set_postfix(rho=f"{rho:.3f}", acc=f"{acc:.3f}", conf=f"{conf:.3f}")
+            logger.info("MaC-Cal epoch %d: rho=%.4f acc=%.4f conf=%.4f loss=%.4f", epoch, rho, acc, conf, record["loss"])
+            if log_fn is not None:
+                log_fn({f"maccal/{k}": v for k, v in record.items()})
+            if config.adaptive:
+                rho = update_retention(rho, min(acc, 1.0), min(conf, 1.0), epoch, config)
+    finally:
+        trainer.write_back()
+        head.clear_masks()
     head.eval()
     return history
 
