@@ -441,3 +441,112 @@ def test_bare_timm_model_with_tuple_batches():
         f = model.forward_head(model.forward_features(x), pre_logits=True)
         h = model.head
         torch.testing.assert_close(model(x), torch.relu(f @ h.fc1.weight.T + h.fc1.bias) @ h.fc2.weight.T + h.fc2.bias)
+
+
+# ----------------------------------------------------------------------------- the fast training path
+#
+# train_masked_head trains without autograd (hand-written forward/backward on one flat vector). The
+# reference below is the textbook definition instead: autograd through relu(x (W1⊙M1·s)ᵀ + b1)(W2⊙M2·s)ᵀ + b2
+# and an SGD step written entry by entry with torch.where (masked: no gradient, decay or momentum).
+
+
+def _reference_training(params, loss_params, draws, epochs_batches, lr, momentum, weight_decay, loss_fn):
+    """Plain autograd + masked SGD, float64; returns the head's parameters and per-epoch mean losses."""
+    w1, b1, w2, b2 = (p.detach().clone().requires_grad_() for p in params)
+    loss_params = list(loss_params)
+    bufs = {}
+    epoch_losses = []
+    for (m1, m2, scale), batches in zip(draws, epochs_batches):
+        keeps = {0: m1.bool(), 2: m2.bool()}  # index in [w1, b1, w2, b2]; biases are never masked
+        total, count = 0.0, 0
+        for x, y in batches:
+            logits = torch.relu(x @ (w1 * m1 * scale).T + b1) @ (w2 * m2 * scale).T + b2
+            loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(logits, y, features=x)
+            tensors = [w1, b1, w2, b2, *loss_params]
+            grads = torch.autograd.grad(loss, tensors)
+            with torch.no_grad():
+                for i, (p, g) in enumerate(zip(tensors, grads)):
+                    keep = keeps.get(i, torch.ones_like(p, dtype=torch.bool))
+                    d = g + weight_decay * p if i in (0, 2) else g  # decay on the head's weight matrices only
+                    if momentum:
+                        if i not in bufs:
+                            bufs[i] = torch.where(keep, d, torch.zeros_like(d))  # torch.optim.SGD: b = d at first
+                        else:
+                            bufs[i] = torch.where(keep, momentum * bufs[i] + d, bufs[i])
+                        d = bufs[i]
+                    p.copy_(torch.where(keep, p - lr * d, p))
+            total += loss.item() * len(y)
+            count += len(y)
+        epoch_losses.append(total / count)
+    return [w1.detach(), b1.detach(), w2.detach(), b2.detach()], epoch_losses
+
+
+@pytest.mark.parametrize("loss_name", [None, "fedlas_ls"])
+@pytest.mark.parametrize("momentum, weight_decay, rescale, adaptive", [(0.9, 0.01, True, True), (0.0, 0.0, False, False)])
+def test_fast_training_equals_autograd_with_reference_masked_sgd(loss_name, momentum, weight_decay, rescale, adaptive):
+    import copy
+
+    from hf_calibration.maccal import train_masked_head
+
+    x_all, y_all = digits(slice(0, 150))
+    x_all = x_all.flatten(1).double()
+    x_all = (x_all - x_all.mean(0)) / (x_all.std(0) + 0.1)  # centred, like backbone features: ReLU units stay alive
+    order = [torch.randperm(150, generator=torch.Generator().manual_seed(e)) for e in range(4)]
+    epochs_batches = [[(x_all[o[s : s + 40]], y_all[o[s : s + 40]]) for s in range(0, 150, 40)] for o in order]  # 40, 40, 40, 30
+
+    torch.manual_seed(0)
+    head = MaskedBottleneckHead(64, 12, 10).double()
+    params0 = [p.detach().clone() for p in (head.fc1.weight, head.fc1.bias, head.fc2.weight, head.fc2.bias)]
+    loss = None
+    if loss_name is not None:
+        from hf_calibration.losses import FeDLaSLoss
+
+        loss = FeDLaSLoss(10, beta=4.0).double()
+    ref_loss = copy.deepcopy(loss)  # train_masked_head deep-copies its loss: the same starting state
+
+    draws, snapshots = [], []
+    draw = head.draw_masks
+
+    def spy_draw(retention, generator=None, rescale=False):
+        masks = draw(retention, generator, rescale=rescale)
+        draws.append((masks[0].clone(), masks[1].clone(), 1.0 / retention if rescale else 1.0))
+        return masks
+
+    head.draw_masks = spy_draw
+    config = MaCCalConfig(epochs=4, lr=0.1, momentum=momentum, weight_decay=weight_decay, rho0=0.6, rho_min=0.5,
+                          rescale=rescale, adaptive=adaptive, progress=False)
+    snapshot = lambda record: snapshots.append([p.detach().clone() for p in (head.fc1.weight, head.fc2.weight)])  # noqa: E731
+    history = train_masked_head(head, lambda epoch, g: iter(epochs_batches[epoch]), config, loss=loss, log_fn=snapshot)
+
+    assert all(0 < m1.mean().item() < 1 for m1, _, _ in draws)  # real masks
+    # (the FeDLaS gate's parameters are trained in both: if the fast path skipped them, its weights would drift)
+    loss_params = [p for p in ref_loss.parameters()] if ref_loss is not None else []
+    expected, epoch_losses = _reference_training(params0, loss_params, draws, epochs_batches, 0.1, momentum, weight_decay, ref_loss)
+    for got, want in zip((head.fc1.weight, head.fc1.bias, head.fc2.weight, head.fc2.bias), expected):
+        torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose([h["loss"] for h in history], epoch_losses, rtol=1e-9)
+    # masked entries are bit-unchanged over the epoch they were masked in (head is current at each epoch's end)
+    before = [params0[0], params0[2]]
+    for (m1, m2, _), after in zip(draws, snapshots):
+        for w0, w, m in zip(before, after, (m1, m2)):
+            assert torch.equal(w[m == 0], w0[m == 0])
+            # kept entries move, except those whose input is always 0 (blank digit pixels) or whose unit is dead
+            assert (w[m == 1] != w0[m == 1]).double().mean() > 0.5
+        before = after
+
+
+def test_fast_training_ignores_an_outer_autocast():
+    from hf_calibration.maccal import train_masked_head
+
+    x, y = digits(slice(0, 96))
+    x = x.flatten(1)
+    heads = []
+    for autocast in (False, True):
+        torch.manual_seed(0)
+        head = MaskedBottleneckHead(64, 16, 10)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            train_masked_head(head, lambda e, g: iter([(x[:64], y[:64]), (x[64:], y[64:])]), MaCCalConfig(epochs=2, progress=False))
+        heads.append(head)
+    assert heads[1].fc1.weight.dtype == torch.float32
+    for p, q in zip(heads[0].parameters(), heads[1].parameters()):
+        assert torch.equal(p, q)
