@@ -522,8 +522,7 @@ def maccal_stage(
             def batches(epoch, generator):
                 perm = torch.randperm(x_all.shape[0], generator=generator).to(device)
                 x_perm, y_perm = x_all[perm], y_all[perm]  # one gather per epoch, then views
-                for start in range(0, perm.numel(), config.batch_size):
-                    yield x_perm[start : start + config.batch_size], y_perm[start : start + config.batch_size]
+                return zip(x_perm.split(config.batch_size), y_perm.split(config.batch_size))
 
         else:
 

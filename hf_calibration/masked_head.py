@@ -204,6 +204,7 @@ class FlatHeadTrainer:
         self._plain_t = tuple(w.t() for w in self.theta_views[:2])
         self._masked_views = self._views(self.masked, 2)
         self._masked_t = tuple(w.t() for w in self._masked_views)
+        self._b1, self._b2 = self.theta_views[2:]
         self.set_masks(None)
 
     def _views(self, flat: torch.Tensor, count: int = 4) -> list[torch.Tensor]:
@@ -219,23 +220,23 @@ class FlatHeadTrainer:
             self.keep = self.mu_keep = self.factor = None
             self._grad_factors = {}
             return
-        ones = torch.ones(self.theta.numel() - self.n_weights, dtype=self.theta.dtype, device=self.theta.device)
-        keep = torch.cat([(m != 0).reshape(-1).to(self.theta.dtype) for m in masks] + [ones])
+        keep = torch.ones_like(self.theta)
+        for view, m in zip(self._views(keep, 2), masks):
+            view.copy_(m != 0)
         self.keep = keep
-        self.mu_keep = keep * self.momentum + (1 - keep)
+        self.mu_keep = keep * self.momentum + (1 - keep)  # μ where kept (exactly), 1 where masked
         self.factor = keep[: self.n_weights] * scale  # W_e = W ⊙ F in the forward pass
         self._grad_factors = {}  # grad_scale -> (F, 1 on the biases) · grad_scale
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """Masked training forward pass (= ``head(x)`` in training mode with the same masks): ``(logits, saved)``."""
-        b1, b2 = self.theta_views[2:]
         if self.factor is None:
-            w1t, w2t = self._plain_t
+            (w1t, w2t), w2 = self._plain_t, self.theta_views[1]
         else:
             torch.mul(self.theta_weights, self.factor, out=self.masked)
-            w1t, w2t = self._masked_t
-        h = torch.addmm(b1, x, w1t).relu_()
-        return torch.addmm(b2, h, w2t), (x, h, w2t)
+            (w1t, w2t), w2 = self._masked_t, self._masked_views[1]
+        h = torch.addmm(self._b1, x, w1t).relu_()
+        return torch.addmm(self._b2, h, w2t), (x, h, w2)
 
     def backward(self, saved: tuple, grad_logits: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
         """Fill :attr:`grad` with ``∂L/∂θ`` for ``∂L/∂logits = grad_scale · grad_logits``.
@@ -243,11 +244,11 @@ class FlatHeadTrainer:
         ``∂L/∂W = (∂L/∂W_e) ⊙ F``: zero where masked (MaC-Cal Eq. 11). ``grad_scale`` (e.g. ``1/n`` of a
         mean loss) is folded into the one multiplication by ``F``, cached per value.
         """
-        x, h, w2t = saved
+        x, h, w2 = saved
         g1, g2, gb1, gb2 = self.grad_views
         torch.mm(grad_logits.t(), h, out=g2)
         torch.sum(grad_logits, 0, out=gb2)
-        gh = torch.ops.aten.threshold_backward(grad_logits.mm(w2t.t()), h, 0)  # ReLU' = [h > 0]
+        gh = torch.ops.aten.threshold_backward(grad_logits.mm(w2), h, 0)  # ReLU' = [h > 0]
         torch.mm(gh.t(), x, out=g1)
         torch.sum(gh, 0, out=gb1)
         if self.factor is not None or grad_scale != 1.0:
