@@ -35,6 +35,23 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in _HALF_DTYPES else x
 
 
+def _denominator(mask: torch.Tensor, num_items_in_batch: Any, dtype: torch.dtype) -> torch.Tensor | float:
+    """What `_reduce` divides the masked sum by: ``num_items_in_batch`` when given, else the kept count (at least 1)."""
+    if num_items_in_batch is None:
+        return mask.sum().clamp_min(1)
+    if isinstance(num_items_in_batch, torch.Tensor):
+        if num_items_in_batch.numel() > 1:  # DataParallel hands a repeated count
+            num_items_in_batch = num_items_in_batch.reshape(-1)[0]
+        if num_items_in_batch.device != mask.device or num_items_in_batch.dtype != dtype:
+            num_items_in_batch = num_items_in_batch.to(device=mask.device, dtype=dtype)
+        return num_items_in_batch
+    if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, numbers.Real):
+        raise TypeError(
+            f"Expected argument `num_items_in_batch` to be a number or a tensor, but got {num_items_in_batch!r}."
+        )
+    return num_items_in_batch
+
+
 def _reduce(per_sample: torch.Tensor, mask: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
     """Masked sum divided by `num_items_in_batch` when given, else by the number of kept samples.
 
@@ -42,18 +59,8 @@ def _reduce(per_sample: torch.Tensor, mask: torch.Tensor, num_items_in_batch: An
     gradient accumulation and multi-process training give the gradient of one big batch. With every
     label ignored and no count given, the loss is 0 (not NaN).
     """
-    total = torch.where(mask, per_sample, 0.0).sum()  # where, not a product: ignored rows may hold inf
-    if num_items_in_batch is None:
-        return total / mask.sum().clamp_min(1)
-    if isinstance(num_items_in_batch, torch.Tensor):
-        if num_items_in_batch.numel() > 1:  # DataParallel hands a repeated count
-            num_items_in_batch = num_items_in_batch.reshape(-1)[0]
-        return total / num_items_in_batch.to(device=per_sample.device, dtype=per_sample.dtype)
-    if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, numbers.Real):
-        raise TypeError(
-            f"Expected argument `num_items_in_batch` to be a number or a tensor, but got {num_items_in_batch!r}."
-        )
-    return total / num_items_in_batch
+    denom = _denominator(mask, num_items_in_batch, per_sample.dtype)
+    return torch.where(mask, per_sample, 0.0).sum() / denom  # where, not a product: ignored rows may hold inf
 
 
 class CalibrationLoss(nn.Module):
@@ -116,7 +123,8 @@ class CalibrationLoss(nn.Module):
         if not isinstance(labels, torch.Tensor):
             raise TypeError(f"Expected argument `labels` to be a torch.Tensor, but got {type(labels).__name__}.")
         check_classification_shapes(logits, labels, "logits", "labels")
-        labels = labels.to(device=logits.device, dtype=torch.long)
+        if labels.dtype != torch.long or labels.device != logits.device:  # a no-op `to` still costs a dispatch
+            labels = labels.to(device=logits.device, dtype=torch.long)
         mask = labels != self.ignore_index
         safe_labels = labels * mask  # ignored rows → class 0, so gather stays in bounds; they are masked later
         num_classes = logits.shape[1]

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_choice, check_float, check_int
-from ._base import CalibrationLoss
+from ._base import CalibrationLoss, _denominator
+from ._fedlas_fused import FeDLaSFunction
 from .label_smoothing import label_smoothing_per_sample
 from .margin import margin_penalty_per_sample
 from .cross_entropy import nll_per_sample
@@ -85,7 +86,7 @@ class BidirectionalCalibrationGate(nn.Module):
 
 def l1_norms(features: torch.Tensor) -> torch.Tensor:
     """``‖sg[f_i]‖₁`` per sample, in float32 at least (features of any trailing shape are flattened)."""
-    f = features.detach()
+    f = features.detach() if features.requires_grad else features
     if f.ndim > 2:
         f = f.flatten(1)
     dtype = torch.float64 if f.dtype == torch.float64 else torch.float32
@@ -100,7 +101,7 @@ def batch_moments(norms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[Σ n_i, Σ n_i², count]`` over kept samples, in float64: the sufficient statistics reduced across processes."""
     dtype = _stats_dtype(norms.device)
     x = torch.where(mask, norms, 0.0).to(dtype)
-    return torch.stack([x, x * x, mask.to(dtype)]).sum(dim=1)
+    return torch.stack([x, x * x, mask]).sum(dim=1)  # stack promotes the boolean mask to x's dtype
 
 
 def all_reduce_moments(moments: torch.Tensor) -> torch.Tensor:
@@ -121,14 +122,13 @@ def ema_update(mean: torch.Tensor, std: torch.Tensor, moments: torch.Tensor, the
     """
     total, total_sq, count = moments.unbind()
     batch_mean = total / count
-    batch_std = ((total_sq - total * batch_mean) / (count - 1)).clamp_min(0).sqrt()
+    batch_std = (torch.addcmul(total_sq, total, batch_mean, value=-1) / (count - 1)).clamp_min(0).sqrt()
     old = torch.stack([mean, std]).to(moments.dtype)
     # counts (0 | 1 | >=2) → (keep both | move μ only | move both): compare with [0.5, 1.5]
     if thresholds is None:
         thresholds = torch.tensor([0.5, 1.5], device=moments.device)
     new = torch.where(count > thresholds, old.lerp(torch.stack([batch_mean, batch_std]), theta), old)
-    mean.copy_(new[0])
-    std.copy_(new[1])
+    torch._foreach_copy_((mean, std), new.unbind())
 
 
 def norm_confidence_indicator(norms: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -199,19 +199,42 @@ class FeDLaSLoss(CalibrationLoss):
         # sample counts above which the EMA moves μ and σ (see ema_update); a buffer so it lives on the device
         self.register_buffer("_count_thresholds", torch.tensor([0.5, 1.5]), persistent=False)
         self.last_weights: torch.Tensor | None = None
-        self.last_psi: torch.Tensor | None = None
         self.last_nci: torch.Tensor | None = None
+        self._last_positive: torch.Tensor | None = None  # ψ > 0; last_psi is built from it on demand
+
+    @property
+    def last_psi(self) -> torch.Tensor | None:
+        """ψ ∈ {-1, +1} of the last training forward (None before)."""
+        if self._last_positive is None:
+            return None
+        dtype = torch.float64 if self.gate.fc_in.weight.dtype == torch.float64 else torch.float32
+        return torch.where(self._last_positive, 1.0, -1.0).to(dtype)
 
     def forward(self, logits, labels, features=None, num_items_in_batch=None):
+        """The loss of Eq. 4 in one fused autograd node (`FeDLaSFunction`); same value as the unfused
+        ``per_sample_loss`` reduced by the base class, with the gradients of the straight-through gate."""
         if features is None:
             raise ValueError(
                 "FeDLaSLoss needs the classifier's input features: train with `hf_calibration.CalibrationTrainer` "
                 "(it captures them with a hook on the classification head), or call the loss with `features=`."
             )
-        return super().forward(logits, labels, features=features, num_items_in_batch=num_items_in_batch)
+        if type(self.gate) is not BidirectionalCalibrationGate:  # a replaced gate: the generic autograd path
+            return super().forward(logits, labels, features=features, num_items_in_batch=num_items_in_batch)
+        logits, labels, mask = self._format(logits, labels)
+        features = self._format_features(features, logits.shape[0])
+        gamma = self._nci(logits, features, mask)
+        denom = _denominator(mask, num_items_in_batch, logits.dtype)
+        gate = self.gate
+        loss, weights, positive = FeDLaSFunction.apply(
+            logits, gate.fc_in.weight, gate.fc_in.bias, gate.fc_out.weight, gate.fc_out.bias, gamma,
+            labels, mask, denom, self.variant, self.base, self.beta, self.margin,
+        )  # fmt: skip
+        if self.training:
+            self.last_weights, self._last_positive, self.last_nci = weights, positive, gamma
+        return loss
 
-    def smoothing_weights(self, logits: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``r_i = base · 2σ(β·ψ_i·γ_i)`` (Eq. 7); updates the NCI statistics first when training."""
+    def _nci(self, logits: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """γ (Eq. 10), after folding this batch into the EMA statistics when training (Eqs. 11-12)."""
         if logits.shape[1] != self.num_classes:
             raise ValueError(
                 f"Expected `logits` to have num_classes = {self.num_classes} columns, but got {logits.shape[1]}."
@@ -224,17 +247,22 @@ class FeDLaSLoss(CalibrationLoss):
             with torch.no_grad():
                 moments = all_reduce_moments(batch_moments(norms, mask))
                 ema_update(self.nci_mean, self.nci_std, moments, self.theta, self._count_thresholds)
-        gamma = norm_confidence_indicator(norms, self.nci_mean, self.nci_std)  # no gradient: built from detached inputs
+        return norm_confidence_indicator(norms, self.nci_mean, self.nci_std)  # no gradient: built from detached inputs
+
+    def smoothing_weights(self, logits: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``r_i = base · 2σ(β·ψ_i·γ_i)`` (Eq. 7) with autograd through the gate; updates the NCI statistics first when training."""
+        gamma = self._nci(logits, features, mask)
         psi = self.gate(logits)
         # 2·base·σ(x) as σ(x)·(2·base): exact at β = 0 (σ(0) = 1/2 and doubling is exact in binary)
         weights = torch.sigmoid(psi * gamma * self.beta) * (2 * self.base)
         if weights.dtype != logits.dtype:
             weights = weights.to(logits.dtype)
         if self.training:
-            self.last_weights, self.last_psi, self.last_nci = weights.detach(), psi.detach(), gamma
+            self.last_weights, self._last_positive, self.last_nci = weights.detach(), psi.detach() > 0, gamma
         return weights
 
     def per_sample_loss(self, logits, labels, mask, features):
+        """Unfused reference of what `forward` computes in one node (plain autograd through the gate)."""
         weights = self.smoothing_weights(logits, features, mask)
         log_probs = F.log_softmax(logits, dim=-1)
         if self.variant == "ls":

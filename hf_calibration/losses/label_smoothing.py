@@ -15,8 +15,9 @@ def label_smoothing_per_sample(
 ) -> torch.Tensor:
     """``(1 - α)·CE_i + α·mean_k(-log p_ik)`` (FeDLaS Eq. 3); ``alpha`` is a float or a per-sample ``(N,)`` tensor (Eq. 4)."""
     nll = nll_per_sample(log_probs, labels)
-    uniform = -log_probs.mean(dim=-1)
-    return nll + alpha * (uniform - nll)  # = (1 - α)·nll + α·uniform; α = 0 gives nll bit for bit
+    # (1 - α)·nll + α·uniform as nll + α·(uniform - nll), α = 0 giving nll bit for bit; written with
+    # uniform - nll = -(mean_k log p_k + nll), the same numbers to the bit in one operation fewer
+    return nll - alpha * (log_probs.mean(dim=-1) + nll)
 
 
 class LabelSmoothingLoss(CalibrationLoss):
