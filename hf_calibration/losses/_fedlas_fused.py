@@ -89,19 +89,19 @@ class FeDLaSFunction(torch.autograd.Function):
             return tuple(grads)
         c = torch.where(mask, grad_out / ctx.denom, 0.0)  # ∂loss/∂L_i
         if ctx.needs_input_grad[0]:
+            # ∂/∂log p: -c·(1 - r) at the label (nll_loss's own backward), minus c·r/K everywhere for LS;
+            # log_softmax's backward then adds c·p (the row sums are -c), giving the formulas above
             num_classes = log_probs.shape[1]
-            probs = log_probs.exp()
-            y = labels.unsqueeze(1)
+            cw = c * weights
+            tw = _as(grad_out, log_probs.dtype)  # nll_loss_backward's total_weight: unused without reduction
+            grad = torch.ops.aten.nll_loss_backward(c - cw, log_probs, labels, None, 0, -100, tw)
             if ctx.variant == "ls":
-                cw = c * weights
-                grad = (probs - (weights / num_classes).unsqueeze(1)) * c.unsqueeze(1)
-                grad.scatter_add_(1, y, (cw - c).unsqueeze(1))
+                grad.sub_((cw / num_classes).unsqueeze(1))
+                grad = torch._log_softmax_backward_data(grad, log_probs, 1, log_probs.dtype)
             else:
-                c_nll = c * (1 - weights)
-                grad = probs * c_nll.unsqueeze(1)
-                grad.scatter_add_(1, y, (-c_nll).unsqueeze(1))
-                c_pen = (c * weights / num_classes).unsqueeze(1)
-                active = (active_in > 0).to(grad.dtype)
+                grad = torch._log_softmax_backward_data(grad, log_probs, 1, log_probs.dtype)
+                c_pen = (cw / num_classes).unsqueeze(1)
+                active = active_in > 0
                 grad.sub_(active * c_pen)
                 grad.scatter_add_(1, top_index, active.sum(dim=1, keepdim=True) * c_pen)
             grads[0] = grad
