@@ -521,7 +521,7 @@ def maccal_stage(
 
             def batches(epoch, generator):
                 perm = torch.randperm(x_all.shape[0], generator=generator).to(device)
-                x_perm, y_perm = x_all[perm], y_all[perm]  # one gather per epoch, then views
+                x_perm, y_perm = x_all.index_select(0, perm), y_all.index_select(0, perm)  # one gather per epoch, then views
                 return zip(x_perm.split(config.batch_size), y_perm.split(config.batch_size))
 
         else:
