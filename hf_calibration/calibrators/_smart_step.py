@@ -4,6 +4,9 @@ The same maths as ``SMARTCalibrator.temperature_of_margin`` → ``LogPartitionTa
 objectives in ``objectives.py`` (the tests check loss and gradient against torch autograd on those),
 written out by hand so an Adam step costs ~N * (4H + 3B) flops instead of ~100 small torch kernels.
 
+Rows are processed in fixed chunks of ``CHUNK`` rows, in parallel; each chunk's partial sums are added in
+chunk order, so the result does not depend on the number of threads (a fit is deterministic).
+
 Parameter vector layout: ``[W1 (H), b1 (H), W2 (H), b2 (1)]`` for
 ``T(m_hat) = softplus(W2 . ReLU(W1 m_hat + b1) + b2) + eps``.
 """
@@ -15,12 +18,20 @@ import math
 import numba
 import numpy as np
 
+from ._partition import LOG2_BETA_MIN, STEPS
+
 OBJECTIVE_CODES = {"nll": 0, "brier": 1, "soft_ece": 2, "charbonnier_soft_ece": 3}
+CHUNK = 256  # rows per parallel task: fixed, so the summation order is too
+_TINY = 2.2250738585072014e-308
 
 
-@numba.njit(cache=True, fastmath=False)
+@numba.njit(cache=True, fastmath=True)
 def _lookup(f_flat, df_flat, grid, row, beta):  # pragma: no cover - compiled
-    """(f, df/dbeta) of the tabulated log-partition function of ``row`` at ``beta`` (cubic Hermite in log beta)."""
+    """(f, df/dbeta) of the tabulated log-partition function of ``row`` at ``beta`` (cubic Hermite in log beta).
+
+    The grid is ``beta = 2**(o + LOG2_BETA_MIN) * (STEPS + m) / STEPS``: the cell holding ``beta`` follows
+    from its binary exponent and mantissa, with no search.
+    """
     size = grid.shape[0]
     base = row * size
     u = math.log(beta)
@@ -28,14 +39,12 @@ def _lookup(f_flat, df_flat, grid, row, beta):  # pragma: no cover - compiled
         beta_min = math.exp(grid[0])
         slope = df_flat[base] / beta_min
         return f_flat[base] + slope * (beta - beta_min), slope
-    lo, hi = 0, size - 1  # largest idx with grid[idx] <= u, clamped to size - 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if grid[mid] <= u:
-            lo = mid
-        else:
-            hi = mid
-    idx = lo
+    mant, expo = math.frexp(beta)  # beta = mant * 2**expo, mant in [0.5, 1)
+    idx = (expo - 1 - LOG2_BETA_MIN) * STEPS + int((2.0 * mant - 1.0) * STEPS)
+    if idx > size - 2:
+        idx = size - 2
+    elif idx < 0:
+        idx = 0
     h = grid[idx + 1] - grid[idx]
     t = (u - grid[idx]) / h
     held = t > 1.0
@@ -55,88 +64,117 @@ def _lookup(f_flat, df_flat, grid, row, beta):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=True)
+def _soft_bins(p, n_bins, inv, width, shrink, out):  # pragma: no cover - compiled
+    """Normalised Gaussian memberships of confidence ``p`` in ``n_bins`` bins, written to ``out``.
+
+    Relative to the nearest centre ``c0``, neighbouring membership ratios are geometric
+    (``ratio_{b+1} = ratio_b * exp(-2 inv width^2)``), so a row costs one exp instead of ``n_bins``.
+    """
+    b0 = min(n_bins - 1, max(0, int(p * n_bins)))
+    c0 = (2.0 * b0 + 1.0) / (2.0 * n_bins)
+    up = math.exp(inv * (2.0 * width * (p - c0) - width * width))
+    down = shrink / up if up > 1e-150 else math.exp(-inv * (2.0 * width * (p - c0) + width * width))
+    out[b0] = 1.0
+    total = 1.0
+    e = 1.0
+    ratio = up
+    for b in range(b0 + 1, n_bins):
+        e *= ratio
+        ratio *= shrink
+        out[b] = e
+        total += e
+    e = 1.0
+    ratio = down
+    for b in range(b0 - 1, -1, -1):
+        e *= ratio
+        ratio *= shrink
+        out[b] = e
+        total += e
+    scale = 1.0 / total
+    for b in range(n_bins):
+        out[b] *= scale
+
+
+@numba.njit(cache=True, fastmath=True, parallel=True)
 def smart_loss_grad(
     x, m_hat, f_flat, df_flat, grid, gap_true, correct, code, n_bins, sigma, delta, eps, weights
 ):  # pragma: no cover - compiled
     """Objective and gradient (3H + 1,) at parameters ``x``. ``weights``: (N, n_bins) scratch buffer."""
     n = m_hat.shape[0]
-    hdim = (x.shape[0] - 1) // 3
+    dim = x.shape[0]
+    hdim = (dim - 1) // 3
     w1 = x[:hdim]
     b1 = x[hdim : 2 * hdim]
     w2 = x[2 * hdim : 3 * hdim]
     b2 = x[3 * hdim]
-    beta = np.empty(n)
+    n_chunks = (n + CHUNK - 1) // CHUNK
+    binned = code >= 2
+    nb = n_bins if binned else 1
     temp = np.empty(n)
     sigmoid = np.empty(n)
-    f = np.empty(n)
     fprime = np.empty(n)
-    # forward: temperatures and the log-partition function at 1 / T
-    for i in range(n):
-        a = b2
-        for j in range(hdim):
-            pre = w1[j] * m_hat[i] + b1[j]
-            if pre > 0:
-                a += w2[j] * pre
-        small = math.exp(-abs(a))
-        temp[i] = math.log1p(small) + max(a, 0.0) + eps  # softplus(a) + eps
-        beta[i] = 1.0 / temp[i]
-        sigmoid[i] = 1.0 / (1.0 + small) if a >= 0 else small / (1.0 + small)  # softplus'(a)
-        f[i], fprime[i] = _lookup(f_flat, df_flat, grid, i, beta[i])
-    dbeta = np.zeros(n)  # d loss / d beta_i
+    conf = np.empty(n)
+    dbeta = np.empty(n)  # d loss / d beta_i
+    part_loss = np.zeros(n_chunks)
+    part_count = np.zeros((n_chunks, nb))
+    part_sum = np.zeros((n_chunks, nb))
+    inv = 1.0 / (2.0 * sigma * sigma)
+    width = 1.0 / n_bins
+    shrink = math.exp(-2.0 * inv * width * width)
+    # pass 1: temperatures, the log-partition function at 1 / T, and per-row (or per-bin) loss terms
+    for c in numba.prange(n_chunks):
+        stop = min(n, (c + 1) * CHUNK)
+        loss_local = 0.0
+        count_local = np.zeros(nb)
+        sum_local = np.zeros(nb)
+        for i in range(c * CHUNK, stop):
+            a = b2
+            for j in range(hdim):
+                a += w2[j] * max(w1[j] * m_hat[i] + b1[j], 0.0)
+            small = math.exp(-abs(a))
+            t = math.log1p(small) + max(a, 0.0) + eps  # softplus(a) + eps
+            temp[i] = t
+            sigmoid[i] = 1.0 / (1.0 + small) if a >= 0 else small / (1.0 + small)  # softplus'(a)
+            beta = 1.0 / t
+            f, fp = _lookup(f_flat, df_flat, grid, i, beta)
+            fprime[i] = fp
+            if code == 0:  # NLL: mean(beta d_y + f(beta))
+                loss_local += beta * gap_true[i] + f
+                dbeta[i] = (gap_true[i] + fp) / n
+            elif code == 1:  # Brier: mean(sum_k p_k^2 - 2 p_y + 1)
+                f2, f2prime = _lookup(f_flat, df_flat, grid, i, 2.0 * beta)
+                sq = math.exp(f2 - 2.0 * f)
+                p_y = math.exp(-beta * gap_true[i] - f)
+                loss_local += sq - 2.0 * p_y + 1.0
+                dbeta[i] = (sq * (2.0 * f2prime - 2.0 * fp) - 2.0 * p_y * (-gap_true[i] - fp)) / n
+            else:  # soft bins of the confidence p = exp(-f(beta))
+                p = math.exp(-f)
+                conf[i] = p
+                row = weights[i]
+                _soft_bins(p, n_bins, inv, width, shrink, row)
+                r = correct[i] - p
+                for b in range(n_bins):
+                    count_local[b] += row[b]
+                    sum_local[b] += row[b] * r
+        part_loss[c] = loss_local
+        for b in range(nb):
+            part_count[c, b] = count_local[b]
+            part_sum[c, b] = sum_local[b]
     loss = 0.0
-    if code == 0:  # NLL: mean(beta d_y + f(beta))
-        for i in range(n):
-            loss += beta[i] * gap_true[i] + f[i]
-            dbeta[i] = (gap_true[i] + fprime[i]) / n
-        loss /= n
-    elif code == 1:  # Brier: mean(sum_k p_k^2 - 2 p_y + 1)
-        for i in range(n):
-            f2, f2prime = _lookup(f_flat, df_flat, grid, i, 2.0 * beta[i])
-            sq = math.exp(f2 - 2.0 * f[i])
-            p_y = math.exp(-beta[i] * gap_true[i] - f[i])
-            loss += sq - 2.0 * p_y + 1.0
-            dbeta[i] = (sq * (2.0 * f2prime - 2.0 * fprime[i]) - 2.0 * p_y * (-gap_true[i] - fprime[i])) / n
+    for c in range(n_chunks):
+        loss += part_loss[c]
+    if not binned:
         loss /= n
     else:  # soft-binned ECE, |gap| (code 2) or Charbonnier (code 3)
-        count = np.zeros(n_bins)
-        gap_sum = np.zeros(n_bins)
-        conf = np.empty(n)
-        inv = 1.0 / (2.0 * sigma * sigma)
-        width = 1.0 / n_bins
-        shrink = math.exp(-2.0 * inv * width * width)
-        for i in range(n):
-            p = math.exp(-f[i])
-            conf[i] = p
-            # Gaussian memberships relative to the nearest centre b0: neighbouring ratios are geometric
-            # (ratio_{b+1} = ratio_b * exp(-2 inv width^2)), so a row costs 2 exps instead of n_bins
-            b0 = min(n_bins - 1, max(0, int(p * n_bins)))
-            c0 = (2.0 * b0 + 1.0) / (2.0 * n_bins)
-            weights[i, b0] = 1.0
-            total = 1.0
-            ratio = math.exp(inv * (2.0 * width * (p - c0) - width * width))
-            e = 1.0
-            for b in range(b0 + 1, n_bins):
-                e *= ratio
-                ratio *= shrink
-                weights[i, b] = e
-                total += e
-            ratio = math.exp(-inv * (2.0 * width * (p - c0) + width * width))
-            e = 1.0
-            for b in range(b0 - 1, -1, -1):
-                e *= ratio
-                ratio *= shrink
-                weights[i, b] = e
-                total += e
-            r = correct[i] - p
-            for b in range(n_bins):
-                weights[i, b] /= total
-                count[b] += weights[i, b]
-                gap_sum[b] += weights[i, b] * r
-        d_count = np.empty(n_bins)  # d loss / d count_b (gap_sum fixed)
-        d_sum = np.empty(n_bins)  # d loss / d gap_sum_b
+        d_count = np.zeros(n_bins)  # d loss / d count_b (gap_sum fixed)
+        d_sum = np.zeros(n_bins)  # d loss / d gap_sum_b
         for b in range(n_bins):
-            cnt = max(count[b], 2.2250738585072014e-308)
-            g = gap_sum[b] / cnt
+            count = 0.0
+            gap_sum = 0.0
+            for c in range(n_chunks):
+                count += part_count[c, b]
+                gap_sum += part_sum[c, b]
+            g = gap_sum / max(count, _TINY)
             if code == 3:
                 root = math.sqrt(g * g + delta * delta)
                 phi = root - delta
@@ -144,31 +182,48 @@ def smart_loss_grad(
             else:
                 phi = abs(g)
                 dphi = 1.0 if g > 0 else (-1.0 if g < 0 else 0.0)
-            loss += count[b] / n * phi
+            loss += count / n * phi
             d_count[b] = (phi - g * dphi) / n
             d_sum[b] = dphi / n
-        for i in range(n):
-            p = conf[i]
-            r = correct[i] - p
-            mean_g = 0.0
-            for b in range(n_bins):
-                c = (2.0 * b + 1.0) / (2.0 * n_bins)
-                mean_g += weights[i, b] * (-(p - c) * 2.0 * inv)
-            dp = 0.0
-            for b in range(n_bins):
-                c = (2.0 * b + 1.0) / (2.0 * n_bins)
-                dw = weights[i, b] * (-(p - c) * 2.0 * inv - mean_g)
-                dp += (d_count[b] + d_sum[b] * r) * dw - d_sum[b] * weights[i, b]
-            dbeta[i] = dp * (-p * fprime[i])  # p = exp(-f(beta))
-    # backward through T = softplus(a) + eps, beta = 1 / T, and the MLP
-    grad = np.zeros(x.shape[0])
-    for i in range(n):
-        da = dbeta[i] * (-1.0 / (temp[i] * temp[i])) * sigmoid[i]
-        grad[3 * hdim] += da
-        for j in range(hdim):  # branch-free ReLU: which units are active varies unpredictably from row to row
-            pre = w1[j] * m_hat[i] + b1[j]
-            dpre = da * w2[j] if pre > 0 else 0.0
-            grad[2 * hdim + j] += da * max(pre, 0.0)
-            grad[j] += dpre * m_hat[i]
-            grad[hdim + j] += dpre
+    # pass 2: d loss / d beta_i for the binned objectives, then back through T = softplus(a) + eps, beta = 1/T, the MLP
+    part_grad = np.zeros((n_chunks, dim))
+    for c in numba.prange(n_chunks):
+        stop = min(n, (c + 1) * CHUNK)
+        g_local = np.zeros(dim)
+        for i in range(c * CHUNK, stop):
+            if binned:
+                # membership derivative: dw_b/dp = w_b (g_b - sum_b' w_b' g_b'), g_b = 2 inv (c_b - p)
+                p = conf[i]
+                r = correct[i] - p
+                s_ag = 0.0
+                s_a = 0.0
+                s_g = 0.0
+                s_d = 0.0
+                for b in range(n_bins):
+                    wb = weights[i, b]
+                    gb = 2.0 * inv * ((2.0 * b + 1.0) / (2.0 * n_bins) - p)
+                    ab = (d_count[b] + d_sum[b] * r) * wb
+                    s_ag += ab * gb
+                    s_a += ab
+                    s_g += wb * gb
+                    s_d += d_sum[b] * wb
+                dp = s_ag - s_g * s_a - s_d
+                dbeta[i] = dp * (-p * fprime[i])  # p = exp(-f(beta))
+            t = temp[i]
+            da = dbeta[i] * (-1.0 / (t * t)) * sigmoid[i]
+            g_local[3 * hdim] += da
+            m = m_hat[i]
+            for j in range(hdim):  # branch-free ReLU: which units are active varies unpredictably from row to row
+                pre = w1[j] * m + b1[j]
+                active = 1.0 if pre > 0 else 0.0
+                dpre = da * w2[j] * active
+                g_local[2 * hdim + j] += da * pre * active
+                g_local[j] += dpre * m
+                g_local[hdim + j] += dpre
+        for k in range(dim):
+            part_grad[c, k] = g_local[k]
+    grad = np.zeros(dim)
+    for c in range(n_chunks):
+        for k in range(dim):
+            grad[k] += part_grad[c, k]
     return loss, grad

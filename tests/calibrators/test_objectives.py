@@ -105,12 +105,13 @@ def test_table_matches_exact_softmax(k):
             assert torch.allclose(a, e, atol=tol, rtol=0), (temp, field, (a - e).abs().max())
 
 
+@pytest.mark.parametrize("n", [300, 700])  # 700: several of the kernel's 256-row chunks, the last one partial
 @pytest.mark.parametrize("objective", sorted(OBJECTIVE_CODES))
-def test_fused_smart_step_matches_autograd(objective):
+def test_fused_smart_step_matches_autograd(objective, n):
     from hf_calibration.calibrators import SMARTCalibrator
     from _calibrator_data import overconfident
 
-    z, y = overconfident(300, 6, seed=4)
+    z, y = overconfident(n, 6, seed=4)
     smart = SMARTCalibrator(seed=5, max_steps=3).fit(z, y, objective=objective, progress_bar=False)
     # perturb so the comparison is not at a trained point
     x = smart._flat_parameters() + np.random.default_rng(0).normal(scale=0.3, size=49)
@@ -126,7 +127,7 @@ def test_fused_smart_step_matches_autograd(objective):
     m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
     value, grad = smart_loss_grad(
         x, m_hat, table.f.reshape(-1).numpy(), table.df.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
-        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 0.1, np.empty((300, 15)),
+        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 0.1, np.empty((n, 15)),
     )
     assert value == pytest.approx(loss.item(), rel=1e-9)
     np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
