@@ -18,6 +18,7 @@ from torch import nn
 
 from .. import hub
 from ..metrics._format import validate
+from . import _apply
 from . import attach as _attach
 from .objectives import get_objective, objective_kwargs
 
@@ -194,6 +195,10 @@ class Calibrator(
         z = self._check_logits(logits)
         cdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         zc = z.to(cdtype)
+        if _apply.supports(z):  # CPU float32/64 without autograd: one fused pass (same rules as the code below)
+            out = self._forward_cpu(zc)
+            if out is not None:
+                return out
         with torch.no_grad():
             temp = self._temperature(zc)
         out = zc / temp
@@ -217,6 +222,10 @@ class Calibrator(
         if moved.numel():  # rounding merged the top logits: keep the original winner strictly on top
             out[moved, top[moved]] = _next_up(out[moved, top[moved]])
         return out
+
+    def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
+        """``z / T`` by the fused CPU kernel (``_apply.scale_rows``); None sends the call to the torch path."""
+        return None
 
     def predict_proba(self, logits: Any) -> torch.Tensor:
         """Calibrated probabilities ``softmax(z_i / T_i)``, float32 (float64 for float64 input)."""

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .._checks import check_float, check_int
+from . import _apply
 from ._base import Calibrator
 from ._optim import adam_early_stopping
 from ._partition import GRID, LogPartitionTable
@@ -104,12 +105,27 @@ class SMARTCalibrator(
     def temperature_of_margin(self, margin: torch.Tensor) -> torch.Tensor:
         """``T(m)`` (float64, shape (N,)) for raw margins ``m`` (differentiable in the MLP's weights)."""
         m_hat = ((margin.double() - self.margin_mean) / self.margin_std)[:, None]
-        hidden = torch.relu(self.hidden(m_hat))
-        return (nn.functional.softplus(self.output(hidden)) + self.eps)[:, 0]
+        # elementwise products and a row sum rather than matmuls: each row's T does not depend on the batch
+        # it is computed in (BLAS kernels vary with the batch size), so block-wise and whole-tensor calls agree
+        hidden = torch.relu(m_hat * self.hidden.weight[:, 0] + self.hidden.bias)
+        return nn.functional.softplus((hidden * self.output.weight[0]).sum(dim=1) + self.output.bias) + self.eps
 
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
+        if _apply.supports(z) and self.margin_mean.device.type == "cpu":  # the fused kernel's T, as forward uses it
+            return _apply.temperatures(z, self._mlp_arrays()).to(z.dtype)[:, None]
         margin = logit_margin(z).to(device=self.margin_mean.device)
         return self.temperature_of_margin(margin).detach().to(device=z.device, dtype=z.dtype)[:, None]
+
+    def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
+        if self.margin_mean.device.type != "cpu":
+            return None
+        return _apply.scale_rows(z, smart_mlp=self._mlp_arrays())
+
+    def _mlp_arrays(self) -> tuple:
+        """``(margin_mean, margin_std, W1, b1, W2, b2, eps)`` as float64 numpy for the fused CPU kernels."""
+        w = self._flat_parameters()
+        h = self.hidden_size
+        return float(self.margin_mean), float(self.margin_std), w[:h], w[h : 2 * h], w[2 * h : 3 * h], float(w[3 * h]), self.eps
 
     def _card_temperature(self) -> str:
         return "a per-sample temperature T(m) = softplus(W2 ReLU(W1 m_hat + b1) + b2) + 0.1 of the standardised logit margin"

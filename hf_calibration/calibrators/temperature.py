@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .._checks import check_float, check_int
+from . import _apply
 from ._base import Calibrator
 from ._optim import adam_early_stopping
 from ._partition import LogPartitionTable
@@ -67,6 +68,9 @@ class TemperatureScaling(
 
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
         return self._clamped().detach().exp().to(device=z.device, dtype=z.dtype)
+
+    def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
+        return _apply.scale_rows(z, temperature=float(self._temperature(z)))
 
     @property
     def fitted_temperature(self) -> float:
