@@ -56,7 +56,8 @@ class FeDLaSFunction(torch.autograd.Function):
         if d.dtype not in (torch.float32, torch.float64):
             d = d.float()
         positive = d > 0  # ψ = +1 where p1 > p0
-        gb = _as(gamma, torch.float64 if torch.float64 in (d.dtype, gamma.dtype) else gamma.dtype) * beta  # ψ·γ·β = ±(γ·β) bit for bit
+        # ψ·γ·β in the unfused dtype (float64 if either side is); negating is exact, so ±(γ·β) is it bit for bit
+        gb = _as(gamma, torch.float64 if torch.float64 in (d.dtype, gamma.dtype) else gamma.dtype) * beta
         sig = torch.sigmoid(torch.where(positive, gb, -gb))  # σ(ψ·γ·β)
         weights = _as(sig * (2 * base), logits.dtype)  # r = 2·base·σ(·), as σ(x)·(2·base): exact at β = 0
 
