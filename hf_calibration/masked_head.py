@@ -179,7 +179,8 @@ class FlatHeadTrainer:
 
     with ``M`` the keep-mask (ones on the biases) and ``λ`` the weight decay on the weight entries,
     0 on the biases. A small head's step is overhead-bound (~40 tiny kernels through the autograd
-    engine and a per-tensor optimizer); this runs about 15, the same maths up to float rounding.
+    engine and a per-tensor optimizer); this runs 17 (13 elementwise, 5 matrix products with the two
+    forward ``addmm``), the same maths up to float rounding. Use it under ``torch.no_grad()``.
     """
 
     def __init__(self, head: MaskedBottleneckHead, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
