@@ -550,3 +550,41 @@ def test_fast_training_ignores_an_outer_autocast():
     assert heads[1].fc1.weight.dtype == torch.float32
     for p, q in zip(heads[0].parameters(), heads[1].parameters()):
         assert torch.equal(p, q)
+
+
+def test_flat_trainer_forward_and_gradients_equal_autograd_through_the_module():
+    from hf_calibration.masked_head import FlatHeadTrainer
+
+    torch.manual_seed(0)
+    head = MaskedBottleneckHead(7, 6, 4).double().train()
+    masks = head.draw_masks(0.5, torch.Generator().manual_seed(4), rescale=True)
+    trainer = FlatHeadTrainer(head, lr=0.1)
+    trainer.set_masks(masks, head.mask_scale)
+    x, y = torch.randn(9, 7, dtype=torch.float64), torch.randint(0, 4, (9,))
+    with torch.no_grad():
+        logits, saved = trainer.forward(x)
+    out = head(x)  # autograd through W ⊙ M / ρ
+    torch.testing.assert_close(logits, out.detach(), rtol=0, atol=1e-12)
+    loss = F.cross_entropy(out, y)
+    expected = torch.autograd.grad(loss, [head.fc1.weight, head.fc2.weight, head.fc1.bias, head.fc2.bias])
+    # ∂(mean CE)/∂logits = (softmax − onehot) / n, passed as its numerator with grad_scale = 1/n
+    numerator = torch.softmax(logits, 1) - F.one_hot(y, 4).double()
+    with torch.no_grad():
+        grad = trainer.backward(saved, numerator, grad_scale=1 / 9)
+    for got, want in zip(trainer.grad_views, expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert torch.all(grad[: masks[0].numel()][masks[0].flatten() == 0] == 0)
+
+
+def test_flat_trainer_rejects_bad_arguments():
+    from hf_calibration.masked_head import FlatHeadTrainer
+
+    head = MaskedBottleneckHead(4, 3, 2)
+    with pytest.raises(TypeError, match="`head`"):
+        FlatHeadTrainer(torch.nn.Linear(4, 2), lr=0.1)
+    with pytest.raises(ValueError, match="`lr`"):
+        FlatHeadTrainer(head, lr=0.0)
+    with pytest.raises(ValueError, match="`momentum`"):
+        FlatHeadTrainer(head, lr=0.1, momentum=1.0)
+    with pytest.raises(ValueError, match="`weight_decay`"):
+        FlatHeadTrainer(head, lr=0.1, weight_decay=-0.1)
