@@ -36,8 +36,7 @@ GRID_SIZE = GRID.shape[0]
 def _tabulate(logits, labels, beta0, steps, octaves):  # pragma: no cover - compiled
     n, k = logits.shape
     size = octaves * steps + 1
-    f = np.empty((n, size))
-    df = np.empty((n, size))
+    fd = np.empty((n, size, 2))  # (f, df) side by side: one lookup reads one or two cache lines, not four
     gap_true = np.empty(n)
     correct = np.empty(n)
     for i in numba.prange(n):
@@ -74,12 +73,12 @@ def _tabulate(logits, labels, beta0, steps, octaves):  # pragma: no cover - comp
                     total += ej
                     moment += ej * gaps[j]
                     e[j] = ej * ej
-                f[i, g] = math.log(total)
-                df[i, g] = -beta * moment / total  # d f / d log(beta)
+                fd[i, g, 0] = math.log(total)
+                fd[i, g, 1] = -beta * moment / total  # d f / d log(beta)
                 beta = 2.0 * beta
             for j in range(k):
                 p[j] = p[j] * q[j]
-    return f, df, gap_true, correct
+    return fd, gap_true, correct
 
 
 class LogPartitionTable:
@@ -95,21 +94,21 @@ class LogPartitionTable:
             logits = logits.astype(np.float32)
         threads = torch.get_num_threads()
         try:
-            f, df, gap_true, correct = _tabulate(
+            fd, gap_true, correct = _tabulate(
                 np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64), 2.0**LOG2_BETA_MIN, STEPS, OCTAVES
             )
         finally:
             # numba's OpenMP layer resets the process-wide OpenMP thread count that torch also reads;
             # a fit must not change the user's torch.get_num_threads() (it changes matmul results bitwise)
             torch.set_num_threads(threads)
-        self.f = torch.from_numpy(f)
-        self.df = torch.from_numpy(df)
+        self.fd = torch.from_numpy(fd)  # (N, GRID_SIZE, 2): the compiled SMART step reads it flat
+        self.f, self.df = self.fd[..., 0], self.fd[..., 1]
         self.gap_true = torch.from_numpy(gap_true)
         self.correct = torch.from_numpy(correct)
         self.num_classes = logits.shape[1]
         self._grid = torch.from_numpy(GRID)
         self._f_flat, self._df_flat = self.f.reshape(-1), self.df.reshape(-1)
-        self._offsets = torch.arange(f.shape[0]) * GRID_SIZE
+        self._offsets = torch.arange(fd.shape[0]) * GRID_SIZE
 
     def __len__(self) -> int:
         return self.f.shape[0]

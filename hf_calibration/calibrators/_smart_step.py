@@ -14,6 +14,7 @@ Parameter vector layout: ``[W1 (H), b1 (H), W2 (H), b2 (1)]`` for
 from __future__ import annotations
 
 import math
+import time
 
 import numba
 import numpy as np
@@ -26,19 +27,20 @@ _TINY = 2.2250738585072014e-308
 
 
 @numba.njit(cache=True, fastmath=True)
-def _lookup(f_flat, df_flat, grid, row, beta):  # pragma: no cover - compiled
+def _lookup(fd, grid, row, beta):  # pragma: no cover - compiled
     """(f, df/dbeta) of the tabulated log-partition function of ``row`` at ``beta`` (cubic Hermite in log beta).
 
-    The grid is ``beta = 2**(o + LOG2_BETA_MIN) * (STEPS + m) / STEPS``: the cell holding ``beta`` follows
-    from its binary exponent and mantissa, with no search.
+    ``fd`` is the flat ``(N, size, 2)`` table of ``(f, df/dlog beta)`` pairs. The grid is
+    ``beta = 2**(o + LOG2_BETA_MIN) * (STEPS + m) / STEPS``: the cell holding ``beta`` follows from its
+    binary exponent and mantissa, with no search.
     """
     size = grid.shape[0]
-    base = row * size
+    base = 2 * row * size
     u = math.log(beta)
     if u < grid[0]:
         beta_min = math.exp(grid[0])
-        slope = df_flat[base] / beta_min
-        return f_flat[base] + slope * (beta - beta_min), slope
+        slope = fd[base + 1] / beta_min
+        return fd[base] + slope * (beta - beta_min), slope
     mant, expo = math.frexp(beta)  # beta = mant * 2**expo, mant in [0.5, 1)
     idx = (expo - 1 - LOG2_BETA_MIN) * STEPS + int((2.0 * mant - 1.0) * STEPS)
     if idx > size - 2:
@@ -50,10 +52,11 @@ def _lookup(f_flat, df_flat, grid, row, beta):  # pragma: no cover - compiled
     held = t > 1.0
     if held:
         t = 1.0
-    f0 = f_flat[base + idx]
-    f1 = f_flat[base + idx + 1]
-    d0 = df_flat[base + idx] * h
-    d1 = df_flat[base + idx + 1] * h
+    k = base + 2 * idx
+    f0 = fd[k]
+    d0 = fd[k + 1] * h
+    f1 = fd[k + 2]
+    d1 = fd[k + 3] * h
     t2 = t * t
     t3 = t2 * t
     value = (2 * t3 - 3 * t2 + 1) * f0 + (t3 - 2 * t2 + t) * d0 + (-2 * t3 + 3 * t2) * f1 + (t3 - t2) * d1
@@ -97,9 +100,10 @@ def _soft_bins(p, n_bins, inv, width, shrink, out):  # pragma: no cover - compil
 
 @numba.njit(cache=True, fastmath=True, parallel=True)
 def smart_loss_grad(
-    x, m_hat, f_flat, df_flat, grid, gap_true, correct, code, n_bins, sigma, delta, eps, weights
+    x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, delta, eps, weights
 ):  # pragma: no cover - compiled
-    """Objective and gradient (3H + 1,) at parameters ``x``. ``weights``: (N, n_bins) scratch buffer."""
+    """Objective and gradient (3H + 1,) at parameters ``x``; ``fd``: ``LogPartitionTable.fd`` flattened;
+    ``weights``: (N, n_bins) scratch buffer."""
     n = m_hat.shape[0]
     dim = x.shape[0]
     hdim = (dim - 1) // 3
@@ -136,13 +140,13 @@ def smart_loss_grad(
             temp[i] = t
             sigmoid[i] = 1.0 / (1.0 + small) if a >= 0 else small / (1.0 + small)  # softplus'(a)
             beta = 1.0 / t
-            f, fp = _lookup(f_flat, df_flat, grid, i, beta)
+            f, fp = _lookup(fd, grid, i, beta)
             fprime[i] = fp
             if code == 0:  # NLL: mean(beta d_y + f(beta))
                 loss_local += beta * gap_true[i] + f
                 dbeta[i] = (gap_true[i] + fp) / n
             elif code == 1:  # Brier: mean(sum_k p_k^2 - 2 p_y + 1)
-                f2, f2prime = _lookup(f_flat, df_flat, grid, i, 2.0 * beta)
+                f2, f2prime = _lookup(fd, grid, i, 2.0 * beta)
                 sq = math.exp(f2 - 2.0 * f)
                 p_y = math.exp(-beta * gap_true[i] - f)
                 loss_local += sq - 2.0 * p_y + 1.0
@@ -227,3 +231,42 @@ def smart_loss_grad(
         for k in range(dim):
             grad[k] += part_grad[c, k]
     return loss, grad
+
+
+class ThreadCountChooser:
+    """Calls ``fn`` with the numba thread count that was fastest lately; ``fn``'s result never depends on it.
+
+    On an idle machine the step's chunks run on every core. When other processes hold the cores, each
+    parallel region waits for a descheduled worker thread (measured on 2 shared cores: steps up to 40x
+    slower than on one thread). So every ``period`` calls, ``probe`` calls are timed with each candidate
+    count (1 and numba's default) and the faster one is kept until the next probe. The caller's thread
+    count is restored after every call.
+    """
+
+    def __init__(self, fn, period: int = 250, probe: int = 3):
+        self.fn, self.period, self.probe = fn, period, probe
+        self.candidates = sorted({1, numba.get_num_threads()})
+        self.best = self.candidates[-1]
+        self.calls = 0
+        self._times: dict[int, float] = {}
+
+    def __call__(self, *args):
+        phase = self.calls % self.period
+        self.calls += 1
+        probing = len(self.candidates) > 1 and phase < self.probe * len(self.candidates)
+        threads = self.candidates[phase % len(self.candidates)] if probing else self.best
+        before = numba.get_num_threads()
+        numba.set_num_threads(threads)
+        try:
+            start = time.perf_counter()
+            out = self.fn(*args)
+            elapsed = time.perf_counter() - start
+        finally:
+            numba.set_num_threads(before)
+        if probing:
+            if phase == 0:
+                self._times = {}
+            self._times[threads] = min(self._times.get(threads, math.inf), elapsed)
+            if phase == self.probe * len(self.candidates) - 1:
+                self.best = min(self._times, key=self._times.get)
+        return out

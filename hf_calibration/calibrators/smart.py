@@ -26,7 +26,7 @@ from ._base import Calibrator
 from ._optim import adam_early_stopping
 from ._partition import GRID, LogPartitionTable
 from ._registry import register_calibrator
-from ._smart_step import OBJECTIVE_CODES, smart_loss_grad
+from ._smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad
 from .objectives import get_objective, objective_kwargs
 
 
@@ -144,8 +144,7 @@ class SMARTCalibrator(
         code = OBJECTIVE_CODES[objective]
         args = (
             m_hat,
-            table.f.reshape(-1).numpy(),
-            table.df.reshape(-1).numpy(),
+            table.fd.reshape(-1).numpy(),
             GRID,
             table.gap_true.numpy(),
             table.correct.numpy(),
@@ -155,9 +154,10 @@ class SMARTCalibrator(
             kw.get("delta", 0.0),
             self.eps,
         )
+        step = ThreadCountChooser(smart_loss_grad)
         result = adam_early_stopping(
             self._flat_parameters(),
-            lambda x: smart_loss_grad(x, *args, scratch),
+            lambda x: step(x, *args, scratch),
             lr=self.lr,
             max_steps=self.max_steps,
             patience=self.patience,

@@ -126,8 +126,32 @@ def test_fused_smart_step_matches_autograd(objective, n):
     table = LogPartitionTable(z, y)
     m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
     value, grad = smart_loss_grad(
-        x, m_hat, table.f.reshape(-1).numpy(), table.df.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
+        x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
         table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 0.1, np.empty((n, 15)),
     )
     assert value == pytest.approx(loss.item(), rel=1e-9)
     np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
+
+
+def test_thread_count_chooser_keeps_the_faster_count_and_restores_the_callers():
+    import time
+
+    import numba
+
+    from hf_calibration.calibrators._smart_step import ThreadCountChooser
+
+    if numba.get_num_threads() < 2:
+        pytest.skip("one numba thread: nothing to choose")
+    default = numba.get_num_threads()
+    seen = []
+
+    def fn(x):  # slow on many threads (as on a machine whose other cores are busy), fast on one
+        seen.append(numba.get_num_threads())
+        time.sleep(0.004 if numba.get_num_threads() > 1 else 0.0)
+        return 2 * x
+
+    chooser = ThreadCountChooser(fn, period=20, probe=2)
+    assert [chooser(i) for i in range(40)] == [2 * i for i in range(40)]
+    assert seen[:4] == [1, default, 1, default] and set(seen[4:20]) == {1}  # probes alternate, then the faster one
+    assert seen[20:24] == [1, default, 1, default]  # probed again every `period` calls
+    assert numba.get_num_threads() == default
