@@ -31,8 +31,8 @@ OK, NOT_FINITE, OVERFLOW = 0, 1, 2
 
 @numba.njit(cache=True)
 def _all_finite(row):  # pragma: no cover - compiled
-    for v in row:  # only reached when a row's sum is not finite: NaN/inf, or finite values summing past the dtype
-        if not math.isfinite(v):
+    for j in range(row.shape[0]):  # only reached when a row's sum is not finite: NaN/inf, or finite values summing past the dtype
+        if not math.isfinite(row[j]):
             return False
     return True
 
@@ -41,35 +41,63 @@ def _all_finite(row):  # pragma: no cover - compiled
 def _finite(row):  # pragma: no cover - compiled
     """Whether every entry is finite: a vectorised sum (inf or NaN if any entry is), exact check if it is not."""
     total = row[0] - row[0]
-    for v in row:
-        total += v
+    for j in range(row.shape[0]):
+        total += row[j]
     return math.isfinite(total) or _all_finite(row)
 
 
-@numba.njit(cache=True, fastmath=True)
-def _max(row, start, stop, init):  # pragma: no cover - compiled
-    """max(init, row[start:stop]), vectorised; only called on rows already known to be finite."""
-    top = init
-    for j in range(start, stop):
-        top = max(top, row[j])
-    return top
-
-
-@numba.njit(cache=True, fastmath=True)
-def _min(row):  # pragma: no cover - compiled
-    low = row[0]
-    for v in row:
-        low = min(low, v)
-    return low
+# Exact maxima of finite floats as integer maxima, which vectorise where float max reductions do not: the bit
+# pattern b of a float, mapped to b ^ ((b >> (w - 1)) & (2**(w-1) - 1)), orders like the float (negative
+# floats have their magnitude bits flipped). The map is its own inverse. Only -0.0 < +0.0 differs from the
+# float order, handled in _first_max.
 
 
 @numba.njit(cache=True)
-def _first(row, value):  # pragma: no cover - compiled
-    """Index of the first entry equal to ``value`` (torch.argmax's tie rule)."""
-    j = 0
-    while row[j] != value:
-        j += 1
-    return j
+def _key(b, shift, mask):  # pragma: no cover - compiled
+    return np.bitwise_xor(b, np.bitwise_and(np.right_shift(b, shift), mask))
+
+
+@numba.njit(cache=True)
+def _max_key(bits, start, stop, init, shift, mask):  # pragma: no cover - compiled
+    """Largest key of ``bits[start:stop]`` (``init`` if the range is empty)."""
+    m = init
+    for j in range(start, stop):
+        m = np.maximum(m, _key(bits[j], shift, mask))
+    return m
+
+
+@numba.njit(cache=True)
+def _first_max(row, bits, shift, mask, lowest):  # pragma: no cover - compiled
+    """Index of the first largest entry under float equality (torch.argmax's tie rule)."""
+    target = _key(_max_key(bits, 0, bits.shape[0], lowest, shift, mask), shift, mask)  # the max's bit pattern
+    k = bits.shape[0]
+    first = 0
+    for start in range(0, k, 64):  # find the 64-block holding it with vectorised counts, then scan that block
+        stop = min(start + 64, k)
+        hits = 0
+        for j in range(start, stop):
+            hits += bits[j] == target
+        if hits:
+            first = start
+            while bits[first] != target:
+                first += 1
+            break
+    if row[first] == 0:  # -0.0 and +0.0 compare equal: an earlier zero of the other sign is the first maximum
+        first = 0
+        while row[first] != 0:
+            first += 1
+    return first
+
+
+@numba.njit(cache=True)
+def _margin(row, bits, first, shift, mask, lowest, scratch):  # pragma: no cover - compiled
+    """top-1 minus top-2 logit in float64 (0 for tied top logits), as ``torch.topk``'s values give it.
+
+    ``scratch`` is a one-element float array of the row's dtype whose integer view is ``scratch_bits``."""
+    k = bits.shape[0]
+    second = _max_key(bits, first + 1, k, _max_key(bits, 0, first, lowest, shift, mask), shift, mask)
+    scratch[1][0] = _key(second, shift, mask)
+    return np.float64(row[first]) - np.float64(scratch[0][0])
 
 
 @numba.njit(cache=True)
@@ -84,50 +112,51 @@ def _smart_temperature(margin, mean, std, w1, b1, w2, b2, eps):  # pragma: no co
     return max(a, 0.0) + math.log1p(math.exp(-abs(a))) + eps
 
 
-@numba.njit(cache=True)
-def _margin(row, top, first):  # pragma: no cover - compiled
-    """top-1 minus top-2 logit in float64 (0 for tied top logits), as ``torch.topk``'s values give it."""
-    k = row.shape[0]
-    second = _max(row, first + 1, k, _max(row, 0, first, -np.inf))
-    return np.float64(top) - np.float64(second)
-
-
 @numba.njit(parallel=True, cache=True)
-def _temperatures(z, smart, mean, std, w1, b1, w2, b2, eps, temps):  # pragma: no cover - compiled
-    n, k = z.shape
+def _temperatures(z, zbits, shift, mask, lowest, scratch, smart, mean, std, w1, b1, w2, b2, eps, temps):  # pragma: no cover - compiled
+    n = z.shape[0]
     for i in numba.prange(n):
         row = z[i]
         if not _finite(row):
             temps[i] = np.nan
             continue
-        top = _max(row, 0, k, row[0])
-        temps[i] = _smart_temperature(_margin(row, top, _first(row, top)), mean, std, w1, b1, w2, b2, eps)
+        first = _first_max(row, zbits[i], shift, mask, lowest)
+        cell = (scratch[0][i : i + 1], scratch[1][i : i + 1])
+        temps[i] = _smart_temperature(_margin(row, zbits[i], first, shift, mask, lowest, cell), mean, std, w1, b1, w2, b2, eps)
 
 
-@numba.njit(parallel=True, cache=True)
-def _scale_rows(z, t_fixed, smart, mean, std, w1, b1, w2, b2, eps, posinf, temps, out, status):  # pragma: no cover - compiled
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "nsz"})  # no "nnan"/"arcp": NaN checks and exact division
+def _scale_rows(z, zbits, shift, mask, lowest, scratch, t_fixed, smart, mean, std, w1, b1, w2, b2, eps, posinf, temps, out, outbits, status):  # pragma: no cover - compiled
     n, k = z.shape
     for i in numba.prange(n):
         row = z[i]
-        dst = out[i]
         if not _finite(row):
             status[i] = NOT_FINITE
             continue
-        top = _max(row, 0, k, row[0])
-        first = _first(row, top)
+        first = _first_max(row, zbits[i], shift, mask, lowest)
         if smart:
-            temps[i] = _smart_temperature(_margin(row, top, first), mean, std, w1, b1, w2, b2, eps)  # cast to z's dtype
+            cell = (scratch[0][i : i + 1], scratch[1][i : i + 1])
+            temps[i] = _smart_temperature(_margin(row, zbits[i], first, shift, mask, lowest, cell), mean, std, w1, b1, w2, b2, eps)
         else:
-            temps[i] = t_fixed
+            temps[i] = t_fixed  # cast to z's dtype
         t = temps[i]
-        if not (math.isfinite(top / t) and math.isfinite(_min(row) / t)):  # |z| / T beyond the dtype: the caller rescales
+        dst = out[i]
+        total = row[0] - row[0]
+        for j in range(k):  # correctly rounded division, as torch's; the sum catches overflow to inf
+            v = row[j] / t
+            dst[j] = v
+            total += v
+        if not (math.isfinite(total) or _all_finite(dst)):  # |z| / T beyond the dtype: the caller rescales
             status[i] = OVERFLOW
             continue
         status[i] = OK
-        for j in range(k):  # correctly rounded division, as torch's
-            dst[j] = row[j] / t
-        if first > 0 and _max(dst, 0, first, dst[0]) >= dst[first]:  # rounding merged the winner with an earlier entry
-            dst[first] = np.nextafter(dst[first], posinf[0])
+        if first > 0:  # rounding merged the winner with an earlier entry: raise the winner by one ulp
+            merged = _max_key(outbits[i], 0, first, lowest, shift, mask) >= _key(outbits[i][first], shift, mask)
+            if not merged and dst[first] == 0:  # -0.0 == +0.0 although their keys differ
+                for j in range(first):
+                    merged = merged or dst[j] == 0
+            if merged:
+                dst[first] = np.nextafter(dst[first], posinf[0])
 
 
 def supports(z: torch.Tensor) -> bool:
@@ -140,11 +169,18 @@ def supports(z: torch.Tensor) -> bool:
     )
 
 
-def _threads_kept(fn, *args):
-    threads = torch.get_num_threads()
+PARALLEL_MIN_SIZE = 1 << 18  # logits; below this a parallel region's start-up costs more than it saves
+
+
+def _threads_kept(fn, zn, *args):
+    """Run a kernel on ``zn``: one numba thread for small inputs (a pipeline's few rows), all for large ones."""
+    threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
+    if zn.size < PARALLEL_MIN_SIZE:
+        numba.set_num_threads(1)
     try:
-        return fn(*args)
+        return fn(zn, *args)
     finally:
+        numba.set_num_threads(numba_threads)
         torch.set_num_threads(threads)  # numba's OpenMP layer may change the count torch reads
 
 
@@ -159,11 +195,23 @@ def _mlp_args(smart_mlp):
     return True, float(mean), float(std), w1, b1, w2, float(b2), float(eps)
 
 
+def _bits(zn: np.ndarray):
+    """(integer view, shift, mask, lowest key) for a float32 / float64 array."""
+    itype = np.int32 if zn.dtype == np.float32 else np.int64
+    width = 8 * zn.itemsize
+    return zn.view(itype), itype(width - 1), itype(2 ** (width - 1) - 1), itype(-(2 ** (width - 1)))
+
+
+def _scratch(n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    cells = np.empty(n, dtype=dtype)
+    return cells, cells.view(np.int32 if cells.dtype == np.float32 else np.int64)
+
+
 def temperatures(z: torch.Tensor, smart_mlp) -> torch.Tensor:
     """SMART's per-row temperatures (N,) float64 of a CPU float32/float64 tensor (NaN for non-finite rows)."""
     zn = z.detach().contiguous().numpy()
     temps = np.empty(zn.shape[0], dtype=np.float64)
-    _threads_kept(_temperatures, zn, *_mlp_args(smart_mlp), temps)
+    _threads_kept(_temperatures, zn, *_bits(zn), _scratch(zn.shape[0], zn.dtype), *_mlp_args(smart_mlp), temps)
     return torch.from_numpy(temps)
 
 
@@ -176,8 +224,10 @@ def scale_rows(z: torch.Tensor, temperature: float | None = None, smart_mlp=None
     zn = z.detach().contiguous().numpy()
     n = zn.shape[0]
     temps = np.empty(n, dtype=zn.dtype)
-    out = np.empty_like(zn)
+    out = np.empty_like(zn)  # numpy asks the kernel for huge pages on large arrays: fewer page faults than torch.empty
     status = np.empty(n, dtype=np.int8)
     t_fixed = 1.0 if temperature is None else float(temperature)
-    _threads_kept(_scale_rows, zn, t_fixed, *_mlp_args(smart_mlp), np.full(1, np.inf, dtype=zn.dtype), temps, out, status)
+    scratch = _scratch(n if smart_mlp is not None else 1, zn.dtype)
+    args = (*_bits(zn), scratch, t_fixed, *_mlp_args(smart_mlp), np.full(1, np.inf, dtype=zn.dtype), temps, out, _bits(out)[0])
+    _threads_kept(_scale_rows, zn, *args, status)
     return None if status.any() else torch.from_numpy(out)

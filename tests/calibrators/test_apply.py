@@ -89,6 +89,20 @@ def test_argmax_guard_in_float32():
     assert torch.equal(out[:, 1], torch.nextafter(out[:, 0], torch.tensor(np.inf)))  # raised by exactly one ulp
 
 
+def test_signed_zeros_follow_torch_argmax():
+    z, y = overconfident(200, 4, seed=3)
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    with torch.no_grad():
+        ts.log_temperature.fill_(np.log(2.0))
+    tiny = float(np.finfo(np.float32).smallest_subnormal)
+    # row 0: -0.0 and +0.0 tie for the maximum (torch.argmax: the first); row 1: tiny/2 rounds both to zeros of
+    # opposite signs, so the division would move the argmax from 1 to 0
+    zt = torch.tensor([[-0.0, 0.0, -1.0], [-tiny, tiny, -5.0]], dtype=torch.float32)
+    out = ts(zt)
+    assert torch.equal(out.argmax(1), zt.argmax(1)) and zt.argmax(1).tolist() == [0, 1]
+    assert out[1, 1].item() == tiny and out[1, 0].item() == 0.0
+
+
 def test_overflow_rows_are_rescaled_not_inf():
     z, y = overconfident(200, 4, seed=3)
     ts = TemperatureScaling().fit(z, y, progress_bar=False)
