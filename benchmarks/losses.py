@@ -146,6 +146,13 @@ def step_op_count(runner):
     return _top_level_aten_ops(prof)
 
 
+def _loss_value(loss, z, labels, features):
+    """The loss on logits ``z`` (``F.cross_entropy`` for ``loss=None``), features passed where it needs them."""
+    if loss is None:
+        return F.cross_entropy(z.float(), labels)
+    return loss(z, labels, features=features) if loss.requires_features else loss(z, labels)
+
+
 def loss_op_count(loss, logits, labels, features):
     """Top-level aten ops dispatched by the loss's forward and backward alone (what costs host time per step)."""
     from torch.profiler import ProfilerActivity, profile
@@ -153,11 +160,7 @@ def loss_op_count(loss, logits, labels, features):
     z = logits.detach().clone().requires_grad_(True)
 
     def run():
-        if loss is None:
-            value = F.cross_entropy(z.float(), labels)
-        else:
-            value = loss(z, labels, features=features) if loss.requires_features else loss(z, labels)
-        value.backward()
+        _loss_value(loss, z, labels, features).backward()
 
     run()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -175,11 +178,7 @@ def loss_host_time(loss, logits, labels, features, device, calls=50, rounds=15):
     params = [] if loss is None else list(loss.parameters())
 
     def run():
-        if loss is None:
-            value = F.cross_entropy(z.float(), labels)
-        else:
-            value = loss(z, labels, features=features) if loss.requires_features else loss(z, labels)
-        value.backward()
+        _loss_value(loss, z, labels, features).backward()
         z.grad = None
         for p in params:
             p.grad = None
