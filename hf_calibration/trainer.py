@@ -6,6 +6,7 @@ What it adds to `Trainer(..., compute_loss_func=loss)`:
   model's classification head (``hf_calibration.features``) while the loss is computed;
 * the loss's own parameters (the FeDLaS gate) are trained by the Trainer's optimizer, and under DDP their
   gradients are averaged across processes before clipping and the optimizer step (DDP only syncs the model's);
+  ``max_grad_norm`` clips model and gate gradients together, by one global norm;
 * the loss state (gate weights and EMA buffers) is saved as ``calibration_loss.safetensors`` in every checkpoint
   and in ``save_model``'s folder, and restored by ``train(resume_from_checkpoint=...)``;
 * the loss follows the model's train/eval mode, so ``evaluate()`` never moves EMA statistics, and eval
@@ -216,6 +217,17 @@ class CalibrationTrainer(Trainer):
         if self.args.world_size > 1 and self.accelerator.sync_gradients:
             average_gradients([p for _, p in _trainable(self.calibration_loss)])
         return loss
+
+    def _clip_grad_norm(self, model):
+        """Clip the model's and the loss's gradients together, by one global norm (the gate is trained as part of
+        the model); returns the pre-clip norm. Sharded set-ups (FSDP, DeepSpeed, ...) clip the model alone."""
+        from accelerate.utils import DistributedType
+
+        params = [p for _, p in _trainable(self.calibration_loss)]
+        simple = (DistributedType.NO, DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
+        if not params or self.accelerator.distributed_type not in simple:
+            return super()._clip_grad_norm(model)
+        return self.accelerator.clip_grad_norm_([*model.parameters(), *params], self.args.max_grad_norm)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

@@ -219,6 +219,38 @@ def test_gate_is_in_the_optimizer_and_its_gradients_do_not_leak_across_steps(tmp
     assert all(any(g.abs().sum() > 0 for g in grads) for grads in probe.at_pre_step)
 
 
+class _NormProbe(TrainerCallback):
+    """Global gradient norm of the model and of the loss right before each optimizer step (after clipping)."""
+
+    def __init__(self, model, loss):
+        self.model, self.loss, self.norms = model, loss, []
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):
+        norm = lambda ps: float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in ps if p.grad is not None])))  # noqa: E731
+        self.norms.append((norm(self.model.parameters()), norm(self.loss.parameters()), norm([*self.model.parameters(), *self.loss.parameters()])))
+
+
+def test_max_grad_norm_clips_model_and_gate_together(tmp_path):
+    def first_step_norms(max_norm):
+        model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
+        probe = _NormProbe(model, loss)
+        trainer = CalibrationTrainer(
+            model=model, args=_args(tmp_path, max_steps=1, optim="sgd", max_grad_norm=max_norm),
+            train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=loss, callbacks=[probe],
+        )
+        trainer.train()
+        return probe.norms[0]
+
+    model_raw, gate_raw, total_raw = first_step_norms(0.0)  # 0: no clipping
+    assert total_raw == pytest.approx(float(np.hypot(model_raw, gate_raw)), rel=1e-5)
+    bound = gate_raw / 4  # below the gate's own norm: clipping the model alone would leave the gate over it
+    model_clipped, gate_clipped, total_clipped = first_step_norms(bound)
+    assert total_clipped == pytest.approx(bound, rel=1e-4)  # one global norm, gate included
+    scale = total_clipped / total_raw  # the same factor on both: the update's direction is kept
+    assert gate_clipped == pytest.approx(gate_raw * scale, rel=1e-4)
+    assert model_clipped == pytest.approx(model_raw * scale, rel=1e-4)
+
+
 def test_user_optimizer_without_loss_parameters_warns(tmp_path, caplog):
     model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
