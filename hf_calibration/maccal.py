@@ -295,7 +295,12 @@ def _resolve_loss(loss, num_labels: int):
         return get_loss(loss, num_classes=num_labels) if needs_k else get_loss(loss)
     if not callable(loss):
         raise TypeError(f"Expected argument `loss` to be a loss name, a callable or None, but got {type(loss).__name__}.")
-    return copy.deepcopy(loss) if isinstance(loss, nn.Module) else loss
+    if not isinstance(loss, nn.Module):
+        return loss
+    loss = copy.deepcopy(loss)
+    if hasattr(loss, "sync_statistics"):  # every process runs the stage on the whole data: no cross-process sums
+        loss.sync_statistics = False
+    return loss
 
 
 def _loss_value(loss_fn, logits, labels, features):
@@ -458,6 +463,10 @@ def maccal_stage(
         log_fn: called once per epoch with ``{"maccal/retention", "maccal/train_accuracy",
             "maccal/mean_confidence", "maccal/loss", ...}`` (pass ``Trainer.log``).
         features: precomputed ``(features, labels)`` of the head's input, skipping the backbone.
+
+    Under several processes (``CalibrationTrainer`` after a DDP ``train()``) every process runs the stage on
+    the whole ``dataset`` with the same seed, so all end with the same head; the loss copy's statistics
+    (FeDLaS) are then not summed across processes.
 
     Returns:
         :class:`MaCCalResult`; ``result.model`` is ``model`` with the bottleneck head installed and

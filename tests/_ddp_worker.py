@@ -1,8 +1,9 @@
 """Launched by tests/test_ddp.py as ``torchrun --nproc_per_node 2 tests/_ddp_worker.py OUT_DIR``.
 
 Each process trains the same tiny ViT with FeDLaS-LS through `CalibrationTrainer` on its own shard of the
-data (the Trainer's distributed sampler splits it) and saves its loss and model state to
-``OUT_DIR/rank{RANK}.pt``. The test also calls `train_fedlas` in a single process with the union batch.
+data (the Trainer's distributed sampler splits it), then runs the MaC-Cal stage (every process on the whole
+stage-2 data), and saves its loss and model state to ``OUT_DIR/rank{RANK}.pt``. The test also calls
+`train_fedlas` in a single process with the union batch.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def train_fedlas(per_device_batch: int, output_dir: str) -> dict:
     from transformers import TrainingArguments
 
     from _models import digits_dataset, make_model
-    from hf_calibration import CalibrationTrainer
+    from hf_calibration import CalibrationTrainer, MaCCalConfig
     from hf_calibration.losses import get_loss
 
     torch.set_num_threads(1)
@@ -48,12 +49,14 @@ def train_fedlas(per_device_batch: int, output_dir: str) -> dict:
         seed=0,
     )
     trainer = CalibrationTrainer(
-        model=model, args=args, train_dataset=digits_dataset(slice(0, NUM_SAMPLES)), compute_loss_func=loss
+        model=model, args=args, train_dataset=digits_dataset(slice(0, NUM_SAMPLES)), compute_loss_func=loss,
+        maccal=MaCCalConfig(epochs=2, batch_size=32, progress=False), maccal_dataset=digits_dataset(slice(0, 64)),
     )
     trainer.train()
     return {
         "loss": {k: v.detach().cpu().clone() for k, v in loss.state_dict().items()},
         "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "maccal_head": getattr(model.config, "maccal_head", None),
         "world_size": trainer.args.world_size,
         "steps": trainer.state.global_step,
     }

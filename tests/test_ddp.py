@@ -57,3 +57,8 @@ def test_two_processes_hold_identical_loss_state_equal_to_one_big_batch(tmp_path
     assert single["world_size"] == 1 and single["steps"] == 3
     _close(ranks[0]["loss"], single["loss"], rtol=1e-6, atol=1e-7)
     _close(ranks[0]["model"], single["model"], rtol=1e-5, atol=1e-6)
+
+    # the MaC-Cal stage ran after training on every process, on the whole stage-2 data: the same bottleneck
+    # head on both ranks (compared bit for bit above, with the model) and as in one process (compared above)
+    assert ranks[0]["maccal_head"] is not None and ranks[0]["maccal_head"] == single["maccal_head"]
+    assert any(".fc1." in k for k in ranks[0]["model"])

@@ -588,3 +588,14 @@ def test_flat_trainer_rejects_bad_arguments():
         FlatHeadTrainer(head, lr=0.1, momentum=1.0)
     with pytest.raises(ValueError, match="`weight_decay`"):
         FlatHeadTrainer(head, lr=0.1, weight_decay=-0.1)
+
+
+def test_stage_loss_is_a_copy_with_local_statistics():
+    from hf_calibration.losses import FeDLaSLoss
+    from hf_calibration.maccal import _resolve_loss
+
+    loss = FeDLaSLoss(10)
+    staged = _resolve_loss(loss, 10)
+    assert staged is not loss and staged.sync_statistics is False  # every process sees the whole stage-2 data
+    assert loss.sync_statistics is True  # the trainer's own loss keeps summing across processes
+    assert torch.equal(staged.gate.fc_in.weight, loss.gate.fc_in.weight)

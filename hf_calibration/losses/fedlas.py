@@ -172,9 +172,12 @@ class FeDLaSLoss(CalibrationLoss):
 
     Attributes:
         last_weights, last_psi, last_nci: detached ``r``, ``ψ``, ``γ`` of the last training forward (None before).
+        sync_statistics: all-reduce the batch moments across processes (default True). The MaC-Cal stage
+            turns it off on its copy of the loss: there every process runs the stage on the whole data set.
     """
 
     requires_features = True
+    sync_statistics = True
 
     def __init__(
         self,
@@ -252,7 +255,9 @@ class FeDLaSLoss(CalibrationLoss):
         norms = l1_norms(features)
         if self.training:
             with torch.no_grad():
-                moments = all_reduce_moments(batch_moments(norms, mask))
+                moments = batch_moments(norms, mask)
+                if self.sync_statistics:
+                    moments = all_reduce_moments(moments)
                 ema_update(self.nci_mean, self.nci_std, moments, self.theta, self._count_thresholds)
         return norm_confidence_indicator(norms, self.nci_mean, self.nci_std)  # no gradient: built from detached inputs
 
