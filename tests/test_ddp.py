@@ -8,6 +8,7 @@ process computes from the union batch.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,8 +41,15 @@ def test_two_processes_hold_identical_loss_state_equal_to_one_big_batch(tmp_path
         "--master_port", str(_free_port()),
         str(HERE / "_ddp_worker.py"), str(tmp_path),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # its own session, so a timeout kills torchrun's workers too (they would outlive a plain kill of torchrun)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail("torchrun did not finish in 300 s:\n" + stdout[-3000:] + stderr[-3000:])
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert [r["steps"] for r in ranks] == [3, 3]
