@@ -155,3 +155,36 @@ def test_threads_do_not_change_results_or_torch_settings(fitted):
     assert torch.get_num_threads() == torch_threads
     assert all(torch.equal(outs[0], o) for o in outs)
     assert all(torch.equal(fits[0][k], f[k]) for f in fits for k in f)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra.numpy import arrays  # noqa: E402
+
+_LOGITS = st.integers(1, 6).flatmap(
+    lambda n: st.integers(2, 9).flatmap(
+        lambda k: st.sampled_from([np.float32, np.float64]).flatmap(
+            lambda dt: arrays(dt, (n, k), elements=st.floats(allow_nan=False, allow_infinity=False, width=32))
+        )
+    )
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(z=_LOGITS, log_t=st.floats(np.log(0.05), np.log(50.0)))
+def test_fast_path_keeps_argmax_finite_and_agrees_with_torch(z, log_t):
+    ts = TemperatureScaling()
+    ts.fit(*overconfident(60, 3, seed=0), progress_bar=False)
+    with torch.no_grad():
+        ts.log_temperature.fill_(log_t)
+    zt = torch.from_numpy(z)
+    out = ts(zt)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out.argmax(1), zt.argmax(1))
+    orig = _apply.supports
+    _apply.supports = lambda t: False
+    try:
+        slow = ts(zt)
+    finally:
+        _apply.supports = orig
+    assert torch.equal(out, slow)  # one temperature: the same divisions, guard and rescaling as the torch path
