@@ -112,19 +112,6 @@ def _smart_temperature(margin, mean, std, w1, b1, w2, b2, eps):  # pragma: no co
     return max(a, 0.0) + math.log1p(math.exp(-abs(a))) + eps
 
 
-@numba.njit(parallel=True, cache=True)
-def _temperatures(z, zbits, shift, mask, lowest, scratch, smart, mean, std, w1, b1, w2, b2, eps, temps):  # pragma: no cover - compiled
-    n = z.shape[0]
-    for i in numba.prange(n):
-        row = z[i]
-        if not _finite(row):
-            temps[i] = np.nan
-            continue
-        first = _first_max(row, zbits[i], shift, mask, lowest)
-        cell = (scratch[0][i : i + 1], scratch[1][i : i + 1])
-        temps[i] = _smart_temperature(_margin(row, zbits[i], first, shift, mask, lowest, cell), mean, std, w1, b1, w2, b2, eps)
-
-
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "nsz"})  # no "nnan"/"arcp": NaN checks and exact division
 def _scale_rows(z, zbits, shift, mask, lowest, scratch, t_fixed, smart, mean, std, w1, b1, w2, b2, eps, posinf, temps, out, outbits, status):  # pragma: no cover - compiled
     n, k = z.shape
@@ -132,6 +119,7 @@ def _scale_rows(z, zbits, shift, mask, lowest, scratch, t_fixed, smart, mean, st
         row = z[i]
         if not _finite(row):
             status[i] = NOT_FINITE
+            temps[i] = np.nan  # as topk's NaN margin would give
             continue
         first = _first_max(row, zbits[i], shift, mask, lowest)
         if smart:
@@ -172,7 +160,7 @@ def supports(z: torch.Tensor) -> bool:
 PARALLEL_MIN_SIZE = 1 << 18  # logits; below this a parallel region's start-up costs more than it saves
 
 
-def _threads_kept(fn, zn, *args):
+def _run_kernel(fn, zn, *args):
     """Run a kernel on ``zn``: one numba thread for small inputs (a pipeline's few rows), all for large ones."""
     threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
     if zn.size < PARALLEL_MIN_SIZE:
@@ -207,20 +195,8 @@ def _scratch(n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     return cells, cells.view(np.int32 if cells.dtype == np.float32 else np.int64)
 
 
-def temperatures(z: torch.Tensor, smart_mlp) -> torch.Tensor:
-    """SMART's per-row temperatures (N,) float64 of a CPU float32/float64 tensor (NaN for non-finite rows)."""
-    zn = z.detach().contiguous().numpy()
-    temps = np.empty(zn.shape[0], dtype=np.float64)
-    _threads_kept(_temperatures, zn, *_bits(zn), _scratch(zn.shape[0], zn.dtype), *_mlp_args(smart_mlp), temps)
-    return torch.from_numpy(temps)
-
-
-def scale_rows(z: torch.Tensor, temperature: float | None = None, smart_mlp=None) -> torch.Tensor | None:
-    """``z / T`` in one pass (T fixed, or SMART's ``T(m)`` when ``smart_mlp`` is given); None if a row is non-finite
-    or would overflow, for the torch path to raise or rescale.
-
-    ``smart_mlp`` = ``(margin_mean, margin_std, W1 (H,), b1 (H,), W2 (H,), b2, eps)``, float64 numpy.
-    """
+def _scale(z: torch.Tensor, temperature: float | None, smart_mlp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(z / T, T, status)`` as numpy, T in ``z``'s dtype; rows with status != 0 are not divided."""
     zn = z.detach().contiguous().numpy()
     n = zn.shape[0]
     temps = np.empty(n, dtype=zn.dtype)
@@ -229,5 +205,21 @@ def scale_rows(z: torch.Tensor, temperature: float | None = None, smart_mlp=None
     t_fixed = 1.0 if temperature is None else float(temperature)
     scratch = _scratch(n if smart_mlp is not None else 1, zn.dtype)
     args = (*_bits(zn), scratch, t_fixed, *_mlp_args(smart_mlp), np.full(1, np.inf, dtype=zn.dtype), temps, out, _bits(out)[0])
-    _threads_kept(_scale_rows, zn, *args, status)
+    _run_kernel(_scale_rows, zn, *args, status)
+    return out, temps, status
+
+
+def scale_rows(z: torch.Tensor, temperature: float | None = None, smart_mlp=None) -> torch.Tensor | None:
+    """``z / T`` in one pass (T fixed, or SMART's ``T(m)`` when ``smart_mlp`` is given); None if a row is non-finite
+    or would overflow, for the torch path to raise or rescale.
+
+    ``smart_mlp`` = ``(margin_mean, margin_std, W1 (H,), b1 (H,), W2 (H,), b2, eps)``, float64 numpy.
+    """
+    out, _, status = _scale(z, temperature, smart_mlp)
     return None if status.any() else torch.from_numpy(out)
+
+
+def temperatures(z: torch.Tensor, smart_mlp) -> torch.Tensor:
+    """SMART's per-row temperatures (N,) in ``z``'s dtype, as :func:`scale_rows` divides by them (NaN for
+    non-finite rows). Computed by the same kernel, so the division is done and dropped: not a hot path."""
+    return torch.from_numpy(_scale(z, None, smart_mlp)[1])

@@ -112,7 +112,7 @@ class SMARTCalibrator(
 
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
         if _apply.supports(z) and self.margin_mean.device.type == "cpu":  # the fused kernel's T, as forward uses it
-            return _apply.temperatures(z, self._mlp_arrays()).to(z.dtype)[:, None]
+            return _apply.temperatures(z, self._mlp_arrays())[:, None]
         margin = logit_margin(z).to(device=self.margin_mean.device)
         return self.temperature_of_margin(margin).detach().to(device=z.device, dtype=z.dtype)[:, None]
 
