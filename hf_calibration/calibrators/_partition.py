@@ -107,7 +107,7 @@ class LogPartitionTable:
         self.correct = torch.from_numpy(correct)
         self.num_classes = logits.shape[1]
         self._grid = torch.from_numpy(GRID)
-        self._f_flat, self._df_flat = self.f.reshape(-1), self.df.reshape(-1)
+        self._pairs = self.fd.reshape(-1, 2)  # a view: row i's grid point g is pair i * GRID_SIZE + g
         self._offsets = torch.arange(fd.shape[0]) * GRID_SIZE
 
     def __len__(self) -> int:
@@ -122,8 +122,8 @@ class LogPartitionTable:
         h = u1 - u0
         t = ((u - u0) / h).clamp(max=1.0)  # beyond the largest beta (T < 1/64): hold the last value
         flat = self._offsets + idx
-        f0, f1 = self._f_flat[flat], self._f_flat[flat + 1]
-        d0, d1 = self._df_flat[flat] * h, self._df_flat[flat + 1] * h
+        (f0, d0), (f1, d1) = self._pairs[flat].unbind(1), self._pairs[flat + 1].unbind(1)
+        d0, d1 = d0 * h, d1 * h
         t2, t3 = t * t, t * t * t
         value = (2 * t3 - 3 * t2 + 1) * f0 + (t3 - 2 * t2 + t) * d0 + (-2 * t3 + 3 * t2) * f1 + (t3 - t2) * d1
         # below the smallest beta (T > 256): first-order expansion in beta, exact at beta = 0 up to O(beta_min^2)
