@@ -26,7 +26,7 @@ from ._base import Calibrator
 from ._optim import adam_early_stopping
 from ._partition import GRID, LogPartitionTable
 from ._registry import register_calibrator
-from ._smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad
+from ._smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad, workspace
 from .objectives import get_objective, objective_kwargs
 
 
@@ -140,7 +140,7 @@ class SMARTCalibrator(
         self._reset()
         table = LogPartitionTable(logits, labels)
         m_hat = ((margin - self.margin_mean) / self.margin_std).numpy()
-        scratch = np.empty((m_hat.shape[0], kw.get("n_bins", 1)))
+        scratch = workspace(m_hat.shape[0], kw.get("n_bins", 1))
         code = OBJECTIVE_CODES[objective]
         args = (
             m_hat,

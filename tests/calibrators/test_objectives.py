@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from hf_calibration.calibrators import brier, charbonnier_soft_ece, nll, soft_ece
 from hf_calibration.calibrators._partition import LogPartitionTable
-from hf_calibration.calibrators._smart_step import OBJECTIVE_CODES, smart_loss_grad
+from hf_calibration.calibrators._smart_step import OBJECTIVE_CODES, smart_loss_grad, workspace
 from hf_calibration.calibrators.objectives import get_objective, scaled_stats
 
 
@@ -127,7 +127,35 @@ def test_fused_smart_step_matches_autograd(objective, n):
     m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
     value, grad = smart_loss_grad(
         x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
-        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 0.1, np.empty((n, 15)),
+        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 0.1, workspace(n, 15),
+    )
+    assert value == pytest.approx(loss.item(), rel=1e-9)
+    np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("b2", [-30.0, 400.0])  # T ~ eps = 1e-3 (beta above the table) and T ~ 400 (below it)
+@pytest.mark.parametrize("objective", sorted(OBJECTIVE_CODES))
+def test_fused_smart_step_matches_autograd_off_the_table(objective, b2):
+    from hf_calibration.calibrators import SMARTCalibrator
+    from _calibrator_data import overconfident
+
+    from hf_calibration.calibrators._partition import GRID
+    from hf_calibration.calibrators.smart import logit_margin
+
+    z, y = overconfident(300, 6, seed=7)
+    smart = SMARTCalibrator(seed=1, eps=1e-3, max_steps=1).fit(z, y, objective=objective, progress_bar=False)
+    x = smart._flat_parameters()
+    x[-1] = b2
+    smart._set_flat_parameters(x)
+    loss = smart._torch_objective(z, y, objective)
+    smart.zero_grad()
+    loss.backward()
+    grad_torch = torch.cat([smart.hidden.weight.grad[:, 0], smart.hidden.bias.grad, smart.output.weight.grad[0], smart.output.bias.grad])
+    table = LogPartitionTable(z, y)
+    m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
+    value, grad = smart_loss_grad(
+        x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
+        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 1e-3, workspace(300, 15),
     )
     assert value == pytest.approx(loss.item(), rel=1e-9)
     np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
