@@ -7,8 +7,11 @@ the same code drives the fused SMART step and any torch-autograd objective. The 
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable, NamedTuple
 
+import numba
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -22,6 +25,16 @@ class AdamResult(NamedTuple):
     steps: int  # updates made
     best_step: int
     best: float
+
+
+@numba.njit(cache=True)
+def _adam_update(x, m, v, grad, step_size, root_bias2, beta1, beta2, eps):  # pragma: no cover - compiled
+    """One in-place Adam update of ``x`` (~1 us instead of ~15 us of small numpy ops); ``step_size`` is
+    ``lr / (1 - beta1**t)`` and ``root_bias2`` is ``sqrt(1 - beta2**t)`` at step ``t`` >= 1."""
+    for i in range(x.shape[0]):
+        m[i] = beta1 * m[i] + (1.0 - beta1) * grad[i]
+        v[i] = beta2 * v[i] + (1.0 - beta2) * grad[i] * grad[i]
+        x[i] -= step_size * m[i] / (math.sqrt(v[i]) / root_bias2 + eps)
 
 
 def adam_early_stopping(
@@ -68,10 +81,8 @@ def _loop(x, m, v, best, best_x, best_step, stale, history, loss_and_grad, lr, m
             if step == max_steps or stale >= patience:
                 break
             t = step + 1
-            m = betas[0] * m + (1 - betas[0]) * grad
-            v = betas[1] * v + (1 - betas[1]) * grad * grad
-            denom = np.sqrt(v) / np.sqrt(1 - betas[1] ** t) + eps
-            x = x - (lr / (1 - betas[0] ** t)) * m / denom
+            step_size, root_bias2 = lr / (1 - betas[0] ** t), math.sqrt(1 - betas[1] ** t)
+            _adam_update(x, m, v, np.asarray(grad, dtype=np.float64), step_size, root_bias2, betas[0], betas[1], eps)
             bar.update(1)
             if step % 50 == 0:
                 bar.set_postfix(objective=f"{loss:.5g}")

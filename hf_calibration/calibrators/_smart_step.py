@@ -109,9 +109,10 @@ def _lookup(fd, grid, beta, u, f, fp, cell, first_row, octaves_up):  # pragma: n
 
 
 @numba.njit(cache=True, fastmath=True, parallel=True)
-def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, delta, eps, work):  # pragma: no cover
+def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, delta, eps, work, force_exp=False):  # pragma: no cover
     """Objective and gradient (3H + 1,) at parameters ``x``; ``fd``: ``LogPartitionTable.fd`` flattened;
-    ``work``: ``workspace(N, n_bins)`` (or ``workspace(N, 1)`` for NLL and Brier)."""
+    ``work``: ``workspace(N, n_bins)`` (or ``workspace(N, 1)`` for NLL and Brier). ``force_exp``: the soft-bin
+    memberships by one exp each even where the cheaper recurrence is safe (for tests)."""
     n = m_hat.shape[0]
     dim = x.shape[0]
     hdim = (dim - 1) // 3
@@ -126,6 +127,11 @@ def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, 
     part_count = np.zeros((n_chunks, nb))
     part_sum = np.zeros((n_chunks, nb))
     inv = 1.0 / (2.0 * sigma * sigma)
+    width = 1.0 / n_bins
+    half_width = 0.5 * width  # c_0
+    shrink = math.exp(-2.0 * inv * width * width)
+    # from bin 0, w_0 >= exp(-inv (1 - c_0)^2) relative to w_{b0} = 1: a normal float while inv (1 - c_0)^2 < 600
+    recurrence = inv * (1.0 - half_width) ** 2 < 600.0 and not force_exp
     for c in numba.prange(n_chunks):
         s = c * CHUNK
         e = min(n, s + CHUNK)
@@ -182,22 +188,42 @@ def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, 
             for i in range(rows):
                 arg[i] = -f[i]
             exp_into(arg, p, bits)
-            # Gaussian memberships relative to the nearest centre c0 (so they never all underflow):
-            # -inv ((c_b - p)^2 - (c0 - p)^2) = -inv (c_b - c0)(c_b + c0 - 2 p)
+            # Gaussian memberships exp(-inv (c_b - p)^2), relative to the nearest centre c0 so that they never
+            # all underflow: exp(-inv ((c_b - p)^2 - (c0 - p)^2)) = exp(-inv (c_b - c0)(c_b + c0 - 2 p))
             c0 = idx
             for i in range(rows):
                 b0 = min(n_bins - 1, max(0, int(p[i] * n_bins)))
                 c0[i] = (2.0 * b0 + 1.0) / (2.0 * n_bins)
-            for i in range(rows):
-                total[i] = 0.0
-            for b in range(n_bins):
-                cb = (2.0 * b + 1.0) / (2.0 * n_bins)
-                w = work[_ROWS + b, s:e]
+            if recurrence:
+                # two exps a row: w_0, and the ratio r_0 = w_1 / w_0; then w_{b+1} = w_b r_b, r_{b+1} = r_b shrink
+                first = work[_ROWS, s:e]
+                ratio = work[ACC2, s:e]
+                arg2 = work[ACC3, s:e]
                 for i in range(rows):
-                    arg[i] = -inv * (cb - c0[i]) * (cb + c0[i] - 2.0 * p[i])
-                exp_into(arg, w, bits)
+                    arg[i] = -inv * (half_width - c0[i]) * (half_width + c0[i] - 2.0 * p[i])
+                    arg2[i] = -inv * width * (2.0 * width - 2.0 * p[i])  # c_0 + c_1 = 2 width
+                exp_into(arg, first, bits)
+                exp_into(arg2, ratio, bits)
                 for i in range(rows):
-                    total[i] += w[i]
+                    total[i] = first[i]
+                for b in range(1, n_bins):
+                    w = work[_ROWS + b, s:e]
+                    prev = work[_ROWS + b - 1, s:e]
+                    for i in range(rows):
+                        w[i] = prev[i] * ratio[i]
+                        ratio[i] *= shrink
+                        total[i] += w[i]
+            else:
+                for i in range(rows):
+                    total[i] = 0.0
+                for b in range(n_bins):
+                    cb = (2.0 * b + 1.0) / (2.0 * n_bins)
+                    w = work[_ROWS + b, s:e]
+                    for i in range(rows):
+                        arg[i] = -inv * (cb - c0[i]) * (cb + c0[i] - 2.0 * p[i])
+                    exp_into(arg, w, bits)
+                    for i in range(rows):
+                        total[i] += w[i]
             for i in range(rows):
                 total[i] = 1.0 / total[i]
             for b in range(n_bins):
@@ -328,13 +354,16 @@ class ThreadCountChooser:
         probing = len(self.candidates) > 1 and phase < self.probe * len(self.candidates)
         threads = self.candidates[phase % len(self.candidates)] if probing else self.best
         before = numba.get_num_threads()
-        numba.set_num_threads(threads)
+        switch = threads != before  # set_num_threads costs ~12 us: only when the count changes
+        if switch:
+            numba.set_num_threads(threads)
         try:
             start = time.perf_counter()
             out = self.fn(*args)
             elapsed = time.perf_counter() - start
         finally:
-            numba.set_num_threads(before)
+            if switch:
+                numba.set_num_threads(before)
         if probing:
             if phase == 0:
                 self._times = {}

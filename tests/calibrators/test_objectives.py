@@ -161,6 +161,32 @@ def test_fused_smart_step_matches_autograd_off_the_table(objective, b2):
     np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.parametrize("sigma", [0.05, 0.01])  # 0.01: too narrow for the membership recurrence, one exp per bin
+def test_fused_smart_step_soft_bin_paths_match_autograd_and_each_other(sigma):
+    from hf_calibration.calibrators import SMARTCalibrator
+    from _calibrator_data import overconfident
+
+    from hf_calibration.calibrators._partition import GRID
+    from hf_calibration.calibrators.smart import logit_margin
+
+    z, y = overconfident(600, 5, seed=11)
+    smart = SMARTCalibrator(seed=3, max_steps=2).fit(z, y, progress_bar=False)
+    x = smart._flat_parameters()
+    loss = smart._torch_objective(z, y, "charbonnier_soft_ece", sigma=sigma)
+    smart.zero_grad()
+    loss.backward()
+    grad_torch = torch.cat([smart.hidden.weight.grad[:, 0], smart.hidden.bias.grad, smart.output.weight.grad[0], smart.output.bias.grad])
+    table = LogPartitionTable(z, y)
+    m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
+    args = (x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(), table.correct.numpy(), 3, 15, sigma, 1e-3, 0.1)
+    value, grad = smart_loss_grad(*args, workspace(600, 15))
+    value_exp, grad_exp = smart_loss_grad(*args, workspace(600, 15), True)
+    assert value == pytest.approx(loss.item(), rel=1e-9)
+    np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
+    assert value == pytest.approx(value_exp, rel=1e-13)
+    np.testing.assert_allclose(grad, grad_exp, rtol=1e-10, atol=1e-15)
+
+
 def test_thread_count_chooser_keeps_the_faster_count_and_restores_the_callers():
     import time
 
