@@ -23,6 +23,7 @@ import numba
 import numpy as np
 import torch
 
+from ._vmath import exp_into
 from .objectives import ScaledStats
 
 LOG2_BETA_MIN = -8  # T = 256
@@ -44,6 +45,7 @@ def _tabulate(logits, labels, beta0, steps, octaves):  # pragma: no cover - comp
         q = np.empty(k)
         p = np.empty(k)
         e = np.empty(k)
+        bits = np.empty(k)
         top = logits[i, 0]
         arg = 0
         for j in range(1, k):
@@ -53,9 +55,11 @@ def _tabulate(logits, labels, beta0, steps, octaves):  # pragma: no cover - comp
         for j in range(k):
             d = np.float64(top) - np.float64(logits[i, j])
             gaps[j] = d
-            qj = math.exp(-beta0 / steps * d)
-            q[j] = qj
-            p[j] = qj**steps  # exp(-beta0 d)
+            e[j] = -beta0 / steps * d
+        exp_into(e, q, bits)  # vectorised: the row's only transcendental passes
+        for j in range(k):
+            e[j] = -beta0 * gaps[j]
+        exp_into(e, p, bits)  # exp(-beta0 d)
         gap_true[i] = gaps[labels[i]]
         correct[i] = 1.0 if arg == labels[i] else 0.0
         for m in range(steps):
