@@ -61,8 +61,9 @@ def _key(b, shift, mask):  # pragma: no cover - compiled
 def _max_key(bits, start, stop, init, shift, mask):  # pragma: no cover - compiled
     """Largest key of ``bits[start:stop]`` (``init`` if the range is empty)."""
     m = init
-    for j in range(start, stop):
-        m = np.maximum(m, _key(bits[j], shift, mask))
+    view = bits[start:stop]  # a loop from 0 over a view vectorises; over range(start, stop) it keeps a wrap-around check
+    for j in range(view.shape[0]):
+        m = np.maximum(m, _key(view[j], shift, mask))
     return m
 
 
@@ -73,10 +74,10 @@ def _first_max(row, bits, shift, mask, lowest):  # pragma: no cover - compiled
     k = bits.shape[0]
     first = 0
     for start in range(0, k, 64):  # find the 64-block holding it with vectorised counts, then scan that block
-        stop = min(start + 64, k)
+        block = bits[start : min(start + 64, k)]
         hits = 0
-        for j in range(start, stop):
-            hits += bits[j] == target
+        for j in range(block.shape[0]):
+            hits += block[j] == target
         if hits:
             first = start
             while bits[first] != target:
