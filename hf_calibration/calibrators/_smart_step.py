@@ -108,18 +108,201 @@ def _lookup(fd, grid, beta, u, f, fp, cell, first_row, octaves_up):  # pragma: n
         fp[i] = scale * (slope_below if below else (0.0 if held else dvalue_dt / h / bi))
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
-def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, delta, eps, work, force_exp=False):  # pragma: no cover
-    """Objective and gradient (3H + 1,) at parameters ``x``; ``fd``: ``LogPartitionTable.fd`` flattened;
-    ``work``: ``workspace(N, n_bins)`` (or ``workspace(N, 1)`` for NLL and Brier). ``force_exp``: the soft-bin
-    memberships by one exp each even where the cheaper recurrence is safe (for tests)."""
+@numba.njit(cache=True, fastmath=True)
+def _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, width, half_width, shrink, recurrence, eps, work, part_loss, part_count, part_sum):  # pragma: no cover - compiled
+    """Pass 1 on chunk ``c``: temperatures, the table at ``beta = 1 / T``, per-row terms (NLL, Brier) or the
+    chunk's soft-bin sums; the per-row intermediates stay in ``work`` for pass 2."""
     n = m_hat.shape[0]
-    dim = x.shape[0]
-    hdim = (dim - 1) // 3
+    hdim = (x.shape[0] - 1) // 3
     w1 = x[:hdim]
     b1 = x[hdim : 2 * hdim]
     w2 = x[2 * hdim : 3 * hdim]
     b2 = x[3 * hdim]
+    s = c * CHUNK
+    e = min(n, s + CHUNK)
+    rows = e - s
+    m = m_hat[s:e]
+    a = work[PRE, s:e]
+    t = work[TEMP, s:e]
+    sig = work[SIGMOID, s:e]
+    beta = work[BETA, s:e]
+    u = work[LOG_BETA, s:e]
+    f = work[F, s:e]
+    fp = work[DF, s:e]
+    bits = work[BITS, s:e]
+    idx = work[CELL, s:e]
+    db = work[DBETA, s:e]
+    gap = gap_true[s:e]
+    # the MLP: a = W2 . ReLU(W1 m_hat + b1) + b2
+    for i in range(rows):
+        a[i] = b2
+    for j in range(hdim):
+        wj, bj, vj = w1[j], b1[j], w2[j]
+        for i in range(rows):
+            a[i] += vj * max(wj * m[i] + bj, 0.0)
+    arg = work[ARG, s:e]
+    _softplus(a, t, sig, bits, arg, eps)
+    for i in range(rows):
+        beta[i] = 1.0 / t[i]
+    log_into(beta, u, bits)
+    _lookup(fd, grid, beta, u, f, fp, idx, s, 0)
+    loss_local = 0.0
+    if code == 0:  # NLL: mean(beta d_y + f(beta))
+        for i in range(rows):
+            loss_local += beta[i] * gap[i] + f[i]
+            db[i] = (gap[i] + fp[i]) / n
+    elif code == 1:  # Brier: mean(sum_k p_k^2 - 2 p_y + 1), sum_k p_k^2 = exp(f(2 beta) - 2 f(beta))
+        f2 = work[ACC1, s:e]
+        f2p = work[ACC2, s:e]
+        sq = work[ACC3, s:e]
+        p_y = work[ACC4, s:e]
+        _lookup(fd, grid, beta, u, f2, f2p, idx, s, 1)
+        arg2 = work[CONF, s:e]
+        for i in range(rows):
+            arg[i] = f2[i] - 2.0 * f[i]
+            arg2[i] = -beta[i] * gap[i] - f[i]
+        exp_into(arg, sq, bits)
+        exp_into(arg2, p_y, bits)
+        for i in range(rows):
+            loss_local += sq[i] - 2.0 * p_y[i] + 1.0
+            db[i] = (sq[i] * (f2p[i] - 2.0 * fp[i]) - 2.0 * p_y[i] * (-gap[i] - fp[i])) / n
+    else:  # soft bins of the confidence p = exp(-f(beta))
+        p = work[CONF, s:e]
+        cor = correct[s:e]
+        total = work[ACC1, s:e]
+        for i in range(rows):
+            arg[i] = -f[i]
+        exp_into(arg, p, bits)
+        # Gaussian memberships exp(-inv (c_b - p)^2), relative to the nearest centre c0 so that they never
+        # all underflow: exp(-inv ((c_b - p)^2 - (c0 - p)^2)) = exp(-inv (c_b - c0)(c_b + c0 - 2 p))
+        c0 = idx
+        for i in range(rows):
+            b0 = min(n_bins - 1, max(0, int(p[i] * n_bins)))
+            c0[i] = (2.0 * b0 + 1.0) / (2.0 * n_bins)
+        if recurrence:
+            # two exps a row: w_0, and the ratio r_0 = w_1 / w_0; then w_{b+1} = w_b r_b, r_{b+1} = r_b shrink
+            first = work[_ROWS, s:e]
+            ratio = work[ACC2, s:e]
+            arg2 = work[ACC3, s:e]
+            for i in range(rows):
+                arg[i] = -inv * (half_width - c0[i]) * (half_width + c0[i] - 2.0 * p[i])
+                arg2[i] = -inv * width * (2.0 * width - 2.0 * p[i])  # c_0 + c_1 = 2 width
+            exp_into(arg, first, bits)
+            exp_into(arg2, ratio, bits)
+            for i in range(rows):
+                total[i] = first[i]
+            for b in range(1, n_bins):
+                w = work[_ROWS + b, s:e]
+                prev = work[_ROWS + b - 1, s:e]
+                for i in range(rows):
+                    w[i] = prev[i] * ratio[i]
+                    ratio[i] *= shrink
+                    total[i] += w[i]
+        else:
+            for i in range(rows):
+                total[i] = 0.0
+            for b in range(n_bins):
+                cb = (2.0 * b + 1.0) / (2.0 * n_bins)
+                w = work[_ROWS + b, s:e]
+                for i in range(rows):
+                    arg[i] = -inv * (cb - c0[i]) * (cb + c0[i] - 2.0 * p[i])
+                exp_into(arg, w, bits)
+                for i in range(rows):
+                    total[i] += w[i]
+        for i in range(rows):
+            total[i] = 1.0 / total[i]
+        for b in range(n_bins):
+            w = work[_ROWS + b, s:e]
+            cnt = 0.0
+            sm = 0.0
+            for i in range(rows):
+                wb = w[i] * total[i]
+                w[i] = wb
+                cnt += wb
+                sm += wb * (cor[i] - p[i])
+            part_count[c, b] = cnt
+            part_sum[c, b] = sm
+    part_loss[c] = loss_local
+
+
+@numba.njit(cache=True, fastmath=True)
+def _backward_chunk(c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, work, part_grad):  # pragma: no cover - compiled
+    """Pass 2 on chunk ``c``: d loss / d beta per row (through the soft bins for the binned objectives), then
+    back through ``T = softplus(a) + eps``, ``beta = 1 / T`` and the MLP into the chunk's row of ``part_grad``."""
+    n = m_hat.shape[0]
+    hdim = (x.shape[0] - 1) // 3
+    w1 = x[:hdim]
+    b1 = x[hdim : 2 * hdim]
+    w2 = x[2 * hdim : 3 * hdim]
+    two_inv = 2.0 * inv
+    s = c * CHUNK
+    e = min(n, s + CHUNK)
+    rows = e - s
+    m = m_hat[s:e]
+    a = work[PRE, s:e]
+    t = work[TEMP, s:e]
+    sig = work[SIGMOID, s:e]
+    db = work[DBETA, s:e]
+    if binned:
+        # dw_b/dp = w_b (g_b - sum_b' w_b' g_b'), g_b = 2 inv (c_b - p)
+        p = work[CONF, s:e]
+        fp = work[DF, s:e]
+        cor = correct[s:e]
+        sa = work[ACC1, s:e]
+        sag = work[ACC2, s:e]
+        sg = work[ACC3, s:e]
+        sd = work[ACC4, s:e]
+        for i in range(rows):
+            sa[i] = 0.0
+            sag[i] = 0.0
+            sg[i] = 0.0
+            sd[i] = 0.0
+        for b in range(n_bins):
+            cb = (2.0 * b + 1.0) / (2.0 * n_bins)
+            dc = d_count[b]
+            ds = d_sum[b]
+            w = work[_ROWS + b, s:e]
+            for i in range(rows):
+                wb = w[i]
+                gb = two_inv * (cb - p[i])
+                ab = (dc + ds * (cor[i] - p[i])) * wb
+                sa[i] += ab
+                sag[i] += ab * gb
+                sg[i] += wb * gb
+                sd[i] += ds * wb
+        for i in range(rows):
+            db[i] = (sag[i] - sg[i] * sa[i] - sd[i]) * (-p[i] * fp[i])  # p = exp(-f(beta))
+    # back through T = softplus(a) + eps, beta = 1 / T, and the MLP
+    gb2 = 0.0
+    for i in range(rows):
+        da = db[i] * (-1.0 / (t[i] * t[i])) * sig[i]
+        a[i] = da
+        gb2 += da
+    part_grad[c, 3 * hdim] = gb2
+    for j in range(hdim):
+        wj, bj = w1[j], b1[j]
+        gw1 = 0.0
+        gbias = 0.0
+        gw2 = 0.0
+        for i in range(rows):
+            pre = wj * m[i] + bj
+            da = a[i] if pre > 0 else 0.0
+            gw2 += da * pre
+            gbias += da
+            gw1 += da * m[i]
+        part_grad[c, j] = gw1 * w2[j]
+        part_grad[c, hdim + j] = gbias * w2[j]
+        part_grad[c, 2 * hdim + j] = gw2
+
+
+@numba.njit(cache=True, fastmath=True, parallel=True)
+def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, delta, eps, work, force_exp):  # pragma: no cover
+    """Objective and gradient (3H + 1,) at parameters ``x``; ``fd``: ``LogPartitionTable.fd`` flattened;
+    ``work``: ``workspace(N, n_bins)`` (or ``workspace(N, 1)`` for NLL and Brier). ``force_exp``: the soft-bin
+    memberships by one exp each even where the cheaper recurrence is safe (for tests; a required argument, so
+    every call has the one compiled signature)."""
+    n = m_hat.shape[0]
+    dim = x.shape[0]
     n_chunks = (n + CHUNK - 1) // CHUNK
     binned = code >= 2
     nb = n_bins if binned else 1
@@ -132,112 +315,8 @@ def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, 
     shrink = math.exp(-2.0 * inv * width * width)
     # from bin 0, w_0 >= exp(-inv (1 - c_0)^2) relative to w_{b0} = 1: a normal float while inv (1 - c_0)^2 < 600
     recurrence = inv * (1.0 - half_width) ** 2 < 600.0 and not force_exp
-    for c in numba.prange(n_chunks):
-        s = c * CHUNK
-        e = min(n, s + CHUNK)
-        rows = e - s
-        m = m_hat[s:e]
-        a = work[PRE, s:e]
-        t = work[TEMP, s:e]
-        sig = work[SIGMOID, s:e]
-        beta = work[BETA, s:e]
-        u = work[LOG_BETA, s:e]
-        f = work[F, s:e]
-        fp = work[DF, s:e]
-        bits = work[BITS, s:e]
-        idx = work[CELL, s:e]
-        db = work[DBETA, s:e]
-        gap = gap_true[s:e]
-        # the MLP: a = W2 . ReLU(W1 m_hat + b1) + b2
-        for i in range(rows):
-            a[i] = b2
-        for j in range(hdim):
-            wj, bj, vj = w1[j], b1[j], w2[j]
-            for i in range(rows):
-                a[i] += vj * max(wj * m[i] + bj, 0.0)
-        arg = work[ARG, s:e]
-        _softplus(a, t, sig, bits, arg, eps)
-        for i in range(rows):
-            beta[i] = 1.0 / t[i]
-        log_into(beta, u, bits)
-        _lookup(fd, grid, beta, u, f, fp, idx, s, 0)
-        loss_local = 0.0
-        if code == 0:  # NLL: mean(beta d_y + f(beta))
-            for i in range(rows):
-                loss_local += beta[i] * gap[i] + f[i]
-                db[i] = (gap[i] + fp[i]) / n
-        elif code == 1:  # Brier: mean(sum_k p_k^2 - 2 p_y + 1), sum_k p_k^2 = exp(f(2 beta) - 2 f(beta))
-            f2 = work[ACC1, s:e]
-            f2p = work[ACC2, s:e]
-            sq = work[ACC3, s:e]
-            p_y = work[ACC4, s:e]
-            _lookup(fd, grid, beta, u, f2, f2p, idx, s, 1)
-            arg2 = work[CONF, s:e]
-            for i in range(rows):
-                arg[i] = f2[i] - 2.0 * f[i]
-                arg2[i] = -beta[i] * gap[i] - f[i]
-            exp_into(arg, sq, bits)
-            exp_into(arg2, p_y, bits)
-            for i in range(rows):
-                loss_local += sq[i] - 2.0 * p_y[i] + 1.0
-                db[i] = (sq[i] * (f2p[i] - 2.0 * fp[i]) - 2.0 * p_y[i] * (-gap[i] - fp[i])) / n
-        else:  # soft bins of the confidence p = exp(-f(beta))
-            p = work[CONF, s:e]
-            cor = correct[s:e]
-            total = work[ACC1, s:e]
-            for i in range(rows):
-                arg[i] = -f[i]
-            exp_into(arg, p, bits)
-            # Gaussian memberships exp(-inv (c_b - p)^2), relative to the nearest centre c0 so that they never
-            # all underflow: exp(-inv ((c_b - p)^2 - (c0 - p)^2)) = exp(-inv (c_b - c0)(c_b + c0 - 2 p))
-            c0 = idx
-            for i in range(rows):
-                b0 = min(n_bins - 1, max(0, int(p[i] * n_bins)))
-                c0[i] = (2.0 * b0 + 1.0) / (2.0 * n_bins)
-            if recurrence:
-                # two exps a row: w_0, and the ratio r_0 = w_1 / w_0; then w_{b+1} = w_b r_b, r_{b+1} = r_b shrink
-                first = work[_ROWS, s:e]
-                ratio = work[ACC2, s:e]
-                arg2 = work[ACC3, s:e]
-                for i in range(rows):
-                    arg[i] = -inv * (half_width - c0[i]) * (half_width + c0[i] - 2.0 * p[i])
-                    arg2[i] = -inv * width * (2.0 * width - 2.0 * p[i])  # c_0 + c_1 = 2 width
-                exp_into(arg, first, bits)
-                exp_into(arg2, ratio, bits)
-                for i in range(rows):
-                    total[i] = first[i]
-                for b in range(1, n_bins):
-                    w = work[_ROWS + b, s:e]
-                    prev = work[_ROWS + b - 1, s:e]
-                    for i in range(rows):
-                        w[i] = prev[i] * ratio[i]
-                        ratio[i] *= shrink
-                        total[i] += w[i]
-            else:
-                for i in range(rows):
-                    total[i] = 0.0
-                for b in range(n_bins):
-                    cb = (2.0 * b + 1.0) / (2.0 * n_bins)
-                    w = work[_ROWS + b, s:e]
-                    for i in range(rows):
-                        arg[i] = -inv * (cb - c0[i]) * (cb + c0[i] - 2.0 * p[i])
-                    exp_into(arg, w, bits)
-                    for i in range(rows):
-                        total[i] += w[i]
-            for i in range(rows):
-                total[i] = 1.0 / total[i]
-            for b in range(n_bins):
-                w = work[_ROWS + b, s:e]
-                cnt = 0.0
-                sm = 0.0
-                for i in range(rows):
-                    wb = w[i] * total[i]
-                    w[i] = wb
-                    cnt += wb
-                    sm += wb * (cor[i] - p[i])
-                part_count[c, b] = cnt
-                part_sum[c, b] = sm
-        part_loss[c] = loss_local
+    for c in numba.prange(n_chunks):  # the chunk bodies are separate functions: parfor compiles a big body slowly
+        _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, width, half_width, shrink, recurrence, eps, work, part_loss, part_count, part_sum)
     loss = 0.0
     for c in range(n_chunks):
         loss += part_loss[c]
@@ -264,66 +343,8 @@ def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, 
             d_count[b] = (phi - g * dphi) / n
             d_sum[b] = dphi / n
     part_grad = np.zeros((n_chunks, dim))
-    two_inv = 2.0 * inv
     for c in numba.prange(n_chunks):
-        s = c * CHUNK
-        e = min(n, s + CHUNK)
-        rows = e - s
-        m = m_hat[s:e]
-        a = work[PRE, s:e]
-        t = work[TEMP, s:e]
-        sig = work[SIGMOID, s:e]
-        db = work[DBETA, s:e]
-        if binned:
-            # dw_b/dp = w_b (g_b - sum_b' w_b' g_b'), g_b = 2 inv (c_b - p)
-            p = work[CONF, s:e]
-            fp = work[DF, s:e]
-            cor = correct[s:e]
-            sa = work[ACC1, s:e]
-            sag = work[ACC2, s:e]
-            sg = work[ACC3, s:e]
-            sd = work[ACC4, s:e]
-            for i in range(rows):
-                sa[i] = 0.0
-                sag[i] = 0.0
-                sg[i] = 0.0
-                sd[i] = 0.0
-            for b in range(n_bins):
-                cb = (2.0 * b + 1.0) / (2.0 * n_bins)
-                dc = d_count[b]
-                ds = d_sum[b]
-                w = work[_ROWS + b, s:e]
-                for i in range(rows):
-                    wb = w[i]
-                    gb = two_inv * (cb - p[i])
-                    ab = (dc + ds * (cor[i] - p[i])) * wb
-                    sa[i] += ab
-                    sag[i] += ab * gb
-                    sg[i] += wb * gb
-                    sd[i] += ds * wb
-            for i in range(rows):
-                db[i] = (sag[i] - sg[i] * sa[i] - sd[i]) * (-p[i] * fp[i])  # p = exp(-f(beta))
-        # back through T = softplus(a) + eps, beta = 1 / T, and the MLP
-        gb2 = 0.0
-        for i in range(rows):
-            da = db[i] * (-1.0 / (t[i] * t[i])) * sig[i]
-            a[i] = da
-            gb2 += da
-        part_grad[c, 3 * hdim] = gb2
-        for j in range(hdim):
-            wj, bj = w1[j], b1[j]
-            gw1 = 0.0
-            gbias = 0.0
-            gw2 = 0.0
-            for i in range(rows):
-                pre = wj * m[i] + bj
-                da = a[i] if pre > 0 else 0.0
-                gw2 += da * pre
-                gbias += da
-                gw1 += da * m[i]
-            part_grad[c, j] = gw1 * w2[j]
-            part_grad[c, hdim + j] = gbias * w2[j]
-            part_grad[c, 2 * hdim + j] = gw2
+        _backward_chunk(c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, work, part_grad)
     grad = np.zeros(dim)
     for c in range(n_chunks):
         for k in range(dim):

@@ -157,7 +157,7 @@ class SMARTCalibrator(
         step = ThreadCountChooser(smart_loss_grad)
         result = adam_early_stopping(
             self._flat_parameters(),
-            lambda x: step(x, *args, scratch),
+            lambda x: step(x, *args, scratch, False),
             lr=self.lr,
             max_steps=self.max_steps,
             patience=self.patience,

@@ -127,7 +127,7 @@ def test_fused_smart_step_matches_autograd(objective, n):
     m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
     value, grad = smart_loss_grad(
         x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
-        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 0.1, workspace(n, 15),
+        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 0.1, workspace(n, 15), False,
     )
     assert value == pytest.approx(loss.item(), rel=1e-9)
     np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
@@ -155,7 +155,7 @@ def test_fused_smart_step_matches_autograd_off_the_table(objective, b2):
     m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
     value, grad = smart_loss_grad(
         x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
-        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 1e-3, workspace(300, 15),
+        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 1e-3, workspace(300, 15), False,
     )
     assert value == pytest.approx(loss.item(), rel=1e-9)
     np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
@@ -179,7 +179,7 @@ def test_fused_smart_step_soft_bin_paths_match_autograd_and_each_other(sigma):
     table = LogPartitionTable(z, y)
     m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
     args = (x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(), table.correct.numpy(), 3, 15, sigma, 1e-3, 0.1)
-    value, grad = smart_loss_grad(*args, workspace(600, 15))
+    value, grad = smart_loss_grad(*args, workspace(600, 15), False)
     value_exp, grad_exp = smart_loss_grad(*args, workspace(600, 15), True)
     assert value == pytest.approx(loss.item(), rel=1e-9)
     np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
