@@ -108,18 +108,28 @@ def _lookup(fd, grid, beta, u, f, fp, cell, first_row, octaves_up):  # pragma: n
         fp[i] = scale * (slope_below if below else (0.0 if held else dvalue_dt / h / bi))
 
 
+@numba.njit(cache=True)
+def _mlp_weights(x):  # pragma: no cover - compiled
+    """``(W1, b1, W2, b2)`` of the flat parameter vector ``[W1 (H), b1 (H), W2 (H), b2]`` (views)."""
+    hdim = (x.shape[0] - 1) // 3
+    return x[:hdim], x[hdim : 2 * hdim], x[2 * hdim : 3 * hdim], x[3 * hdim]
+
+
+@numba.njit(cache=True)
+def _chunk_rows(c, n):  # pragma: no cover - compiled
+    """First and past-the-end row of chunk ``c`` of ``n`` rows."""
+    start = c * CHUNK
+    return start, min(n, start + CHUNK)
+
+
 @numba.njit(cache=True, fastmath=True)
 def _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, width, half_width, shrink, recurrence, eps, work, part_loss, part_count, part_sum):  # pragma: no cover - compiled
     """Pass 1 on chunk ``c``: temperatures, the table at ``beta = 1 / T``, per-row terms (NLL, Brier) or the
     chunk's soft-bin sums; the per-row intermediates stay in ``work`` for pass 2."""
+    w1, b1, w2, b2 = _mlp_weights(x)
+    hdim = w1.shape[0]
     n = m_hat.shape[0]
-    hdim = (x.shape[0] - 1) // 3
-    w1 = x[:hdim]
-    b1 = x[hdim : 2 * hdim]
-    w2 = x[2 * hdim : 3 * hdim]
-    b2 = x[3 * hdim]
-    s = c * CHUNK
-    e = min(n, s + CHUNK)
+    s, e = _chunk_rows(c, n)
     rows = e - s
     m = m_hat[s:e]
     a = work[PRE, s:e]
@@ -229,14 +239,10 @@ def _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, 
 def _backward_chunk(c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, work, part_grad):  # pragma: no cover - compiled
     """Pass 2 on chunk ``c``: d loss / d beta per row (through the soft bins for the binned objectives), then
     back through ``T = softplus(a) + eps``, ``beta = 1 / T`` and the MLP into the chunk's row of ``part_grad``."""
-    n = m_hat.shape[0]
-    hdim = (x.shape[0] - 1) // 3
-    w1 = x[:hdim]
-    b1 = x[hdim : 2 * hdim]
-    w2 = x[2 * hdim : 3 * hdim]
+    w1, b1, w2, _ = _mlp_weights(x)
+    hdim = w1.shape[0]
     two_inv = 2.0 * inv
-    s = c * CHUNK
-    e = min(n, s + CHUNK)
+    s, e = _chunk_rows(c, m_hat.shape[0])
     rows = e - s
     m = m_hat[s:e]
     a = work[PRE, s:e]

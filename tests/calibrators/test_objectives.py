@@ -105,6 +105,30 @@ def test_table_matches_exact_softmax(k):
             assert torch.allclose(a, e, atol=tol, rtol=0), (temp, field, (a - e).abs().max())
 
 
+def _fused_and_autograd(smart, z, y, objective, sigma=0.05, force_exp=False):
+    """(value, grad) of the fused step and of torch autograd through ``smart._torch_objective``, at ``smart``'s weights."""
+    from hf_calibration.calibrators._partition import GRID
+    from hf_calibration.calibrators.smart import logit_margin
+
+    binned = OBJECTIVE_CODES[objective] >= 2
+    loss = smart._torch_objective(z, y, objective, **({"sigma": sigma} if binned else {}))
+    smart.zero_grad()
+    loss.backward()
+    grad_torch = torch.cat([smart.hidden.weight.grad[:, 0], smart.hidden.bias.grad, smart.output.weight.grad[0], smart.output.bias.grad])
+    table = LogPartitionTable(z, y)
+    m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
+    value, grad = smart_loss_grad(
+        smart._flat_parameters(), m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(), table.correct.numpy(),
+        OBJECTIVE_CODES[objective], 15, sigma, 1e-3, smart.eps, workspace(len(y), 15), force_exp,
+    )
+    return (value, grad), (loss.item(), grad_torch.numpy())
+
+
+def _assert_matches(fused, reference):
+    assert fused[0] == pytest.approx(reference[0], rel=1e-9)
+    np.testing.assert_allclose(fused[1], reference[1], rtol=1e-6, atol=1e-12)
+
+
 @pytest.mark.parametrize("n", [300, 700])  # 700: several of the kernel's 256-row chunks, the last one partial
 @pytest.mark.parametrize("objective", sorted(OBJECTIVE_CODES))
 def test_fused_smart_step_matches_autograd(objective, n):
@@ -114,23 +138,8 @@ def test_fused_smart_step_matches_autograd(objective, n):
     z, y = overconfident(n, 6, seed=4)
     smart = SMARTCalibrator(seed=5, max_steps=3).fit(z, y, objective=objective, progress_bar=False)
     # perturb so the comparison is not at a trained point
-    x = smart._flat_parameters() + np.random.default_rng(0).normal(scale=0.3, size=49)
-    smart._set_flat_parameters(x)
-    loss = smart._torch_objective(z, y, objective)
-    smart.zero_grad()
-    loss.backward()
-    grad_torch = torch.cat([smart.hidden.weight.grad[:, 0], smart.hidden.bias.grad, smart.output.weight.grad[0], smart.output.bias.grad])
-    from hf_calibration.calibrators._partition import GRID
-    from hf_calibration.calibrators.smart import logit_margin
-
-    table = LogPartitionTable(z, y)
-    m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
-    value, grad = smart_loss_grad(
-        x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
-        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 0.1, workspace(n, 15), False,
-    )
-    assert value == pytest.approx(loss.item(), rel=1e-9)
-    np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
+    smart._set_flat_parameters(smart._flat_parameters() + np.random.default_rng(0).normal(scale=0.3, size=49))
+    _assert_matches(*_fused_and_autograd(smart, z, y, objective))
 
 
 @pytest.mark.parametrize("b2", [-30.0, 400.0])  # T ~ eps = 1e-3 (beta above the table) and T ~ 400 (below it)
@@ -139,26 +148,12 @@ def test_fused_smart_step_matches_autograd_off_the_table(objective, b2):
     from hf_calibration.calibrators import SMARTCalibrator
     from _calibrator_data import overconfident
 
-    from hf_calibration.calibrators._partition import GRID
-    from hf_calibration.calibrators.smart import logit_margin
-
     z, y = overconfident(300, 6, seed=7)
     smart = SMARTCalibrator(seed=1, eps=1e-3, max_steps=1).fit(z, y, objective=objective, progress_bar=False)
     x = smart._flat_parameters()
     x[-1] = b2
     smart._set_flat_parameters(x)
-    loss = smart._torch_objective(z, y, objective)
-    smart.zero_grad()
-    loss.backward()
-    grad_torch = torch.cat([smart.hidden.weight.grad[:, 0], smart.hidden.bias.grad, smart.output.weight.grad[0], smart.output.bias.grad])
-    table = LogPartitionTable(z, y)
-    m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
-    value, grad = smart_loss_grad(
-        x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(),
-        table.correct.numpy(), OBJECTIVE_CODES[objective], 15, 0.05, 1e-3, 1e-3, workspace(300, 15), False,
-    )
-    assert value == pytest.approx(loss.item(), rel=1e-9)
-    np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
+    _assert_matches(*_fused_and_autograd(smart, z, y, objective))
 
 
 @pytest.mark.parametrize("sigma", [0.05, 0.01])  # 0.01: too narrow for the membership recurrence, one exp per bin
@@ -166,25 +161,13 @@ def test_fused_smart_step_soft_bin_paths_match_autograd_and_each_other(sigma):
     from hf_calibration.calibrators import SMARTCalibrator
     from _calibrator_data import overconfident
 
-    from hf_calibration.calibrators._partition import GRID
-    from hf_calibration.calibrators.smart import logit_margin
-
     z, y = overconfident(600, 5, seed=11)
     smart = SMARTCalibrator(seed=3, max_steps=2).fit(z, y, progress_bar=False)
-    x = smart._flat_parameters()
-    loss = smart._torch_objective(z, y, "charbonnier_soft_ece", sigma=sigma)
-    smart.zero_grad()
-    loss.backward()
-    grad_torch = torch.cat([smart.hidden.weight.grad[:, 0], smart.hidden.bias.grad, smart.output.weight.grad[0], smart.output.bias.grad])
-    table = LogPartitionTable(z, y)
-    m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
-    args = (x, m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(), table.correct.numpy(), 3, 15, sigma, 1e-3, 0.1)
-    value, grad = smart_loss_grad(*args, workspace(600, 15), False)
-    value_exp, grad_exp = smart_loss_grad(*args, workspace(600, 15), True)
-    assert value == pytest.approx(loss.item(), rel=1e-9)
-    np.testing.assert_allclose(grad, grad_torch.numpy(), rtol=1e-6, atol=1e-12)
-    assert value == pytest.approx(value_exp, rel=1e-13)
-    np.testing.assert_allclose(grad, grad_exp, rtol=1e-10, atol=1e-15)
+    fused, reference = _fused_and_autograd(smart, z, y, "charbonnier_soft_ece", sigma=sigma)
+    _assert_matches(fused, reference)
+    by_exp, _ = _fused_and_autograd(smart, z, y, "charbonnier_soft_ece", sigma=sigma, force_exp=True)
+    assert fused[0] == pytest.approx(by_exp[0], rel=1e-13)
+    np.testing.assert_allclose(fused[1], by_exp[1], rtol=1e-10, atol=1e-15)
 
 
 def test_thread_count_chooser_keeps_the_faster_count_and_restores_the_callers():
