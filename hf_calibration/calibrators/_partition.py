@@ -85,6 +85,47 @@ def _tabulate(logits, labels, beta0, steps, octaves):  # pragma: no cover - comp
     return fd, gap_true, correct
 
 
+@numba.njit(cache=True, fastmath={"contract", "reassoc"})
+def _nll_rows(logits, labels, beta):  # pragma: no cover - compiled
+    """Per-row ``(beta d_iy + f_i(beta), d_iy - E_p[d_i])``: the NLL of ``softmax(beta z_i)`` and its derivative in beta."""
+    n, k = logits.shape
+    value = np.empty(n)
+    slope = np.empty(n)
+    gaps = np.empty(k)
+    arg = np.empty(k)
+    e = np.empty(k)
+    bits = np.empty(k)
+    for i in range(n):
+        row = logits[i]
+        top = row[0]
+        for j in range(1, k):
+            top = max(top, row[j])
+        for j in range(k):
+            d = np.float64(top) - np.float64(row[j])  # exact: float32 or float64 inputs, float64 difference
+            gaps[j] = d
+            arg[j] = -beta * d
+        exp_into(arg, e, bits)
+        total = 0.0
+        moment = 0.0
+        for j in range(k):
+            total += e[j]
+            moment += e[j] * gaps[j]
+        gap_true = gaps[labels[i]]
+        value[i] = beta * gap_true + math.log(total)
+        slope[i] = gap_true - moment / total
+    return value, slope
+
+
+def scaled_nll(logits: np.ndarray, labels: np.ndarray, beta: float) -> tuple[float, float]:
+    """Exact mean NLL of ``softmax(beta * logits)`` and its derivative in ``beta``, in float64, one pass, no (N, K) copy.
+
+    ``logits``: finite (N, K) float32/float64 C-contiguous; ``labels``: (N,) int64 in range. ~2 ns a logit on one core:
+    temperature scaling's LBFGS evaluates it ~10 times a fit.
+    """
+    value, slope = _nll_rows(logits, labels, float(beta))
+    return float(value.mean()), float(slope.mean())
+
+
 class LogPartitionTable:
     """``f_i(beta)`` for every fit row, differentiable in ``beta``; built once from (N, K) logits.
 

@@ -105,6 +105,23 @@ def test_table_matches_exact_softmax(k):
             assert torch.allclose(a, e, atol=tol, rtol=0), (temp, field, (a - e).abs().max())
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("beta", [0.01, 0.7, 3.0, 40.0])
+def test_scaled_nll_is_cross_entropy_of_scaled_logits_and_its_derivative(dtype, beta):
+    from hf_calibration.calibrators._partition import scaled_nll
+
+    rng = np.random.default_rng(2)
+    z = (rng.normal(size=(257, 13)) * 4).astype(dtype)
+    z[0, :3] = z[0, 3]  # a tied top
+    y = rng.integers(0, 13, 257)
+    value, slope = scaled_nll(z, y, beta)
+    b = torch.tensor(beta, dtype=torch.float64, requires_grad=True)
+    reference = F.cross_entropy(b * torch.from_numpy(z).double(), torch.from_numpy(y))
+    reference.backward()
+    assert value == pytest.approx(reference.item(), rel=1e-13)
+    assert slope == pytest.approx(b.grad.item(), rel=1e-11, abs=1e-14)
+
+
 def _fused_and_autograd(smart, z, y, objective, sigma=0.05, force_exp=False):
     """(value, grad) of the fused step and of torch autograd through ``smart._torch_objective``, at ``smart``'s weights."""
     from hf_calibration.calibrators._partition import GRID
