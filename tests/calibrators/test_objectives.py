@@ -187,6 +187,29 @@ def test_fused_smart_step_soft_bin_paths_match_autograd_and_each_other(sigma):
     np.testing.assert_allclose(fused[1], by_exp[1], rtol=1e-10, atol=1e-15)
 
 
+@pytest.mark.parametrize("objective", ["nll", "charbonnier_soft_ece"])
+def test_fused_smart_step_does_not_depend_on_the_thread_count(objective):
+    import numba
+
+    from hf_calibration.calibrators import SMARTCalibrator
+    from _calibrator_data import overconfident
+
+    if numba.get_num_threads() < 2:
+        pytest.skip("one numba thread")
+    z, y = overconfident(1000, 7, seed=13)  # four chunks, the last one partial
+    smart = SMARTCalibrator(seed=2, max_steps=2).fit(z, y, objective=objective, progress_bar=False)
+    default = numba.get_num_threads()
+    results = []
+    try:
+        for threads in (1, default):
+            numba.set_num_threads(threads)
+            results.append(_fused_and_autograd(smart, z, y, objective)[0])
+    finally:
+        numba.set_num_threads(default)
+    assert results[0][0] == results[1][0]
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
 def test_thread_count_chooser_keeps_the_faster_count_and_restores_the_callers():
     import time
 
