@@ -56,7 +56,6 @@ def adam_early_stopping(
     v = np.zeros_like(x)
     best, best_x, best_step, stale = np.inf, x.copy(), 0, 0
     history: list[float] = []
-    step = 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # O(N) steps: thread hand-offs cost more than they save
     try:

@@ -282,7 +282,7 @@ def _backward_chunk(c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, w
     gb2 = 0.0
     for i in range(rows):
         da = db[i] * (-1.0 / (t[i] * t[i])) * sig[i]
-        a[i] = da
+        a[i] = da  # the PRE row now holds d loss / d a (pass 1's pre-activation is no longer needed)
         gb2 += da
     part_grad[c, 3 * hdim] = gb2
     for j in range(hdim):
