@@ -8,7 +8,6 @@ the same code drives the fused SMART step and any torch-autograd objective. The 
 from __future__ import annotations
 
 import math
-
 from typing import Callable, NamedTuple
 
 import numba
