@@ -1,0 +1,92 @@
+"""The ``hf-calibration`` command line; one module per subcommand (``report``, ``fit``, ``apply``, ``demo``).
+
+    hf-calibration report --logits LOGITS.npz [--split test] [--diagram out.png] [--json]
+    hf-calibration fit    --logits VAL.npz --method smart|ts [--objective ...] --out DIR [--push-to-hub REPO]
+    hf-calibration apply  --calibrator DIR --logits TEST.npz [--diagram out.png] [--json]
+    hf-calibration demo   [--output_dir DIR] [--seed 0] [--epochs N] ...
+
+Bad input (a missing file, missing keys, mismatched shapes, an unwritable output folder, an unknown
+method) prints one line on stderr and exits with status 1 (2 for a malformed command line); pass
+``--traceback`` to see the full Python traceback instead.
+
+A subcommand is a module here with ``add_parser(subparsers, common)``, which sets ``func``; list it
+in ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from typing import Sequence
+
+from ._common import PROG, CLIError, Parser, load_calibrator
+
+__all__ = ["COMMANDS", "PROG", "CLIError", "build_parser", "load_calibrator", "main"]
+
+COMMANDS = ("report", "fit", "apply", "demo")  # subcommand modules, in --help order
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description="Calibration metrics, post-hoc calibrators and the end-to-end demo.")
+    parser.add_argument("--traceback", action="store_true", help="show the Python traceback on errors")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress messages (INFO)")
+    common = argparse.ArgumentParser(add_help=False)  # the same flags after the subcommand
+    common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help="show the Python traceback on errors")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress messages (INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=Parser)
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f".{name}", __name__).add_parser(sub, common)
+    return parser
+
+
+def _configure_logging(verbose: bool, command: str) -> None:
+    """Library messages go to stderr: WARNING by default, INFO with -v; the demo narrates its own stages."""
+    logger = logging.getLogger("hf_calibration")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    if command == "demo":
+        logging.getLogger("hf_calibration.demo").setLevel(logging.INFO)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # no "newly initialised weights" or device chatter in CLI output
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hf-calibration`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose, args.command)
+    prefix = f"{PROG} {args.command}: error:"
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `hf-calibration report ... | head`: the reader left, nothing to say
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:  # pragma: no cover
+            pass
+        return 141
+    except Exception as err:  # one line, never a traceback (unless asked for)
+        if args.traceback:
+            raise
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if not isinstance(err, (CLIError, ValueError, TypeError, OSError)):
+            message = f"{type(err).__name__}: {message} (rerun with --traceback for details)"
+        print(f"{prefix} {message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""``hf-calibration report``: the calibration metrics of saved logits (and their reliability diagram)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ._common import add_option, json_ready, load_data, logits_options, save_diagram, writable_file
+
+
+def add_parser(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("report", parents=[common], help="print the calibration metrics of saved logits",
+                       description="Accuracy, ECE, AdaECE, MCE, classwise ECE, O-/U-ECE, smCE, smECE, Brier and NLL "
+                                   "of saved logits (percent, two decimals, as the papers print them).")
+    logits_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
+    p.add_argument("--probs", action="store_true", help="the file holds probabilities, not logits")
+    p.add_argument("--diagram", metavar="PNG", help="write a reliability diagram to this file")
+    add_option(p, "margin_groups", type=int, default=None, metavar="G",
+               help="with --diagram: one diagram per logit-margin group (G equal-count groups)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (fractions, not percent)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..metrics import calibration_report
+
+    diagram = writable_file(args.diagram, "--diagram") if args.diagram else None
+    data = load_data(args, default_split="test")
+    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=not args.probs)
+    if diagram is not None:
+        save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups)
+    if args.json:
+        print(json.dumps({"source": data.source, "n_bins": args.n_bins, **json_ready(report)}, indent=2))
+    else:
+        print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}")
+        print(report)
+        if diagram is not None:
+            print(f"reliability diagram: {diagram}")
+    return 0
