@@ -127,3 +127,64 @@ def check_labels_in_range(target: Any, num_classes: int, target_name: str = "tar
 
 def row_sum_tolerance(dtype: np.dtype) -> float:
     return _FLOAT_TOLERANCE.get(np.dtype(dtype), 1e-4)
+
+
+# ----------------------------------------------------------------------------- logits or probabilities?
+
+PROBABILITY_DETECTION_TOLERANCE = 1e-2  # float16 / bfloat16 softmax rows, even stored as float32, sum to 1 within this
+_DETECTION_CHUNK_ROWS = 4096
+
+
+def _probability_rows(chunk: Any) -> bool:
+    """Every value of ``chunk`` in [0, 1] and every row summing to 1 within the detection tolerance."""
+    if isinstance(chunk, torch.Tensor):
+        chunk = chunk.detach()
+        sums = chunk.sum(dim=1, dtype=torch.float64)
+        return bool((chunk.min() >= 0) & (chunk.max() <= 1) & ((sums - 1).abs().max() <= PROBABILITY_DETECTION_TOLERANCE))
+    sums = chunk.sum(axis=1, dtype=np.float64)
+    return bool(chunk.min() >= 0 and chunk.max() <= 1 and np.abs(sums - 1).max() <= PROBABILITY_DETECTION_TOLERANCE)
+
+
+def looks_like_probabilities(preds: Any) -> bool:
+    """True when every row of the (N, K) ``preds`` is a probability vector (values in [0, 1], sum 1 ± 1e-2).
+
+    Decides for the whole array. It reads only the first 4,096 rows when those already hold a value
+    outside [0, 1] or a row sum away from 1 (real logits nearly always do), so logits cost almost nothing.
+    Non-finite values are not probabilities (they are reported by the finiteness check later).
+    Raises ``ValueError`` when the first rows are probability vectors and a later row is not: such an
+    array is neither, and guessing would give a silently wrong number.
+    """
+    n = preds.shape[0]
+    if n == 0 or preds.ndim != 2:
+        return False
+    if not _probability_rows(preds[:_DETECTION_CHUNK_ROWS]):
+        return False
+    for start in range(_DETECTION_CHUNK_ROWS, n, 1 << 16):
+        if not _probability_rows(preds[start : start + (1 << 16)]):
+            raise ValueError(
+                "Expected `preds` to hold either logits or probabilities, but its first rows are probability vectors "
+                f"(in [0, 1], summing to 1) and a row after {start} is not. Pass `from_logits=True` or `False` explicitly."
+            )
+    return True
+
+
+def resolve_from_logits(preds: Any, from_logits: bool | None, name: str = "preds") -> bool:
+    """The ``from_logits`` to use: an explicit bool wins; ``None`` detects probabilities (``looks_like_probabilities``).
+
+    ``from_logits=True`` on rows that look like probabilities warns once: softmax of probabilities is an
+    almost uniform distribution, and every confidence computed from it is wrong.
+    """
+    if from_logits is None:
+        return not looks_like_probabilities(preds)
+    if not isinstance(from_logits, bool):
+        raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
+    if from_logits and preds.ndim == 2 and preds.shape[0] and _probability_rows(preds[:_DETECTION_CHUNK_ROWS]):
+        import warnings
+
+        warnings.warn(
+            f"`{name}` looks like probabilities (rows in [0, 1] summing to 1) but `from_logits=True` was given: "
+            "they are treated as logits and softmax-ed again. Pass `from_logits=None` (detect) or False if they are probabilities.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return from_logits
