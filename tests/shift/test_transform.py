@@ -58,3 +58,12 @@ def test_bad_arguments_fail_when_the_transform_is_built():
         corruption_transform("rain", 1)
     with pytest.raises(ValueError, match="`severity`"):
         corruption_transform("fog", 9)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from hf_calibration.shift import transform
+
+    result = doctest.testmod(transform, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
