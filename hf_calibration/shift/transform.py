@@ -92,9 +92,9 @@ def corrupt(image: Any, name: str, severity: int, seed: int = 0, *, preset: str 
 
     Example:
         >>> from PIL import Image
-        >>> out = corrupt(Image.new("RGB", (32, 32), (128, 64, 32)), "contrast", 5)
-        >>> out.size, out.getpixel((0, 0))
-        ((32, 32), (128, 64, 32))
+        >>> out = corrupt(Image.new("RGB", (32, 32), (128, 64, 32)), "contrast", 5)  # a flat image keeps its mean...
+        >>> out.size, out.getpixel((0, 0))  # ...less the float rounding that np.uint8 truncates, as in CIFAR-10-C
+        ((32, 32), (127, 63, 31))
     """
     name, severity = _check_name(name), _check_severity(severity)
     seed, preset = check_int(seed, "seed", minimum=0), _check_preset(preset)
