@@ -7,6 +7,7 @@ scikit-image and the ``imagecorruptions`` package's frost textures); they are im
 """
 
 from .parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, EXTRA_CORRUPTIONS, IMAGENET_C
+from .report import ShiftReport, shift_report
 from .transform import CORRUPTIONS, SEVERITIES, corrupt, corruption_transform, preset_for_size
 
 __all__ = [
@@ -16,7 +17,9 @@ __all__ = [
     "EXTRA_CORRUPTIONS",
     "IMAGENET_C",
     "SEVERITIES",
+    "ShiftReport",
     "corrupt",
     "corruption_transform",
     "preset_for_size",
+    "shift_report",
 ]
