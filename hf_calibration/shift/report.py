@@ -135,7 +135,8 @@ class ShiftReport:
         if self.ood:
             lines += ["", "OOD detection (in-distribution = clean test set, positive; %)"]
             keys = ["auroc", "aupr_in", "aupr_out", "fpr95"]
-            lines += _grid(["method", "score", *keys], [[o["method"], o["score"], *(_fmt(k, o[k]) for k in keys)] for o in self.ood])
+            body = [[o["method"], o["ood"], o["score"], *(_fmt(k, o[k]) for k in keys)] for o in self.ood]
+            lines += _grid(["method", "ood set", "score", *keys], body)
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -174,7 +175,7 @@ def _fmt(metric: str, value: float) -> str:
 
 def _grid(header: list[str], body: list[list[str]]) -> list[str]:
     widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-    fmt = lambda row: "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
+    fmt = lambda row: "  ".join(c.ljust(w) if not c[:1].isdigit() else c.rjust(w) for c, w in zip(map(str, row), widths))  # noqa: E731
     return [fmt(header), "-" * (sum(widths) + 2 * (len(widths) - 1)), *(fmt(r) for r in body)]
 
 
@@ -198,7 +199,8 @@ def shift_report(
         shifted: ``{(corruption, severity): (logits, labels)}``, e.g. the test set under each corruption.
         calibrators: registered names (``"ts"``, ``"smart"``, ...; see ``list_calibrators()``) or ``Calibrator``
             instances (fitted ones are used as they are).
-        ood_logits: ``(N_ood, K)`` logits on out-of-distribution inputs, or None.
+        ood_logits: ``(N_ood, K)`` logits on out-of-distribution inputs, a mapping ``{name: logits}`` of several
+            OOD sets, or None.
         ood_scores: scores of :func:`hf_calibration.metrics.ood_metrics` for the OOD table.
         n_bins: bins of ECE / AdaECE.
 
@@ -218,10 +220,15 @@ def shift_report(
     for key, (z, _) in sets.items():
         if z.shape[1] != k:
             raise ValueError(f"Expected every set to have K = {k} classes (as `val`), but {key} has {z.shape[1]}.")
-    if ood_logits is not None:
-        ood_logits = to_numpy(ood_logits, "ood_logits")
-        if ood_logits.ndim != 2 or ood_logits.shape[1] != k:
-            raise ValueError(f"Expected `ood_logits` to have shape (N, {k}), but got {tuple(ood_logits.shape)}.")
+    if ood_logits is None:
+        ood_sets = {}
+    elif isinstance(ood_logits, Mapping):
+        ood_sets = {str(name): to_numpy(z, f"ood_logits[{name!r}]") for name, z in ood_logits.items()}
+    else:
+        ood_sets = {"ood": to_numpy(ood_logits, "ood_logits")}
+    for name, z in ood_sets.items():
+        if z.ndim != 2 or z.shape[1] != k:
+            raise ValueError(f"Expected `ood_logits` ({name}) to have shape (N, {k}), but got {tuple(z.shape)}.")
     for score in ood_scores:
         check_choice(score, "ood_scores", ("msp", "max_logit", "energy"))
 
@@ -230,9 +237,10 @@ def shift_report(
     for method, calibrator in methods.items():
         for (corruption, severity), (z, y) in sets.items():  # clean first, then in the order given
             rows.append({"method": method, "corruption": corruption, "severity": severity, **_metrics(_apply(calibrator, z), y, n_bins)})
-        if ood_logits is not None:
-            z_in, z_out = _apply(calibrator, test[0]), _apply(calibrator, ood_logits)
+        z_in = _apply(calibrator, test[0]) if ood_sets else None
+        for name, z in ood_sets.items():
+            z_out = _apply(calibrator, z)
             for score in ood_scores:
-                ood.append({"method": method, "score": score, **ood_metrics(z_in, z_out, score, from_logits=True)})
+                ood.append({"method": method, "ood": name, "score": score, **ood_metrics(z_in, z_out, score, from_logits=True)})
         logger.info("shift_report: %s done", method)
     return ShiftReport(rows=rows, ood=ood, methods=list(methods), n_bins=n_bins)

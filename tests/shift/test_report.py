@@ -32,7 +32,8 @@ def data():
 @pytest.fixture(scope="module")
 def report(data):
     val, test, shifted, ood = data
-    return shift_report(val, test, shifted, calibrators=["ts"], ood_logits=ood, ood_scores=("msp", "energy", "max_logit"))
+    return shift_report(val, test, shifted, calibrators=["ts"], ood_logits={"noise": ood, "half": ood[:100]},
+                        ood_scores=("msp", "energy", "max_logit"))  # fmt: skip
 
 
 def test_rows_equal_the_metrics_of_logits_calibrated_on_val_only(data, report):
@@ -54,12 +55,15 @@ def test_ood_rows(data, report):
     val, test, _, ood = data
     ts = TemperatureScaling().fit(*val, progress_bar=False)
     for row in report.ood:
-        z_in, z_out = test[0], ood
+        z_in, z_out = test[0], ood if row["ood"] == "noise" else ood[:100]
         if row["method"] == "ts":
             z_in, z_out = ts(torch.from_numpy(z_in)).numpy(), ts(torch.from_numpy(z_out)).numpy()
         expected = ood_metrics(z_in, z_out, row["score"])
         assert {k: row[k] for k in expected} == pytest.approx(expected, abs=1e-12)
+    assert len(report.ood) == 2 * 2 * 3
     assert {(r["method"], r["score"]) for r in report.ood} == {(m, s) for m in ("uncalibrated", "ts") for s in ("msp", "energy", "max_logit")}
+    single = shift_report(val, test, {}, calibrators=[], ood_logits=ood)  # one unnamed OOD set
+    assert [r["ood"] for r in single.ood] == ["ood", "ood"] and single.ood[0]["auroc"] == report.ood[0]["auroc"]
 
 
 def test_severity_means_plot_table_and_json(report, tmp_path):
