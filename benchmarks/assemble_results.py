@@ -16,6 +16,7 @@ SECTIONS = [
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),
+    ("shift.md", "shift.py"),
 ]
 
 HEADER = """# Benchmark results
