@@ -115,6 +115,8 @@ def to_tensor(logits):
 def temperature_summary(calibrator, logits) -> str:
     import torch
 
+    if not hasattr(calibrator, "temperature"):  # not a temperature calibrator: nothing one number can say
+        return f"{'keeps' if calibrator.preserves_argmax else 'may change'} the predicted classes"
     with torch.no_grad():
         t = calibrator.temperature(to_tensor(logits)).detach().double().reshape(-1)
     if t.numel() == 1 or bool((t == t[0]).all()):
