@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import top_label
+from ._format import prepare, top_label
 from .binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins
 
 
@@ -22,7 +22,7 @@ def adaece(
     target: Any,
     n_bins: int = 15,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> float:
     """Adaptive ECE: ``sum_b |B_b|/N * |acc_b - conf_b|`` over equal-count bins.
@@ -40,8 +40,9 @@ def adaece(
     that one sample (a difference of order ``1/N``); ``tests/metrics/test_adaptive.py`` works a
     six-sample example where they differ.
 
-    Arguments as :func:`hf_calibration.metrics.ece`. Returns a fraction in [0, 1].
+    Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities).
+    Returns a fraction in [0, 1].
     """
     n_bins = _check_n_bins(n_bins)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return _adaece_compute(top.confidence, top.correct, n_bins)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .._checks import IGNORE_INDEX, check_int
-from ._format import top_label, validate
+from ._format import Inputs, prepare, top_label
 from .binning import _adaptive_bin_index, _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index, uniform_edges
 
 if TYPE_CHECKING:  # matplotlib is imported lazily: only the diagram needs it
@@ -74,19 +74,22 @@ def reliability_table(
     target: Any,
     n_bins: int = 15,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> ReliabilityTable:
     """Per-bin count, mean confidence, accuracy and gap of the top label (the numbers behind a
-    reliability diagram; the same bins as :func:`hf_calibration.metrics.ece`)."""
+    reliability diagram; the same bins as :func:`hf_calibration.metrics.ece`). Arguments as
+    :func:`hf_calibration.metrics.ece`: ``from_logits=None`` (default) detects probabilities
+    (every value in [0, 1], rows summing to 1 within 1e-2)."""
     n_bins = _check_n_bins(n_bins)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return _reliability_table_compute(top.confidence, top.correct, n_bins)
 
 
-def _top2_margin(preds: np.ndarray, from_logits: bool) -> np.ndarray:
+def _top2_margin(inputs: Inputs) -> np.ndarray:
     """Top-1 minus top-2 logit, ``z_(1) - z_(2)``; from probabilities ``log p_(1) - log p_(2)``
     (the same number: softmax preserves logit differences)."""
+    preds, _, from_logits, _ = inputs
     n, k = preds.shape
     margin = np.empty(n, dtype=np.float64)
     step = max(1, _MARGIN_CHUNK_ELEMENTS // k)
@@ -130,7 +133,7 @@ def reliability_diagram(
     margin_groups: int | None = None,
     ax: Axes | Sequence[Axes] | None = None,
     title: str | None = None,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> Figure:
     """Reliability diagram of the top label: per-bin accuracy bars, the gap to the mean
@@ -145,7 +148,7 @@ def reliability_diagram(
         ax: an Axes to draw into (or a sequence of G Axes with ``margin_groups``); by default a
             new figure is made with ``matplotlib.figure.Figure`` (no pyplot, no display needed).
         title: figure (or single-axes) title.
-        Others as :func:`hf_calibration.metrics.ece`.
+        Others as :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities).
 
     Returns:
         the matplotlib ``Figure`` (save it with ``fig.savefig(path)``).
@@ -155,8 +158,9 @@ def reliability_diagram(
     n_bins = _check_n_bins(n_bins)
     if margin_groups is not None:
         margin_groups = check_int(margin_groups, "margin_groups", minimum=1)
-    preds, target = validate(preds, target, from_logits=from_logits, ignore_index=ignore_index)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=None)
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(inputs)
+    preds = inputs.preds
 
     if margin_groups is None:
         if ax is None:
@@ -170,7 +174,7 @@ def reliability_diagram(
             f"Expected argument `margin_groups` to be at most the number of samples ({preds.shape[0]}), "
             f"but got {margin_groups}."
         )
-    margin = _top2_margin(preds, from_logits)
+    margin = _top2_margin(inputs)
     group = _adaptive_bin_index(margin, margin_groups)
     if ax is None:
         fig = Figure(figsize=(4.0 * margin_groups, 4.3), layout="constrained")
