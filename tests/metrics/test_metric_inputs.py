@@ -163,7 +163,7 @@ def test_reliability_diagram_bad_input():
         reliability_diagram(np.where(z > 1, np.nan, z), y)
 
 
-# ----------------------------------------------------------------------------- issue 11 (cases 10, 11)
+# ----------------------------------------------------------------------------- issue 11 (cases 9, 10, 11)
 
 WITH_IGNORE_INDEX = ALL + [smce, smece, reliability_diagram]
 
@@ -183,6 +183,25 @@ def test_ignore_index_numpy_integer_and_none():
     assert ece(z, y_ignored, ignore_index=np.int64(-100)) == ece(z[5:], y[5:])
     with pytest.raises(ValueError, match="class indices"):
         ece(z, y_ignored, ignore_index=None)  # nothing ignored: -100 is out of range
+
+
+@pytest.mark.parametrize("n_bins", [10_001, 10**6, 10**12])
+def test_n_bins_bounded(binned, n_bins):
+    z, y = _good()
+    with pytest.raises(ValueError, match=r"`n_bins` to be an integer in \[1, 10000\], but got"):
+        binned(z, y, n_bins)
+
+
+def test_n_bins_bounded_in_the_diagram():
+    z, y = _good()
+    with pytest.raises(ValueError, match=r"`n_bins` to be an integer in \[1, 10000\]"):
+        reliability_diagram(z, y, n_bins=10**12)
+
+
+def test_n_bins_at_the_bound_works():
+    z, y = _good(n=50)
+    table = reliability_table(z, y, 10_000)
+    assert table.count.sum() == 50 and table.ece == pytest.approx(ece(z, y, 10_000), abs=1e-12)
 
 
 def _huge_logits():
