@@ -238,3 +238,15 @@ def test_non_finite_still_rejected_next_to_huge_values():
     for fn in (ece, brier, nll, classwise_ece):
         with pytest.raises(ValueError, match=r"`preds` to be finite, but row 4"):
             fn(z, y)
+
+
+def test_calibrated_input_of_the_pair_is_checked():
+    z, y = _good()
+    with pytest.raises(ValueError, match="`calibrated` and `target` to have the same number of samples"):
+        reliability_diagram(z, y, calibrated=z[:-1])
+    with pytest.raises(ValueError, match="`calibrated` to be finite"):
+        reliability_diagram(z, y, calibrated=np.where(z > 1, np.inf, z))
+    with pytest.raises(ValueError, match="`names`"):
+        reliability_diagram(z, y, calibrated=z / 2, names=("only one",))
+    with pytest.raises(TypeError, match="`counts`"):
+        reliability_diagram(z, y, counts="yes")
