@@ -147,25 +147,26 @@ def top_label(inputs: Inputs) -> TopLabel:
     work = np.float64 if preds.dtype == np.float64 else np.float32
     step = max(1, _TOP_CHUNK_ELEMENTS // k)
     buf = np.empty((min(n, step), k), dtype=work) if from_logits else None
-    for start in range(0, n, step):
-        rows = slice(start, min(n, start + step))
-        if from_logits:
-            chunk = preds[rows].astype(work, copy=False)
-            arg = chunk.argmax(axis=1)
-            top = np.take_along_axis(chunk, arg[:, None], axis=1)
-            _check_finite_rows(top[:, 0], chunk.min(axis=1), start, preds_name)
-            # max softmax = 1 / sum_k exp(z_k - z_max); a difference that overflows is -inf and exp gives 0
-            b = buf[: chunk.shape[0]]
-            with np.errstate(over="ignore"):
+    # a difference z_k - z_max of finite logits can overflow to -inf (near the float limit): exp gives 0, as it should
+    with np.errstate(over="ignore"):
+        for start in range(0, n, step):
+            rows = slice(start, min(n, start + step))
+            if from_logits:
+                chunk = preds[rows].astype(work, copy=False)
+                arg = chunk.argmax(axis=1)
+                top = np.take_along_axis(chunk, arg[:, None], axis=1)
+                _check_finite_rows(top[:, 0], chunk.min(axis=1), start, preds_name)
+                # max softmax = 1 / sum_k exp(z_k - z_max)
+                b = buf[: chunk.shape[0]]
                 np.subtract(chunk, top, out=b)
-            np.exp(b, out=b)
-            confidence[rows] = 1.0 / b.sum(axis=1, dtype=np.float64)
-        else:
-            chunk = preds[rows].astype(np.float64, copy=False)
-            _check_chunk(chunk, rows, from_logits, preds_name)
-            arg = chunk.argmax(axis=1)
-            confidence[rows] = np.take_along_axis(chunk, arg[:, None], axis=1)[:, 0]
-        prediction[rows] = arg
+                np.exp(b, out=b)
+                confidence[rows] = 1.0 / b.sum(axis=1, dtype=np.float64)
+            else:
+                chunk = preds[rows].astype(np.float64, copy=False)
+                _check_chunk(chunk, rows, from_logits, preds_name)
+                arg = chunk.argmax(axis=1)
+                confidence[rows] = np.take_along_axis(chunk, arg[:, None], axis=1)[:, 0]
+            prediction[rows] = arg
     correct = (prediction == target).astype(np.float64)
     return TopLabel(confidence, correct, prediction)
 
