@@ -198,7 +198,7 @@ def reliability_diagram(
 
     Args:
         counts: draw the sample-count histogram under each diagram (default True).
-        names: the two row titles of a before / after pair.
+        names: the titles of the two halves of a before / after pair.
         ax: Axes to draw into, one per panel: every margin group of ``preds``, then (in a pair)
             every margin group of ``calibrated``; by default a new figure is made with
             ``matplotlib.figure.Figure`` (no pyplot, no display needed). The count histogram is
