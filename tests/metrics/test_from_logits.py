@@ -140,5 +140,8 @@ def test_cifar100_probabilities_give_the_torchmetrics_ece():
     assert reference == pytest.approx(0.1440, abs=5e-5)
     assert ece(probs, y) == pytest.approx(reference, abs=1e-6)
     assert ece(probs.numpy(), target) == pytest.approx(ece(logits, target), abs=1e-6)
-    with pytest.warns(UserWarning):  # the old default: softmax of probabilities, a silent 0.727
-        assert ece(probs, y, from_logits=True) == pytest.approx(0.727, abs=1e-3)
+    # the old default: softmax of the probabilities (about 0.727), now a warning when asked for explicitly
+    resoftmaxed = multiclass_calibration_error(torch.softmax(probs.double(), dim=1), y, 100, n_bins=15).item()
+    assert resoftmaxed > 0.7
+    with pytest.warns(UserWarning, match="looks like probabilities"):
+        assert ece(probs, y, from_logits=True) == pytest.approx(resoftmaxed, abs=1e-6)
