@@ -76,11 +76,11 @@ def test_two_steps_every_loss_on_vit(tmp_path, name):
     model = make_model("vit", seed=0)
     loss = _loss(name)
     x, y = digits(slice(0, 16))
-    expected = _expected_first_loss(model, "vit", loss, x, y)
-    before, loss_before = _state(model), _state(loss)
     trainer = CalibrationTrainer(
         model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=loss
     )
+    expected = _expected_first_loss(model, "vit", loss, x, y)  # the gate as the trainer seeded it
+    before, loss_before = _state(model), _state(loss)
     trainer.train()
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == 2 and all(np.isfinite(logged))
@@ -104,11 +104,11 @@ def test_fedlas_two_steps_on_every_architecture(tmp_path, arch):
     model = make_model(arch, seed=0)
     loss = _loss("fedlas_mbls")
     x, y = digits(slice(0, 16))
-    expected = _expected_first_loss(model, arch, loss, x, y)
-    gate_before = _state(loss.gate)
     trainer = CalibrationTrainer(
         model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=loss
     )
+    expected = _expected_first_loss(model, arch, loss, x, y)
+    gate_before = _state(loss.gate)
     trainer.train()
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert logged[0] == pytest.approx(expected, rel=1e-5)
@@ -400,23 +400,32 @@ def test_bad_arguments(tmp_path):
                            head="vit.embeddings")
     with pytest.raises(ValueError, match="`maccal`"):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path)).run_maccal()
+    with pytest.raises(TypeError, match="`maccal`"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), maccal={"epochs": 1}).run_maccal()
 
 
 # ----------------------------------------------------------------------------- MaC-Cal wiring
 
 
+def _fake_stage(monkeypatch) -> list:
+    """Replace the MaC-Cal stage by a recorder of its arguments."""
+    from hf_calibration.maccal import MaCCalConfig
+
+    calls = []
+    fake = types.ModuleType("hf_calibration.maccal")
+    fake.maccal_stage = lambda model, dataset, config, **kw: calls.append((model, dataset, config, kw))
+    fake.MaCCalConfig = MaCCalConfig
+    monkeypatch.setitem(sys.modules, "hf_calibration.maccal", fake)
+    return calls
+
+
 @pytest.mark.parametrize("name, expected_loss", [("fedlas_ls", "FeDLaSLSLoss"), ("ls", "LabelSmoothingLoss")])
 @pytest.mark.parametrize("separate_maccal_data", [False, True])
 def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch, name, expected_loss, separate_maccal_data):
-    calls = []
+    from hf_calibration.maccal import MaCCalConfig
 
-    def fake_stage(model, dataset, config, **kw):
-        calls.append((model, dataset, config, kw))
-
-    fake = types.ModuleType("hf_calibration.maccal")
-    fake.maccal_stage = fake_stage
-    monkeypatch.setitem(sys.modules, "hf_calibration.maccal", fake)
-    model, data, config = make_model("vit"), digits_dataset(slice(0, 32)), object()
+    calls = _fake_stage(monkeypatch)
+    model, data, config = make_model("vit"), digits_dataset(slice(0, 32)), MaCCalConfig(progress=False)
     plain = digits_dataset(slice(32, 64)) if separate_maccal_data else None  # e.g. the non-augmented images
     loss = _loss(name)
     trainer = CalibrationTrainer(model=model, args=_args(tmp_path), train_dataset=data,
@@ -427,7 +436,19 @@ def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch,
     assert m is model and d is (plain if separate_maccal_data else data) and c is config
     assert type(kw["loss"]).__name__ == expected_loss and kw["loss"] is loss  # the stage copies it itself
     assert kw["head"] == "classifier" and kw["data_collator"] is trainer.data_collator
-    assert kw["log_fn"] == trainer.log
+    assert kw["log_fn"] == trainer._log_maccal_epoch
+
+
+@pytest.mark.parametrize("disable_tqdm", [True, False])
+def test_maccal_progress_bars_follow_disable_tqdm(tmp_path, monkeypatch, disable_tqdm):
+    from hf_calibration.maccal import MaCCalConfig
+
+    calls = _fake_stage(monkeypatch)
+    trainer = CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path, disable_tqdm=disable_tqdm),
+                                 maccal=MaCCalConfig(epochs=1))
+    trainer.run_maccal()
+    assert calls[0][2].progress is (not disable_tqdm)
+    assert calls[0][2].epochs == 1
 
 
 def test_real_maccal_after_fedlas_then_evaluate(tmp_path):
