@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
+from transformers import TrainerCallback
 
 from hf_calibration.features import find_classifier_head
 from hf_calibration.maccal import MaCCalConfig, MaskedBottleneckHead, cache_features, load_maccal_model, maccal_stage
@@ -144,6 +145,16 @@ def test_stage_rejects_bad_arguments(trained_vit):
 # ----------------------------------------------------------------------------- inside CalibrationTrainer
 
 
+class _LogSteps(TrainerCallback):
+    """Records the step each log record reaches the callbacks at (what TensorBoard plots against)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        self.seen.append((state.global_step, dict(logs)))
+
+
 @pytest.mark.parametrize("loss_name", ["ce", "fedlas_ls"])
 def test_calibration_trainer_runs_the_real_stage_and_logs_it(tmp_path, loss_name):
     from transformers import TrainingArguments
@@ -158,14 +169,19 @@ def test_calibration_trainer_runs_the_real_stage_and_logs_it(tmp_path, loss_name
     loss = get_loss(loss_name, num_classes=10) if loss_name.startswith("fedlas") else get_loss(loss_name)
     ds = digits_dataset(slice(0, 96))
     model = make_model("vit", seed=0)
+    recorder = _LogSteps()
     trainer = CalibrationTrainer(model=model, args=args, train_dataset=ds, eval_dataset=digits_dataset(slice(96, 128)),
-                                 compute_loss_func=loss, maccal=MaCCalConfig(epochs=2, batch_size=32, progress=False))
+                                 compute_loss_func=loss, maccal=MaCCalConfig(epochs=2, batch_size=32, progress=False),
+                                 callbacks=[recorder])
     trainer.train()
     assert isinstance(trainer.model.classifier, MaskedBottleneckHead)
     # Trainer.log received one record per stage-2 epoch: that is what TensorBoard / W&B callbacks see
     records = [r for r in trainer.state.log_history if "maccal/retention" in r]
     assert [r["maccal/epoch"] for r in records] == [0.0, 1.0]
     assert all(0 < r["maccal/mean_confidence"] <= 1 for r in records)
+    # each epoch on its own step (the stage's epoch), not all at the last training step; the trainer's step is kept
+    assert [step for step, logs in recorder.seen if "maccal/retention" in logs] == [0, 1]
+    assert trainer.state.global_step == 3 and all(r["step"] == 3 for r in records)
     # the trained model still evaluates, saves and loads back with its bottleneck
     assert math.isfinite(trainer.evaluate()["eval_loss"])
     trainer.save_model(str(tmp_path / "final"))
