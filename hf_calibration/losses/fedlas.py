@@ -262,7 +262,7 @@ class FeDLaSLoss(CalibrationLoss):
                 )
             return
         self.num_classes = num_classes
-        self.gate = BidirectionalCalibrationGate(num_classes, self.seed).to(self.nci_mean.device)
+        self.gate = BidirectionalCalibrationGate(num_classes, self.seed).to(self.nci_mean.device, self.nci_mean.dtype)
         self.gate_from_global_rng = self.seed is None
 
     def reset_gate(self, seed: int) -> None:
@@ -306,7 +306,7 @@ class FeDLaSLoss(CalibrationLoss):
         self._check_logits(batch.logits)
         norms = l1_norms(features)
         finite = torch.isfinite(norms)
-        if self._validate(batch, extra=~finite.all()):
+        if self._validate(batch, extra=~finite.all() if self.validate_args else None):
             self._count_nonfinite(finite, batch.mask)
         gamma = self._nci(norms, finite, batch.mask)
         loss, weights, positive = FeDLaSFunction.apply(
