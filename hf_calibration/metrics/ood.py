@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .._checks import check_choice, check_float, resolve_from_logits, to_numpy
-from ._format import probability_chunks
+from ._format import Inputs, probability_chunks
 
 Score = Literal["msp", "max_logit", "energy"]
 SCORES = ("msp", "max_logit", "energy")
@@ -56,14 +56,18 @@ def ood_scores(
     check_choice(score, "score", SCORES)
     temperature = check_float(temperature, "temperature", minimum=0.0, min_inclusive=False)
     preds = _check_outputs(preds, preds_name)
-    from_logits = resolve_from_logits(preds, from_logits, preds_name)
+    if from_logits is not None and not isinstance(from_logits, bool):
+        raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
+    with np.errstate(over="ignore"):  # as the metrics' `prepare`: an overflowing row sum is not a probability row
+        from_logits = resolve_from_logits(preds, from_logits, preds_name)
     if score != "msp" and not from_logits:
         raise ValueError(
             f"Expected logits for score={score!r}, but `{preds_name}` holds probabilities (from_logits=False or detected): "
             "softmax has removed the logits' offset this score needs. Use score='msp' or pass logits."
         )
     out = np.empty(preds.shape[0], dtype=np.float64)
-    for rows, probs, _ in probability_chunks(preds, from_logits=from_logits, preds_name=preds_name):  # also checks finiteness
+    no_labels = np.zeros(preds.shape[0], dtype=np.int64)  # the shared streaming pass checks finiteness / probability rows
+    for rows, probs, _ in probability_chunks(Inputs(preds, no_labels, from_logits, preds_name)):
         if score == "msp":
             out[rows] = probs.max(axis=1)
         else:

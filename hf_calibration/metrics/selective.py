@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .._checks import IGNORE_INDEX, resolve_from_logits, to_numpy
-from ._format import top_label
+from .._checks import IGNORE_INDEX
+from ._format import prepare, top_label
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -41,12 +41,7 @@ class RiskCoverage(NamedTuple):
 
 
 def _confidence_and_errors(preds, target, from_logits, ignore_index) -> tuple[np.ndarray, np.ndarray]:
-    preds = to_numpy(preds, "preds")
-    if preds.ndim == 2:
-        from_logits = resolve_from_logits(preds, from_logits)
-    elif from_logits is None:
-        from_logits = True  # let the shared validation report the rank
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return top.confidence, 1.0 - top.correct
 
 
