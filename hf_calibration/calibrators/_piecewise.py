@@ -1,0 +1,167 @@
+"""Piecewise maps of a probability, fitted per group: stored as flat knots, evaluated in torch, saved at any size.
+
+Histogram binning (a step function per bin), isotonic regression and the spline calibrator (piecewise linear
+between knots) all calibrate a probability ``x`` in [0, 1] with a map that is known at a data-dependent number
+of points, one map per group (one group for a top-label map; one per predicted class or per class for the
+per-class variants). ``PiecewiseMaps`` keeps them in three buffers,
+
+    knots   (total,)   float64   group g's knots are knots[offsets[g] : offsets[g + 1]], increasing
+    values  (total,)   float64   the map's value at (linear) or on the bin ending at (step) each knot
+    offsets (G + 1,)   int64
+
+so that a checkpoint is three tensors whatever the fit set was. A group with no knots is the identity.
+Loading resizes the buffers to the checkpoint's shapes (a fitted calibrator's size is not known before).
+
+``PiecewiseCalibrator`` is the base of the calibrators built from such maps. They have no fit objective to
+choose: each fits its own criterion (bin frequencies, the isotonic least-squares fit, a least-squares spline),
+named by ``default_objective`` and recorded in the card; ``fit(objective=None)`` (or that name) fits it and
+any other objective is a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._base import Calibrator
+
+logger = logging.getLogger(__name__)
+
+
+def step_lookup(x: torch.Tensor, upper_edges: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``values[b]`` for the bin ``upper_edges[b - 1] < x <= upper_edges[b]`` (below the first edge: bin 0; above
+    the last inner edge: the last bin, whatever ``upper_edges[-1]`` is)."""
+    index = torch.searchsorted(upper_edges[:-1].contiguous(), x.contiguous(), side="left")
+    return values[index]
+
+
+def linear_interp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
+    """``np.interp(x, xp, fp)`` in torch: linear between increasing knots ``xp``, constant beyond the ends."""
+    if xp.numel() == 1:
+        return fp.expand_as(x).clone()
+    right = torch.searchsorted(xp.contiguous(), x.contiguous(), side="right").clamp(1, xp.numel() - 1)
+    x0, x1, y0, y1 = xp[right - 1], xp[right], fp[right - 1], fp[right]
+    weight = ((x - x0) / (x1 - x0)).clamp(0.0, 1.0)
+    return y0 + weight * (y1 - y0)
+
+
+class PiecewiseMaps(nn.Module):
+    """One piecewise map of [0, 1] per group, as step functions or piecewise-linear interpolants."""
+
+    _SHAPED = ("knots", "values", "offsets")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("knots", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("values", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("offsets", torch.zeros(1, dtype=torch.int64))
+
+    @property
+    def num_groups(self) -> int:
+        return self.offsets.numel() - 1
+
+    def set(self, maps: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Store ``[(knots_g, values_g), ...]``, one pair of equal-length arrays per group (empty: identity)."""
+        sizes = [len(k) for k, _ in maps]
+        device = self.knots.device
+        empty = np.zeros(0)
+        self.knots = torch.from_numpy(np.concatenate([np.asarray(k, np.float64) for k, _ in maps] or [empty])).to(device)
+        self.values = torch.from_numpy(np.concatenate([np.asarray(v, np.float64) for _, v in maps] or [empty])).to(device)
+        self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)).to(device)
+
+    def group(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = int(self.offsets[g]), int(self.offsets[g + 1])
+        return self.knots[lo:hi], self.values[lo:hi]
+
+    def evaluate(self, x: torch.Tensor, groups: torch.Tensor | None = None, *, step: bool) -> torch.Tensor:
+        """The map of each sample's group at ``x`` (float64, any shape (N,)); ``groups=None``: group 0 for all."""
+        if groups is None:
+            return self.evaluate_group(x, 0, step=step)
+        out = x.clone()
+        for g in torch.unique(groups).tolist():
+            rows = (groups == g).nonzero()[:, 0]
+            out[rows] = self.evaluate_group(x[rows], g, step=step)
+        return out
+
+    def evaluate_group(self, x: torch.Tensor, g: int, *, step: bool) -> torch.Tensor:
+        """Group ``g``'s map at ``x`` (float64); the identity for an empty group or one never fitted (K changed)."""
+        if g >= self.num_groups or int(self.offsets[g + 1]) == int(self.offsets[g]):
+            return x.clone()
+        knots, values = (t.to(x.device) for t in self.group(g))
+        return (step_lookup if step else linear_interp)(x, knots, values)
+
+    def inconsistency(self) -> str | None:
+        """What is wrong with the stored maps (offsets that do not index the knots, knots out of order), or None."""
+        offsets, n = self.offsets, self.knots.numel()
+        if self.values.numel() != n or offsets.numel() < 2 or int(offsets[0]) != 0 or int(offsets[-1]) != n:
+            return f"offsets {offsets.tolist()[:4]}... do not index {n} knots and {self.values.numel()} values"
+        if bool((offsets[1:] < offsets[:-1]).any()):
+            return "offsets decrease"
+        inside = torch.ones(max(n - 1, 0), dtype=torch.bool, device=self.knots.device)
+        starts = offsets[1:-1]
+        inside[(starts[(starts > 0) & (starts < n)] - 1)] = False  # no order between one group's last knot and the next's first
+        if bool((self.knots[1:] < self.knots[:-1])[inside].any()):
+            return "a group's knots are not increasing"
+        return None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # a fitted map's size depends on its fit set: take the checkpoint's shapes, then load strictly as usual
+        for name in self._SHAPED:
+            incoming = state_dict.get(prefix + name)
+            if isinstance(incoming, torch.Tensor) and incoming.ndim == 1:
+                current = self._buffers[name]
+                self._buffers[name] = torch.empty(incoming.shape, dtype=current.dtype, device=current.device)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        problem = self.inconsistency()
+        if problem is not None:
+            error_msgs.append(f"{prefix or 'maps'}: {problem}")
+
+
+class PiecewiseCalibrator(Calibrator):
+    """A ``Calibrator`` made of ``PiecewiseMaps``, with no objective to choose (see the module docstring)."""
+
+    objectives: ClassVar[tuple[str, ...]] = ()
+    criterion: ClassVar[str] = ""  # for the card and error messages: what the fit computes
+
+    def fit(
+        self,
+        logits: Any,
+        labels: Any = None,
+        *,
+        objective: str | None = None,
+        progress_bar: bool = True,
+        **objective_options: Any,
+    ) -> "PiecewiseCalibrator":
+        """Fit on held-out logits and labels; returns ``self``.
+
+        Args:
+            logits: (N, K) logits (torch tensor, numpy array), or a transformers ``PredictionOutput`` /
+                ``EvalPrediction`` (then ``labels`` may be omitted).
+            labels: (N,) integer class indices; rows labelled -100 are ignored.
+            objective: None (or the class's ``default_objective``): the method fits its own criterion.
+            progress_bar: accepted for a uniform interface (these fits take milliseconds).
+        """
+        name = type(self).__name__
+        if objective is not None and objective != self.default_objective:
+            raise ValueError(
+                f"Expected argument `objective` to be None for {name}: it has no objective to choose "
+                f"(it fits {self.criterion}), but got {objective!r}."
+            )
+        if objective_options:
+            raise TypeError(f"Unexpected keyword argument(s) for {name}.fit: {sorted(objective_options)}.")
+        if not isinstance(progress_bar, bool):
+            raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
+        z, y = self._fit_inputs(logits, labels)
+        was_attached = self._attached_to
+        self.fit_info_ = None
+        info = self._fit(z, y, self.default_objective, {}, progress_bar)
+        self.fit_info_ = {"objective": self.default_objective, "objective_options": {}, "num_samples": int(z.shape[0]),
+                          "num_classes": int(z.shape[1]), **info}
+        self.fit_info_.update(self._fit_set_report(z, y))
+        if was_attached is not None:
+            logger.info("Refitted while attached: the model now uses the new fit.")
+        return self
