@@ -1,4 +1,4 @@
-"""Piecewise maps of a probability, fitted per group: stored as flat knots, evaluated in torch, saved at any size.
+"""Piecewise maps of a probability, fitted per group: stored as flat knots, evaluated with numpy, saved at any size.
 
 Histogram binning (a step function per bin), isotonic regression and the spline calibrator (piecewise linear
 between knots) all calibrate a probability ``x`` in [0, 1] with a map that is known at a data-dependent number
@@ -10,6 +10,8 @@ per-class variants). ``PiecewiseMaps`` keeps them in three buffers,
     offsets (G + 1,)   int64
 
 so that a checkpoint is three tensors whatever the fit set was. A group with no knots is the identity.
+The maps are evaluated with numpy on the CPU: single-threaded, so that they stay fast on a busy machine
+(torch's parallel kernels on small (N, K) arrays slowed 300x under CPU contention here).
 Loading resizes the buffers to the checkpoint's shapes (a fitted calibrator's size is not known before).
 
 ``PiecewiseCalibrator`` is the base of the calibrators built from such maps. They have no fit objective to
@@ -32,21 +34,15 @@ from ._base import Calibrator
 logger = logging.getLogger(__name__)
 
 
-def step_lookup(x: torch.Tensor, upper_edges: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def step_lookup(x: np.ndarray, upper_edges: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``values[b]`` for the bin ``upper_edges[b - 1] < x <= upper_edges[b]`` (below the first edge: bin 0; above
     the last inner edge: the last bin, whatever ``upper_edges[-1]`` is)."""
-    index = torch.searchsorted(upper_edges[:-1].contiguous(), x.contiguous(), side="left")
-    return values[index]
+    return values[np.searchsorted(upper_edges[:-1], x, side="left")]
 
 
-def linear_interp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
-    """``np.interp(x, xp, fp)`` in torch: linear between increasing knots ``xp``, constant beyond the ends."""
-    if xp.numel() == 1:
-        return fp.expand_as(x).clone()
-    right = torch.searchsorted(xp.contiguous(), x.contiguous(), side="right").clamp(1, xp.numel() - 1)
-    x0, x1, y0, y1 = xp[right - 1], xp[right], fp[right - 1], fp[right]
-    weight = ((x - x0) / (x1 - x0)).clamp(0.0, 1.0)
-    return y0 + weight * (y1 - y0)
+def linear_interp(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """Linear between increasing knots ``xp``, constant beyond the ends (``np.interp``)."""
+    return np.interp(x, xp, fp)
 
 
 class PiecewiseMaps(nn.Module):
@@ -77,21 +73,21 @@ class PiecewiseMaps(nn.Module):
         lo, hi = int(self.offsets[g]), int(self.offsets[g + 1])
         return self.knots[lo:hi], self.values[lo:hi]
 
-    def evaluate(self, x: torch.Tensor, groups: torch.Tensor | None = None, *, step: bool) -> torch.Tensor:
-        """The map of each sample's group at ``x`` (float64, any shape (N,)); ``groups=None``: group 0 for all."""
+    def evaluate(self, x: np.ndarray, groups: np.ndarray | None = None, *, step: bool) -> np.ndarray:
+        """The map of each sample's group at ``x`` (float64, shape (N,)); ``groups=None``: group 0 for all."""
         if groups is None:
             return self.evaluate_group(x, 0, step=step)
-        out = x.clone()
-        for g in torch.unique(groups).tolist():
-            rows = (groups == g).nonzero()[:, 0]
-            out[rows] = self.evaluate_group(x[rows], g, step=step)
+        out = x.copy()
+        for g in np.unique(groups):
+            rows = groups == g
+            out[rows] = self.evaluate_group(x[rows], int(g), step=step)
         return out
 
-    def evaluate_group(self, x: torch.Tensor, g: int, *, step: bool) -> torch.Tensor:
+    def evaluate_group(self, x: np.ndarray, g: int, *, step: bool) -> np.ndarray:
         """Group ``g``'s map at ``x`` (float64); the identity for an empty group or one never fitted (K changed)."""
         if g >= self.num_groups or int(self.offsets[g + 1]) == int(self.offsets[g]):
-            return x.clone()
-        knots, values = (t.to(x.device) for t in self.group(g))
+            return x.copy()
+        knots, values = (t.detach().cpu().numpy() for t in self.group(g))
         return (step_lookup if step else linear_interp)(x, knots, values)
 
     def inconsistency(self) -> str | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from .._checks import check_choice, check_int
 from ._piecewise import PiecewiseMaps
@@ -114,5 +113,5 @@ class HistogramBinning(
         sizes = [len(edges) for edges, _ in maps]
         return {"bins": int(sum(sizes)), "uncalibrated_classes": int(sum(s == 0 for s in sizes)) if self.per_class else 0}
 
-    def _map_confidence(self, confidence: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    def _map_confidence(self, confidence: np.ndarray, top: np.ndarray) -> np.ndarray:
         return self.maps.evaluate(confidence, top if self.per_class else None, step=True)

@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.special import softmax
 
 from ._piecewise import PiecewiseCalibrator, PiecewiseMaps
 from ._registry import register_calibrator
 from ._toplabel import TopLabelCalibrator
 
-MIN_PROBABILITY = 1e-12  # one-vs-rest: a class's calibrated probability before normalising is at least this
+MIN_PROBABILITY = 1e-15  # one-vs-rest: a class's calibrated probability before normalising is at least this
 
 
 def fit_isotonic(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +74,7 @@ class IsotonicRegression(
         self.maps.set([(knots, values)])
         return {"thresholds": int(knots.size)}
 
-    def _map_confidence(self, confidence: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    def _map_confidence(self, confidence: np.ndarray, top: np.ndarray) -> np.ndarray:
         return self.maps.evaluate(confidence, step=False)
 
 
@@ -85,8 +86,9 @@ class OneVsRestIsotonicRegression(
 ):
     """One-vs-rest isotonic regression: one non-decreasing map per class, rows normalised to sum 1.
 
-    ``q_k = max(iso_k(p_k), 1e-12)``, calibrated probabilities ``q_k / sum_j q_j`` (the floor keeps every
-    log-probability finite and a row whose maps all return 0 uniform). May change the predicted class
+    ``q_k = max(iso_k(p_k), 1e-15)``, calibrated probabilities ``q_k / sum_j q_j`` (the floor keeps every
+    log-probability finite and a row whose maps all return 0 uniform; a sample whose true class maps to 0 has
+    its NLL set by that floor, ~34.5 nats). May change the predicted class
     (``preserves_argmax = False``). Deterministic. Needs at least ``min_samples = 10`` labelled samples.
     """
 
@@ -101,17 +103,19 @@ class OneVsRestIsotonicRegression(
         self.maps = PiecewiseMaps()
 
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
-        probs = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
+        probs = softmax(logits.astype(np.float64), axis=1)
         self.maps.set([fit_isotonic(probs[:, k], labels == k) for k in range(logits.shape[1])])
         return {"thresholds": int(self.maps.knots.numel())}
 
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(z.double(), dim=1)
-        calibrated = torch.empty_like(probs)
+        # numpy on the CPU, like the top-label maps (_piecewise.py)
+        probs = softmax(z.detach().cpu().numpy().astype(np.float64), axis=1)
+        calibrated = np.empty_like(probs)
         for k in range(probs.shape[1]):
             calibrated[:, k] = self.maps.evaluate_group(probs[:, k], k, step=False)
-        log_q = torch.log(calibrated.clamp_min(MIN_PROBABILITY))
-        return (log_q - torch.logsumexp(log_q, dim=1, keepdim=True)).to(z.dtype)
+        calibrated = np.maximum(calibrated, MIN_PROBABILITY)
+        out = np.log(calibrated / calibrated.sum(axis=1, keepdims=True))
+        return torch.from_numpy(out).to(device=z.device, dtype=z.dtype)
 
     def _card_description(self) -> str:
         return ("It maps each class's probability through its own isotonic (non-decreasing) map and normalises "

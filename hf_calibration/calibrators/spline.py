@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from .._checks import check_int
 from ._piecewise import PiecewiseMaps
@@ -84,5 +83,5 @@ class SplineCalibration(
         self.maps.set([ks_spline_map(confidence, correct, self.knots)])
         return {"points": int(self.maps.knots.numel())}
 
-    def _map_confidence(self, confidence: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-        return self.maps.evaluate(confidence, step=False).clamp(0.0, 1.0)
+    def _map_confidence(self, confidence: np.ndarray, top: np.ndarray) -> np.ndarray:
+        return np.clip(self.maps.evaluate(confidence, step=False), 0.0, 1.0)
