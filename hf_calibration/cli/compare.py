@@ -61,17 +61,19 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..calibrators import compare_calibrators
+    from ..calibrators import compare_calibrators, list_calibrators
+    from ..calibrators.selection import UNCALIBRATED
 
     methods = parse_methods(args.methods)
     out = writable_dir(args.out, "--out")
+    names = [UNCALIBRATED] + (list_calibrators() if methods == "all" else methods)
+    paths = {name: out / f"reliability_{name}.png" for name in names}
+    existing = [str(p) for p in paths.values() if p.exists()]
+    if existing and not args.overwrite:  # before the long part
+        raise CLIError(f"--out {out} already holds {existing[0]}; pass --overwrite to replace the diagrams.")
     data = load_data(args, default_split="val")
     table = compare_calibrators(data.logits, data.labels, methods, cv=args.cv, seed=args.seed, fit_seeds=args.fit_seeds,
                                 n_bins=args.n_bins, keep_predictions=True, progress_bar=not args.json)
-    paths = {name: out / f"reliability_{name}.png" for name in table.methods}
-    existing = [str(p) for p in paths.values() if p.exists()]
-    if existing and not args.overwrite:
-        raise CLIError(f"--out {out} already holds {existing[0]}; pass --overwrite to replace the diagrams.")
     written = {}
     for name, path in paths.items():
         logits = table.predictions[name]
