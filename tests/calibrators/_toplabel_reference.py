@@ -8,9 +8,24 @@ than the package's).
 from __future__ import annotations
 
 import numpy as np
+from _calibrator_data import SHARED_LOGITS, overconfident, shared_files
 from scipy.special import softmax
 
 CAP = 1.0 - 1e-12
+
+
+def splits(seed: int) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """(name, val logits, val labels, test logits): synthetic data, then every shared real file (when present)."""
+    z, y = overconfident(3000, 10, seed=seed)
+    cases = [("synthetic", z[:2000], y[:2000], z[2000:])]
+    for path in shared_files():
+        d = np.load(SHARED_LOGITS / path.name)
+        cases.append((path.stem, d["logits_val"], d["labels_val"], d["logits_test"]))
+    return cases
+
+
+def case_id(value) -> str:
+    return value if isinstance(value, (str, int)) else ""
 
 
 def top_label_view(logits: np.ndarray):

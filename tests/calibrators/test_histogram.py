@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _calibrator_data import SHARED_LOGITS, overconfident, shared_files
-from _toplabel_reference import expected_top, top_label_view, uniform_mass_binning
+from _calibrator_data import overconfident
+from _toplabel_reference import case_id, expected_top, splits, top_label_view, uniform_mass_binning
 
 from hf_calibration.calibrators import HistogramBinning
 
@@ -16,17 +16,7 @@ def _top_probability(calibrator, logits: np.ndarray) -> np.ndarray:
     return probs[np.arange(len(logits)), logits.argmax(1)]
 
 
-def _splits():
-    """(name, val logits, val labels, test logits) on every shared file, and on synthetic data."""
-    z, y = overconfident(3000, 10, seed=5)
-    cases = [("synthetic", z[:2000], y[:2000], z[2000:])]
-    for path in shared_files():
-        d = np.load(SHARED_LOGITS / path.name)
-        cases.append((path.stem, d["logits_val"], d["labels_val"], d["logits_test"]))
-    return cases
-
-
-@pytest.mark.parametrize("name, zv, yv, zt", _splits(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("name, zv, yv, zt", splits(5), ids=case_id)
 def test_equal_width_matches_netcal(name, zv, yv, zt):
     from netcal.binning import HistogramBinning as NetcalHistogramBinning
 
@@ -41,7 +31,7 @@ def test_equal_width_matches_netcal(name, zv, yv, zt):
     assert away.mean() > 0.99
 
 
-@pytest.mark.parametrize("name, zv, yv, zt", _splits(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("name, zv, yv, zt", splits(5), ids=case_id)
 def test_default_is_gupta_ramdas_top_label_binning(name, zv, yv, zt):
     """Per predicted class, n_l // 50 uniform-mass bins; fewer than 50 predictions: left alone."""
     _, top, conf, _ = top_label_view(zv)

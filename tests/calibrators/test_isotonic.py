@@ -5,22 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _calibrator_data import SHARED_LOGITS, overconfident, shared_files
-from _toplabel_reference import confidence_as_computed, expected_top, top_label_view
+from _calibrator_data import overconfident
+from _toplabel_reference import case_id, confidence_as_computed, expected_top, splits, top_label_view
 
 from hf_calibration.calibrators import IsotonicRegression, OneVsRestIsotonicRegression
 
 
-def _splits():
-    z, y = overconfident(3000, 10, seed=6)
-    cases = [("synthetic", z[:2000], y[:2000], z[2000:])]
-    for path in shared_files():
-        d = np.load(SHARED_LOGITS / path.name)
-        cases.append((path.stem, d["logits_val"], d["labels_val"], d["logits_test"]))
-    return cases
-
-
-@pytest.mark.parametrize("name, zv, yv, zt", _splits(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("name, zv, yv, zt", splits(6), ids=case_id)
 def test_top_label_matches_sklearn(name, zv, yv, zt):
     from sklearn.isotonic import IsotonicRegression as SklearnIsotonic
 
@@ -37,10 +28,10 @@ def test_top_label_matches_sklearn(name, zv, yv, zt):
 
 
 # K = 100: one file (a hundred maps each side, ~5 s)
-OVR_CASES = [case for case in _splits() if case[1].shape[1] <= 10 or "wideresnet-16-4-cifar-100" in case[0]]
+OVR_CASES = [case for case in splits(6) if case[1].shape[1] <= 10 or "wideresnet-16-4-cifar-100" in case[0]]
 
 
-@pytest.mark.parametrize("name, zv, yv, zt", OVR_CASES, ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("name, zv, yv, zt", OVR_CASES, ids=case_id)
 def test_one_vs_rest_matches_netcal(name, zv, yv, zt):
     from netcal.binning import IsotonicRegression as NetcalIsotonic
     from scipy.special import softmax

@@ -5,24 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _calibrator_data import SHARED_LOGITS, overconfident, shared_files
-from _toplabel_reference import confidence_as_computed, expected_top, spline_recalibration, top_label_view
+from _calibrator_data import overconfident
+from _toplabel_reference import case_id, confidence_as_computed, expected_top, spline_recalibration, splits, top_label_view
 from scipy.special import softmax
 
 from hf_calibration.calibrators import SplineCalibration
 
 
-def _splits():
-    z, y = overconfident(3000, 10, seed=7)
-    cases = [("synthetic", z[:2000], y[:2000], z[2000:])]
-    for path in shared_files():
-        d = np.load(SHARED_LOGITS / path.name)
-        cases.append((path.stem, d["logits_val"], d["labels_val"], d["logits_test"]))
-    return cases
-
-
-@pytest.mark.parametrize("name, zv, yv, zt, knots", [(*case, 6) for case in _splits()] + [(*_splits()[0], 10)],
-                         ids=lambda v: v if isinstance(v, (str, int)) else "")
+@pytest.mark.parametrize("name, zv, yv, zt, knots", [(*case, 6) for case in splits(7)] + [(*splits(7)[0], 10)],
+                         ids=case_id)
 def test_matches_the_papers_equations(name, zv, yv, zt, knots):
     """The reference fits the same least-squares natural cubic spline in the truncated-power basis (ESL 5.4)."""
     _, top, conf, _ = top_label_view(zv)
