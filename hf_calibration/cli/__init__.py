@@ -1,6 +1,6 @@
 """The ``hf-calibration`` command line; one module per subcommand (``report``, ``fit``, ``apply``, ``compare``, ``demo``).
 
-    hf-calibration report --logits LOGITS.npz [--split test] [--diagram out.png] [--json]
+    hf-calibration report --logits LOGITS.npz [--split test] [--probs | --from-logits] [--diagram out.png] [--json]
     hf-calibration fit    --logits VAL.npz --method smart|ts|...|auto [--objective ...] --out DIR [--push-to-hub REPO]
     hf-calibration apply  --calibrator DIR --logits TEST.npz [--diagram out.png] [--json]
     hf-calibration compare --logits VAL.npz [--methods ts,smart,...] [--cv 5] [--metric ece] [--out DIR] [--json]

@@ -63,10 +63,18 @@ def load_data(args, default_split: str):
     return load_logits(args.logits, args.split, labels_path=args.labels, default_split=default_split)
 
 
-def save_diagram(logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None) -> None:
+def save_diagram(
+    logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None, *,
+    from_logits: bool | None = None, calibrated=None, names: tuple[str, str] = ("uncalibrated", "calibrated"),
+) -> None:
+    """The reliability diagram (with counts; a before / after pair when ``calibrated`` is given) as a PNG.
+
+    ``from_logits`` is the one the table used, so the diagram and the table show the same numbers.
+    """
     from ..metrics import reliability_diagram
 
-    fig = reliability_diagram(logits, labels, n_bins, margin_groups=margin_groups, title=title)
+    fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
+                              title=title, from_logits=from_logits)
     fig.savefig(path, dpi=120)
 
 

@@ -79,7 +79,8 @@ def run(args) -> int:
         logits = table.predictions[name]
         keep = ~(logits != logits).any(axis=1)  # rows of folds where the method failed are NaN
         if keep.any():
-            save_diagram(logits[keep], data.labels[keep], path, args.n_bins, f"{data.source}: {name} (held-out folds)")
+            save_diagram(logits[keep], data.labels[keep], path, args.n_bins, f"{data.source}: {name} (held-out folds)",
+                         from_logits=True)  # calibrated logits / log-probabilities, whatever the file held
             written[name] = str(path)
     try:
         best = table.best(args.metric)
