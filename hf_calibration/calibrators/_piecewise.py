@@ -11,7 +11,7 @@ per-class variants). ``PiecewiseMaps`` keeps them in three buffers,
 
 so that a checkpoint is three tensors whatever the fit set was. A group with no knots is the identity.
 The maps are evaluated with numpy on the CPU: single-threaded, so that they stay fast on a busy machine
-(torch's parallel kernels on small (N, K) arrays slowed 300x under CPU contention here).
+(torch's parallel kernels on small (N, K) arrays ran 300x slower on a busy 2-core machine).
 Loading resizes the buffers to the checkpoint's shapes (a fitted calibrator's size is not known before).
 
 ``PiecewiseCalibrator`` is the base of the calibrators built from such maps. They have no fit objective to
@@ -141,6 +141,8 @@ class PiecewiseCalibrator(Calibrator):
             objective: None (or the class's ``default_objective``): the method fits its own criterion.
             progress_bar: accepted for a uniform interface (these fits take milliseconds).
         """
+        # Calibrator.fit checks the objective against the registered ones (NLL, Brier, ...); these methods have
+        # none, so the same steps are taken here with the method's own criterion as the recorded objective
         name = type(self).__name__
         if objective is not None and objective != self.default_objective:
             raise ValueError(

@@ -50,7 +50,7 @@ def run(args) -> int:
     out = writable_dir(args.out, "--out")
     data = load_data(args, default_split="val")
     if args.seed is not None and not auto and not is_stochastic(kind):
-        raise CLIError(f"--seed does not apply to --method {kind}: its fit is deterministic.")
+        raise CLIError(f"--seed applies to seeded methods only (smart, ...): {kind} is deterministic.")
     if auto:  # cross-validate every calibrator, refit the best
         calibrator = fit_auto(args, data, progress_bar=not args.json)
         kind = calibrator.method_

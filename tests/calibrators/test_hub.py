@@ -11,7 +11,7 @@ from _calibrator_data import overconfident  # noqa: I001
 
 from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, create_calibrator, list_calibrators, load_calibrator
 from hf_calibration.hub import CHECKPOINT_FORMAT_VERSION
-from hf_calibration.metrics._format import top_label
+from hf_calibration.metrics._format import prepare, top_label
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_config_and_card(fitted, data, tmp_path):
         # piecewise-constant maps return ratios of counts, which sit on bin edges (1/3 = 5/15, 4/5 = 12/15), where
         # the last bit of a softmax decides the bin; and torchmetrics bins in float32, where a confidence of 1 - 1e-12
         # lands in its phantom bin. So: an independent bin loop over the metric module's own confidences.
-        top = top_label(calibrated.numpy(), y)
+        top = top_label(prepare(calibrated.numpy(), y, from_logits=True))
         after = _loop_ece(top.confidence, top.correct)
     assert config["fit"]["ece_before"] == pytest.approx(before, abs=1e-6)
     assert config["fit"]["ece_after"] == pytest.approx(after, abs=1e-6)
