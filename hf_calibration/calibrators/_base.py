@@ -386,7 +386,7 @@ class Calibrator(
         if kwargs.pop("strict", True) is not True:
             raise ValueError("Calibrators always load strictly: `strict=False` is not supported.")
         download = {k: kwargs.pop(k) for k in ("revision", "cache_dir", "force_download", "local_files_only", "token") if k in kwargs}
-        folder = hub.resolve_checkpoint(pretrained_model_name_or_path, subfolder=subfolder, **download)
+        folder = hub.resolve_checkpoint(pretrained_model_name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
         config = hub.read_config(folder)
         cls._check_config(config, folder)
         return super().from_pretrained(folder, **kwargs)

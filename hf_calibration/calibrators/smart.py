@@ -54,7 +54,7 @@ class SMARTCalibrator(
         max_steps: Adam steps at most (2000).
         patience: early stopping: stop after this many steps without lowering the best objective by
             1e-6 relative; the best weights (a deep copy) are restored.
-        seed: seed of the MLP's initialisation.
+        seed: seed of the MLP's initialisation (torch's seed range, [-2**63, 2**64)).
 
     Example:
         >>> import torch
@@ -87,6 +87,8 @@ class SMARTCalibrator(
         self.max_steps = check_int(max_steps, "max_steps", minimum=1)
         self.patience = check_int(patience, "patience", minimum=1)
         self.seed = check_int(seed, "seed")
+        if not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"Expected argument `seed` to be an integer in [-2**63, 2**64) (torch's seed range), but got {self.seed}.")
         self.hidden = nn.Linear(1, self.hidden_size, dtype=torch.float64)
         self.output = nn.Linear(self.hidden_size, 1, dtype=torch.float64)
         self.register_buffer("margin_mean", torch.zeros((), dtype=torch.float64))
@@ -110,13 +112,23 @@ class SMARTCalibrator(
         hidden = torch.relu(m_hat * self.hidden.weight[:, 0] + self.hidden.bias)
         return nn.functional.softplus((hidden * self.output.weight[0]).sum(dim=1) + self.output.bias) + self.eps
 
+    def _check_state(self, where: str) -> None:
+        std = float(self.margin_std)
+        if not (math.isfinite(std) and std > 0):
+            raise ValueError(
+                f"Expected `margin_std` (the fit set's margin standard deviation, 1 when all margins are equal) to be "
+                f"positive, but {where!r} holds {std}: the calibrator is corrupted."
+            )
+
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
+        self._check_state("this SMARTCalibrator")
         if _apply.supports(z) and self.margin_mean.device.type == "cpu":  # the fused kernel's T, as forward uses it
             return _apply.temperatures(z, self._mlp_arrays())[:, None]
         margin = logit_margin(z).to(device=self.margin_mean.device)
         return self.temperature_of_margin(margin).detach().to(device=z.device, dtype=z.dtype)[:, None]
 
     def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
+        self._check_state("this SMARTCalibrator")
         if self.margin_mean.device.type != "cpu":
             return None
         return _apply.scale_rows(z, smart_mlp=self._mlp_arrays())

@@ -313,3 +313,45 @@ def test_fit_leaves_torch_thread_count_alone(threads):
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("seed", [-(2**63), 0, 2**64 - 1])
+def test_smart_accepts_torch_seed_range(seed):
+    assert SMARTCalibrator(seed=seed).seed == seed
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**70, -(2**63) - 1])
+def test_smart_seed_beyond_torch_range_is_a_clear_error(seed):
+    with pytest.raises(ValueError, match=r"argument `seed` to be an integer in \[-2\*\*63, 2\*\*64\)"):
+        SMARTCalibrator(seed=seed)
+
+
+@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("sigma", [1e-300, 1e-160, 1e200, 0.0, -1.0])
+def test_soft_bin_width_out_of_range_is_a_clear_error(name, data, sigma):
+    z, y = data
+    with pytest.raises(ValueError, match="argument `sigma`"):
+        make(name).fit(z, y, objective="soft_ece", sigma=sigma, progress_bar=False)
+
+
+def test_zero_margin_std_is_a_clear_error(data):
+    z, y = data
+    smart = SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False)
+    with torch.no_grad():
+        smart.margin_std.fill_(0.0)  # division by zero in the compiled kernel: a SystemError from numba's dispatcher
+    for call in (smart, smart.temperature, smart.predict_proba):
+        with pytest.raises(ValueError, match="margin_std"):
+            call(torch.from_numpy(z))
+
+
+def test_a_different_class_count_warns_once(data, caplog):
+    z, y = data
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    other = torch.from_numpy(np.concatenate([z, z[:, :2]], axis=1))  # K = 12
+    with caplog.at_level(logging.WARNING):
+        ts(other)
+        ts.temperature(other)
+        ts.predict_proba(other)
+    assert caplog.text.count("fitted on K = 10") == 1
+    # the map itself is still z / T
+    torch.testing.assert_close(ts(other.double()), other.double() / ts.fitted_temperature, rtol=1e-12, atol=0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-
+import numpy as np
 import pytest
 import torch
 from _calibrator_data import overconfident  # noqa: I001
@@ -186,3 +186,93 @@ def test_unfitted_push_refused():
 
     with pytest.raises(NotFittedError):
         SMARTCalibrator().push_to_hub("me/x")
+
+
+def _copy_with(src, dst, *, config=None, tensors=None):
+    """A copy of the checkpoint ``src`` with config entries and/or weight tensors replaced."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if config:
+        data = json.loads((dst / "config.json").read_text())
+        for key, value in config.items():
+            target = data
+            *path, last = key.split(".")
+            for part in path:
+                target = target[part]
+            target[last] = value
+        (dst / "config.json").write_text(json.dumps(data))
+    if tensors:
+        weights = load_file(dst / "model.safetensors")
+        weights.update(tensors)
+        kind = json.loads((dst / "config.json").read_text())["calibrator"]
+        save_file(weights, dst / "model.safetensors", metadata={"format": "pt", "calibrator": kind})
+    return dst
+
+
+def test_tampered_checkpoints_are_refused(data, tmp_path):
+    z, y = data
+    smart = _save(SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False), tmp_path / "smart")
+    ts_model = TemperatureScaling().fit(z, y, progress_bar=False)
+    ts = _save(ts_model, tmp_path / "ts")
+    cases = [
+        # margin_std = 0 reached numba's dispatcher as a SystemError at the first forward
+        (_copy_with(smart, tmp_path / "std0", tensors={"margin_std": torch.tensor(0.0, dtype=torch.float64)}), "margin_std"),
+        (_copy_with(smart, tmp_path / "stdneg", tensors={"margin_std": torch.tensor(-1.0, dtype=torch.float64)}), "margin_std"),
+        # a string class count logged a formatting traceback at every forward
+        (_copy_with(smart, tmp_path / "kstr", config={"fit.num_classes": "6"}), "fit.num_classes"),
+        (_copy_with(ts, tmp_path / "k1", config={"fit.num_classes": 1}), "fit.num_classes"),
+        # a log temperature beyond the fitted range was clamped silently
+        (_copy_with(ts, tmp_path / "tbig", tensors={"log_temperature": torch.tensor(9.0, dtype=torch.float64)}), "log_temperature"),
+        # an in-range edit disagrees with the T the fit recorded
+        (_copy_with(ts, tmp_path / "tedit", tensors={"log_temperature": torch.tensor(0.5, dtype=torch.float64)}), "do not match"),
+    ]
+    for folder, fragment in cases:
+        with pytest.raises(ValueError, match=fragment):
+            load_calibrator(folder)
+    # untouched checkpoints still load, and a fitted T at its bound is stored in range
+    assert load_calibrator(ts).fitted_temperature == ts_model.fitted_temperature
+
+
+def test_all_correct_fit_stores_the_bounded_temperature(tmp_path):
+    from hf_calibration.calibrators.temperature import T_MIN
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 200)
+    z = (rng.normal(size=(200, 5)) + 6 * np.eye(5)[y]).astype(np.float32)
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    assert ts.fitted_temperature == pytest.approx(T_MIN)
+    assert load_calibrator(_save(ts, tmp_path / "ts")).fitted_temperature == ts.fitted_temperature
+
+
+@pytest.mark.parametrize("name", ["./no-such-folder", "no/such/folder", "/definitely/not/here", "../x"])
+def test_a_missing_local_folder_is_named(name, monkeypatch, tmp_path):
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"argument `name_or_path` to be a local folder or a Hub repo id .* no folder"):
+        load_calibrator(name)
+    with pytest.raises(ValueError, match=r"argument `pretrained_model_name_or_path`"):
+        SMARTCalibrator.from_pretrained(name)
+    with pytest.raises(ValueError, match="no folder"):
+        load_calibrator(Path("no-such-folder"))  # a Path is always local
+
+
+def test_a_file_or_a_bad_name_is_named(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="is a file"):
+        load_calibrator(tmp_path / "weights.bin")
+    with pytest.raises(TypeError, match="name_or_path"):
+        load_calibrator(3)
+    with pytest.raises(TypeError, match="name_or_path"):
+        load_calibrator("")
+
+
+def test_a_repo_id_offline_and_uncached_says_so(monkeypatch, tmp_path):
+    from hf_calibration.hub import HubUnreachableError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HubUnreachableError, match="'me/not-cached' is no local folder.*not in the local cache"):
+        load_calibrator("me/not-cached", cache_dir=tmp_path / "cache")
