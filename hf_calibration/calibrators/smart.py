@@ -9,10 +9,16 @@ For logits ``z`` with top-two values ``z_(1) >= z_(2)`` (SMART Sec. 3.2, 3.5 and
 
 fitted with full-batch Adam (lr 5e-3, at most 2000 steps, early stopping that restores the best
 weights) on Charbonnier-SoftECE (Eq. 6; 15 soft bins, sigma = 0.05, delta = 1e-3) by default.
+
+Where the objective is flat at the initialisation (saturated logits: every confidence rounds to 0 or 1), Adam
+cannot move and the fit would return the untrained MLP; instead it warns and falls back to the constant
+temperature that temperature scaling fits by NLL, written in SMART's parameters (``W2 = 0``), and records
+``fit_info_["fallback"] = "temperature_scaling"``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -28,6 +34,8 @@ from ._registry import register_calibrator
 from ._scaling import TemperatureCalibrator
 from ._smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad, workspace
 from .objectives import get_objective, objective_kwargs
+
+logger = logging.getLogger(__name__)
 
 
 def logit_margin(z: torch.Tensor) -> torch.Tensor:
@@ -178,7 +186,30 @@ class SMARTCalibrator(
         )
         self._set_flat_parameters(result.x)
         self.history_ = result.history
-        return {"steps": result.steps, "best_step": result.best_step, "best_objective": result.best}
+        info = {"steps": result.steps, "best_step": result.best_step, "best_objective": result.best}
+        if result.best_step == 0:  # no step lowered the objective: flat (saturated) at the initialisation
+            info.update(self._fall_back_to_temperature_scaling(logits, labels, lambda x: step(x, *args, scratch, False)[0]))
+        return info
+
+    def _fall_back_to_temperature_scaling(self, logits: np.ndarray, labels: np.ndarray, objective_at) -> dict[str, Any]:
+        """Set a constant ``T(m) = T_ts`` (``W2 = 0``, ``b2 = softplus^-1(T_ts - eps)``); ``T_ts`` from temperature scaling."""
+        from .temperature import TemperatureScaling
+
+        t_ts = TemperatureScaling().fit(logits, labels, from_logits=True, progress_bar=False).fitted_temperature
+        excess = max(t_ts - self.eps, 1e-9 * self.eps)  # T(m) >= eps: the closest SMART gets to a smaller T
+        x = self._flat_parameters()
+        h = self.hidden_size
+        x[2 * h : 3 * h] = 0.0
+        x[3 * h] = excess + math.log(-math.expm1(-excess))  # softplus^-1
+        self._set_flat_parameters(x)
+        t = self.eps + excess
+        logger.warning(
+            "SMART could not improve on its initialisation: its objective is flat on these logits (the softmax is "
+            "saturated, every confidence rounds to 0 or 1). Falling back to the constant temperature T = %.4g that "
+            "temperature scaling fits by NLL (fit_info_['fallback']).",
+            t,
+        )
+        return {"fallback": "temperature_scaling", "temperature": t, "best_objective": float(objective_at(x))}
 
     def _flat_parameters(self) -> np.ndarray:
         """``[W1, b1, W2, b2]`` as one float64 vector (the fused step's layout)."""

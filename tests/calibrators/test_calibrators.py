@@ -315,6 +315,37 @@ def test_fit_leaves_torch_thread_count_alone(threads):
         torch.set_num_threads(old)
 
 
+def test_smart_on_saturated_logits_falls_back_to_temperature_scaling(caplog):
+    """Logits x 1e4 saturate the softmax: SMART's objective is flat, Adam never moves. It used to return the untrained
+    MLP (best_step 0, T < 1: sharper still); now it warns and uses the NLL temperature, as TS would."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import log_softmax
+
+    from hf_calibration.calibrators.temperature import T_MAX, T_MIN
+
+    z, y = overconfident(1000, 10, seed=1)
+    z = z * np.float32(1e4)
+    with caplog.at_level(logging.WARNING):
+        smart = SMARTCalibrator().fit(z, y, progress_bar=False)
+    assert "flat" in caplog.text and "temperature scaling" in caplog.text
+    assert smart.fit_info_["fallback"] == "temperature_scaling" and smart.fit_info_["best_step"] == 0
+    # independent: the NLL-optimal constant temperature (scipy, float64), in TS's range [0.05, 100]
+    z64 = z.astype(np.float64)
+    nll = lambda log_t: -log_softmax(z64 / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
+    t_ref = float(np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x))
+    temps = smart.temperature(z)
+    assert torch.equal(temps, temps[:1].expand_as(temps))  # one temperature for every margin
+    assert float(temps[0]) == pytest.approx(t_ref, rel=1e-4) and float(temps[0]) > 1
+    assert smart.fit_info_["temperature"] == pytest.approx(float(temps[0]), rel=1e-12)
+
+
+def test_smart_on_learnable_logits_does_not_fall_back(data, caplog):
+    z, y = data
+    with caplog.at_level(logging.WARNING):
+        smart = SMARTCalibrator(max_steps=300).fit(z, y, progress_bar=False)
+    assert "fallback" not in smart.fit_info_ and smart.fit_info_["best_step"] > 0 and "flat" not in caplog.text
+
+
 @pytest.mark.parametrize("seed", [-(2**63), 0, 2**64 - 1])
 def test_smart_accepts_torch_seed_range(seed):
     assert SMARTCalibrator(seed=seed).seed == seed
