@@ -14,6 +14,10 @@ Publishing a model and its calibrator together, and loading both back::
     calibrator = load_calibrator("me/vit-digits", subfolder="calibrator").attach(model)
 
 (``save_pretrained(folder / "calibrator")`` next to ``model.save_pretrained(folder)`` is the local equivalent.)
+
+Files a user owns: saving never replaces a file the call did not create. ``check_save_folder`` refuses a
+non-empty folder unless asked to overwrite a calibrator saved there, and refuses a model's folder (a
+``config.json`` that is not a calibrator's, or weights beside no calibrator config) even then.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 CARD_NAME = "README.md"
-CALIBRATOR_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME)
+CALIBRATOR_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME)  # what save_pretrained writes, and replaces with overwrite
+# files of a model checkpoint that a calibrator saved in the same folder would clobber or be confused with
+_MODEL_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf")
 
 CALIBRATOR_CARD_TEMPLATE = """---
 {{ card_data }}
@@ -36,11 +42,11 @@ CALIBRATOR_CARD_TEMPLATE = """---
 
 # {{ title }}
 
-A post-hoc calibrator for an image classifier, saved with
-[hf_calibration]({{ repo_url | default("https://github.com/hf-calibration/hf-calibration", true) }}).
+A post-hoc calibrator for an image classifier, saved with the `hf_calibration` library
+(`pip install hf-calibration`).
 {{ method_description }} {{ argmax_statement }}
 
-{% if paper_url %}Method: {{ paper_url }}
+{% if citation %}Method: {{ citation }}{% if paper_url %} ({{ paper_url }}){% endif %}.
 {% endif %}
 ## Fit
 
@@ -107,6 +113,52 @@ def unreachable_reason(err: BaseException) -> str | None:
     if names & _UNREACHABLE or isinstance(err, (ConnectionError, TimeoutError)):
         return f"no connection: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}"
     return None
+
+
+def _calibrator_config(folder: Path) -> dict | None:
+    """The folder's config.json if it is a calibrator's (has a ``calibrator`` field), else None."""
+    try:
+        config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return config if isinstance(config, dict) and isinstance(config.get("calibrator"), str) else None
+
+
+def check_save_folder(folder: str | os.PathLike, *, overwrite: bool, name: str = "save_directory") -> bool:
+    """Check that a calibrator may be saved in ``folder``; returns whether a calibrator is already there.
+
+    Allowed: a new or empty folder; with ``overwrite=True``, a folder holding a calibrator (replaced whole,
+    card included) or other files that are not a model's. Refused (``ValueError``): anything else; a model's
+    folder always (save the calibrator in its ``calibrator/`` subfolder instead).
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"Expected argument `{name}` to be a folder, but {str(folder)!r} is a file.")
+    entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if not entries:
+        return False
+    calibrator = _calibrator_config(folder) is not None
+    if not calibrator:
+        model_files = [e for e in entries if e == CONFIG_NAME or e.endswith(_MODEL_WEIGHT_SUFFIXES) or e.endswith(".index.json")]
+        if model_files:
+            raise ValueError(
+                f"Expected argument `{name}` to be a new folder or one holding a calibrator, but {str(folder)!r} holds a "
+                f"model's files ({', '.join(model_files[:3])}), which are never replaced: save the calibrator in "
+                f"{str(folder / 'calibrator')!r} instead."
+            )
+    if not overwrite:
+        what = "a calibrator" if calibrator else f"{len(entries)} file(s) ({', '.join(entries[:3])})"
+        raise ValueError(
+            f"Expected argument `{name}` to be a new or empty folder, but {str(folder)!r} holds {what}; "
+            "pass overwrite=True (--overwrite on the command line) to replace the calibrator there."
+        )
+    return calibrator
+
+
+def remove_calibrator_files(folder: Path) -> None:
+    """Delete the files ``save_pretrained`` writes (so an overwrite leaves no stale model card)."""
+    for file in CALIBRATOR_FILES:
+        (folder / file).unlink(missing_ok=True)
 
 
 def _looks_like_a_path(name: str) -> bool:

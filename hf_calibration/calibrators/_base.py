@@ -27,8 +27,6 @@ from .objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
 
-REPO_URL = "https://github.com/hf-calibration/hf-calibration"
-
 
 class NotFittedError(RuntimeError):
     """The calibrator was used before ``fit`` (or ``from_pretrained``)."""
@@ -60,7 +58,6 @@ class Calibrator(
     PyTorchModelHubMixin,
     library_name="hf_calibration",
     tags=["calibration", "hf_calibration", "image-classification"],
-    repo_url=REPO_URL,
     model_card_template=hub.CALIBRATOR_CARD_TEMPLATE,
 ):
     """Base class: ``fit``, ``forward``/``__call__``, ``predict_proba``, ``attach``/``detach``,
@@ -82,7 +79,7 @@ class Calibrator(
     model's; methods such as vector scaling may move the argmax by design), ``shift_invariant`` (whether its map
     gives the same probabilities for ``z`` and ``z + c`` with a per-row constant ``c``; when False, ``_fit`` and
     ``_calibrate`` receive ``z - max_k z_k``, so that logits and log-probabilities of one prediction are calibrated
-    alike).
+    alike) and ``paper_citation`` (the method's paper, as printed in it, for the model card).
     """
 
     kind: ClassVar[str] = ""
@@ -91,6 +88,7 @@ class Calibrator(
     objectives: ClassVar[tuple[str, ...]] = ("nll",)
     preserves_argmax: ClassVar[bool] = True
     shift_invariant: ClassVar[bool] = False
+    paper_citation: ClassVar[str] = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -338,6 +336,7 @@ class Calibrator(
                 if self.preserves_argmax
                 else "It may change the predicted class of some inputs (it is not a monotone map of each row)."
             ),
+            "citation": self.paper_citation,
         }
         values.update(kwargs)
         return super().generate_model_card(*args, **values)
@@ -346,33 +345,98 @@ class Calibrator(
         """One sentence for the model card: what the calibrator does to the logits."""
         return "It maps the classifier's logits to calibrated ones."
 
-    def push_to_hub(self, repo_id: str, *, path_in_repo: str | None = None, **kwargs: Any) -> str:
-        """Upload the checkpoint; ``path_in_repo="calibrator"`` puts it in a subfolder of (say) the model's repo.
+    def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
+        """Write ``model.safetensors``, ``config.json`` and the model card ``README.md`` into ``save_directory``.
 
-        Other keyword arguments are those of ``PyTorchModelHubMixin.push_to_hub`` (``token``, ``private``,
-        ``commit_message``, ``branch``, ``create_pr``, ...).
+        The folder must be new or empty; ``overwrite=True`` replaces a calibrator saved there (all three files, so
+        the card always describes these weights). A model's folder is refused even then: save the calibrator in its
+        ``calibrator/`` subfolder. Other keyword arguments are ``PyTorchModelHubMixin.save_pretrained``'s.
         """
+        from pathlib import Path
+
         self._check_fitted()
-        if path_in_repo is None:
-            return super().push_to_hub(repo_id, **kwargs)
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
+        folder = Path(save_directory)
+        if hub.check_save_folder(folder, overwrite=overwrite):
+            hub.remove_calibrator_files(folder)  # the mixin never replaces an existing README.md
+        return super().save_pretrained(folder, **kwargs)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        path_in_repo: str | None = None,
+        dry_run: bool = False,
+        commit_message: str | None = None,
+        private: bool | None = None,
+        token: str | None = None,
+        branch: str | None = None,
+        create_pr: bool | None = None,
+        model_card_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """Upload the checkpoint (weights, config, model card) to the Hub repo ``repo_id``; returns the commit URL.
+
+        Args:
+            repo_id: ``owner/name`` (created if needed).
+            path_in_repo: a subfolder of the repo, e.g. ``"calibrator"`` beside a model at the repo root.
+            dry_run: build the exact folder that would be uploaded, card included, in a new local folder and upload
+                nothing; returns that folder's path.
+            commit_message, private, token, branch, create_pr: as in ``huggingface_hub.HfApi.upload_folder`` /
+                ``create_repo``.
+            model_card_kwargs: extra values for the card template.
+
+        Raises ``HubUnreachableError`` (a ``ConnectionError``) with one sentence when the Hub cannot be reached
+        (offline mode, no network); the folder that was to be uploaded is kept and named in the message.
+        """
+        import shutil
         import tempfile
         from pathlib import Path
 
+        self._check_fitted()
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        if not isinstance(repo_id, str):
+            raise TypeError(f"Expected argument `repo_id` to be a str such as 'owner/name', but got {repo_id!r}.")
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError as err:
+            raise ValueError(f"Expected argument `repo_id` to be a Hub repo id such as 'owner/name', but got {repo_id!r}: {err}") from None
+        if path_in_repo is not None and (not isinstance(path_in_repo, str) or not path_in_repo.strip("/")):
+            raise ValueError(f"Expected argument `path_in_repo` to be a non-empty folder name or None, but got {path_in_repo!r}.")
+        root = Path(tempfile.mkdtemp(prefix="hf_calibration_push_"))
+        folder = root / path_in_repo.strip("/") if path_in_repo else root
+        self.save_pretrained(folder, model_card_kwargs=model_card_kwargs)
+        where = f"https://huggingface.co/{repo_id}" + (f"/tree/main/{path_in_repo.strip('/')}" if path_in_repo else "")
+        if dry_run:
+            logger.info("Dry run: nothing uploaded; the files for %s are in %s", where, folder)
+            return str(folder)
         from huggingface_hub import HfApi
 
-        api = HfApi(token=kwargs.get("token"))
-        repo_id = api.create_repo(repo_id=repo_id, private=kwargs.get("private"), exist_ok=True).repo_id
-        with tempfile.TemporaryDirectory() as tmp:
-            self.save_pretrained(Path(tmp), model_card_kwargs=kwargs.get("model_card_kwargs"))
-            return api.upload_folder(
+        api = HfApi(token=token)
+        try:
+            repo_id = api.create_repo(repo_id=repo_id, private=private, exist_ok=True).repo_id
+            url = api.upload_folder(
                 repo_id=repo_id,
                 repo_type="model",
-                folder_path=tmp,
+                folder_path=str(folder),
                 path_in_repo=path_in_repo,
-                commit_message=kwargs.get("commit_message", f"Upload {type(self).__name__} calibrator"),
-                revision=kwargs.get("branch"),
-                create_pr=kwargs.get("create_pr"),
+                commit_message=commit_message or f"Upload {type(self).__name__} calibrator",
+                revision=branch,
+                create_pr=create_pr,
             )
+        except Exception as err:
+            reason = hub.unreachable_reason(err)
+            if reason is None:
+                shutil.rmtree(root, ignore_errors=True)
+                raise
+            raise hub.HubUnreachableError(
+                f"Could not push to {repo_id!r}: the Hugging Face Hub is unreachable ({reason}); nothing was uploaded, "
+                f"and the files that would have been are in {str(folder)!r}.",
+                reason,
+            ) from None
+        shutil.rmtree(root, ignore_errors=True)
+        return url
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *, subfolder: str | None = None, **kwargs: Any):

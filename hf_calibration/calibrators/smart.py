@@ -48,12 +48,14 @@ def logit_margin(z: torch.Tensor) -> torch.Tensor:
 class SMARTCalibrator(
     TemperatureCalibrator,
     tags=["smart", "temperature-scaling"],
-    paper_url="https://openreview.net/forum?id=SMART-sample-margin-aware-recalibration",
+    paper_url="https://arxiv.org/abs/2506.23492",
 ):
     """SMART: ``T(m)`` from the standardised logit margin through a 1-16-1 MLP (49 parameters).
 
     Needs at least ``min_samples = 50`` labelled samples (the smallest validation set the paper reports).
     Fitting is deterministic given ``seed`` (the MLP's initialisation; the rest is full-batch).
+    Method: H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*
+    (arXiv:2506.23492).
 
     Args:
         hidden_size: width of the hidden layer (16 in the paper).
@@ -78,6 +80,7 @@ class SMARTCalibrator(
     kind = "smart"
     min_samples = 50
     default_objective = "charbonnier_soft_ece"
+    paper_citation = "H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*, arXiv:2506.23492"
 
     def __init__(
         self,

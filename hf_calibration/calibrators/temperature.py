@@ -54,6 +54,7 @@ class TemperatureScaling(
     kind = "temperature_scaling"
     min_samples = 10
     default_objective = "nll"
+    paper_citation = "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
 
     def __init__(self, lr: float = 0.01, max_steps: int = 2000, patience: int = 100, max_iter: int = 100):
         super().__init__()
