@@ -124,16 +124,19 @@ def _calibrator_config(folder: Path) -> dict | None:
     return config if isinstance(config, dict) and isinstance(config.get("calibrator"), str) else None
 
 
-def check_save_folder(folder: str | os.PathLike, *, overwrite: bool, name: str = "save_directory") -> bool:
+def check_save_folder(
+    folder: str | os.PathLike, *, overwrite: bool, what: str = "argument `save_directory`", overwrite_flag: str = "overwrite=True"
+) -> bool:
     """Check that a calibrator may be saved in ``folder``; returns whether a calibrator is already there.
 
-    Allowed: a new or empty folder; with ``overwrite=True``, a folder holding a calibrator (replaced whole,
-    card included) or other files that are not a model's. Refused (``ValueError``): anything else; a model's
-    folder always (save the calibrator in its ``calibrator/`` subfolder instead).
+    Allowed: a new or empty folder; with ``overwrite``, a folder holding a calibrator (replaced whole, card
+    included) or other files that are not a model's. Refused (``ValueError``; ``what`` and ``overwrite_flag`` name
+    the argument and the switch in the message): anything else; a model's folder always (save the calibrator in
+    its ``calibrator/`` subfolder instead).
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"Expected argument `{name}` to be a folder, but {str(folder)!r} is a file.")
+        raise ValueError(f"Expected {what} to be a folder, but {str(folder)!r} is a file.")
     entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     if not entries:
         return False
@@ -142,15 +145,15 @@ def check_save_folder(folder: str | os.PathLike, *, overwrite: bool, name: str =
         model_files = [e for e in entries if e == CONFIG_NAME or e.endswith(_MODEL_WEIGHT_SUFFIXES) or e.endswith(".index.json")]
         if model_files:
             raise ValueError(
-                f"Expected argument `{name}` to be a new folder or one holding a calibrator, but {str(folder)!r} holds a "
+                f"Expected {what} to be a new folder or one holding a calibrator, but {str(folder)!r} holds a "
                 f"model's files ({', '.join(model_files[:3])}), which are never replaced: save the calibrator in "
                 f"{str(folder / 'calibrator')!r} instead."
             )
     if not overwrite:
-        what = "a calibrator" if calibrator else f"{len(entries)} file(s) ({', '.join(entries[:3])})"
+        held = "a calibrator" if calibrator else f"{len(entries)} file(s) ({', '.join(entries[:3])})"
         raise ValueError(
-            f"Expected argument `{name}` to be a new or empty folder, but {str(folder)!r} holds {what}; "
-            "pass overwrite=True (--overwrite on the command line) to replace the calibrator there."
+            f"Expected {what} to be a new or empty folder, but {str(folder)!r} holds {held}; "
+            f"pass {overwrite_flag} to replace the calibrator there."
         )
     return calibrator
 
