@@ -28,8 +28,9 @@ from .objectives import get_objective, objective_kwargs
 logger = logging.getLogger(__name__)
 
 
-class NotFittedError(RuntimeError):
-    """The calibrator was used before ``fit`` (or ``from_pretrained``)."""
+class NotFittedError(ValueError, RuntimeError):
+    """The calibrator was used before ``fit`` (or ``from_pretrained``). A ``ValueError``, as scikit-learn's is (and a
+    ``RuntimeError``, as it was)."""
 
 
 def _labels_of(logits: Any, labels: Any) -> tuple[Any, Any]:

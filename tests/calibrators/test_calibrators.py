@@ -100,6 +100,8 @@ def test_forward_before_fit_is_a_clear_error():
         cal = create_calibrator(name)
         with pytest.raises(NotFittedError, match="not fitted"):
             cal(torch.randn(3, 4))
+        with pytest.raises(ValueError, match="not fitted"):  # a ValueError, as scikit-learn's NotFittedError
+            cal.predict_proba(torch.randn(3, 4))
         with pytest.raises(NotFittedError):
             cal.temperature(torch.randn(3, 4))
         with pytest.raises(NotFittedError):
