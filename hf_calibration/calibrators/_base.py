@@ -20,7 +20,7 @@ from torch import nn
 
 from .. import hub
 from .._checks import resolve_from_logits
-from ..metrics._format import validate
+from ..metrics._format import prepare
 from . import _inputs
 from . import attach as _attach
 from .objectives import get_objective, objective_kwargs
@@ -159,7 +159,8 @@ class Calibrator(
     def _fit_inputs(self, logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.ndarray, np.ndarray, bool]:
         """Validated, finite fit inputs as the map sees them (see ``_prepare``), and whether they were logits."""
         logits, labels = _labels_of(logits, labels)
-        logits, labels = validate(logits, labels, preds_name="logits", target_name="labels")
+        inputs = prepare(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
+        logits, labels, is_logits = inputs.preds, inputs.target, inputs.from_logits
         logits = _inputs.native_array(logits)
         if logits.dtype not in (np.float32, np.float64):
             logits = logits.astype(np.float32)  # fp16 (bf16 is already float32 here): exact
@@ -170,7 +171,6 @@ class Calibrator(
             raise ValueError(
                 f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {logits.shape[0]}."
             )
-        is_logits = resolve_from_logits(logits, from_logits, "logits")
         z = torch.from_numpy(logits)
         if not is_logits:
             z = _inputs.log_probabilities(z, z.dtype)

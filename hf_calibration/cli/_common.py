@@ -126,10 +126,18 @@ def load_data(args, default_split: str):
     return load_logits(args.logits, args.split, labels_path=args.labels, default_split=default_split)
 
 
-def save_diagram(logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None) -> None:
+def save_diagram(
+    logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None, *,
+    from_logits: bool | None = None, calibrated=None, names: tuple[str, str] = ("uncalibrated", "calibrated"),
+) -> None:
+    """The reliability diagram (with counts; a before / after pair when ``calibrated`` is given) as a PNG.
+
+    ``from_logits`` is the one the table used, so the diagram and the table show the same numbers.
+    """
     from ..metrics import reliability_diagram
 
-    fig = reliability_diagram(logits, labels, n_bins, margin_groups=margin_groups, title=title)
+    fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
+                              title=title, from_logits=from_logits)
     fig.savefig(path, dpi=120)
 
 
@@ -151,17 +159,19 @@ def dump_json(obj) -> str:
 
 
 def add_input_kind_option(p: argparse.ArgumentParser) -> None:
-    """``--probs`` / ``--no-probs``: the file holds probabilities / logits; default: detect (``from_logits=None``)."""
-    p.add_argument("--probs", action=argparse.BooleanOptionalAction, default=None,
-                   help="the file holds probabilities (--probs) or logits (--no-probs); default: detect (rows all in "
-                        "[0, 1] summing to 1 are probabilities)")
+    """``--probs`` / ``--from-logits``: what the file holds (``args.from_logits`` False / True); default None: detect."""
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--probs", dest="from_logits", action="store_false", default=None,
+                      help="the file holds probabilities (default: detected: rows in [0, 1] summing to 1 within 1e-2)")
+    kind.add_argument("--from-logits", "--from_logits", dest="from_logits", action="store_true", default=None,
+                      help="the file holds logits, even if its rows look like probabilities")
 
 
 def from_logits_of(args, logits) -> bool:
-    """The input kind the command works with: ``--probs``/``--no-probs``, else detected on ``logits``."""
+    """The input kind the command works with: ``--probs`` / ``--from-logits``, else detected on ``logits``."""
     from .._checks import resolve_from_logits
 
-    return resolve_from_logits(logits, None if args.probs is None else not args.probs, "logits")
+    return resolve_from_logits(logits, args.from_logits, "logits")
 
 
 def method_kind(method: str) -> str:

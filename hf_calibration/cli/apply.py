@@ -30,7 +30,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrator", required=True, metavar="DIR", help="folder written by `fit` / save_pretrained")
     logits_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
     add_input_kind_option(p)
-    p.add_argument("--diagram", metavar="PNG", help="write the calibrated reliability diagram to this file")
+    p.add_argument("--diagram", metavar="PNG", help="write the reliability diagrams before and after calibration to this file")
     add_option(p, "margin_groups", type=positive_int, default=None, metavar="G", help="with --diagram: one diagram per margin group")
     add_option(p, "save_logits", metavar="NPZ", default=None, help="write the calibrated logits to this .npz (.npz is appended if missing)")
     p.add_argument("--overwrite", action="store_true", help="replace existing --diagram / --save-logits files")
@@ -54,14 +54,15 @@ def run(args) -> int:
     name = getattr(calibrator, "kind", type(calibrator).__name__)
     reports = {
         "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
-        name: calibration_report(after, data.labels, args.n_bins),
+        name: calibration_report(after, data.labels, args.n_bins, from_logits=True),
     }
     if diagram is not None:
-        save_diagram(after, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups)
+        save_diagram(data.logits, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups,
+                     from_logits=from_logits, calibrated=after, names=("uncalibrated", name))
     if save_to is not None:
         save_to = save_logits(save_to, after, data.labels, overwrite=args.overwrite)
     if args.json:
-        print(dump_json({"source": data.source, "calibrator": str(args.calibrator), "input": "logits" if from_logits else "probabilities",
+        print(dump_json({"source": data.source, "calibrator": str(args.calibrator), "inputs": "logits" if from_logits else "probabilities",
                          **({"calibrated_logits": str(save_to)} if save_to is not None else {}),
                          "reports": {k: json_ready(v) for k, v in reports.items()}}))
     else:

@@ -65,11 +65,11 @@ def run(args) -> int:
     after = calibrated_logits(calibrator, data.logits, from_logits)
     reports = {
         "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
-        kind: calibration_report(after, data.labels, args.n_bins),
+        kind: calibration_report(after, data.labels, args.n_bins, from_logits=True),
     }
     pushed = _push(calibrator, args, out) if args.push_to_hub else None
     if args.json:
-        print(dump_json({"source": data.source, "method": kind, "input": calibrator.fit_info_["input"], "out": str(out),
+        print(dump_json({"source": data.source, "method": kind, "inputs": calibrator.fit_info_["input"], "out": str(out),
                          **(pushed or {}), "reports": {k: json_ready(v) for k, v in reports.items()}}))
         return 0
     objective = calibrator.fit_info_["objective"]

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from ._common import add_option, json_ready, load_data, logits_options, save_diagram, writable_file
+from ._common import add_input_kind_option, add_option, dump_json, json_ready, load_data, logits_options, save_diagram, writable_file
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -13,7 +12,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                        description="Accuracy, ECE, AdaECE, MCE, classwise ECE, O-/U-ECE, smCE, smECE, Brier and NLL "
                                    "of saved logits (percent, two decimals, as the papers print them).")
     logits_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
-    p.add_argument("--probs", action="store_true", help="the file holds probabilities, not logits")
+    add_input_kind_option(p)
     p.add_argument("--diagram", metavar="PNG", help="write a reliability diagram to this file")
     add_option(p, "margin_groups", type=int, default=None, metavar="G",
                help="with --diagram: one diagram per logit-margin group (G equal-count groups)")
@@ -26,13 +25,15 @@ def run(args) -> int:
 
     diagram = writable_file(args.diagram, "--diagram") if args.diagram else None
     data = load_data(args, default_split="test")
-    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=not args.probs)
-    if diagram is not None:
-        save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups)
+    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits)
+    if diagram is not None:  # the same input rule as the table (an explicit flag, else the table's detection)
+        save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups,
+                     from_logits=report.from_logits)
+    inputs = "logits" if report.from_logits else "probabilities"
     if args.json:
-        print(json.dumps({"source": data.source, "n_bins": args.n_bins, **json_ready(report)}, indent=2))
+        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": inputs, **json_ready(report)}))
     else:
-        print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}")
+        print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}, {inputs}")
         print(report)
         if diagram is not None:
             print(f"reliability diagram: {diagram}")
