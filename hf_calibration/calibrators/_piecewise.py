@@ -17,12 +17,12 @@ Loading resizes the buffers to the checkpoint's shapes (a fitted calibrator's si
 ``PiecewiseCalibrator`` is the base of the calibrators built from such maps. They have no fit objective to
 choose: each fits its own criterion (bin frequencies, the isotonic least-squares fit, a least-squares spline),
 named by ``default_objective`` and recorded in the card; ``fit(objective=None)`` (or that name) fits it and
-any other objective is a ``ValueError``.
+any other objective is a ``ValueError``. A loaded checkpoint whose maps are inconsistent (offsets that do not
+index the knots, knots out of order) is refused.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -30,8 +30,6 @@ import torch
 from torch import nn
 
 from ._base import Calibrator
-
-logger = logging.getLogger(__name__)
 
 
 def step_lookup(x: np.ndarray, upper_edges: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -112,37 +110,17 @@ class PiecewiseMaps(nn.Module):
                 current = self._buffers[name]
                 self._buffers[name] = torch.empty(incoming.shape, dtype=current.dtype, device=current.device)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-        problem = self.inconsistency()
-        if problem is not None:
-            error_msgs.append(f"{prefix or 'maps'}: {problem}")
 
 
 class PiecewiseCalibrator(Calibrator):
-    """A ``Calibrator`` made of ``PiecewiseMaps``, with no objective to choose (see the module docstring)."""
+    """A ``Calibrator`` made of ``PiecewiseMaps`` (in ``self.maps``), with no objective to choose (see the module
+    docstring). Its maps read softmax probabilities, so it is ``shift_invariant``."""
 
     objectives: ClassVar[tuple[str, ...]] = ()
+    shift_invariant = True
     criterion: ClassVar[str] = ""  # for the card and error messages: what the fit computes
 
-    def fit(
-        self,
-        logits: Any,
-        labels: Any = None,
-        *,
-        objective: str | None = None,
-        progress_bar: bool = True,
-        **objective_options: Any,
-    ) -> "PiecewiseCalibrator":
-        """Fit on held-out logits and labels; returns ``self``.
-
-        Args:
-            logits: (N, K) logits (torch tensor, numpy array), or a transformers ``PredictionOutput`` /
-                ``EvalPrediction`` (then ``labels`` may be omitted).
-            labels: (N,) integer class indices; rows labelled -100 are ignored.
-            objective: None (or the class's ``default_objective``): the method fits its own criterion.
-            progress_bar: accepted for a uniform interface (these fits take milliseconds).
-        """
-        # Calibrator.fit checks the objective against the registered ones (NLL, Brier, ...); these methods have
-        # none, so the same steps are taken here with the method's own criterion as the recorded objective
+    def _resolve_objective(self, objective: str | None, objective_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         name = type(self).__name__
         if objective is not None and objective != self.default_objective:
             raise ValueError(
@@ -151,15 +129,9 @@ class PiecewiseCalibrator(Calibrator):
             )
         if objective_options:
             raise TypeError(f"Unexpected keyword argument(s) for {name}.fit: {sorted(objective_options)}.")
-        if not isinstance(progress_bar, bool):
-            raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
-        z, y = self._fit_inputs(logits, labels)
-        was_attached = self._attached_to
-        self.fit_info_ = None
-        info = self._fit(z, y, self.default_objective, {}, progress_bar)
-        self.fit_info_ = {"objective": self.default_objective, "objective_options": {}, "num_samples": int(z.shape[0]),
-                          "num_classes": int(z.shape[1]), **info}
-        self.fit_info_.update(self._fit_set_report(z, y))
-        if was_attached is not None:
-            logger.info("Refitted while attached: the model now uses the new fit.")
-        return self
+        return self.default_objective, {}
+
+    def _check_state(self, where: str) -> None:
+        problem = self.maps.inconsistency()
+        if problem is not None:
+            raise ValueError(f"The calibrator weights {where!r} are corrupted: {problem}.")

@@ -79,6 +79,9 @@ class HistogramBinning(
     min_samples = 10
     default_objective = "bin_frequency"
     criterion = "the fraction correct of each confidence bin of the fit set"
+    paper_citation = ("C. Gupta, A. Ramdas, *Top-label calibration and multiclass-to-binary reductions*, ICLR 2022; "
+                      "B. Zadrozny, C. Elkan, *Obtaining calibrated probability estimates from decision trees and naive "
+                      "Bayesian classifiers*, ICML 2001")
 
     def __init__(self, n_bins: int | None = None, points_per_bin: int = 50, binning: str = "equal_mass", per_class: bool = True):
         super().__init__()

@@ -27,6 +27,8 @@ from ._piecewise import PiecewiseCalibrator, PiecewiseMaps
 from ._registry import register_calibrator
 from ._toplabel import TopLabelCalibrator
 
+CITATION = ("B. Zadrozny, C. Elkan, *Transforming classifier scores into accurate multiclass probability estimates*, "
+            "KDD 2002")
 MIN_PROBABILITY = 1e-15  # one-vs-rest: a class's calibrated probability before normalising is at least this
 
 
@@ -64,6 +66,7 @@ class IsotonicRegression(
     min_samples = 10
     default_objective = "isotonic_pav"
     criterion = "the non-decreasing least-squares fit of correctness on the top-label confidence (PAV)"
+    paper_citation = CITATION
 
     def __init__(self):
         super().__init__()
@@ -96,6 +99,7 @@ class OneVsRestIsotonicRegression(
     min_samples = 10
     default_objective = "isotonic_pav"
     criterion = "one non-decreasing least-squares fit of [y = k] on p_k per class k (PAV)"
+    paper_citation = CITATION
     preserves_argmax = False
 
     def __init__(self):

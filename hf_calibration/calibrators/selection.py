@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from .. import _progress
 from .._checks import check_choice, check_float, check_int, resolve_from_logits
 from ..metrics._format import validate
 from ._base import NotFittedError, _labels_of
@@ -220,6 +221,36 @@ def _as_logits(logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.n
     return np.ascontiguousarray(z), y
 
 
+def _cross_validate(name: str, kwargs: dict, z: np.ndarray, y: np.ndarray, folds, seeds: list, n_bins: int,
+                    predictions: np.ndarray | None, bar) -> MethodScores:
+    """Fit ``name`` on every fold's training part (once per fit seed; ``[None]``: unseeded) and score it on the
+    held-out part; a fold whose fit fails is recorded as an error. Fills ``predictions`` (first seed) if given."""
+    entry = MethodScores(name, kwargs, fit_seeds=len(seeds))
+    for fold, (train, val) in enumerate(folds):
+        bar.set_postfix_str(f"{name}, fold {fold + 1}/{len(folds)}", refresh=False)
+        try:
+            runs = []
+            for fit_seed in seeds:
+                calibrator = create_calibrator(name, **kwargs, **({} if fit_seed is None else {"seed": fit_seed}))
+                start = time.perf_counter()
+                calibrator.fit(z[train], y[train], from_logits=True, progress_bar=False)
+                elapsed = time.perf_counter() - start
+                with torch.no_grad():
+                    calibrated = calibrator(torch.from_numpy(z[val]), from_logits=True).numpy()
+                runs.append({**_scores(calibrated, z[val], y[val], n_bins), "fit_seconds": elapsed})
+                if predictions is not None and len(runs) == 1:
+                    predictions[val] = calibrated
+        except Exception as err:  # noqa: BLE001 - a method that fails is a row of the table, not a crash
+            message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            entry.errors.append(f"fold {fold + 1}: {type(err).__name__}: {message}")
+            logger.warning("compare_calibrators: %s failed on fold %d/%d: %s", name, fold + 1, len(folds), err)
+        else:
+            for column in COLUMNS:
+                entry.folds[column].append(float(np.mean([run[column] for run in runs])))
+        bar.update(1)
+    return entry
+
+
 def compare_calibrators(
     logits: Any,
     labels: Any = None,
@@ -282,37 +313,12 @@ def compare_calibrators(
             scores[UNCALIBRATED].folds[column].append(value)
     predictions = {UNCALIBRATED: z} if keep_predictions else None
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(specs) * cv, desc="compare_calibrators", disable=not progress_bar, leave=False)
-    for name, kwargs in specs.items():
-        seeds = [seed + i for i in range(fit_seeds)] if is_stochastic(name) and "seed" not in kwargs else [None]
-        entry = scores[name] = MethodScores(name, kwargs, fit_seeds=len(seeds))
-        if keep_predictions:
-            predictions[name] = np.full_like(z, np.nan)
-        for fold, (train, val) in enumerate(folds):
-            bar.set_postfix_str(f"{name}, fold {fold + 1}/{cv}")
-            try:
-                runs = []
-                for i, fit_seed in enumerate(seeds):
-                    calibrator = create_calibrator(name, **kwargs, **({} if fit_seed is None else {"seed": fit_seed}))
-                    start = time.perf_counter()
-                    calibrator.fit(z[train], y[train], progress_bar=False)
-                    elapsed = time.perf_counter() - start
-                    with torch.no_grad():
-                        calibrated = calibrator(torch.from_numpy(z[val])).numpy()
-                    runs.append({**_scores(calibrated, z[val], y[val], n_bins), "fit_seconds": elapsed})
-                    if keep_predictions and i == 0:
-                        predictions[name][val] = calibrated
-            except Exception as err:  # noqa: BLE001 - a method that fails is a row of the table, not a crash
-                message = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                entry.errors.append(f"fold {fold + 1}: {type(err).__name__}: {message}")
-                logger.warning("compare_calibrators: %s failed on fold %d/%d: %s", name, fold + 1, cv, err)
-            else:
-                for column in COLUMNS:
-                    entry.folds[column].append(float(np.mean([run[column] for run in runs])))
-            bar.update(1)
-    bar.close()
+    with _progress.progress_bar(total=len(specs) * cv, desc="compare_calibrators", enabled=progress_bar) as bar:
+        for name, kwargs in specs.items():
+            seeds = [seed + i for i in range(fit_seeds)] if is_stochastic(name) and "seed" not in kwargs else [None]
+            if keep_predictions:
+                predictions[name] = np.full_like(z, np.nan)
+            scores[name] = _cross_validate(name, kwargs, z, y, folds, seeds, n_bins, predictions[name] if keep_predictions else None, bar)
     return CalibratorComparison(scores, cv=cv, seed=seed, n_bins=n_bins, num_samples=int(z.shape[0]),
                                 num_classes=int(z.shape[1]), predictions=predictions)
 
@@ -362,18 +368,21 @@ class AutoCalibrator:
         self.method_: str | None = None
         self.comparison_: CalibratorComparison | None = None
 
-    def fit(self, logits: Any, labels: Any = None, *, progress_bar: bool = True) -> "AutoCalibrator":
-        """Cross-validate every candidate on ``(logits, labels)``, then refit the best on all of it. Returns ``self``."""
+    def fit(self, logits: Any, labels: Any = None, *, from_logits: bool | None = None, progress_bar: bool = True) -> "AutoCalibrator":
+        """Cross-validate every candidate on ``(logits, labels)``, then refit the best on all of it. Returns ``self``.
+
+        ``logits`` may be probabilities (``from_logits=None`` detects them, as every calibrator does).
+        """
         logits, labels = _labels_of(logits, labels)
         self.comparison_ = compare_calibrators(logits, labels, self.methods, self.cv, self.seed, fit_seeds=self.fit_seeds,
-                                               n_bins=self.n_bins, from_logits=True, progress_bar=progress_bar)
+                                               n_bins=self.n_bins, from_logits=from_logits, progress_bar=progress_bar)
         self.method_ = self.comparison_.best(self.metric, self.max_accuracy_drop)
         kwargs = dict(self.comparison_[self.method_].kwargs)
         if is_stochastic(self.method_):
             kwargs.setdefault("seed", self.seed)
         logger.info("AutoCalibrator: %s has the lowest cross-validated %s; refitting it on all %d samples.",
                     self.method_, self.metric, self.comparison_.num_samples)
-        calibrator = create_calibrator(self.method_, **kwargs).fit(logits, labels, progress_bar=progress_bar)
+        calibrator = create_calibrator(self.method_, **kwargs).fit(logits, labels, from_logits=from_logits, progress_bar=progress_bar)
         calibrator.fit_info_["selection"] = self.selection()
         self.calibrator_ = calibrator
         return self
@@ -415,9 +424,9 @@ class AutoCalibrator:
 
         return load_calibrator(pretrained_model_name_or_path, **kwargs)
 
-    def __call__(self, logits: Any) -> torch.Tensor:
+    def __call__(self, logits: Any, **kwargs: Any) -> torch.Tensor:
         self._check_fitted()
-        return self.calibrator_(logits)
+        return self.calibrator_(logits, **kwargs)
 
     def __getattr__(self, name: str):
         # only reached for names this object lacks: those of the chosen calibrator (kind, predict_proba, attach, ...)

@@ -71,6 +71,8 @@ class SplineCalibration(
     min_samples = 10
     default_objective = "ks_spline"
     criterion = "a least-squares natural cubic spline of the cumulative accuracy-minus-confidence curve"
+    paper_citation = ("K. Gupta, A. Rahimi, T. Ajanthan, T. Mensink, C. Sminchisescu, R. Hartley, *Calibration of Neural "
+                      "Networks using Splines*, ICLR 2021")
 
     def __init__(self, knots: int = 6):
         super().__init__()

@@ -6,10 +6,21 @@ Also home of the selection options that ``fit --method auto`` shares (``add_sele
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from ._common import CLIError, add_option, load_data, logits_options, method_kind, save_diagram, writable_dir
+from ._common import (
+    CLIError,
+    add_input_kind_option,
+    add_option,
+    dump_json,
+    from_logits_of,
+    load_data,
+    logits_options,
+    method_kind,
+    new_file,
+    save_diagram,
+    writable_dir,
+)
 
 SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")  # as hf_calibration.calibrators.selection
 
@@ -33,14 +44,14 @@ def parse_methods(text: str | None):
     return list(dict.fromkeys(method_kind(name) for name in names))
 
 
-def fit_auto(args, data, progress_bar: bool):
+def fit_auto(args, data, from_logits: bool, progress_bar: bool):
     """``fit --method auto``: an ``AutoCalibrator`` fitted on the loaded split, with the command's options."""
     from ..calibrators import AutoCalibrator
 
     if args.objective is not None:
         raise CLIError("--objective does not apply to --method auto: every candidate fits its own default objective.")
     auto = AutoCalibrator(metric=args.metric, cv=args.cv, seed=0 if args.seed is None else args.seed, fit_seeds=args.fit_seeds)
-    return auto.fit(data.logits, data.labels, progress_bar=progress_bar)
+    return auto.fit(data.logits, data.labels, from_logits=from_logits, progress_bar=progress_bar)
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -50,6 +61,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                                    "fit time; mean ± std over folds). Only the given split is used. Writes one "
                                    "reliability diagram per method from its held-out (out-of-fold) predictions.")
     logits_options(p, "which `logits_<split>` is the calibration set (default: plain `logits`, else `val`)")
+    add_input_kind_option(p)
     p.add_argument("--methods", metavar="A,B,...", help="calibrators to compare (default: every registered one)")
     add_selection_options(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the folds and the first fit seed (default 0)")
@@ -67,13 +79,12 @@ def run(args) -> int:
     methods = parse_methods(args.methods)
     out = writable_dir(args.out, "--out")
     names = [UNCALIBRATED] + (list_calibrators() if methods == "all" else methods)
-    paths = {name: out / f"reliability_{name}.png" for name in names}
-    existing = [str(p) for p in paths.values() if p.exists()]
-    if existing and not args.overwrite:  # before the long part
-        raise CLIError(f"--out {out} already holds {existing[0]}; pass --overwrite to replace the diagrams.")
+    # checked before the long part: never replaces a file without --overwrite
+    paths = {name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits]) for name in names}
     data = load_data(args, default_split="val")
     table = compare_calibrators(data.logits, data.labels, methods, cv=args.cv, seed=args.seed, fit_seeds=args.fit_seeds,
-                                n_bins=args.n_bins, keep_predictions=True, progress_bar=not args.json)
+                                n_bins=args.n_bins, from_logits=from_logits_of(args, data.logits), keep_predictions=True,
+                                progress_bar=not args.json)
     written = {}
     for name, path in paths.items():
         logits = table.predictions[name]
@@ -87,8 +98,8 @@ def run(args) -> int:
     except ValueError:
         best = None
     if args.json:
-        print(json.dumps({"source": data.source, "cv": args.cv, "seed": args.seed, "metric": args.metric, "best": best,
-                          "table": table.to_dict(), "diagrams": written}, indent=2))
+        print(dump_json({"source": data.source, "cv": args.cv, "seed": args.seed, "metric": args.metric, "best": best,
+                         "table": table.to_dict(), "diagrams": written}))
     else:
         print(f"{data.source} (N = {data.logits.shape[0]}, K = {data.logits.shape[1]})")
         print(table)
