@@ -73,6 +73,11 @@ calibrator = load_calibrator("<this repo>")  # or load_calibrator("<model repo>"
 calibrator.attach(model)      # model(...).logits and pipeline scores are now calibrated
 calibrator.detach()           # back to the original model, bit for bit
 ```
+{% if selection %}
+## How this calibrator was chosen
+
+{{ selection }}
+{% endif %}
 """
 
 
