@@ -13,9 +13,11 @@ SECTIONS = [
     ("metrics_speed.md", "metrics_speed.py"),
     ("evaluate_overhead.md", "evaluate_overhead.py"),
     ("calibrators.md", "calibrators.py"),
+    ("calibrator_comparison.md", "calibrators.py --part comparison"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),
+    ("bad_inputs.md", "bad_inputs.py"),
     ("shift.md", "shift.py"),
 ]
 
