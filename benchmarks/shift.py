@@ -317,7 +317,8 @@ def markdown(results: dict, n_corrupt: int, calibrators: list[str]) -> str:
                 v = report.severity_means(metric)[method]
                 cells += [f"{100 * v[0]:.2f}", f"{100 * v[-1]:.2f}"] if metric != "nll" else [f"{v[0]:.3f}", f"{v[-1]:.3f}"]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
-        lines += ["", "OOD detection against the clean test set (in-distribution positive), AUROC / FPR95 (%):", ""]
+        lines += ["", "OOD detection against the clean test set (in-distribution positive), AUROC / FPR95 (%); \"-\": the "
+                  "calibrator returns log-probabilities, whose energy is 0 for every input:", ""]
         sets = sorted({o["ood"] for o in report.ood})
         lines += ["| method | " + " | ".join(f"{s} {sc}" for s in sets for sc in ("MSP", "energy")) + " |", "|---|" + "---|" * (2 * len(sets))]
         for method in report.methods:
@@ -325,7 +326,7 @@ def markdown(results: dict, n_corrupt: int, calibrators: list[str]) -> str:
             for s in sets:
                 for sc in ("msp", "energy"):
                     o = next(o for o in report.ood if o["method"] == method and o["ood"] == s and o["score"] == sc)
-                    cells.append(f"{100 * o['auroc']:.2f} / {100 * o['fpr95']:.2f}")
+                    cells.append("-" if o["auroc"] is None else f"{100 * o['auroc']:.2f} / {100 * o['fpr95']:.2f}")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines += ["", _answer(ece_means), ""]
     return "\n".join(lines) + "\n"

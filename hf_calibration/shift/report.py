@@ -72,6 +72,13 @@ def _apply(calibrator: Any, logits: np.ndarray) -> np.ndarray:
         return calibrator(torch.from_numpy(np.ascontiguousarray(logits))).numpy()
 
 
+def _normalised(logits: np.ndarray) -> bool:
+    """Rows that are log-probabilities already (logsumexp = 0 within 1e-6)."""
+    top = logits.max(axis=1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+    return bool(np.abs(lse).max() < 1e-6)
+
+
 def _metrics(logits: np.ndarray, labels: np.ndarray, n_bins: int) -> dict[str, float]:
     from ..metrics import calibration_report
 
@@ -82,7 +89,9 @@ def _metrics(logits: np.ndarray, labels: np.ndarray, n_bins: int) -> dict[str, f
 @dataclass
 class ShiftReport:
     """Calibration by method × corruption × severity (``rows``; ``corruption="clean"``, ``severity=0`` for the
-    clean test set) and OOD detection by method × score (``ood``). Values are fractions (NLL in nats).
+    clean test set) and OOD detection by method × OOD set × score (``ood``). Values are fractions (NLL in nats).
+    The energy score of a calibrator that returns log-probabilities (histogram binning, isotonic, spline...) is
+    the same for every input; its OOD values are None ("-" in the table).
 
     ``str(report)`` prints the clean table, the mean over corruptions at each severity, and the OOD table;
     ``report.table(full=True)`` adds every corruption × severity row; ``report.plot()`` draws a metric against
@@ -169,7 +178,9 @@ class ShiftReport:
         return fig
 
 
-def _fmt(metric: str, value: float) -> str:
+def _fmt(metric: str, value: float | None) -> str:
+    if value is None:
+        return "-"
     return f"{100 * value:.2f}" if metric in _PERCENT else f"{value:.4f}"
 
 
@@ -238,9 +249,15 @@ def shift_report(
         for (corruption, severity), (z, y) in sets.items():  # clean first, then in the order given
             rows.append({"method": method, "corruption": corruption, "severity": severity, **_metrics(_apply(calibrator, z), y, n_bins)})
         z_in = _apply(calibrator, test[0]) if ood_sets else None
+        # top-label / piecewise calibrators return log-probabilities: logsumexp = 0 for every input, no energy score
+        log_probs = z_in is not None and calibrator is not None and _normalised(z_in)
         for name, z in ood_sets.items():
             z_out = _apply(calibrator, z)
             for score in ood_scores:
-                ood.append({"method": method, "ood": name, "score": score, **ood_metrics(z_in, z_out, score, from_logits=True)})
+                if score == "energy" and log_probs:
+                    values = dict.fromkeys(("auroc", "aupr_in", "aupr_out", "fpr95"))
+                else:
+                    values = ood_metrics(z_in, z_out, score, from_logits=True)
+                ood.append({"method": method, "ood": name, "score": score, **values})
         logger.info("shift_report: %s done", method)
     return ShiftReport(rows=rows, ood=ood, methods=list(methods), n_bins=n_bins)

@@ -109,3 +109,16 @@ def test_bad_input(data):
         shift_report(val, test, shifted, calibrators=[], ood_logits=np.zeros((3, 4)))
     with pytest.raises(ValueError, match="`ood_scores`"):
         shift_report(val, test, shifted, calibrators=[], ood_logits=np.zeros((3, 5)), ood_scores=("odin",))
+
+
+def test_energy_is_not_scored_for_calibrators_that_return_log_probabilities(data):
+    from hf_calibration.calibrators import list_calibrators
+
+    if "isotonic" not in list_calibrators():
+        pytest.skip("no top-label calibrator registered")
+    val, test, _, ood = data
+    report = shift_report(val, test, {}, calibrators=["isotonic", "ts"], ood_logits=ood)
+    rows = {(r["method"], r["score"]): r for r in report.ood}
+    assert rows[("isotonic", "energy")]["auroc"] is None and rows[("ts", "energy")]["auroc"] is not None
+    assert rows[("isotonic", "msp")]["auroc"] is not None and rows[("uncalibrated", "energy")]["auroc"] is not None
+    assert " - " in report.table()
