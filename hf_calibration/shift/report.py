@@ -171,9 +171,9 @@ class ShiftReport:
         scale = 100 if metric in _PERCENT else 1
         for method, values in means.items():
             ax.plot(self.severities, [scale * v for v in values], marker="o", label=method)
-        ax.set(xlabel="severity (0 = clean)", ylabel=f"{metric.upper() if metric != 'accuracy' else metric}"
-               + (" (%)" if scale == 100 else ""), xticks=self.severities,
-               title=f"{metric} vs corruption severity (mean of {len(self.corruptions)} corruptions)")  # fmt: skip
+        label = {"accuracy": "accuracy", "ece": "ECE", "adaece": "AdaECE", "smce": "smCE", "nll": "NLL"}[metric]
+        ax.set(xlabel="severity (0 = clean)", ylabel=label + (" (%)" if scale == 100 else ""), xticks=self.severities,
+               title=f"{label}, mean of {len(self.corruptions)} corruptions")
         ax.legend(fontsize="small")
         return fig
 
