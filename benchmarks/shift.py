@@ -328,23 +328,39 @@ def markdown(results: dict, n_corrupt: int, calibrators: list[str]) -> str:
                     o = next(o for o in report.ood if o["method"] == method and o["ood"] == s and o["score"] == sc)
                     cells.append("-" if o["auroc"] is None else f"{100 * o['auroc']:.2f} / {100 * o['fpr95']:.2f}")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
-        lines += ["", _answer(ece_means), ""]
+        lines += [""] + _per_corruption(report, report.severities[-1])
+        lines += ["", _answer(report), ""]
     return "\n".join(lines) + "\n"
 
 
-def _answer(ece_means: dict[str, list[float]]) -> str:
-    """Where each calibrator still beats the uncalibrated model, and SMART vs TS, severity by severity (measured)."""
-    base = ece_means["uncalibrated"]
+def _answer(report) -> str:
+    """Where each calibrator still beats the uncalibrated model, and SMART vs TS, cell by cell (measured)."""
+    ece = {(r["method"], r["corruption"], r["severity"]): r["ece"] for r in report.rows}
+    cells = [(c, s) for (m, c, s) in ece if m == "uncalibrated" and s > 0]
+    means = report.severity_means("ece")
+    base = means["uncalibrated"]
     parts = []
-    for method, values in ece_means.items():
-        if method == "uncalibrated":
-            continue
-        wins = [s for s, (a, b) in enumerate(zip(values, base)) if a < b]
-        parts.append(f"{method} has a lower mean ECE than the uncalibrated model at severities {wins or 'none'}")
-    if "smart" in ece_means and "ts" in ece_means:
-        smart_wins = [s for s, (a, b) in enumerate(zip(ece_means["smart"], ece_means["ts"])) if a < b]
-        parts.append(f"SMART is below TS at severities {smart_wins or 'none'}")
-    return "Measured: " + "; ".join(parts) + " (0 = clean)."
+    for method in report.methods[1:]:
+        wins = sum(ece[(method, c, s)] < ece[("uncalibrated", c, s)] for c, s in cells)
+        cut0 = 1 - means[method][0] / base[0]
+        cut5 = 1 - means[method][-1] / base[-1]
+        parts.append(f"{method} lowers ECE in {wins} of {len(cells)} corrupted cells (mean ECE -{100 * cut0:.0f} % clean, "
+                     f"-{100 * cut5:.0f} % at severity {report.severities[-1]})")  # fmt: skip
+    if "smart" in means and "ts" in means:
+        smart_wins = sum(ece[("smart", c, s)] < ece[("ts", c, s)] for c, s in cells)
+        parts.append(f"SMART is below TS in {smart_wins} of {len(cells)} corrupted cells")
+    return "Measured: " + "; ".join(parts) + "."
+
+
+def _per_corruption(report, severity: int) -> list[str]:
+    methods = [m for m in ("uncalibrated", "ts", "smart") if m in report.methods]
+    lines = [f"ECE (%) per corruption at severity {severity} (accuracy in %):", "",
+             "| corruption | accuracy | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]  # fmt: skip
+    cell = {(r["method"], r["corruption"]): r for r in report.rows if r["severity"] == severity}
+    for c in report.corruptions:
+        lines.append(f"| {c} | {100 * cell[('uncalibrated', c)]['accuracy']:.1f} | "
+                     + " | ".join(f"{100 * cell[(m, c)]['ece']:.2f}" for m in methods) + " |")  # fmt: skip
+    return lines
 
 
 # ----------------------------------------------------------------------------- main
