@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._checks import check_choice, to_numpy
+from .._checks import check_choice, check_classification_shapes, looks_like_probabilities, to_numpy
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,9 +36,9 @@ def _pair(value: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise TypeError(f"Expected `{name}` to be a (logits, labels) pair, but got {type(value).__name__}.")
     logits, labels = to_numpy(value[0], f"{name}[0]"), to_numpy(value[1], f"{name}[1]")
-    from .._checks import check_classification_shapes
-
     check_classification_shapes(logits, labels, f"{name} logits", f"{name} labels")
+    if looks_like_probabilities(logits):
+        raise ValueError(f"Expected `{name}` to hold logits, but its rows are probability vectors: calibrators and the energy score need logits.")
     return logits, labels
 
 
@@ -54,7 +54,7 @@ def _fit_calibrators(calibrators: Sequence[Any], val: tuple[np.ndarray, np.ndarr
             name, calibrator = item, create_calibrator(kind).fit(*val, progress_bar=False)
         elif isinstance(item, Calibrator):
             name = getattr(item, "kind", type(item).__name__)
-            calibrator = item if getattr(item, "fit_info_", None) else item.fit(*val, progress_bar=False)
+            calibrator = item if item.is_fitted else item.fit(*val, progress_bar=False)
         else:
             raise TypeError(f"Expected each of `calibrators` to be a name or a Calibrator, but got {type(item).__name__}.")
         if name in fitted or name == UNCALIBRATED:

@@ -97,6 +97,8 @@ def test_bad_input(data):
     val, test, shifted, _ = data
     with pytest.raises(TypeError, match="`val`"):
         shift_report(val[0], test, shifted)
+    with pytest.raises(ValueError, match="hold logits"):
+        shift_report(val, (np.full((4, 5), 0.2), np.zeros(4, dtype=int)), shifted)
     with pytest.raises(TypeError, match="keys of `shifted`"):
         shift_report(val, test, {"noise": test})
     with pytest.raises(ValueError, match="K = 5"):
