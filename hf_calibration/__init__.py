@@ -30,6 +30,8 @@ _EXPORTS = {
     "trainer": ["CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "maccal_stage"],
     "masked_head": ["MaskedBottleneckHead", "load_maccal_model"],
+    "inference": ["predict_logits"],
+    "metrics.accumulator": ["CalibrationAccumulator"],
 }
 _NAME_TO_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -66,5 +68,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from .maccal import MaCCalConfig, MaCCalResult, maccal_stage
     from .masked_head import MaskedBottleneckHead, load_maccal_model
+    from .inference import predict_logits
     from .metric_scripts import list_metric_scripts, metric_path
+    from .metrics.accumulator import CalibrationAccumulator
     from .trainer import CalibrationTrainer

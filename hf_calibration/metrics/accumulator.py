@@ -356,13 +356,14 @@ class CalibrationAccumulator:
         ``torchrun`` / ``accelerate launch``); every process must call it. Shards may differ in size, and a
         process may have seen no sample at all. Returns self; in a single process it does nothing.
 
-        A later ``update`` continues from this process's own samples, so a second ``sync()`` counts each
-        sample once.
+        A later ``update`` continues from this process's own samples, and every ``sync()`` sums the processes'
+        own samples afresh, so each sample is counted once however often it is called.
         """
         from .. import distributed
 
-        if not distributed.is_distributed() or self._local is not None:
+        if not distributed.is_distributed():
             return self
+        self._unsync()  # a repeated sync() starts again from this process's own samples: every process joins every collective
         headers = distributed.all_gather_object((self.num_classes, self.from_logits_))
         local = self._snapshot()
         for num_classes, from_logits in headers:  # every process checks the same list: all raise, or none

@@ -1,0 +1,93 @@
+"""Two CPU processes (torchrun, gloo): predict_logits gives every process the logits of one process, in dataset order,
+each sample once; CalibrationAccumulator.sync() gives every process the single-process metrics, with uneven shards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from _distributed_worker import PARTS, accumulator_data
+from _image_data import digits_dataset_dict, save_classifier
+from hf_calibration import CalibrationAccumulator, predict_logits
+from hf_calibration.distributed import shard_range
+from hf_calibration.metrics import calibration_report
+
+HERE = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("n, world", [(37, 2), (5, 3), (2, 4), (0, 2), (100, 7)])
+def test_shards_cover_every_row_once_in_order(n, world):
+    shards = [shard_range(n, rank, world) for rank in range(world)]
+    assert [i for shard in shards for i in shard] == list(range(n))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    root, out = tmp_path_factory.mktemp("ddp_root"), tmp_path_factory.mktemp("ddp_out")
+    save_classifier("vit", root / "vit")
+    digits_dataset_dict().save_to_disk(str(root / "saved"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(HERE / "_distributed_worker.py"), str(root), str(out)]
+    # its own session, so a timeout kills torchrun's workers too
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail("torchrun did not finish in 300 s:\n" + stdout[-3000:] + stderr[-3000:])
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return root, out, ranks
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_predict_logits_on_two_processes_equals_one_process(two_processes):
+    root, out, ranks = two_processes
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    np.testing.assert_array_equal(ranks[0]["logits"], ranks[1]["logits"])  # the same gathered array everywhere
+    np.testing.assert_array_equal(ranks[0]["labels"], ranks[1]["labels"])
+    logits, labels = predict_logits(str(root / "vit"), str(root / "saved"), split="test", batch_size=4, progress=False)
+    assert ranks[0]["logits"].shape == logits.shape == (37, 10)  # 19 + 18 rows, nothing padded or repeated
+    np.testing.assert_array_equal(ranks[0]["labels"], labels)
+    np.testing.assert_allclose(ranks[0]["logits"], logits, rtol=0, atol=1e-5)  # row for row: the same order
+    # rank 0 alone wrote the cache entry, holding the gathered result
+    (entry,) = list((out / "cache").glob("*.npz"))
+    with np.load(entry) as cached:
+        np.testing.assert_array_equal(cached["logits"], ranks[0]["logits"])
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_synced_accumulator_equals_one_process(two_processes):
+    _, _, ranks = two_processes
+    z, y = accumulator_data()
+    want = calibration_report(z, y)
+    for name in PARTS:
+        single = CalibrationAccumulator().update(z, y).compute()
+        for dtype, reference in (("float64", want), ("float32", single)):
+            for key in ((name, dtype), (name, dtype, "again")):
+                for rank in ranks:
+                    got = rank["reports"][key]
+                    assert got["n"] == reference.n
+                    for metric, value in reference.to_dict().items():
+                        assert got[metric] == pytest.approx(value, abs=1e-12, rel=0), (key, metric)
+    resumed = calibration_report(np.concatenate([z, z[:100]]), np.concatenate([y, y[:100]]))
+    for rank in ranks:
+        for metric, value in resumed.to_dict().items():
+            assert rank["reports"]["resumed"][metric] == pytest.approx(value, abs=1e-12, rel=0), metric
