@@ -51,6 +51,8 @@ class never changes, only the confidences do.
 | ECE before (fit set, 15 bins) | {{ ece_before }} |
 | ECE after (fit set, 15 bins) | {{ ece_after }} |
 | checkpoint format | {{ format_version }} |
+{% if fitted_on %}| fitted on | {{ fitted_on }} |
+{% endif %}
 
 ECE is measured on the data the calibrator was fitted on; report held-out numbers for a fair picture.
 
@@ -60,9 +62,11 @@ ECE is measured on the data the calibrator was fitted on; report held-out number
 from transformers import AutoModelForImageClassification, pipeline
 from hf_calibration.calibrators import load_calibrator
 
-model = AutoModelForImageClassification.from_pretrained("<model repo>")
+{% if model_repo %}model = AutoModelForImageClassification.from_pretrained("{{ model_repo }}")
+calibrator = load_calibrator({{ calibrator_args }})
+{% else %}model = AutoModelForImageClassification.from_pretrained("<model repo>")
 calibrator = load_calibrator("<this repo>")  # or load_calibrator("<model repo>", subfolder="calibrator")
-calibrator.attach(model)      # model(...).logits and pipeline scores are now calibrated
+{% endif %}calibrator.attach(model)      # model(...).logits and pipeline scores are now calibrated
 calibrator.detach()           # back to the original model, bit for bit
 ```
 """
