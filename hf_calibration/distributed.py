@@ -12,11 +12,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 from typing import Any
 
 import torch
 
 __all__ = [
+    "accelerate_disagrees",
     "all_gather_object",
     "all_gather_rows",
     "all_reduce_sum",
@@ -62,6 +64,25 @@ def init_from_environment() -> bool:
 def _destroy() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def accelerate_disagrees() -> str | None:
+    """Why accelerate's view of the processes contradicts torch.distributed's, or None.
+
+    On CPU-only machines accelerate (1.15) can report one process while ``torch.distributed`` holds several
+    (``accelerate launch --multi_gpu`` / ``torchrun`` without ``cpu=True``): a DataLoader it prepared is then
+    not sharded, every process sees all the data, and summing over processes would count it several times.
+    Only consulted when accelerate's state already exists; never creates it.
+    """
+    state_module = sys.modules.get("accelerate.state")
+    if state_module is None or not is_distributed() or not getattr(state_module.PartialState, "_shared_state", None):
+        return None
+    accelerate_processes = state_module.PartialState().num_processes
+    world = torch.distributed.get_world_size()
+    if accelerate_processes == world:
+        return None
+    return (f"accelerate reports {accelerate_processes} process(es) but torch.distributed holds {world}: a DataLoader "
+            "prepared by that Accelerator was not split between the processes")
 
 
 def shard_range(n: int, rank: int, world_size: int) -> range:

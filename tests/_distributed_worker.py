@@ -53,6 +53,15 @@ def main(root: Path, out: Path) -> None:
     if rank == 0:
         acc.update(z[:100], y[:100])
     result["reports"]["resumed"] = acc.sync().compute().to_dict()
+    # accelerate on CPUs without cpu=True reports one process while torch.distributed has two: sync refuses to sum
+    from accelerate import PartialState
+
+    result["accelerate_processes"] = PartialState().num_processes
+    try:
+        acc.sync()
+        result["accelerate_conflict"] = None
+    except RuntimeError as err:
+        result["accelerate_conflict"] = str(err)
     torch.save(result, out / f"rank{rank}.pt")
 
 

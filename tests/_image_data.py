@@ -3,6 +3,7 @@
 * ``save_classifier(name, folder)``: a tiny random-init ViT or timm model (``tests._models``) taking 3-channel
   8x8 images, saved with its image processor the way the Hub holds them (ViT: ``preprocessor_config.json``;
   timm: ``pretrained_cfg`` inside ``config.json``).
+* ``write_route(root)``: both checkpoints and both dataset forms under ``root`` (``vit``, ``timm``, ``saved``, ``folder``).
 * ``digits_dataset_dict()``: scikit-learn's digits as RGB PIL images with a ``ClassLabel`` column, split into
   ``validation`` and ``test``; ``write_image_folder(root)`` writes the same images as an ``imagefolder`` tree.
 """
@@ -67,4 +68,13 @@ def write_image_folder(root: Path) -> Path:
             path = root / split / CLASS_NAMES[label] / f"{index.start + i:04d}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             image.save(path)
+    return root
+
+
+def write_route(root: Path) -> Path:
+    """``root/vit`` and ``root/timm`` (checkpoints), ``root/saved`` (save_to_disk) and ``root/folder`` (imagefolder)."""
+    for name in ("vit", "timm"):
+        save_classifier(name, root / name)
+    digits_dataset_dict().save_to_disk(str(root / "saved"))
+    write_image_folder(root / "folder")
     return root

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from _image_data import digits_dataset_dict, save_classifier, write_image_folder
+from _image_data import write_route
 from hf_calibration import inference
 from hf_calibration.cli import main
 from hf_calibration.metrics import calibration_report
@@ -18,12 +18,7 @@ from hf_calibration.metrics import calibration_report
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli_route")
-    for name in ("vit", "timm"):
-        save_classifier(name, root / name)
-    digits_dataset_dict().save_to_disk(str(root / "saved"))
-    write_image_folder(root / "folder")
-    return root
+    return write_route(tmp_path_factory.mktemp("cli_route"))
 
 
 def _reference(root, name: str, source: str, split: str):

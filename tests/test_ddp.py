@@ -7,10 +7,6 @@ process computes from the union batch.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,12 +17,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _close(a: dict, b: dict, **tol):
     assert a.keys() == b.keys()
     for k in a:
@@ -35,21 +25,9 @@ def _close(a: dict, b: dict, **tol):
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_two_processes_hold_identical_loss_state_equal_to_one_big_batch(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()),
-        str(HERE / "_ddp_worker.py"), str(tmp_path),
-    ]
-    # its own session, so a timeout kills torchrun's workers too (they would outlive a plain kill of torchrun)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail("torchrun did not finish in 300 s:\n" + stdout[-3000:] + stderr[-3000:])
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    from _torchrun import run_torchrun
+
+    run_torchrun(HERE / "_ddp_worker.py", tmp_path)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert [r["steps"] for r in ranks] == [3, 3]

@@ -3,11 +3,6 @@ each sample once; CalibrationAccumulator.sync() gives every process the single-p
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,17 +11,12 @@ import torch
 
 from _distributed_worker import PARTS, accumulator_data
 from _image_data import digits_dataset_dict, save_classifier
+from _torchrun import run_torchrun
 from hf_calibration import CalibrationAccumulator, predict_logits
 from hf_calibration.distributed import shard_range
 from hf_calibration.metrics import calibration_report
 
 HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("n, world", [(37, 2), (5, 3), (2, 4), (0, 2), (100, 7)])
@@ -41,18 +31,7 @@ def two_processes(tmp_path_factory):
     root, out = tmp_path_factory.mktemp("ddp_root"), tmp_path_factory.mktemp("ddp_out")
     save_classifier("vit", root / "vit")
     digits_dataset_dict().save_to_disk(str(root / "saved"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(HERE / "_distributed_worker.py"), str(root), str(out)]
-    # its own session, so a timeout kills torchrun's workers too
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail("torchrun did not finish in 300 s:\n" + stdout[-3000:] + stderr[-3000:])
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    run_torchrun(HERE / "_distributed_worker.py", root, out)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     return root, out, ranks
 
@@ -91,3 +70,13 @@ def test_synced_accumulator_equals_one_process(two_processes):
     for rank in ranks:
         for metric, value in resumed.to_dict().items():
             assert rank["reports"]["resumed"][metric] == pytest.approx(value, abs=1e-12, rel=0), metric
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_sync_refuses_when_accelerate_did_not_shard(two_processes):
+    _, _, ranks = two_processes
+    for rank in ranks:
+        if rank["accelerate_processes"] == 2:  # an accelerate that sees both processes: nothing to refuse
+            assert rank["accelerate_conflict"] is None
+        else:
+            assert "accelerate reports 1 process(es) but torch.distributed holds 2" in rank["accelerate_conflict"]

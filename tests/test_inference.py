@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from _image_data import digits_dataset_dict, save_classifier, write_image_folder
+from _image_data import write_route
 from _models import digits_dataset, make_model
 from hf_calibration import inference, predict_logits
 
@@ -18,12 +18,7 @@ ATOL = 1e-5  # batches of 8 against one batch of all rows: float32 summation ord
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("route")
-    for name in ("vit", "timm"):
-        save_classifier(name, root / name)
-    digits_dataset_dict().save_to_disk(str(root / "saved"))
-    write_image_folder(root / "folder")
-    return root
+    return write_route(tmp_path_factory.mktemp("route"))
 
 
 def _split(root, source: str, split: str = "test"):

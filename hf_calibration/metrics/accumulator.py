@@ -289,20 +289,23 @@ class CalibrationAccumulator:
     def _add(self, rows: _Rows) -> None:
         index = _uniform_bin_index(rows.confidence, self.n_bins)
         sums = _bin_sums(index, rows.confidence, rows.correct, self.n_bins)
+        pairs = ([rows.confidence.astype(_PAIR_DTYPES[self.confidence_dtype])], [rows.correct.astype(np.uint8)]) if self._with_pairs else ([], [])
+        self._accumulate(sums, rows.classwise, rows.brier, rows.nll, rows.confidence.shape[0], *pairs)
+
+    def _accumulate(self, sums: BinSums, classwise, brier: float, nll: float, n: int, confidence: list, correct: list) -> None:
+        """Add sums (of a batch, or of another accumulator) and pair arrays to the state."""
         self._count += sums.count
         self._confidence_sum += sums.confidence
         self._accuracy_sum += sums.accuracy
-        if rows.classwise is not None:
-            self._classwise += rows.classwise
-        self._brier += rows.brier
-        self._nll += rows.nll
-        self.n += rows.confidence.shape[0]
-        if self._with_pairs:
-            self._confidence.append(rows.confidence.astype(_PAIR_DTYPES[self.confidence_dtype]))
-            self._correct.append(rows.correct.astype(np.uint8))
-            if len(self._confidence) >= 1024:  # keep the lists short: one array per 1024 batches
-                self._confidence = [np.concatenate(self._confidence)]
-                self._correct = [np.concatenate(self._correct)]
+        if self._classwise is not None and classwise is not None:
+            self._classwise += classwise
+        self._brier += brier
+        self._nll += nll
+        self.n += n
+        self._confidence += confidence
+        self._correct += correct
+        if len(self._confidence) >= 1024:  # keep the lists short: one array per 1024 batches
+            self._confidence, self._correct = [np.concatenate(self._confidence)], [np.concatenate(self._correct)]
 
     # ------------------------------------------------------------------ API
     def update(self, preds: Any, target: Any) -> "CalibrationAccumulator":
@@ -339,16 +342,8 @@ class CalibrationAccumulator:
         if other.num_classes is None:
             return self
         self._settle(other.num_classes, other.from_logits_, "argument `other`")
-        self._count += other._count
-        self._confidence_sum += other._confidence_sum
-        self._accuracy_sum += other._accuracy_sum
-        if self._classwise is not None:
-            self._classwise += other._classwise
-        self._brier += other._brier
-        self._nll += other._nll
-        self.n += other.n
-        self._confidence += other._confidence
-        self._correct += other._correct
+        sums = BinSums(other._count, other._confidence_sum, other._accuracy_sum)
+        self._accumulate(sums, other._classwise, other._brier, other._nll, other.n, list(other._confidence), list(other._correct))
         return self
 
     def sync(self) -> "CalibrationAccumulator":
@@ -363,6 +358,10 @@ class CalibrationAccumulator:
 
         if not distributed.is_distributed():
             return self
+        conflict = distributed.accelerate_disagrees()  # the same answer on every process: all raise, or none
+        if conflict is not None:
+            raise RuntimeError(f"Cannot sync: {conflict}, so summing them would count samples several times. "
+                               "Launch so that both agree (on CPUs: Accelerator(cpu=True) under torchrun), or shard yourself.")
         self._unsync()  # a repeated sync() starts again from this process's own samples: every process joins every collective
         headers = distributed.all_gather_object((self.num_classes, self.from_logits_))
         local = self._snapshot()
