@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import _post_import
+
 __version__ = "0.1.0"
 
 # public name -> submodule that defines it
@@ -28,14 +30,17 @@ _EXPORTS = {
     ],
     "calibrators": ["SMARTCalibrator", "TemperatureScaling", "create_calibrator", "list_calibrators", "load_calibrator"],
     "trainer": ["CalibrationTrainer"],
-    "maccal": ["MaCCalConfig", "MaCCalResult", "maccal_stage"],
-    "masked_head": ["MaskedBottleneckHead", "load_maccal_model"],
+    "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
     "inference": ["predict_logits"],
     "metrics.accumulator": ["CalibrationAccumulator"],
 }
 _NAME_TO_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = ["__version__", *_NAME_TO_MODULE]
+
+# a MaC-Cal checkpoint's config names its head: register that model type with transformers' AutoConfig when
+# transformers loads it, so `AutoModelForImageClassification.from_pretrained` / `pipeline` rebuild the head
+_post_import.call_after_import("transformers.models.auto.configuration_auto", "hf_calibration.maccal.persistence:register_auto_config")
 
 
 def __getattr__(name: str):
@@ -66,8 +71,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         MbLSLoss,
         get_loss,
     )
-    from .maccal import MaCCalConfig, MaCCalResult, maccal_stage
-    from .masked_head import MaskedBottleneckHead, load_maccal_model
+    from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
     from .inference import predict_logits
     from .metric_scripts import list_metric_scripts, metric_path
     from .metrics.accumulator import CalibrationAccumulator

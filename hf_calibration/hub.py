@@ -35,8 +35,7 @@ CALIBRATOR_CARD_TEMPLATE = """---
 
 A post-hoc calibrator for an image classifier, saved with
 [hf_calibration]({{ repo_url | default("https://github.com/hf-calibration/hf-calibration", true) }}).
-It rescales the classifier's logits by a temperature ({{ temperature_description }}); the predicted
-class never changes, only the confidences do.
+{{ method_description }} {{ argmax_statement }}
 
 {% if paper_url %}Method: {{ paper_url }}
 {% endif %}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -23,25 +22,15 @@ logger = logging.getLogger(__name__)
 _MACCAL_CONFIG_KEY = "maccal_head"  # what a MaC-Cal checkpoint's config records (see hf_calibration.load_maccal_model)
 
 
-def _local_folder(name_or_path: str | os.PathLike, revision: str | None) -> Path:
-    """The checkpoint as a local folder: itself, or a snapshot of the Hub repo."""
-    folder = Path(name_or_path)
-    if folder.is_dir():
-        return folder
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(repo_id=str(name_or_path), revision=revision))
-
-
 def _load_model(name_or_path: str | os.PathLike, revision: str | None, **kwargs: Any) -> nn.Module:
     from transformers import AutoConfig, AutoModelForImageClassification, TimmWrapperForImageClassification
 
     config = AutoConfig.from_pretrained(name_or_path, revision=revision)
-    if isinstance(getattr(config, _MACCAL_CONFIG_KEY, None), dict):
+    if isinstance(getattr(config, _MACCAL_CONFIG_KEY, None), dict):  # also checkpoints older than the Auto registration
         from . import load_maccal_model
 
         logger.info("%s is a MaC-Cal checkpoint: loading its bottleneck head", name_or_path)
-        return load_maccal_model(_local_folder(name_or_path, revision), **kwargs)
+        return load_maccal_model(name_or_path, config=config, revision=revision, **kwargs)
     model_class = TimmWrapperForImageClassification if config.model_type == "timm_wrapper" else AutoModelForImageClassification
     return model_class.from_pretrained(name_or_path, config=config, revision=revision, **kwargs)
 

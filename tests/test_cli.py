@@ -113,6 +113,85 @@ def test_report_probabilities(capsys, tmp_path, synthetic):
     assert json.loads(out)["ece"] == pytest.approx(_reference_ece(logits, labels), abs=1e-6)
 
 
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """Every matplotlib Figure the CLI saves, kept for inspection (and still written to disk)."""
+    from matplotlib.figure import Figure
+
+    figures, original = [], Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def _panels(fig):
+    """Per reliability panel: (title, ECE % printed in it, N printed in it, per-bin counts of its count panel)."""
+    out = []
+    reliability = [a for a in fig.axes if a.get_ylabel() == "accuracy"]
+    counts = [a for a in fig.axes if a.get_ylabel() == "count"]
+    for rel_ax, count_ax in zip(reliability, counts):
+        text = " ".join(t.get_text() for t in rel_ax.texts)
+        bars = next(c for c in count_ax.containers if c.get_label() == "count")
+        out.append((rel_ax.get_title(), re.search(r"ECE = ([0-9.]+)%", text).group(1),
+                    int(re.search(r"N = (\d+)", text).group(1)), [int(p.get_height()) for p in bars.patches]))
+    return out
+
+
+def test_report_probs_diagram_shows_the_table_numbers(capsys, tmp_path, synthetic, saved_figures):
+    # issue 11, case 3: the table read the file as probabilities, the diagram as logits (10.55 % vs 33.98 %)
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    np.savez(tmp_path / "p.npz", logits=probs, labels=labels)
+    code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", "--probs", "--diagram", tmp_path / "d.png")
+    assert code == 0, err
+    table_ece = re.search(r"^ECE \(%\)\s+([0-9.]+)$", out, re.M).group(1)
+    assert table_ece == f"{100 * _reference_ece(logits, labels):.2f}"
+    ((_, diagram_ece, n, counts),) = _panels(saved_figures[-1])
+    assert diagram_ece == table_ece and n == 600
+    # the counts panel against an independent binning of the top-label confidences (lo < p <= hi)
+    conf = probs.max(1)
+    assert counts == [int(((conf > b / 15) & (conf <= (b + 1) / 15)).sum()) for b in range(15)]
+
+
+@pytest.mark.parametrize("flag", [[], ["--probs"]])
+def test_report_probs_margin_groups_are_the_logit_margin_groups(capsys, tmp_path, synthetic, saved_figures, flag):
+    logits, labels = synthetic
+    np.savez(tmp_path / "z.npz", logits=logits.astype(np.float64), labels=labels)
+    np.savez(tmp_path / "p.npz", logits=torch.softmax(torch.from_numpy(logits).double(), 1).numpy(), labels=labels)
+    assert _run(capsys, "report", "--logits", tmp_path / "z.npz", "--diagram", tmp_path / "z.png", "--margin-groups", "3")[0] == 0
+    code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", *flag, "--diagram", tmp_path / "p.png",
+                          "--margin-groups", "3")
+    assert code == 0, err
+    from_logits, from_probs = _panels(saved_figures[0]), _panels(saved_figures[1])
+    assert len(from_probs) == 3 and from_probs == from_logits  # the same groups, titles, ECEs and counts
+    # and the groups are those of the logit margin z_(1) - z_(2), cut in three equal runs
+    top2 = np.sort(logits.astype(np.float64), axis=1)[:, -2:]
+    order = np.argsort(top2[:, 1] - top2[:, 0], kind="stable")
+    for (_, diagram_ece, n, _), idx in zip(from_probs, np.array_split(order, 3)):
+        assert n == len(idx) and diagram_ece == f"{100 * _reference_ece(logits[idx], labels[idx]):.2f}"
+
+
+def test_report_detects_probabilities_and_from_logits_overrides(capsys, tmp_path, synthetic):
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    np.savez(tmp_path / "p.npz", logits=probs, labels=labels)
+    code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["inputs"] == "probabilities" and data["ece"] == pytest.approx(_reference_ece(logits, labels), abs=1e-6)
+    with pytest.warns(UserWarning, match="looks like probabilities"):
+        code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", "--from-logits", "--json")
+    assert code == 0 and json.loads(out)["inputs"] == "logits"
+    assert json.loads(out)["ece"] == pytest.approx(_reference_ece(probs, labels), abs=1e-6)  # softmax of probabilities, as asked
+    with pytest.raises(SystemExit) as exit_info:  # one or the other
+        main(["report", "--logits", str(tmp_path / "p.npz"), "--probs", "--from-logits"])
+    assert exit_info.value.code == 2
+
+
 # ----------------------------------------------------------------------------- fit / apply
 
 
@@ -146,7 +225,7 @@ def test_fit_ts_then_apply_matches_a_scipy_temperature(capsys, npz_file, synthet
         np.testing.assert_array_equal(calibrated["labels"], y_test)
 
 
-def test_fit_smart_and_apply_report_before_after(capsys, npz_file, synthetic, tmp_path):
+def test_fit_smart_and_apply_report_before_after(capsys, npz_file, synthetic, tmp_path, saved_figures):
     out_dir = tmp_path / "smart"
     code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "smart", "--objective", "nll", "--seed", "1", "--out", out_dir)
     assert code == 0, err
@@ -160,6 +239,12 @@ def test_fit_smart_and_apply_report_before_after(capsys, npz_file, synthetic, tm
     z_test, y_test = synthetic[0][300:], synthetic[1][300:]
     assert f"{100 * _reference_ece(z_test, y_test):.2f}" in rows[0]
     assert (tmp_path / "after.png").read_bytes()[:4] == b"\x89PNG"
+    # issue 11, case 16: the diagram is the before / after pair, with the table's ECEs and all N samples counted
+    ece_cells = [[c.strip() for c in row.strip("|").split("|")][2] for row in rows]
+    before, after = _panels(saved_figures[-1])
+    assert before[0] == "uncalibrated" and after[0] == "smart"
+    assert [before[1], after[1]] == ece_cells
+    assert before[2] == after[2] == 300 and sum(before[3]) == sum(after[3]) == 300
 
 
 # ----------------------------------------------------------------------------- bad input

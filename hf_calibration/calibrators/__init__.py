@@ -1,8 +1,9 @@
-"""Post-hoc calibrators: temperature scaling and SMART, fitted on held-out logits, shared on the Hub, attached to models."""
+"""Post-hoc calibrators, fitted on held-out logits, shared on the Hub, attached to models."""
 
 from ..hub import load_calibrator
 from ._base import Calibrator, NotFittedError
 from ._registry import create_calibrator, list_calibrators, register_calibrator
+from ._scaling import TemperatureCalibrator
 from .attach import attached_calibrator
 from .objectives import OBJECTIVES, brier, charbonnier_soft_ece, nll, soft_ece
 from .smart import SMARTCalibrator, logit_margin
@@ -13,6 +14,7 @@ __all__ = [
     "NotFittedError",
     "OBJECTIVES",
     "SMARTCalibrator",
+    "TemperatureCalibrator",
     "TemperatureScaling",
     "attached_calibrator",
     "brier",

@@ -1,8 +1,9 @@
-"""The interface every calibrator shares: input handling, scaled forward, fitting loop, Hub persistence.
+"""The interface every calibrator shares: input handling, the calibrated forward, fitting, Hub persistence.
 
-A calibrator divides each row of logits by a positive temperature ``T_i`` (one ``T`` for temperature
-scaling, ``T(m_i)`` for SMART). Subclasses implement ``_temperature(z)`` (torch, differentiable),
-``_fit(...)`` and ``_reset(...)``; everything else is here.
+A calibrator maps (N, K) logits to calibrated logits (or log-probabilities: any row-wise map whose softmax
+is the calibrated distribution). Subclasses implement ``_calibrate(z)`` and ``_fit(...)``; everything else
+is here. Those that only divide each row by a positive temperature derive from
+``TemperatureCalibrator`` (``_scaling.py``) and implement ``_temperature(z)`` instead of ``_calibrate``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from torch import nn
 
 from .. import hub
 from ..metrics._format import validate
-from . import _apply
 from . import attach as _attach
 from .objectives import get_objective, objective_kwargs
 
@@ -60,19 +60,25 @@ class Calibrator(
     repo_url=REPO_URL,
     model_card_template=hub.CALIBRATOR_CARD_TEMPLATE,
 ):
-    """Base class: ``fit``, ``forward``/``__call__``, ``predict_proba``, ``temperature``, ``attach``/``detach``,
+    """Base class: ``fit``, ``forward``/``__call__``, ``predict_proba``, ``attach``/``detach``,
     ``save_pretrained``/``from_pretrained``/``push_to_hub``.
 
     Calibrated logits keep the input's dtype and device; inside, float64 inputs are computed in float64 and
-    everything else in float32. Calibration never changes the argmax: where rounding would merge the top two
-    calibrated logits, the top one is raised by one ulp. Low-precision (fp16) outputs that would overflow are
-    shifted by their row maximum (the softmax is unchanged) and saturated at the dtype's finite minimum, so the
-    output is never inf or NaN. Non-finite input logits raise ``ValueError``.
+    everything else in float32. A calibrator with ``preserves_argmax = True`` never changes the argmax: where
+    rounding would merge the top two calibrated logits, the top one is raised by one ulp. Low-precision (fp16)
+    outputs that would overflow are shifted by their row maximum (the softmax is unchanged) and saturated at the
+    dtype's finite minimum, so the output is never inf or NaN. Non-finite input logits raise ``ValueError``.
+
+    Class attributes a subclass sets: ``kind`` (its registry name), ``min_samples``, ``default_objective`` and
+    ``objectives`` (the fit objectives it accepts), ``preserves_argmax`` (whether its predictions always equal the
+    model's; methods such as vector scaling may move the argmax by design).
     """
 
     kind: ClassVar[str] = ""
     min_samples: ClassVar[int] = 2
     default_objective: ClassVar[str] = "nll"
+    objectives: ClassVar[tuple[str, ...]] = ("nll",)
+    preserves_argmax: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,12 +87,19 @@ class Calibrator(
         self.__dict__["_attached_to"] = None
 
     # ------------------------------------------------------------------ subclass hooks
-    def _temperature(self, z: torch.Tensor) -> torch.Tensor:
-        """Temperatures for logits ``z`` (compute dtype): shape (N, 1) or (), positive, differentiable."""
+    def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
+        """Calibrated logits for finite logits ``z`` (float32 or float64, any device), same shape and dtype, no grad.
+
+        May return non-finite values only where the input rows are non-finite (the caller reports those).
+        """
         raise NotImplementedError
 
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict:
         raise NotImplementedError
+
+    def _forward_fused(self, z: torch.Tensor) -> torch.Tensor | None:
+        """The whole forward (checks, map, argmax guard) in one fused pass, where a subclass has one; None otherwise."""
+        return None
 
     # ------------------------------------------------------------------ state
     @property
@@ -153,6 +166,8 @@ class Calibrator(
         """
         objective = self.default_objective if objective is None else objective
         get_objective(objective)
+        if objective not in self.objectives:
+            raise ValueError(f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but got {objective!r}.")
         if not isinstance(progress_bar, bool):
             raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
         unknown = set(objective_options) - {"n_bins", "sigma", "delta"}
@@ -180,52 +195,33 @@ class Calibrator(
             "ece_after": float(ece(calibrated, y, 15)),
         }
 
-    def temperature(self, logits: Any) -> torch.Tensor:
-        """Per-sample temperatures (N,) for these logits (all equal for temperature scaling)."""
-        self._check_fitted()
-        z = self._check_logits(logits)
-        zc = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
-        with torch.no_grad():
-            t = self._temperature(zc)
-        return t.reshape(-1).expand(z.shape[0]).clone() if t.numel() == 1 else t.reshape(-1)
-
     def forward(self, logits: Any) -> torch.Tensor:
-        """Calibrated logits ``z_i / T_i``: same shape, dtype and device as the input; same argmax."""
+        """Calibrated logits: same shape, dtype and device as the input (same argmax when ``preserves_argmax``)."""
         self._check_fitted()
         z = self._check_logits(logits)
         cdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         zc = z.to(cdtype)
-        if _apply.supports(z):  # CPU float32/64 without autograd: one fused pass (same rules as the code below)
-            out = self._forward_cpu(zc)
-            if out is not None:
-                return out
-        with torch.no_grad():
-            temp = self._temperature(zc)
-        out = zc / temp
-        # one cheap full reduction (a per-row sum + isfinite costs ~100x more); NaN/inf (or a huge total) land here
+        out = self._forward_fused(zc) if z.dtype == cdtype else None
+        if out is not None:
+            return out
+        out = self._calibrate(zc)
         if not bool(torch.isfinite(out.sum())):
             bad = ~torch.isfinite(zc).all(dim=1)
             if bool(bad.any()):
                 raise ValueError(f"Expected `logits` to be finite, but row {int(bad.nonzero()[0])} contains NaN or inf.")
-            rows = (~torch.isfinite(out).all(dim=1)).nonzero()[:, 0]  # overflow: |z| / T beyond the compute dtype (may be none)
-            zr, tr = zc[rows].double(), temp.double()
-            shifted = (zr - zr.amax(dim=1, keepdim=True)) / (tr[rows] if tr.ndim else tr)
-            out[rows] = shifted.clamp_min(torch.finfo(cdtype).min).to(cdtype)
+            out = out.clamp(min=torch.finfo(cdtype).min, max=torch.finfo(cdtype).max)  # log(0) = -inf of a top-label map
         if z.dtype != cdtype:
             limit = torch.finfo(z.dtype).max
             big = out.abs().amax(dim=1) > limit
             if bool(big.any()):
                 out[big] = (out[big] - out[big].amax(dim=1, keepdim=True)).clamp_min(-limit)
             out = out.to(z.dtype)
-        top = z.argmax(dim=1)
-        moved = (out.argmax(dim=1) != top).nonzero()[:, 0]
-        if moved.numel():  # rounding merged the top logits: keep the original winner strictly on top
-            out[moved, top[moved]] = _next_up(out[moved, top[moved]])
+        if self.preserves_argmax:
+            top = z.argmax(dim=1)
+            moved = (out.argmax(dim=1) != top).nonzero()[:, 0]
+            if moved.numel():  # rounding merged the top logits: keep the original winner strictly on top
+                out[moved, top[moved]] = _next_up(out[moved, top[moved]])
         return out
-
-    def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
-        """``z / T`` by the fused CPU kernel (``_apply.scale_rows``); None sends the call to the torch path."""
-        return None
 
     def predict_proba(self, logits: Any) -> torch.Tensor:
         """Calibrated probabilities ``softmax(z_i / T_i)``, float32 (float64 for float64 input)."""
@@ -280,13 +276,19 @@ class Calibrator(
             "ece_before": pct(info.get("ece_before")),
             "ece_after": pct(info.get("ece_after")),
             "format_version": hub.CHECKPOINT_FORMAT_VERSION,
-            "temperature_description": self._card_temperature(),
+            "method_description": self._card_description(),
+            "argmax_statement": (
+                "The predicted class never changes, only the confidences do."
+                if self.preserves_argmax
+                else "It may change the predicted class of some inputs (it is not a monotone map of each row)."
+            ),
         }
         values.update(kwargs)
         return super().generate_model_card(*args, **values)
 
-    def _card_temperature(self) -> str:
-        return "a temperature"
+    def _card_description(self) -> str:
+        """One sentence for the model card: what the calibrator does to the logits."""
+        return "It maps the classifier's logits to calibrated ones."
 
     def push_to_hub(self, repo_id: str, *, path_in_repo: str | None = None, **kwargs: Any) -> str:
         """Upload the checkpoint; ``path_in_repo="calibrator"`` puts it in a subfolder of (say) the model's repo.

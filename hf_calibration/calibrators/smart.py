@@ -22,10 +22,10 @@ from torch import nn
 
 from .._checks import check_float, check_int
 from . import _apply
-from ._base import Calibrator
 from ._optim import adam_early_stopping
 from ._partition import GRID, LogPartitionTable
 from ._registry import register_calibrator
+from ._scaling import TemperatureCalibrator
 from ._smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad, workspace
 from .objectives import get_objective, objective_kwargs
 
@@ -38,7 +38,7 @@ def logit_margin(z: torch.Tensor) -> torch.Tensor:
 
 @register_calibrator
 class SMARTCalibrator(
-    Calibrator,
+    TemperatureCalibrator,
     tags=["smart", "temperature-scaling"],
     paper_url="https://openreview.net/forum?id=SMART-sample-margin-aware-recalibration",
 ):

@@ -11,10 +11,10 @@ from torch import nn
 
 from .._checks import check_float, check_int
 from . import _apply
-from ._base import Calibrator
 from ._optim import adam_early_stopping
 from ._partition import LogPartitionTable, scaled_nll
 from ._registry import register_calibrator
+from ._scaling import TemperatureCalibrator
 from .objectives import get_objective
 
 T_MIN, T_MAX = 0.05, 100.0  # the fitted temperature is kept in this range (all-correct fit sets drive T to 0)
@@ -22,7 +22,7 @@ T_MIN, T_MAX = 0.05, 100.0  # the fitted temperature is kept in this range (all-
 
 @register_calibrator
 class TemperatureScaling(
-    Calibrator,
+    TemperatureCalibrator,
     tags=["temperature-scaling"],
     paper_url="https://arxiv.org/abs/1706.04599",
 ):

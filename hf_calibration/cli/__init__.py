@@ -1,6 +1,6 @@
 """The ``hf-calibration`` command line; one module per subcommand (``report``, ``fit``, ``apply``, ``demo``).
 
-    hf-calibration report --logits LOGITS.npz [--split test] [--diagram out.png] [--json]
+    hf-calibration report --logits LOGITS.npz [--split test] [--probs | --from-logits] [--diagram out.png] [--json]
     hf-calibration fit    --logits VAL.npz --method smart|ts [--objective ...] --out DIR [--push-to-hub REPO]
     hf-calibration apply  --calibrator DIR --logits TEST.npz [--diagram out.png] [--json]
     hf-calibration demo   [--output_dir DIR] [--seed 0] [--epochs N] ...

@@ -63,10 +63,18 @@ def load_data(args, default_split: str):
     return load_logits(args.logits, args.split, labels_path=args.labels, default_split=default_split)
 
 
-def save_diagram(logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None) -> None:
+def save_diagram(
+    logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None, *,
+    from_logits: bool | None = None, calibrated=None, names: tuple[str, str] = ("uncalibrated", "calibrated"),
+) -> None:
+    """The reliability diagram (with counts; a before / after pair when ``calibrated`` is given) as a PNG.
+
+    ``from_logits`` is the one the table used, so the diagram and the table show the same numbers.
+    """
     from ..metrics import reliability_diagram
 
-    fig = reliability_diagram(logits, labels, n_bins, margin_groups=margin_groups, title=title)
+    fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
+                              title=title, from_logits=from_logits)
     fig.savefig(path, dpi=120)
 
 
@@ -115,6 +123,8 @@ def to_tensor(logits):
 def temperature_summary(calibrator, logits) -> str:
     import torch
 
+    if not hasattr(calibrator, "temperature"):  # not a temperature calibrator: nothing one number can say
+        return f"{'keeps' if calibrator.preserves_argmax else 'may change'} the predicted classes"
     with torch.no_grad():
         t = calibrator.temperature(to_tensor(logits)).detach().double().reshape(-1)
     if t.numel() == 1 or bool((t == t[0]).all()):

@@ -68,7 +68,7 @@ def load_inputs(args, default_split: str, apply_calibrator: bool = False) -> Inp
     """
     calibrator = None
     if apply_calibrator and getattr(args, "calibrator", None) is not None:
-        if getattr(args, "probs", False):
+        if getattr(args, "from_logits", None) is False:  # report --probs
             raise CLIError("--calibrator takes logits; it cannot be combined with --probs.")
         calibrator = load_calibrator(args.calibrator)
     data = _load(args, default_split)

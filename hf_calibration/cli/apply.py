@@ -24,7 +24,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                                    "print the metrics before and after.")
     p.add_argument("--calibrator", required=True, metavar="DIR", help="folder written by `fit` / save_pretrained")
     logits_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
-    p.add_argument("--diagram", metavar="PNG", help="write the calibrated reliability diagram to this file")
+    p.add_argument("--diagram", metavar="PNG", help="write the reliability diagrams before and after calibration to this file")
     add_option(p, "margin_groups", type=int, default=None, metavar="G", help="with --diagram: one diagram per margin group")
     add_option(p, "save_logits", metavar="NPZ", default=None, help="write the calibrated logits to this .npz")
     p.add_argument("--json", action="store_true", help="print the reports as JSON")
@@ -46,7 +46,8 @@ def run(args) -> int:
         name: calibration_report(after, data.labels, args.n_bins),
     }
     if diagram is not None:
-        save_diagram(after, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups)
+        save_diagram(data.logits, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups,
+                     calibrated=after, names=("uncalibrated", name))
     if save_to is not None:
         save_logits(save_to, after, data.labels)
     if args.json:

@@ -16,7 +16,11 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                                    "papers print them).")
     add_input_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
     p.add_argument("--calibrator", metavar="DIR", help="apply this calibrator (folder written by `fit`) first")
-    p.add_argument("--probs", action="store_true", help="the file holds probabilities, not logits")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--probs", dest="from_logits", action="store_false", default=None,
+                      help="the file holds probabilities (default: detected: rows in [0, 1] summing to 1 within 1e-2)")
+    kind.add_argument("--from-logits", "--from_logits", dest="from_logits", action="store_true", default=None,
+                      help="the file holds logits, even if its rows look like probabilities")
     p.add_argument("--diagram", metavar="PNG", help="write a reliability diagram to this file")
     add_option(p, "margin_groups", type=int, default=None, metavar="G",
                help="with --diagram: one diagram per logit-margin group (G equal-count groups)")
@@ -29,13 +33,15 @@ def run(args) -> int:
 
     diagram = writable_file(args.diagram, "--diagram") if args.diagram else None
     data = load_inputs(args, default_split="test", apply_calibrator=True)
-    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=not args.probs)
-    if diagram is not None:
-        save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups)
+    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits)
+    if diagram is not None:  # the same input rule as the table (an explicit flag, else the table's detection)
+        save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups,
+                     from_logits=report.from_logits)
+    inputs = "logits" if report.from_logits else "probabilities"
     if args.json:
-        print(json.dumps({"source": data.source, "n_bins": args.n_bins, **json_ready(report)}, indent=2))
+        print(json.dumps({"source": data.source, "n_bins": args.n_bins, "inputs": inputs, **json_ready(report)}, indent=2))
     else:
-        print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}")
+        print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}, {inputs}")
         print(report)
         if diagram is not None:
             print(f"reliability diagram: {diagram}")

@@ -14,10 +14,13 @@ Every sum is the one the batch functions form, computed from the same float64 co
 probabilities, so ``compute()`` equals ``calibration_report`` on the concatenated batches up to the
 order of float64 additions (1e-12 in the tests). The exception, stated precisely: with float32 pairs
 (the default) AdaECE, smCE and smECE are those of the float32-rounded confidences — equal to 1e-12 to
-the batch functions applied to ``confidence.astype(float32)``, and off from the float64 values by the
-effect of rounding each confidence by at most 2^-25 (about 3e-8): at most ~1e-7 for smCE and smECE,
-and for AdaECE the same plus at most 2/N for each bin boundary that falls between two confidences
-closer than a float32 step. ``confidence_dtype="float64"`` removes the exception.
+the batch functions applied to ``confidence.astype(float32)``. Rounding moves each confidence by at most
+2^-25 (about 3e-8): smCE moves by at most twice that (for each 1-Lipschitz witness ``w``, each term
+``w(p)(a - p)`` moves by at most ``2|dp|``); AdaECE by as much, plus at most 2/N for each sample that
+rounding makes equal to a bin's edge (one within a float32 step of it), which then changes bin; smECE
+by about as much, unless rounding flips one of the ten comparisons of its bandwidth bisection, which
+moves the bandwidth by one bisection step. (Measured on the tests' data: all three within 1e-9.)
+``confidence_dtype="float64"`` removes the exception.
 
 Numpy arrays and CPU tensors go through the batch functions' own float64 helpers plus one compiled pass
 over the rows (classwise sums, Brier, NLL). CUDA (any non-CPU) tensors are reduced on their device in
@@ -34,8 +37,16 @@ import numba
 import numpy as np
 import torch
 
-from .._checks import IGNORE_INDEX, check_choice, check_classification_shapes, check_labels_in_range, resolve_from_logits, row_sum_tolerance, to_numpy
-from ._format import top_label, validate
+from .._checks import (
+    IGNORE_INDEX,
+    PROBABILITY_DETECTION_TOLERANCE,
+    check_choice,
+    check_classification_shapes,
+    check_labels_in_range,
+    resolve_from_logits,
+    to_numpy,
+)
+from ._format import prepare, top_label
 from .adaptive import _adaece_compute
 from .binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_edges
 from .ece import _classwise_ece_compute
@@ -110,18 +121,20 @@ def _probability_sums(preds, target, from_logits, edges, classwise):  # pragma: 
     return brier, nll
 
 
-def _rows_numpy(preds, target, from_logits: bool, ignore_index, n_bins: int, with_probabilities: bool) -> _Rows | None:
-    """The batch functions' own path: ``validate`` + ``top_label`` (same float64 confidences), then the compiled pass."""
-    preds, target = validate(preds, target, from_logits=from_logits, ignore_index=ignore_index)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=None)
+def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool) -> tuple[_Rows, bool]:
+    """The batch functions' own path: ``prepare`` + ``top_label`` (same float64 confidences), then the compiled pass.
+    Returns the rows and what ``from_logits`` resolved to on the kept rows."""
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(inputs)
     classwise, brier, nll = None, 0.0, 0.0
     if with_probabilities:
-        classwise = np.zeros((preds.shape[1], n_bins))
-        brier, nll = _probability_sums(np.ascontiguousarray(preds), target, from_logits, uniform_edges(n_bins), classwise)
-    return _Rows(top.confidence, top.correct, classwise, brier, nll)
+        classwise = np.zeros((inputs.preds.shape[1], n_bins))
+        brier, nll = _probability_sums(np.ascontiguousarray(inputs.preds), inputs.target, inputs.from_logits,
+                                       uniform_edges(n_bins), classwise)
+    return _Rows(top.confidence, top.correct, classwise, brier, nll), inputs.from_logits
 
 
-def _rows_torch(preds: torch.Tensor, target, from_logits: bool, ignore_index, n_bins: int, with_probabilities: bool) -> _Rows | None:
+def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool) -> tuple[_Rows, bool]:
     """The same quantities reduced on ``preds.device``; only per-row values and the K·B sums leave it."""
     target = torch.as_tensor(target, device=preds.device)
     check_classification_shapes(preds, target, "preds", "target")
@@ -133,6 +146,7 @@ def _rows_torch(preds: torch.Tensor, target, from_logits: bool, ignore_index, n_
     preds = preds.detach()
     if not bool(torch.isfinite(preds).all()):
         raise ValueError("Expected `preds` to be finite, but it contains NaN or inf.")
+    from_logits = resolve_from_logits(preds, from_logits, "preds")  # on the kept rows, as the batch functions
     n, k = preds.shape
     rows = torch.arange(n, device=preds.device)
     target = target.long()
@@ -149,8 +163,8 @@ def _rows_torch(preds: torch.Tensor, target, from_logits: bool, ignore_index, n_
         probs = z64
         if bool((probs < 0).any() | (probs > 1).any()):
             raise ValueError("Expected `preds` to hold probabilities in [0, 1] (from_logits=False), but found values outside.")
-        if float((probs.sum(dim=1) - 1).abs().max()) > row_sum_tolerance(to_numpy(preds[:1], "preds").dtype):
-            raise ValueError("Expected each row of `preds` to sum to 1 (from_logits=False), but some rows do not.")
+        if float((probs.sum(dim=1) - 1).abs().max()) > PROBABILITY_DETECTION_TOLERANCE:
+            raise ValueError(f"Expected each row of `preds` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} (from_logits=False), but some rows do not.")
         confidence, prediction = probs.max(dim=1)
         log_py = torch.log(probs[rows, target])
     correct = (prediction == target).double()
@@ -165,7 +179,7 @@ def _rows_torch(preds: torch.Tensor, target, from_logits: bool, ignore_index, n_
         p_true = probs[rows, target]
         brier = float((probs * probs).sum() - 2.0 * p_true.sum() + n)
         nll = float(-log_py.sum())
-    return _Rows(confidence.cpu().numpy(), correct.cpu().numpy(), classwise, brier, nll)
+    return _Rows(confidence.cpu().numpy(), correct.cpu().numpy(), classwise, brier, nll), from_logits
 
 
 def _on_device(preds: Any) -> bool:
@@ -324,9 +338,8 @@ class CalibrationAccumulator:
         if self.ignore_index is not None and bool((target == self.ignore_index).all()):
             self._settle(preds.shape[1], None, "`preds`")
             return self
-        from_logits = resolve_from_logits(preds, self.from_logits, "preds")
         compute_rows = _rows_torch if _on_device(preds) else _rows_numpy
-        rows = compute_rows(preds, target, from_logits, self.ignore_index, self.n_bins, self._with_probabilities)
+        rows, from_logits = compute_rows(preds, target, self.from_logits, self.ignore_index, self.n_bins, self._with_probabilities)
         self._settle(preds.shape[1], from_logits, "`preds`")
         self._add(rows)
         return self
@@ -426,7 +439,7 @@ class CalibrationAccumulator:
                 values["smce"] = smce_from_confidence(confidence, correct)
             if "smece" in chosen:
                 values["smece"] = smece_from_confidence(confidence, correct)
-        return CalibrationReport(**values, n_bins=self.n_bins)
+        return CalibrationReport(**values, n_bins=self.n_bins, from_logits=self.from_logits_)
 
     def __call__(self, eval_pred: Any, compute_result: bool = True) -> dict[str, float] | None:
         """``Trainer(compute_metrics=accumulator)``: add ``eval_pred``; with ``compute_result`` (the Trainer's last

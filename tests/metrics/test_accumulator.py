@@ -14,7 +14,7 @@ from hf_calibration.metrics import adaece, calibration_report, ece, smce, smece
 from hf_calibration.metrics import accumulator as accumulator_module
 from hf_calibration.metrics.accumulator import METRICS, CalibrationAccumulator
 from hf_calibration.metrics.adaptive import _adaece_compute
-from hf_calibration.metrics._format import top_label
+from hf_calibration.metrics._format import prepare, top_label
 from hf_calibration.metrics.smooth import smce_from_confidence, smece_from_confidence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for _models
@@ -80,7 +80,7 @@ def test_float32_pairs_are_exactly_the_batch_metrics_of_float32_confidences():
     acc = _stream(logits, labels)  # confidence_dtype="float32"
     got, want = acc.compute(), calibration_report(logits, labels)
     _assert_report(got, want, keys=[k for k in want.to_dict() if k not in PAIR_METRICS + ("n",)])
-    top = top_label(logits, labels)
+    top = top_label(prepare(logits, labels))
     conf32 = top.confidence.astype(np.float32).astype(np.float64)
     assert got.adaece == pytest.approx(_adaece_compute(conf32, top.correct, 15), abs=TOL)
     assert got.smce == pytest.approx(smce_from_confidence(conf32, top.correct), abs=TOL)
@@ -105,7 +105,8 @@ def test_probabilities_are_detected_on_the_first_batch_and_held_to():
         acc.update(logits[100:200], labels[100:200])
     with pytest.warns(UserWarning, match="looks like probabilities"):
         forced = CalibrationAccumulator(from_logits=True, confidence_dtype="float64").update(probs, labels).compute()
-    _assert_report(forced, calibration_report(probs, labels, from_logits=True))
+    with pytest.warns(UserWarning, match="looks like probabilities"):
+        _assert_report(forced, calibration_report(probs, labels, from_logits=True))
 
 
 def test_merge_equals_one_accumulator_over_everything():

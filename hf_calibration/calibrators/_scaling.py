@@ -1,0 +1,63 @@
+"""Calibrators that divide each row of logits by a positive temperature: ``z_i -> z_i / T_i``.
+
+One ``T`` for temperature scaling, ``T(m_i)`` of the logit margin for SMART. Dividing a row by a positive
+number keeps its order, so these calibrators never change the argmax. Subclasses implement
+``_temperature(z)`` (and, for speed on CPU, ``_forward_cpu`` through the fused kernels of ``_apply``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _apply
+from ._base import Calibrator
+from .objectives import OBJECTIVES
+
+
+class TemperatureCalibrator(Calibrator):
+    """A ``Calibrator`` whose map is ``z_i / T_i``: adds ``temperature(logits)`` and the fused CPU forward."""
+
+    objectives = tuple(OBJECTIVES)
+    preserves_argmax = True
+
+    def _temperature(self, z: torch.Tensor) -> torch.Tensor:
+        """Temperatures for logits ``z`` (compute dtype): shape (N, 1) or (), positive, differentiable."""
+        raise NotImplementedError
+
+    def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
+        """``z / T`` by the fused CPU kernel (``_apply.scale_rows``); None sends the call to the torch path."""
+        return None
+
+    def _forward_fused(self, z: torch.Tensor) -> torch.Tensor | None:
+        # CPU float32/64 without autograd: one pass does the finiteness check, the division and the argmax guard
+        return self._forward_cpu(z) if _apply.supports(z) else None
+
+    def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            temp = self._temperature(z)
+        out = z / temp
+        # one cheap full reduction (a per-row sum + isfinite costs ~100x more); NaN/inf (or a huge total) land here
+        if not bool(torch.isfinite(out.sum())):
+            # overflow: |z| / T beyond the compute dtype on finite rows (may be none; non-finite rows are the caller's)
+            rows = ((~torch.isfinite(out).all(dim=1)) & torch.isfinite(z).all(dim=1)).nonzero()[:, 0]
+            zr, tr = z[rows].double(), temp.double()
+            shifted = (zr - zr.amax(dim=1, keepdim=True)) / (tr[rows] if tr.ndim else tr)
+            out[rows] = shifted.clamp_min(torch.finfo(z.dtype).min).to(z.dtype)
+        return out
+
+    def temperature(self, logits: Any) -> torch.Tensor:
+        """Per-sample temperatures (N,) for these logits (all equal for temperature scaling)."""
+        self._check_fitted()
+        z = self._check_logits(logits)
+        zc = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
+        with torch.no_grad():
+            t = self._temperature(zc)
+        return t.reshape(-1).expand(z.shape[0]).clone() if t.numel() == 1 else t.reshape(-1)
+
+    def _card_temperature(self) -> str:
+        return "a temperature"
+
+    def _card_description(self) -> str:
+        return f"It divides the classifier's logits by {self._card_temperature()}."
