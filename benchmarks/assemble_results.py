@@ -16,6 +16,7 @@ SECTIONS = [
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),
+    ("bad_inputs.md", "bad_inputs.py"),
 ]
 
 HEADER = """# Benchmark results

@@ -289,7 +289,7 @@ def _bad(tmp_path, synthetic, case):
     if case == "unwritable output dir":
         return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--out", blocker / "sub"], "not writable"
     if case == "output dir is a file":
-        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--out", blocker], "not a folder"
+        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--out", blocker], "to be a folder, but"
     if case == "unwritable diagram":
         return ["report", "--logits", tmp_path / "ok.npz", "--diagram", blocker / "d.png"], "not a folder"
     if case == "bad method":
@@ -404,3 +404,167 @@ def test_fit_push_to_hub_uploads_the_saved_calibrator(capsys, npz_file, tmp_path
     assert {"config.json", "model.safetensors", "README.md"} <= set(calls["files"])
     assert calls["config"]["calibrator"] == "temperature_scaling"
     assert "pushed to https://huggingface.co/someone/ts-calibrator" in out
+
+
+# ----------------------------------------------------------------------------- outputs a user owns, strict JSON, probabilities
+
+
+def _strict_json(text: str):
+    """json.loads that refuses NaN / Infinity tokens (not JSON)."""
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_fit_validates_before_writing_anything(capsys, npz_file, tmp_path):
+    out = tmp_path / "ts"
+    with pytest.raises(SystemExit) as exit_info:  # used to fit, save, and only then fail on n_bins = 0 (exit 1)
+        main(["fit", "--logits", str(npz_file), "--method", "ts", "--out", str(out), "--n-bins", "0"])
+    assert exit_info.value.code == 2 and "--n_bins: expected an integer >= 1, got 0" in capsys.readouterr().err
+    assert not out.exists()
+    few = tmp_path / "few.npz"
+    np.savez(few, logits=np.zeros((20, 3), np.float32), labels=np.zeros(20, np.int64))
+    code, _, err = _run(capsys, "fit", "--logits", few, "--method", "smart", "--out", out)
+    assert code == 1 and "at least 50" in err
+    assert not out.exists()  # a failed fit used to leave an empty folder behind
+
+
+def test_fit_never_writes_into_a_model_folder(capsys, npz_file, tmp_path):
+    from _models import make_model
+
+    model_dir = tmp_path / "vit"
+    make_model("vit", num_labels=5).save_pretrained(model_dir)
+    capsys.readouterr()  # transformers' own output while saving
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    for extra in ([], ["--overwrite"]):
+        code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", model_dir, *extra)
+        assert code == 1 and err.count("\n") == 1 and "holds a model's files" in err and str(model_dir / "calibrator") in err
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before  # config.json and model.safetensors used to be replaced
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", model_dir / "calibrator")
+    assert code == 0, err
+
+
+def test_refit_needs_overwrite_and_replaces_the_whole_calibrator(capsys, npz_file, tmp_path):
+    out_dir = tmp_path / "cal"
+    assert _run(capsys, "fit", "--logits", npz_file, "--method", "smart", "--objective", "nll", "--out", out_dir)[0] == 0
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir)
+    assert code == 1 and "holds a calibrator; pass --overwrite" in err
+    assert json.loads((out_dir / "config.json").read_text())["calibrator"] == "smart"
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir, "--overwrite")
+    assert code == 0, err
+    card = (out_dir / "README.md").read_text()
+    assert "TemperatureScaling" in card and "SMART" not in card  # the old card used to stay
+    assert json.loads((out_dir / "config.json").read_text())["calibrator"] == "temperature_scaling"
+
+
+def test_apply_outputs_never_replace_inputs_or_existing_files(capsys, npz_file, tmp_path):
+    cal = tmp_path / "ts"
+    assert _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", cal)[0] == 0
+    data = tmp_path / "data.npz"
+    data.write_bytes(npz_file.read_bytes())
+    original = data.read_bytes()
+    for extra in ([], ["--overwrite"]):  # its own input: refused even with --overwrite (the val split would be lost)
+        code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", data, *extra)
+        assert code == 1 and "is one of this command's input files" in err
+        code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", tmp_path / "data", *extra)
+        assert code == 1 and "input files" in err  # `data` is written as data.npz: the same file
+    assert data.read_bytes() == original
+    taken = tmp_path / "taken.npz"
+    taken.write_bytes(b"someone's file")
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", taken)
+    assert code == 1 and "exists; pass --overwrite" in err and taken.read_bytes() == b"someone's file"
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", taken, "--overwrite")
+    assert code == 0, err
+    with np.load(taken) as saved:
+        assert saved["logits"].shape == (300, 5)
+
+
+def test_apply_prints_the_file_it_wrote(capsys, npz_file, tmp_path):
+    cal = tmp_path / "ts"
+    assert _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", cal)[0] == 0
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", npz_file, "--save-logits", tmp_path / "cal_out")
+    assert code == 0, err
+    assert f"calibrated logits: {tmp_path / 'cal_out.npz'}" in out  # printed `cal_out`, wrote `cal_out.npz`
+    assert (tmp_path / "cal_out.npz").is_file() and not (tmp_path / "cal_out").exists()
+
+
+def test_json_is_strict_when_a_metric_is_infinite(capsys, synthetic, tmp_path):
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    probs[0] = 0.0
+    probs[0, (labels[0] + 1) % 5] = 1.0  # the true class gets probability 0: NLL = inf
+    np.savez(tmp_path / "p.npz", logits_val=probs, labels_val=labels, logits_test=probs, labels_test=labels)
+    cal = tmp_path / "ts"
+    code, out, err = _run(capsys, "fit", "--logits", tmp_path / "p.npz", "--method", "ts", "--out", cal, "--json")
+    assert code == 0, err
+    fit = _strict_json(out)  # used to contain `Infinity`
+    assert fit["inputs"] == "probabilities"
+    assert fit["reports"]["uncalibrated"]["nll"] is None and fit["reports"]["uncalibrated"]["non_finite"] == {"nll": "inf"}
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", tmp_path / "p.npz", "--json")
+    assert code == 0, err
+    applied = _strict_json(out)
+    assert applied["reports"]["uncalibrated"]["non_finite"] == {"nll": "inf"}
+    assert np.isfinite(applied["reports"]["temperature_scaling"]["nll"])  # log(0) is floored: finite after calibration
+    assert "non_finite" not in applied["reports"]["temperature_scaling"]
+
+
+def test_fit_and_apply_on_probabilities_match_logits(capsys, npz_file, synthetic, tmp_path):
+    """A probabilities file is detected: the same temperature and the same reports as its logits (to print precision)."""
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    np.savez(tmp_path / "p.npz", logits_val=probs[:300], labels_val=labels[:300], logits_test=probs[300:], labels_test=labels[300:])
+    results = {}
+    for name, source, extra in (("logits", npz_file, []), ("probs", tmp_path / "p.npz", []), ("forced", tmp_path / "p.npz", ["--probs"])):
+        code, out, err = _run(capsys, "fit", "--logits", source, "--method", "ts", "--out", tmp_path / name, *extra)
+        assert code == 0, err
+        results[name] = float(re.search(r"T = ([0-9.]+)", out).group(1))
+        code, out, err = _run(capsys, "apply", "--calibrator", tmp_path / name, "--logits", source, "--json", *extra)
+        assert code == 0, err
+        results[name + " ece"] = json.loads(out)["reports"]["temperature_scaling"]["ece"]
+    assert results["logits"] == results["probs"] == results["forced"]
+    # the logits file is float32 (calibrated in float32), the probabilities float64: equal to float32 rounding
+    assert results["logits ece"] == pytest.approx(results["probs ece"], abs=1e-6)
+    assert results["probs ece"] == results["forced ece"]
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "bad", "--probs")
+    assert code == 1 and "probabilities in [0, 1]" in err
+
+
+def test_apply_to_a_different_class_count_warns_once(capsys, npz_file, synthetic, tmp_path):
+    cal = tmp_path / "ts"
+    assert _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", cal)[0] == 0
+    logits, labels = synthetic
+    np.savez(tmp_path / "k6.npz", logits=np.concatenate([logits, logits[:, :1] - 1], axis=1), labels=labels)
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", tmp_path / "k6.npz")
+    assert code == 0
+    assert err.count("fitted on K = 5") == 1, err
+
+
+def test_push_offline_says_where_the_calibrator_is(capsys, npz_file, tmp_path):
+    import os
+
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    out_dir = tmp_path / "ts"
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir, "--push-to-hub", "me/ts")
+    assert code == 1 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "the Hugging Face Hub is unreachable (offline mode is on: HF_HUB_OFFLINE=1)" in err and f"saved in {out_dir}." in err
+    assert {p.name for p in out_dir.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+
+
+def test_push_dry_run_builds_the_upload_folder(capsys, npz_file, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    class NoNetwork:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a dry run must not create an HfApi client")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", NoNetwork)
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "ts",
+                          "--push-to-hub", "me/vit", "--path-in-repo", "calibrator", "--dry-run")
+    assert code == 0, err
+    folder = Path(re.search(r"are in (\S+)", out).group(1))
+    assert "https://huggingface.co/me/vit/tree/main/calibrator" in out and folder.name == "calibrator"
+    assert {p.name for p in folder.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+    assert (folder / "README.md").read_text() == (tmp_path / "ts" / "README.md").read_text()
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "x", "--dry-run")
+    assert code == 1 and "apply to --push-to-hub only" in err

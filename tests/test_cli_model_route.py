@@ -66,7 +66,7 @@ def test_fit_then_report_with_the_calibrator(capsys, root, tmp_path, monkeypatch
     cache = tmp_path / "cache"
     code, out, err = _run(capsys, "fit", *_model_args(root, "vit", "saved", cache), "--method", "ts", "--out", tmp_path / "ts")
     assert code == 0, err
-    assert f"on {root / 'vit'} on {root / 'saved'}[validation] (N = 61)" in out
+    assert f"on {root / 'vit'} on {root / 'saved'}[validation] (logits, N = 61)" in out
     val_logits, val_labels = _reference(root, "vit", "saved", "validation")
     want_t = TemperatureScaling().fit(torch.from_numpy(val_logits), torch.from_numpy(val_labels)).temperature(torch.from_numpy(val_logits))
     t = float(out.split("T = ")[1].split()[0])
@@ -117,7 +117,7 @@ def test_fit_on_the_timm_model_over_an_image_folder_pushes_beside_the_model(caps
     assert 'AutoModelForImageClassification.from_pretrained("me/tiny-timm")' in calls["card"]
     assert 'load_calibrator("me/tiny-timm", subfolder="calibrator")' in calls["card"]
     assert "calibrator.attach(model)" in calls["card"]
-    assert "pushed to https://huggingface.co/me/tiny-timm under calibrator/" in out
+    assert "pushed to https://huggingface.co/me/tiny-timm/tree/main/calibrator" in out
     # what was pushed is what a fit on the bare loop's logits gives (same seed)
     from hf_calibration import SMARTCalibrator, load_calibrator
 

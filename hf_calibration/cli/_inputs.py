@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._common import CLIError, add_option, calibrated_logits, load_calibrator, load_data, logits_options
+from ._common import CLIError, add_option, calibrated_logits, from_logits_of, load_calibrator, load_data, logits_options
 
 __all__ = ["Inputs", "add_input_options", "card_kwargs", "load_inputs"]
 
@@ -64,18 +64,19 @@ def load_inputs(args, default_split: str, apply_calibrator: bool = False) -> Inp
 
     ``default_split`` is the split read when ``--split`` is not given (``val`` also finds a dataset's
     ``validation``); a dataset with a single split uses it. With ``apply_calibrator`` and ``--calibrator DIR``
-    the logits returned are the calibrated ones (the calibrator is loaded first, so a bad folder fails fast).
+    the logits returned are the calibrated ones (the calibrator is loaded first, so a bad folder fails fast), and
+    ``args.from_logits`` becomes True: the input kind (``--probs``) described what the calibrator was given.
     """
     calibrator = None
     if apply_calibrator and getattr(args, "calibrator", None) is not None:
-        if getattr(args, "from_logits", None) is False:  # report --probs
-            raise CLIError("--calibrator takes logits; it cannot be combined with --probs.")
         calibrator = load_calibrator(args.calibrator)
     data = _load(args, default_split)
     if calibrator is None:
         return data
     kind = getattr(calibrator, "kind", type(calibrator).__name__)
-    return data._replace(logits=calibrated_logits(calibrator, data.logits), source=f"{data.source} + {kind}")
+    calibrated = calibrated_logits(calibrator, data.logits, from_logits_of(args, data.logits))
+    args.from_logits = True  # --probs / --from-logits described the input; what is returned now is logits
+    return data._replace(logits=calibrated, source=f"{data.source} + {kind}")
 
 
 def _load(args, default_split: str) -> Inputs:
@@ -111,15 +112,16 @@ def _load(args, default_split: str) -> Inputs:
     return Inputs(logits, labels, source, str(args.model), str(args.dataset), split)
 
 
-def card_kwargs(data: Inputs, push_to: str | None = None, saved_to: str | None = None) -> dict[str, str] | None:
+def card_kwargs(data: Inputs, push_to: str | None = None, saved_to: str | None = None, path_in_repo: str | None = "calibrator") -> dict[str, str] | None:
     """The calibrator card's model-route slots: what it was fitted on and how to load the model with it attached.
 
-    Pushed to ``push_to`` (under ``calibrator/``, beside the model): both load from that repo. Saved
+    Pushed to ``push_to`` (under ``path_in_repo``, beside the model): both load from that repo. Saved
     locally: the model from ``--model``, the calibrator from ``saved_to``. None on the logits route.
     """
     if data.model is None:
         return None
     fitted_on = f"logits of `{data.model}` on `{data.dataset}`" + (f" (split `{data.split}`)" if data.split else "")
     if push_to is not None:
-        return {"fitted_on": fitted_on, "model_repo": push_to, "calibrator_args": f'"{push_to}", subfolder="calibrator"'}
+        where = f'"{push_to}"' + (f', subfolder="{path_in_repo.strip("/")}"' if path_in_repo else "")
+        return {"fitted_on": fitted_on, "model_repo": push_to, "calibrator_args": where}
     return {"fitted_on": fitted_on, "model_repo": data.model, "calibrator_args": f'"{saved_to}"'}

@@ -3,36 +3,46 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ._common import (
     OBJECTIVES,
     CLIError,
+    add_input_kind_option,
     add_option,
     calibrated_logits,
+    dump_json,
+    from_logits_of,
     json_ready,
     method_kind,
+    new_folder,
     temperature_summary,
     to_tensor,
-    writable_dir,
 )
 from ._inputs import add_input_options, card_kwargs, load_inputs
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("fit", parents=[common], help="fit a calibrator (SMART or temperature scaling) on saved logits, or on a model's, and save it",
-                       description="Fit a post-hoc calibrator on held-out logits (a file, or a model run over a dataset), "
-                                   "save it with save_pretrained (safetensors + config.json + model card), optionally "
-                                   "push it to the Hub (beside the model, under calibrator/, on the model route).")
+                       description="Fit a post-hoc calibrator on held-out logits (or probabilities; a file, or a model run "
+                                   "over a dataset), save it with "
+                                   "save_pretrained (safetensors + config.json + model card), optionally push it to the Hub. "
+                                   "--out must be a new or empty folder (--overwrite replaces a calibrator saved there; "
+                                   "a model's folder is always refused: use its calibrator/ subfolder).")
     add_input_options(p, "which `logits_<split>` to fit on (default: plain `logits`, else `val`)")
+    add_input_kind_option(p)
     p.add_argument("--method", required=True, help="smart, or ts / temperature_scaling")
     p.add_argument("--objective", choices=OBJECTIVES, default=None,
                    help="fit objective (default: the method's own: NLL for ts, charbonnier_soft_ece for smart)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to save the calibrator in")
+    p.add_argument("--out", required=True, metavar="DIR", help="new folder to save the calibrator in")
+    p.add_argument("--overwrite", action="store_true", help="replace the calibrator already saved in --out")
     p.add_argument("--seed", type=int, default=None, help="seed of the fit (SMART's initialisation)")
-    add_option(p, "push_to_hub", metavar="REPO", default=None,
-               help="also push the calibrator to this Hub repo id (with --model: to REPO/calibrator, beside the model)")
+    add_option(p, "push_to_hub", metavar="REPO", default=None, help="also push the calibrator to this Hub repo id")
+    add_option(p, "path_in_repo", metavar="DIR", default=None,
+               help="with --push-to-hub: a subfolder of the repo (e.g. calibrator, beside the model; "
+                    "the default with --model)")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
+    add_option(p, "dry_run", action="store_true",
+               help="with --push-to-hub: build the exact folder and card that would be uploaded, upload nothing")
     p.add_argument("--json", action="store_true", help="print the fit-set reports as JSON")
     p.set_defaults(func=run)
 
@@ -42,33 +52,50 @@ def run(args) -> int:
     from ..metrics import calibration_report, format_reports
 
     kind = method_kind(args.method)
-    out = writable_dir(args.out, "--out")
-    data = load_inputs(args, default_split="val")
     if args.seed is not None and kind != "smart":
         raise CLIError("--seed applies to --method smart only (temperature scaling is deterministic).")
+    if not args.push_to_hub and (args.dry_run or args.path_in_repo or args.private):
+        raise CLIError("--dry-run, --path-in-repo and --private apply to --push-to-hub only.")
+    out = new_folder(args.out, "--out", args.overwrite)  # checked now, written only once the fit has succeeded
+    data = load_inputs(args, default_split="val")
+    if data.model is not None and args.push_to_hub and args.path_in_repo is None:
+        args.path_in_repo = "calibrator"  # the model route pushes beside the model
+    from_logits = from_logits_of(args, data.logits)
     calibrator = create_calibrator(kind, **({} if args.seed is None else {"seed": args.seed}))
     fit_kwargs = {} if args.objective is None else {"objective": args.objective}
-    calibrator.fit(to_tensor(data.logits), to_tensor(data.labels), progress_bar=not args.json, **fit_kwargs)
-    calibrator.save_pretrained(str(out), model_card_kwargs=card_kwargs(data, saved_to=str(out)))
-    after = calibrated_logits(calibrator, data.logits)
+    calibrator.fit(to_tensor(data.logits), to_tensor(data.labels), from_logits=from_logits, progress_bar=not args.json, **fit_kwargs)
+    calibrator.save_pretrained(out, overwrite=args.overwrite, model_card_kwargs=card_kwargs(data, saved_to=str(out)))
+    after = calibrated_logits(calibrator, data.logits, from_logits)
     reports = {
-        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins),
-        kind: calibration_report(after, data.labels, args.n_bins),
+        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
+        kind: calibration_report(after, data.labels, args.n_bins, from_logits=True),
     }
+    pushed = _push(calibrator, args, out, card_kwargs(data, push_to=args.push_to_hub, path_in_repo=args.path_in_repo)) if args.push_to_hub else None
     if args.json:
-        print(json.dumps({"source": data.source, "method": kind, "out": str(out),
-                          "reports": {k: json_ready(v) for k, v in reports.items()}}, indent=2))
-    else:
-        objective = (calibrator.fit_info_ or {}).get("objective", args.objective)
-        print(f"fitted {type(calibrator).__name__} ({objective}) on {data.source} (N = {data.logits.shape[0]}): "
-              f"{temperature_summary(calibrator, data.logits)}")
-        print(f"fit set (in-sample, {args.n_bins} bins):")
-        print(format_reports(reports))
-        print(f"saved to {out}")
-    if args.push_to_hub:
-        beside_model = {} if data.model is None else {
-            "path_in_repo": "calibrator", "model_card_kwargs": card_kwargs(data, push_to=args.push_to_hub)}
-        calibrator.push_to_hub(args.push_to_hub, private=args.private, **beside_model)
-        if not args.json:
-            print(f"pushed to https://huggingface.co/{args.push_to_hub}" + (" under calibrator/" if beside_model else ""))
+        print(dump_json({"source": data.source, "method": kind, "inputs": calibrator.fit_info_["input"], "out": str(out),
+                         **(pushed or {}), "reports": {k: json_ready(v) for k, v in reports.items()}}))
+        return 0
+    objective = calibrator.fit_info_["objective"]
+    what = "probabilities, as log(p)" if not from_logits else "logits"
+    print(f"fitted {type(calibrator).__name__} ({objective}) on {data.source} ({what}, N = {data.logits.shape[0]}): "
+          f"{temperature_summary(calibrator, data.logits, from_logits)}")
+    print(f"fit set (in-sample, {args.n_bins} bins):")
+    print(format_reports(reports))
+    print(f"saved to {out}")
+    if pushed:
+        print(f"dry run: nothing uploaded; the files for {pushed['repo_url']} are in {pushed['dry_run_folder']}"
+              if args.dry_run else f"pushed to {pushed['repo_url']}")
     return 0
+
+
+def _push(calibrator, args, out, card: dict | None) -> dict:
+    from ..hub import HubUnreachableError
+
+    repo_url = f"https://huggingface.co/{args.push_to_hub}" + (f"/tree/main/{args.path_in_repo.strip('/')}" if args.path_in_repo else "")
+    try:
+        result = calibrator.push_to_hub(args.push_to_hub, path_in_repo=args.path_in_repo, private=args.private or None,
+                                        dry_run=args.dry_run, model_card_kwargs=card)
+    except HubUnreachableError as err:
+        raise CLIError(f"the Hugging Face Hub is unreachable ({err.reason}): nothing was pushed to {args.push_to_hub}; "
+                       f"the calibrator is saved in {out}.") from None
+    return {"repo_url": repo_url, **({"dry_run_folder": result} if args.dry_run else {"commit_url": str(result)})}

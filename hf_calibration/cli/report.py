@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from ._common import add_option, json_ready, save_diagram, writable_file
+from ._common import add_input_kind_option, add_option, dump_json, json_ready, save_diagram, writable_file
 from ._inputs import add_input_options, load_inputs
 
 
@@ -16,11 +15,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                                    "papers print them).")
     add_input_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
     p.add_argument("--calibrator", metavar="DIR", help="apply this calibrator (folder written by `fit`) first")
-    kind = p.add_mutually_exclusive_group()
-    kind.add_argument("--probs", dest="from_logits", action="store_false", default=None,
-                      help="the file holds probabilities (default: detected: rows in [0, 1] summing to 1 within 1e-2)")
-    kind.add_argument("--from-logits", "--from_logits", dest="from_logits", action="store_true", default=None,
-                      help="the file holds logits, even if its rows look like probabilities")
+    add_input_kind_option(p)
     p.add_argument("--diagram", metavar="PNG", help="write a reliability diagram to this file")
     add_option(p, "margin_groups", type=int, default=None, metavar="G",
                help="with --diagram: one diagram per logit-margin group (G equal-count groups)")
@@ -39,7 +34,7 @@ def run(args) -> int:
                      from_logits=report.from_logits)
     inputs = "logits" if report.from_logits else "probabilities"
     if args.json:
-        print(json.dumps({"source": data.source, "n_bins": args.n_bins, "inputs": inputs, **json_ready(report)}, indent=2))
+        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": inputs, **json_ready(report)}))
     else:
         print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}, {inputs}")
         print(report)

@@ -144,7 +144,7 @@ def top_label(inputs: Inputs) -> TopLabel:
     # Logits: exp in float64 for float64 input, else in float32 with a float64 sum. Against the
     # all-float64 pass this moves a confidence by <= ~1e-7 (the size of float32 rounding of the
     # logits themselves) and makes the pass ~3x faster; small cache-resident chunks, one buffer.
-    work = np.float64 if preds.dtype == np.float64 else np.float32
+    work = np.float64 if preds.dtype.itemsize >= 8 else np.float32  # by size: big-endian float64 ('>f8') is float64 too
     step = max(1, _TOP_CHUNK_ELEMENTS // k)
     buf = np.empty((min(n, step), k), dtype=work) if from_logits else None
     # a difference z_k - z_max of finite logits can overflow to -inf (near the float limit): exp gives 0, as it should

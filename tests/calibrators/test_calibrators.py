@@ -100,6 +100,8 @@ def test_forward_before_fit_is_a_clear_error():
         cal = create_calibrator(name)
         with pytest.raises(NotFittedError, match="not fitted"):
             cal(torch.randn(3, 4))
+        with pytest.raises(ValueError, match="not fitted"):  # a ValueError, as scikit-learn's NotFittedError
+            cal.predict_proba(torch.randn(3, 4))
         with pytest.raises(NotFittedError):
             cal.temperature(torch.randn(3, 4))
         with pytest.raises(NotFittedError):
@@ -313,3 +315,76 @@ def test_fit_leaves_torch_thread_count_alone(threads):
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(old)
+
+
+def test_smart_on_saturated_logits_falls_back_to_temperature_scaling(caplog):
+    """Logits x 1e4 saturate the softmax: SMART's objective is flat, Adam never moves. It used to return the untrained
+    MLP (best_step 0, T < 1: sharper still); now it warns and uses the NLL temperature, as TS would."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import log_softmax
+
+    from hf_calibration.calibrators.temperature import T_MAX, T_MIN
+
+    z, y = overconfident(1000, 10, seed=1)
+    z = z * np.float32(1e4)
+    with caplog.at_level(logging.WARNING):
+        smart = SMARTCalibrator().fit(z, y, progress_bar=False)
+    assert "flat" in caplog.text and "temperature scaling" in caplog.text
+    assert smart.fit_info_["fallback"] == "temperature_scaling" and smart.fit_info_["best_step"] == 0
+    # independent: the NLL-optimal constant temperature (scipy, float64), in TS's range [0.05, 100]
+    z64 = z.astype(np.float64)
+    nll = lambda log_t: -log_softmax(z64 / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
+    t_ref = float(np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x))
+    temps = smart.temperature(z)
+    assert torch.equal(temps, temps[:1].expand_as(temps))  # one temperature for every margin
+    assert float(temps[0]) == pytest.approx(t_ref, rel=1e-4) and float(temps[0]) > 1
+    assert smart.fit_info_["temperature"] == pytest.approx(float(temps[0]), rel=1e-12)
+
+
+def test_smart_on_learnable_logits_does_not_fall_back(data, caplog):
+    z, y = data
+    with caplog.at_level(logging.WARNING):
+        smart = SMARTCalibrator(max_steps=300).fit(z, y, progress_bar=False)
+    assert "fallback" not in smart.fit_info_ and smart.fit_info_["best_step"] > 0 and "flat" not in caplog.text
+
+
+@pytest.mark.parametrize("seed", [-(2**63), 0, 2**64 - 1])
+def test_smart_accepts_torch_seed_range(seed):
+    assert SMARTCalibrator(seed=seed).seed == seed
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**70, -(2**63) - 1])
+def test_smart_seed_beyond_torch_range_is_a_clear_error(seed):
+    with pytest.raises(ValueError, match=r"argument `seed` to be an integer in \[-2\*\*63, 2\*\*64\)"):
+        SMARTCalibrator(seed=seed)
+
+
+@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("sigma", [1e-300, 1e-160, 1e200, 0.0, -1.0])
+def test_soft_bin_width_out_of_range_is_a_clear_error(name, data, sigma):
+    z, y = data
+    with pytest.raises(ValueError, match="argument `sigma`"):
+        make(name).fit(z, y, objective="soft_ece", sigma=sigma, progress_bar=False)
+
+
+def test_zero_margin_std_is_a_clear_error(data):
+    z, y = data
+    smart = SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False)
+    with torch.no_grad():
+        smart.margin_std.fill_(0.0)  # division by zero in the compiled kernel: a SystemError from numba's dispatcher
+    for call in (smart, smart.temperature, smart.predict_proba):
+        with pytest.raises(ValueError, match="margin_std"):
+            call(torch.from_numpy(z))
+
+
+def test_a_different_class_count_warns_once(data, caplog):
+    z, y = data
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    other = torch.from_numpy(np.concatenate([z, z[:, :2]], axis=1))  # K = 12
+    with caplog.at_level(logging.WARNING):
+        ts(other)
+        ts.temperature(other)
+        ts.predict_proba(other)
+    assert caplog.text.count("fitted on K = 10") == 1
+    # the map itself is still z / T
+    torch.testing.assert_close(ts(other.double()), other.double() / ts.fitted_temperature, rtol=1e-12, atol=0)
