@@ -12,6 +12,8 @@ HERE = Path(__file__).resolve().parent
 SECTIONS = [
     ("metrics_speed.md", "metrics_speed.py"),
     ("evaluate_overhead.md", "evaluate_overhead.py"),
+    ("accumulator.md", "accumulator.py"),
+    ("predict_logits.md", "predict_logits.py"),
     ("calibrators.md", "calibrators.py"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),

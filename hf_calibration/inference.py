@@ -168,8 +168,6 @@ def predict_logits(
     rank, world_size = distributed.rank_and_world_size()
 
     data = load_image_dataset(dataset, split, config_name=config_name, revision=dataset_revision)
-    if type(data).__name__ == "IterableDataset":
-        raise TypeError("Expected argument `dataset` to be a map-style dataset, but got a streaming IterableDataset.")
     image_column = find_image_column(data.features, image_column)
     label_column = find_label_column(data.features, label_column)
     if max_samples is not None and max_samples < len(data):

@@ -104,3 +104,28 @@ def test_the_three_local_sources(tmp_path):
         load_image_dataset(tmp_path / "file.txt")
     with pytest.raises(TypeError, match="`dataset`"):
         load_image_dataset(42)
+
+
+def test_a_hub_id_asks_for_the_split_names_then_loads_one_split(monkeypatch):
+    """The Hub path (offline here, so datasets' two entry points are stood in for): the split is resolved against
+    the names the Hub lists ("val" finds "validation") and only that split is loaded, with config and revision."""
+    calls = []
+    split_data = digits_dataset_dict()["validation"]
+
+    def split_names(name, config_name=None, **kwargs):
+        calls.append(("names", name, config_name, kwargs.get("revision")))
+        return ["train", "validation", "test"]
+
+    def load(name, config_name=None, *, split=None, revision=None, **kwargs):
+        calls.append(("load", name, config_name, split, revision))
+        return split_data
+
+    monkeypatch.setattr(datasets, "get_dataset_split_names", split_names)
+    monkeypatch.setattr(datasets, "load_dataset", load)
+    assert load_image_dataset("org/images", "val", config_name="small", revision="v1") is split_data
+    assert calls == [("names", "org/images", "small", "v1"), ("load", "org/images", "small", "validation", "v1")]
+    calls.clear()
+    load_image_dataset("org/images", default_split="test")
+    assert calls[-1] == ("load", "org/images", None, "test", None)
+    with pytest.raises(ValueError, match=r"got 'dev2'; it has \['test', 'train', 'validation'\]"):
+        load_image_dataset("org/images", "dev2")
