@@ -154,3 +154,23 @@ def test_bad_model_route_input_is_one_line(capsys, root, tmp_path):
     ):
         code, out, err = _run(capsys, *base, *extra)
         assert code == 1 and err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+def test_report_applies_a_calibrator_to_a_probability_file(capsys, root, tmp_path):
+    """report --calibrator on probabilities: log p = z - logsumexp(z), so temperature T gives softmax(z / T) again."""
+    logits, labels = _reference(root, "vit", "saved", "test")
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    np.savez(tmp_path / "probs.npz", logits=probs, labels=labels)
+    np.savez(tmp_path / "logits.npz", logits=logits, labels=labels)
+    assert _run(capsys, "fit", "--logits", tmp_path / "logits.npz", "--method", "ts", "--out", tmp_path / "ts")[0] == 0
+    from hf_calibration import load_calibrator
+
+    t = float(load_calibrator(tmp_path / "ts").temperature(torch.from_numpy(logits)).reshape(-1)[0])
+    want = calibration_report(logits / t, labels)
+    for flags in (["--probs"], []):  # given, or detected
+        code, out, err = _run(capsys, "report", "--logits", tmp_path / "probs.npz", *flags, "--calibrator", tmp_path / "ts", "--json")
+        assert code == 0, err
+        got = json.loads(out)
+        assert got["inputs"] == "logits" and got["source"].endswith("+ temperature_scaling")
+        for key in ("ece", "adaece", "nll", "brier"):
+            assert got[key] == pytest.approx(want[key], abs=1e-6), (flags, key)
