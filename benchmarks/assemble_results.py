@@ -15,6 +15,7 @@ SECTIONS = [
     ("accumulator.md", "accumulator.py"),
     ("predict_logits.md", "predict_logits.py"),
     ("calibrators.md", "calibrators.py"),
+    ("calibrator_comparison.md", "calibrators.py --part comparison"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),

@@ -28,7 +28,19 @@ _EXPORTS = {
         "MbLSLoss",
         "get_loss",
     ],
-    "calibrators": ["SMARTCalibrator", "TemperatureScaling", "create_calibrator", "list_calibrators", "load_calibrator"],
+    "calibrators": [
+        "AutoCalibrator",
+        "HistogramBinning",
+        "IsotonicRegression",
+        "OneVsRestIsotonicRegression",
+        "SMARTCalibrator",
+        "SplineCalibration",
+        "TemperatureScaling",
+        "compare_calibrators",
+        "create_calibrator",
+        "list_calibrators",
+        "load_calibrator",
+    ],
     "trainer": ["CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
     "inference": ["predict_logits"],
@@ -59,7 +71,19 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from . import metrics
-    from .calibrators import SMARTCalibrator, TemperatureScaling, create_calibrator, list_calibrators, load_calibrator
+    from .calibrators import (
+        AutoCalibrator,
+        HistogramBinning,
+        IsotonicRegression,
+        OneVsRestIsotonicRegression,
+        SMARTCalibrator,
+        SplineCalibration,
+        TemperatureScaling,
+        compare_calibrators,
+        create_calibrator,
+        list_calibrators,
+        load_calibrator,
+    )
     from .losses import (
         LOSS_MAPPING,
         CalibrationLoss,

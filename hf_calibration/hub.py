@@ -77,6 +77,11 @@ calibrator = load_calibrator("<this repo>")  # or load_calibrator("<model repo>"
 {% endif %}calibrator.attach(model)      # model(...).logits and pipeline scores are now calibrated
 calibrator.detach()           # back to the original model, bit for bit
 ```
+{% if selection %}
+## How this calibrator was chosen
+
+{{ selection }}
+{% endif %}
 """
 
 

@@ -174,3 +174,20 @@ def test_report_applies_a_calibrator_to_a_probability_file(capsys, root, tmp_pat
         assert got["inputs"] == "logits" and got["source"].endswith("+ temperature_scaling")
         for key in ("ece", "adaece", "nll", "brier"):
             assert got[key] == pytest.approx(want[key], abs=1e-6), (flags, key)
+
+
+def test_compare_on_a_model_and_a_dataset(capsys, root, tmp_path):
+    """compare --model/--dataset (default split: validation) gives the table compare_calibrators gives on the bare logits."""
+    from hf_calibration import compare_calibrators
+
+    code, out, err = _run(capsys, "compare", *_model_args(root, "vit", "folder", tmp_path / "cache"), "--methods", "ts",
+                          "--cv", "3", "--out", tmp_path / "diagrams", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["source"] == f"{root / 'vit'} on {root / 'folder'}[validation]"
+    logits, labels = _reference(root, "vit", "folder", "validation")
+    want = compare_calibrators(logits, labels, ["temperature_scaling"], cv=3, seed=0).to_dict()
+    for method in ("uncalibrated", "temperature_scaling"):
+        for metric in ("accuracy_change", "ece", "adaece", "nll"):
+            assert got["table"][method][metric]["mean"] == pytest.approx(want[method][metric]["mean"], abs=1e-5), (method, metric)
+    assert (tmp_path / "diagrams" / "reliability_temperature_scaling.png").is_file()

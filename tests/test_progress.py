@@ -25,8 +25,11 @@ def _fit(data, **kw):
     return SMARTCalibrator(**kw).fit(z, y)  # progress_bar defaults to True
 
 
-def test_a_short_fit_prints_nothing(capfd, data):
-    _fit(data, max_steps=300)  # well under a second: the bar's delay never elapses
+def test_a_short_fit_prints_nothing(capfd, monkeypatch, data):
+    # a fit shorter than the bar's delay (an hour here, so a slow or busy machine cannot make it elapse): the
+    # postfix updates of every step must not draw the bar before the delay, as they once did
+    monkeypatch.setattr(_progress, "DELAY_S", 3600.0)
+    _fit(data, max_steps=300)
     assert capfd.readouterr().err == ""
 
 

@@ -5,20 +5,31 @@ from ._base import Calibrator, NotFittedError
 from ._registry import create_calibrator, list_calibrators, register_calibrator
 from ._scaling import TemperatureCalibrator
 from .attach import attached_calibrator
+from .histogram import HistogramBinning
+from .isotonic import IsotonicRegression, OneVsRestIsotonicRegression
 from .objectives import OBJECTIVES, brier, charbonnier_soft_ece, nll, soft_ece
+from .selection import AutoCalibrator, CalibratorComparison, compare_calibrators
 from .smart import SMARTCalibrator, logit_margin
+from .spline import SplineCalibration
 from .temperature import TemperatureScaling
 
 __all__ = [
+    "AutoCalibrator",
     "Calibrator",
+    "CalibratorComparison",
+    "HistogramBinning",
+    "IsotonicRegression",
     "NotFittedError",
     "OBJECTIVES",
+    "OneVsRestIsotonicRegression",
     "SMARTCalibrator",
+    "SplineCalibration",
     "TemperatureCalibrator",
     "TemperatureScaling",
     "attached_calibrator",
     "brier",
     "charbonnier_soft_ece",
+    "compare_calibrators",
     "create_calibrator",
     "list_calibrators",
     "load_calibrator",

@@ -205,16 +205,9 @@ class Calibrator(
                 for the global off switches).
             **objective_options: ``n_bins``, ``sigma``, ``delta`` for the soft-binned objectives.
         """
-        objective = self.default_objective if objective is None else objective
-        get_objective(objective)
-        if objective not in self.objectives:
-            raise ValueError(f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but got {objective!r}.")
+        objective, kw = self._resolve_objective(objective, objective_options)
         if not isinstance(progress_bar, bool):
             raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
-        unknown = set(objective_options) - {"n_bins", "sigma", "delta"}
-        if unknown:
-            raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(unknown)}.")
-        kw = objective_kwargs(objective, **objective_options)
         z, y, is_logits = self._fit_inputs(logits, labels, from_logits)
         was_attached = self._attached_to
         self.fit_info_ = None
@@ -232,6 +225,18 @@ class Calibrator(
         if was_attached is not None:
             logger.info("Refitted while attached: the model now uses the new fit.")
         return self
+
+    def _resolve_objective(self, objective: str | None, objective_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The objective ``fit`` minimises (None: ``default_objective``) and its checked options. A subclass whose
+        method has no objective to choose overrides this (``_piecewise.PiecewiseCalibrator``)."""
+        objective = self.default_objective if objective is None else objective
+        get_objective(objective)
+        if objective not in self.objectives:
+            raise ValueError(f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but got {objective!r}.")
+        unknown = set(objective_options) - {"n_bins", "sigma", "delta"}
+        if unknown:
+            raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(unknown)}.")
+        return objective, objective_kwargs(objective, **objective_options)
 
     def _fit_set_report(self, z: np.ndarray, y: np.ndarray) -> dict[str, float]:
         from ..metrics.ece import ece

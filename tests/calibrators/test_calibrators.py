@@ -14,17 +14,20 @@ from transformers.trainer_utils import PredictionOutput
 from hf_calibration.calibrators import (
     NotFittedError,
     SMARTCalibrator,
+    TemperatureCalibrator,
     TemperatureScaling,
     create_calibrator,
     list_calibrators,
     register_calibrator,
 )
+from hf_calibration.calibrators._registry import get_calibrator_class
 
-FAST = {"smart": {"max_steps": 300}, "temperature_scaling": {}}
+# fewer steps for speed; 20 fit samples per bin so that per-class histogram binning has bins on 600 samples
+FAST = {"smart": {"max_steps": 300}, "histogram_binning": {"points_per_bin": 20}}
 
 
 def make(name, **kw):
-    return create_calibrator(name, **{**FAST[name], **kw})
+    return create_calibrator(name, **{**FAST.get(name, {}), **kw})
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,8 @@ def fitted(request, data):
 
 
 def test_registry():
-    assert list_calibrators() == ["smart", "temperature_scaling"]
+    assert list_calibrators() == sorted(list_calibrators())
+    assert {"histogram_binning", "isotonic", "isotonic_ovr", "smart", "spline", "temperature_scaling"} <= set(list_calibrators())
     assert isinstance(create_calibrator("smart"), SMARTCalibrator)
     assert isinstance(create_calibrator("temperature_scaling"), TemperatureScaling)
     with pytest.raises(ValueError, match="name"):
@@ -77,19 +81,22 @@ def test_forward_dtype_device_shape_and_argmax(fitted, data):
         out = fitted(zz)
         assert out.dtype == dtype and out.shape == zz.shape and out.device == zz.device
         assert torch.isfinite(out).all()
-        assert torch.equal(out.argmax(1), zz.argmax(1))
+        if fitted.preserves_argmax:
+            assert torch.equal(out.argmax(1), zz.argmax(1))
     proba = fitted.predict_proba(z)
     assert proba.dtype == torch.float32
     torch.testing.assert_close(proba.sum(1), torch.ones(len(z)), rtol=0, atol=1e-5)
-    # calibrated logits are z / T with the reported per-sample temperatures
-    temps = fitted.temperature(z.double())
-    assert temps.shape == (len(z),) and (temps > 0).all()
-    torch.testing.assert_close(fitted(z.double()), z.double() / temps[:, None], rtol=1e-12, atol=0)
+    if isinstance(fitted, TemperatureCalibrator):  # calibrated logits are z / T with the reported per-sample temperatures
+        temps = fitted.temperature(z.double())
+        assert temps.shape == (len(z),) and (temps > 0).all()
+        torch.testing.assert_close(fitted(z.double()), z.double() / temps[:, None], rtol=1e-12, atol=0)
     # numpy input works too
     assert torch.equal(fitted(z.numpy()), fitted(z))
 
 
 def test_accuracy_identical_on_random_logits(fitted):
+    if not fitted.preserves_argmax:
+        pytest.skip(f"{fitted.kind} may change the argmax by design")
     g = torch.Generator().manual_seed(1)
     z = torch.randn(2000, 10, generator=g) * 4
     assert torch.equal(fitted(z).argmax(1), z.argmax(1))
@@ -102,8 +109,9 @@ def test_forward_before_fit_is_a_clear_error():
             cal(torch.randn(3, 4))
         with pytest.raises(ValueError, match="not fitted"):  # a ValueError, as scikit-learn's NotFittedError
             cal.predict_proba(torch.randn(3, 4))
-        with pytest.raises(NotFittedError):
-            cal.temperature(torch.randn(3, 4))
+        if isinstance(cal, TemperatureCalibrator):
+            with pytest.raises(NotFittedError):
+                cal.temperature(torch.randn(3, 4))
         with pytest.raises(NotFittedError):
             cal.save_pretrained("unused")
         with pytest.raises(NotFittedError):
@@ -185,7 +193,8 @@ def test_all_samples_correct(name, caplog):
     with caplog.at_level(logging.WARNING):
         cal = make(name).fit(z, y, progress_bar=False)
     out = cal(torch.from_numpy(z))
-    assert torch.isfinite(out).all() and torch.equal(out.argmax(1), torch.from_numpy(z).argmax(1))
+    assert torch.isfinite(out).all()
+    assert torch.equal(out.argmax(1), torch.from_numpy(z).argmax(1)) or not cal.preserves_argmax
     # nothing is ever wrong, so the calibrated model should be (at least) as confident as before
     assert cal.predict_proba(z).max(1).values.mean() >= torch.softmax(torch.from_numpy(z), 1).max(1).values.mean() - 1e-6
     if name == "temperature_scaling":  # NLL keeps sharpening: T stops at its documented lower bound
@@ -202,8 +211,9 @@ def test_tied_top_two_logits(name, data):
     zt = torch.from_numpy(z)
     out = cal(zt)
     assert torch.isfinite(out).all()
-    assert torch.equal(out.argmax(1), zt.argmax(1))
-    assert (cal.temperature(zt) > 0).all()
+    assert torch.equal(out.argmax(1), zt.argmax(1)) or not cal.preserves_argmax
+    if isinstance(cal, TemperatureCalibrator):
+        assert (cal.temperature(zt) > 0).all()
 
 
 @pytest.mark.parametrize("name", list_calibrators())
@@ -216,7 +226,7 @@ def test_huge_logits(name, data):
         out = cal(zt)
         assert out.dtype == dtype and torch.isfinite(out).all()
         assert not torch.isnan(cal.predict_proba(zt)).any()
-        assert torch.equal(out.argmax(1), zt.argmax(1))
+        assert torch.equal(out.argmax(1), zt.argmax(1)) or not cal.preserves_argmax
 
 
 def test_fp16_overflow_is_shifted_not_inf():
@@ -359,7 +369,7 @@ def test_smart_seed_beyond_torch_range_is_a_clear_error(seed):
         SMARTCalibrator(seed=seed)
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", [n for n in list_calibrators() if "soft_ece" in get_calibrator_class(n).objectives])
 @pytest.mark.parametrize("sigma", [1e-300, 1e-160, 1e200, 0.0, -1.0])
 def test_soft_bin_width_out_of_range_is_a_clear_error(name, data, sigma):
     z, y = data
