@@ -231,8 +231,8 @@ def calibrated_logits(calibrator, logits, from_logits: bool = True):
         return calibrator(to_tensor(logits), from_logits=from_logits).detach().cpu().numpy()
 
 
-def logits_options(p: argparse.ArgumentParser, split_help: str) -> None:
-    p.add_argument("--logits", required=True, metavar="FILE",
+def logits_options(p: argparse.ArgumentParser, split_help: str, required: bool = True) -> None:
+    p.add_argument("--logits", required=required, metavar="FILE",
                    help="logits file: .npz / .pt / .safetensors with `logits`,`labels` (or `logits_<split>`, "
                         "`labels_<split>`), or a .npy of logits with --labels")
     p.add_argument("--labels", metavar="FILE", help="labels file (.npy) when --logits is a bare .npy array")
