@@ -89,7 +89,7 @@ def _labels(data, column: str, model: nn.Module) -> np.ndarray:
 
 def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, *, batch_size: int, device: torch.device,
          num_workers: int, progress: bool, num_labels: int) -> torch.Tensor:
-    from tqdm.auto import tqdm
+    from ._progress import progress_iter
 
     loader = torch.utils.data.DataLoader(
         data.select_columns([column]),
@@ -102,7 +102,7 @@ def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, 
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     out: list[torch.Tensor] = []
     with torch.inference_mode():
-        for pixel_values in tqdm(loader, desc="logits", unit="batch", disable=not progress, dynamic_ncols=True):
+        for pixel_values in progress_iter(loader, desc="logits", enabled=progress, unit="batch", dynamic_ncols=True):
             logits = model(pixel_values=pixel_values.to(device, dtype=dtype, non_blocking=True)).logits
             out.append(logits.float().cpu())
     return torch.cat(out) if out else torch.empty((0, num_labels), dtype=torch.float32)
