@@ -12,6 +12,8 @@ HERE = Path(__file__).resolve().parent
 SECTIONS = [
     ("metrics_speed.md", "metrics_speed.py"),
     ("evaluate_overhead.md", "evaluate_overhead.py"),
+    ("accumulator.md", "accumulator.py"),
+    ("predict_logits.md", "predict_logits.py"),
     ("calibrators.md", "calibrators.py"),
     ("calibrator_comparison.md", "calibrators.py --part comparison"),
     ("losses.md", "losses.py"),

@@ -33,6 +33,13 @@ def progress_bar(*, total: int, desc: str, enabled: bool = True):
     return tqdm(total=total, desc=desc, disable=not enabled or bars_disabled(), delay=DELAY_S, leave=True, name=GROUP)
 
 
+def progress_iter(iterable, *, desc: str, enabled: bool = True, **kwargs):
+    """``iterable`` wrapped in the package's bar (same group, delay and off switches as ``progress_bar``)."""
+    from huggingface_hub.utils import tqdm
+
+    return tqdm(iterable, desc=desc, disable=not enabled or bars_disabled(), delay=DELAY_S, name=GROUP, **kwargs)
+
+
 def finish(bar, done: int) -> None:
     """Make ``done`` the bar's total, so that it closes at 100 % when early stopping ends a fit before its step
     budget (tqdm's ``close`` draws the final state, and only for a bar that was shown)."""

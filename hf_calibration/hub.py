@@ -59,6 +59,8 @@ A post-hoc calibrator for an image classifier, saved with the `hf_calibration` l
 | ECE before (fit set, 15 bins) | {{ ece_before }} |
 | ECE after (fit set, 15 bins) | {{ ece_after }} |
 | checkpoint format | {{ format_version }} |
+{% if fitted_on %}| fitted on | {{ fitted_on }} |
+{% endif %}
 
 ECE is measured on the data the calibrator was fitted on; report held-out numbers for a fair picture.
 
@@ -68,9 +70,11 @@ ECE is measured on the data the calibrator was fitted on; report held-out number
 from transformers import AutoModelForImageClassification, pipeline
 from hf_calibration.calibrators import load_calibrator
 
-model = AutoModelForImageClassification.from_pretrained("<model repo>")
+{% if model_repo %}model = AutoModelForImageClassification.from_pretrained("{{ model_repo }}")
+calibrator = load_calibrator({{ calibrator_args }})
+{% else %}model = AutoModelForImageClassification.from_pretrained("<model repo>")
 calibrator = load_calibrator("<this repo>")  # or load_calibrator("<model repo>", subfolder="calibrator")
-calibrator.attach(model)      # model(...).logits and pipeline scores are now calibrated
+{% endif %}calibrator.attach(model)      # model(...).logits and pipeline scores are now calibrated
 calibrator.detach()           # back to the original model, bit for bit
 ```
 {% if selection %}

@@ -480,6 +480,18 @@ def test_apply_outputs_never_replace_inputs_or_existing_files(capsys, npz_file, 
         assert saved["logits"].shape == (300, 5)
 
 
+def test_report_diagram_never_replaces_an_existing_file(capsys, npz_file, tmp_path):
+    taken = tmp_path / "taken.png"
+    taken.write_bytes(b"someone's picture")
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", taken)
+    assert code == 1 and "exists; pass --overwrite" in err and taken.read_bytes() == b"someone's picture"
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", npz_file, "--overwrite")
+    assert code == 1 and "input files" in err  # its own input: refused even with --overwrite
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", taken, "--overwrite")
+    assert code == 0, err
+    assert taken.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_apply_prints_the_file_it_wrote(capsys, npz_file, tmp_path):
     cal = tmp_path / "ts"
     assert _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", cal)[0] == 0

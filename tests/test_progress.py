@@ -70,3 +70,13 @@ def test_progress_bar_false_prints_nothing(capfd, monkeypatch, data):
     z, y = data
     SMARTCalibrator(max_steps=50).fit(z, y, progress_bar=False)
     assert capfd.readouterr().err == ""
+
+
+def test_iterator_bars_follow_the_same_switches(capfd, monkeypatch):
+    # the bars over batches and epochs (predict_logits, MaC-Cal) go through progress_iter
+    monkeypatch.setattr(_progress, "DELAY_S", 0.0)
+    assert list(_progress.progress_iter(range(3), desc="work")) == [0, 1, 2]
+    assert "work: 100%" in capfd.readouterr().err
+    monkeypatch.setenv("HF_CALIBRATION_DISABLE_PROGRESS_BARS", "1")
+    assert list(_progress.progress_iter(range(3), desc="work")) == [0, 1, 2]
+    assert capfd.readouterr().err == ""

@@ -112,14 +112,6 @@ def new_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=()) -> 
     return path
 
 
-def writable_file(path: str | os.PathLike, what: str) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        raise CLIError(f"{what} {path} is a folder; give a file name (e.g. {path / 'reliability.png'}).")
-    writable_dir(path.parent if str(path.parent) else ".", f"the folder of {what}")
-    return path
-
-
 def load_data(args, default_split: str):
     from ..logits_io import load_logits
 
@@ -138,6 +130,7 @@ def save_diagram(
 
     fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
                               title=title, from_logits=from_logits)
+    path.parent.mkdir(parents=True, exist_ok=True)  # new_file checked that it can be created
     fig.savefig(path, dpi=120)
 
 
@@ -231,8 +224,8 @@ def calibrated_logits(calibrator, logits, from_logits: bool = True):
         return calibrator(to_tensor(logits), from_logits=from_logits).detach().cpu().numpy()
 
 
-def logits_options(p: argparse.ArgumentParser, split_help: str) -> None:
-    p.add_argument("--logits", required=True, metavar="FILE",
+def logits_options(p: argparse.ArgumentParser, split_help: str, required: bool = True) -> None:
+    p.add_argument("--logits", required=required, metavar="FILE",
                    help="logits file: .npz / .pt / .safetensors with `logits`,`labels` (or `logits_<split>`, "
                         "`labels_<split>`), or a .npy of logits with --labels")
     p.add_argument("--labels", metavar="FILE", help="labels file (.npy) when --logits is a bare .npy array")

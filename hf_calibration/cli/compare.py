@@ -14,13 +14,12 @@ from ._common import (
     add_option,
     dump_json,
     from_logits_of,
-    load_data,
-    logits_options,
     method_kind,
     new_file,
     save_diagram,
     writable_dir,
 )
+from ._inputs import add_input_options, load_inputs
 
 SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")  # as hf_calibration.calibrators.selection
 
@@ -60,7 +59,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                                    "and score it on the held-out fold (accuracy change, ECE, AdaECE, smCE, NLL, Brier, "
                                    "fit time; mean ± std over folds). Only the given split is used. Writes one "
                                    "reliability diagram per method from its held-out (out-of-fold) predictions.")
-    logits_options(p, "which `logits_<split>` is the calibration set (default: plain `logits`, else `val`)")
+    add_input_options(p, "which `logits_<split>` is the calibration set (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
     p.add_argument("--methods", metavar="A,B,...", help="calibrators to compare (default: every registered one)")
     add_selection_options(p)
@@ -81,7 +80,7 @@ def run(args) -> int:
     names = [UNCALIBRATED] + (list_calibrators() if methods == "all" else methods)
     # checked before the long part: never replaces a file without --overwrite
     paths = {name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits]) for name in names}
-    data = load_data(args, default_split="val")
+    data = load_inputs(args, default_split="val")
     table = compare_calibrators(data.logits, data.labels, methods, cv=args.cv, seed=args.seed, fit_seeds=args.fit_seeds,
                                 n_bins=args.n_bins, from_logits=from_logits_of(args, data.logits), keep_predictions=True,
                                 progress_bar=not args.json)

@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 from torch.nn import functional as F
-from tqdm.auto import tqdm
 
 from .._checks import IGNORE_INDEX, check_int
+from .._progress import progress_iter
 from ..features import capture_features, find_classifier_head
 from .config import MaCCalConfig
 from .head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
@@ -116,7 +116,7 @@ def _batches_features(model, loader, head: str | None, progress: bool, desc: str
     device = _model_device(model)
     accepted = _forward_keys(model)
     with capture_features(model, head) as cap:
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        for batch in progress_iter(loader, desc=desc, enabled=progress, leave=False):
             labels = _labels_of(batch).to(device)
             with torch.no_grad():  # not around the yield: the consumer trains the head with grad enabled
                 _forward(model, batch, device, accepted)
@@ -251,7 +251,7 @@ def train_masked_head(
             loss_optimizer = MaskedSGD(loss_params, lr=config.lr, momentum=config.momentum)
     rho, history = config.rho0, []
     head.train()
-    bar = tqdm(range(config.epochs), desc="MaC-Cal: head epochs", disable=not config.progress, leave=False)
+    bar = progress_iter(range(config.epochs), desc="MaC-Cal: head epochs", enabled=config.progress, leave=False)
     try:
         for epoch in bar:
             masks = head.draw_masks(rho, generator, rescale=config.rescale)

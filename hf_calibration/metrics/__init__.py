@@ -1,5 +1,6 @@
 """Calibration metrics: functions over logits (or probabilities) and integer labels."""
 
+from .accumulator import CalibrationAccumulator
 from .adaptive import adaece
 from .ece import ECESplit, classwise_ece, ece, ece_split, mce
 from .ood import ood_metrics, ood_metrics_from_scores, ood_scores
@@ -10,6 +11,7 @@ from .selective import RiskCoverage, aurc, eaurc, risk_coverage_curve, risk_cove
 from .smooth import smce, smece
 
 __all__ = [
+    "CalibrationAccumulator",
     "CalibrationReport",
     "ECESplit",
     "ReliabilityTable",
