@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from ._common import CLIError, add_option, load_calibrator, method_kind, writable_dir
+from ._inputs import add_input_options
 
 
 def _severities(text: str) -> list[int]:
@@ -47,10 +48,9 @@ def _corruptions(text: str) -> list[str]:
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("shift", parents=[common], help="calibration under corruptions (CIFAR-10-C / ImageNet-C) and on OOD data",
                        description="Accuracy, ECE, AdaECE, smCE and NLL of a model by corruption x severity, uncalibrated and "
-                                   "with each calibrator fitted on clean data; OOD AUROC / AUPR / FPR95 with --ood-dataset.")
-    p.add_argument("--model", required=True, metavar="M", help="model folder or Hub id")
-    p.add_argument("--dataset", required=True, metavar="D", help="Hub dataset id, save_to_disk folder or image folder")
-    p.add_argument("--split", default="test", help="the clean test split, corrupted (default test)")
+                                   "with each calibrator fitted on clean data; OOD AUROC / AUPR / FPR95 with --ood-dataset. "
+                                   "Needs --model and --dataset (images to corrupt), not --logits.")  # fmt: skip
+    add_input_options(p, "the clean test split, corrupted (default test)")
     add_option(p, "val_split", default="val", help="the clean split calibrators are fitted on (default val / validation)")
     p.add_argument("--calibrator", nargs="+", default=["ts", "smart"], metavar="C",
                    help="method names (ts, smart, ...: fitted on --val-split) or calibrator folders (default: ts smart)")
@@ -58,18 +58,9 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                    help="all (19), benchmark (the 15, default), extra (4), or comma-separated names")
     p.add_argument("--severities", type=_severities, default=[1, 2, 3, 4, 5], metavar="S", help="1-5 (default) or e.g. 1,3,5")
     add_option(p, "ood_dataset", metavar="D2", help="an out-of-distribution dataset: adds the OOD table")
-    add_option(p, "ood_split", default=None, help="its split (default: its only or test split)")
+    add_option(p, "ood_split", default=None, help="its split (default: its only split, else test)")
     p.add_argument("--seed", type=int, default=0, help="corruption seed (default 0)")
     p.add_argument("--preset", choices=["cifar", "imagenet"], default=None, help="parameter table (default: by image size)")
-    p.add_argument("--config", metavar="C", help="the Hub dataset's configuration name")
-    add_option(p, "max_samples", type=int, default=None, metavar="N", help="use only the first N rows of each split")
-    add_option(p, "batch_size", type=int, default=64, metavar="B", help="images per forward pass (default 64)")
-    add_option(p, "image_column", default=None, metavar="X", help="image column (default: the one datasets.Image column)")
-    add_option(p, "label_column", default=None, metavar="Y", help="label column (default: the ClassLabel column)")
-    p.add_argument("--device", default=None, help="cuda, mps, cpu (default: the best available)")
-    add_option(p, "cache_dir", default=None, metavar="DIR", help="logits cache (default $HF_HOME/hf_calibration/logits)")
-    add_option(p, "no_cache", action="store_true", help="neither read nor write the logits cache")
-    add_option(p, "n_bins", type=int, default=15, help="ECE / AdaECE bins (default 15)")
     p.add_argument("--out", metavar="DIR", help="write shift_report.json, shift_report.txt and ece_vs_severity.png here")
     p.add_argument("--json", action="store_true", help="print the report as JSON (fractions)")
     p.set_defaults(func=run)
@@ -80,6 +71,10 @@ def run(args) -> int:
     from ..shift import BENCHMARK_CORRUPTIONS
     from ..shift.model import model_shift_report
 
+    if args.logits is not None or args.labels is not None:
+        raise CLIError("shift corrupts images: give --model M and --dataset D, not --logits.")
+    if args.model is None or args.dataset is None:
+        raise CLIError(f"missing {'--dataset' if args.model is not None else '--model'}")
     out = writable_dir(args.out, "--out") if args.out else None
     calibrators = []
     for item in args.calibrator:
@@ -92,12 +87,13 @@ def run(args) -> int:
         if value is not None and value < 1:
             raise CLIError(f"{flag} must be at least 1, but got {value}.")
     report = model_shift_report(
-        args.model, args.dataset, split=args.split, val_split=args.val_split, calibrators=calibrators,
+        args.model, args.dataset, split=args.split or "test", val_split=args.val_split, calibrators=calibrators,
         corruptions=args.corruptions or BENCHMARK_CORRUPTIONS, severities=args.severities,
         ood_dataset=args.ood_dataset, ood_split=args.ood_split, seed=args.seed, preset=args.preset,
         cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()), n_bins=args.n_bins,
         batch_size=args.batch_size, image_column=args.image_column, label_column=args.label_column,
-        max_samples=args.max_samples, device=args.device, config_name=args.config,
+        max_samples=args.max_samples, device=args.device, config_name=args.config, revision=args.revision,
+        num_workers=args.num_workers,
     )  # fmt: skip
     print(report.to_json() if args.json else report.table())
     if out is not None:

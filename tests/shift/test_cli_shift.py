@@ -74,6 +74,7 @@ def test_unknown_method_and_missing_split(capsys, root, tmp_path):
     assert main([*base, "--calibrator", "platt"]) == 1 and "unknown --method 'platt'" in capsys.readouterr().err
     assert main([*base, "--val-split", "train", "--corruptions", "fog", "--severities", "1"]) == 1
     assert "train" in capsys.readouterr().err
+    assert main(["shift", "--logits", str(tmp_path / "z.npz")]) == 1 and "not --logits" in capsys.readouterr().err
 
 
 def test_ood_dataset_without_labels(root, tmp_path):
