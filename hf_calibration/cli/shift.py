@@ -6,7 +6,7 @@
 Each ``--calibrator`` is a method name (``ts``, ``smart``, ...: fitted on the clean ``--val-split``) or a folder
 written by ``hf-calibration fit`` / ``save_pretrained`` (used as it is). Prints the table of
 :class:`hf_calibration.shift.ShiftReport`; ``--out DIR`` also writes ``shift_report.json``, ``shift_report.txt``
-and ``ece_vs_severity.png``. Logits go through the logits cache, one entry per corruption × severity.
+and ``ece_vs_severity.png`` (an existing one only with ``--overwrite``). Logits go through the logits cache, one entry per corruption × severity.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, add_option, load_calibrator, method_kind, writable_dir
+from ._common import CLIError, add_option, load_calibrator, method_kind, new_file, writable_dir
 from ._inputs import add_input_options
+
+
+OUTPUTS = ("shift_report.json", "shift_report.txt", "ece_vs_severity.png")  # what --out DIR receives
 
 
 def _severities(text: str) -> list[int]:
@@ -62,6 +65,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="corruption seed (default 0)")
     p.add_argument("--preset", choices=["cifar", "imagenet"], default=None, help="parameter table (default: by image size)")
     p.add_argument("--out", metavar="DIR", help="write shift_report.json, shift_report.txt and ece_vs_severity.png here")
+    p.add_argument("--overwrite", action="store_true", help="replace those files where they exist")
     p.add_argument("--json", action="store_true", help="print the report as JSON (fractions)")
     p.set_defaults(func=run)
 
@@ -75,7 +79,10 @@ def run(args) -> int:
         raise CLIError("shift corrupts images: give --model M and --dataset D, not --logits.")
     if args.model is None or args.dataset is None:
         raise CLIError(f"missing {'--dataset' if args.model is not None else '--model'}")
-    out = writable_dir(args.out, "--out") if args.out else None
+    outputs = None
+    if args.out:  # checked before any model runs: the files are new, or --overwrite replaces them
+        folder = writable_dir(args.out, "--out")
+        outputs = [new_file(folder / name, "--out file", args.overwrite) for name in OUTPUTS]
     calibrators = []
     for item in args.calibrator:
         if Path(item).is_dir():
@@ -96,10 +103,11 @@ def run(args) -> int:
         num_workers=args.num_workers,
     )  # fmt: skip
     print(report.to_json() if args.json else report.table())
-    if out is not None:
-        report.to_json(str(out / "shift_report.json"))
-        (out / "shift_report.txt").write_text(report.table(full=True) + "\n")
-        report.plot("ece").savefig(out / "ece_vs_severity.png", dpi=120)
+    if outputs is not None:
+        json_path, text_path, plot_path = outputs
+        report.to_json(str(json_path))
+        text_path.write_text(report.table(full=True) + "\n")
+        report.plot("ece").savefig(plot_path, dpi=120)
         if not args.json:
-            print(f"written: {out / 'shift_report.json'}, {out / 'shift_report.txt'}, {out / 'ece_vs_severity.png'}")
+            print(f"written: {', '.join(map(str, outputs))}")
     return 0

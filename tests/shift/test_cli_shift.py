@@ -57,9 +57,13 @@ def test_shift_command_equals_shift_report_on_a_bare_loop(capsys, root, tmp_path
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ece_vs_severity.png", "shift_report.json", "shift_report.txt"]
     # one cache entry per clean split and per corruption x severity: 2 + 4
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == 6
-    # a second run reads them all from the cache and prints the same report
-    assert main([str(a) for a in argv]) == 0
+    # the outputs are never replaced silently; a second run with --overwrite reads every logit from the cache
+    before = (tmp_path / "out" / "shift_report.json").read_text()
+    assert main([str(a) for a in argv]) == 1 and "--overwrite" in capsys.readouterr().err
+    assert (tmp_path / "out" / "shift_report.json").read_text() == before
+    assert main([str(a) for a in [*argv, "--overwrite"]]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == got["rows"]
+    assert len(list((tmp_path / "cache").rglob("*.npz"))) == 6
 
 
 @pytest.mark.parametrize("flag, value, message", [("--severities", "0-3", "severities"), ("--corruptions", "rain", "unknown corruption")])
