@@ -85,6 +85,7 @@ def model_shift_report(
         **predict_kwargs: ``batch_size``, ``image_column``, ``label_column``, ``max_samples``, ``device``,
             ``num_workers``, ``config_name``, ``revision``... passed to ``predict_logits``.
     """
+    from ..data import load_image_dataset
     from ..inference import _best_device, predict_logits
     from ..model_loading import load_image_classifier
 
@@ -98,17 +99,20 @@ def model_shift_report(
         logger.info("shift_report: logits of %s", what)
         return predict_logits(model, data, proc, split=data_split, cache_dir=cache_dir, **{**predict_kwargs, **kwargs})
 
-    val = run(dataset if val_dataset is None else val_dataset, val_split, what="the calibration split")
-    test = run(dataset, split, what="the test split")
+    config = predict_kwargs.pop("config_name", None)  # each split is loaded once, then passed on as a Dataset
+    val_data = load_image_dataset(dataset if val_dataset is None else val_dataset, val_split, config_name=config)
+    test_data = load_image_dataset(dataset, split, config_name=config)
+    val = run(val_data, None, what="the calibration split")
+    test = run(test_data, None, what="the test split")
     shifted = {}
     for name in corruptions:
         for severity in severities:
             proc = CorruptingProcessor(processor, name, severity, seed=seed, preset=preset)
-            shifted[(name, severity)] = run(dataset, split, proc, what=f"{name} at severity {severity}")
+            shifted[(name, severity)] = run(test_data, None, proc, what=f"{name} at severity {severity}")
     ood = None
     if ood_dataset is not None:
         data = _ood_dataset(ood_dataset, ood_split)  # its own columns: the image / label column options are the test set's
-        ood, _ = run(data, None, what="the OOD dataset", image_column=None, label_column=None, config_name=None)
+        ood, _ = run(data, None, what="the OOD dataset", image_column=None, label_column=None)
     return shift_report(val, test, shifted, calibrators=calibrators, ood_logits=ood, n_bins=n_bins)
 
 
