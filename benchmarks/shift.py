@@ -57,6 +57,8 @@ def _decode(args):
 def prepare(npz: str, cache: Path, seed: int = 0, n_val: int = 5000) -> None:
     from multiprocessing import Pool
 
+    if not Path(npz).is_file():
+        raise SystemExit(f"no CIFAR-10 file at {npz}: pass --npz (an npz with blob / offsets / labels / split, as described in this script)")
     data = np.load(npz)
     blob, offsets, labels, split = data["blob"], data["offsets"], data["labels"], data["split"]
     chunks = np.array_split(np.arange(len(labels)), 32)
