@@ -20,6 +20,7 @@ SECTIONS = [
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),
     ("bad_inputs.md", "bad_inputs.py"),
+    ("shift.md", "shift.py"),
 ]
 
 HEADER = """# Benchmark results

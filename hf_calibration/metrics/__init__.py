@@ -3,9 +3,11 @@
 from .accumulator import CalibrationAccumulator
 from .adaptive import adaece
 from .ece import ECESplit, classwise_ece, ece, ece_split, mce
+from .ood import ood_metrics, ood_metrics_from_scores, ood_scores
 from .reliability import ReliabilityTable, reliability_diagram, reliability_table
 from .report import CalibrationReport, calibration_report, format_reports
 from .scores import brier, nll
+from .selective import RiskCoverage, aurc, eaurc, risk_coverage_curve, risk_coverage_plot
 from .smooth import smce, smece
 
 __all__ = [
@@ -13,17 +15,25 @@ __all__ = [
     "CalibrationReport",
     "ECESplit",
     "ReliabilityTable",
+    "RiskCoverage",
     "adaece",
+    "aurc",
     "brier",
     "calibration_report",
     "classwise_ece",
     "ece",
+    "eaurc",
     "ece_split",
     "format_reports",
     "mce",
     "nll",
+    "ood_metrics",
+    "ood_metrics_from_scores",
+    "ood_scores",
     "reliability_diagram",
     "reliability_table",
+    "risk_coverage_curve",
+    "risk_coverage_plot",
     "smce",
     "smece",
 ]

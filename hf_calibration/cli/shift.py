@@ -1,0 +1,113 @@
+"""``hf-calibration shift``: calibration of a model under the Hendrycks & Dietterich corruptions (and on OOD data).
+
+    hf-calibration shift --model M --dataset D --split test [--calibrator C ...] [--corruptions all]
+                         [--severities 1-5] [--ood-dataset D2] [--out DIR] [--json]
+
+Each ``--calibrator`` is a method name (``ts``, ``smart``, ...: fitted on the clean ``--val-split``) or a folder
+written by ``hf-calibration fit`` / ``save_pretrained`` (used as it is). Prints the table of
+:class:`hf_calibration.shift.ShiftReport`; ``--out DIR`` also writes ``shift_report.json``, ``shift_report.txt``
+and ``ece_vs_severity.png`` (an existing one only with ``--overwrite``). Logits go through the logits cache, one entry per corruption × severity.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import CLIError, add_option, load_calibrator, method_kind, new_file, writable_dir
+from ._inputs import add_input_options
+
+
+OUTPUTS = ("shift_report.json", "shift_report.txt", "ece_vs_severity.png")  # what --out DIR receives
+
+
+def _severities(text: str) -> list[int]:
+    try:
+        if "-" in text:
+            lo, hi = (int(v) for v in text.split("-", 1))
+            values = list(range(lo, hi + 1))
+        else:
+            values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected severities like 1-5 or 1,3,5, got {text!r}") from None
+    if not values or any(v < 1 or v > 5 for v in values):
+        raise argparse.ArgumentTypeError(f"severities are integers in 1-5, got {text!r}")
+    return values
+
+
+def _corruptions(text: str) -> list[str]:
+    from ..shift import BENCHMARK_CORRUPTIONS, CORRUPTIONS, EXTRA_CORRUPTIONS
+
+    named = {"all": CORRUPTIONS, "benchmark": BENCHMARK_CORRUPTIONS, "extra": EXTRA_CORRUPTIONS}
+    if text in named:
+        return list(named[text])
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in values if v not in CORRUPTIONS]
+    if unknown or not values:
+        raise argparse.ArgumentTypeError(f"unknown corruption(s) {unknown or text!r}; use all, benchmark, extra or names from: {', '.join(CORRUPTIONS)}")
+    return values
+
+
+def add_parser(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("shift", parents=[common], help="calibration under corruptions (CIFAR-10-C / ImageNet-C) and on OOD data",
+                       description="Accuracy, ECE, AdaECE, smCE and NLL of a model by corruption x severity, uncalibrated and "
+                                   "with each calibrator fitted on clean data; OOD AUROC / AUPR / FPR95 with --ood-dataset. "
+                                   "Needs --model and --dataset (images to corrupt), not --logits.")  # fmt: skip
+    add_input_options(p, "the clean test split, corrupted (default test)")
+    add_option(p, "val_split", default="val", help="the clean split calibrators are fitted on (default val / validation)")
+    p.add_argument("--calibrator", nargs="+", default=["ts", "smart"], metavar="C",
+                   help="method names (ts, smart, ...: fitted on --val-split) or calibrator folders (default: ts smart)")
+    p.add_argument("--corruptions", type=_corruptions, default=None, metavar="LIST",
+                   help="all (19), benchmark (the 15, default), extra (4), or comma-separated names")
+    p.add_argument("--severities", type=_severities, default=[1, 2, 3, 4, 5], metavar="S", help="1-5 (default) or e.g. 1,3,5")
+    add_option(p, "ood_dataset", metavar="D2", help="an out-of-distribution dataset: adds the OOD table")
+    add_option(p, "ood_split", default=None, help="its split (default: its only split, else test)")
+    p.add_argument("--seed", type=int, default=0, help="corruption seed (default 0)")
+    p.add_argument("--preset", choices=["cifar", "imagenet"], default=None, help="parameter table (default: by image size)")
+    p.add_argument("--out", metavar="DIR", help="write shift_report.json, shift_report.txt and ece_vs_severity.png here")
+    p.add_argument("--overwrite", action="store_true", help="replace those files where they exist")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (fractions)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..logits_cache import default_cache_dir
+    from ..shift import BENCHMARK_CORRUPTIONS
+    from ..shift.model import model_shift_report
+
+    if args.logits is not None or args.labels is not None:
+        raise CLIError("shift corrupts images: give --model M and --dataset D, not --logits.")
+    if args.model is None or args.dataset is None:
+        raise CLIError(f"missing {'--dataset' if args.model is not None else '--model'}")
+    outputs = None
+    if args.out:  # checked before any model runs: the files are new, or --overwrite replaces them
+        folder = writable_dir(args.out, "--out")
+        outputs = [new_file(folder / name, "--out file", args.overwrite) for name in OUTPUTS]
+    calibrators = []
+    for item in args.calibrator:
+        if Path(item).is_dir():
+            calibrators.append(load_calibrator(item))
+        else:
+            method_kind(item)  # a clear error for an unknown name
+            calibrators.append(item.lower())
+    for value, flag in ((args.max_samples, "--max-samples"), (args.batch_size, "--batch-size"), (args.n_bins, "--n-bins")):
+        if value is not None and value < 1:
+            raise CLIError(f"{flag} must be at least 1, but got {value}.")
+    report = model_shift_report(
+        args.model, args.dataset, split=args.split or "test", val_split=args.val_split, calibrators=calibrators,
+        corruptions=args.corruptions or BENCHMARK_CORRUPTIONS, severities=args.severities,
+        ood_dataset=args.ood_dataset, ood_split=args.ood_split, seed=args.seed, preset=args.preset,
+        cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()), n_bins=args.n_bins,
+        batch_size=args.batch_size, image_column=args.image_column, label_column=args.label_column,
+        max_samples=args.max_samples, device=args.device, config_name=args.config, revision=args.revision,
+        num_workers=args.num_workers,
+    )  # fmt: skip
+    print(report.to_json() if args.json else report.table())
+    if outputs is not None:
+        json_path, text_path, plot_path = outputs
+        report.to_json(str(json_path))
+        text_path.write_text(report.table(full=True) + "\n")
+        report.plot("ece").savefig(plot_path, dpi=120)
+        if not args.json:
+            print(f"written: {', '.join(map(str, outputs))}")
+    return 0

@@ -1,0 +1,25 @@
+"""Calibration under distribution shift: the Hendrycks & Dietterich (2019) corruptions and the shift report.
+
+``corrupt(image, name, severity, seed=0)`` applies one corruption with the published CIFAR-10-C (32 px) or
+ImageNet-C (224 px) parameters; ``corruption_transform`` does it on the fly for a ``datasets.Dataset``.
+The corruption functions need the ``shift`` extra (``pip install "hf-calibration[shift]"``: OpenCV,
+scikit-image and the ``imagecorruptions`` package's frost textures); they are imported on first use.
+"""
+
+from .parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, EXTRA_CORRUPTIONS, IMAGENET_C
+from .report import ShiftReport, shift_report
+from .transform import CORRUPTIONS, SEVERITIES, corrupt, corruption_transform, preset_for_size
+
+__all__ = [
+    "BENCHMARK_CORRUPTIONS",
+    "CIFAR_C",
+    "CORRUPTIONS",
+    "EXTRA_CORRUPTIONS",
+    "IMAGENET_C",
+    "SEVERITIES",
+    "ShiftReport",
+    "corrupt",
+    "corruption_transform",
+    "preset_for_size",
+    "shift_report",
+]

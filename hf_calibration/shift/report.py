@@ -1,0 +1,263 @@
+"""``shift_report``: does a calibrator fitted on clean data keep its advantage under corruption and on OOD inputs?
+
+The functional core takes logits: the clean calibration set (to fit the calibrators), the clean test set,
+the test set under each (corruption, severity), and optionally OOD logits. Every calibrator is fitted once,
+on the clean calibration logits only, then applied to every shifted set: the setting of SMART's ImageNet-C
+rows (Guo et al. 2026, Table 1) and of Ovadia et al. (2019, "Can you trust your model's uncertainty?").
+The model route (a model and a dataset in, logits out, corruptions applied on the fly and cached) is a thin
+adapter over this function.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._checks import check_choice, check_classification_shapes, looks_like_probabilities, to_numpy
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("accuracy", "ece", "adaece", "smce", "nll")
+_PERCENT = {"accuracy", "ece", "adaece", "smce", "auroc", "aupr_in", "aupr_out", "fpr95"}
+UNCALIBRATED = "uncalibrated"
+CLEAN = "clean"
+_ALIASES = {"ts": "temperature_scaling", "temperature": "temperature_scaling"}
+
+
+def _pair(value: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"Expected `{name}` to be a (logits, labels) pair, but got {type(value).__name__}.")
+    logits, labels = to_numpy(value[0], f"{name}[0]"), to_numpy(value[1], f"{name}[1]")
+    check_classification_shapes(logits, labels, f"{name} logits", f"{name} labels")
+    if looks_like_probabilities(logits):
+        raise ValueError(f"Expected `{name}` to hold logits, but its rows are probability vectors: calibrators and the energy score need logits.")
+    return logits, labels
+
+
+def _fit_calibrators(calibrators: Sequence[Any], val: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
+    from ..calibrators import Calibrator, create_calibrator, list_calibrators
+
+    fitted: dict[str, Any] = {}
+    for item in calibrators:
+        if isinstance(item, str):
+            kind = _ALIASES.get(item.lower(), item.lower())
+            if kind not in list_calibrators():
+                raise ValueError(f"Expected each of `calibrators` to be one of {['ts', *list_calibrators()]} or a Calibrator, but got {item!r}.")
+            name, calibrator = item, create_calibrator(kind).fit(*val, progress_bar=False)
+        elif isinstance(item, Calibrator):
+            name = getattr(item, "kind", type(item).__name__)
+            calibrator = item if item.is_fitted else item.fit(*val, progress_bar=False)
+        else:
+            raise TypeError(f"Expected each of `calibrators` to be a name or a Calibrator, but got {type(item).__name__}.")
+        if name in fitted or name == UNCALIBRATED:
+            raise ValueError(f"Expected distinct calibrators, but {name!r} appears twice.")
+        fitted[name] = calibrator
+    return fitted
+
+
+def _apply(calibrator: Any, logits: np.ndarray) -> np.ndarray:
+    import torch
+
+    if calibrator is None:
+        return logits
+    with torch.no_grad():
+        return calibrator(torch.from_numpy(np.ascontiguousarray(logits))).numpy()
+
+
+def _normalised(logits: np.ndarray) -> bool:
+    """Rows that are log-probabilities already (logsumexp = 0 within 1e-6)."""
+    top = logits.max(axis=1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+    return bool(np.abs(lse).max() < 1e-6)
+
+
+def _metrics(logits: np.ndarray, labels: np.ndarray, n_bins: int) -> dict[str, float]:
+    from ..metrics import calibration_report
+
+    report = calibration_report(logits, labels, n_bins, from_logits=True)
+    return {key: float(report[key]) for key in METRICS}
+
+
+@dataclass
+class ShiftReport:
+    """Calibration by method × corruption × severity (``rows``; ``corruption="clean"``, ``severity=0`` for the
+    clean test set) and OOD detection by method × OOD set × score (``ood``). Values are fractions (NLL in nats).
+    The energy score of a calibrator that returns log-probabilities (histogram binning, isotonic, spline...) is
+    the same for every input; its OOD values are None ("-" in the table).
+
+    ``str(report)`` prints the clean table, the mean over corruptions at each severity, and the OOD table;
+    ``report.table(full=True)`` adds every corruption × severity row; ``report.plot()`` draws a metric against
+    severity, one line per method.
+    """
+
+    rows: list[dict[str, Any]]
+    ood: list[dict[str, Any]] = field(default_factory=list)
+    methods: list[str] = field(default_factory=list)
+    n_bins: int = 15
+
+    def severity_means(self, metric: str = "ece") -> dict[str, list[float]]:
+        """``{method: [clean, mean over corruptions at severity 1, ..., 5]}`` (only severities present)."""
+        check_choice(metric, "metric", METRICS)
+        out: dict[str, list[float]] = {}
+        for method in self.methods:
+            values = []
+            for severity in self.severities:
+                cell = [r[metric] for r in self.rows if r["method"] == method and r["severity"] == severity]
+                values.append(float(np.mean(cell)))
+            out[method] = values
+        return out
+
+    @property
+    def severities(self) -> list[int]:
+        return sorted({r["severity"] for r in self.rows})
+
+    @property
+    def corruptions(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for r in self.rows:
+            if r["corruption"] != CLEAN:
+                seen.setdefault(r["corruption"], None)
+        return list(seen)
+
+    def table(self, full: bool = False) -> str:
+        """The report as text, percentages with two decimals (NLL as a number), one block per metric set."""
+        lines = [f"Calibration under shift ({self.n_bins} bins; calibrators fitted on clean data; % except NLL)", ""]
+        header = ["method", "corruption", "severity", *METRICS]
+        body = []
+        for r in self.rows:
+            if full or r["corruption"] == CLEAN:
+                body.append([r["method"], r["corruption"], str(r["severity"]), *(_fmt(m, r[m]) for m in METRICS)])
+        for severity in self.severities[1:] if self.severities and self.severities[0] == 0 else self.severities:
+            for method in self.methods:
+                cells = [r for r in self.rows if r["method"] == method and r["severity"] == severity]
+                if cells:
+                    body.append([method, f"mean of {len(cells)}", str(severity), *(_fmt(m, np.mean([c[m] for c in cells])) for m in METRICS)])
+        lines += _grid(header, body)
+        if self.ood:
+            lines += ["", "OOD detection (in-distribution = clean test set, positive; %)"]
+            keys = ["auroc", "aupr_in", "aupr_out", "fpr95"]
+            body = [[o["method"], o["ood"], o["score"], *(_fmt(k, o[k]) for k in keys)] for o in self.ood]
+            lines += _grid(["method", "ood set", "score", *keys], body)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_bins": self.n_bins, "methods": list(self.methods), "rows": list(self.rows), "ood": list(self.ood)}
+
+    def to_json(self, path: str | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=1)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def plot(self, metric: str = "ece") -> Figure:
+        """``metric`` (mean over corruptions) against severity, 0 = clean, one line per method (matplotlib)."""
+        from matplotlib.figure import Figure
+
+        means = self.severity_means(metric)
+        fig = Figure(figsize=(4.8, 3.6), layout="constrained")
+        ax = fig.add_subplot()
+        scale = 100 if metric in _PERCENT else 1
+        for method, values in means.items():
+            ax.plot(self.severities, [scale * v for v in values], marker="o", label=method)
+        label = {"accuracy": "accuracy", "ece": "ECE", "adaece": "AdaECE", "smce": "smCE", "nll": "NLL"}[metric]
+        ax.set(xlabel="severity (0 = clean)", ylabel=label + (" (%)" if scale == 100 else ""), xticks=self.severities,
+               title=f"{label}, mean of {len(self.corruptions)} corruptions")
+        ax.legend(fontsize="small")
+        return fig
+
+
+def _fmt(metric: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.2f}" if metric in _PERCENT else f"{value:.4f}"
+
+
+def _grid(header: list[str], body: list[list[str]]) -> list[str]:
+    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
+    fmt = lambda row: "  ".join(c.ljust(w) if not c[:1].isdigit() else c.rjust(w) for c, w in zip(map(str, row), widths))  # noqa: E731
+    return [fmt(header), "-" * (sum(widths) + 2 * (len(widths) - 1)), *(fmt(r) for r in body)]
+
+
+def shift_report(
+    val: tuple[Any, Any],
+    test: tuple[Any, Any],
+    shifted: Mapping[tuple[str, int], tuple[Any, Any]],
+    *,
+    calibrators: Sequence[Any] = ("ts", "smart"),
+    ood_logits: Any = None,
+    ood_scores: Sequence[str] = ("msp", "energy"),
+    n_bins: int = 15,
+) -> ShiftReport:
+    """Accuracy, ECE, AdaECE, smCE and NLL of the uncalibrated model and of each calibrator (fitted on
+    ``val`` only), on the clean test set and on every shifted set; OOD AUROC / AUPR / FPR95 when
+    ``ood_logits`` is given.
+
+    Args:
+        val: ``(logits, labels)`` of the clean calibration set; each calibrator is fitted on it once.
+        test: ``(logits, labels)`` of the clean test set (also the in-distribution side of the OOD table).
+        shifted: ``{(corruption, severity): (logits, labels)}``, e.g. the test set under each corruption.
+        calibrators: registered names (``"ts"``, ``"smart"``, ...; see ``list_calibrators()``) or ``Calibrator``
+            instances (fitted ones are used as they are).
+        ood_logits: ``(N_ood, K)`` logits on out-of-distribution inputs, a mapping ``{name: logits}`` of several
+            OOD sets, or None.
+        ood_scores: scores of :func:`hf_calibration.metrics.ood_metrics` for the OOD table.
+        n_bins: bins of ECE / AdaECE.
+
+    Inputs are logits (calibrators act on logits). Returns a :class:`ShiftReport`.
+    """
+    from ..metrics import ood_metrics
+
+    val, test = _pair(val, "val"), _pair(test, "test")
+    if not isinstance(shifted, Mapping):
+        raise TypeError(f"Expected `shifted` to be a mapping {{(corruption, severity): (logits, labels)}}, but got {type(shifted).__name__}.")
+    sets = {(CLEAN, 0): test}
+    for key, value in shifted.items():
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str) and isinstance(key[1], (int, np.integer))):
+            raise TypeError(f"Expected the keys of `shifted` to be (corruption, severity) pairs, but got {key!r}.")
+        sets[(key[0], int(key[1]))] = _pair(value, f"shifted[{key!r}]")
+    k = val[0].shape[1]
+    for key, (z, _) in sets.items():
+        if z.shape[1] != k:
+            raise ValueError(f"Expected every set to have K = {k} classes (as `val`), but {key} has {z.shape[1]}.")
+    if ood_logits is None:
+        ood_sets = {}
+    elif isinstance(ood_logits, Mapping):
+        ood_sets = {str(name): to_numpy(z, f"ood_logits[{name!r}]") for name, z in ood_logits.items()}
+    else:
+        ood_sets = {"ood": to_numpy(ood_logits, "ood_logits")}
+    for name, z in ood_sets.items():
+        if z.ndim != 2 or z.shape[1] != k:
+            raise ValueError(f"Expected `ood_logits` ({name}) to have shape (N, {k}), but got {tuple(z.shape)}.")
+    for score in ood_scores:
+        check_choice(score, "ood_scores", ("msp", "max_logit", "energy"))
+
+    methods = {UNCALIBRATED: None, **_fit_calibrators(calibrators, val)}
+    rows, ood = [], []
+    for method, calibrator in methods.items():
+        for (corruption, severity), (z, y) in sets.items():  # clean first, then in the order given
+            rows.append({"method": method, "corruption": corruption, "severity": severity, **_metrics(_apply(calibrator, z), y, n_bins)})
+        z_in = _apply(calibrator, test[0]) if ood_sets else None
+        # top-label / piecewise calibrators return log-probabilities: logsumexp = 0 for every input, no energy score
+        log_probs = z_in is not None and calibrator is not None and _normalised(z_in)
+        for name, z in ood_sets.items():
+            z_out = _apply(calibrator, z)
+            for score in ood_scores:
+                if score == "energy" and log_probs:
+                    values = dict.fromkeys(("auroc", "aupr_in", "aupr_out", "fpr95"))
+                else:
+                    values = ood_metrics(z_in, z_out, score, from_logits=True)
+                ood.append({"method": method, "ood": name, "score": score, **values})
+        logger.info("shift_report: %s done", method)
+    return ShiftReport(rows=rows, ood=ood, methods=list(methods), n_bins=n_bins)

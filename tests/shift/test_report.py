@@ -1,0 +1,126 @@
+"""shift_report against the metric functions applied by hand to logits calibrated by hand (fit on val only)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hf_calibration.calibrators import TemperatureScaling
+from hf_calibration.metrics import adaece, ece, nll, ood_metrics, smce
+from hf_calibration.shift import shift_report
+
+
+def make(rng, n, scale, noise, k=5):
+    y = rng.integers(0, k, n)
+    z = rng.normal(0, 1, (n, k))
+    z[np.arange(n), y] += 2.5
+    return z * scale + rng.normal(0, noise, (n, k)), y
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    val, test = make(rng, 600, 2.0, 0.0), make(rng, 500, 2.0, 0.0)
+    shifted = {(name, s): make(rng, 300, 2.0, 0.6 * s) for name in ("noise", "blur") for s in (1, 3)}
+    ood = rng.normal(0, 1.5, (200, 5))
+    return val, test, shifted, ood
+
+
+@pytest.fixture(scope="module")
+def report(data):
+    val, test, shifted, ood = data
+    return shift_report(val, test, shifted, calibrators=["ts"], ood_logits={"noise": ood, "half": ood[:100]},
+                        ood_scores=("msp", "energy", "max_logit"))  # fmt: skip
+
+
+def test_rows_equal_the_metrics_of_logits_calibrated_on_val_only(data, report):
+    val, test, shifted, _ = data
+    ts = TemperatureScaling().fit(*val, progress_bar=False)
+    assert report.methods == ["uncalibrated", "ts"]
+    sets = {("clean", 0): test, **shifted}
+    assert len(report.rows) == 2 * len(sets)
+    for row in report.rows:
+        z, y = sets[(row["corruption"], row["severity"])]
+        if row["method"] == "ts":
+            z = ts(torch.from_numpy(z)).numpy()
+        expected = {"accuracy": float((z.argmax(1) == y).mean()), "ece": ece(z, y), "adaece": adaece(z, y), "smce": smce(z, y), "nll": nll(z, y)}
+        for key, value in expected.items():
+            assert row[key] == pytest.approx(value, abs=1e-12), (row["method"], row["corruption"], key)
+
+
+def test_ood_rows(data, report):
+    val, test, _, ood = data
+    ts = TemperatureScaling().fit(*val, progress_bar=False)
+    for row in report.ood:
+        z_in, z_out = test[0], ood if row["ood"] == "noise" else ood[:100]
+        if row["method"] == "ts":
+            z_in, z_out = ts(torch.from_numpy(z_in)).numpy(), ts(torch.from_numpy(z_out)).numpy()
+        expected = ood_metrics(z_in, z_out, row["score"])
+        assert {k: row[k] for k in expected} == pytest.approx(expected, abs=1e-12)
+    assert len(report.ood) == 2 * 2 * 3
+    assert {(r["method"], r["score"]) for r in report.ood} == {(m, s) for m in ("uncalibrated", "ts") for s in ("msp", "energy", "max_logit")}
+    single = shift_report(val, test, {}, calibrators=[], ood_logits=ood)  # one unnamed OOD set
+    assert [r["ood"] for r in single.ood] == ["ood", "ood"] and single.ood[0]["auroc"] == report.ood[0]["auroc"]
+
+
+def test_severity_means_plot_table_and_json(report, tmp_path):
+    means = report.severity_means("ece")
+    assert report.severities == [0, 1, 3] and report.corruptions == ["noise", "blur"]
+    for method in report.methods:
+        by_hand = [np.mean([r["ece"] for r in report.rows if r["method"] == method and r["severity"] == s]) for s in (0, 1, 3)]
+        assert means[method] == pytest.approx(by_hand, abs=1e-15)
+    fig = report.plot("ece")
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["uncalibrated", "ts"]
+    np.testing.assert_allclose(lines[1].get_ydata(), 100 * np.array(means["ts"]))
+    fig.savefig(tmp_path / "ece.png")
+    text = report.table(full=True)
+    assert "mean of 2" in text and "noise" in text and "OOD detection" in text
+    assert f"{100 * means['ts'][0]:.2f}" in str(report)
+    assert json.loads(report.to_json(str(tmp_path / "r.json"))) == json.loads((tmp_path / "r.json").read_text())
+
+
+def test_a_fitted_calibrator_is_used_as_it_is(data):
+    val, test, shifted, _ = data
+    ts = TemperatureScaling().fit(val[0][:100], val[1][:100], progress_bar=False)
+    t = float(ts.temperature(torch.zeros(1, 5)))
+    report = shift_report(val, test, {}, calibrators=[ts])
+    assert report.methods == ["uncalibrated", "temperature_scaling"] and float(ts.temperature(torch.zeros(1, 5))) == t
+    z = ts(torch.from_numpy(test[0])).numpy()
+    assert report.rows[-1]["ece"] == pytest.approx(ece(z, test[1]), abs=1e-12)
+
+
+def test_bad_input(data):
+    val, test, shifted, _ = data
+    with pytest.raises(TypeError, match="`val`"):
+        shift_report(val[0], test, shifted)
+    with pytest.raises(ValueError, match="hold logits"):
+        shift_report(val, (np.full((4, 5), 0.2), np.zeros(4, dtype=int)), shifted)
+    with pytest.raises(TypeError, match="keys of `shifted`"):
+        shift_report(val, test, {"noise": test})
+    with pytest.raises(ValueError, match="K = 5"):
+        shift_report(val, test, {("noise", 1): (test[0][:, :4], test[1] % 4)})
+    with pytest.raises(ValueError, match="`calibrators`"):
+        shift_report(val, test, shifted, calibrators=["platt"])
+    with pytest.raises(ValueError, match="twice"):
+        shift_report(val, test, shifted, calibrators=["ts", "ts"])
+    with pytest.raises(ValueError, match="`ood_logits`"):
+        shift_report(val, test, shifted, calibrators=[], ood_logits=np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="`ood_scores`"):
+        shift_report(val, test, shifted, calibrators=[], ood_logits=np.zeros((3, 5)), ood_scores=("odin",))
+
+
+def test_energy_is_not_scored_for_calibrators_that_return_log_probabilities(data):
+    from hf_calibration.calibrators import list_calibrators
+
+    if "isotonic" not in list_calibrators():
+        pytest.skip("no top-label calibrator registered")
+    val, test, _, ood = data
+    report = shift_report(val, test, {}, calibrators=["isotonic", "ts"], ood_logits=ood)
+    rows = {(r["method"], r["score"]): r for r in report.ood}
+    assert rows[("isotonic", "energy")]["auroc"] is None and rows[("ts", "energy")]["auroc"] is not None
+    assert rows[("isotonic", "msp")]["auroc"] is not None and rows[("uncalibrated", "energy")]["auroc"] is not None
+    assert " - " in report.table()
