@@ -26,7 +26,19 @@ _EXPORTS = {
         "MbLSLoss",
         "get_loss",
     ],
-    "calibrators": ["SMARTCalibrator", "TemperatureScaling", "create_calibrator", "list_calibrators", "load_calibrator"],
+    "calibrators": [
+        "ClassBasedTemperatureScaling",
+        "DirichletCalibration",
+        "EnsembleTemperatureScaling",
+        "MatrixScaling",
+        "ParameterizedTemperatureScaling",
+        "SMARTCalibrator",
+        "TemperatureScaling",
+        "VectorScaling",
+        "create_calibrator",
+        "list_calibrators",
+        "load_calibrator",
+    ],
     "trainer": ["CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "maccal_stage"],
     "masked_head": ["MaskedBottleneckHead", "load_maccal_model"],
@@ -52,7 +64,19 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from . import metrics
-    from .calibrators import SMARTCalibrator, TemperatureScaling, create_calibrator, list_calibrators, load_calibrator
+    from .calibrators import (
+        ClassBasedTemperatureScaling,
+        DirichletCalibration,
+        EnsembleTemperatureScaling,
+        MatrixScaling,
+        ParameterizedTemperatureScaling,
+        SMARTCalibrator,
+        TemperatureScaling,
+        VectorScaling,
+        create_calibrator,
+        list_calibrators,
+        load_calibrator,
+    )
     from .losses import (
         LOSS_MAPPING,
         CalibrationLoss,

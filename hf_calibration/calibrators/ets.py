@@ -1,0 +1,173 @@
+"""Ensemble temperature scaling (ETS; Zhang, Kailkhura, Han 2020, "Mix-n-Match", Sec. 3.1, Eq. 4).
+
+The calibrated distribution is a mixture of three: the temperature-scaled softmax, the model's own softmax and
+the uniform distribution,
+
+    p(z) = w_1 softmax(z / T) + w_2 softmax(z) + w_3 / K,        w on the simplex (w_i >= 0, sum w = 1),
+
+4 parameters. As in the paper's code, T is fitted first (temperature scaling under the fit objective), then the
+weights for that T. The paper fits both by the mean squared error (the Brier score up to the factor K, so the
+same minimiser): ``objective="brier"`` is the default, ``"nll"`` the alternative. Every component ranks the
+classes as the logits do and the weights are non-negative, so the predicted class never changes.
+
+Both fits use full-batch float64 LBFGS: over ``t = log T`` on the exact softmax, then over the weights
+``w = softmax(v)``, whose objective needs only five numbers per sample (``p_y`` and ``sum_k p_k^2`` of both
+softmaxes and their overlap ``sum_k p_k q_k``), gathered in one pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._checks import check_int
+from ._base import Calibrator
+from ._lbfgs import minimize
+from ._partition import scaled_nll
+from ._registry import register_calibrator
+from ._threads import torch_single_threaded
+from .temperature import T_MAX, T_MIN
+
+LOG_T_RANGE = (math.log(T_MIN), math.log(T_MAX))  # the fitted temperature stays in [0.05, 100], as temperature scaling's
+
+
+class _ScaledNLL(torch.autograd.Function):
+    """Mean NLL of ``softmax(beta z)`` for a scalar ``beta``, exact, from one compiled pass (``scaled_nll``)."""
+
+    @staticmethod
+    def forward(ctx, beta, logits, labels):
+        value, slope = scaled_nll(logits, labels, float(beta))
+        ctx.slope = slope
+        return torch.tensor(value, dtype=torch.float64)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output * ctx.slope, None, None
+
+
+def _temperature_objective(logits: np.ndarray, labels: np.ndarray, objective: str):
+    """``t -> objective of softmax(z / exp(t))`` (t clamped to the temperature range), exact, differentiable."""
+    if objective == "nll":
+        z, y = np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64)
+        return lambda t: _ScaledNLL.apply(torch.exp(-t.clamp(*LOG_T_RANGE))[0], z, y)
+    z = torch.from_numpy(logits).double()
+    rows, y = torch.arange(z.shape[0]), torch.from_numpy(labels).long()
+
+    def brier(t: torch.Tensor) -> torch.Tensor:
+        log_p = torch.log_softmax(z * torch.exp(-t.clamp(*LOG_T_RANGE)), dim=1)
+        return (torch.exp(2 * log_p).sum(1) - 2 * torch.exp(log_p[rows, y]) + 1).mean()
+
+    return brier
+
+
+def _mixture_statistics(logits: np.ndarray, labels: np.ndarray, temperature: float, need_squares: bool) -> dict[str, torch.Tensor]:
+    """Per sample: ``p_y``, ``q_y`` of ``p = softmax(z / T)``, ``q = softmax(z)``; with ``need_squares`` also
+    ``sum p^2``, ``sum q^2``, ``sum p q`` (what the Brier score of the mixture needs)."""
+    z = torch.from_numpy(logits).double()
+    rows, y = torch.arange(z.shape[0]), torch.from_numpy(labels).long()
+    p = torch.softmax(z / temperature, dim=1)
+    q = torch.softmax(z, dim=1)
+    stats = {"p_y": p[rows, y], "q_y": q[rows, y]}
+    if need_squares:
+        stats.update(pp=(p * p).sum(1), qq=(q * q).sum(1), pq=(p * q).sum(1))
+    return stats
+
+
+def _weight_objective(stats: dict[str, torch.Tensor], k: int, objective: str):
+    """``v -> objective of the mixture`` with weights ``w = softmax(v)`` (Eq. 4 with T fixed)."""
+    p_y, q_y = stats["p_y"], stats["q_y"]
+    if objective == "nll":
+        return lambda v: -torch.log(_mix(torch.softmax(v, 0), p_y, q_y, k)).mean()
+    pp, qq, pq = stats["pp"], stats["qq"], stats["pq"]
+
+    def brier(v: torch.Tensor) -> torch.Tensor:
+        w1, w2, w3 = torch.softmax(v, 0)
+        # sum_k (w1 p_k + w2 q_k + w3 / K)^2, using sum_k p_k = sum_k q_k = 1
+        square = w1 * w1 * pp + w2 * w2 * qq + 2 * w1 * w2 * pq + (2 * w3 * (w1 + w2) + w3 * w3) / k
+        return (square - 2 * _mix((w1, w2, w3), p_y, q_y, k) + 1).mean()
+
+    return brier
+
+
+def _mix(w, p, q, k):
+    return w[0] * p + w[1] * q + w[2] / k
+
+
+@register_calibrator
+class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling", "temperature-scaling"], paper_url="https://arxiv.org/abs/2003.07329"):
+    """ETS: ``w1 softmax(z / T) + w2 softmax(z) + w3 / K`` (4 parameters), fitted by the Brier score (the paper's MSE).
+
+    Returns log-probabilities (the log of that mixture), so ``softmax`` of the output is the calibrated
+    distribution and ``attach`` and pipelines work as for any calibrator. The predicted class never changes.
+    Needs at least ``min_samples = 10`` labelled samples.
+
+    Args:
+        max_iter: LBFGS iterations at most, for each of the two fits.
+
+    Example:
+        >>> import torch
+        >>> from hf_calibration.calibrators import EnsembleTemperatureScaling
+        >>> g = torch.Generator().manual_seed(0)
+        >>> labels = torch.randint(0, 5, (500,), generator=g)
+        >>> logits = 3 * torch.randn(500, 5, generator=g) + 6 * torch.nn.functional.one_hot(labels, 5)
+        >>> ets = EnsembleTemperatureScaling().fit(logits, labels, progress_bar=False)
+        >>> round(float(ets.weights.sum()), 6)
+        1.0
+    """
+
+    kind = "ets"
+    min_samples = 10
+    default_objective = "brier"
+    objectives = ("brier", "nll")
+    preserves_argmax = True
+
+    def __init__(self, max_iter: int = 200):
+        super().__init__()
+        self.max_iter = check_int(max_iter, "max_iter", minimum=1)
+        self.log_temperature = nn.Parameter(torch.zeros((), dtype=torch.float64))
+        self.weights = nn.Parameter(torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+
+    @property
+    def fitted_temperature(self) -> float:
+        """The temperature ``T`` of the first mixture component."""
+        self._check_fitted()
+        return float(self.log_temperature.detach().exp())
+
+    def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            t = self.log_temperature.to(device=z.device, dtype=z.dtype).exp()
+            log_w = torch.log(self.weights.to(device=z.device, dtype=z.dtype))  # -inf for a zero weight: that term drops
+            out = torch.logaddexp(log_w[0] + torch.log_softmax(z / t, dim=1), log_w[1] + torch.log_softmax(z, dim=1))
+            return torch.logaddexp(out, log_w[2] - math.log(z.shape[1]))
+
+    @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
+    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+        k = logits.shape[1]
+        # 1. the temperature: temperature scaling under the fit objective (the paper's first stage)
+        first = minimize(_temperature_objective(logits, labels, objective), torch.zeros(1), max_iter=self.max_iter,
+                         progress_bar=progress_bar, desc="ETS temperature")
+        log_t = float(first.x[0].clamp(*LOG_T_RANGE))
+        # 2. the mixture weights for that temperature, on the simplex through w = softmax(v)
+        stats = _mixture_statistics(logits, labels, math.exp(log_t), need_squares=objective == "brier")
+        second = minimize(_weight_objective(stats, k, objective), torch.zeros(3), max_iter=self.max_iter,
+                          progress_bar=progress_bar, desc="ETS weights")
+        with torch.no_grad():
+            self.log_temperature.fill_(log_t)
+            self.weights.copy_(torch.softmax(second.x, 0))
+        return {
+            "temperature": math.exp(log_t),
+            "weights": [float(w) for w in self.weights.detach()],
+            "steps": first.iterations + second.iterations,
+            "best_objective": second.objective,
+        }
+
+    def _card_description(self) -> str:
+        if not self.is_fitted:
+            return "It mixes softmax(z / T), softmax(z) and the uniform distribution (ensemble temperature scaling, Zhang et al. 2020)."
+        w = ", ".join(f"{float(v):.4f}" for v in self.weights)
+        return (f"It mixes softmax(z / T) with T = {self.fitted_temperature:.4f}, softmax(z) and the uniform distribution with "
+                f"weights ({w}) (ensemble temperature scaling, Zhang et al. 2020).")
