@@ -89,6 +89,11 @@ def minimize(
 
     Raises ``FloatingPointError`` if the objective or its gradient becomes non-finite.
     """
+    with torch_single_threaded():
+        return _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progress_bar, desc)
+
+
+def _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progress_bar, desc) -> LBFGSResult:
     x0 = x0.detach().to(torch.float64)
     x = (x0 if precondition is None else precondition.to_u(x0)).clone().requires_grad_(True)
 
@@ -112,7 +117,7 @@ def minimize(
         history_size=history_size,
         line_search_fn="strong_wolfe",
     )
-    with torch_single_threaded(), tqdm(total=max_eval, desc=desc, disable=not progress_bar, delay=1.0, leave=False) as bar:
+    with tqdm(total=max_eval, desc=desc, disable=not progress_bar, delay=1.0, leave=False) as bar:
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad()

@@ -168,6 +168,6 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
     def _card_description(self) -> str:
         if not self.is_fitted:
             return "It mixes softmax(z / T), softmax(z) and the uniform distribution (ensemble temperature scaling, Zhang et al. 2020)."
-        w = ", ".join(f"{float(v):.4f}" for v in self.weights)
+        w = ", ".join(f"{float(v):.4f}" for v in self.weights.detach())
         return (f"It mixes softmax(z / T) with T = {self.fitted_temperature:.4f}, softmax(z) and the uniform distribution with "
                 f"weights ({w}) (ensemble temperature scaling, Zhang et al. 2020).")

@@ -1,0 +1,51 @@
+"""Vector scaling (Guo et al. 2017): the fit against scipy on the same NLL, per-class sizing, torch-uncertainty."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from _affine_reference import fit_affine_reference
+from _calibrator_data import overconfident
+
+from hf_calibration.calibrators import VectorScaling
+
+
+def test_fit_reaches_the_scipy_minimum_of_the_same_nll():
+    z, y = overconfident(800, 8, seed=3)
+    ref_x, _, ref_nll = fit_affine_reference(z.astype(np.float64), y, diagonal=True)
+    vs = VectorScaling().fit(z, y, progress_bar=False)
+    assert vs.fit_info_["best_objective"] == pytest.approx(ref_nll, abs=1e-6)
+    assert vs.fit_info_["best_objective"] <= ref_nll + 1e-9
+    # and the calibrated logits are w * z + b with the fitted parameters
+    zt = torch.from_numpy(z).double()
+    torch.testing.assert_close(vs(zt), zt * vs.weight + vs.bias, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(vs.weight.detach().numpy(), ref_x[:8], atol=1e-3)
+
+
+def test_sized_by_the_fit_and_refuses_other_class_counts():
+    z, y = overconfident(300, 5, seed=1)
+    vs = VectorScaling()
+    assert vs.num_classes is None
+    vs.fit(z, y, progress_bar=False)
+    assert vs.num_classes == 5 and vs.weight.shape == (5,) and vs._hub_mixin_config["num_classes"] == 5
+    with pytest.raises(ValueError, match="K = 5 classes"):
+        vs(torch.zeros(2, 6))
+    assert vs.fit_info_["accuracy_after"] == pytest.approx(float((vs(torch.from_numpy(z)).argmax(1).numpy() == y).mean()))
+
+
+def test_warns_about_classes_without_samples(caplog):
+    z, y = overconfident(300, 5, seed=1)
+    keep = y != 3
+    with caplog.at_level(logging.WARNING):
+        VectorScaling().fit(z[keep], y[keep], progress_bar=False)
+    assert "no calibration sample" in caplog.text and "class 3" in caplog.text
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="max_iter"):
+        VectorScaling(max_iter=1.5)
+    with pytest.raises(ValueError, match="num_classes"):
+        VectorScaling(num_classes=1)
