@@ -9,12 +9,15 @@ predicted by a small MLP from the sorted top-k logits.
 layer, a mean-squared-error loss, i.e. the Brier score up to the factor K). Dividing a row by a positive number
 keeps its order, so the predicted class never changes.
 
-Two choices of ours: the clip only shapes the MLP's input (the division uses the logits themselves, so logits
-beyond +-c stay distinct); and instead of ~100k mini-batch Adam steps from a random start, the fit is full-batch
-float64 LBFGS from temperature scaling: the last layer starts as the constant fitted ``T`` (weights 0), so the
-fit never ends worse than temperature scaling on the fit objective. The objective is evaluated through
-``LogPartitionTable`` (O(N) per step after one pass over the logits, relative error below 1e-4).
-With fewer than k classes the sorted logits are padded with the smallest one.
+Choices of ours: the clip only shapes the MLP's input (the division uses the logits themselves, so logits beyond
++-c stay distinct). Instead of ~100k mini-batch Adam steps from a random start, the fit is full-batch float64
+LBFGS from temperature scaling: the last layer starts as the constant fitted ``T`` (weights 0), so the fit never
+ends worse than temperature scaling on its objective (plus the weight penalty). Run to convergence, that fit
+overfits: on synthetic data whose right temperature varies with the logits, held-out Brier was worse than
+temperature scaling's in 2 of 8 draws. The official code's L2 weight decay on the weight matrices, at 1e-3 by
+default, fixes it (PTS then closed 76-90 % of the gap from temperature scaling to the true temperatures in all
+8). The objective is evaluated through ``LogPartitionTable`` (O(N) per step after one pass over the logits,
+relative error below 1e-4). With fewer than k classes the sorted logits are padded with the smallest one.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class ParameterizedTemperatureScaling(
         hidden_layers: hidden layers of the MLP (2).
         hidden_size: units per hidden layer (5).
         clip: the logits are clipped to [-clip, clip] before sorting (100, the official code's).
-        weight_decay: L2 penalty on the MLP's weight matrices, added to the objective (0).
+        weight_decay: L2 penalty on the MLP's weight matrices, added to the objective (1e-3, see above).
         max_iter: LBFGS iterations at most.
         seed: seed of the hidden layers' initialisation.
 
@@ -79,7 +82,7 @@ class ParameterizedTemperatureScaling(
         hidden_layers: int = 2,
         hidden_size: int = 5,
         clip: float = 100.0,
-        weight_decay: float = 0.0,
+        weight_decay: float = 1e-3,
         max_iter: int = 500,
         seed: int = 0,
     ):
