@@ -120,11 +120,7 @@ class AffineNLL:
     def _value_and_grad(self, x: torch.Tensor, with_grad: bool) -> tuple[float, torch.Tensor | None]:
         k, n = self.k, self.features.shape[0]
         if self.diagonal:
-            threads = torch.get_num_threads()
-            try:
-                value, grad = _diagonal_nll_grad(self._z, self._y, x[:k].numpy(), x[k:].numpy(), with_grad)
-            finally:
-                torch.set_num_threads(threads)  # numba's OpenMP layer resets the process-wide count torch reads
+            value, grad = _diagonal_nll_grad(self._z, self._y, x[:k].numpy(), x[k:].numpy(), with_grad)
             return float(value), (torch.from_numpy(grad) if with_grad else None)
         s = self.logits(x)
         lse = torch.logsumexp(s, dim=1)
@@ -206,9 +202,9 @@ def fit_affine(
     progress_bar: bool = False,
     desc: str = "fit",
 ) -> LBFGSResult:
-    """Minimise ``nll`` (+ ODIR for a full matrix) from ``x0``: preconditioned LBFGS, re-preconditioned at the
+    """Minimise ``nll`` + ODIR (only its intercept term for vector scaling) from ``x0``: preconditioned LBFGS, re-preconditioned at the
     solution of each round (the curvature moves as the fit moves), until a round gains less than ``tol``."""
-    penalty = None if nll.diagonal else odir_penalty(nll.k, reg_lambda, reg_mu)
+    penalty = odir_penalty(nll.k, reg_lambda, reg_mu, nll.diagonal) if reg_lambda or reg_mu else None
     with torch_single_threaded():
         return _fit_rounds(nll, x0, penalty, reg_lambda, reg_mu, max_iter, tol, rounds, progress_bar, desc)
 

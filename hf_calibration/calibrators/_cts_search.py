@@ -86,7 +86,11 @@ def current_bins(labels, j1, tot, edges):  # pragma: no cover - compiled
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
 def candidate_bins(z, labels, k, inv_t, grid_inv, v1, j1, v2, j2, tot, edges):  # pragma: no cover - compiled
-    """For every candidate ``t`` (``grid_inv = 1 / grid``) for class ``k``: ``(sum_b |gap_b|, correct count)``."""
+    """For every candidate ``t`` (``grid_inv = 1 / grid``) for class ``k``: ``(sum_b |gap_b|, correct count)``.
+
+    Per chunk of rows: the candidate-independent part of each row first, then one candidate at a time over the
+    chunk's rows (vectorised: exp, confidence, bin), then the bin sums (a scalar scatter, in row order).
+    """
     n, n_classes = z.shape
     g_count = grid_inv.shape[0]
     n_bins = edges.shape[0] - 1
@@ -94,35 +98,63 @@ def candidate_bins(z, labels, k, inv_t, grid_inv, v1, j1, v2, j2, tot, edges):  
     part_gap = np.zeros((n_chunks, g_count, n_bins))
     part_correct = np.zeros((n_chunks, g_count), dtype=np.int64)
     for c in numba.prange(n_chunks):
-        arg = np.empty(g_count)
-        e = np.empty(g_count)
-        bits = np.empty(g_count)
-        gap = part_gap[c]
-        cor = part_correct[c]
-        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
-            zk = np.float64(z[i, k])
+        start = c * CHUNK
+        rows = min(n, start + CHUNK) - start
+        zk = np.empty(rows)
+        top = np.empty(rows)
+        r = np.empty(rows)
+        k_first = np.empty(rows)  # 1.0 where k, tied with the top, still wins (k comes first)
+        hit_k = np.empty(rows)
+        hit_other = np.empty(rows)
+        a = np.empty(rows)
+        arg = np.empty(rows)
+        e = np.empty(rows)
+        bits = np.empty(rows)
+        conf = np.empty(rows)
+        hit = np.empty(rows)
+        bins = np.empty(rows, dtype=np.int64)
+        for q in range(rows):
+            i = start + q
+            zk[q] = np.float64(z[i, k])
             y = labels[i]
             if j1[i] == k:  # the top class is k: summarise the row without it, from the logits
-                top, idx = v2[i], j2[i]
-                r = 0.0
+                t, idx = v2[i], j2[i]
+                s = 0.0
                 for j in range(n_classes):
                     if j != k:
-                        r += math.exp(np.float64(z[i, j]) * inv_t[j] - top)
+                        s += math.exp(np.float64(z[i, j]) * inv_t[j] - t)
+                r[q] = s
             else:
-                top, idx = v1[i], j1[i]
-                r = tot[i] - math.exp(zk * inv_t[k] - top)
-            for g in range(g_count):
-                arg[g] = -abs(zk * grid_inv[g] - top)
+                t, idx = v1[i], j1[i]
+                r[q] = tot[i] - math.exp(zk[q] * inv_t[k] - t)
+            top[q] = t
+            k_first[q] = 1.0 if k < idx else 0.0
+            hit_k[q] = 1.0 if y == k else 0.0
+            hit_other[q] = 1.0 if y == idx else 0.0
+        gap = part_gap[c]
+        cor = part_correct[c]
+        for g in range(g_count):
+            gi = grid_inv[g]
+            for q in range(rows):
+                a[q] = zk[q] * gi - top[q]
+                arg[q] = -abs(a[q])
             exp_into(arg, e, bits)
-            hit_k = 1 if y == k else 0
-            hit_idx = 1 if y == idx else 0
-            for g in range(g_count):
-                a = zk * grid_inv[g] - top
-                wins = a > 0.0 or (a == 0.0 and k < idx)
-                conf = 1.0 / (1.0 + r * e[g]) if wins else 1.0 / (r + e[g])
-                hit = hit_k if wins else hit_idx
-                gap[g, _bin_of(conf, edges)] += conf - hit
-                cor[g] += hit
+            for q in range(rows):
+                wins = a[q] > 0.0 or (a[q] == 0.0 and k_first[q] > 0.0)
+                conf[q] = 1.0 / (1.0 + r[q] * e[q]) if wins else 1.0 / (r[q] + e[q])
+                hit[q] = hit_k[q] if wins else hit_other[q]
+            for q in range(rows):
+                b = min(int(conf[q] * n_bins), n_bins - 1)
+                if conf[q] <= edges[b] and b > 0:
+                    b -= 1
+                elif conf[q] > edges[b + 1] and b < n_bins - 1:
+                    b += 1
+                bins[q] = b
+            count = 0
+            for q in range(rows):
+                gap[g, bins[q]] += conf[q] - hit[q]
+                count += int(hit[q])
+            cor[g] = count
     totals = np.zeros(g_count)
     correct = np.zeros(g_count, dtype=np.int64)
     for g in range(g_count):

@@ -49,7 +49,8 @@ AMORTISE = 20.0  # probe again once the work since the last probe is this many t
 class ThreadCountChooser:
     """Calls ``fn`` on the thread count that was fastest lately (``backend``: ``"numba"`` or ``"torch"``).
 
-    The caller's thread count is restored after every call. ``history`` records the count of every call.
+    The caller's thread count is restored after every call, and so is torch's (a numba parallel region resets the
+    process-wide OpenMP count that torch reads). ``history`` records the count of every call.
     """
 
     def __init__(self, fn: Callable, period: int = 50, backend: str = "numba", min_seconds: float = 2e-4):
@@ -69,6 +70,7 @@ class ThreadCountChooser:
 
     def _run(self, threads: int, args) -> tuple[object, float]:
         before = self._get()
+        torch_before = torch.get_num_threads()
         switch = threads != before  # setting the count costs ~10 us: only when it changes
         if switch:
             self._set(threads)
@@ -79,6 +81,8 @@ class ThreadCountChooser:
         finally:
             if switch:
                 self._set(before)
+            if torch.get_num_threads() != torch_before:  # numba's OpenMP layer resets the count torch reads
+                torch.set_num_threads(torch_before)
         self.history.append(threads)
         self._work += elapsed
         return out, elapsed

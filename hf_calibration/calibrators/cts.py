@@ -102,37 +102,33 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
         z, y = np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64)
         v1, v2, tot = np.empty(n), np.empty(n), np.empty(n)
         j1, j2 = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        threads = torch.get_num_threads()
         # every parallel kernel runs on the thread count its timing favours (a busy machine stalls parallel regions)
         step, summarise, update = (ThreadCountChooser(f) for f in (search.candidate_bins, search.summarise, search.update_column))
-        try:
-            summarise(z, inv_t, v1, j1, v2, j2, tot)
-            best_gap, best_correct = search.current_bins(y, j1, tot, edges)
-            initial_ece = best_gap / n
-            slack = np.inf if self.accuracy_tolerance is None else self.accuracy_tolerance * n + 1e-9
-            classes = np.unique(y)
-            sweeps, updates = 0, 0
-            with tqdm(total=self.sweeps * len(classes), desc="CTS", disable=not progress_bar, delay=1.0, leave=False) as bar:
-                for sweeps in range(1, self.sweeps + 1):
-                    summarise(z, inv_t, v1, j1, v2, j2, tot)  # from scratch: no rounding carried across sweeps
-                    changed = False
-                    for c in classes:
-                        gaps, correct = step(z, y, int(c), inv_t, grid_inv, v1, j1, v2, j2, tot, edges)
-                        choice, best = -1, best_gap
-                        for g in range(len(grid)):  # the lowest ECE that keeps the accuracy; the first one on ties
-                            if gaps[g] < best - ECE_TIE * n and correct[g] >= best_correct - slack:
-                                choice, best = g, gaps[g]
-                        if choice >= 0 and grid[choice] != temperatures[c]:
-                            old = inv_t[c]
-                            temperatures[c], inv_t[c] = grid[choice], grid_inv[choice]
-                            update(z, int(c), old, inv_t, v1, j1, v2, j2, tot)
-                            best_gap, best_correct = gaps[choice], int(correct[choice])
-                            changed, updates = True, updates + 1
-                        bar.update(1)
-                    if not changed:
-                        break
-        finally:
-            torch.set_num_threads(threads)  # numba's OpenMP layer resets the process-wide count torch reads
+        summarise(z, inv_t, v1, j1, v2, j2, tot)
+        best_gap, best_correct = search.current_bins(y, j1, tot, edges)
+        initial_ece = best_gap / n
+        slack = np.inf if self.accuracy_tolerance is None else self.accuracy_tolerance * n + 1e-9
+        classes = np.unique(y)
+        sweeps, updates = 0, 0
+        with tqdm(total=self.sweeps * len(classes), desc="CTS", disable=not progress_bar, delay=1.0, leave=False) as bar:
+            for sweeps in range(1, self.sweeps + 1):
+                summarise(z, inv_t, v1, j1, v2, j2, tot)  # from scratch: no rounding carried across sweeps
+                changed = False
+                for c in classes:
+                    gaps, correct = step(z, y, int(c), inv_t, grid_inv, v1, j1, v2, j2, tot, edges)
+                    choice, best = -1, best_gap
+                    for g in range(len(grid)):  # the lowest ECE that keeps the accuracy; the first one on ties
+                        if gaps[g] < best - ECE_TIE * n and correct[g] >= best_correct - slack:
+                            choice, best = g, gaps[g]
+                    if choice >= 0 and grid[choice] != temperatures[c]:
+                        old = inv_t[c]
+                        temperatures[c], inv_t[c] = grid[choice], grid_inv[choice]
+                        update(z, int(c), old, inv_t, v1, j1, v2, j2, tot)
+                        best_gap, best_correct = gaps[choice], int(correct[choice])
+                        changed, updates = True, updates + 1
+                    bar.update(1)
+                if not changed:
+                    break
         with torch.no_grad():
             self.temperatures.copy_(torch.from_numpy(temperatures))
         return {

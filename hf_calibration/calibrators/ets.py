@@ -10,9 +10,9 @@ weights for that T. The paper fits both by the mean squared error (the Brier sco
 same minimiser): ``objective="brier"`` is the default, ``"nll"`` the alternative. Every component ranks the
 classes as the logits do and the weights are non-negative, so the predicted class never changes.
 
-Both fits use full-batch float64 LBFGS: over ``t = log T`` on the exact softmax, then over the weights
-``w = softmax(v)``, whose objective needs only five numbers per sample (``p_y`` and ``sum_k p_k^2`` of both
-softmaxes and their overlap ``sum_k p_k q_k``), gathered in one pass.
+Both fits use full-batch float64 LBFGS: over ``t = log T`` on the exact softmax (one compiled pass over the logits
+per step), then over the weights ``w = softmax(v)``, whose objective needs only five numbers per sample (``p_y``
+and ``sum_k p_k^2`` of both softmaxes and their overlap ``sum_k p_k q_k``), gathered in one more pass.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numba
 import numpy as np
 import torch
 from torch import nn
@@ -29,52 +30,126 @@ from ._base import Calibrator
 from ._lbfgs import minimize
 from ._partition import scaled_nll
 from ._registry import register_calibrator
-from ._threads import torch_single_threaded
+from ._threads import ThreadCountChooser, torch_single_threaded
+from ._vmath import exp_into
 from .temperature import T_MAX, T_MIN
 
 LOG_T_RANGE = (math.log(T_MIN), math.log(T_MAX))  # the fitted temperature stays in [0.05, 100], as temperature scaling's
 
 
-class _ScaledNLL(torch.autograd.Function):
-    """Mean NLL of ``softmax(beta z)`` for a scalar ``beta``, exact, from one compiled pass (``scaled_nll``)."""
+CHUNK = 64  # rows per parallel task of the kernels below (each row is independent: outputs are per row)
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+def _brier_rows(z, labels, beta, value, slope):  # pragma: no cover - compiled
+    """Per row: the Brier score of ``softmax(beta z_i)`` and its derivative in ``beta`` (exact, float64).
+
+    With ``d_j = z_max - z_j``, ``e_j = exp(-beta d_j)``, ``S = sum e``, ``S2 = sum e^2``:
+    ``Brier = S2 / S^2 - 2 e_y / S + 1``; ``d/dbeta`` follows from ``dS = -sum d e``, ``dS2 = -2 sum d e^2``.
+    """
+    n, k = z.shape
+    for c in numba.prange((n + CHUNK - 1) // CHUNK):
+        d = np.empty(k)
+        arg = np.empty(k)
+        e = np.empty(k)
+        bits = np.empty(k)
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            top = -np.inf
+            for j in range(k):
+                top = max(top, np.float64(z[i, j]))
+            for j in range(k):
+                d[j] = top - np.float64(z[i, j])
+                arg[j] = -beta * d[j]
+            exp_into(arg, e, bits)
+            s1 = 0.0
+            s2 = 0.0
+            m1 = 0.0
+            m2 = 0.0
+            for j in range(k):
+                s1 += e[j]
+                s2 += e[j] * e[j]
+                m1 += d[j] * e[j]
+                m2 += d[j] * e[j] * e[j]
+            y = labels[i]
+            ey, dy = e[y], d[y]
+            value[i] = s2 / (s1 * s1) - 2.0 * ey / s1 + 1.0
+            slope[i] = -2.0 * m2 / (s1 * s1) + 2.0 * s2 * m1 / (s1 * s1 * s1) + 2.0 * dy * ey / s1 - 2.0 * ey * m1 / (s1 * s1)
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+def _mixture_rows(z, labels, inv_t, out):  # pragma: no cover - compiled
+    """Per row, for ``p = softmax(z / T)`` and ``q = softmax(z)``: ``out[:, i] = (p_y, q_y, sum p^2, sum q^2, sum p q)``."""
+    n, k = z.shape
+    for c in numba.prange((n + CHUNK - 1) // CHUNK):
+        arg = np.empty(k)
+        a = np.empty(k)
+        b = np.empty(k)
+        bits = np.empty(k)
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            top = -np.inf
+            for j in range(k):
+                top = max(top, np.float64(z[i, j]))
+            for j in range(k):
+                arg[j] = (np.float64(z[i, j]) - top) * inv_t
+            exp_into(arg, a, bits)
+            for j in range(k):
+                arg[j] = np.float64(z[i, j]) - top
+            exp_into(arg, b, bits)
+            sa = 0.0
+            sb = 0.0
+            saa = 0.0
+            sbb = 0.0
+            sab = 0.0
+            for j in range(k):
+                sa += a[j]
+                sb += b[j]
+                saa += a[j] * a[j]
+                sbb += b[j] * b[j]
+                sab += a[j] * b[j]
+            y = labels[i]
+            out[0, i] = a[y] / sa
+            out[1, i] = b[y] / sb
+            out[2, i] = saa / (sa * sa)
+            out[3, i] = sbb / (sb * sb)
+            out[4, i] = sab / (sa * sb)
+
+
+class _ScaledObjective(torch.autograd.Function):
+    """Mean NLL or Brier score of ``softmax(beta z)`` for a scalar ``beta``: exact, one compiled pass over the logits."""
 
     @staticmethod
-    def forward(ctx, beta, logits, labels):
-        value, slope = scaled_nll(logits, labels, float(beta))
+    def forward(ctx, beta, rows):
+        value, slope = rows(float(beta))
         ctx.slope = slope
         return torch.tensor(value, dtype=torch.float64)
 
     @staticmethod
     def backward(ctx, grad_output):
-        return grad_output * ctx.slope, None, None
+        return grad_output * ctx.slope, None
 
 
 def _temperature_objective(logits: np.ndarray, labels: np.ndarray, objective: str):
     """``t -> objective of softmax(z / exp(t))`` (t clamped to the temperature range), exact, differentiable."""
+    z, y = np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64)
     if objective == "nll":
-        z, y = np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64)
-        return lambda t: _ScaledNLL.apply(torch.exp(-t.clamp(*LOG_T_RANGE))[0], z, y)
-    z = torch.from_numpy(logits).double()
-    rows, y = torch.arange(z.shape[0]), torch.from_numpy(labels).long()
+        rows = lambda beta: scaled_nll(z, y, beta)  # noqa: E731 - temperature scaling's compiled pass
+    else:
+        value, slope = np.empty(len(y)), np.empty(len(y))
+        step = ThreadCountChooser(_brier_rows)
 
-    def brier(t: torch.Tensor) -> torch.Tensor:
-        log_p = torch.log_softmax(z * torch.exp(-t.clamp(*LOG_T_RANGE)), dim=1)
-        return (torch.exp(2 * log_p).sum(1) - 2 * torch.exp(log_p[rows, y]) + 1).mean()
+        def rows(beta):
+            step(z, y, beta, value, slope)
+            return float(value.mean()), float(slope.mean())
 
-    return brier
+    return lambda t: _ScaledObjective.apply(torch.exp(-t.clamp(*LOG_T_RANGE))[0], rows)
 
 
-def _mixture_statistics(logits: np.ndarray, labels: np.ndarray, temperature: float, need_squares: bool) -> dict[str, torch.Tensor]:
-    """Per sample: ``p_y``, ``q_y`` of ``p = softmax(z / T)``, ``q = softmax(z)``; with ``need_squares`` also
-    ``sum p^2``, ``sum q^2``, ``sum p q`` (what the Brier score of the mixture needs)."""
-    z = torch.from_numpy(logits).double()
-    rows, y = torch.arange(z.shape[0]), torch.from_numpy(labels).long()
-    p = torch.softmax(z / temperature, dim=1)
-    q = torch.softmax(z, dim=1)
-    stats = {"p_y": p[rows, y], "q_y": q[rows, y]}
-    if need_squares:
-        stats.update(pp=(p * p).sum(1), qq=(q * q).sum(1), pq=(p * q).sum(1))
-    return stats
+def _mixture_statistics(logits: np.ndarray, labels: np.ndarray, temperature: float) -> dict[str, torch.Tensor]:
+    """Per sample, for ``p = softmax(z / T)`` and ``q = softmax(z)``: ``p_y``, ``q_y``, ``sum p^2``, ``sum q^2``,
+    ``sum p q`` (all the mixture's NLL and Brier score need), in one compiled pass."""
+    out = np.empty((5, logits.shape[0]))
+    ThreadCountChooser(_mixture_rows)(np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64), 1.0 / temperature, out)
+    return dict(zip(("p_y", "q_y", "pp", "qq", "pq"), torch.from_numpy(out)))
 
 
 def _weight_objective(stats: dict[str, torch.Tensor], k: int, objective: str):
@@ -152,7 +227,7 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
                          progress_bar=progress_bar, desc="ETS temperature")
         log_t = float(first.x[0].clamp(*LOG_T_RANGE))
         # 2. the mixture weights for that temperature, on the simplex through w = softmax(v)
-        stats = _mixture_statistics(logits, labels, math.exp(log_t), need_squares=objective == "brier")
+        stats = _mixture_statistics(logits, labels, math.exp(log_t))
         second = minimize(_weight_objective(stats, k, objective), torch.zeros(3), max_iter=self.max_iter,
                           progress_bar=progress_bar, desc="ETS weights")
         with torch.no_grad():

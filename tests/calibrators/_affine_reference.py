@@ -22,9 +22,9 @@ def affine_objective(x, features, labels, diagonal=False, reg_lambda=0.0, reg_mu
     g = np.exp(s - lse[:, None])
     g[np.arange(n), labels] -= 1.0
     g /= n
-    if diagonal:
-        grad = np.concatenate([(g * features).sum(0), g.sum(0)])
-        return nll, grad, nll
+    if diagonal:  # vector scaling: only ODIR's intercept term
+        grad = np.concatenate([(g * features).sum(0), g.sum(0) + 2 * reg_mu / k * b])
+        return nll + reg_mu / k * np.sum(b**2), grad, nll
     off = ~np.eye(k, dtype=bool)
     penalty = reg_lambda / (k * (k - 1)) * np.sum(w[off] ** 2) + reg_mu / k * np.sum(b**2)
     grad_w = g.T @ features + 2 * reg_lambda / (k * (k - 1)) * np.where(off, w, 0.0)

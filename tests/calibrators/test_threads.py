@@ -49,11 +49,11 @@ def test_a_busy_machine_pays_for_few_probes():
 def test_keeps_many_threads_when_they_win_and_probes_again():
     many = numba.get_num_threads()
     log = []
-    chooser = ThreadCountChooser(timed_fn(0.001, fast=0.004, log=log), period=5)
+    chooser = ThreadCountChooser(timed_fn(0.01, fast=0.04, log=log), period=5)
     for i in range(40):
         chooser(i)
     assert log[:3] == [1, 1, many]
-    # probed again once both `period` calls and AMORTISE x the probe's 1 ms of work have passed: after 20 calls
+    # probed again once both `period` calls and AMORTISE x the probe's 10 ms of work have passed: after 20 calls
     first_probe_again = 3 + int(AMORTISE)
     assert set(log[3:first_probe_again]) == {many}
     assert log[first_probe_again : first_probe_again + 3] == [1, many, many]
@@ -64,14 +64,14 @@ def test_falls_back_to_one_thread_when_contention_starts():
     state = {"busy": False}
 
     def fn():
-        time.sleep(0.05 if numba.get_num_threads() > 1 and state["busy"] else (0.001 if numba.get_num_threads() > 1 else 0.004))
+        time.sleep(0.2 if numba.get_num_threads() > 1 and state["busy"] else (0.01 if numba.get_num_threads() > 1 else 0.04))
 
     chooser = ThreadCountChooser(fn, period=1000)
     for _ in range(5):
         chooser()
     assert chooser.best == many
     state["busy"] = True
-    chooser()  # 50x its best time: one thread from the next call on
+    chooser()  # 20x its best time: one thread from the next call on
     chooser()
     assert chooser.history[-1] == 1 and chooser.best == 1
 

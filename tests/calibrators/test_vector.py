@@ -13,12 +13,15 @@ from _calibrator_data import overconfident
 from hf_calibration.calibrators import VectorScaling
 
 
-def test_fit_reaches_the_scipy_minimum_of_the_same_nll():
+@pytest.mark.parametrize("reg_mu", [0.0, None])
+def test_fit_reaches_the_scipy_minimum_of_the_same_objective(reg_mu):
     z, y = overconfident(800, 8, seed=3)
-    ref_x, _, ref_nll = fit_affine_reference(z.astype(np.float64), y, diagonal=True)
-    vs = VectorScaling().fit(z, y, progress_bar=False)
-    assert vs.fit_info_["best_objective"] == pytest.approx(ref_nll, abs=1e-6)
-    assert vs.fit_info_["best_objective"] <= ref_nll + 1e-9
+    mu = 8 / 1000 if reg_mu is None else reg_mu  # the default: K / 1000
+    ref_x, ref_objective, ref_nll = fit_affine_reference(z.astype(np.float64), y, diagonal=True, reg_mu=mu)
+    vs = VectorScaling(reg_mu=reg_mu).fit(z, y, progress_bar=False)
+    assert vs.fit_info_["reg_mu"] == mu
+    assert vs.fit_info_["best_objective"] == pytest.approx(ref_objective, abs=1e-6)
+    assert vs.fit_info_["nll"] == pytest.approx(ref_nll, abs=1e-6)
     # and the calibrated logits are w * z + b with the fitted parameters
     zt = torch.from_numpy(z).double()
     torch.testing.assert_close(vs(zt), zt * vs.weight + vs.bias, rtol=0, atol=1e-12)
