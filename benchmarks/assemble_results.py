@@ -13,6 +13,7 @@ SECTIONS = [
     ("metrics_speed.md", "metrics_speed.py"),
     ("evaluate_overhead.md", "evaluate_overhead.py"),
     ("calibrators.md", "calibrators.py"),
+    ("calibrator_fits.md", "calibrator_fits.py"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),

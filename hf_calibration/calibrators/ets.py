@@ -40,6 +40,18 @@ LOG_T_RANGE = (math.log(T_MIN), math.log(T_MAX))  # the fitted temperature stays
 CHUNK = 64  # rows per parallel task of the kernels below (each row is independent: outputs are per row)
 
 
+@numba.njit(cache=True, fastmath={"contract"})
+def _gaps_and_exp(row, beta, gaps, out, arg, bits):  # pragma: no cover - compiled
+    """``gaps = max(row) - row`` (float64, exact) and ``out = exp(-beta * gaps)``: ``softmax(beta row)`` unnormalised."""
+    top = -np.inf
+    for j in range(row.shape[0]):
+        top = max(top, np.float64(row[j]))
+    for j in range(row.shape[0]):
+        gaps[j] = top - np.float64(row[j])
+        arg[j] = -beta * gaps[j]
+    exp_into(arg, out, bits)
+
+
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
 def _brier_rows(z, labels, beta, value, slope):  # pragma: no cover - compiled
     """Per row: the Brier score of ``softmax(beta z_i)`` and its derivative in ``beta`` (exact, float64).
@@ -49,18 +61,9 @@ def _brier_rows(z, labels, beta, value, slope):  # pragma: no cover - compiled
     """
     n, k = z.shape
     for c in numba.prange((n + CHUNK - 1) // CHUNK):
-        d = np.empty(k)
-        arg = np.empty(k)
-        e = np.empty(k)
-        bits = np.empty(k)
+        d, e, arg, bits = np.empty(k), np.empty(k), np.empty(k), np.empty(k)
         for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
-            top = -np.inf
-            for j in range(k):
-                top = max(top, np.float64(z[i, j]))
-            for j in range(k):
-                d[j] = top - np.float64(z[i, j])
-                arg[j] = -beta * d[j]
-            exp_into(arg, e, bits)
+            _gaps_and_exp(z[i], beta, d, e, arg, bits)
             s1 = 0.0
             s2 = 0.0
             m1 = 0.0
@@ -81,20 +84,10 @@ def _mixture_rows(z, labels, inv_t, out):  # pragma: no cover - compiled
     """Per row, for ``p = softmax(z / T)`` and ``q = softmax(z)``: ``out[:, i] = (p_y, q_y, sum p^2, sum q^2, sum p q)``."""
     n, k = z.shape
     for c in numba.prange((n + CHUNK - 1) // CHUNK):
-        arg = np.empty(k)
-        a = np.empty(k)
-        b = np.empty(k)
-        bits = np.empty(k)
+        d, a, b, arg, bits = np.empty(k), np.empty(k), np.empty(k), np.empty(k), np.empty(k)
         for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
-            top = -np.inf
-            for j in range(k):
-                top = max(top, np.float64(z[i, j]))
-            for j in range(k):
-                arg[j] = (np.float64(z[i, j]) - top) * inv_t
-            exp_into(arg, a, bits)
-            for j in range(k):
-                arg[j] = np.float64(z[i, j]) - top
-            exp_into(arg, b, bits)
+            _gaps_and_exp(z[i], inv_t, d, a, arg, bits)
+            _gaps_and_exp(z[i], 1.0, d, b, arg, bits)
             sa = 0.0
             sb = 0.0
             saa = 0.0

@@ -94,3 +94,11 @@ def test_rejects_objectives_it_does_not_fit():
     z, y = overconfident(100, 4)
     with pytest.raises(ValueError, match="objective"):
         EnsembleTemperatureScaling().fit(z, y, objective="soft_ece")
+
+
+def test_card_says_predictions_never_change(tmp_path):
+    z, y = overconfident(300, 5, seed=2)
+    ets = EnsembleTemperatureScaling().fit(z, y, progress_bar=False)
+    ets.save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "The predicted class never changes" in card and f"T = {ets.fitted_temperature:.4f}" in card

@@ -52,3 +52,12 @@ def test_bad_arguments():
         VectorScaling(max_iter=1.5)
     with pytest.raises(ValueError, match="num_classes"):
         VectorScaling(num_classes=1)
+
+
+def test_card_says_it_may_change_predictions(tmp_path):
+    z, y = overconfident(300, 5, seed=2)
+    VectorScaling().fit(z, y, progress_bar=False).save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "may change the predicted class" in card and "vector scaling, Guo et al. 2017" in card and "mu = 0.005" in card
+    config = (tmp_path / "config.json").read_text()
+    assert '"num_classes": 5' in config and '"calibrator": "vector_scaling"' in config
