@@ -12,11 +12,15 @@ HERE = Path(__file__).resolve().parent
 SECTIONS = [
     ("metrics_speed.md", "metrics_speed.py"),
     ("evaluate_overhead.md", "evaluate_overhead.py"),
+    ("accumulator.md", "accumulator.py"),
+    ("predict_logits.md", "predict_logits.py"),
     ("calibrators.md", "calibrators.py"),
+    ("calibrator_comparison.md", "calibrators.py --part comparison"),
     ("calibrator_fits.md", "calibrator_fits.py"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),
+    ("bad_inputs.md", "bad_inputs.py"),
 ]
 
 HEADER = """# Benchmark results

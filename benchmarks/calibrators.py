@@ -1,17 +1,25 @@
 """Post-hoc calibrators: fit/apply speed against torch-uncertainty and netcal, and calibration on real logits.
 
-Run from the repository root:  python benchmarks/calibrators.py   (writes benchmarks/results/calibrators.md)
+Run from the repository root:  python benchmarks/calibrators.py [--part speed|comparison|all]
+(``speed`` writes benchmarks/results/calibrators.md: sections 1-2; ``comparison`` writes
+benchmarks/results/calibrator_comparison.md and calibrator_data_efficiency.png: sections 3-4.)
 
 1. Fit time on 10,000 x 1,000 synthetic logits with an ImageNet-like confidence profile and on every real file:
    ours TemperatureScaling (NLL, LBFGS) and SMARTCalibrator (Charbonnier-SoftECE, Adam, early stopping) side by
    side with torch-uncertainty's ``TemperatureScaler`` (LBFGS) and netcal's ``TemperatureScaling`` (float64
    probabilities: its float32 path silently skips the fit). Apply throughput in rows/s.
 2. On every file in ../shared/data/logits: uncalibrated / TS / SMART test ECE, AdaECE, smCE (15 bins), accuracy.
+3. The SMART paper's Table 1 on the same files: every registered calibrator fitted on the val part, test ECE /
+   AdaECE / smCE (%), mean over 5 fit seeds for seeded methods (the paper's "mean across 5 runs").
+4. The paper's data-efficiency curve (its Fig. 5): each calibrator fitted on 50, 100, 250, 500, 1,000 and all
+   val samples (5 random subsets per size, nested), test ECE, per file and averaged over files, with a PNG.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import os
 import platform
 import sys
@@ -24,9 +32,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT / ".." / "shared" / "data" / "logits"
 OUT = ROOT / "benchmarks" / "results" / "calibrators.md"
+OUT_COMPARISON = ROOT / "benchmarks" / "results" / "calibrator_comparison.md"
+OUT_CURVE = ROOT / "benchmarks" / "results" / "calibrator_data_efficiency.png"
 sys.path.insert(0, str(ROOT))
 
-from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling  # noqa: E402
+from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, create_calibrator, list_calibrators  # noqa: E402
+from hf_calibration.calibrators.selection import is_stochastic  # noqa: E402
 from hf_calibration.metrics.adaptive import adaece  # noqa: E402
 from hf_calibration.metrics.ece import ece  # noqa: E402
 
@@ -200,7 +211,234 @@ NOTES = """Reading the tables:
 """
 
 
-def main():
+# ----------------------------------------------------------------------------- 3-4: the SMART paper's comparison
+
+FILE_LABELS = {  # file stem -> (dataset, model), as the paper's Table 1 names rows
+    "cifar10_resnet50_cross_entropy_calibench": ("CIFAR-10", "ResNet-50 (CE)"),
+    "cifar10_resnet50_focal_loss_calibench": ("CIFAR-10", "ResNet-50 (FLSD-53)"),
+    "netcal_wideresnet-16-4-cifar-10": ("CIFAR-10", "WRN-16-4"),
+    "netcal_lenet-5-cifar-10": ("CIFAR-10", "LeNet-5"),
+    "netcal_wideresnet-16-4-cifar-100": ("CIFAR-100", "WRN-16-4"),
+    "netcal_densenet-bc-100-cifar-100": ("CIFAR-100", "DenseNet-BC-100"),
+    "netcal_lenet-5-cifar-100": ("CIFAR-100", "LeNet-5"),
+}
+SHORT = {"uncalibrated": "Vanilla", "temperature_scaling": "TS", "smart": "SMART", "spline": "Spline", "histogram_binning": "HB",
+         "isotonic": "Isotonic", "isotonic_ovr": "Isotonic OvR"}
+FIRST = ("temperature_scaling", "ets", "pts", "cts", "vector_scaling", "matrix_scaling", "dirichlet")  # paper order
+FIT_SEEDS = 5
+SIZES = (50, 100, 250, 500, 1000, None)  # None: all val samples
+DRAWS = 5
+
+
+def ordered_methods():
+    """Every registered calibrator: TS-like first (the paper's order), SMART last, the rest alphabetical between."""
+    kinds = list_calibrators()
+    first = [k for k in FIRST if k in kinds]
+    return first + sorted(k for k in kinds if k not in first and k != "smart") + (["smart"] if "smart" in kinds else [])
+
+
+def seeded(kind):
+    return is_stochastic(kind)
+
+
+def shared_files():
+    files = sorted(SHARED.glob("*.npz")) if SHARED.is_dir() else []
+    order = list(FILE_LABELS)
+    return sorted(files, key=lambda p: (order.index(p.stem) if p.stem in order else len(order), p.stem))
+
+
+def test_scores(kind, zv, yv, zt, yt, seed):
+    """(ECE, AdaECE, smCE, accuracy) on the test part of a calibrator fitted on (zv, yv); NaN if the fit fails."""
+    try:
+        cal = create_calibrator(kind, **({"seed": seed} if seed is not None else {})).fit(zv, yv, progress_bar=False)
+        with torch.no_grad():
+            out = cal(torch.from_numpy(zt)).numpy()
+    except Exception as err:  # noqa: BLE001 - a method that cannot fit this subset is a gap in the table
+        print(f"  {kind} failed on {len(yv)} samples: {type(err).__name__}: {err}", file=sys.stderr)
+        return (math.nan,) * 4
+    return ece(out, yt), adaece(out, yt), smce(out, yt), float((out.argmax(1) == yt).mean())
+
+
+def fmt_row(cells, best):
+    return " | ".join("-" if math.isnan(c) else (f"**{c:.2f}**" if c == best else f"{c:.2f}") for c in cells)
+
+
+def table1_section(lines, methods):
+    metrics = ("ECE", "AdaECE", "smCE")
+    results = {}  # (file, method) -> (ece, adaece, smce, acc) in %
+    for path in shared_files():
+        d = np.load(path)
+        zv, yv, zt, yt = d["logits_val"], d["labels_val"], d["logits_test"], d["labels_test"]
+        results[(path.stem, "uncalibrated")] = tuple(100 * v for v in (ece(zt, yt), adaece(zt, yt), smce(zt, yt), float((zt.argmax(1) == yt).mean())))
+        for kind in methods:
+            runs = [test_scores(kind, zv, yv, zt, yt, seed) for seed in (range(FIT_SEEDS) if seeded(kind) else [None])]
+            results[(path.stem, kind)] = tuple(100 * float(np.mean(col)) for col in zip(*runs))
+        print(path.stem, {k: round(results[(path.stem, k)][0], 2) for k in ["uncalibrated", *methods]}, flush=True)
+    columns = ["uncalibrated", *methods]
+    header = "| dataset | model | Vanilla | " + " | ".join(SHORT.get(k, k) for k in methods) + " |"
+    lines += [
+        "### The SMART paper's Table 1 on the shared logits (test %, 15 bins, lower is better)",
+        "",
+        f"Fitted on each file's val part (5,000 samples), scored on its test part; seeded methods (their constructor "
+        f"takes `seed`: {', '.join(SHORT.get(k, k) for k in methods if seeded(k)) or 'none'}) are the mean of {FIT_SEEDS} fits "
+        "(seeds 0-4). Best per row in bold (Vanilla included).",
+    ]
+    for j, metric in enumerate(metrics):
+        lines += ["", f"**{metric}**", "", header, "|---|---" + "|---" * len(columns) + "|"]
+        for path in shared_files():
+            cells = [results[(path.stem, k)][j] for k in columns]
+            best = np.nanmin(cells)
+            dataset, model = FILE_LABELS.get(path.stem, ("", path.stem))
+            lines.append(f"| {dataset} | {model} | {fmt_row(cells, best)} |")
+    lines += ["", "**Accuracy (%)** (methods that keep the argmax equal Vanilla)", "", header, "|---|---" + "|---" * len(columns) + "|"]
+    for path in shared_files():
+        dataset, model = FILE_LABELS.get(path.stem, ("", path.stem))
+        lines.append(f"| {dataset} | {model} | " + " | ".join(f"{results[(path.stem, k)][3]:.2f}" for k in columns) + " |")
+    if "smart" in methods:
+        lines += ["", "Where SMART is not the best calibrator (test %, the better methods and SMART's value):", ""]
+        for j, metric in enumerate(metrics):
+            losses = []
+            for path in shared_files():
+                smart_value = results[(path.stem, "smart")][j]
+                better = sorted((results[(path.stem, k)][j], k) for k in columns if k != "smart" and results[(path.stem, k)][j] < smart_value)
+                if better:
+                    model = " ".join(FILE_LABELS.get(path.stem, ("", path.stem))).strip()
+                    losses.append(f"{model}: SMART {smart_value:.3f}, " + ", ".join(f"{SHORT.get(k, k)} {v:.3f}" for v, k in better[:3])
+                                  + (f" (+{len(better) - 3} more)" if len(better) > 3 else ""))
+            wins = len(shared_files()) - len(losses)
+            lines.append(f"- {metric}: SMART best on {wins}/{len(shared_files())} files" + (": loses on " + "; ".join(losses) if losses else "") + ".")
+    return results
+
+
+def data_efficiency_section(lines, methods):
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    files = shared_files()
+    curves = {}  # (file, method) -> (len(SIZES), DRAWS) test ECE in %
+    for path in files:
+        d = np.load(path)
+        zv, yv, zt, yt = d["logits_val"], d["labels_val"], d["logits_test"], d["labels_test"]
+        orders = [np.random.default_rng(draw).permutation(len(yv)) for draw in range(DRAWS)]  # nested subsets per draw
+        uncal = 100 * ece(zt, yt)
+        for kind in methods:
+            grid = np.full((len(SIZES), DRAWS), np.nan)
+            for i, size in enumerate(SIZES):
+                for draw in range(DRAWS):
+                    idx = orders[draw][: size or len(yv)]
+                    seed = draw if seeded(kind) else None
+                    if size is None and seed is None and draw > 0:  # all samples, deterministic method: one fit
+                        grid[i, draw] = grid[i, 0]
+                        continue
+                    grid[i, draw] = 100 * test_scores(kind, zv[idx], yv[idx], zt, yt, seed)[0]
+            curves[(path.stem, kind)] = grid
+        curves[(path.stem, "uncalibrated")] = np.full((len(SIZES), DRAWS), uncal)
+        print(path.stem, {k: np.round(np.nanmean(curves[(path.stem, k)], 1), 2).tolist() for k in methods}, flush=True)
+
+    size_names = [str(s) if s else "all" for s in SIZES]
+    lines += [
+        "",
+        "### Data efficiency: test ECE (%) against the number of calibration samples (the paper's Fig. 5)",
+        "",
+        f"Each method fitted on {', '.join(size_names[:-1])} and all 5,000 val samples ({DRAWS} random nested subsets per size, "
+        "the fit seed of a seeded method = the subset's index), scored on the full test part. Mean over the "
+        f"{len(files)} files of the per-file mean over subsets; '-' where a method could not fit a subset of that size.",
+        "",
+        "| method | " + " | ".join(size_names) + " |",
+        "|---" * (len(SIZES) + 1) + "|",
+    ]
+    means = {}
+    for kind in ["uncalibrated", *methods]:
+        with np.errstate(all="ignore"):
+            per_file = np.array([np.nanmean(curves[(p.stem, kind)], 1) if not np.isnan(curves[(p.stem, kind)]).all()
+                                 else np.full(len(SIZES), np.nan) for p in files])
+        means[kind] = per_file.mean(0)  # NaN if any file failed at that size
+        lines.append(f"| {'Vanilla' if kind == 'uncalibrated' else SHORT.get(kind, kind)} | "
+                     + " | ".join("-" if math.isnan(v) else f"{v:.2f}" for v in means[kind]) + " |")
+    best = []
+    for i, name in enumerate(size_names):
+        scores = {k: means[k][i] for k in methods if not math.isnan(means[k][i])}
+        winner = min(scores, key=scores.get)
+        best.append(f"{name}: {SHORT.get(winner, winner)} {scores[winner]:.2f}"
+                    + (f" (SMART {scores['smart']:.2f})" if "smart" in scores and winner != "smart" else ""))
+    lines += ["", "Lowest mean over the files, by size: " + "; ".join(best) + "."]
+    lines += ["", f"Files (of {len(files)}) on which each method has the lowest mean test ECE at each size (Vanilla "
+              "first, so that a method that leaves the model unchanged, as histogram binning does with fewer than "
+              "`points_per_bin` predictions of a class, counts as Vanilla):", "",
+              "| method | " + " | ".join(size_names) + " |", "|---" * (len(SIZES) + 1) + "|"]
+    contenders = ["uncalibrated", *methods]
+    wins = {k: [0] * len(SIZES) for k in contenders}
+    for p in files:
+        for i in range(len(SIZES)):
+            # rounded: a method that leaves the model unchanged ties Vanilla up to the last bits of the softmax
+            values = {k: round(float(np.nanmean(curves[(p.stem, k)][i])), 6) for k in contenders
+                      if not np.isnan(curves[(p.stem, k)][i]).all()}
+            if values:
+                wins[min(values, key=values.get)][i] += 1
+    for kind in contenders:
+        lines.append(f"| {'Vanilla' if kind == 'uncalibrated' else SHORT.get(kind, kind)} | " + " | ".join(str(w) for w in wins[kind]) + " |")
+
+    cols = 4
+    rows = math.ceil((len(files) + 1) / cols)
+    fig = Figure(figsize=(4 * cols, 3.2 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    x = np.arange(len(SIZES))
+    panels = [(" ".join(FILE_LABELS.get(p.stem, ("", p.stem))).strip(), [p.stem]) for p in files] + [("mean over files", [p.stem for p in files])]
+    for ax, (title, stems) in zip(axes, panels):
+        for kind in ["uncalibrated", *methods]:
+            per_draw = np.mean([curves[(s, kind)] for s in stems], axis=0)  # (sizes, draws)
+            mean, std = np.nanmean(per_draw, 1), np.nanstd(per_draw, 1)
+            style = {"color": "gray", "linestyle": ":"} if kind == "uncalibrated" else ({"linewidth": 2.5} if kind == "smart" else {})
+            ax.plot(x, mean, marker="o", markersize=3, label="Vanilla" if kind == "uncalibrated" else SHORT.get(kind, kind), **style)
+            if kind != "uncalibrated":
+                ax.fill_between(x, mean - std, mean + std, alpha=0.12)
+        ax.set_xticks(x, size_names)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("calibration samples", fontsize=8)
+        ax.set_ylabel("test ECE (%)", fontsize=8)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    for ax in axes[len(panels):]:
+        ax.axis("off")
+    axes[0].legend(fontsize=7)
+    fig.savefig(OUT_CURVE, dpi=110)
+    lines += ["", f"![test ECE against calibration-set size]({OUT_CURVE.name}) (`benchmarks/results/{OUT_CURVE.name}`: one panel "
+              "per file and their mean; bands: ± one std over the subsets)"]
+    return curves
+
+
+def comparison_main():
+    import numba
+
+    torch.manual_seed(0)
+    # one thread: no score depends on the thread count, and on a shared 2-core machine parallel regions wait for
+    # descheduled workers (a SMART fit 0.3 s alone took 5-9 s next to other jobs)
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    methods = ordered_methods()
+    lines = [
+        "## Choosing a calibrator: the SMART paper's comparison on data we have (`benchmarks/calibrators.py --part comparison`)",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (run on one thread), torch "
+        f"{torch.__version__}, Python {platform.python_version()}. Command: `python benchmarks/calibrators.py --part comparison`. Every registered "
+        f"calibrator: {', '.join(f'`{k}`' for k in methods)}. Feature-based methods of the paper's table (GC, ProCal, FC) need the "
+        "penultimate features, which these logit files do not have: not run.",
+        "",
+    ]
+    if not shared_files():
+        lines.append("Not run: the shared logit files are not beside the repository.")
+    else:
+        table1_section(lines, methods)
+        data_efficiency_section(lines, methods)
+    text = "\n".join(lines) + "\n"
+    OUT_COMPARISON.parent.mkdir(parents=True, exist_ok=True)
+    OUT_COMPARISON.write_text(text)
+    print(text)
+
+
+def speed_main():
     torch.manual_seed(0)
     lines = [
         "## Post-hoc calibrators (`benchmarks/calibrators.py`)",
@@ -216,6 +454,18 @@ def main():
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(text)
     print(text)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Post-hoc calibrator benchmarks.")
+    parser.add_argument("--part", choices=("speed", "comparison", "all"), default="all",
+                        help="speed: fit/apply timings and TS vs SMART (calibrators.md); comparison: Table 1 and the "
+                             "data-efficiency curve over every registered calibrator (calibrator_comparison.md)")
+    args = parser.parse_args(argv)
+    if args.part in ("speed", "all"):
+        speed_main()
+    if args.part in ("comparison", "all"):
+        comparison_main()
 
 
 if __name__ == "__main__":

@@ -183,18 +183,18 @@ def compare(train_f, train_y, test_f, test_y, base_logits, seeds, base_config: M
 @contextlib.contextmanager
 def opposite_direction():
     """Ablation only: flip the sign of the adaptive step (over-confident → ρ up)."""
-    from hf_calibration import maccal
+    from hf_calibration.maccal import stage
 
-    original = maccal.update_retention
+    original = stage.update_retention
 
     def flipped(rho, accuracy, confidence, epoch, config):
         return original(rho, confidence, accuracy, epoch, dataclasses.replace(config, kappa=1.0 / config.kappa))
 
-    maccal.update_retention = flipped
+    stage.update_retention = flipped
     try:
         yield
     finally:
-        maccal.update_retention = original
+        stage.update_retention = original
 
 
 def table(rows: dict[str, list[dict]]) -> str:

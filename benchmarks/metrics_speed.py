@@ -73,9 +73,9 @@ def _netcal(metric):
 
 
 def _top_label(z, y):
-    from hf_calibration.metrics._format import top_label
+    from hf_calibration.metrics._format import prepare, top_label
 
-    top = top_label(z, y)
+    top = top_label(prepare(z, y))
     return top.confidence, top.correct
 
 

@@ -133,7 +133,7 @@ def hub_is_offline() -> bool:
 
 def share(calibrator: SMARTCalibrator, script: ScriptArguments, folder: Path) -> str:
     """Push to the Hub, or (dry run) save locally and list what would be uploaded. Returns where to load from."""
-    calibrator.save_pretrained(folder)
+    calibrator.save_pretrained(folder, overwrite=True)  # this script's own output folder: a rerun replaces its calibrator
     if script.dry_run or script.push_to_hub_repo is None or hub_is_offline():
         target = script.push_to_hub_repo or "<your-username>/<model>-smart"
         where = f"{target}/{script.path_in_repo}" if script.path_in_repo else target

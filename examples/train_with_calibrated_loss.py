@@ -52,7 +52,7 @@ COLUMNS = ("accuracy", "ece", "adaece", "o_ece", "u_ece")
 class ScriptArguments:
     loss: str = field(default="fedlas_ls", metadata={"help": f"Training loss, one of {list_losses()}."})
     loss_kwargs: str = field(
-        default="{}", metadata={"help": 'JSON of loss arguments, e.g. \'{"beta": 1.0}\' (num_classes is filled in).'}
+        default="{}", metadata={"help": 'JSON of loss arguments, e.g. \'{"beta": 1.0}\' (num_classes: the model\'s).'}
     )
     maccal: bool = field(default=False, metadata={"help": "Run the MaC-Cal second stage after training."})
     maccal_kwargs: str = field(default="{}", metadata={"help": "JSON of MaCCalConfig arguments."})
@@ -187,10 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         train, test, num_labels, model = hub_splits_and_model(script)
 
-    loss_kwargs = json.loads(script.loss_kwargs)
-    if script.loss.lower().startswith("fedlas"):
-        loss_kwargs.setdefault("num_classes", num_labels)
-    loss = get_loss(script.loss, **loss_kwargs)
+    # FeDLaS's num_classes and its gate's seed come from the trainer (model.config.num_labels, --seed)
+    loss = get_loss(script.loss, **json.loads(script.loss_kwargs))
 
     trainer = CalibrationTrainer(
         model=model,
@@ -205,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     reports = {script.loss: evaluate_calibration(trainer, test)}
 
     if script.maccal:
-        from hf_calibration.maccal import MaCCalConfig
+        from hf_calibration import MaCCalConfig
 
         # the stage can also run inside train() with CalibrationTrainer(..., maccal=config); run separately
         # here to report the model before and after it

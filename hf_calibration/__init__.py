@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import _post_import
+
 __version__ = "0.1.0"
 
 # public name -> submodule that defines it
@@ -27,25 +29,36 @@ _EXPORTS = {
         "get_loss",
     ],
     "calibrators": [
+        "AutoCalibrator",
         "ClassBasedTemperatureScaling",
         "DirichletCalibration",
         "EnsembleTemperatureScaling",
+        "HistogramBinning",
+        "IsotonicRegression",
         "MatrixScaling",
+        "OneVsRestIsotonicRegression",
         "ParameterizedTemperatureScaling",
         "SMARTCalibrator",
+        "SplineCalibration",
         "TemperatureScaling",
         "VectorScaling",
+        "compare_calibrators",
         "create_calibrator",
         "list_calibrators",
         "load_calibrator",
     ],
     "trainer": ["CalibrationTrainer"],
-    "maccal": ["MaCCalConfig", "MaCCalResult", "maccal_stage"],
-    "masked_head": ["MaskedBottleneckHead", "load_maccal_model"],
+    "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
+    "inference": ["predict_logits"],
+    "metrics.accumulator": ["CalibrationAccumulator"],
 }
 _NAME_TO_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = ["__version__", *_NAME_TO_MODULE]
+
+# a MaC-Cal checkpoint's config names its head: register that model type with transformers' AutoConfig when
+# transformers loads it, so `AutoModelForImageClassification.from_pretrained` / `pipeline` rebuild the head
+_post_import.call_after_import("transformers.models.auto.configuration_auto", "hf_calibration.maccal.persistence:register_auto_config")
 
 
 def __getattr__(name: str):
@@ -65,14 +78,20 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from . import metrics
     from .calibrators import (
+        AutoCalibrator,
         ClassBasedTemperatureScaling,
         DirichletCalibration,
         EnsembleTemperatureScaling,
+        HistogramBinning,
+        IsotonicRegression,
         MatrixScaling,
+        OneVsRestIsotonicRegression,
         ParameterizedTemperatureScaling,
         SMARTCalibrator,
+        SplineCalibration,
         TemperatureScaling,
         VectorScaling,
+        compare_calibrators,
         create_calibrator,
         list_calibrators,
         load_calibrator,
@@ -88,7 +107,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         MbLSLoss,
         get_loss,
     )
-    from .maccal import MaCCalConfig, MaCCalResult, maccal_stage
-    from .masked_head import MaskedBottleneckHead, load_maccal_model
+    from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
+    from .inference import predict_logits
     from .metric_scripts import list_metric_scripts, metric_path
+    from .metrics.accumulator import CalibrationAccumulator
     from .trainer import CalibrationTrainer

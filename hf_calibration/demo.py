@@ -411,7 +411,7 @@ def _run(config: DemoConfig) -> DemoResult:
         if smart_ce is None:
             smart_ce = smart
         path = out / f"logits_vit_{_slug(name)}.npz"
-        save_logits(path, val=(z_cal, cal.labels.numpy()), test=(z_test, test.labels.numpy()))
+        save_logits(path, val=(z_cal, cal.labels.numpy()), test=(z_test, test.labels.numpy()), overwrite=True)  # the demo's own folder
         files[f"logits ({name}; val = calibration split)"] = path
     rows["CE + MaC-Cal"] = maccal_test
     lap("calibrators")
@@ -435,7 +435,7 @@ def _run(config: DemoConfig) -> DemoResult:
     model_dir = out / "vit_ce"
     ce_model.save_pretrained(model_dir)
     processor.save_pretrained(model_dir)
-    smart_ce.save_pretrained(model_dir / "calibrator")
+    smart_ce.save_pretrained(model_dir / "calibrator", overwrite=True)  # replaces the previous run's calibrator only
     files["model + image processor + SMART calibrator"] = model_dir
     pipeline_rows: list[PipelineRow] = []
     if config.pipeline_images:

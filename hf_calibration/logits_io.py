@@ -21,7 +21,7 @@ import numpy as np
 
 from ._checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range, to_numpy
 
-__all__ = ["LogitsFileError", "Logits", "load_logits", "save_logits", "available_splits", "SUFFIXES"]
+__all__ = ["LogitsFileError", "Logits", "load_logits", "save_logits", "npz_path", "available_splits", "SUFFIXES"]
 
 SUFFIXES = (".npz", ".pt", ".pth", ".safetensors", ".npy")
 
@@ -163,13 +163,27 @@ def load_logits(
     return Logits(logits, labels.astype(np.int64, copy=False), source)
 
 
-def save_logits(path: str | os.PathLike, logits: Any = None, labels: Any = None, **splits: tuple[Any, Any]) -> Path:
-    """Write an ``.npz`` logits file that :func:`load_logits` and ``hf-calibration`` read.
+def npz_path(path: str | os.PathLike) -> Path:
+    """The file ``numpy.savez`` writes for ``path``: ``.npz`` is appended unless the name already ends with it."""
+    path = Path(path)
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+
+
+def save_logits(
+    path: str | os.PathLike, logits: Any = None, labels: Any = None, *, overwrite: bool = False, **splits: tuple[Any, Any]
+) -> Path:
+    """Write an ``.npz`` logits file that :func:`load_logits` and ``hf-calibration`` read; returns its path.
 
     ``save_logits("out.npz", logits, labels)`` writes ``logits`` / ``labels``;
     ``save_logits("out.npz", val=(logits_val, labels_val), test=(logits_test, labels_test))``
-    writes one ``logits_<split>`` / ``labels_<split>`` pair per split.
+    writes one ``logits_<split>`` / ``labels_<split>`` pair per split. ``.npz`` is appended to a name without
+    it. An existing file is replaced only with ``overwrite=True``.
     """
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
+    target = npz_path(path)
+    if target.exists() and not overwrite:
+        raise ValueError(f"Expected argument `path` to name a new file, but {str(target)!r} exists; pass overwrite=True to replace it.")
     arrays: dict[str, np.ndarray] = {}
     if logits is not None or labels is not None:
         if logits is None or labels is None:
@@ -184,6 +198,5 @@ def save_logits(path: str | os.PathLike, logits: Any = None, labels: Any = None,
         check_classification_shapes(z, y, "logits", "labels")
         suffix = "" if name is None else f"_{name}"
         arrays[f"logits{suffix}"], arrays[f"labels{suffix}"] = z, y.astype(np.int64, copy=False)
-    path = Path(path)
-    np.savez(path, **arrays)
-    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+    np.savez(target, **arrays)
+    return target

@@ -2,13 +2,20 @@
 
 What it adds to `Trainer(..., compute_loss_func=loss)`:
 
+* the loss may be given as an instance or as a class (``compute_loss=FeDLaSLoss``, the product card's spelling, or
+  ``compute_loss_func=FeDLaSLoss``): a class is built with its defaults, and a loss that needs ``num_classes``
+  gets ``model.config.num_labels``;
 * losses with ``requires_features`` (FeDLaS) get the classifier's input, captured by a forward pre-hook on the
   model's classification head (``hf_calibration.features``) while the loss is computed;
+* the FeDLaS gate is drawn from ``args.seed`` (unless the loss has a ``seed`` of its own or a loaded / trained
+  state), and under DDP every process starts from rank 0's loss state, so one seed gives one run;
 * the loss's own parameters (the FeDLaS gate) are trained by the Trainer's optimizer, and under DDP their
   gradients are averaged across processes before clipping and the optimizer step (DDP only syncs the model's);
   ``max_grad_norm`` clips model and gate gradients together, by one global norm;
 * the loss state (gate weights and EMA buffers) is saved as ``calibration_loss.safetensors`` in every checkpoint
-  and in ``save_model``'s folder, and restored by ``train(resume_from_checkpoint=...)``;
+  and in ``save_model``'s folder, and restored by ``train(resume_from_checkpoint=...)`` and by
+  ``load_best_model_at_end``, together with every model weight (transformers 5 saves some models under other
+  weight names than it loads them with; those are reloaded through ``from_pretrained``);
 * the loss follows the model's train/eval mode, so ``evaluate()`` never moves EMA statistics, and eval
   predictions stay plain logits (no hidden states are requested);
 * the optional MaC-Cal second stage runs after ``train()`` when ``maccal=MaCCalConfig(...)`` is given.
@@ -20,6 +27,9 @@ averages it itself, so gradient accumulation and multi-process training give the
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import logging
 import os
 from typing import Any, Callable
@@ -85,9 +95,12 @@ class CalibrationTrainer(Trainer):
     """`Trainer` for calibration losses: feature capture, loss parameters, loss checkpoints, MaC-Cal.
 
     Args:
-        compute_loss_func: a loss of ``hf_calibration.losses`` (e.g. ``FeDLaSLoss(num_classes=10)``) or any
-            callable with transformers' ``compute_loss_func(outputs, labels, num_items_in_batch)`` contract.
+        compute_loss_func: a loss of ``hf_calibration.losses``, as an instance (``FeDLaSLoss(num_classes=10)``)
+            or as a class (``FeDLaSLoss``: built with its defaults, ``num_classes`` from ``model.config.num_labels``),
+            or any callable with transformers' ``compute_loss_func(outputs, labels, num_items_in_batch)`` contract.
             ``None`` trains with the model's own loss, exactly as `Trainer` does.
+        compute_loss: the same argument under the product card's name (``CalibrationTrainer(..., compute_loss=FeDLaSLoss)``);
+            give one of the two.
         head: dotted attribute path of the model's final ``nn.Linear`` (e.g. ``"classifier"``) when the model is
             not one whose head is found automatically (ViT, Swin, ResNet, timm through
             ``TimmWrapperForImageClassification``...). Only used by losses that need features and by MaC-Cal.
@@ -103,38 +116,48 @@ class CalibrationTrainer(Trainer):
 
     Example::
 
-        from hf_calibration import CalibrationTrainer
-        from hf_calibration.losses import FeDLaSLoss
+        from hf_calibration import CalibrationTrainer, FeDLaSLoss
 
-        trainer = CalibrationTrainer(model=model, args=args, train_dataset=train,
-                                     compute_loss_func=FeDLaSLoss(num_classes=10))
+        trainer = CalibrationTrainer(model=model, args=args, train_dataset=train, compute_loss=FeDLaSLoss)
         trainer.train()
     """
 
     def __init__(
         self,
         *args: Any,
-        compute_loss_func: Callable | None = None,
+        compute_loss_func: Callable | type | None = None,
+        compute_loss: Callable | type | None = None,
         head: str | None = None,
         maccal: Any = None,
         maccal_dataset: Any = None,
         **kwargs: Any,
     ):
+        if compute_loss is not None and compute_loss_func is not None:
+            raise TypeError(
+                "Expected one of the arguments `compute_loss` and `compute_loss_func` (the same loss under two names), "
+                "but got both."
+            )
+        loss = compute_loss_func if compute_loss is None else compute_loss
+        name = "compute_loss_func" if compute_loss is None else "compute_loss"
         if head is not None and not isinstance(head, str):
             raise TypeError(f"Expected argument `head` to be a dotted attribute path (str), but got {head!r}.")
-        if compute_loss_func is not None and not callable(compute_loss_func):
-            raise TypeError(f"Expected argument `compute_loss_func` to be callable, but got {compute_loss_func!r}.")
-        self.calibration_loss = compute_loss_func
+        if isinstance(loss, type) and not issubclass(loss, nn.Module):
+            raise TypeError(f"Expected argument `{name}` to be a loss instance or a loss class (an nn.Module), but got {loss!r}.")
+        if loss is not None and not callable(loss):
+            raise TypeError(f"Expected argument `{name}` to be callable, but got {loss!r}.")
+        self.calibration_loss = loss  # a class is built below, once the model is known
         self.head = head
         self.maccal = maccal
         self.maccal_dataset = maccal_dataset
-        self._needs_features = _requires_features(compute_loss_func)
+        self._needs_features = _requires_features(loss)
         self._capture: FeatureCapture | None = None
-        # a loss that needs features is reached through `_loss_with_features`; Trainer only checks that
-        # `compute_loss_func` is set (it then counts `num_items_in_batch` and trusts the loss's normalisation)
-        loss_func = self._loss_with_features if self._needs_features else compute_loss_func
-        super().__init__(*args, compute_loss_func=loss_func, **kwargs)
+        self._silence_load_warnings = False
+        # Trainer only checks that `compute_loss_func` is set (it then counts `num_items_in_batch` and trusts the
+        # loss's normalisation); the call goes through `_compute_calibration_loss`, which adds the features
+        super().__init__(*args, compute_loss_func=None if loss is None else self._compute_calibration_loss, **kwargs)
 
+        if isinstance(loss, type):
+            self.calibration_loss = loss()
         if self._needs_features:
             if self.args.n_gpu > 1:
                 raise ValueError(
@@ -143,10 +166,40 @@ class CalibrationTrainer(Trainer):
                 )
             if self.model is not None:
                 find_classifier_head(self.model, head)  # fail now, not at the first step, when there is no head
-        if isinstance(compute_loss_func, nn.Module):
-            compute_loss_func.to(self.args.device)
-            if _trainable(compute_loss_func):
-                self.add_callback(CalibrationLossCallback(compute_loss_func))
+        if isinstance(self.calibration_loss, nn.Module):
+            self._prepare_loss(self.calibration_loss)
+
+    def _prepare_loss(self, loss: nn.Module) -> None:
+        """Fill the loss's ``num_classes`` from the model, seed its gate from ``args.seed``, put it on the device."""
+        if hasattr(loss, "set_num_classes"):
+            num_labels = self._num_labels()
+            if getattr(loss, "num_classes", None) is None:
+                if num_labels is None:
+                    raise ValueError(
+                        f"Expected `{type(loss).__name__}` to be given `num_classes`, or a model whose `config.num_labels` "
+                        "gives it, but got neither."
+                    )
+                loss.set_num_classes(num_labels)
+            elif num_labels is not None and loss.num_classes != num_labels:
+                raise ValueError(
+                    f"Expected the loss's `num_classes` ({loss.num_classes}) to equal the model's number of labels "
+                    f"({num_labels}), but they differ."
+                )
+        if getattr(loss, "gate_from_global_rng", False):  # not seeded, loaded or trained: one seed, one run
+            loss.reset_gate(self.args.seed)
+        loss.to(self.args.device)
+        if _trainable(loss):
+            self.add_callback(CalibrationLossCallback(loss))
+
+    def _num_labels(self) -> int | None:
+        """The model's number of classes: ``config.num_labels``, else the classification head's width."""
+        num_labels = getattr(getattr(self.model, "config", None), "num_labels", None)
+        if isinstance(num_labels, int):
+            return num_labels
+        try:
+            return find_classifier_head(self.model, self.head)[2].out_features
+        except (ValueError, AttributeError):
+            return None
 
     # -- features ------------------------------------------------------------------------------
     def _capture_for(self, model: nn.Module) -> FeatureCapture:
@@ -158,7 +211,10 @@ class CalibrationTrainer(Trainer):
         self._capture = FeatureCapture(self.accelerator.unwrap_model(model), self.head)
         return self._capture
 
-    def _loss_with_features(self, outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None):
+    def _compute_calibration_loss(self, outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None):
+        """What `Trainer` calls as ``compute_loss_func``: the loss, with the captured features when it needs them."""
+        if not self._needs_features:
+            return self.calibration_loss(outputs, labels, num_items_in_batch=num_items_in_batch)
         features = self._capture.pop() if self._capture is not None else None
         if features is None:
             raise ValueError(
@@ -265,22 +321,42 @@ class CalibrationTrainer(Trainer):
         return True
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        out = super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self._reload_renamed_weights(resume_from_checkpoint, model)
+        with self._restoring_every_weight(resume_from_checkpoint, model):
+            out = super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.load_loss_state(resume_from_checkpoint)
         return out
 
-    def _reload_renamed_weights(self, checkpoint_dir: str, model: nn.Module | None = None) -> None:
-        """Work around `Trainer` resuming models whose saved weight names differ from their module names.
+    def _load_best_model(self, *args: Any, **kwargs: Any):
+        best = self.state.best_model_checkpoint
+        with self._restoring_every_weight(best):
+            out = super()._load_best_model(*args, **kwargs)
+        if best:
+            self.load_loss_state(best)
+        return out
 
-        transformers 5.x saves some models (ViT, Swin) under their legacy weight names, while
-        ``Trainer._load_from_checkpoint`` loads the file with ``load_state_dict(strict=False)``: every renamed
-        weight is silently left at its current value (a warning only). ``from_pretrained`` applies the renaming,
-        so when the names differ the weights are reloaded through it.
+    @contextlib.contextmanager
+    def _restoring_every_weight(self, checkpoint_dir: str | None, model: nn.Module | None = None):
+        """Work around `Trainer` loading checkpoints whose saved weight names differ from the model's module names.
+
+        transformers 5.x saves some models (ViT, Swin) under their legacy weight names, while ``Trainer`` loads a
+        checkpoint file (``resume_from_checkpoint``, ``load_best_model_at_end``) with
+        ``load_state_dict(strict=False)``: every renamed weight is silently left at its current value, with a
+        "missing keys" warning. ``from_pretrained`` applies the renaming, so when the names differ, the weights are
+        reloaded through it once `Trainer` is done, and its warning about exactly those keys is replaced by one line.
         """
+        target = self.accelerator.unwrap_model(model if model is not None else self.model)
+        renamed = checkpoint_dir is not None and self._saved_names_differ(checkpoint_dir, target)
+        self._silence_load_warnings = renamed
+        try:
+            yield
+        finally:
+            self._silence_load_warnings = False
+        if renamed:
+            self._reload_through_from_pretrained(checkpoint_dir, target)
+
+    def _saved_names_differ(self, checkpoint_dir: str, target: nn.Module) -> bool:
         from transformers import PreTrainedModel
 
-        target = self.accelerator.unwrap_model(model if model is not None else self.model)
         path = os.path.join(checkpoint_dir, "model.safetensors")
         if (
             not isinstance(target, PreTrainedModel)
@@ -288,49 +364,91 @@ class CalibrationTrainer(Trainer):
             or self.is_deepspeed_enabled
             or self.is_fsdp_enabled
         ):
-            return
+            return False
         from safetensors import safe_open
 
         with safe_open(path, framework="pt") as f:
             saved = set(f.keys())
-        if saved == set(target.state_dict()):
-            return
-        logger.info("Reloading %s through from_pretrained: its saved weight names differ from the model's.", path)
-        fresh = type(target).from_pretrained(checkpoint_dir)
+        return saved != set(target.state_dict())
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        if not self._silence_load_warnings:
+            return super()._issue_warnings_after_load(load_result)
+        logger.info(
+            "%d weights are saved under transformers' checkpoint names: they are restored through from_pretrained.",
+            len(load_result.missing_keys),
+        )
+
+    def _reload_through_from_pretrained(self, checkpoint_dir: str, target: nn.Module) -> None:
+        """Load every weight of ``checkpoint_dir`` into ``target`` through ``from_pretrained`` (which renames them)."""
+        from .maccal.persistence import CONFIG_KEY, load_maccal_model
+
+        if getattr(target.config, CONFIG_KEY, None) is not None:  # a MaC-Cal head: its loader rebuilds it
+            fresh, info = load_maccal_model(checkpoint_dir, model_class=type(target), output_loading_info=True)
+        else:
+            fresh, info = type(target).from_pretrained(checkpoint_dir, output_loading_info=True)
+        stray = {k: sorted(map(str, v)) for k, v in info.items() if k != "error_msgs" and v}
+        if stray:
+            logger.warning("Checkpoint %s does not match the model: %s.", checkpoint_dir, stray)
         target.load_state_dict(fresh.state_dict(), strict=True)
 
-    def _load_best_model(self, *args: Any, **kwargs: Any):
-        out = super()._load_best_model(*args, **kwargs)
-        if self.state.best_model_checkpoint:
-            self.load_loss_state(self.state.best_model_checkpoint)
-        return out
-
-    # -- MaC-Cal ---------------------------------------------------------------------------------
     def train(self, *args: Any, **kwargs: Any):
+        self._broadcast_loss_state()
         output = super().train(*args, **kwargs)
         if self.maccal is not None:
             self.run_maccal()
         return output
 
+    def _broadcast_loss_state(self) -> None:
+        """Under several processes, start every process from rank 0's loss state (gate and EMA statistics), as DDP
+        does for the model's parameters and buffers."""
+        import torch.distributed as dist
+
+        loss = self.calibration_loss
+        if not isinstance(loss, nn.Module) or not (dist.is_available() and dist.is_initialized()):
+            return
+        if dist.get_world_size() < 2:
+            return
+        with torch.no_grad():
+            for tensor in loss.state_dict().values():
+                dist.broadcast(tensor, src=0)
+
+    # -- MaC-Cal ---------------------------------------------------------------------------------
     def run_maccal(self):
         """Run the MaC-Cal second stage on the trained model (frozen backbone, masked bottleneck head).
 
         The stage's base loss is this trainer's loss (a copy: FeDLaS gets the cached features and its gate
-        is retrained with the head), cross-entropy when the trainer uses the model's own loss.
+        is retrained with the head), cross-entropy when the trainer uses the model's own loss. Its progress bars
+        follow ``args.disable_tqdm``, and each epoch is logged (``maccal/retention``, ``maccal/train_accuracy``,
+        ...) on the stage's own step axis: the callbacks (TensorBoard, W&B, ...) see ``state.global_step`` equal
+        to the stage's epoch, so every epoch is a point of its own.
         """
         if self.maccal is None:
             raise ValueError("Expected argument `maccal` to be a MaCCalConfig to run the MaC-Cal stage, but got None.")
-        from .maccal import maccal_stage
+        from .maccal import MaCCalConfig, maccal_stage
 
+        if not isinstance(self.maccal, MaCCalConfig):
+            raise TypeError(f"Expected argument `maccal` to be a MaCCalConfig, but got {type(self.maccal).__name__}.")
+        config = self.maccal
+        if config.progress and (self.args.disable_tqdm or not self.is_local_process_zero()):
+            config = dataclasses.replace(config, progress=False)
         base = self.calibration_loss
         if not isinstance(base, nn.Module):
             base = None  # the model's own loss or a plain function: the stage's default (cross-entropy)
         return maccal_stage(
             self.model,
             self.maccal_dataset if self.maccal_dataset is not None else self.train_dataset,
-            self.maccal,
+            config,
             data_collator=self.data_collator,
             loss=base,
             head=self.head,
-            log_fn=self.log,
+            log_fn=self._log_maccal_epoch,
         )
+
+    def _log_maccal_epoch(self, logs: dict[str, float]) -> None:
+        """`Trainer.log` for one MaC-Cal epoch, with ``state.global_step`` = the stage's epoch for the callbacks
+        (the trainer's own state is left alone; its ``log_history`` gets the record at the trainer's step)."""
+        state = copy.copy(self.state)
+        state.global_step = int(logs["maccal/epoch"])
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, state, self.control, logs)

@@ -113,6 +113,85 @@ def test_report_probabilities(capsys, tmp_path, synthetic):
     assert json.loads(out)["ece"] == pytest.approx(_reference_ece(logits, labels), abs=1e-6)
 
 
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """Every matplotlib Figure the CLI saves, kept for inspection (and still written to disk)."""
+    from matplotlib.figure import Figure
+
+    figures, original = [], Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def _panels(fig):
+    """Per reliability panel: (title, ECE % printed in it, N printed in it, per-bin counts of its count panel)."""
+    out = []
+    reliability = [a for a in fig.axes if a.get_ylabel() == "accuracy"]
+    counts = [a for a in fig.axes if a.get_ylabel() == "count"]
+    for rel_ax, count_ax in zip(reliability, counts):
+        text = " ".join(t.get_text() for t in rel_ax.texts)
+        bars = next(c for c in count_ax.containers if c.get_label() == "count")
+        out.append((rel_ax.get_title(), re.search(r"ECE = ([0-9.]+)%", text).group(1),
+                    int(re.search(r"N = (\d+)", text).group(1)), [int(p.get_height()) for p in bars.patches]))
+    return out
+
+
+def test_report_probs_diagram_shows_the_table_numbers(capsys, tmp_path, synthetic, saved_figures):
+    # issue 11, case 3: the table read the file as probabilities, the diagram as logits (10.55 % vs 33.98 %)
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    np.savez(tmp_path / "p.npz", logits=probs, labels=labels)
+    code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", "--probs", "--diagram", tmp_path / "d.png")
+    assert code == 0, err
+    table_ece = re.search(r"^ECE \(%\)\s+([0-9.]+)$", out, re.M).group(1)
+    assert table_ece == f"{100 * _reference_ece(logits, labels):.2f}"
+    ((_, diagram_ece, n, counts),) = _panels(saved_figures[-1])
+    assert diagram_ece == table_ece and n == 600
+    # the counts panel against an independent binning of the top-label confidences (lo < p <= hi)
+    conf = probs.max(1)
+    assert counts == [int(((conf > b / 15) & (conf <= (b + 1) / 15)).sum()) for b in range(15)]
+
+
+@pytest.mark.parametrize("flag", [[], ["--probs"]])
+def test_report_probs_margin_groups_are_the_logit_margin_groups(capsys, tmp_path, synthetic, saved_figures, flag):
+    logits, labels = synthetic
+    np.savez(tmp_path / "z.npz", logits=logits.astype(np.float64), labels=labels)
+    np.savez(tmp_path / "p.npz", logits=torch.softmax(torch.from_numpy(logits).double(), 1).numpy(), labels=labels)
+    assert _run(capsys, "report", "--logits", tmp_path / "z.npz", "--diagram", tmp_path / "z.png", "--margin-groups", "3")[0] == 0
+    code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", *flag, "--diagram", tmp_path / "p.png",
+                          "--margin-groups", "3")
+    assert code == 0, err
+    from_logits, from_probs = _panels(saved_figures[0]), _panels(saved_figures[1])
+    assert len(from_probs) == 3 and from_probs == from_logits  # the same groups, titles, ECEs and counts
+    # and the groups are those of the logit margin z_(1) - z_(2), cut in three equal runs
+    top2 = np.sort(logits.astype(np.float64), axis=1)[:, -2:]
+    order = np.argsort(top2[:, 1] - top2[:, 0], kind="stable")
+    for (_, diagram_ece, n, _), idx in zip(from_probs, np.array_split(order, 3)):
+        assert n == len(idx) and diagram_ece == f"{100 * _reference_ece(logits[idx], labels[idx]):.2f}"
+
+
+def test_report_detects_probabilities_and_from_logits_overrides(capsys, tmp_path, synthetic):
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    np.savez(tmp_path / "p.npz", logits=probs, labels=labels)
+    code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["inputs"] == "probabilities" and data["ece"] == pytest.approx(_reference_ece(logits, labels), abs=1e-6)
+    with pytest.warns(UserWarning, match="looks like probabilities"):
+        code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", "--from-logits", "--json")
+    assert code == 0 and json.loads(out)["inputs"] == "logits"
+    assert json.loads(out)["ece"] == pytest.approx(_reference_ece(probs, labels), abs=1e-6)  # softmax of probabilities, as asked
+    with pytest.raises(SystemExit) as exit_info:  # one or the other
+        main(["report", "--logits", str(tmp_path / "p.npz"), "--probs", "--from-logits"])
+    assert exit_info.value.code == 2
+
+
 # ----------------------------------------------------------------------------- fit / apply
 
 
@@ -146,7 +225,7 @@ def test_fit_ts_then_apply_matches_a_scipy_temperature(capsys, npz_file, synthet
         np.testing.assert_array_equal(calibrated["labels"], y_test)
 
 
-def test_fit_smart_and_apply_report_before_after(capsys, npz_file, synthetic, tmp_path):
+def test_fit_smart_and_apply_report_before_after(capsys, npz_file, synthetic, tmp_path, saved_figures):
     out_dir = tmp_path / "smart"
     code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "smart", "--objective", "nll", "--seed", "1", "--out", out_dir)
     assert code == 0, err
@@ -160,6 +239,12 @@ def test_fit_smart_and_apply_report_before_after(capsys, npz_file, synthetic, tm
     z_test, y_test = synthetic[0][300:], synthetic[1][300:]
     assert f"{100 * _reference_ece(z_test, y_test):.2f}" in rows[0]
     assert (tmp_path / "after.png").read_bytes()[:4] == b"\x89PNG"
+    # issue 11, case 16: the diagram is the before / after pair, with the table's ECEs and all N samples counted
+    ece_cells = [[c.strip() for c in row.strip("|").split("|")][2] for row in rows]
+    before, after = _panels(saved_figures[-1])
+    assert before[0] == "uncalibrated" and after[0] == "smart"
+    assert [before[1], after[1]] == ece_cells
+    assert before[2] == after[2] == 300 and sum(before[3]) == sum(after[3]) == 300
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -204,7 +289,7 @@ def _bad(tmp_path, synthetic, case):
     if case == "unwritable output dir":
         return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--out", blocker / "sub"], "not writable"
     if case == "output dir is a file":
-        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--out", blocker], "not a folder"
+        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--out", blocker], "to be a folder, but"
     if case == "unwritable diagram":
         return ["report", "--logits", tmp_path / "ok.npz", "--diagram", blocker / "d.png"], "not a folder"
     if case == "bad method":
@@ -319,3 +404,179 @@ def test_fit_push_to_hub_uploads_the_saved_calibrator(capsys, npz_file, tmp_path
     assert {"config.json", "model.safetensors", "README.md"} <= set(calls["files"])
     assert calls["config"]["calibrator"] == "temperature_scaling"
     assert "pushed to https://huggingface.co/someone/ts-calibrator" in out
+
+
+# ----------------------------------------------------------------------------- outputs a user owns, strict JSON, probabilities
+
+
+def _strict_json(text: str):
+    """json.loads that refuses NaN / Infinity tokens (not JSON)."""
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_fit_validates_before_writing_anything(capsys, npz_file, tmp_path):
+    out = tmp_path / "ts"
+    with pytest.raises(SystemExit) as exit_info:  # used to fit, save, and only then fail on n_bins = 0 (exit 1)
+        main(["fit", "--logits", str(npz_file), "--method", "ts", "--out", str(out), "--n-bins", "0"])
+    assert exit_info.value.code == 2 and "--n_bins: expected an integer >= 1, got 0" in capsys.readouterr().err
+    assert not out.exists()
+    few = tmp_path / "few.npz"
+    np.savez(few, logits=np.zeros((20, 3), np.float32), labels=np.zeros(20, np.int64))
+    code, _, err = _run(capsys, "fit", "--logits", few, "--method", "smart", "--out", out)
+    assert code == 1 and "at least 50" in err
+    assert not out.exists()  # a failed fit used to leave an empty folder behind
+
+
+def test_fit_never_writes_into_a_model_folder(capsys, npz_file, tmp_path):
+    from _models import make_model
+
+    model_dir = tmp_path / "vit"
+    make_model("vit", num_labels=5).save_pretrained(model_dir)
+    capsys.readouterr()  # transformers' own output while saving
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    for extra in ([], ["--overwrite"]):
+        code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", model_dir, *extra)
+        assert code == 1 and err.count("\n") == 1 and "holds a model's files" in err and str(model_dir / "calibrator") in err
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before  # config.json and model.safetensors used to be replaced
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", model_dir / "calibrator")
+    assert code == 0, err
+
+
+def test_refit_needs_overwrite_and_replaces_the_whole_calibrator(capsys, npz_file, tmp_path):
+    out_dir = tmp_path / "cal"
+    assert _run(capsys, "fit", "--logits", npz_file, "--method", "smart", "--objective", "nll", "--out", out_dir)[0] == 0
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir)
+    assert code == 1 and "holds a calibrator; pass --overwrite" in err
+    assert json.loads((out_dir / "config.json").read_text())["calibrator"] == "smart"
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir, "--overwrite")
+    assert code == 0, err
+    card = (out_dir / "README.md").read_text()
+    assert "TemperatureScaling" in card and "SMART" not in card  # the old card used to stay
+    assert json.loads((out_dir / "config.json").read_text())["calibrator"] == "temperature_scaling"
+
+
+def test_apply_outputs_never_replace_inputs_or_existing_files(capsys, npz_file, tmp_path):
+    cal = tmp_path / "ts"
+    assert _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", cal)[0] == 0
+    data = tmp_path / "data.npz"
+    data.write_bytes(npz_file.read_bytes())
+    original = data.read_bytes()
+    for extra in ([], ["--overwrite"]):  # its own input: refused even with --overwrite (the val split would be lost)
+        code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", data, *extra)
+        assert code == 1 and "is one of this command's input files" in err
+        code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", tmp_path / "data", *extra)
+        assert code == 1 and "input files" in err  # `data` is written as data.npz: the same file
+    assert data.read_bytes() == original
+    taken = tmp_path / "taken.npz"
+    taken.write_bytes(b"someone's file")
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", taken)
+    assert code == 1 and "exists; pass --overwrite" in err and taken.read_bytes() == b"someone's file"
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", taken, "--overwrite")
+    assert code == 0, err
+    with np.load(taken) as saved:
+        assert saved["logits"].shape == (300, 5)
+
+
+def test_report_diagram_never_replaces_an_existing_file(capsys, npz_file, tmp_path):
+    taken = tmp_path / "taken.png"
+    taken.write_bytes(b"someone's picture")
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", taken)
+    assert code == 1 and "exists; pass --overwrite" in err and taken.read_bytes() == b"someone's picture"
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", npz_file, "--overwrite")
+    assert code == 1 and "input files" in err  # its own input: refused even with --overwrite
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", taken, "--overwrite")
+    assert code == 0, err
+    assert taken.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_apply_prints_the_file_it_wrote(capsys, npz_file, tmp_path):
+    cal = tmp_path / "ts"
+    assert _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", cal)[0] == 0
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", npz_file, "--save-logits", tmp_path / "cal_out")
+    assert code == 0, err
+    assert f"calibrated logits: {tmp_path / 'cal_out.npz'}" in out  # printed `cal_out`, wrote `cal_out.npz`
+    assert (tmp_path / "cal_out.npz").is_file() and not (tmp_path / "cal_out").exists()
+
+
+def test_json_is_strict_when_a_metric_is_infinite(capsys, synthetic, tmp_path):
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    probs[0] = 0.0
+    probs[0, (labels[0] + 1) % 5] = 1.0  # the true class gets probability 0: NLL = inf
+    np.savez(tmp_path / "p.npz", logits_val=probs, labels_val=labels, logits_test=probs, labels_test=labels)
+    cal = tmp_path / "ts"
+    code, out, err = _run(capsys, "fit", "--logits", tmp_path / "p.npz", "--method", "ts", "--out", cal, "--json")
+    assert code == 0, err
+    fit = _strict_json(out)  # used to contain `Infinity`
+    assert fit["inputs"] == "probabilities"
+    assert fit["reports"]["uncalibrated"]["nll"] is None and fit["reports"]["uncalibrated"]["non_finite"] == {"nll": "inf"}
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", tmp_path / "p.npz", "--json")
+    assert code == 0, err
+    applied = _strict_json(out)
+    assert applied["reports"]["uncalibrated"]["non_finite"] == {"nll": "inf"}
+    assert np.isfinite(applied["reports"]["temperature_scaling"]["nll"])  # log(0) is floored: finite after calibration
+    assert "non_finite" not in applied["reports"]["temperature_scaling"]
+
+
+def test_fit_and_apply_on_probabilities_match_logits(capsys, npz_file, synthetic, tmp_path):
+    """A probabilities file is detected: the same temperature and the same reports as its logits (to print precision)."""
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    np.savez(tmp_path / "p.npz", logits_val=probs[:300], labels_val=labels[:300], logits_test=probs[300:], labels_test=labels[300:])
+    results = {}
+    for name, source, extra in (("logits", npz_file, []), ("probs", tmp_path / "p.npz", []), ("forced", tmp_path / "p.npz", ["--probs"])):
+        code, out, err = _run(capsys, "fit", "--logits", source, "--method", "ts", "--out", tmp_path / name, *extra)
+        assert code == 0, err
+        results[name] = float(re.search(r"T = ([0-9.]+)", out).group(1))
+        code, out, err = _run(capsys, "apply", "--calibrator", tmp_path / name, "--logits", source, "--json", *extra)
+        assert code == 0, err
+        results[name + " ece"] = json.loads(out)["reports"]["temperature_scaling"]["ece"]
+    assert results["logits"] == results["probs"] == results["forced"]
+    # the logits file is float32 (calibrated in float32), the probabilities float64: equal to float32 rounding
+    assert results["logits ece"] == pytest.approx(results["probs ece"], abs=1e-6)
+    assert results["probs ece"] == results["forced ece"]
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "bad", "--probs")
+    assert code == 1 and "probabilities in [0, 1]" in err
+
+
+def test_apply_to_a_different_class_count_warns_once(capsys, npz_file, synthetic, tmp_path):
+    cal = tmp_path / "ts"
+    assert _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", cal)[0] == 0
+    logits, labels = synthetic
+    np.savez(tmp_path / "k6.npz", logits=np.concatenate([logits, logits[:, :1] - 1], axis=1), labels=labels)
+    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", tmp_path / "k6.npz")
+    assert code == 0
+    assert err.count("fitted on K = 5") == 1, err
+
+
+def test_push_offline_says_where_the_calibrator_is(capsys, npz_file, tmp_path):
+    import os
+
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    out_dir = tmp_path / "ts"
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir, "--push-to-hub", "me/ts")
+    assert code == 1 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "the Hugging Face Hub is unreachable (offline mode is on: HF_HUB_OFFLINE=1)" in err and f"saved in {out_dir}." in err
+    assert {p.name for p in out_dir.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+
+
+def test_push_dry_run_builds_the_upload_folder(capsys, npz_file, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    class NoNetwork:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a dry run must not create an HfApi client")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", NoNetwork)
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "ts",
+                          "--push-to-hub", "me/vit", "--path-in-repo", "calibrator", "--dry-run")
+    assert code == 0, err
+    folder = Path(re.search(r"are in (\S+)", out).group(1))
+    assert "https://huggingface.co/me/vit/tree/main/calibrator" in out and folder.name == "calibrator"
+    assert {p.name for p in folder.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+    assert (folder / "README.md").read_text() == (tmp_path / "ts" / "README.md").read_text()
+    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "x", "--dry-run")
+    assert code == 1 and "apply to --push-to-hub only" in err

@@ -1,8 +1,11 @@
 """Two CPU processes (torchrun, gloo) training with FeDLaS through CalibrationTrainer, each on its own data.
 
-Checks that the loss state stays identical across ranks — the EMA statistics (all-reduced by the loss) and
-the gate weights (whose gradients DDP does not sync: the trainer averages them) — and equals what one
-process computes from the union batch.
+Checks that the loss state is identical across ranks after every step, bit for bit — the gate (drawn from
+``args.seed`` however each process's RNG stood, and trained with gradients the trainer averages: DDP syncs the
+model's only) and the EMA statistics (all-reduced by the loss) — as are the model's weights; and that the end
+state equals what one process computes from the union batch, up to float32 summation order (two half-batch
+gradients summed by the all-reduce against one 32-row sum): rtol 1e-6 / atol 1e-7 on the loss state, rtol 1e-5 /
+atol 1e-6 on the model, after 3 SGD steps at lr 0.5.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def _close(a: dict, b: dict, **tol):
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-def test_two_processes_hold_identical_loss_state_equal_to_one_big_batch(tmp_path):
+def test_two_processes_hold_one_loss_state_at_every_step_equal_to_one_big_batch(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
@@ -52,17 +55,28 @@ def test_two_processes_hold_identical_loss_state_equal_to_one_big_batch(tmp_path
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
-    assert [r["steps"] for r in ranks] == [3, 3]
+    assert [r["global_step"] for r in ranks] == [3, 3] and [len(r["steps"]) for r in ranks] == [3, 3]
 
-    # identical across ranks, bit for bit: the same all-reduced statistics and averaged gate gradients
+    # identical across ranks after every step, bit for bit: gate, EMA statistics and model weights
+    for step, (a, b) in enumerate(zip(ranks[0]["steps"], ranks[1]["steps"]), start=1):
+        assert any(k.startswith("gate.") for k in a["loss"]) and {"nci_mean", "nci_std"} <= set(a["loss"]), step
+        _close(a["loss"], b["loss"], rtol=0, atol=0)
+        _close(a["model"], b["model"], rtol=0, atol=0)
+    # the gate trained (its gradients reached every rank), and the statistics moved
+    first, last = ranks[0]["steps"][0]["loss"], ranks[0]["steps"][-1]["loss"]
+    assert not torch.equal(first["gate.fc_in.weight"], last["gate.fc_in.weight"])
+    assert not torch.equal(first["nci_mean"], last["nci_mean"])
     _close(ranks[0]["loss"], ranks[1]["loss"], rtol=0, atol=0)
     _close(ranks[0]["model"], ranks[1]["model"], rtol=0, atol=0)
 
-    # and what one process computes on the union of the two ranks' batches (up to summation order)
+    # and what one process computes on the union of the two ranks' batches (up to summation order), its global
+    # RNG in yet another state when it builds the loss
     from _ddp_worker import train_fedlas
 
-    single = train_fedlas(32, str(tmp_path / "single"))
-    assert single["world_size"] == 1 and single["steps"] == 3
+    single = train_fedlas(32, str(tmp_path / "single"), global_seed=7)
+    assert single["world_size"] == 1 and single["global_step"] == 3
+    for ddp_step, one_step in zip(ranks[0]["steps"], single["steps"]):
+        _close(ddp_step["loss"], one_step["loss"], rtol=1e-6, atol=1e-7)
     _close(ranks[0]["loss"], single["loss"], rtol=1e-6, atol=1e-7)
     _close(ranks[0]["model"], single["model"], rtol=1e-5, atol=1e-6)
 

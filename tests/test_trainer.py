@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import sys
 import types
 
@@ -16,7 +18,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from _models import HEAD_PATHS, MODEL_NAMES, DictDataset, digits, digits_dataset, head_input, make_model
 from hf_calibration import CalibrationTrainer
 from hf_calibration.features import find_classifier_head
-from hf_calibration.losses import CalibrationLoss, get_loss
+from hf_calibration.losses import CalibrationLoss, FeDLaSLoss, LabelSmoothingLoss, get_loss
 from hf_calibration.trainer import LOSS_STATE_NAME
 
 torch.set_num_threads(1)
@@ -76,11 +78,11 @@ def test_two_steps_every_loss_on_vit(tmp_path, name):
     model = make_model("vit", seed=0)
     loss = _loss(name)
     x, y = digits(slice(0, 16))
-    expected = _expected_first_loss(model, "vit", loss, x, y)
-    before, loss_before = _state(model), _state(loss)
     trainer = CalibrationTrainer(
         model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=loss
     )
+    expected = _expected_first_loss(model, "vit", loss, x, y)  # the gate as the trainer seeded it
+    before, loss_before = _state(model), _state(loss)
     trainer.train()
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == 2 and all(np.isfinite(logged))
@@ -104,11 +106,11 @@ def test_fedlas_two_steps_on_every_architecture(tmp_path, arch):
     model = make_model(arch, seed=0)
     loss = _loss("fedlas_mbls")
     x, y = digits(slice(0, 16))
-    expected = _expected_first_loss(model, arch, loss, x, y)
-    gate_before = _state(loss.gate)
     trainer = CalibrationTrainer(
         model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=loss
     )
+    expected = _expected_first_loss(model, arch, loss, x, y)
+    gate_before = _state(loss.gate)
     trainer.train()
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert logged[0] == pytest.approx(expected, rel=1e-5)
@@ -266,6 +268,20 @@ def test_user_optimizer_without_loss_parameters_warns(tmp_path, caplog):
 # ----------------------------------------------------------------------------- checkpoints
 
 
+@contextlib.contextmanager
+def _trainer_warnings():
+    """The messages `transformers.trainer` logs at WARNING and above (a handler of its own: transformers' logging
+    may not propagate to pytest's)."""
+    messages, handler = [], logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    trainer_logger = logging.getLogger("transformers.trainer")
+    trainer_logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        trainer_logger.removeHandler(handler)
+
+
 class _LossStateRecorder(TrainerCallback):
     def __init__(self, loss):
         self.loss, self.at_save, self.at_train_begin = loss, {}, None
@@ -297,11 +313,54 @@ def test_checkpoint_then_resume_restores_the_loss_state(tmp_path, name):
     # a fresh trainer with a fresh loss resumes from step 2 and ends where the uninterrupted run ended
     loss2 = _loss(name)
     rec2 = _LossStateRecorder(loss2)
-    CalibrationTrainer(
-        model=make_model("vit", seed=5), args=args, train_dataset=data, compute_loss_func=loss2, callbacks=[rec2]
-    ).train(resume_from_checkpoint=str(ckpt))
+    with _trainer_warnings() as warnings:
+        CalibrationTrainer(
+            model=make_model("vit", seed=5), args=args, train_dataset=data, compute_loss_func=loss2, callbacks=[rec2]
+        ).train(resume_from_checkpoint=str(ckpt))
     _assert_state_equal(rec2.at_train_begin, saved, rtol=0, atol=0)
     _assert_state_equal(_state(loss2), final, rtol=1e-6, atol=1e-7)
+    # ViT's weights are saved under other names: restored through from_pretrained, without transformers'
+    # "missing keys" warning for exactly those keys
+    assert not [m for m in warnings if "missing keys" in m]
+
+
+class _StateAtStep(TrainerCallback):
+    """The model's state at the end of every step (before `load_best_model_at_end` replaces it)."""
+
+    def __init__(self, model):
+        self.model, self.states = model, {}
+
+    def on_step_end(self, args, state, control, **kw):
+        self.states[state.global_step] = _state(self.model)
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin"])
+def test_load_best_model_at_end_restores_every_weight_and_the_loss_state(tmp_path, arch):
+    """Before: only the tensors saved under their module names came back (ViT 8 of 40), the rest stayed at the last step."""
+    from safetensors.torch import load_file
+
+    scores = iter([0.9, 0.1, 0.2])  # evaluations after steps 1, 2, 3: step 1 is the best, not the last
+    model, loss = make_model(arch, seed=0), _loss("fedlas_ls")
+    at_step = _StateAtStep(model)
+    args = _args(tmp_path / "run", max_steps=3, optim="sgd", learning_rate=0.5, eval_strategy="steps", eval_steps=1,
+                 save_strategy="steps", save_steps=1, load_best_model_at_end=True, metric_for_best_model="score")
+    trainer = CalibrationTrainer(
+        model=model, args=args, train_dataset=digits_dataset(slice(0, 48)), eval_dataset=digits_dataset(slice(100, 116)),
+        compute_loss_func=loss, compute_metrics=lambda prediction: {"score": next(scores)}, callbacks=[at_step],
+    )
+    with _trainer_warnings() as warnings:
+        trainer.train()
+    best = tmp_path / "run" / "checkpoint-1"
+    assert trainer.state.best_model_checkpoint == str(best)
+    reference = type(model).from_pretrained(best).state_dict()  # transformers' own loading, renames applied
+    restored = model.state_dict()
+    assert restored.keys() == reference.keys()
+    assert [k for k in restored if not torch.equal(restored[k], reference[k])] == []
+    _assert_state_equal(_state(loss), load_file(str(best / LOSS_STATE_NAME)), rtol=0, atol=0)
+    # the run moved after step 1, so a partial restore would show: most tensors differ at the last step
+    last = at_step.states[3]
+    assert sum(not torch.equal(last[k], reference[k]) for k in reference) > len(reference) // 2
+    assert not [m for m in warnings if "missing keys" in m]
 
 
 def test_save_model_writes_the_loss_state(tmp_path):
@@ -387,6 +446,90 @@ def test_plain_trainer_with_fedlas_says_to_use_calibration_trainer(tmp_path):
         trainer.train()
 
 
+# ----------------------------------------------------------------------------- the card's spelling: a loss class
+
+
+@pytest.mark.parametrize("spelling", ["compute_loss", "compute_loss_func"])
+def test_a_fedlas_class_is_built_with_its_defaults_and_the_models_num_labels(tmp_path, spelling):
+    """`CalibrationTrainer(..., compute_loss=FeDLaSLoss)`: the same run as with `FeDLaSLoss(num_classes=10)`."""
+    data = digits_dataset(slice(0, 32))
+    by_class = CalibrationTrainer(model=make_model("vit", seed=0), args=_args(tmp_path / "a"), train_dataset=data,
+                                  **{spelling: FeDLaSLoss})
+    loss = by_class.calibration_loss
+    assert type(loss) is FeDLaSLoss and loss.num_classes == 10
+    assert (loss.variant, loss.base, loss.beta, loss.theta) == ("ls", 0.05, 4.0, 0.95)  # the paper's defaults
+    by_instance = CalibrationTrainer(model=make_model("vit", seed=0), args=_args(tmp_path / "b"), train_dataset=data,
+                                     compute_loss_func=FeDLaSLoss(num_classes=10))
+    x, y = digits(slice(0, 16))
+    expected = _expected_first_loss(by_class.model, "vit", loss, x, y)
+    by_class.train()
+    by_instance.train()
+    assert by_class.state.log_history[0]["loss"] == pytest.approx(expected, rel=1e-5)
+    _assert_state_equal(_state(by_class.model), _state(by_instance.model), rtol=0, atol=0)
+    _assert_state_equal(_state(loss), _state(by_instance.calibration_loss), rtol=0, atol=0)
+
+
+def test_a_feature_free_loss_class_and_an_instance_without_num_classes(tmp_path):
+    data = digits_dataset(slice(0, 32))
+    trainer = CalibrationTrainer(model=make_model("vit", seed=0), args=_args(tmp_path), train_dataset=data,
+                                 compute_loss_func=LabelSmoothingLoss)
+    assert type(trainer.calibration_loss) is LabelSmoothingLoss and trainer.calibration_loss.alpha == 0.05
+    x, y = digits(slice(0, 16))
+    expected = _expected_first_loss(trainer.model, "vit", LabelSmoothingLoss(0.05), x, y)
+    trainer.train()
+    assert trainer.state.log_history[0]["loss"] == pytest.approx(expected, rel=1e-5)
+    # FeDLaSLoss() without num_classes: the trainer fills it
+    loss = FeDLaSLoss(variant="mbls")
+    CalibrationTrainer(model=make_model("swin", seed=0), args=_args(tmp_path), compute_loss=loss)
+    assert loss.num_classes == 10 and loss.gate.fc_in.in_features == 10
+
+
+def test_a_loss_that_does_not_fit_the_model_fails_at_construction(tmp_path):
+    with pytest.raises(ValueError, match="`num_classes` \\(5\\).*number of labels \\(10\\)"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss_func=FeDLaSLoss(num_classes=5))
+    with pytest.raises(TypeError, match="`compute_loss`.*`compute_loss_func`"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss=FeDLaSLoss,
+                           compute_loss_func=FeDLaSLoss)
+    with pytest.raises(TypeError, match="`compute_loss`.*loss class"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss=dict)
+
+
+def test_plain_trainer_with_a_loss_class_says_to_pass_an_instance(tmp_path):
+    trainer = Trainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
+                      compute_loss_func=LabelSmoothingLoss)
+    with pytest.raises(TypeError, match=r"^LabelSmoothingLoss is a loss class.*`compute_loss_func=LabelSmoothingLoss\(\)`\.$"):
+        trainer.train()
+
+
+# ----------------------------------------------------------------------------- one seed, one run
+
+
+def test_one_seed_gives_one_run_whatever_the_global_rng(tmp_path):
+    """The gate was drawn from torch's global RNG when the loss was built: `TrainingArguments(seed=...)` did not reach it."""
+    runs = {}
+    for global_seed, seed in ((1, 0), (2, 0), (1, 7)):
+        model = make_model("vit", seed=0)
+        torch.manual_seed(global_seed)  # whatever the script's RNG holds when it builds the loss
+        loss = _loss("fedlas_ls")
+        CalibrationTrainer(model=model, args=_args(tmp_path, seed=seed), train_dataset=digits_dataset(slice(0, 32)),
+                           compute_loss_func=loss).train()
+        runs[global_seed, seed] = (_state(model), _state(loss))
+    for a, b in zip(runs[1, 0], runs[2, 0]):
+        _assert_state_equal(a, b, rtol=0, atol=0)
+    assert not torch.equal(runs[1, 0][1]["gate.fc_in.weight"], runs[1, 7][1]["gate.fc_in.weight"])  # the seed reaches it
+
+
+def test_a_gate_with_its_own_seed_or_a_loaded_state_is_kept(tmp_path):
+    seeded = FeDLaSLoss(num_classes=10, seed=3)
+    before = _state(seeded)
+    CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path, seed=0), compute_loss_func=seeded)
+    _assert_state_equal(_state(seeded), before, rtol=0, atol=0)
+    loaded = FeDLaSLoss(num_classes=10)
+    loaded.load_state_dict(before)
+    CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path, seed=0), compute_loss_func=loaded)
+    _assert_state_equal(_state(loaded), before, rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -400,23 +543,32 @@ def test_bad_arguments(tmp_path):
                            head="vit.embeddings")
     with pytest.raises(ValueError, match="`maccal`"):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path)).run_maccal()
+    with pytest.raises(TypeError, match="`maccal`"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), maccal={"epochs": 1}).run_maccal()
 
 
 # ----------------------------------------------------------------------------- MaC-Cal wiring
 
 
+def _fake_stage(monkeypatch) -> list:
+    """Replace the MaC-Cal stage by a recorder of its arguments."""
+    from hf_calibration.maccal import MaCCalConfig
+
+    calls = []
+    fake = types.ModuleType("hf_calibration.maccal")
+    fake.maccal_stage = lambda model, dataset, config, **kw: calls.append((model, dataset, config, kw))
+    fake.MaCCalConfig = MaCCalConfig
+    monkeypatch.setitem(sys.modules, "hf_calibration.maccal", fake)
+    return calls
+
+
 @pytest.mark.parametrize("name, expected_loss", [("fedlas_ls", "FeDLaSLSLoss"), ("ls", "LabelSmoothingLoss")])
 @pytest.mark.parametrize("separate_maccal_data", [False, True])
 def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch, name, expected_loss, separate_maccal_data):
-    calls = []
+    from hf_calibration.maccal import MaCCalConfig
 
-    def fake_stage(model, dataset, config, **kw):
-        calls.append((model, dataset, config, kw))
-
-    fake = types.ModuleType("hf_calibration.maccal")
-    fake.maccal_stage = fake_stage
-    monkeypatch.setitem(sys.modules, "hf_calibration.maccal", fake)
-    model, data, config = make_model("vit"), digits_dataset(slice(0, 32)), object()
+    calls = _fake_stage(monkeypatch)
+    model, data, config = make_model("vit"), digits_dataset(slice(0, 32)), MaCCalConfig(progress=False)
     plain = digits_dataset(slice(32, 64)) if separate_maccal_data else None  # e.g. the non-augmented images
     loss = _loss(name)
     trainer = CalibrationTrainer(model=model, args=_args(tmp_path), train_dataset=data,
@@ -427,7 +579,19 @@ def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch,
     assert m is model and d is (plain if separate_maccal_data else data) and c is config
     assert type(kw["loss"]).__name__ == expected_loss and kw["loss"] is loss  # the stage copies it itself
     assert kw["head"] == "classifier" and kw["data_collator"] is trainer.data_collator
-    assert kw["log_fn"] == trainer.log
+    assert kw["log_fn"] == trainer._log_maccal_epoch
+
+
+@pytest.mark.parametrize("disable_tqdm", [True, False])
+def test_maccal_progress_bars_follow_disable_tqdm(tmp_path, monkeypatch, disable_tqdm):
+    from hf_calibration.maccal import MaCCalConfig
+
+    calls = _fake_stage(monkeypatch)
+    trainer = CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path, disable_tqdm=disable_tqdm),
+                                 maccal=MaCCalConfig(epochs=1))
+    trainer.run_maccal()
+    assert calls[0][2].progress is (not disable_tqdm)
+    assert calls[0][2].epochs == 1
 
 
 def test_real_maccal_after_fedlas_then_evaluate(tmp_path):

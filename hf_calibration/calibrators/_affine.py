@@ -155,7 +155,7 @@ def affine_preconditioner(nll: AffineNLL, x: torch.Tensor, reg_lambda: float = 0
         p = torch.softmax(nll.logits(x), dim=1)
         v = p * (1 - p)
         n = f.shape[0]
-        h11 = _floor((v * f * f).sum(0) / n)  # class j's own weight multiplies its own feature f_ij
+        h11 = _floor((v * f * f).sum(0) / n + (2 * reg_lambda / k if nll.diagonal else 0.0))  # class j's own weight, its own feature
         h12 = (v * f).sum(0) / n
         h22 = _floor(v.sum(0) / n + 2 * reg_mu / k)
         l11 = h11.sqrt()
@@ -202,7 +202,7 @@ def fit_affine(
     progress_bar: bool = False,
     desc: str = "fit",
 ) -> LBFGSResult:
-    """Minimise ``nll`` + ODIR (only its intercept term for vector scaling) from ``x0``: preconditioned LBFGS, re-preconditioned at the
+    """Minimise ``nll`` + ODIR (for vector scaling: ``lambda / K sum (w - 1)^2 + mu / K sum b^2``) from ``x0``: preconditioned LBFGS, re-preconditioned at the
     solution of each round (the curvature moves as the fit moves), until a round gains less than ``tol``."""
     penalty = odir_penalty(nll.k, reg_lambda, reg_mu, nll.diagonal) if reg_lambda or reg_mu else None
     with torch_single_threaded():

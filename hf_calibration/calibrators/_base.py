@@ -4,6 +4,7 @@ A calibrator maps (N, K) logits to calibrated logits (or log-probabilities: any 
 is the calibrated distribution). Subclasses implement ``_calibrate(z)`` and ``_fit(...)``; everything else
 is here. Those that only divide each row by a positive temperature derive from
 ``TemperatureCalibrator`` (``_scaling.py``) and implement ``_temperature(z)`` instead of ``_calibrate``.
+Every entry point takes logits or probabilities (``from_logits=None`` detects them; ``_inputs.py``).
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from .. import hub
-from ..metrics._format import validate
+from .._checks import resolve_from_logits
+from ..metrics._format import prepare
+from . import _inputs
 from . import attach as _attach
 from .objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
 
-REPO_URL = "https://github.com/hf-calibration/hf-calibration"
 
-
-class NotFittedError(RuntimeError):
-    """The calibrator was used before ``fit`` (or ``from_pretrained``)."""
+class NotFittedError(ValueError, RuntimeError):
+    """The calibrator was used before ``fit`` (or ``from_pretrained``). A ``ValueError``, as scikit-learn's is (and a
+    ``RuntimeError``, as it was)."""
 
 
 def _labels_of(logits: Any, labels: Any) -> tuple[Any, Any]:
@@ -57,7 +59,6 @@ class Calibrator(
     PyTorchModelHubMixin,
     library_name="hf_calibration",
     tags=["calibration", "hf_calibration", "image-classification"],
-    repo_url=REPO_URL,
     model_card_template=hub.CALIBRATOR_CARD_TEMPLATE,
 ):
     """Base class: ``fit``, ``forward``/``__call__``, ``predict_proba``, ``attach``/``detach``,
@@ -69,9 +70,17 @@ class Calibrator(
     outputs that would overflow are shifted by their row maximum (the softmax is unchanged) and saturated at the
     dtype's finite minimum, so the output is never inf or NaN. Non-finite input logits raise ``ValueError``.
 
+    Inputs may be logits or probabilities: ``from_logits=None`` (the default of ``fit``, ``forward``,
+    ``predict_proba``) takes rows all in [0, 1] and summing to 1 as probabilities and works on ``log(p)``
+    (a fit records which in ``fit_info_["input"]``); an explicit ``True``/``False`` wins. Logits and their
+    softmax give the same calibrated probabilities.
+
     Class attributes a subclass sets: ``kind`` (its registry name), ``min_samples``, ``default_objective`` and
     ``objectives`` (the fit objectives it accepts), ``preserves_argmax`` (whether its predictions always equal the
-    model's; methods such as vector scaling may move the argmax by design).
+    model's; methods such as vector scaling may move the argmax by design), ``shift_invariant`` (whether its map
+    gives the same probabilities for ``z`` and ``z + c`` with a per-row constant ``c``; when False, ``_fit`` and
+    ``_calibrate`` receive ``z - max_k z_k``, so that logits and log-probabilities of one prediction are calibrated
+    alike) and ``paper_citation`` (the method's paper, as printed in it, for the model card).
     """
 
     kind: ClassVar[str] = ""
@@ -79,6 +88,8 @@ class Calibrator(
     default_objective: ClassVar[str] = "nll"
     objectives: ClassVar[tuple[str, ...]] = ("nll",)
     preserves_argmax: ClassVar[bool] = True
+    shift_invariant: ClassVar[bool] = False
+    paper_citation: ClassVar[str] = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,12 +101,18 @@ class Calibrator(
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated logits for finite logits ``z`` (float32 or float64, any device), same shape and dtype, no grad.
 
-        May return non-finite values only where the input rows are non-finite (the caller reports those).
+        ``z`` has its row maxima at 0 unless the class is ``shift_invariant``. May return non-finite values only
+        where the input rows are non-finite (the caller reports those).
         """
         raise NotImplementedError
 
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict:
+        """Fit on finite float32/float64 logits (row maxima at 0 unless ``shift_invariant``); returns fit_info entries."""
         raise NotImplementedError
+
+    def _check_state(self, where: str) -> None:
+        """Raise ``ValueError`` when the weights cannot come from a fit (a subclass checks its own; ``where`` names
+        the checkpoint in the message). Called on every loaded checkpoint."""
 
     def _forward_fused(self, z: torch.Tensor) -> torch.Tensor | None:
         """The whole forward (checks, map, argmax guard) in one fused pass, where a subclass has one; None otherwise."""
@@ -114,10 +131,7 @@ class Calibrator(
 
     # ------------------------------------------------------------------ inputs
     def _check_logits(self, logits: Any) -> torch.Tensor:
-        if isinstance(logits, np.ndarray):
-            logits = torch.from_numpy(logits)
-        if not isinstance(logits, torch.Tensor):
-            raise TypeError(f"Expected `logits` to be a torch.Tensor or numpy array, but got {type(logits).__name__}.")
+        logits = _inputs.as_tensor(logits, "logits")
         if logits.ndim != 2:
             raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got rank {logits.ndim} with shape {tuple(logits.shape)}.")
         if not logits.is_floating_point():
@@ -125,13 +139,29 @@ class Calibrator(
         if logits.shape[1] < 2:
             raise ValueError(f"Expected `logits` to have K >= 2 classes, but got K = {logits.shape[1]}.")
         expected = (self.fit_info_ or {}).get("num_classes")
-        if expected is not None and logits.shape[1] != expected:
+        warned = self.__dict__.setdefault("_warned_num_classes", set())
+        if isinstance(expected, int) and logits.shape[1] != expected and logits.shape[1] not in warned:
+            warned.add(logits.shape[1])  # once per K, not once per call
             logger.warning("Calibrating logits with K = %d classes; the calibrator was fitted on K = %d.", logits.shape[1], expected)
         return logits
 
-    def _fit_inputs(self, logits: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _prepare(self, logits: Any, from_logits: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(z, zc)``: the checked input, and what the map sees (log-probabilities for probabilities; row maxima at
+        0 unless ``shift_invariant``) in the compute dtype (float64 for float64 input, else float32)."""
+        z = self._check_logits(logits)
+        cdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+        if resolve_from_logits(z, from_logits, "logits"):
+            zc = z.to(cdtype)
+        else:
+            zc = _inputs.log_probabilities(z, cdtype)
+        return z, zc if self.shift_invariant else _inputs.canonical(zc)
+
+    def _fit_inputs(self, logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Validated, finite fit inputs as the map sees them (see ``_prepare``), and whether they were logits."""
         logits, labels = _labels_of(logits, labels)
-        logits, labels = validate(logits, labels, preds_name="logits", target_name="labels")
+        inputs = prepare(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
+        logits, labels, is_logits = inputs.preds, inputs.target, inputs.from_logits
+        logits = _inputs.native_array(logits)
         if logits.dtype not in (np.float32, np.float64):
             logits = logits.astype(np.float32)  # fp16 (bf16 is already float32 here): exact
         bad = ~np.isfinite(logits).all(axis=1)
@@ -141,7 +171,12 @@ class Calibrator(
             raise ValueError(
                 f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {logits.shape[0]}."
             )
-        return np.ascontiguousarray(logits), np.ascontiguousarray(labels)
+        z = torch.from_numpy(logits)
+        if not is_logits:
+            z = _inputs.log_probabilities(z, z.dtype)
+        if not self.shift_invariant:
+            z = _inputs.canonical(z)
+        return np.ascontiguousarray(z.numpy()), np.ascontiguousarray(labels), is_logits
 
     # ------------------------------------------------------------------ public API
     def fit(
@@ -150,57 +185,79 @@ class Calibrator(
         labels: Any = None,
         *,
         objective: str | None = None,
+        from_logits: bool | None = None,
         progress_bar: bool = True,
         **objective_options: Any,
     ) -> "Calibrator":
-        """Fit on held-out logits and labels; returns ``self``.
+        """Fit on held-out logits (or probabilities) and labels; returns ``self``.
 
         Args:
-            logits: (N, K) logits (torch tensor, numpy array), or a transformers ``PredictionOutput`` /
-                ``EvalPrediction`` (then ``labels`` may be omitted; tuple predictions: the first element).
+            logits: (N, K) logits or probabilities (torch tensor, numpy array), or a transformers
+                ``PredictionOutput`` / ``EvalPrediction`` (then ``labels`` may be omitted; tuple predictions: the
+                first element).
             labels: (N,) integer class indices; rows labelled -100 are ignored.
             objective: one of ``"nll"``, ``"brier"``, ``"soft_ece"``, ``"charbonnier_soft_ece"``
                 (default: the class's ``default_objective``).
-            progress_bar: show a tqdm bar when fitting takes longer than a second.
+            from_logits: ``None`` (default) detects probabilities (every row in [0, 1] summing to 1 within 1e-2),
+                which are fitted as ``log(p)``; ``True``/``False`` says which they are. ``fit_info_["input"]``
+                records ``"logits"`` or ``"probabilities"``.
+            progress_bar: show a tqdm bar when fitting takes longer than a second (see ``hf_calibration._progress``
+                for the global off switches).
             **objective_options: ``n_bins``, ``sigma``, ``delta`` for the soft-binned objectives.
         """
-        objective = self.default_objective if objective is None else objective
-        get_objective(objective)
-        if objective not in self.objectives:
-            raise ValueError(f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but got {objective!r}.")
+        objective, kw = self._resolve_objective(objective, objective_options)
         if not isinstance(progress_bar, bool):
             raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
-        unknown = set(objective_options) - {"n_bins", "sigma", "delta"}
-        if unknown:
-            raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(unknown)}.")
-        kw = objective_kwargs(objective, **objective_options)
-        z, y = self._fit_inputs(logits, labels)
+        z, y, is_logits = self._fit_inputs(logits, labels, from_logits)
         was_attached = self._attached_to
         self.fit_info_ = None
+        self.__dict__["_warned_num_classes"] = set()
         info = self._fit(z, y, objective, kw, progress_bar)
-        self.fit_info_ = {"objective": objective, "objective_options": kw, "num_samples": int(z.shape[0]), "num_classes": int(z.shape[1]), **info}
+        self.fit_info_ = {
+            "objective": objective,
+            "objective_options": kw,
+            "input": "logits" if is_logits else "probabilities",
+            "num_samples": int(z.shape[0]),
+            "num_classes": int(z.shape[1]),
+            **info,
+        }
         self.fit_info_.update(self._fit_set_report(z, y))
         if was_attached is not None:
             logger.info("Refitted while attached: the model now uses the new fit.")
         return self
 
+    def _resolve_objective(self, objective: str | None, objective_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The objective ``fit`` minimises (None: ``default_objective``) and its checked options. A subclass whose
+        method has no objective to choose overrides this (``_piecewise.PiecewiseCalibrator``)."""
+        objective = self.default_objective if objective is None else objective
+        get_objective(objective)
+        if objective not in self.objectives:
+            raise ValueError(f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but got {objective!r}.")
+        unknown = set(objective_options) - {"n_bins", "sigma", "delta"}
+        if unknown:
+            raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(unknown)}.")
+        return objective, objective_kwargs(objective, **objective_options)
+
     def _fit_set_report(self, z: np.ndarray, y: np.ndarray) -> dict[str, float]:
         from ..metrics.ece import ece
 
         with torch.no_grad():
-            calibrated = self(torch.from_numpy(z)).numpy()
+            calibrated = self(torch.from_numpy(z), from_logits=True).numpy()
         return {
             "accuracy": float((z.argmax(1) == y).mean()),
-            "ece_before": float(ece(z, y, 15)),
-            "ece_after": float(ece(calibrated, y, 15)),
+            "ece_before": float(ece(z, y, 15, from_logits=True)),
+            "ece_after": float(ece(calibrated, y, 15, from_logits=True)),
         }
 
-    def forward(self, logits: Any) -> torch.Tensor:
-        """Calibrated logits: same shape, dtype and device as the input (same argmax when ``preserves_argmax``)."""
+    def forward(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
+        """Calibrated logits: same shape, dtype and device as the input (same argmax when ``preserves_argmax``).
+
+        ``logits`` may be probabilities (``from_logits=None`` detects them, as in ``fit``): the result is then the
+        calibrated logits of ``log(p)``.
+        """
         self._check_fitted()
-        z = self._check_logits(logits)
-        cdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
-        zc = z.to(cdtype)
+        z, zc = self._prepare(logits, from_logits)
+        cdtype = zc.dtype
         out = self._forward_fused(zc) if z.dtype == cdtype else None
         if out is not None:
             return out
@@ -223,13 +280,16 @@ class Calibrator(
                 out[moved, top[moved]] = _next_up(out[moved, top[moved]])
         return out
 
-    def predict_proba(self, logits: Any) -> torch.Tensor:
-        """Calibrated probabilities ``softmax(z_i / T_i)``, float32 (float64 for float64 input)."""
-        out = self(logits)
+    def predict_proba(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
+        """Calibrated probabilities (softmax of ``forward``), float32 (float64 for float64 input); ``logits`` may be
+        probabilities, as in ``forward``."""
+        out = self(logits, from_logits=from_logits)
         return torch.softmax(out.to(torch.float64 if out.dtype == torch.float64 else torch.float32), dim=1)
 
-    def attach(self, model: nn.Module) -> nn.Module:
-        """Calibrate ``model``'s logits (pipelines included) with a forward hook; returns the model."""
+    def attach(self, model: Any) -> Any:
+        """Calibrate ``model``'s logits with a forward hook, so its pipelines' scores are calibrated too; ``model`` may
+        also be a transformers ``pipeline`` (its ``.model`` is calibrated). Returns ``model``. Warns when
+        ``preserves_argmax`` is False (predictions may change)."""
         return _attach.attach(self, model)
 
     def detach(self) -> nn.Module:
@@ -282,6 +342,7 @@ class Calibrator(
                 if self.preserves_argmax
                 else "It may change the predicted class of some inputs (it is not a monotone map of each row)."
             ),
+            "citation": self.paper_citation,
         }
         values.update(kwargs)
         return super().generate_model_card(*args, **values)
@@ -290,33 +351,98 @@ class Calibrator(
         """One sentence for the model card: what the calibrator does to the logits."""
         return "It maps the classifier's logits to calibrated ones."
 
-    def push_to_hub(self, repo_id: str, *, path_in_repo: str | None = None, **kwargs: Any) -> str:
-        """Upload the checkpoint; ``path_in_repo="calibrator"`` puts it in a subfolder of (say) the model's repo.
+    def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
+        """Write ``model.safetensors``, ``config.json`` and the model card ``README.md`` into ``save_directory``.
 
-        Other keyword arguments are those of ``PyTorchModelHubMixin.push_to_hub`` (``token``, ``private``,
-        ``commit_message``, ``branch``, ``create_pr``, ...).
+        The folder must be new or empty; ``overwrite=True`` replaces a calibrator saved there (all three files, so
+        the card always describes these weights). A model's folder is refused even then: save the calibrator in its
+        ``calibrator/`` subfolder. Other keyword arguments are ``PyTorchModelHubMixin.save_pretrained``'s.
         """
+        from pathlib import Path
+
         self._check_fitted()
-        if path_in_repo is None:
-            return super().push_to_hub(repo_id, **kwargs)
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
+        folder = Path(save_directory)
+        if hub.check_save_folder(folder, overwrite=overwrite):
+            hub.remove_calibrator_files(folder)  # the mixin never replaces an existing README.md
+        return super().save_pretrained(folder, **kwargs)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        path_in_repo: str | None = None,
+        dry_run: bool = False,
+        commit_message: str | None = None,
+        private: bool | None = None,
+        token: str | None = None,
+        branch: str | None = None,
+        create_pr: bool | None = None,
+        model_card_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """Upload the checkpoint (weights, config, model card) to the Hub repo ``repo_id``; returns the commit URL.
+
+        Args:
+            repo_id: ``owner/name`` (created if needed).
+            path_in_repo: a subfolder of the repo, e.g. ``"calibrator"`` beside a model at the repo root.
+            dry_run: build the exact folder that would be uploaded, card included, in a new local folder and upload
+                nothing; returns that folder's path.
+            commit_message, private, token, branch, create_pr: as in ``huggingface_hub.HfApi.upload_folder`` /
+                ``create_repo``.
+            model_card_kwargs: extra values for the card template.
+
+        Raises ``HubUnreachableError`` (a ``ConnectionError``) with one sentence when the Hub cannot be reached
+        (offline mode, no network); the folder that was to be uploaded is kept and named in the message.
+        """
+        import shutil
         import tempfile
         from pathlib import Path
 
+        self._check_fitted()
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        if not isinstance(repo_id, str):
+            raise TypeError(f"Expected argument `repo_id` to be a str such as 'owner/name', but got {repo_id!r}.")
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError as err:
+            raise ValueError(f"Expected argument `repo_id` to be a Hub repo id such as 'owner/name', but got {repo_id!r}: {err}") from None
+        if path_in_repo is not None and (not isinstance(path_in_repo, str) or not path_in_repo.strip("/")):
+            raise ValueError(f"Expected argument `path_in_repo` to be a non-empty folder name or None, but got {path_in_repo!r}.")
+        root = Path(tempfile.mkdtemp(prefix="hf_calibration_push_"))
+        folder = root / path_in_repo.strip("/") if path_in_repo else root
+        self.save_pretrained(folder, model_card_kwargs=model_card_kwargs)
+        where = f"https://huggingface.co/{repo_id}" + (f"/tree/main/{path_in_repo.strip('/')}" if path_in_repo else "")
+        if dry_run:
+            logger.info("Dry run: nothing uploaded; the files for %s are in %s", where, folder)
+            return str(folder)
         from huggingface_hub import HfApi
 
-        api = HfApi(token=kwargs.get("token"))
-        repo_id = api.create_repo(repo_id=repo_id, private=kwargs.get("private"), exist_ok=True).repo_id
-        with tempfile.TemporaryDirectory() as tmp:
-            self.save_pretrained(Path(tmp), model_card_kwargs=kwargs.get("model_card_kwargs"))
-            return api.upload_folder(
+        api = HfApi(token=token)
+        try:
+            repo_id = api.create_repo(repo_id=repo_id, private=private, exist_ok=True).repo_id
+            url = api.upload_folder(
                 repo_id=repo_id,
                 repo_type="model",
-                folder_path=tmp,
+                folder_path=str(folder),
                 path_in_repo=path_in_repo,
-                commit_message=kwargs.get("commit_message", f"Upload {type(self).__name__} calibrator"),
-                revision=kwargs.get("branch"),
-                create_pr=kwargs.get("create_pr"),
+                commit_message=commit_message or f"Upload {type(self).__name__} calibrator",
+                revision=branch,
+                create_pr=create_pr,
             )
+        except Exception as err:
+            reason = hub.unreachable_reason(err)
+            if reason is None:
+                shutil.rmtree(root, ignore_errors=True)
+                raise
+            raise hub.HubUnreachableError(
+                f"Could not push to {repo_id!r}: the Hugging Face Hub is unreachable ({reason}); nothing was uploaded, "
+                f"and the files that would have been are in {str(folder)!r}.",
+                reason,
+            ) from None
+        shutil.rmtree(root, ignore_errors=True)
+        return url
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *, subfolder: str | None = None, **kwargs: Any):
@@ -330,7 +456,7 @@ class Calibrator(
         if kwargs.pop("strict", True) is not True:
             raise ValueError("Calibrators always load strictly: `strict=False` is not supported.")
         download = {k: kwargs.pop(k) for k in ("revision", "cache_dir", "force_download", "local_files_only", "token") if k in kwargs}
-        folder = hub.resolve_checkpoint(pretrained_model_name_or_path, subfolder=subfolder, **download)
+        folder = hub.resolve_checkpoint(pretrained_model_name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
         config = hub.read_config(folder)
         cls._check_config(config, folder)
         return super().from_pretrained(folder, **kwargs)
@@ -349,8 +475,15 @@ class Calibrator(
                 f"Expected checkpoint format_version {hub.CHECKPOINT_FORMAT_VERSION}, but {str(where)!r} has {version!r}: "
                 "it was written by an incompatible version of hf_calibration."
             )
-        if not isinstance(config.get("fit"), dict):
+        fit = config.get("fit")
+        if not isinstance(fit, dict):
             raise ValueError(f"The checkpoint in {str(where)!r} has no `fit` record in its config: it is corrupted or was never fitted.")
+        for key, minimum in (("num_classes", 2), ("num_samples", 1)):
+            value = fit.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+                raise ValueError(
+                    f"The checkpoint in {str(where)!r} is corrupted: its config's fit.{key} must be an integer >= {minimum}, but is {value!r}."
+                )
 
     @classmethod
     def _from_pretrained(
@@ -392,6 +525,7 @@ class Calibrator(
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise ValueError(f"The calibrator weights {path!r} are corrupted: {name} holds NaN or inf.")
         model.fit_info_ = dict(config["fit"])
+        model._check_state(path)
         model.eval()
         return model
 

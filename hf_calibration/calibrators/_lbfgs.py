@@ -61,10 +61,12 @@ def l2_penalty(strength: float, mask: torch.Tensor | None = None) -> Objective:
 def odir_penalty(num_classes: int, reg_lambda: float, reg_mu: float, diagonal: bool = False) -> Objective:
     """ODIR (Kull et al. 2019) for ``x = [W.flatten() (K * K, row-major), b (K)]``:
     ``lambda / (K (K - 1)) * sum_{i != j} W_ij^2 + mu / K * sum_j b_j^2``; the diagonal is free.
-    With ``diagonal``, ``x = [w (K), b (K)]`` (vector scaling: no off-diagonal, only the intercept term)."""
+
+    With ``diagonal``, ``x = [w (K), b (K)]`` (vector scaling, which has no off-diagonal): the same shrinkage
+    towards the identity map, ``lambda / K * sum_j (w_j - 1)^2 + mu / K * sum_j b_j^2``."""
     k = num_classes
     if diagonal:
-        return lambda x: reg_mu / k * (x[k:] * x[k:]).sum()
+        return lambda x: (reg_lambda * ((x[:k] - 1) ** 2).sum() + reg_mu * (x[k:] * x[k:]).sum()) / k
     off_diagonal = ~torch.eye(k, dtype=torch.bool).reshape(-1)
     scale_w, scale_b = reg_lambda / (k * (k - 1)), reg_mu / k
 

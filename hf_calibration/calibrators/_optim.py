@@ -13,7 +13,8 @@ from typing import Callable, NamedTuple
 import numba
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+
+from .. import _progress
 
 REL_TOL = 1e-6  # an improvement must lower the best objective by this fraction
 
@@ -63,9 +64,9 @@ def adam_early_stopping(
         torch.set_num_threads(threads)
 
 
-def _loop(x, m, v, best, best_x, best_step, stale, history, loss_and_grad, lr, max_steps, patience, progress_bar, desc, betas, eps):
+def _loop(x, m, v, best, best_x, best_step, stale, history, loss_and_grad, lr, max_steps, patience, show_bar, desc, betas, eps):
     step = 0
-    with tqdm(total=max_steps, desc=desc, disable=not progress_bar, delay=1.0, leave=False) as bar:
+    with _progress.progress_bar(total=max_steps, desc=desc, enabled=show_bar) as bar:
         for step in range(max_steps + 1):  # the last pass only evaluates the final weights
             loss, grad = loss_and_grad(x)
             loss = float(loss)
@@ -83,5 +84,6 @@ def _loop(x, m, v, best, best_x, best_step, stale, history, loss_and_grad, lr, m
             _adam_update(x, m, v, np.asarray(grad, dtype=np.float64), step_size, root_bias2, betas[0], betas[1], eps)
             bar.update(1)
             if step % 50 == 0:
-                bar.set_postfix(objective=f"{loss:.5g}")
+                bar.set_postfix(objective=f"{loss:.5g}", refresh=False)  # a refresh here would ignore the bar's delay
+        _progress.finish(bar, step)
     return AdamResult(best_x, history, step, best_step, best)

@@ -4,6 +4,9 @@ Their weights cannot exist before the fit has seen K, yet ``from_pretrained`` mu
 right shape before it loads the weights. So ``num_classes`` is a constructor argument: None until the fit
 sets it (and records it in the checkpoint's config), the fitted K when a checkpoint is loaded. Logits with
 another K are refused, since each parameter belongs to one class.
+
+None of these maps is shift-invariant, so (as ``Calibrator`` arranges) they fit and apply on the logits relative
+to their row maximum, ``z - max_k z_k``: logits and log-probabilities of one prediction calibrate alike.
 """
 
 from __future__ import annotations
@@ -48,20 +51,20 @@ class PerClassCalibrator(Calibrator):
             )
         return z
 
-    def _fit_inputs(self, logits: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
-        z, y = super()._fit_inputs(logits, labels)
+    def _fit_inputs(self, logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.ndarray, np.ndarray, bool]:
+        z, y, is_logits = super()._fit_inputs(logits, labels, from_logits)
         missing = np.setdiff1d(np.arange(z.shape[1]), y)
         if missing.size:
             logger.warning(
                 "%d of the %d classes have no calibration sample (first: class %d): their parameters are only set by the "
                 "regularisation, if any.", missing.size, z.shape[1], int(missing[0]),
             )
-        return z, y
+        return z, y, is_logits
 
     def _fit_set_report(self, z: np.ndarray, y: np.ndarray) -> dict[str, float]:
         report = super()._fit_set_report(z, y)
         with torch.no_grad():
-            report["accuracy_after"] = float((self(torch.from_numpy(z)).argmax(1).numpy() == y).mean())
+            report["accuracy_after"] = float((self(torch.from_numpy(z), from_logits=True).argmax(1).numpy() == y).mean())
         return report
 
     def extra_repr(self) -> str:

@@ -21,6 +21,7 @@ class TemperatureCalibrator(Calibrator):
 
     objectives = tuple(OBJECTIVES)
     preserves_argmax = True
+    shift_invariant = True  # (z + c) / T = z / T + c / T: the same softmax; SMART's margin ignores c
 
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
         """Temperatures for logits ``z`` (compute dtype): shape (N, 1) or (), positive, differentiable."""
@@ -47,11 +48,11 @@ class TemperatureCalibrator(Calibrator):
             out[rows] = shifted.clamp_min(torch.finfo(z.dtype).min).to(z.dtype)
         return out
 
-    def temperature(self, logits: Any) -> torch.Tensor:
-        """Per-sample temperatures (N,) for these logits (all equal for temperature scaling)."""
+    def temperature(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
+        """Per-sample temperatures (N,) for these logits (all equal for temperature scaling); for probabilities
+        (detected as in ``forward``), the temperatures of ``log(p)``."""
         self._check_fitted()
-        z = self._check_logits(logits)
-        zc = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
+        z, zc = self._prepare(logits, from_logits)
         with torch.no_grad():
             t = self._temperature(zc)
         return t.reshape(-1).expand(z.shape[0]).clone() if t.numel() == 1 else t.reshape(-1)

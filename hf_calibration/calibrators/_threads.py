@@ -61,6 +61,7 @@ class ThreadCountChooser:
         self.many = _available(backend)
         self.best = 1
         self.history: list[int] = []
+        self.probes = 0  # one-vs-many comparisons made
         self._phase = "warm-up"  # "warm-up" (first call, one thread), "one" / "many" (a probe's halves), "run"
         self._one = math.inf  # the probe's one-thread time
         self._many_best = math.inf  # fastest multi-threaded call since the last probe
@@ -91,6 +92,7 @@ class ThreadCountChooser:
         if self.many <= 1:
             return self._run(1, args)[0]
         if self._phase == "one":  # probe, first half: one thread
+            self.probes += 1
             out, self._one = self._run(1, args)
             if self._one < self.min_seconds:  # too short to gain from threads: stay on one until the next probe
                 self._start_run(1, 0.0)

@@ -4,17 +4,23 @@ Works on any module whose forward returns a transformers ``ModelOutput`` with ``
 (ViT, Swin, ResNet, ``TimmWrapperForImageClassification``, ...), a tuple (``return_dict=False``: the first
 rank-2 floating tensor is the logits; a loss, rank 0, comes before it) or a bare logits tensor (timm).
 Pipelines call the model's forward, so ``pipeline("image-classification", model=model)`` scores are
-calibrated too. A loss the model computes from ``labels`` inside its forward stays the uncalibrated one.
+calibrated too, and ``attach(pipe)`` on a pipeline object attaches to ``pipe.model``. A loss the model computes
+from ``labels`` inside its forward stays the uncalibrated one. A calibrator whose ``preserves_argmax`` is False
+logs a warning when attached: the model's predicted classes may change.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 import torch
 from torch import nn
 
 _ATTR = "_hf_calibration_attachment"  # on the model: (hook handle, calibrator)
+
+logger = logging.getLogger(__name__)
 
 
 def _replace_logits(output: Any, calibrate) -> Any:
@@ -35,10 +41,23 @@ def _replace_logits(output: Any, calibrate) -> Any:
     raise TypeError(f"Cannot calibrate a model output of type {type(output).__name__}: expected a ModelOutput, tuple or tensor.")
 
 
-def attach(calibrator: nn.Module, model: nn.Module) -> nn.Module:
-    """Make ``model``'s forward return ``calibrator(logits)`` in place of its logits; returns ``model``."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"Expected argument `model` to be a torch.nn.Module, but got {type(model).__name__}.")
+def _module_of(model: Any) -> nn.Module:
+    """``model`` itself, or the model a transformers ``Pipeline`` runs."""
+    if isinstance(model, nn.Module):
+        return model
+    transformers = sys.modules.get("transformers")  # a pipeline object means transformers is already imported
+    if transformers is not None and isinstance(model, transformers.Pipeline) and isinstance(getattr(model, "model", None), nn.Module):
+        return model.model
+    raise TypeError(f"Expected argument `model` to be a torch.nn.Module or a transformers pipeline, but got {type(model).__name__}.")
+
+
+def attach(calibrator: nn.Module, model: Any) -> Any:
+    """Make ``model``'s forward return ``calibrator(logits)`` in place of its logits; returns ``model``.
+
+    ``model`` may be a transformers ``Pipeline``: its ``.model`` is calibrated (and the pipeline returned).
+    """
+    target = model
+    model = _module_of(model)
     if getattr(calibrator, "_attached_to", None) is not None:
         raise RuntimeError(
             f"This {type(calibrator).__name__} is already attached to a {type(calibrator._attached_to).__name__}; call detach() first."
@@ -51,12 +70,19 @@ def attach(calibrator: nn.Module, model: nn.Module) -> nn.Module:
     calibrator._check_fitted()
 
     def hook(module, args, output):
-        return _replace_logits(output, calibrator)
+        return _replace_logits(output, lambda logits: calibrator(logits, from_logits=True))  # a model's outputs are logits
 
     handle = model.register_forward_hook(hook)
     model.__dict__[_ATTR] = (handle, calibrator)  # plain attribute: not a submodule, not in the model's state_dict
     calibrator.__dict__["_attached_to"] = model
-    return model
+    if not getattr(calibrator, "preserves_argmax", True):
+        logger.warning(
+            "%s may change the predicted class of some inputs (preserves_argmax=False): once attached, the "
+            "%s's predictions can differ from the uncalibrated model's.",
+            type(calibrator).__name__,
+            type(model).__name__,
+        )
+    return target
 
 
 def detach(calibrator: nn.Module) -> nn.Module:

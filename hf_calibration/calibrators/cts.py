@@ -35,7 +35,7 @@ ECE_TIE = 1e-12  # an ECE improvement smaller than this is rounding noise
 
 
 @register_calibrator
-class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temperature-scaling"], paper_url="https://doi.org/10.23919/EUSIPCO54536.2021.9616219"):
+class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temperature-scaling"], paper_url="https://cris.iucc.ac.il/en/publications/network-calibration-by-class-based-temperature-scaling/"):
     """CTS: ``z_ik / T_k`` with one temperature per class, chosen by a greedy grid search on the ECE.
 
     ``fit(objective=...)`` names the objective of the initial temperature scaling (NLL); the per-class search
@@ -61,6 +61,7 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
     """
 
     kind = "cts"
+    paper_citation = "L. Frenkel, J. Goldberger, *Network Calibration by Class-based Temperature Scaling*, EUSIPCO 2021"
     min_samples = 10
 
     def __init__(
@@ -81,6 +82,11 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
 
     def _allocate(self, k: int) -> None:
         self.temperatures = nn.Parameter(torch.ones(k, dtype=torch.float64), requires_grad=False)
+
+    def _check_state(self, where: str) -> None:
+        t = self.temperatures.detach()
+        if not bool((t > 0).all()):
+            raise ValueError(f"The calibrator weights {where!r} are corrupted: a class temperature is not positive ({float(t.min()):.6g}).")
 
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
         return z / self.temperatures.to(device=z.device, dtype=z.dtype)

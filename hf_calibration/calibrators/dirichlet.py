@@ -25,7 +25,7 @@ class DirichletCalibration(MatrixScaling, tags=["dirichlet-calibration", "odir"]
     """Dirichlet calibration with ODIR: ``softmax(W max(log softmax(z), log eps) + b)``; lambda and mu by cross-validation.
 
     Takes the same arguments as ``MatrixScaling`` (``reg_lambda``, ``reg_mu``, ``lambdas``, ``mus``, ``cv``,
-    ``seed``, ``max_iter``, ``tol``). From the identity (``W = I``, ``b = 0``) the map returns the model's own
+    ``cv_patience``, ``cv_seed``, ``max_iter``, ``tol``). From the identity (``W = I``, ``b = 0``) the map returns the model's own
     probabilities. May change the predicted class (``preserves_argmax = False``).
     Needs at least ``min_samples = 10`` labelled samples.
 
@@ -41,6 +41,7 @@ class DirichletCalibration(MatrixScaling, tags=["dirichlet-calibration", "odir"]
     """
 
     kind = "dirichlet"
+    shift_invariant = True  # log softmax(z + c) = log softmax(z)
 
     def _features(self, z: torch.Tensor) -> torch.Tensor:
         """The clipped log-probabilities ``max(log softmax(z), log eps)``."""

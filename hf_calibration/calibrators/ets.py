@@ -188,6 +188,11 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
     """
 
     kind = "ets"
+    shift_invariant = True  # every component is a softmax of z or z / T
+    paper_citation = (
+        "J. Zhang, B. Kailkhura, T. Y.-J. Han, *Mix-n-Match: Ensemble and Compositional Methods for Uncertainty "
+        "Calibration in Deep Learning*, ICML 2020"
+    )
     min_samples = 10
     default_objective = "brier"
     objectives = ("brier", "nll")
@@ -198,6 +203,14 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
         self.max_iter = check_int(max_iter, "max_iter", minimum=1)
         self.log_temperature = nn.Parameter(torch.zeros((), dtype=torch.float64))
         self.weights = nn.Parameter(torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+
+    def _check_state(self, where: str) -> None:
+        w = self.weights.detach().double()
+        if not (bool((w >= 0).all()) and abs(float(w.sum()) - 1.0) <= 1e-9):
+            raise ValueError(f"The calibrator weights {where!r} are corrupted: the mixture weights {w.tolist()} are not on the simplex.")
+        t = float(self.log_temperature.detach())
+        if not LOG_T_RANGE[0] <= t <= LOG_T_RANGE[1]:
+            raise ValueError(f"The calibrator weights {where!r} are corrupted: T = {math.exp(t):.6g} lies outside [{T_MIN}, {T_MAX}].")
 
     @property
     def fitted_temperature(self) -> float:

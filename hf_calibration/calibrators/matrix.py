@@ -6,6 +6,7 @@ same map on the log-probabilities. Fitted by the regularised NLL of Kull et al. 
     L(W, b) = 1/N sum_i -log softmax(W x_i + b)_{y_i}
               + lambda / (K (K - 1)) sum_{i != j} W_ij^2 + mu / K sum_j b_j^2          (ODIR)
 
+on the logits relative to their row maximum (``Calibrator`` hands non-shift-invariant maps ``z - max_k z_k``),
 from the identity (W = I, b = 0) with full-batch float64 LBFGS, preconditioned by the Gauss-Newton curvature
 (``_affine.py``). ODIR leaves the diagonal free and shrinks the rest, which is what keeps K^2 + K parameters
 from overfitting at K = 100.
@@ -71,7 +72,7 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
         mus: candidate mus to search together with lambda (default None: tied to lambda).
         cv: number of cross-validation folds (5, the paper's).
         cv_patience: stop walking down the candidates this many after the best one (None: try them all).
-        seed: seed of the fold assignment.
+        cv_seed: seed of the fold assignment (the fit itself is deterministic).
         max_iter: LBFGS iterations at most, per fit.
         tol: stop a fit when an iteration lowers the objective by less than ``tol`` (relative).
 
@@ -87,6 +88,10 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
     """
 
     kind = "matrix_scaling"
+    paper_citation = (
+        "M. Kull, M. Perello-Nieto, M. Kängsepp, T. Silva Filho, H. Song, P. Flach, *Beyond temperature scaling: Obtaining "
+        "well-calibrated multi-class probabilities with Dirichlet calibration*, NeurIPS 2019"
+    )
     min_samples = 10
 
     def __init__(
@@ -98,7 +103,7 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
         mus: Sequence[float] | None = None,
         cv: int = 5,
         cv_patience: int | None = 1,
-        seed: int = 0,
+        cv_seed: int = 0,
         max_iter: int = 1000,
         tol: float = 1e-10,
     ):
@@ -109,7 +114,7 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
         self.mus = _check_grid(mus, "mus")
         self.cv = check_int(cv, "cv", minimum=2)
         self.cv_patience = None if cv_patience is None else check_int(cv_patience, "cv_patience", minimum=1)
-        self.seed = check_int(seed, "seed", minimum=0)
+        self.cv_seed = check_int(cv_seed, "cv_seed", minimum=0)
         self.max_iter = check_int(max_iter, "max_iter", minimum=1)
         self.tol = check_float(tol, "tol", minimum=0)
 
@@ -126,7 +131,7 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
         with torch.no_grad():
             w = self.weight.to(device=z.device, dtype=z.dtype)
             b = self.bias.to(device=z.device, dtype=z.dtype)
-            return torch.addmm(b, self._features(z), w.t())
+            return torch.addmm(b, self._features(z).contiguous(), w.t())  # one memory layout: one summation order
 
     # ------------------------------------------------------------------ fitting
     def _fit_one(self, features, labels, reg_lambda: float, reg_mu: float, x0: torch.Tensor, progress_bar: bool = False, tol: float | None = None):
@@ -151,7 +156,7 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
 
         k = features.shape[1]
         folds = [(features[train], labels[train], AffineNLL(features[val], labels[val]), len(val))
-                 for train, val in stratified_folds(labels.numpy(), self.cv, self.seed)]
+                 for train, val in stratified_folds(labels.numpy(), self.cv, self.cv_seed)]
         starts = [identity_parameters(k) for _ in folds]
         table: list[dict] = []
         best, best_score, best_solution, since_best = None, np.inf, None, 0

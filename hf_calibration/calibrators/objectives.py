@@ -82,13 +82,16 @@ OBJECTIVES: dict[str, Callable[..., torch.Tensor]] = {
     "charbonnier_soft_ece": _charbonnier_soft_ece,
 }
 _BINNED = ("soft_ece", "charbonnier_soft_ece")
+SIGMA_MIN, SIGMA_MAX = 1e-150, 1e150
 
 
 def objective_kwargs(objective: str, n_bins: int = 15, sigma: float = 0.05, delta: float = 1e-3) -> dict:
     """Validated keyword arguments the named objective takes."""
     if objective not in _BINNED:
         return {}
-    kw = {"n_bins": check_int(n_bins, "n_bins", minimum=1), "sigma": check_float(sigma, "sigma", minimum=0, min_inclusive=False)}
+    # sigma is the soft bins' Gaussian width on confidences in [0, 1]; outside these bounds 1 / (2 sigma^2) is no
+    # finite positive float (a ZeroDivisionError in the compiled step, an OverflowError in torch's)
+    kw = {"n_bins": check_int(n_bins, "n_bins", minimum=1), "sigma": check_float(sigma, "sigma", minimum=SIGMA_MIN, maximum=SIGMA_MAX)}
     if objective == "charbonnier_soft_ece":
         kw["delta"] = check_float(delta, "delta", minimum=0)
     return kw

@@ -9,10 +9,16 @@ For logits ``z`` with top-two values ``z_(1) >= z_(2)`` (SMART Sec. 3.2, 3.5 and
 
 fitted with full-batch Adam (lr 5e-3, at most 2000 steps, early stopping that restores the best
 weights) on Charbonnier-SoftECE (Eq. 6; 15 soft bins, sigma = 0.05, delta = 1e-3) by default.
+
+Where the objective is flat at the initialisation (saturated logits: every confidence rounds to 0 or 1), Adam
+cannot move and the fit would return the untrained MLP; instead it warns and falls back to the constant
+temperature that temperature scaling fits by NLL, written in SMART's parameters (``W2 = 0``), and records
+``fit_info_["fallback"] = "temperature_scaling"``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -29,6 +35,8 @@ from ._scaling import TemperatureCalibrator
 from ._smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad, workspace
 from .objectives import get_objective, objective_kwargs
 
+logger = logging.getLogger(__name__)
+
 
 def logit_margin(z: torch.Tensor) -> torch.Tensor:
     """``z_(1) - z_(2)`` per row in float64 (exact for float32 logits; 0 for tied top-two logits)."""
@@ -40,12 +48,14 @@ def logit_margin(z: torch.Tensor) -> torch.Tensor:
 class SMARTCalibrator(
     TemperatureCalibrator,
     tags=["smart", "temperature-scaling"],
-    paper_url="https://openreview.net/forum?id=SMART-sample-margin-aware-recalibration",
+    paper_url="https://arxiv.org/abs/2506.23492",
 ):
     """SMART: ``T(m)`` from the standardised logit margin through a 1-16-1 MLP (49 parameters).
 
     Needs at least ``min_samples = 50`` labelled samples (the smallest validation set the paper reports).
     Fitting is deterministic given ``seed`` (the MLP's initialisation; the rest is full-batch).
+    Method: H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*
+    (arXiv:2506.23492).
 
     Args:
         hidden_size: width of the hidden layer (16 in the paper).
@@ -54,7 +64,7 @@ class SMARTCalibrator(
         max_steps: Adam steps at most (2000).
         patience: early stopping: stop after this many steps without lowering the best objective by
             1e-6 relative; the best weights (a deep copy) are restored.
-        seed: seed of the MLP's initialisation.
+        seed: seed of the MLP's initialisation (torch's seed range, [-2**63, 2**64)).
 
     Example:
         >>> import torch
@@ -70,6 +80,7 @@ class SMARTCalibrator(
     kind = "smart"
     min_samples = 50
     default_objective = "charbonnier_soft_ece"
+    paper_citation = "H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*, arXiv:2506.23492"
 
     def __init__(
         self,
@@ -87,6 +98,8 @@ class SMARTCalibrator(
         self.max_steps = check_int(max_steps, "max_steps", minimum=1)
         self.patience = check_int(patience, "patience", minimum=1)
         self.seed = check_int(seed, "seed")
+        if not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"Expected argument `seed` to be an integer in [-2**63, 2**64) (torch's seed range), but got {self.seed}.")
         self.hidden = nn.Linear(1, self.hidden_size, dtype=torch.float64)
         self.output = nn.Linear(self.hidden_size, 1, dtype=torch.float64)
         self.register_buffer("margin_mean", torch.zeros((), dtype=torch.float64))
@@ -110,13 +123,23 @@ class SMARTCalibrator(
         hidden = torch.relu(m_hat * self.hidden.weight[:, 0] + self.hidden.bias)
         return nn.functional.softplus((hidden * self.output.weight[0]).sum(dim=1) + self.output.bias) + self.eps
 
+    def _check_state(self, where: str) -> None:
+        std = float(self.margin_std)
+        if not (math.isfinite(std) and std > 0):
+            raise ValueError(
+                f"Expected `margin_std` (the fit set's margin standard deviation, 1 when all margins are equal) to be "
+                f"positive, but {where!r} holds {std}: the calibrator is corrupted."
+            )
+
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
+        self._check_state("this SMARTCalibrator")
         if _apply.supports(z) and self.margin_mean.device.type == "cpu":  # the fused kernel's T, as forward uses it
             return _apply.temperatures(z, self._mlp_arrays())[:, None]
         margin = logit_margin(z).to(device=self.margin_mean.device)
         return self.temperature_of_margin(margin).detach().to(device=z.device, dtype=z.dtype)[:, None]
 
     def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
+        self._check_state("this SMARTCalibrator")
         if self.margin_mean.device.type != "cpu":
             return None
         return _apply.scale_rows(z, smart_mlp=self._mlp_arrays())
@@ -166,7 +189,30 @@ class SMARTCalibrator(
         )
         self._set_flat_parameters(result.x)
         self.history_ = result.history
-        return {"steps": result.steps, "best_step": result.best_step, "best_objective": result.best}
+        info = {"steps": result.steps, "best_step": result.best_step, "best_objective": result.best}
+        if result.best_step == 0:  # no step lowered the objective: flat (saturated) at the initialisation
+            info.update(self._fall_back_to_temperature_scaling(logits, labels, lambda x: step(x, *args, scratch, False)[0]))
+        return info
+
+    def _fall_back_to_temperature_scaling(self, logits: np.ndarray, labels: np.ndarray, objective_at) -> dict[str, Any]:
+        """Set a constant ``T(m) = T_ts`` (``W2 = 0``, ``b2 = softplus^-1(T_ts - eps)``); ``T_ts`` from temperature scaling."""
+        from .temperature import TemperatureScaling
+
+        t_ts = TemperatureScaling().fit(logits, labels, from_logits=True, progress_bar=False).fitted_temperature
+        excess = max(t_ts - self.eps, 1e-9 * self.eps)  # T(m) >= eps: the closest SMART gets to a smaller T
+        x = self._flat_parameters()
+        h = self.hidden_size
+        x[2 * h : 3 * h] = 0.0
+        x[3 * h] = excess + math.log(-math.expm1(-excess))  # softplus^-1
+        self._set_flat_parameters(x)
+        t = self.eps + excess
+        logger.warning(
+            "SMART could not improve on its initialisation: its objective is flat on these logits (the softmax is "
+            "saturated, every confidence rounds to 0 or 1). Falling back to the constant temperature T = %.4g that "
+            "temperature scaling fits by NLL (fit_info_['fallback']).",
+            t,
+        )
+        return {"fallback": "temperature_scaling", "temperature": t, "best_objective": float(objective_at(x))}
 
     def _flat_parameters(self) -> np.ndarray:
         """``[W1, b1, W2, b2]`` as one float64 vector (the fused step's layout)."""

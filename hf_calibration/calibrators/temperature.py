@@ -54,6 +54,7 @@ class TemperatureScaling(
     kind = "temperature_scaling"
     min_samples = 10
     default_objective = "nll"
+    paper_citation = "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
 
     def __init__(self, lr: float = 0.01, max_steps: int = 2000, patience: int = 100, max_iter: int = 100):
         super().__init__()
@@ -65,6 +66,20 @@ class TemperatureScaling(
 
     def _clamped(self) -> torch.Tensor:
         return self.log_temperature.clamp(math.log(T_MIN), math.log(T_MAX))
+
+    def _check_state(self, where: str) -> None:
+        t = float(self.log_temperature.detach())
+        if not math.log(T_MIN) <= t <= math.log(T_MAX):
+            raise ValueError(
+                f"The calibrator weights {where!r} are corrupted: log_temperature = {t:.6g} lies outside "
+                f"[log {T_MIN}, log {T_MAX}], the range a fit keeps it in (it would be clamped to T = {math.exp(min(max(t, math.log(T_MIN)), math.log(T_MAX))):.4g})."
+            )
+        recorded = (self.fit_info_ or {}).get("temperature")
+        if isinstance(recorded, float) and not math.isclose(math.exp(t), recorded, rel_tol=1e-12):
+            raise ValueError(
+                f"The calibrator weights {where!r} do not match their config: log_temperature gives T = {math.exp(t):.6g}, "
+                f"the fit record says T = {recorded:.6g} (one of the files was edited or replaced)."
+            )
 
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
         return self._clamped().detach().exp().to(device=z.device, dtype=z.dtype)
@@ -105,6 +120,8 @@ class TemperatureScaling(
                 self.log_temperature.fill_(float(result.x[0]))
             self.history_ = result.history
             info = {"steps": result.steps, "best_step": result.best_step, "best_objective": result.best}
+        with torch.no_grad():
+            self.log_temperature.copy_(self._clamped())  # store the T in use: a saved value outside the range is corruption
         t = float(self._clamped().detach().exp())
         if t <= T_MIN * (1 + 1e-6) or t >= T_MAX * (1 - 1e-6):
             self._warn_bound(t, labels, logits)

@@ -1,8 +1,9 @@
-"""The ``hf-calibration`` command line; one module per subcommand (``report``, ``fit``, ``apply``, ``demo``).
+"""The ``hf-calibration`` command line; one module per subcommand (``report``, ``fit``, ``apply``, ``compare``, ``demo``).
 
-    hf-calibration report --logits LOGITS.npz [--split test] [--diagram out.png] [--json]
-    hf-calibration fit    --logits VAL.npz --method smart|ts [--objective ...] --out DIR [--push-to-hub REPO]
-    hf-calibration apply  --calibrator DIR --logits TEST.npz [--diagram out.png] [--json]
+    hf-calibration report --logits LOGITS.npz [--split test] [--probs | --from-logits] [--diagram out.png] [--json]
+    hf-calibration fit    --logits VAL.npz --method smart|ts|...|auto [--objective ...] --out DIR [--overwrite] [--push-to-hub REPO [--dry-run]]
+    hf-calibration apply  --calibrator DIR --logits TEST.npz [--diagram out.png] [--save-logits OUT.npz] [--overwrite] [--json]
+    hf-calibration compare --logits VAL.npz [--methods ts,smart,...] [--cv 5] [--metric ece] [--out DIR] [--json]
     hf-calibration demo   [--output_dir DIR] [--seed 0] [--epochs N] ...
 
 Bad input (a missing file, missing keys, mismatched shapes, an unwritable output folder, an unknown
@@ -26,7 +27,7 @@ from ._common import PROG, CLIError, Parser, load_calibrator
 
 __all__ = ["COMMANDS", "PROG", "CLIError", "build_parser", "load_calibrator", "main"]
 
-COMMANDS = ("report", "fit", "apply", "demo")  # subcommand modules, in --help order
+COMMANDS = ("report", "fit", "apply", "compare", "demo")  # subcommand modules, in --help order
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,11 +44,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at each message, so a later ``main()`` in the same process (tests,
+    notebooks) does not log to a stream an earlier call captured and closed."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns it; the property always follows sys.stderr
+        pass
+
+
 def _configure_logging(verbose: bool, command: str) -> None:
     """Library messages go to stderr: WARNING by default, INFO with -v; the demo narrates its own stages."""
     logger = logging.getLogger("hf_calibration")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO if verbose else logging.WARNING)

@@ -1,4 +1,9 @@
-"""What every subcommand shares: the one-line error, option spellings, path checks, loading logits and calibrators."""
+"""What every subcommand shares: the one-line error, option spellings, path checks, loading logits and calibrators.
+
+Outputs never replace what a user owns (DESIGN "Files a user owns"): ``new_folder`` / ``new_file`` refuse an
+existing calibrator folder or file unless ``--overwrite``, a model's folder always, and an output that is one of
+the command's inputs always; nothing is created before the command's work has succeeded.
+"""
 
 from __future__ import annotations
 
@@ -49,11 +54,61 @@ def writable_dir(path: str | os.PathLike, what: str) -> Path:
     return folder
 
 
-def writable_file(path: str | os.PathLike, what: str) -> Path:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a bad value is a malformed command line, exit status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_creatable(path: Path, what: str) -> None:
+    """Files can be written in the folder ``path`` (which may not exist yet): its nearest existing ancestor is a
+    writable folder."""
+    ancestor = _nearest_existing(path)
+    if not ancestor.is_dir():
+        raise CLIError(f"{what} {path} is not writable ({ancestor} is a file, not a folder).")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise CLIError(f"{what} {path} is not writable (no write permission in {ancestor}).")
+
+
+def _same_file(a: Path, b: str | os.PathLike | None) -> bool:
+    return b is not None and Path(b).exists() and a.exists() and os.path.samefile(a, b)
+
+
+def new_folder(path: str | os.PathLike, what: str, overwrite: bool) -> Path:
+    """An output folder for a calibrator: new, empty, or (``--overwrite``) holding a calibrator; never a model's."""
+    from ..hub import check_save_folder
+
+    folder = Path(path)
+    try:
+        check_save_folder(folder, overwrite=overwrite, what=what, overwrite_flag="--overwrite")
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    _check_creatable(folder, what)
+    return folder
+
+
+def new_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=()) -> Path:
+    """An output file: absent, or replaced with ``--overwrite``; never one of the command's ``inputs``."""
     path = Path(path)
     if path.is_dir():
-        raise CLIError(f"{what} {path} is a folder; give a file name (e.g. {path / 'reliability.png'}).")
-    writable_dir(path.parent if str(path.parent) else ".", f"the folder of {what}")
+        raise CLIError(f"{what} {path} is a folder; give a file name.")
+    if any(_same_file(path, source) for source in inputs):
+        raise CLIError(f"{what} {path} is one of this command's input files; write to another file.")
+    if path.exists() and not overwrite:
+        raise CLIError(f"{what} {path} exists; pass --overwrite to replace it, or choose another name.")
+    _check_creatable(path.parent, what)
     return path
 
 
@@ -63,15 +118,53 @@ def load_data(args, default_split: str):
     return load_logits(args.logits, args.split, labels_path=args.labels, default_split=default_split)
 
 
-def save_diagram(logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None) -> None:
+def save_diagram(
+    logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None, *,
+    from_logits: bool | None = None, calibrated=None, names: tuple[str, str] = ("uncalibrated", "calibrated"),
+) -> None:
+    """The reliability diagram (with counts; a before / after pair when ``calibrated`` is given) as a PNG.
+
+    ``from_logits`` is the one the table used, so the diagram and the table show the same numbers.
+    """
     from ..metrics import reliability_diagram
 
-    fig = reliability_diagram(logits, labels, n_bins, margin_groups=margin_groups, title=title)
+    fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
+                              title=title, from_logits=from_logits)
+    path.parent.mkdir(parents=True, exist_ok=True)  # new_file checked that it can be created
     fig.savefig(path, dpi=120)
 
 
 def json_ready(report) -> dict:
-    return {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v) for k, v in report.to_dict().items()}
+    """A report as strict JSON values: a NaN or infinite metric becomes null, and ``non_finite`` names it with its
+    value as a string (``{"nll": "inf"}``; present only when some metric is not finite)."""
+    values, non_finite = {}, {}
+    for key, value in report.to_dict().items():
+        if isinstance(value, float) and not math.isfinite(value):
+            values[key], non_finite[key] = None, str(value)
+        else:
+            values[key] = value
+    return {**values, "non_finite": non_finite} if non_finite else values
+
+
+def dump_json(obj) -> str:
+    """Strict JSON (no NaN / Infinity tokens, which JSON does not have)."""
+    return json.dumps(obj, indent=2, allow_nan=False)
+
+
+def add_input_kind_option(p: argparse.ArgumentParser) -> None:
+    """``--probs`` / ``--from-logits``: what the file holds (``args.from_logits`` False / True); default None: detect."""
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--probs", dest="from_logits", action="store_false", default=None,
+                      help="the file holds probabilities (default: detected: rows in [0, 1] summing to 1 within 1e-2)")
+    kind.add_argument("--from-logits", "--from_logits", dest="from_logits", action="store_true", default=None,
+                      help="the file holds logits, even if its rows look like probabilities")
+
+
+def from_logits_of(args, logits) -> bool:
+    """The input kind the command works with: ``--probs`` / ``--from-logits``, else detected on ``logits``."""
+    from .._checks import resolve_from_logits
+
+    return resolve_from_logits(logits, args.from_logits, "logits")
 
 
 def method_kind(method: str) -> str:
@@ -112,29 +205,29 @@ def to_tensor(logits):
     return torch.from_numpy(np.ascontiguousarray(logits))
 
 
-def temperature_summary(calibrator, logits) -> str:
+def temperature_summary(calibrator, logits, from_logits: bool = True) -> str:
     import torch
 
     if not hasattr(calibrator, "temperature"):  # not a temperature calibrator: nothing one number can say
         return f"{'keeps' if calibrator.preserves_argmax else 'may change'} the predicted classes"
     with torch.no_grad():
-        t = calibrator.temperature(to_tensor(logits)).detach().double().reshape(-1)
+        t = calibrator.temperature(to_tensor(logits), from_logits=from_logits).detach().double().reshape(-1)
     if t.numel() == 1 or bool((t == t[0]).all()):
         return f"T = {t[0].item():.4f}"
     return f"T per sample: median {t.median().item():.4f}, range [{t.min().item():.4f}, {t.max().item():.4f}]"
 
 
-def calibrated_logits(calibrator, logits):
+def calibrated_logits(calibrator, logits, from_logits: bool = True):
     import torch
 
     with torch.no_grad():
-        return calibrator(to_tensor(logits)).detach().cpu().numpy()
+        return calibrator(to_tensor(logits), from_logits=from_logits).detach().cpu().numpy()
 
 
-def logits_options(p: argparse.ArgumentParser, split_help: str) -> None:
-    p.add_argument("--logits", required=True, metavar="FILE",
+def logits_options(p: argparse.ArgumentParser, split_help: str, required: bool = True) -> None:
+    p.add_argument("--logits", required=required, metavar="FILE",
                    help="logits file: .npz / .pt / .safetensors with `logits`,`labels` (or `logits_<split>`, "
                         "`labels_<split>`), or a .npy of logits with --labels")
     p.add_argument("--labels", metavar="FILE", help="labels file (.npy) when --logits is a bare .npy array")
     p.add_argument("--split", help=split_help)
-    add_option(p, "n_bins", type=int, default=15, help="number of equal-width bins (default 15)")
+    add_option(p, "n_bins", type=positive_int, default=15, help="number of equal-width bins (default 15)")

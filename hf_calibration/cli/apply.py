@@ -3,58 +3,71 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ._common import (
+    CLIError,
+    add_input_kind_option,
     add_option,
     calibrated_logits,
+    dump_json,
+    from_logits_of,
     json_ready,
     load_calibrator,
     load_data,
     logits_options,
+    new_file,
+    positive_int,
     save_diagram,
     temperature_summary,
-    writable_file,
 )
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("apply", parents=[common], help="apply a saved calibrator to logits and report before / after",
-                       description="Load a calibrator saved by `fit` (or save_pretrained), apply it to logits and "
-                                   "print the metrics before and after.")
+                       description="Load a calibrator saved by `fit` (or save_pretrained), apply it to logits (or "
+                                   "probabilities) and print the metrics before and after. Output files must be new "
+                                   "unless --overwrite is given, and are never the input files.")
     p.add_argument("--calibrator", required=True, metavar="DIR", help="folder written by `fit` / save_pretrained")
     logits_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
-    p.add_argument("--diagram", metavar="PNG", help="write the calibrated reliability diagram to this file")
-    add_option(p, "margin_groups", type=int, default=None, metavar="G", help="with --diagram: one diagram per margin group")
-    add_option(p, "save_logits", metavar="NPZ", default=None, help="write the calibrated logits to this .npz")
-    p.add_argument("--json", action="store_true", help="print the reports as JSON")
+    add_input_kind_option(p)
+    p.add_argument("--diagram", metavar="PNG", help="write the reliability diagrams before and after calibration to this file")
+    add_option(p, "margin_groups", type=positive_int, default=None, metavar="G", help="with --diagram: one diagram per margin group")
+    add_option(p, "save_logits", metavar="NPZ", default=None, help="write the calibrated logits to this .npz (.npz is appended if missing)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing --diagram / --save-logits files")
+    p.add_argument("--json", action="store_true", help="print the reports as JSON (strict: a non-finite value is null, named under non_finite)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..logits_io import save_logits
+    from ..logits_io import npz_path, save_logits
     from ..metrics import calibration_report, format_reports
 
-    diagram = writable_file(args.diagram, "--diagram") if args.diagram else None
-    save_to = writable_file(args.save_logits, "--save-logits") if args.save_logits else None
+    inputs = (args.logits, args.labels)
+    diagram = new_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None
+    save_to = new_file(npz_path(args.save_logits), "--save-logits", args.overwrite, inputs) if args.save_logits else None
+    if diagram is not None and diagram == save_to:
+        raise CLIError(f"--diagram and --save-logits name the same file {diagram}.")
     calibrator = load_calibrator(args.calibrator)
     data = load_data(args, default_split="test")
-    after = calibrated_logits(calibrator, data.logits)
+    from_logits = from_logits_of(args, data.logits)
+    after = calibrated_logits(calibrator, data.logits, from_logits)
     name = getattr(calibrator, "kind", type(calibrator).__name__)
     reports = {
-        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins),
-        name: calibration_report(after, data.labels, args.n_bins),
+        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
+        name: calibration_report(after, data.labels, args.n_bins, from_logits=True),
     }
     if diagram is not None:
-        save_diagram(after, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups)
+        save_diagram(data.logits, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups,
+                     from_logits=from_logits, calibrated=after, names=("uncalibrated", name))
     if save_to is not None:
-        save_logits(save_to, after, data.labels)
+        save_to = save_logits(save_to, after, data.labels, overwrite=args.overwrite)
     if args.json:
-        print(json.dumps({"source": data.source, "calibrator": str(args.calibrator),
-                          "reports": {k: json_ready(v) for k, v in reports.items()}}, indent=2))
+        print(dump_json({"source": data.source, "calibrator": str(args.calibrator), "inputs": "logits" if from_logits else "probabilities",
+                         **({"calibrated_logits": str(save_to)} if save_to is not None else {}),
+                         "reports": {k: json_ready(v) for k, v in reports.items()}}))
     else:
-        print(f"{data.source} (N = {data.logits.shape[0]}), calibrator {args.calibrator}: "
-              f"{temperature_summary(calibrator, data.logits)}")
+        print(f"{data.source} (N = {data.logits.shape[0]}{'' if from_logits else ', probabilities'}), calibrator {args.calibrator}: "
+              f"{temperature_summary(calibrator, data.logits, from_logits)}")
         print(format_reports(reports))
         if diagram is not None:
             print(f"reliability diagram: {diagram}")

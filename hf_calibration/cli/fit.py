@@ -3,69 +3,113 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ._common import (
     OBJECTIVES,
     CLIError,
+    add_input_kind_option,
     add_option,
     calibrated_logits,
+    dump_json,
+    from_logits_of,
     json_ready,
-    load_data,
-    logits_options,
     method_kind,
+    new_folder,
     temperature_summary,
     to_tensor,
-    writable_dir,
 )
+from ._inputs import add_input_options, card_kwargs, load_inputs
+from .compare import add_selection_options, fit_auto
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("fit", parents=[common], help="fit a calibrator (SMART or temperature scaling) on saved logits and save it",
-                       description="Fit a post-hoc calibrator on held-out logits, save it with save_pretrained "
-                                   "(safetensors + config.json + model card), optionally push it to the Hub.")
-    logits_options(p, "which `logits_<split>` to fit on (default: plain `logits`, else `val`)")
-    p.add_argument("--method", required=True, help="smart, or ts / temperature_scaling")
+    p = sub.add_parser("fit", parents=[common], help="fit a calibrator (any registered one, or auto) on saved logits, or on a model's, and save it",
+                       description="Fit a post-hoc calibrator on held-out logits (or probabilities; a file, or a model run "
+                                   "over a dataset), save it with "
+                                   "save_pretrained (safetensors + config.json + model card), optionally push it to the Hub. "
+                                   "--out must be a new or empty folder (--overwrite replaces a calibrator saved there; "
+                                   "a model's folder is always refused: use its calibrator/ subfolder).")
+    add_input_options(p, "which `logits_<split>` to fit on (default: plain `logits`, else `val`)")
+    add_input_kind_option(p)
+    p.add_argument("--method", required=True,
+                   help="a registered calibrator (smart, ts / temperature_scaling, spline, histogram_binning, isotonic, ...), "
+                        "or auto: the best by cross-validation on this split (see `compare`)")
     p.add_argument("--objective", choices=OBJECTIVES, default=None,
                    help="fit objective (default: the method's own: NLL for ts, charbonnier_soft_ece for smart)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to save the calibrator in")
-    p.add_argument("--seed", type=int, default=None, help="seed of the fit (SMART's initialisation)")
+    p.add_argument("--out", required=True, metavar="DIR", help="new folder to save the calibrator in")
+    p.add_argument("--overwrite", action="store_true", help="replace the calibrator already saved in --out")
+    p.add_argument("--seed", type=int, default=None, help="seed of the fit (SMART's initialisation; with auto: of the folds)")
+    add_selection_options(p, prefix="with --method auto: ")
     add_option(p, "push_to_hub", metavar="REPO", default=None, help="also push the calibrator to this Hub repo id")
+    add_option(p, "path_in_repo", metavar="DIR", default=None,
+               help="with --push-to-hub: a subfolder of the repo (e.g. calibrator, beside the model; "
+                    "the default with --model)")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
+    add_option(p, "dry_run", action="store_true",
+               help="with --push-to-hub: build the exact folder and card that would be uploaded, upload nothing")
     p.add_argument("--json", action="store_true", help="print the fit-set reports as JSON")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..calibrators import create_calibrator
+    from ..calibrators.selection import is_stochastic
     from ..metrics import calibration_report, format_reports
 
-    kind = method_kind(args.method)
-    out = writable_dir(args.out, "--out")
-    data = load_data(args, default_split="val")
-    if args.seed is not None and kind != "smart":
-        raise CLIError("--seed applies to --method smart only (temperature scaling is deterministic).")
-    calibrator = create_calibrator(kind, **({} if args.seed is None else {"seed": args.seed}))
-    fit_kwargs = {} if args.objective is None else {"objective": args.objective}
-    calibrator.fit(to_tensor(data.logits), to_tensor(data.labels), progress_bar=not args.json, **fit_kwargs)
-    calibrator.save_pretrained(str(out))
-    after = calibrated_logits(calibrator, data.logits)
-    reports = {
-        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins),
-        kind: calibration_report(after, data.labels, args.n_bins),
-    }
-    if args.json:
-        print(json.dumps({"source": data.source, "method": kind, "out": str(out),
-                          "reports": {k: json_ready(v) for k, v in reports.items()}}, indent=2))
+    auto = args.method.lower() == "auto"
+    kind = "auto" if auto else method_kind(args.method)
+    if args.seed is not None and not auto and not is_stochastic(kind):
+        raise CLIError(f"--seed applies to seeded methods only (smart, ...): {kind} is deterministic.")
+    if not args.push_to_hub and (args.dry_run or args.path_in_repo or args.private):
+        raise CLIError("--dry-run, --path-in-repo and --private apply to --push-to-hub only.")
+    out = new_folder(args.out, "--out", args.overwrite)  # checked now, written only once the fit has succeeded
+    data = load_inputs(args, default_split="val")
+    if data.model is not None and args.push_to_hub and args.path_in_repo is None:
+        args.path_in_repo = "calibrator"  # the model route pushes beside the model
+    from_logits = from_logits_of(args, data.logits)
+    if auto:  # cross-validate every calibrator, refit the best
+        calibrator = fit_auto(args, data, from_logits, progress_bar=not args.json)
+        kind = calibrator.method_
     else:
-        objective = (calibrator.fit_info_ or {}).get("objective", args.objective)
-        print(f"fitted {type(calibrator).__name__} ({objective}) on {data.source} (N = {data.logits.shape[0]}): "
-              f"{temperature_summary(calibrator, data.logits)}")
-        print(f"fit set (in-sample, {args.n_bins} bins):")
-        print(format_reports(reports))
-        print(f"saved to {out}")
-    if args.push_to_hub:
-        calibrator.push_to_hub(args.push_to_hub, private=args.private)
-        if not args.json:
-            print(f"pushed to https://huggingface.co/{args.push_to_hub}")
+        calibrator = create_calibrator(kind, **({} if args.seed is None else {"seed": args.seed}))
+        fit_kwargs = {} if args.objective is None else {"objective": args.objective}
+        calibrator.fit(to_tensor(data.logits), to_tensor(data.labels), from_logits=from_logits, progress_bar=not args.json, **fit_kwargs)
+    calibrator.save_pretrained(out, overwrite=args.overwrite, model_card_kwargs=card_kwargs(data, saved_to=str(out)))
+    after = calibrated_logits(calibrator, data.logits, from_logits)
+    reports = {
+        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
+        kind: calibration_report(after, data.labels, args.n_bins, from_logits=True),
+    }
+    pushed = _push(calibrator, args, out, card_kwargs(data, push_to=args.push_to_hub, path_in_repo=args.path_in_repo)) if args.push_to_hub else None
+    if args.json:
+        print(dump_json({"source": data.source, "method": kind, "inputs": calibrator.fit_info_["input"], "out": str(out),
+                         **(pushed or {}), "reports": {k: json_ready(v) for k, v in reports.items()},
+                         **({"selection": calibrator.selection()} if auto else {})}))
+        return 0
+    if auto:
+        print(calibrator.comparison_)
+        print(f"best by {args.metric}: {kind}")
+    objective = calibrator.fit_info_["objective"]
+    what = "probabilities, as log(p)" if not from_logits else "logits"
+    print(f"fitted {type(calibrator.calibrator_ if auto else calibrator).__name__} ({objective}) on {data.source} ({what}, N = {data.logits.shape[0]}): "
+          f"{temperature_summary(calibrator, data.logits, from_logits)}")
+    print(f"fit set (in-sample, {args.n_bins} bins):")
+    print(format_reports(reports))
+    print(f"saved to {out}")
+    if pushed:
+        print(f"dry run: nothing uploaded; the files for {pushed['repo_url']} are in {pushed['dry_run_folder']}"
+              if args.dry_run else f"pushed to {pushed['repo_url']}")
     return 0
+
+
+def _push(calibrator, args, out, card: dict | None) -> dict:
+    from ..hub import HubUnreachableError
+
+    repo_url = f"https://huggingface.co/{args.push_to_hub}" + (f"/tree/main/{args.path_in_repo.strip('/')}" if args.path_in_repo else "")
+    try:
+        result = calibrator.push_to_hub(args.push_to_hub, path_in_repo=args.path_in_repo, private=args.private or None,
+                                        dry_run=args.dry_run, model_card_kwargs=card)
+    except HubUnreachableError as err:
+        raise CLIError(f"the Hugging Face Hub is unreachable ({err.reason}): nothing was pushed to {args.push_to_hub}; "
+                       f"the calibrator is saved in {out}.") from None
+    return {"repo_url": repo_url, **({"dry_run_folder": result} if args.dry_run else {"commit_url": str(result)})}

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from ._common import add_option, json_ready, load_data, logits_options, save_diagram, writable_file
+from ._common import add_input_kind_option, add_option, dump_json, json_ready, new_file, save_diagram
+from ._inputs import add_input_options, load_inputs
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("report", parents=[common], help="print the calibration metrics of saved logits",
+    p = sub.add_parser("report", parents=[common], help="print the calibration metrics of saved logits, or of a model on a dataset",
                        description="Accuracy, ECE, AdaECE, MCE, classwise ECE, O-/U-ECE, smCE, smECE, Brier and NLL "
-                                   "of saved logits (percent, two decimals, as the papers print them).")
-    logits_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
-    p.add_argument("--probs", action="store_true", help="the file holds probabilities, not logits")
+                                   "of saved logits, or of a model run over a dataset (percent, two decimals, as the "
+                                   "papers print them).")
+    add_input_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
+    p.add_argument("--calibrator", metavar="DIR", help="apply this calibrator (folder written by `fit`) first")
+    add_input_kind_option(p)
     p.add_argument("--diagram", metavar="PNG", help="write a reliability diagram to this file")
     add_option(p, "margin_groups", type=int, default=None, metavar="G",
                help="with --diagram: one diagram per logit-margin group (G equal-count groups)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --diagram file")
     p.add_argument("--json", action="store_true", help="print the report as JSON (fractions, not percent)")
     p.set_defaults(func=run)
 
@@ -24,15 +27,18 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from ..metrics import calibration_report
 
-    diagram = writable_file(args.diagram, "--diagram") if args.diagram else None
-    data = load_data(args, default_split="test")
-    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=not args.probs)
-    if diagram is not None:
-        save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups)
+    inputs = [path for path in (getattr(args, "logits", None), getattr(args, "labels", None)) if path]
+    diagram = new_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None
+    data = load_inputs(args, default_split="test", apply_calibrator=True)
+    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits)
+    if diagram is not None:  # the same input rule as the table (an explicit flag, else the table's detection)
+        save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups,
+                     from_logits=report.from_logits)
+    kind = "logits" if report.from_logits else "probabilities"
     if args.json:
-        print(json.dumps({"source": data.source, "n_bins": args.n_bins, **json_ready(report)}, indent=2))
+        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": kind, **json_ready(report)}))
     else:
-        print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}")
+        print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}, {kind}")
         print(report)
         if diagram is not None:
             print(f"reliability diagram: {diagram}")

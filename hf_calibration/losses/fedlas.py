@@ -17,13 +17,14 @@ Per-sample smoothing weight (paper Eq. 7)::
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_choice, check_float, check_int
-from ._base import CalibrationLoss, _denominator
+from ._base import CalibrationLoss, _stats_dtype
 from ._fedlas_fused import FeDLaSFunction
 from .label_smoothing import label_smoothing_per_sample
 from .margin import margin_penalty_per_sample
@@ -57,13 +58,32 @@ def straight_through_sign(x: torch.Tensor) -> torch.Tensor:
 
 
 class BidirectionalCalibrationGate(nn.Module):
-    """BCG gate ψ: ``sign(p1 - p0)`` of a small MLP over detached logits (paper Eq. 9)."""
+    """BCG gate ψ: ``sign(p1 - p0)`` of a small MLP over detached logits (paper Eq. 9).
 
-    def __init__(self, num_classes: int):
+    ``seed`` draws the initial weights from a generator of their own (``nn.Linear``'s initialisation);
+    ``None`` draws them from torch's global RNG, as ``nn.Linear`` does.
+    """
+
+    def __init__(self, num_classes: int, seed: int | None = None):
         super().__init__()
         hidden = max(num_classes // 2, 1)
         self.fc_in = nn.Linear(num_classes, hidden)
         self.fc_out = nn.Linear(hidden, 2)
+        if seed is not None:
+            self.reset_parameters(seed)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """Re-draw both layers as ``nn.Linear.reset_parameters`` does (Kaiming-uniform weights, uniform biases in
+        ±1/√fan_in), from a CPU generator seeded with ``seed``: the same weights on every device and process."""
+        generator = torch.Generator().manual_seed(seed)
+        for layer in (self.fc_in, self.fc_out):
+            weight = torch.empty(layer.weight.shape, dtype=layer.weight.dtype)
+            nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
+            bound = 1 / math.sqrt(layer.in_features)
+            bias = torch.empty(layer.bias.shape, dtype=layer.bias.dtype).uniform_(-bound, bound, generator=generator)
+            layer.weight.copy_(weight)
+            layer.bias.copy_(bias)
 
     def direction(self, logits: torch.Tensor) -> torch.Tensor:
         """``p1 - p0`` of ``softmax(G(sg[z]))``, in [-1, 1] (differentiable w.r.t. the gate, never w.r.t. the logits).
@@ -91,10 +111,6 @@ def l1_norms(features: torch.Tensor) -> torch.Tensor:
         f = f.flatten(1)
     dtype = torch.float64 if f.dtype == torch.float64 else torch.float32
     return torch.linalg.vector_norm(f, ord=1, dim=1, dtype=dtype)
-
-
-def _stats_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def batch_moments(norms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -136,6 +152,11 @@ def norm_confidence_indicator(norms: torch.Tensor, mean: torch.Tensor, std: torc
     return (norms - mean) / (std + NCI_EPS)
 
 
+def _keep_finite(norms: torch.Tensor, finite: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """Non-finite norms replaced by μ, so their γ is 0: r = base, the plain LS / MbLS weight."""
+    return torch.where(finite, norms, mean.to(norms.dtype))
+
+
 class FeDLaSLoss(CalibrationLoss):
     """FeDLaS-LS / FeDLaS-MbLS: label smoothing whose per-sample weight follows the feature norm (NCI) and the BCG gate.
 
@@ -161,17 +182,29 @@ class FeDLaSLoss(CalibrationLoss):
     the reference and used when ``gate`` is replaced by a module of another class) reduced by the base
     class; the gradients agree to rounding.
 
+    Non-finite features (an fp16 overflow in the backbone) leave the statistics alone: a row whose ``‖f‖₁`` is
+    inf or NaN takes no part in the EMA update and gets γ = 0 (r = base, the plain LS / MbLS weight), so the
+    other rows' loss and the buffers stay finite. Such rows are counted in ``nonfinite_feature_rows`` and
+    reported by one warning (both need ``validate_args``, whose one host synchronisation they share).
+
     Args:
-        num_classes: K, the gate's input size.
+        num_classes: K, the gate's input size. ``None`` leaves the gate to be built by `set_num_classes`, which
+            ``CalibrationTrainer`` calls with ``model.config.num_labels``.
         variant: ``"ls"`` (FeDLaS-LS) or ``"mbls"`` (FeDLaS-MbLS).
         base: α for LS (default 0.05) or λ for MbLS (default 0.1).
         beta: sensitivity β >= 0 (default 4.0 for LS, 0.5 for MbLS; paper: 1.0 for MbLS on CIFAR-100).
         margin: MbLS margin m (default 6.0, the paper's CIFAR value; unused by LS).
         theta: EMA weight θ of the current batch, in (0, 1] (0.95 CIFAR-10, 0.5 CIFAR-100 / Tiny-ImageNet).
         nci_init_mean, nci_init_std: initial μ, σ (official code: 20 and 100).
+        seed: draws the gate's initial weights from a generator of their own. ``None`` (default) draws them from
+            torch's global RNG, and ``CalibrationTrainer`` re-draws them from ``TrainingArguments.seed`` before
+            training (unless the state was loaded or trained since), so one seed gives one run on every process.
 
     Attributes:
         last_weights, last_psi, last_nci: detached ``r``, ``ψ``, ``γ`` of the last training forward (None before).
+        gate_from_global_rng: True while the gate holds the draw from torch's global RNG made at construction
+            (no ``seed``, not re-drawn, loaded or trained since).
+        nonfinite_feature_rows: how many kept rows had a non-finite feature norm so far.
         sync_statistics: all-reduce the batch moments across processes (default True). The MaC-Cal stage
             turns it off on its copy of the loss: there every process runs the stage on the whole data set.
     """
@@ -181,7 +214,7 @@ class FeDLaSLoss(CalibrationLoss):
 
     def __init__(
         self,
-        num_classes: int,
+        num_classes: int | None = None,
         variant: str = "ls",
         base: float | None = None,
         beta: float | None = None,
@@ -189,10 +222,10 @@ class FeDLaSLoss(CalibrationLoss):
         theta: float = 0.95,
         nci_init_mean: float = 20.0,
         nci_init_std: float = 100.0,
+        seed: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_classes = check_int(num_classes, "num_classes", minimum=2)
         self.variant = check_choice(variant, "variant", _DEFAULTS)
         default_base, default_beta = _DEFAULTS[variant]
         self.base = check_float(
@@ -203,21 +236,58 @@ class FeDLaSLoss(CalibrationLoss):
         self.theta = check_float(theta, "theta", minimum=0.0, maximum=1.0, min_inclusive=False)
         nci_init_mean = check_float(nci_init_mean, "nci_init_mean")
         nci_init_std = check_float(nci_init_std, "nci_init_std", minimum=0.0)
-        self.gate = BidirectionalCalibrationGate(self.num_classes)
+        self.seed = None if seed is None else check_int(seed, "seed", minimum=0)
         self.register_buffer("nci_mean", torch.tensor(nci_init_mean, dtype=torch.float32))
         self.register_buffer("nci_std", torch.tensor(nci_init_std, dtype=torch.float32))
         # sample counts above which the EMA moves μ and σ (see ema_update); a buffer so it lives on the device
         self.register_buffer("_count_thresholds", torch.tensor([0.5, 1.5]), persistent=False)
+        self.num_classes: int | None = None
+        self.gate: BidirectionalCalibrationGate | None = None
+        self.gate_from_global_rng = False
+        if num_classes is not None:
+            self.set_num_classes(num_classes)
+        self.nonfinite_feature_rows = 0
         self.last_weights: torch.Tensor | None = None
         self.last_nci: torch.Tensor | None = None
         self._last_positive: torch.Tensor | None = None  # ψ > 0; last_psi is built from it on demand
+
+    def set_num_classes(self, num_classes: int) -> None:
+        """Build the gate for K classes (``seed`` or torch's global RNG); a no-op when it is built for K already."""
+        num_classes = check_int(num_classes, "num_classes", minimum=2)
+        if self.num_classes is not None:
+            if num_classes != self.num_classes:
+                raise ValueError(
+                    f"Expected argument `num_classes` to be the loss's num_classes = {self.num_classes}, "
+                    f"but got {num_classes}."
+                )
+            return
+        self.num_classes = num_classes
+        self.gate = BidirectionalCalibrationGate(num_classes, self.seed).to(self.nci_mean.device, self.nci_mean.dtype)
+        self.gate_from_global_rng = self.seed is None
+
+    def reset_gate(self, seed: int) -> None:
+        """Re-draw the gate's weights from ``seed`` (see `BidirectionalCalibrationGate.reset_parameters`)."""
+        self._gate().reset_parameters(check_int(seed, "seed", minimum=0))
+        self.gate_from_global_rng = False
+
+    def _gate(self) -> BidirectionalCalibrationGate:
+        if self.gate is None:
+            raise ValueError(
+                "FeDLaSLoss has no gate yet: pass `num_classes` (e.g. FeDLaSLoss(num_classes=10)), or train with "
+                "`hf_calibration.CalibrationTrainer`, which takes it from `model.config.num_labels`."
+            )
+        return self.gate
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self.gate_from_global_rng = False  # a loaded gate is kept as it is
 
     @property
     def last_psi(self) -> torch.Tensor | None:
         """ψ ∈ {-1, +1} of the last training forward (None before)."""
         if self._last_positive is None:
             return None
-        dtype = torch.float64 if self.gate.fc_in.weight.dtype == torch.float64 else torch.float32
+        dtype = torch.float64 if self._gate().fc_in.weight.dtype == torch.float64 else torch.float32
         return torch.where(self._last_positive, 1.0, -1.0).to(dtype)
 
     def forward(self, logits, labels, features=None, num_items_in_batch=None):
@@ -228,23 +298,27 @@ class FeDLaSLoss(CalibrationLoss):
                 "FeDLaSLoss needs the classifier's input features: train with `hf_calibration.CalibrationTrainer` "
                 "(it captures them with a hook on the classification head), or call the loss with `features=`."
             )
-        if type(self.gate) is not BidirectionalCalibrationGate:  # a replaced gate: the generic autograd path
+        gate = self._gate()
+        if type(gate) is not BidirectionalCalibrationGate:  # a replaced gate: the generic autograd path
             return super().forward(logits, labels, features=features, num_items_in_batch=num_items_in_batch)
-        logits, labels, mask = self._format(logits, labels)
-        features = self._format_features(features, logits.shape[0])
-        gamma = self._nci(logits, features, mask)
-        denom = _denominator(mask, num_items_in_batch, logits.dtype)
-        gate = self.gate
+        batch = self._format(logits, labels, num_items_in_batch)
+        features = self._format_features(features, batch.logits.shape[0])
+        self._check_logits(batch.logits)
+        norms = l1_norms(features)
+        finite = torch.isfinite(norms)
+        if self._validate(batch, extra=~finite.all() if self.validate_args else None):
+            self._count_nonfinite(finite, batch.mask)
+        gamma = self._nci(norms, finite, batch.mask)
         loss, weights, positive = FeDLaSFunction.apply(
-            logits, gate.fc_in.weight, gate.fc_in.bias, gate.fc_out.weight, gate.fc_out.bias, gamma,
-            labels, mask, denom, self.variant, self.base, self.beta, self.margin,
+            batch.logits, gate.fc_in.weight, gate.fc_in.bias, gate.fc_out.weight, gate.fc_out.bias, gamma,
+            batch.labels, batch.mask, batch.denom, self.variant, self.base, self.beta, self.margin,
         )  # fmt: skip
         if self.training:
+            self.gate_from_global_rng = False
             self.last_weights, self._last_positive, self.last_nci = weights, positive, gamma
         return loss
 
-    def _nci(self, logits: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """γ (Eq. 10), after folding this batch into the EMA statistics when training (Eqs. 11-12)."""
+    def _check_logits(self, logits: torch.Tensor) -> None:
         if logits.shape[1] != self.num_classes:
             raise ValueError(
                 f"Expected `logits` to have num_classes = {self.num_classes} columns, but got {logits.shape[1]}."
@@ -252,24 +326,48 @@ class FeDLaSLoss(CalibrationLoss):
         if self.nci_mean.device != logits.device:
             logger.warning("Moving FeDLaSLoss to %s, the device of the logits; move it with the model to avoid this.", logits.device)
             self.to(logits.device)
-        norms = l1_norms(features)
+
+    def _count_nonfinite(self, finite: torch.Tensor, mask: torch.Tensor) -> None:
+        """Count the kept rows whose feature norm is not finite; warn the first time (host side, rare path)."""
+        rows = int((~finite & mask).sum())
+        if rows == 0:
+            return
+        if self.nonfinite_feature_rows == 0:
+            logger.warning(
+                "FeDLaSLoss got %d row(s) with non-finite features (inf/NaN, e.g. an fp16 overflow in the backbone): "
+                "they are left out of the NCI statistics and get γ = 0. `nonfinite_feature_rows` counts them; "
+                "this warning is shown once.",
+                rows,
+            )
+        self.nonfinite_feature_rows += rows
+
+    def _nci(self, norms: torch.Tensor, finite: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """γ (Eq. 10), after folding this batch's finite rows into the EMA statistics when training (Eqs. 11-12)."""
         if self.training:
             with torch.no_grad():
-                moments = batch_moments(norms, mask)
+                moments = batch_moments(norms, mask & finite)
                 if self.sync_statistics:
                     moments = all_reduce_moments(moments)
                 ema_update(self.nci_mean, self.nci_std, moments, self.theta, self._count_thresholds)
-        return norm_confidence_indicator(norms, self.nci_mean, self.nci_std)  # no gradient: built from detached inputs
+        # no gradient: built from detached inputs
+        return norm_confidence_indicator(_keep_finite(norms, finite, self.nci_mean), self.nci_mean, self.nci_std)
 
     def smoothing_weights(self, logits: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``r_i = base · 2σ(β·ψ_i·γ_i)`` (Eq. 7) with autograd through the gate; updates the NCI statistics first when training."""
-        gamma = self._nci(logits, features, mask)
-        psi = self.gate(logits)
+        gate = self._gate()
+        self._check_logits(logits)
+        norms = l1_norms(features)
+        finite = torch.isfinite(norms)
+        if self.validate_args and not bool(finite.all()):
+            self._count_nonfinite(finite, mask)
+        gamma = self._nci(norms, finite, mask)
+        psi = gate(logits)
         # 2·base·σ(x) as σ(x)·(2·base): exact at β = 0 (σ(0) = 1/2 and doubling is exact in binary)
         weights = torch.sigmoid(psi * gamma * self.beta) * (2 * self.base)
         if weights.dtype != logits.dtype:
             weights = weights.to(logits.dtype)
         if self.training:
+            self.gate_from_global_rng = False
             self.last_weights, self._last_positive, self.last_nci = weights.detach(), psi.detach() > 0, gamma
         return weights
 
@@ -294,7 +392,7 @@ class FeDLaSLoss(CalibrationLoss):
 class FeDLaSLSLoss(FeDLaSLoss):
     """``FeDLaSLoss(variant="ls")`` as a class of its own (``LOSS_MAPPING["fedlas_ls"]``)."""
 
-    def __init__(self, num_classes: int, **kwargs):
+    def __init__(self, num_classes: int | None = None, **kwargs):
         if "variant" in kwargs:
             raise TypeError("FeDLaSLSLoss fixes `variant='ls'`; use FeDLaSLoss to choose it.")
         super().__init__(num_classes, variant="ls", **kwargs)
@@ -303,7 +401,7 @@ class FeDLaSLSLoss(FeDLaSLoss):
 class FeDLaSMbLSLoss(FeDLaSLoss):
     """``FeDLaSLoss(variant="mbls")`` as a class of its own (``LOSS_MAPPING["fedlas_mbls"]``)."""
 
-    def __init__(self, num_classes: int, **kwargs):
+    def __init__(self, num_classes: int | None = None, **kwargs):
         if "variant" in kwargs:
             raise TypeError("FeDLaSMbLSLoss fixes `variant='mbls'`; use FeDLaSLoss to choose it.")
         super().__init__(num_classes, variant="mbls", **kwargs)

@@ -12,10 +12,19 @@ from ._base import CalibrationLoss
 def focal_per_sample(logits: torch.Tensor, labels: torch.Tensor, gamma: float | torch.Tensor) -> torch.Tensor:
     """``-(1 - p_y)^γ · log p_y`` per sample; ``gamma`` is a float or a per-sample ``(N,)`` tensor.
 
-    ``1 - p_y`` is computed as ``-expm1(log p_y)``, accurate when ``p_y`` is close to 1.
+    ``1 - p_y`` is computed as ``-expm1(log p_y)``, accurate when ``p_y`` is close to 1. Where ``p_y`` rounds
+    to 1, ``(1 - p_y)^γ`` with 0 < γ < 1 has an infinite derivative, and autograd would multiply it by
+    ``log p_y = 0`` (NaN); the loss's true gradient there tends to 0 (it is ``O((1 - p_y)^γ)``), and so it is
+    computed: the power is taken only where ``1 - p_y > 0``.
     """
     log_p = F.log_softmax(logits, dim=-1).gather(1, labels.unsqueeze(1)).squeeze(1)
-    return -((-torch.expm1(log_p)) ** gamma) * log_p
+    one_minus_p = -torch.expm1(log_p)
+    if isinstance(gamma, torch.Tensor) or 0 < gamma < 1:
+        positive = one_minus_p > 0
+        modulating = torch.where(positive, torch.where(positive, one_minus_p, 1.0) ** gamma, 0.0)
+    else:  # γ = 0 (torch's pow has a zero gradient there) or γ >= 1: finite derivative at 0
+        modulating = one_minus_p**gamma
+    return -modulating * log_p
 
 
 class FocalLoss(CalibrationLoss):

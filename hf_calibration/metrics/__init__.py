@@ -1,5 +1,6 @@
 """Calibration metrics: functions over logits (or probabilities) and integer labels."""
 
+from .accumulator import CalibrationAccumulator
 from .adaptive import adaece
 from .ece import ECESplit, classwise_ece, ece, ece_split, mce
 from .reliability import ReliabilityTable, reliability_diagram, reliability_table
@@ -8,6 +9,7 @@ from .scores import brier, nll
 from .smooth import smce, smece
 
 __all__ = [
+    "CalibrationAccumulator",
     "CalibrationReport",
     "ECESplit",
     "ReliabilityTable",

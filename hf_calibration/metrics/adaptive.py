@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import top_label
+from ._format import prepare, top_label
 from .binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins
 
 
 def _adaece_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
-    index = _adaptive_bin_index(confidence, n_bins, correct)
+    index = _adaptive_bin_index(confidence, n_bins)
     sums = _bin_sums(index, confidence, correct, n_bins)
     return float(np.abs(_calibration_gaps(sums, confidence.shape[0])).sum())
 
@@ -22,15 +22,20 @@ def adaece(
     target: Any,
     n_bins: int = 15,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> float:
     """Adaptive ECE: ``sum_b |B_b|/N * |acc_b - conf_b|`` over equal-count bins.
 
     The top-label confidences are sorted and cut into ``n_bins`` consecutive runs whose sizes
     differ by at most one (``np.array_split``: the first ``N mod n_bins`` bins get one extra
-    sample). Every sample is in exactly one bin. Equal confidences are ordered by correctness
-    before cutting, so the value does not depend on the order of the samples.
+    sample); the largest confidence of each run is its bin's upper edge, and a bin holds
+    ``lo < p <= hi``. Every sample is in exactly one bin. Equal confidences are never split:
+    a tie group lands whole in the lowest bin that reaches it (so a bin can hold more than
+    ``N / n_bins`` samples and a later one fewer, or none). Splitting ties by correctness would
+    call ``[[0.6, 0.4]] * 1000`` with 600 labels 0 badly calibrated (0.48) although it is
+    perfectly calibrated; splitting them by input order would make the value depend on the
+    order. With no ties the bins are exactly the equal-count runs.
 
     Difference from the focal-calibration reference code (``histedges_equalN``): there the
     edges are ``np.interp(linspace(0, N, B + 1), arange(N), sort(p))`` and bin ``b`` holds
@@ -40,8 +45,17 @@ def adaece(
     that one sample (a difference of order ``1/N``); ``tests/metrics/test_adaptive.py`` works a
     six-sample example where they differ.
 
-    Arguments as :func:`hf_calibration.metrics.ece`. Returns a fraction in [0, 1].
+    Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities).
+    Returns a fraction in [0, 1].
+
+    Example:
+        >>> import numpy as np
+        >>> from hf_calibration.metrics import ece
+        >>> probs = np.tile([0.6, 0.4], (1000, 1))  # every confidence 0.6 ...
+        >>> labels = np.repeat([0, 1], [600, 400])  # ... and right 60 % of the time
+        >>> round(adaece(probs, labels), 12), round(ece(probs, labels), 12)
+        (0.0, 0.0)
     """
     n_bins = _check_n_bins(n_bins)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return _adaece_compute(top.confidence, top.correct, n_bins)

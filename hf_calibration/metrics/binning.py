@@ -5,9 +5,15 @@ Two schemes:
 * **uniform** (Guo et al. 2017): ``n_bins`` equal-width bins on (0, 1], bin ``b`` holds
   ``edges[b] < p <= edges[b + 1]`` with ``edges = linspace(0, 1, n_bins + 1)``; ``p = 0`` goes
   to the first bin and ``p = 1`` to the last (no phantom bin).
-* **adaptive** (Nguyen & O'Connor 2015): the sorted confidences are split into ``n_bins``
-  runs of as-near-as-possible equal count (sizes differ by at most one, the larger first, as
-  ``np.array_split``); every sample lands in exactly one bin.
+* **adaptive** (Nguyen & O'Connor 2015): equal-mass edges. The sorted confidences are split into
+  ``n_bins`` runs of as-near-as-possible equal count (sizes differ by at most one, the larger
+  first, as ``np.array_split``); the upper edge of bin ``b`` is the largest confidence of run
+  ``b``, and bin ``b`` holds ``lo < p <= hi`` as above. Without ties that is exactly the runs;
+  a group of equal confidences is never split: it lands whole in the lowest bin that reaches
+  it (later bins may then be smaller or empty). Every sample lands in exactly one bin.
+
+A bin is a set of confidences, never of samples: two samples with the same confidence always
+share a bin, so no binned metric can depend on the order of the samples or on their labels.
 
 Everything here is vectorised (``searchsorted`` / ``argsort`` + ``np.bincount``); no Python
 loop over bins or samples.
@@ -30,8 +36,17 @@ class BinSums(NamedTuple):
     accuracy: np.ndarray  # float64, sum over the bin
 
 
+MAX_BINS = 10_000  # beyond this a binned metric only allocates (n_bins = 1e12 would raise MemoryError)
+
+
 def _check_n_bins(n_bins: Any) -> int:
-    return check_int(n_bins, "n_bins", minimum=1)
+    n_bins = check_int(n_bins, "n_bins", minimum=1)
+    if n_bins > MAX_BINS:
+        raise ValueError(
+            f"Expected argument `n_bins` to be an integer in [1, {MAX_BINS}], but got {n_bins} "
+            "(more bins than that leaves nearly every bin empty and only costs memory)."
+        )
+    return n_bins
 
 
 def uniform_edges(n_bins: int) -> np.ndarray:
@@ -47,24 +62,23 @@ def _uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     return index  # already in [0, n_bins - 1]: interior edges only, p = 0 → 0, p = 1 → n_bins - 1
 
 
-def _adaptive_bin_index(confidence: np.ndarray, n_bins: int, correct: np.ndarray | None = None) -> np.ndarray:
-    """Equal-count bin of each sample: sort, then cut into ``np.array_split`` sized runs.
+def _adaptive_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
+    """Equal-mass bin of each confidence: edges at the order statistics closing the ``np.array_split``
+    runs of the sorted confidences, then ``lo < p <= hi`` as for uniform bins.
 
-    Ties in confidence are ordered by correctness (then by position), so the binning — and
-    every metric built on it — does not depend on the order of the samples.
+    Ties are never split by anything but their value: a tie group lands whole in one bin (the
+    lowest whose upper edge reaches it), so the binning depends neither on the order of the
+    samples nor on their correctness. Ordering ties by correctness instead (as a sort of
+    ``(confidence, correct)`` does) puts the wrong samples of a tie group in one bin and the right
+    ones in another, and turns a perfectly calibrated tied sample into a large "error".
     """
     n = confidence.shape[0]
-    if correct is None:
-        order = np.argsort(confidence, kind="stable")
-    else:
-        by_correct = np.concatenate([np.flatnonzero(correct == 0), np.flatnonzero(correct != 0)])
-        order = by_correct[np.argsort(confidence[by_correct], kind="stable")]
-    q, r = divmod(n, n_bins)
-    sizes = np.full(n_bins, q, dtype=np.int64)
-    sizes[:r] += 1
-    index = np.empty(n, dtype=np.int64)
-    index[order] = np.repeat(np.arange(n_bins, dtype=np.int64), sizes)
-    return index
+    sizes = np.full(n_bins, n // n_bins, dtype=np.int64)
+    sizes[: n % n_bins] += 1
+    last = np.cumsum(sizes[:-1]) - 1  # sorted position closing each run but the final one (>= 0: run 0 is never empty)
+    upper = np.sort(confidence)[last]
+    # side="left": the number of upper edges strictly below p, i.e. the first bin with p <= hi
+    return np.searchsorted(upper, confidence, side="left")
 
 
 def _bin_sums(index: np.ndarray, confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> BinSums:

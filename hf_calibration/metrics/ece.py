@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import probability_chunks, top_label, validate
+from ._format import prepare, probability_chunks, top_label
 from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
 
 
@@ -55,17 +55,26 @@ def ece(
     target: Any,
     n_bins: int = 15,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> float:
     """Expected calibration error of the top label, equal-width bins (Guo et al. 2017, eq. 3).
 
     Args:
-        preds: ``(N, K)`` logits (or probabilities with ``from_logits=False``), torch or numpy,
-            any float dtype (computed in float64; float32-and-below logits take a float32 exp
-            with a float64 sum, within ~1e-7 of float64 per confidence).
+        preds: ``(N, K)`` logits or probabilities, torch or numpy, any float dtype (computed in
+            float64; float32-and-below logits take a float32 exp with a float64 sum, within ~1e-7
+            of float64 per confidence).
         target: ``(N,)`` integer labels; rows equal to ``ignore_index`` are dropped.
-        n_bins: number of equal-width bins on (0, 1]; bin b holds ``lo < p <= hi``.
+        n_bins: number of equal-width bins on (0, 1], 1 to 10,000; bin b holds ``lo < p <= hi``.
+        from_logits: ``None`` (default) detects: when every kept row has all values in [0, 1]
+            and sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes, even stored
+            as float32), ``preds`` are probabilities, otherwise logits (softmax is applied), as
+            torchmetrics does. ``True`` / ``False`` say so explicitly and win; ``True`` on rows
+            that look like probabilities warns. ``False`` requires the same rule (values in
+            [0, 1], rows summing to 1 within 1e-2) and raises ``ValueError`` otherwise, so
+            detection and validation never disagree.
+        ignore_index: label of rows to drop (default -100, the transformers convention); an
+            integer or None.
 
     Returns:
         ECE as a fraction in [0, 1].
@@ -73,11 +82,13 @@ def ece(
     Example:
         >>> import numpy as np
         >>> probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7]])
-        >>> round(ece(probs, np.array([0, 1, 1]), n_bins=10, from_logits=False), 4)
+        >>> round(ece(probs, np.array([0, 1, 1]), n_bins=10), 4)  # probabilities, detected
+        0.4
+        >>> round(ece(np.log(probs), np.array([0, 1, 1]), n_bins=10), 4)  # logits: the same
         0.4
     """
     n_bins = _check_n_bins(n_bins)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return _ece_compute(top.confidence, top.correct, n_bins)
 
 
@@ -86,13 +97,13 @@ def mce(
     target: Any,
     n_bins: int = 15,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> float:
     """Maximum calibration error: the largest ``|acc_b - conf_b|`` over non-empty equal-width bins
-    (Guo et al. 2017, eq. 5). Arguments as :func:`ece`."""
+    (Guo et al. 2017, eq. 5). Arguments as :func:`ece` (``from_logits=None`` detects probabilities)."""
     n_bins = _check_n_bins(n_bins)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return _mce_compute(top.confidence, top.correct, n_bins)
 
 
@@ -101,14 +112,14 @@ def ece_split(
     target: Any,
     n_bins: int = 15,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> ECESplit:
     """Over- and under-confidence parts of the ECE, ``ECESplit(over, under)`` (O-ECE / U-ECE of
     FeDLaS Table 4): ``sum_b |B_b|/N * max(conf_b - acc_b, 0)`` and ``max(acc_b - conf_b, 0)``.
-    They add up to :func:`ece`. Arguments as :func:`ece`."""
+    They add up to :func:`ece`. Arguments as :func:`ece` (``from_logits=None`` detects probabilities)."""
     n_bins = _check_n_bins(n_bins)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return _ece_split_compute(top.confidence, top.correct, n_bins)
 
 
@@ -133,15 +144,17 @@ def classwise_ece(
     target: Any,
     n_bins: int = 15,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> float:
     """Classwise ECE: the mean over classes k of the equal-width-binned ECE of ``p_k`` against
     ``[y == k]`` (Kull et al. 2019; Nixon et al. 2019 without thresholding). Every probability,
-    zeros included, is binned (``p = 0`` → first bin). Arguments as :func:`ece`."""
+    zeros included, is binned (``p = 0`` → first bin). Equal-width bins depend on the values
+    only, so ties cannot be split by correctness. Arguments as :func:`ece` (``from_logits=None``
+    detects probabilities)."""
     n_bins = _check_n_bins(n_bins)
-    preds, target = validate(preds, target, from_logits=from_logits, ignore_index=ignore_index)
-    total = np.zeros((preds.shape[1], n_bins))
-    for rows, probs, _ in probability_chunks(preds, from_logits=from_logits):
-        total += _classwise_ece_update(probs, target[rows], n_bins)
-    return _classwise_ece_compute(total, preds.shape[0])
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    total = np.zeros((inputs.preds.shape[1], n_bins))
+    for rows, probs, _ in probability_chunks(inputs):
+        total += _classwise_ece_update(probs, inputs.target[rows], n_bins)
+    return _classwise_ece_compute(total, inputs.preds.shape[0])

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import probability_chunks, top_label, validate
+from ._format import prepare, probability_chunks, top_label
 from .adaptive import _adaece_compute
 from .binning import _check_n_bins
 from .ece import _classwise_ece_compute, _classwise_ece_update, _ece_compute, _ece_split_compute, _mce_compute
@@ -56,7 +56,8 @@ class CalibrationReport(Mapping):
     Read-only mapping (``report["ece"]``, ``dict(report)``, ``report.to_dict()``) and attributes
     (``report.ece``). ``str(report)`` is the papers' table: percentages with two decimals
     (Brier and NLL as plain numbers). ``smce`` / ``smece`` are None only when the smooth
-    metrics are unavailable.
+    metrics are unavailable. ``n_bins`` and ``from_logits`` (whether the inputs were taken for
+    logits, as given or detected) describe the computation and are not among the keys.
     """
 
     n: int
@@ -72,9 +73,10 @@ class CalibrationReport(Mapping):
     brier: float
     nll: float
     n_bins: int = 15
+    from_logits: bool | None = None  # what the inputs were taken for (detected or given); not a metric
 
     def _keys(self) -> list[str]:
-        return [f.name for f in fields(self) if f.name != "n_bins"]
+        return [f.name for f in fields(self) if f.name not in ("n_bins", "from_logits")]
 
     def __getitem__(self, key: str) -> Any:
         if key not in _LABELS:
@@ -95,7 +97,8 @@ class CalibrationReport(Mapping):
         width = max(len(label) for label, _ in rows)
         lines = [f"{'metric':<{width}}  {'value':>10}", "-" * (width + 12)]
         lines += [f"{label:<{width}}  {value:>10}" for label, value in rows]
-        lines.append(f"({self.n_bins} bins)")
+        inputs = {True: ", from logits", False: ", from probabilities"}.get(self.from_logits, "")
+        lines.append(f"({self.n_bins} bins{inputs})")
         return "\n".join(lines)
 
 
@@ -113,7 +116,7 @@ def calibration_report(
     target: Any,
     n_bins: int = 15,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> CalibrationReport:
     """Accuracy, ECE, AdaECE, MCE, classwise ECE, O-/U-ECE, smCE, smECE, Brier and NLL in one call.
@@ -121,7 +124,8 @@ def calibration_report(
     The top-label confidences are computed once and shared by every binned and smooth metric;
     one streaming softmax pass gives classwise ECE, Brier and NLL. Each value equals the
     corresponding function (``ece``, ``adaece``, ...) on the same input. Arguments as
-    :func:`hf_calibration.metrics.ece`.
+    :func:`hf_calibration.metrics.ece`: ``from_logits=None`` (default) detects probabilities
+    (every value in [0, 1], rows summing to 1 within 1e-2), True/False win.
 
     Example:
         >>> import numpy as np
@@ -131,18 +135,18 @@ def calibration_report(
         (0.6667, 3)
     """
     n_bins = _check_n_bins(n_bins)
-    preds, target = validate(preds, target, from_logits=from_logits, ignore_index=ignore_index)
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=None)
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(inputs)
     conf, correct = top.confidence, top.correct
-    n = preds.shape[0]
+    n = inputs.preds.shape[0]
 
-    classwise = np.zeros((preds.shape[1], n_bins))
-    brier_sum = nll_sum = 0.0
-    for rows, probs, log_probs in probability_chunks(preds, from_logits=from_logits):
-        y = target[rows]
+    classwise = np.zeros((inputs.preds.shape[1], n_bins))
+    brier_sum = nll_sum = 0.0  # nll_sum is already divided by n
+    for rows, probs, log_probs in probability_chunks(inputs):
+        y = inputs.target[rows]
         classwise += _classwise_ece_update(probs, y, n_bins)
         brier_sum += _brier_update(probs, y)
-        nll_sum += _nll_update(log_probs, y)
+        nll_sum += _nll_update(log_probs, y, n)
 
     split = _ece_split_compute(conf, correct, n_bins)
     smce_value, smece_value = _smooth_metrics(conf, correct)
@@ -158,8 +162,9 @@ def calibration_report(
         smce=smce_value,
         smece=smece_value,
         brier=brier_sum / n,
-        nll=nll_sum / n,
+        nll=nll_sum,
         n_bins=n_bins,
+        from_logits=inputs.from_logits,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import probability_chunks, validate
+from ._format import prepare, probability_chunks
 
 
 def _brier_update(probs: np.ndarray, target: np.ndarray) -> float:
@@ -16,46 +16,49 @@ def _brier_update(probs: np.ndarray, target: np.ndarray) -> float:
     return float(np.einsum("ij,ij->", probs, probs) - 2.0 * p_true.sum() + probs.shape[0])
 
 
-def _nll_update(log_probs: np.ndarray, target: np.ndarray) -> float:
-    """``-sum_i log p_iy`` for one chunk."""
-    return float(-log_probs[np.arange(log_probs.shape[0]), target].sum())
+def _nll_update(log_probs: np.ndarray, target: np.ndarray, n: int) -> float:
+    """``-sum_i log p_iy / n`` for one chunk (each term divided first: losses near 1e308 sum without overflow)."""
+    return float(-(log_probs[np.arange(log_probs.shape[0]), target] / n).sum())
 
 
 def brier(
     preds: Any,
     target: Any,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> float:
     """Multiclass Brier score (Brier 1950): ``mean_i sum_k (p_ik - [y_i == k])^2``, in [0, 2].
 
     Summed over classes, averaged over samples (the papers' convention; sklearn's
-    ``brier_score_loss`` for K > 2 gives the same number). Arguments as
-    :func:`hf_calibration.metrics.ece`.
+    ``brier_score_loss`` for K > 2 gives the same number). Finite logits of any size (even near
+    the float64 limit) are fine: the softmax subtracts the row maximum first. Arguments as
+    :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities).
     """
-    preds, target = validate(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     total = 0.0
-    for rows, probs, _ in probability_chunks(preds, from_logits=from_logits):
-        total += _brier_update(probs, target[rows])
-    return total / preds.shape[0]
+    for rows, probs, _ in probability_chunks(inputs):
+        total += _brier_update(probs, inputs.target[rows])
+    return total / inputs.preds.shape[0]
 
 
 def nll(
     preds: Any,
     target: Any,
     *,
-    from_logits: bool = True,
+    from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> float:
     """Mean negative log-likelihood of the true class, ``-mean_i log p_iy`` (nats).
 
-    From logits it is the exact log-softmax (finite for any finite logits); from probabilities
-    a true-class probability of exactly 0 gives ``inf`` (no clipping). Arguments as
-    :func:`hf_calibration.metrics.ece`.
+    From logits it is the exact log-softmax, ``z_y - max z - log sum exp(z - max z)``: finite
+    unless a true-class logit lies more than ~1.8e308 below its row's maximum (the loss itself
+    then exceeds float64). From probabilities a true-class probability of exactly 0 gives
+    ``inf`` (no clipping). Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None``
+    detects probabilities).
     """
-    preds, target = validate(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     total = 0.0
-    for rows, _, log_probs in probability_chunks(preds, from_logits=from_logits):
-        total += _nll_update(log_probs, target[rows])
-    return total / preds.shape[0]
+    for rows, _, log_probs in probability_chunks(inputs):
+        total += _nll_update(log_probs, inputs.target[rows], inputs.preds.shape[0])
+    return total

@@ -28,7 +28,7 @@ import numpy as np
 from scipy.signal import fftconvolve
 
 from .._checks import IGNORE_INDEX, to_numpy
-from ._format import top_label
+from ._format import prepare, top_label
 
 __all__ = ["smce", "smce_from_confidence", "smece", "smece_from_confidence"]
 
@@ -446,24 +446,31 @@ def smce_from_confidence(confidence: Any, correct: Any) -> float:
     return _smce_sum(p, r) / p.shape[0]
 
 
-def smce(preds: Any, target: Any, *, from_logits: bool = True, ignore_index: int | None = IGNORE_INDEX) -> float:
+def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX) -> float:
     """Exact (Lipschitz) smooth calibration error of the top-label confidence, in [0, 1].
 
     ``smCE = sup_w (1/N) sum_i w(p_i) (a_i - p_i)`` over 1-Lipschitz ``w: [0,1] -> [-1,1]``
     (Błasiok, Gopalan, Hu & Nakkiran 2023; the quantity bounded by SMART's Theorem 3.1), with
     ``p_i = max_k softmax(z_i)_k`` and ``a_i = [argmax_k z_i == y_i]``. Computed exactly (it is
     the optimum of a linear programme) in O(N log N); N = 1e6 takes well under a second.
+    Equal confidences get one ``w`` (the Lipschitz bound forces it), so a tie group counts only
+    through its summed residual: neither the order of the samples nor their correctness can
+    split it.
 
     Args:
-        preds: (N, K) logits, or probabilities with ``from_logits=False``; torch or numpy.
+        preds: (N, K) logits or probabilities; torch or numpy.
         target: (N,) integer labels; ``ignore_index`` rows are dropped.
+        from_logits: ``None`` (default) detects probabilities (every value in [0, 1], rows
+            summing to 1 within 1e-2), as :func:`hf_calibration.metrics.ece`; True/False win.
 
     Example:
         >>> import numpy as np
         >>> round(smce(np.log([[0.8, 0.2], [0.4, 0.6]]), np.array([0, 1])), 6)  # all correct
         0.3
+        >>> round(smce(np.array([[0.8, 0.2], [0.4, 0.6]]), np.array([0, 1])), 6)  # probabilities, detected
+        0.3
     """
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return smce_from_confidence(top.confidence, top.correct)
 
 
@@ -564,16 +571,19 @@ def smece_from_confidence(confidence: Any, correct: Any, *, return_sigma: bool =
     return (value(sigma), sigma) if return_sigma else value(sigma)
 
 
-def smece(preds: Any, target: Any, *, from_logits: bool = True, ignore_index: int | None = IGNORE_INDEX) -> float:
+def smece(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX) -> float:
     """Kernel smooth ECE (smECE, Błasiok & Nakkiran 2023) of the top-label confidence, in [0, 1].
 
     The residual ``p_i - a_i`` is smoothed with a reflected Gaussian kernel of bandwidth sigma
     and ``smECE_sigma = ∫ |smoothed residual| · smoothed density``; sigma is the fixed point
     ``sigma = smECE_sigma``. Matches ``relplot.smECE`` on ``(confidence, correct)`` to 1e-6.
+    The kernel sees the values only (sums over samples), so the order of tied samples is irrelevant.
 
     Args:
-        preds: (N, K) logits, or probabilities with ``from_logits=False``; torch or numpy.
+        preds: (N, K) logits or probabilities; torch or numpy.
         target: (N,) integer labels; ``ignore_index`` rows are dropped.
+        from_logits: ``None`` (default) detects probabilities (every value in [0, 1], rows
+            summing to 1 within 1e-2), as :func:`hf_calibration.metrics.ece`; True/False win.
     """
-    top = top_label(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return smece_from_confidence(top.confidence, top.correct)

@@ -22,9 +22,9 @@ def affine_objective(x, features, labels, diagonal=False, reg_lambda=0.0, reg_mu
     g = np.exp(s - lse[:, None])
     g[np.arange(n), labels] -= 1.0
     g /= n
-    if diagonal:  # vector scaling: only ODIR's intercept term
-        grad = np.concatenate([(g * features).sum(0), g.sum(0) + 2 * reg_mu / k * b])
-        return nll + reg_mu / k * np.sum(b**2), grad, nll
+    if diagonal:  # vector scaling: lambda / K sum (w - 1)^2 + mu / K sum b^2
+        grad = np.concatenate([(g * features).sum(0) + 2 * reg_lambda / k * (w - 1), g.sum(0) + 2 * reg_mu / k * b])
+        return nll + (reg_lambda * np.sum((w - 1) ** 2) + reg_mu * np.sum(b**2)) / k, grad, nll
     off = ~np.eye(k, dtype=bool)
     penalty = reg_lambda / (k * (k - 1)) * np.sum(w[off] ** 2) + reg_mu / k * np.sum(b**2)
     grad_w = g.T @ features + 2 * reg_lambda / (k * (k - 1)) * np.where(off, w, 0.0)
@@ -42,6 +42,13 @@ def fit_affine_reference(features, labels, diagonal=False, reg_lambda=0.0, reg_m
     )
     objective, _, nll = affine_objective(result.x, features, labels, diagonal, reg_lambda, reg_mu)
     return result.x, objective, nll
+
+
+def canonical(logits):
+    """What the non-shift-invariant maps see: the logits relative to their row maximum (subtracted in the logits'
+    own dtype, as the calibrators do), as float64."""
+    z = np.asarray(logits)
+    return (z - z.max(axis=1, keepdims=True)).astype(np.float64)
 
 
 def log_probabilities(logits):

@@ -101,3 +101,42 @@ def test_pipeline_scores_are_calibrated():
     cal.detach()
     again = clf(images, top_k=10)
     assert again == plain
+
+
+def test_attach_accepts_a_pipeline_object():
+    from transformers import ViTImageProcessor, pipeline
+
+    model = make_model("vit", num_channels=3, image_size=8).eval()
+    processor = ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    clf = pipeline("image-classification", model=model, image_processor=processor, device="cpu")
+    cal = _fitted("ts")
+    assert cal.attach(clf) is clf and attached_calibrator(model) is cal  # used to raise TypeError
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        calibrated = model(pixel_values=x).logits
+        assert cal.detach() is model
+        plain = model(pixel_values=x).logits
+    torch.testing.assert_close(calibrated, plain / cal.fitted_temperature, rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="torch.nn.Module or a transformers pipeline"):
+        cal.attach(object())
+
+
+def test_attach_warns_when_predictions_may_change(caplog):
+    import logging
+
+    class Permuting(TemperatureScaling):  # not registered: a stand-in for vector/matrix scaling
+        kind = "test_permuting"
+        preserves_argmax = False
+
+    cal = Permuting()
+    cal.load_state_dict(_fitted("ts").state_dict())
+    cal.fit_info_ = {"num_classes": 10}
+    model = make_model("resnet").eval()
+    with caplog.at_level(logging.WARNING):
+        cal.attach(model)
+    assert caplog.text.count("may change the predicted class") == 1 and "preserves_argmax=False" in caplog.text
+    cal.detach()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _fitted("ts").attach(model)
+    assert "predicted class" not in caplog.text

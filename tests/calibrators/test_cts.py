@@ -28,8 +28,10 @@ def _ece(probs, labels, n_bins=15):
 
 
 def _naive_cts(logits, labels, grid, sweeps, tolerance):
-    """Frenkel & Goldberger's greedy search, as the SMART comparison code runs it, with a softmax per candidate."""
+    """Frenkel & Goldberger's greedy search, as the SMART comparison code runs it, with a softmax per candidate,
+    on the logits relative to their row maximum (what our non-shift-invariant maps see)."""
     z = logits.astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
     k = z.shape[1]
     t0 = TemperatureScaling().fit(logits, labels, progress_bar=False).fitted_temperature
     temps = np.full(k, np.clip(t0, min(grid), max(grid)))
@@ -55,8 +57,9 @@ def test_search_matches_the_naive_algorithm(tolerance):
     grid = (0.5, 0.8, 1.1, 1.5, 2.0, 3.0, 4.5)
     expected, expected_ece = _naive_cts(z, y, grid, sweeps=3, tolerance=tolerance)
     cts = ClassBasedTemperatureScaling(grid=grid, sweeps=3, accuracy_tolerance=tolerance).fit(z, y, progress_bar=False)
-    np.testing.assert_array_equal(cts.temperatures.detach().numpy(), expected)
-    assert cts.fit_info_["search_ece_after"] == pytest.approx(expected_ece, abs=1e-12)
+    # the same grid values (the temperature-scaling start of a class never moved may differ by rounding)
+    np.testing.assert_allclose(cts.temperatures.detach().numpy(), expected, rtol=1e-8, atol=0)
+    assert cts.fit_info_["search_ece_after"] == pytest.approx(expected_ece, abs=1e-9)
     assert cts.fit_info_["updates"] > 0  # the search did move the temperatures
     assert cts.fit_info_["search_ece_after"] < cts.fit_info_["search_ece_before"]
 
@@ -65,6 +68,7 @@ def test_forward_divides_each_class_by_its_temperature_and_may_move_the_argmax()
     z, y = overconfident(500, 6, seed=4)
     cts = ClassBasedTemperatureScaling().fit(z, y, progress_bar=False)
     zt = torch.from_numpy(z).double()
+    zt = zt - zt.amax(dim=1, keepdim=True)
     torch.testing.assert_close(cts(zt), zt / cts.temperatures, rtol=0, atol=0)
     assert not cts.preserves_argmax
     assert cts.fit_info_["accuracy_after"] >= cts.fit_info_["accuracy"]  # the accuracy condition, on the fit set

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from _calibrator_data import overconfident  # noqa: I001
 
 from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, create_calibrator, list_calibrators, load_calibrator
 from hf_calibration.hub import CHECKPOINT_FORMAT_VERSION
+from hf_calibration.metrics._format import prepare, top_label
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +52,36 @@ def test_config_and_card(fitted, data, tmp_path):
     metric = torchmetrics.classification.MulticlassCalibrationError(num_classes=6, n_bins=15, norm="l1")
     before = metric(torch.softmax(torch.from_numpy(z).double(), 1), torch.from_numpy(y)).item()
     metric.reset()
-    after = metric(torch.softmax(fitted(torch.from_numpy(z).double()), 1), torch.from_numpy(y)).item()
+    # the record is of the calibrated fit logits as given (float32)
+    calibrated = fitted(torch.from_numpy(z))
+    probs = torch.softmax(calibrated.double(), 1)
+    conf = probs.max(1).values.numpy()
+    near_edge = np.abs(conf[:, None] - np.arange(16) / 15).min() < 1e-6
+    if not near_edge and bool((probs.max(1).values.float() < 1).all()):
+        after = metric(probs, torch.from_numpy(y)).item()
+    else:
+        # piecewise-constant maps return ratios of counts, which sit on bin edges (1/3 = 5/15, 4/5 = 12/15), where
+        # the last bit of a softmax decides the bin; and torchmetrics bins in float32, where a confidence of 1 - 1e-12
+        # lands in its phantom bin. So: an independent bin loop over the metric module's own confidences.
+        top = top_label(prepare(calibrated.numpy(), y, from_logits=True))
+        after = _loop_ece(top.confidence, top.correct)
     assert config["fit"]["ece_before"] == pytest.approx(before, abs=1e-6)
     assert config["fit"]["ece_after"] == pytest.approx(after, abs=1e-6)
     card = (tmp_path / "README.md").read_text()
     assert "library_name: hf_calibration" in card
     assert fitted.default_objective in card and "400 samples" in card
     assert f"{100 * before:.2f}%" in card and f"{100 * after:.2f}%" in card
+
+
+def _loop_ece(confidence, correct, n_bins=15):
+    """Guo et al.'s ECE bin by bin: bins (b / B, (b + 1) / B], 0 in the first."""
+    total = 0.0
+    for b in range(n_bins):
+        lo, hi = b / n_bins, (b + 1) / n_bins
+        members = (confidence > lo) & (confidence <= hi) | ((b == 0) & (confidence == 0))
+        if members.any():
+            total += members.mean() * abs(correct[members].mean() - confidence[members].mean())
+    return total
 
 
 def _save(cal, path):
@@ -186,3 +211,231 @@ def test_unfitted_push_refused():
 
     with pytest.raises(NotFittedError):
         SMARTCalibrator().push_to_hub("me/x")
+
+
+def _copy_with(src, dst, *, config=None, tensors=None):
+    """A copy of the checkpoint ``src`` with config entries and/or weight tensors replaced."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if config:
+        data = json.loads((dst / "config.json").read_text())
+        for key, value in config.items():
+            target = data
+            *path, last = key.split(".")
+            for part in path:
+                target = target[part]
+            target[last] = value
+        (dst / "config.json").write_text(json.dumps(data))
+    if tensors:
+        weights = load_file(dst / "model.safetensors")
+        weights.update(tensors)
+        kind = json.loads((dst / "config.json").read_text())["calibrator"]
+        save_file(weights, dst / "model.safetensors", metadata={"format": "pt", "calibrator": kind})
+    return dst
+
+
+def test_tampered_checkpoints_are_refused(data, tmp_path):
+    z, y = data
+    smart = _save(SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False), tmp_path / "smart")
+    ts_model = TemperatureScaling().fit(z, y, progress_bar=False)
+    ts = _save(ts_model, tmp_path / "ts")
+    cases = [
+        # margin_std = 0 reached numba's dispatcher as a SystemError at the first forward
+        (_copy_with(smart, tmp_path / "std0", tensors={"margin_std": torch.tensor(0.0, dtype=torch.float64)}), "margin_std"),
+        (_copy_with(smart, tmp_path / "stdneg", tensors={"margin_std": torch.tensor(-1.0, dtype=torch.float64)}), "margin_std"),
+        # a string class count logged a formatting traceback at every forward
+        (_copy_with(smart, tmp_path / "kstr", config={"fit.num_classes": "6"}), "fit.num_classes"),
+        (_copy_with(ts, tmp_path / "k1", config={"fit.num_classes": 1}), "fit.num_classes"),
+        # a log temperature beyond the fitted range was clamped silently
+        (_copy_with(ts, tmp_path / "tbig", tensors={"log_temperature": torch.tensor(9.0, dtype=torch.float64)}), "log_temperature"),
+        # an in-range edit disagrees with the T the fit recorded
+        (_copy_with(ts, tmp_path / "tedit", tensors={"log_temperature": torch.tensor(0.5, dtype=torch.float64)}), "do not match"),
+    ]
+    for folder, fragment in cases:
+        with pytest.raises(ValueError, match=fragment):
+            load_calibrator(folder)
+    # untouched checkpoints still load, and a fitted T at its bound is stored in range
+    assert load_calibrator(ts).fitted_temperature == ts_model.fitted_temperature
+
+
+def test_all_correct_fit_stores_the_bounded_temperature(tmp_path):
+    from hf_calibration.calibrators.temperature import T_MIN
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 200)
+    z = (rng.normal(size=(200, 5)) + 6 * np.eye(5)[y]).astype(np.float32)
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    assert ts.fitted_temperature == pytest.approx(T_MIN)
+    assert load_calibrator(_save(ts, tmp_path / "ts")).fitted_temperature == ts.fitted_temperature
+
+
+@pytest.mark.parametrize("name", ["./no-such-folder", "no/such/folder", "/definitely/not/here", "../x"])
+def test_a_missing_local_folder_is_named(name, monkeypatch, tmp_path):
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"argument `name_or_path` to be a local folder or a Hub repo id .* no folder"):
+        load_calibrator(name)
+    with pytest.raises(ValueError, match=r"argument `pretrained_model_name_or_path`"):
+        SMARTCalibrator.from_pretrained(name)
+    with pytest.raises(ValueError, match="no folder"):
+        load_calibrator(Path("no-such-folder"))  # a Path is always local
+
+
+def test_a_file_or_a_bad_name_is_named(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="is a file"):
+        load_calibrator(tmp_path / "weights.bin")
+    with pytest.raises(TypeError, match="name_or_path"):
+        load_calibrator(3)
+    with pytest.raises(TypeError, match="name_or_path"):
+        load_calibrator("")
+
+
+def test_a_repo_id_offline_and_uncached_says_so(monkeypatch, tmp_path):
+    from hf_calibration.hub import HubUnreachableError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HubUnreachableError, match="'me/not-cached' is no local folder.*not in the local cache"):
+        load_calibrator("me/not-cached", cache_dir=tmp_path / "cache")
+
+
+# ----------------------------------------------------------------------------- files a user owns
+
+
+def _snapshot(folder):
+    """Every file directly in ``folder``, by name, with its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_save_refuses_a_non_empty_folder_unless_overwrite(data, tmp_path):
+    z, y = data
+    smart = SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False)
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    smart.save_pretrained(tmp_path / "cal")
+    before = _snapshot(tmp_path / "cal")
+    with pytest.raises(ValueError, match=r"argument `save_directory` to be a new or empty folder.*holds a calibrator.*overwrite=True"):
+        ts.save_pretrained(tmp_path / "cal")
+    assert _snapshot(tmp_path / "cal") == before
+    # overwrite replaces the whole calibrator: the card describes the new weights (the mixin kept the old README)
+    ts.save_pretrained(tmp_path / "cal", overwrite=True)
+    card = (tmp_path / "cal" / "README.md").read_text()
+    assert "TemperatureScaling calibrator" in card and "SMART" not in card and "temperature_scaling" in card
+    assert json.loads((tmp_path / "cal" / "config.json").read_text())["calibrator"] == "temperature_scaling"
+    assert load_calibrator(tmp_path / "cal").fitted_temperature == ts.fitted_temperature
+    (tmp_path / "empty").mkdir()
+    ts.save_pretrained(tmp_path / "empty")  # an existing empty folder is fine
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        ts.save_pretrained(tmp_path / "afile")
+    with pytest.raises(TypeError, match="overwrite"):
+        ts.save_pretrained(tmp_path / "new", overwrite="yes")
+
+
+def test_save_never_touches_a_model_folder(data, tmp_path):
+    from _models import make_model
+
+    z, y = data
+    make_model("vit", num_labels=6).save_pretrained(tmp_path / "model")
+    before = _snapshot(tmp_path / "model")
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    for overwrite in (False, True):  # the mixin deleted the model's config.json and replaced its model.safetensors
+        with pytest.raises(ValueError, match=r"holds a model's files \(config.json, model.safetensors\).*calibrator'"):
+            ts.save_pretrained(tmp_path / "model", overwrite=overwrite)
+    assert _snapshot(tmp_path / "model") == before
+    (tmp_path / "weights_only").mkdir()
+    (tmp_path / "weights_only" / "pytorch_model.bin").write_bytes(b"weights")
+    with pytest.raises(ValueError, match="pytorch_model.bin"):
+        ts.save_pretrained(tmp_path / "weights_only", overwrite=True)
+    ts.save_pretrained(tmp_path / "model" / "calibrator")  # the suggested place
+    assert _snapshot(tmp_path / "model") == before
+
+
+def test_overwrite_keeps_files_that_are_not_the_calibrators(data, tmp_path):
+    z, y = data
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"1 file\(s\) \(notes.txt\)"):
+        ts.save_pretrained(tmp_path)
+    ts.save_pretrained(tmp_path, overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert {p.name for p in tmp_path.iterdir()} == {"notes.txt", "config.json", "model.safetensors", "README.md"}
+
+
+# ----------------------------------------------------------------------------- push_to_hub: offline, dry run
+
+
+@pytest.mark.parametrize("path_in_repo", [None, "calibrator"])
+def test_push_offline_is_one_sentence_naming_the_folder(data, path_in_repo):
+    import os
+    from pathlib import Path
+
+    from hf_calibration.hub import HubUnreachableError
+
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"  # huggingface_hub raises OfflineModeIsEnabled at create_repo
+    z, y = data
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    with pytest.raises(HubUnreachableError, match="unreachable \\(offline mode is on: HF_HUB_OFFLINE=1\\); nothing was uploaded") as info:
+        ts.push_to_hub("me/ts", path_in_repo=path_in_repo)
+    assert isinstance(info.value, ConnectionError) and "\n" not in str(info.value)
+    folder = Path(str(info.value).split("'")[-2])
+    assert folder.name == (path_in_repo or folder.name) and {p.name for p in folder.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+    assert load_calibrator(folder).fitted_temperature == ts.fitted_temperature
+
+
+def test_push_dry_run_builds_the_exact_folder_and_uploads_nothing(data, monkeypatch):
+    from pathlib import Path
+
+    from huggingface_hub import HfApi
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a dry run must not call the Hub")
+
+    monkeypatch.setattr(HfApi, "create_repo", no_network)
+    monkeypatch.setattr(HfApi, "upload_folder", no_network)
+    z, y = data
+    smart = SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False)
+    folder = Path(smart.push_to_hub("me/vit-digits", path_in_repo="calibrator", dry_run=True))
+    assert folder.name == "calibrator" and {p.name for p in folder.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+    loaded = load_calibrator(folder.parent, subfolder="calibrator")
+    assert torch.equal(loaded(torch.from_numpy(z)), smart(torch.from_numpy(z)))
+    for bad, error in ((("a/b/c",), ValueError), ((3,), TypeError)):
+        with pytest.raises(error, match="repo_id"):
+            smart.push_to_hub(*bad, dry_run=True)
+    with pytest.raises(ValueError, match="path_in_repo"):
+        smart.push_to_hub("me/x", path_in_repo="/", dry_run=True)
+
+
+# ----------------------------------------------------------------------------- references on the card
+
+
+VERIFIED_PAPER_URLS = {  # checked against the papers: Guo et al. 2017; SMART (Guo, Tao, Luo, Dong, Xu)
+    "temperature_scaling": "https://arxiv.org/abs/1706.04599",
+    "smart": "https://arxiv.org/abs/2506.23492",
+    # Gupta & Ramdas (top-label binning), Gupta et al. (spline), Zadrozny & Elkan's KDD 2002 paper (isotonic)
+    "histogram_binning": "https://arxiv.org/abs/2107.08353",
+    "spline": "https://arxiv.org/abs/2006.12800",
+    "isotonic": "https://doi.org/10.1145/775047.775151",
+    "isotonic_ovr": "https://doi.org/10.1145/775047.775151",
+    # vector scaling: Guo et al. 2017; matrix / Dirichlet with ODIR: Kull et al. 2019; ETS: Zhang et al. 2020 (Mix-n-Match);
+    # PTS: Tomani et al. 2022 (its official code's README links it); CTS: Frenkel & Goldberger 2021 (EUSIPCO, no preprint)
+    "vector_scaling": "https://arxiv.org/abs/1706.04599",
+    "matrix_scaling": "https://arxiv.org/abs/1910.12656",
+    "dirichlet": "https://arxiv.org/abs/1910.12656",
+    "ets": "https://arxiv.org/abs/2003.07329",
+    "pts": "https://arxiv.org/abs/2102.12182",
+    "cts": "https://cris.iucc.ac.il/en/publications/network-calibration-by-class-based-temperature-scaling/",
+}
+
+
+def test_card_links_only_verified_urls_and_names_the_package(fitted, tmp_path):
+    import re
+
+    fitted.save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "pip install hf-calibration" in card and "github.com" not in card
+    assert re.findall(r"https?://[^\s)>\]]+", card) == [VERIFIED_PAPER_URLS[fitted.kind]]
+    assert fitted.paper_citation and fitted.paper_citation in card

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _affine_reference import affine_objective, fit_affine_reference
+from _affine_reference import affine_objective, canonical, fit_affine_reference
 from _calibrator_data import overconfident
 
 from hf_calibration.calibrators import MatrixScaling
@@ -16,14 +16,14 @@ from hf_calibration.calibrators._cv import stratified_folds
 @pytest.mark.parametrize("lam, mu", [(0.0, 0.0), (2.0, 0.5), (50.0, 50.0)])
 def test_fit_reaches_the_scipy_minimum_of_the_same_objective(lam, mu):
     z, y = overconfident(400, 4, seed=5)
-    f = z.astype(np.float64)
+    f = canonical(z)  # what the map sees
     _, ref_objective, ref_nll = fit_affine_reference(f, y, reg_lambda=lam, reg_mu=mu)
     ms = MatrixScaling(reg_lambda=lam, reg_mu=mu, tol=1e-14, max_iter=5000).fit(z, y, progress_bar=False)
     assert ms.fit_info_["best_objective"] == pytest.approx(ref_objective, abs=1e-6)
     assert ms.fit_info_["nll"] == pytest.approx(ref_nll, abs=1e-6)
     x = np.concatenate([ms.weight.detach().numpy().reshape(-1), ms.bias.detach().numpy()])
     assert affine_objective(x, f, y, False, lam, mu)[0] == pytest.approx(ms.fit_info_["best_objective"], abs=1e-12)
-    zt = torch.from_numpy(z).double()
+    zt = torch.from_numpy(f)
     torch.testing.assert_close(ms(zt), zt @ ms.weight.T + ms.bias, rtol=0, atol=1e-12)
 
 
@@ -43,7 +43,7 @@ def _brute_force_cv(features, labels, lambdas, mus_of, cv=5, seed=0):
 
 def test_cross_validation_picks_what_a_brute_force_search_picks():
     z, y = overconfident(240, 3, seed=7, scale=4.0)
-    f = z.astype(np.float64)
+    f = canonical(z)
     lambdas = (100.0, 10.0, 1.0, 0.1)
     best, scores = _brute_force_cv(f, y, lambdas, lambda lam: (lam / 2,))  # mu tied: lambda / (K - 1)
     ms = MatrixScaling(lambdas=lambdas, cv_patience=None).fit(z, y, progress_bar=False)
@@ -55,7 +55,7 @@ def test_cross_validation_picks_what_a_brute_force_search_picks():
 def test_a_mu_grid_is_searched_with_lambda():
     z, y = overconfident(200, 3, seed=8, scale=4.0)
     lambdas, mus = (10.0, 0.1), (5.0, 0.05)
-    best, _ = _brute_force_cv(z.astype(np.float64), y, lambdas, lambda lam: mus)
+    best, _ = _brute_force_cv(canonical(z), y, lambdas, lambda lam: mus)
     ms = MatrixScaling(lambdas=lambdas, mus=mus, cv_patience=None).fit(z, y, progress_bar=False)
     assert len(ms.fit_info_["cv"]) == 4
     assert (ms.fit_info_["reg_lambda"], ms.fit_info_["reg_mu"]) == pytest.approx(best)
@@ -80,3 +80,5 @@ def test_bad_arguments():
         MatrixScaling(reg_mu=-1.0)
     with pytest.raises(ValueError, match="cv"):
         MatrixScaling(cv=1)
+    with pytest.raises(TypeError, match="cv_seed"):
+        MatrixScaling(cv_seed=0.5)

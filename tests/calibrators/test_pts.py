@@ -15,9 +15,11 @@ from hf_calibration.calibrators import ParameterizedTemperatureScaling, Temperat
 
 
 def _paper_pts_proba(logits, layers, top_k=10, clip=100.0):
-    """T = |MLP(top-k of the clipped logits, descending)| (ReLU between layers), p = softmax(z / T), in numpy."""
+    """T = |MLP(top-k of the clipped logits, descending)| (ReLU between layers), p = softmax(z / T), in numpy; the MLP
+    sees the logits relative to their row maximum, rounded to float32 (our change to the paper's input)."""
     z = logits.astype(np.float64)
-    h = -np.sort(-np.clip(z, -clip, clip), axis=1)[:, :top_k]
+    relative = (z - z.max(axis=1, keepdims=True)).astype(np.float32).astype(np.float64)
+    h = -np.sort(-np.clip(relative, -clip, clip), axis=1)[:, :top_k]
     for i, (w, b) in enumerate(layers):
         h = h @ w.T + b
         if i < len(layers) - 1:
@@ -70,8 +72,10 @@ def test_a_constant_network_is_temperature_scaling():
 
 def test_fewer_classes_than_inputs_pads_with_the_smallest_logit():
     pts = ParameterizedTemperatureScaling(top_k=6)
-    z = torch.tensor([[3.0, -1.0, 2.0, 250.0]])
-    assert pts.sorted_inputs(z).tolist() == [[100.0, 3.0, 2.0, -1.0, -1.0, -1.0]]  # clipped at 100, padded
+    z = torch.tensor([[3.0, -1.0, 2.0, 50.0], [0.0, -150.0, 1.0, 2.0]])
+    # relative to the row maximum, clipped at -100, sorted, padded with the smallest
+    assert pts.sorted_inputs(z).tolist() == [[0.0, -47.0, -48.0, -51.0, -51.0, -51.0], [0.0, -1.0, -2.0, -100.0, -100.0, -100.0]]
+    assert torch.equal(pts.sorted_inputs(z + 5.0), pts.sorted_inputs(z))
 
 
 def test_fit_beats_temperature_scaling_where_the_temperature_should_vary():
@@ -87,7 +91,7 @@ def test_fit_beats_temperature_scaling_where_the_temperature_should_vary():
     assert pts.fit_info_["temperature_scaling"] == pytest.approx(t_ts, rel=1e-3)
     test_pts, test_ts, test_oracle = (_brier(_paper_pts_proba(zt, _layers(pts)), yt), _brier(softmax(zt / t_ts, axis=1), yt),
                                       _brier(oracle_t, yt))
-    # held out: most of the way from temperature scaling to the true temperatures (measured: 79 %)
+    # held out: most of the way from temperature scaling to the true temperatures (measured: 97 %)
     assert test_pts < test_ts - 0.5 * (test_ts - test_oracle)
 
 

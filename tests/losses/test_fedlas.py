@@ -360,3 +360,143 @@ def test_statistics_are_reduced_across_processes(monkeypatch):
     torch.testing.assert_close(ranks[0].nci_std, single.nci_std)
     # eval mode never communicates
     ranks[0].eval()(logits[:10], labels[:10], features=features[:10])
+
+
+# -- non-finite features (an fp16 overflow upstream) --------------------------------------------------
+def _ls_by_hand(logits, labels, r):
+    """FeDLaS-LS per Eq. 4 in float64 from the weights r: mean_i[(1 - r_i)·CE_i + r_i·mean_k(-log p_ik)]."""
+    log_p = torch.log_softmax(logits.double(), dim=1)
+    ce = -log_p[torch.arange(len(labels)), labels]
+    return ((1 - r) * ce + r * (-log_p.mean(dim=1))).mean()
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_feature_row_leaves_the_statistics_and_the_other_rows_alone(bad, caplog):
+    logits, labels, features = _random_case(seed=21, ignored=())
+    poisoned = features.clone()
+    poisoned[5, 3] = bad
+    loss = FeDLaSLoss(6, theta=0.5, beta=4.0, base=0.1)
+    z = logits.clone().requires_grad_(True)
+    with caplog.at_level("WARNING", logger="hf_calibration.losses.fedlas"):
+        value = loss(z, labels, features=poisoned)
+    # statistics by hand from the 19 finite rows: μ ← θ·mean + (1-θ)·20, σ ← θ·std(ddof=1) + (1-θ)·100
+    norms = features.abs().sum(1).double().numpy()
+    finite = np.arange(20) != 5
+    mean = 0.5 * norms[finite].mean() + 0.5 * 20.0
+    std = 0.5 * norms[finite].std(ddof=1) + 0.5 * 100.0
+    assert loss.nci_mean.item() == pytest.approx(mean, rel=1e-6)
+    assert loss.nci_std.item() == pytest.approx(std, rel=1e-6)
+    # the loss: γ_i by hand for the finite rows, γ = 0 (r = base) for the bad one; ψ from the gate's sign
+    gamma = torch.from_numpy((norms - mean) / (std + 1e-3))
+    gamma[5] = 0.0
+    with torch.no_grad():
+        g = loss.gate
+        d = g.fc_out(F.leaky_relu(g.fc_in(logits.float()), 0.01))
+    psi = torch.where(d[:, 1] > d[:, 0], 1.0, -1.0).double()
+    r = 0.1 * 2 * torch.sigmoid(4.0 * psi * gamma)
+    assert value.item() == pytest.approx(_ls_by_hand(logits, labels, r).item(), rel=1e-6)
+    value.backward()
+    assert torch.isfinite(z.grad).all()
+    # counted and reported once; the buffers (what checkpoints hold) are finite
+    assert loss.nonfinite_feature_rows == 1
+    assert len([r for r in caplog.records if "non-finite features" in r.getMessage()]) == 1
+    assert all(torch.isfinite(v).all() for v in loss.state_dict().values())
+
+
+def test_non_finite_rows_are_counted_and_warned_about_once(caplog):
+    logits, labels, features = _random_case(seed=22, ignored=(0,))
+    poisoned = features.clone()
+    poisoned[[0, 3, 4]] = float("inf")  # row 0 is ignored: not counted
+    loss = FeDLaSLoss(6)
+    with caplog.at_level("WARNING", logger="hf_calibration.losses.fedlas"):
+        for _ in range(3):
+            assert torch.isfinite(loss(logits, labels, features=poisoned))
+        loss.eval()
+        assert torch.isfinite(loss(logits, labels, features=poisoned))  # eval: stored statistics, same rule
+    assert loss.nonfinite_feature_rows == 8
+    assert len([r for r in caplog.records if "non-finite features" in r.getMessage()]) == 1
+    assert torch.isfinite(loss.nci_mean) and torch.isfinite(loss.nci_std)
+
+
+def test_the_unfused_reference_treats_non_finite_rows_the_same():
+    logits, labels, features = _random_case(seed=23)
+    poisoned = features.clone()
+    poisoned[7] = float("nan")
+    fused, unfused = FeDLaSLoss(6, seed=1, theta=0.5), FeDLaSLoss(6, seed=1, theta=0.5)
+    a = fused(logits, labels, features=poisoned)
+    b = super(FeDLaSLoss, unfused).forward(logits, labels, features=poisoned)  # plain autograd through per_sample_loss
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(fused.nci_mean, unfused.nci_mean)
+    assert unfused.nonfinite_feature_rows == 1
+
+
+# -- the gate: seeded, built later -------------------------------------------------------------------
+def test_a_seeded_gate_is_nn_linears_own_initialisation_from_that_seed():
+    from hf_calibration.losses import BidirectionalCalibrationGate
+
+    torch.manual_seed(5)
+    reference = BidirectionalCalibrationGate(10)  # nn.Linear's default init from the global RNG seeded with 5
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)  # whatever the global RNG holds, the seeded gate is the same
+        loss = FeDLaSLoss(10, seed=5)
+        for (name, p), q in zip(loss.gate.named_parameters(), reference.parameters()):
+            assert torch.equal(p, q), name
+    assert not loss.gate_from_global_rng
+    unseeded = FeDLaSLoss(10)
+    assert unseeded.gate_from_global_rng
+    unseeded.reset_gate(5)
+    assert all(torch.equal(p, q) for p, q in zip(unseeded.gate.parameters(), reference.parameters()))
+    assert not unseeded.gate_from_global_rng
+
+
+def test_training_or_loading_the_gate_marks_it_as_not_fresh():
+    logits, labels, features = _random_case()
+    trained = FeDLaSLoss(6)
+    trained(logits, labels, features=features)
+    assert not trained.gate_from_global_rng
+    loaded = FeDLaSLoss(6)
+    loaded.load_state_dict(trained.state_dict())
+    assert not loaded.gate_from_global_rng
+    evaluated = FeDLaSLoss(6).eval()
+    evaluated(logits, labels, features=features)
+    assert evaluated.gate_from_global_rng  # eval does not change the gate
+
+
+def test_num_classes_can_be_given_later():
+    logits, labels, features = _random_case()
+    loss = FeDLaSLoss(seed=2)
+    assert loss.gate is None and loss.num_classes is None
+    with pytest.raises(ValueError, match="`num_classes`.*CalibrationTrainer"):
+        loss(logits, labels, features=features)
+    loss.set_num_classes(6)
+    loss.set_num_classes(6)  # the same K again: nothing changes
+    expected = FeDLaSLoss(6, seed=2)
+    assert all(torch.equal(p, q) for p, q in zip(loss.gate.parameters(), expected.gate.parameters()))
+    assert torch.equal(loss(logits, labels, features=features), expected(logits, labels, features=features))
+    with pytest.raises(ValueError, match="`num_classes`.*6.*5"):
+        loss.set_num_classes(5)
+    assert get_loss("fedlas_mbls").num_classes is None
+
+
+def test_num_items_in_batch_is_checked_with_the_features():
+    logits, labels, features = _random_case(ignored=())
+    for count in (0, -1, torch.tensor(float("nan"))):
+        with pytest.raises(ValueError, match="`num_items_in_batch`"):
+            FeDLaSLoss(6)(logits, labels, features=features, num_items_in_batch=count)
+
+
+def test_a_fedlas_class_called_as_compute_loss_func_says_to_pass_an_instance():
+    from transformers.modeling_outputs import ImageClassifierOutput
+
+    logits, labels, _ = _random_case()
+    with pytest.raises(TypeError, match="FeDLaSLoss is a loss class.*`compute_loss_func=FeDLaSLoss\\(\\)`"):
+        FeDLaSLoss(ImageClassifierOutput(logits=logits), labels, num_items_in_batch=3)
+
+
+@pytest.mark.parametrize("variant", ["ls", "mbls"])
+def test_confident_rows_give_finite_gradients(variant):
+    z = torch.tensor([[80.0, 0.0, -5.0, 1.0], [0.0, 120.0, 3.0, 2.0]], requires_grad=True)
+    loss = FeDLaSLoss(4, variant=variant, seed=0)
+    loss(z, torch.tensor([0, 1]), features=torch.randn(2, 5)).backward()
+    assert torch.isfinite(z.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in loss.gate.parameters())

@@ -267,3 +267,98 @@ def test_validate_args_off_skips_range_check_only():
     with pytest.raises(ValueError, match="same number of samples"):
         loss(torch.randn(4, 3), torch.tensor([0, 1, 2]))
     assert np.isfinite(loss(torch.randn(4, 3), torch.tensor([0, 1, 2, -100])).item())
+
+
+# -- num_items_in_batch is a count --------------------------------------------------------------------
+ALL_LOSSES = [CrossEntropyLoss(), LabelSmoothingLoss(0.1), MbLSLoss(2.0, 0.1), FocalLoss(0.5), FLSD53Loss()]
+
+
+@pytest.mark.parametrize("loss", ALL_LOSSES, ids=str)
+@pytest.mark.parametrize("count", [0, -3, float("nan"), float("inf"), 0.0, torch.tensor(0), torch.tensor(-2.0),
+                                   torch.tensor(float("nan")), torch.tensor(float("inf")), torch.tensor([-1, -1])], ids=repr)
+def test_num_items_in_batch_must_be_a_positive_finite_count(loss, count):
+    # before: 0 gave inf, a negative count turned training into gradient ascent
+    logits, labels = _random_case(n=6, ignored=())
+    with pytest.raises(ValueError, match="`num_items_in_batch`"):
+        loss(logits, labels, num_items_in_batch=count)
+    with pytest.raises(ValueError, match="`num_items_in_batch`"):
+        loss(ImageClassifierOutput(logits=logits), labels, count)  # Trainer's positional call
+
+
+@pytest.mark.parametrize("loss", ALL_LOSSES, ids=str)
+def test_a_count_of_zero_with_every_label_ignored_is_a_zero_loss(loss):
+    # a step whose labels are all -100: the Trainer counts 0 items; 0 / 0 would be NaN
+    z = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    for count in (0, torch.tensor(0)):
+        value = loss(z, torch.full((4,), -100), num_items_in_batch=count)
+        assert value.item() == 0.0
+        (grad,) = torch.autograd.grad(value, z)
+        assert torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_a_positive_count_divides_the_sum():
+    logits, labels = _random_case(n=6, ignored=())
+    per_sample = F.cross_entropy(logits, labels, reduction="none")
+    for count in (4, 2.5, torch.tensor(4), torch.tensor([4, 4])):  # DataParallel repeats the count per replica
+        expected = per_sample.sum() / float(count if not isinstance(count, torch.Tensor) else count.reshape(-1)[0])
+        torch.testing.assert_close(CrossEntropyLoss()(logits, labels, num_items_in_batch=count), expected)
+
+
+def test_validate_args_off_trusts_a_tensor_count():
+    loss = CrossEntropyLoss(validate_args=False)  # no host synchronisation: a tensor count is not read
+    logits, labels = _random_case(n=6, ignored=())
+    assert torch.isfinite(loss(logits, labels, num_items_in_batch=torch.tensor(3)))
+    with pytest.raises(ValueError, match="`num_items_in_batch`"):  # a Python number costs nothing to check
+        loss(logits, labels, num_items_in_batch=-1)
+
+
+# -- focal gradients on confident rows ---------------------------------------------------------------
+def _focal_gradient_mp(logits: list[float], label: int, gamma: float) -> list[float]:
+    """d/dz of -(1 - p_y)^γ log p_y at 60 significant digits (mpmath), the independent reference."""
+    import mpmath
+
+    mpmath.mp.dps = 60
+    z = [mpmath.mpf(v) for v in logits]
+    total = mpmath.fsum(mpmath.exp(v) for v in z)
+    p = [mpmath.exp(v) / total for v in z]
+    q, log_py = 1 - p[label], mpmath.log(p[label])
+    out = []
+    for k in range(len(z)):
+        d_log_py = (1 if k == label else 0) - p[k]  # ∂ log p_y / ∂z_k
+        d_q = -p[label] * d_log_py  # ∂(1 - p_y) / ∂z_k
+        out.append(float(-(gamma * q ** (gamma - 1) * d_q * log_py + q**gamma * d_log_py)))
+    return out
+
+
+@pytest.mark.parametrize("gamma", [0.25, 0.5, 0.999, 1.0, 2.0])
+def test_focal_gradient_is_finite_and_exact_on_confident_float32_rows(gamma):
+    # row 0: p_y rounds to 1 in float32 (before: NaN gradient for 0 < γ < 1); rows 1-2: confident, representable
+    rows = [[30.0, 0.0, -2.0], [6.0, 0.0, 1.0], [0.5, 2.0, 9.0]]
+    labels = [0, 0, 2]
+    z = torch.tensor(rows, dtype=torch.float32, requires_grad=True)
+    FocalLoss(gamma)(z, torch.tensor(labels), num_items_in_batch=1).backward()
+    assert torch.isfinite(z.grad).all()
+    for i, (row, label) in enumerate(zip(rows, labels)):
+        expected = _focal_gradient_mp(row, label, gamma)
+        # row 0's true gradient is ~1e-7 (γ = 0.25) or smaller: float32 gives 0 there
+        np.testing.assert_allclose(z.grad[i].numpy(), expected, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "loss", [FLSD53Loss(), FocalLoss(0.5), LabelSmoothingLoss(0.1), MbLSLoss(2.0, 0.1)], ids=str
+)
+def test_confident_rows_give_finite_gradients(loss):
+    z = torch.tensor([[80.0, 0.0, -5.0], [0.0, 120.0, 3.0]], requires_grad=True)
+    loss(z, torch.tensor([0, 1])).backward()
+    assert torch.isfinite(z.grad).all()
+
+
+# -- a loss class is not a loss ----------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [CrossEntropyLoss, LabelSmoothingLoss, MbLSLoss, FocalLoss, FLSD53Loss])
+def test_a_loss_class_called_as_compute_loss_func_says_to_pass_an_instance(cls):
+    logits, labels = _random_case(n=4, ignored=())
+    outputs = ImageClassifierOutput(logits=logits)
+    for call in (lambda: cls(outputs, labels, num_items_in_batch=4), lambda: cls(outputs, labels), lambda: cls(logits, labels)):
+        with pytest.raises(TypeError, match=rf"^{cls.__name__} is a loss class.*pass an instance, e\.g\. `compute_loss_func={cls.__name__}\(\)`\.$"):
+            call()
+    assert isinstance(cls(), cls)  # building one with its defaults is untouched

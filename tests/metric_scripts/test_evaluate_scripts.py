@@ -75,10 +75,11 @@ def test_hand_worked_values(metrics) -> None:
     assert metrics["adaece"].compute(**kw, n_bins=2)["adaece"] == pytest.approx(0.425, abs=1e-6)
     assert metrics["smce"].compute(**kw)["smce"] == pytest.approx(0.258125, abs=1e-6)
     report = metrics["calibration"].compute(**kw, n_bins=2)
-    assert report["n"] == 4 and report["accuracy"] == pytest.approx(0.5)
-    assert report["ece"] == pytest.approx(0.25, abs=1e-6) and report["adaece"] == pytest.approx(0.425, abs=1e-6)
-    assert report["o_ece"] + report["u_ece"] == pytest.approx(report["ece"], abs=1e-12)
-    assert report["smce"] == pytest.approx(0.258125, abs=1e-6)
+    assert report["calibration_n"] == 4 and report["calibration_accuracy"] == pytest.approx(0.5)
+    assert report["calibration_ece"] == pytest.approx(0.25, abs=1e-6)
+    assert report["calibration_adaece"] == pytest.approx(0.425, abs=1e-6)
+    assert report["calibration_o_ece"] + report["calibration_u_ece"] == pytest.approx(report["calibration_ece"], abs=1e-12)
+    assert report["calibration_smce"] == pytest.approx(0.258125, abs=1e-6)
 
 
 def _bare(name: str, logits, labels, **kw):
@@ -89,7 +90,7 @@ def _bare(name: str, logits, labels, **kw):
     if name == "smce":
         kw.pop("n_bins", None)
         return {"smce": smce(logits, labels, **kw)}
-    return calibration_report(logits, labels, **kw).to_dict()
+    return {f"calibration_{key}": value for key, value in calibration_report(logits, labels, **kw).items()}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -115,6 +116,17 @@ def test_probabilities_and_torch_inputs(name: str, metrics) -> None:
     expected = _bare(name, probs.numpy(), labels, from_logits=False)
     for key in expected:
         assert got[key] == pytest.approx(expected[key], rel=1e-12, abs=1e-12), key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_probabilities_are_detected(name: str, metrics) -> None:
+    # issue 11, case 1: probabilities without from_logits gave the ECE of softmax(probs)
+    logits, labels = _random_logits(seed=4)
+    probs = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
+    got = metrics[name].compute(predictions=probs, references=labels)
+    expected = _bare(name, logits.astype(np.float64), labels)  # the bare function on the logits
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -144,6 +156,20 @@ def test_combine_ece_and_adaece() -> None:
         predictions=PROBS, references=LABELS, from_logits=False, n_bins=2
     )
     assert hand == pytest.approx({"ece": 0.25, "adaece": 0.425}, abs=1e-6)
+
+
+def test_combine_all_four_gives_distinct_clean_keys() -> None:
+    # issue 11, case 14: `calibration` used the single metrics' key names, so combine renamed both
+    combined = evaluate.combine([metric_path(name) for name in ("ece", "adaece", "smce", "calibration")])
+    logits, labels = _random_logits(seed=5)
+    got = combined.compute(predictions=logits, references=labels)
+    report = calibration_report(logits, labels)
+    assert set(got) == {"ece", "adaece", "smce"} | {f"calibration_{key}" for key in report}
+    assert got["ece"] == pytest.approx(ece(logits, labels), rel=1e-12)
+    assert got["adaece"] == pytest.approx(adaece(logits, labels), rel=1e-12)
+    assert got["smce"] == pytest.approx(smce(logits, labels), rel=1e-12)
+    for key, value in report.items():
+        assert got[f"calibration_{key}"] == pytest.approx(value, rel=1e-12), key
 
 
 # ----------------------------------------------------------------------------------- Trainer
@@ -195,7 +221,7 @@ def test_inside_trainer_batch_eval_metrics(tmp_path) -> None:
         metric.add_batch(predictions=logits, references=labels)
         if compute_result:
             report = metric.compute(n_bins=15)
-            return {k: v for k, v in report.items() if k in ("ece", "adaece", "smce", "nll")}
+            return {key: report[f"calibration_{key}"] for key in ("ece", "adaece", "smce", "nll")}
         return {}
 
     result = _trainer(tmp_path, compute_metrics, batch_eval_metrics=True).evaluate()

@@ -48,14 +48,19 @@ def loop_classwise_ece(probs: np.ndarray, target: np.ndarray, n_bins: int) -> fl
 
 
 def split_adaece(confidence, correct, n_bins: int) -> float:
-    """Equal-count bins by ``np.array_split`` of the sorted samples (ties broken by correctness)."""
-    order = np.lexsort((correct, confidence))
+    """Equal-mass bins, literally: cut the sorted confidences into ``np.array_split`` runs, take each
+    run's largest value as its bin's upper edge, and put every sample with ``lo < p <= hi`` in that
+    bin (so a tie group is never split; a bin can be empty)."""
+    runs = [run for run in np.array_split(np.sort(confidence), n_bins) if len(run)]
     n = len(confidence)
-    return sum(
-        len(idx) / n * abs(correct[idx].mean() - confidence[idx].mean())
-        for idx in np.array_split(order, n_bins)
-        if len(idx)
-    )
+    total, lo = 0.0, -np.inf
+    for run in runs:
+        hi = run[-1]
+        mask = (confidence > lo) & (confidence <= hi)
+        if mask.any():
+            total += mask.sum() / n * abs(correct[mask].mean() - confidence[mask].mean())
+        lo = hi
+    return total
 
 
 def focal_calibration_adaece(confidence, correct, n_bins: int) -> tuple[float, int]:

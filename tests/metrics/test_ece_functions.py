@@ -171,3 +171,16 @@ def test_low_precision_torch_inputs_match_float64(dtype, fn):
     assert fn(low, y) == pytest.approx(fn(low.double(), y), abs=1e-6)
     if dtype != torch.bfloat16:  # bf16's 8-bit mantissa moves the logits themselves by ~1%
         assert fn(low, y) == pytest.approx(fn(torch.from_numpy(logits), y), abs=1e-3)
+
+
+def test_classwise_ties_are_not_split_by_correctness():
+    # issue 11, case 2: [[0.6, 0.4]] * 1000 with 600 labels 0 is calibrated for both classes
+    probs = np.tile([0.6, 0.4], (1000, 1))
+    target = np.repeat([0, 1], [600, 400])
+    assert classwise_ece(probs, target) == pytest.approx(0.0, abs=1e-12)
+    # uniform rows, 400 labels 0 / 600 labels 3: classes 0 and 3 are off by .15 and .35, classes 1, 2 by .25
+    uniform, labels = np.full((1000, 4), 0.25), np.repeat([0, 3], [400, 600])
+    assert classwise_ece(uniform, labels) == pytest.approx((0.15 + 0.25 + 0.25 + 0.35) / 4, abs=1e-12)
+    assert classwise_ece(uniform, labels) == pytest.approx(ref.loop_classwise_ece(uniform, labels, 15), abs=1e-12)
+    shuffled = np.random.default_rng(0).permutation(1000)
+    assert classwise_ece(uniform[shuffled], labels[shuffled]) == pytest.approx(classwise_ece(uniform, labels), abs=1e-12)

@@ -52,33 +52,121 @@ def _case(n=600, k=10, seed=0):
     return logits, np.where(rng.random(n) < 0.6, logits.argmax(1), rng.integers(0, k, n))
 
 
+def _panels(fig):
+    """(reliability Axes, its count Axes) per panel, in drawing order (row-major)."""
+    reliability = [a for a in fig.axes if a.get_ylabel() == "accuracy"]
+    counts = [a for a in fig.axes if a.get_ylabel() == "count"]
+    counts += [c for a in reliability for c in a.child_axes]  # insets under given Axes
+    assert len(counts) == len(reliability)
+    return list(zip(reliability, counts))
+
+
+def _bars(ax, label):
+    container = next(c for c in ax.containers if c.get_label() == label)
+    return np.array([patch.get_height() for patch in container.patches])
+
+
+def _text(ax):
+    return " ".join(t.get_text() for t in ax.texts)
+
+
+def _check_panel(rel_ax, count_ax, confidence, correct, n_bins=15):
+    """The panel's bars against the loop reference on (confidence, correct): counts, accuracies, gaps."""
+    bins = ref.loop_bins(confidence, correct, n_bins)
+    np.testing.assert_array_equal(_bars(count_ax, "count"), [c for c, _, _ in bins])
+    acc = _bars(rel_ax, "accuracy")
+    gap = _bars(rel_ax, "gap")
+    for b, (count, mean_conf, mean_acc) in enumerate(bins):
+        if count:
+            assert acc[b] == pytest.approx(mean_acc, abs=1e-12)
+            assert gap[b] == pytest.approx(mean_conf - mean_acc, abs=1e-12)
+        else:
+            assert acc[b] == 0 and gap[b] == 0
+    assert f"ECE = {100 * ref.loop_ece(confidence, correct, n_bins):.2f}%" in _text(rel_ax)
+    assert f"N = {len(confidence)}" in _text(rel_ax)
+
+
 def test_diagram_is_a_figure_and_saves(tmp_path):
     logits, target = _case()
     fig = reliability_diagram(torch.from_numpy(logits), torch.from_numpy(target), title="digits")
     assert isinstance(fig, Figure)
-    assert len(fig.axes) == 1
-    assert "ECE = " + f"{100 * ece(logits, target):.2f}" in " ".join(t.get_text() for t in fig.axes[0].texts)
+    ((rel_ax, count_ax),) = _panels(fig)
+    assert rel_ax.get_title() == "digits"
+    conf, correct = ref.top_label(ref.softmax(logits), target)
+    _check_panel(rel_ax, count_ax, conf, correct)
     fig.savefig(tmp_path / "rd.png")
     assert (tmp_path / "rd.png").stat().st_size > 1000
+
+
+def test_count_panel_equals_the_table_and_can_be_left_out():
+    logits, target = _case(seed=3)
+    table = reliability_table(logits, target, 10)
+    ((rel_ax, count_ax),) = _panels(reliability_diagram(logits, target, 10))
+    np.testing.assert_array_equal(_bars(count_ax, "count"), table.count)
+    np.testing.assert_allclose(_bars(rel_ax, "accuracy"), np.nan_to_num(table.accuracy), atol=1e-12)
+    bare = reliability_diagram(logits, target, 10, counts=False)
+    assert len(bare.axes) == 1 and bare.axes[0].get_xlabel() == "confidence"
 
 
 def test_margin_groups_split_by_logit_margin(tmp_path):
     logits, target = _case(n=601)
     fig = reliability_diagram(logits, target, margin_groups=3)
-    assert len(fig.axes) == 3
+    panels = _panels(fig)
+    assert len(panels) == 3
     # independent grouping: sort by top-1 minus top-2 logit, cut into 3 runs of 201/200/200
     top2 = np.sort(logits, axis=1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
     order = np.argsort(margin, kind="stable")
-    for axis, idx in zip(fig.axes, np.array_split(order, 3)):
-        text = " ".join(t.get_text() for t in axis.texts)
-        assert f"N = {len(idx)}" in text
-        assert f"ECE = {100 * ece(logits[idx], target[idx]):.2f}%" in text
-        assert f"[{margin[idx].min():.2f}, {margin[idx].max():.2f}]" in axis.get_title()
+    conf, correct = ref.top_label(ref.softmax(logits), target)
+    for (rel_ax, count_ax), idx in zip(panels, np.array_split(order, 3)):
+        _check_panel(rel_ax, count_ax, conf[idx], correct[idx])
+        assert f"[{margin[idx].min():.2f}, {margin[idx].max():.2f}]" in rel_ax.get_title()
     fig.savefig(tmp_path / "groups.png")
-    # the same groups from probabilities: log p1 - log p2 is the logit margin
-    fig_p = reliability_diagram(ref.softmax(logits), target, margin_groups=3, from_logits=False)
-    assert [a.get_title() for a in fig_p.axes] == [a.get_title() for a in fig.axes]
+    # the same groups from probabilities (detected): log p1 - log p2 is the logit margin
+    fig_p = reliability_diagram(ref.softmax(logits), target, margin_groups=3)
+    assert [a.get_title() for a, _ in _panels(fig_p)] == [a.get_title() for a, _ in panels]
+    assert [_text(a) for a, _ in _panels(fig_p)] == [_text(a) for a, _ in panels]
+
+
+def test_before_after_pair():
+    logits, target = _case(seed=4)
+    after = logits / 1.7
+    fig = reliability_diagram(logits, target, calibrated=after, names=("uncalibrated", "TS"), title="pair")
+    panels = _panels(fig)
+    assert [a.get_title() for a, _ in panels] == ["uncalibrated", "TS"]
+    assert fig.get_suptitle() == "pair"
+    for (rel_ax, count_ax), z in zip(panels, (logits, after)):
+        _check_panel(rel_ax, count_ax, *ref.top_label(ref.softmax(z), target))
+    # probabilities after calibration are detected on their own
+    fig_p = reliability_diagram(logits, target, calibrated=ref.softmax(after))
+    assert [_text(a) for a, _ in _panels(fig_p)] == [_text(a) for a, _ in panels]
+
+
+def test_before_after_pair_with_margin_groups_uses_the_same_samples_in_both_rows():
+    logits, target = _case(n=600, seed=5)
+    after = logits / np.linspace(0.5, 3.0, 600)[:, None]  # a per-sample temperature reorders margins
+    fig = reliability_diagram(logits, target, calibrated=after, margin_groups=2)
+    panels = _panels(fig)
+    assert len(panels) == 4
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    order = np.argsort(top2[:, 1] - top2[:, 0], kind="stable")  # the groups of the uncalibrated margins
+    groups = np.array_split(order, 2)
+    for row, z in enumerate((logits, after)):
+        conf, correct = ref.top_label(ref.softmax(z), target)
+        for col, idx in enumerate(groups):
+            rel_ax, count_ax = panels[2 * row + col]
+            _check_panel(rel_ax, count_ax, conf[idx], correct[idx])
+            assert rel_ax.get_title().startswith(("uncalibrated", "calibrated")[row])
+
+
+def test_tied_margins_share_a_group():
+    # uniform rows all have margin 0: one group holds them all, the other is drawn empty
+    probs = np.full((40, 4), 0.25)
+    target = np.arange(40) % 4
+    panels = _panels(reliability_diagram(probs, target, margin_groups=2))
+    assert "N = 40" in _text(panels[0][0]) and _text(panels[1][0]) == "N = 0"
+    assert "empty" in panels[1][0].get_title()
+    assert _bars(panels[1][1], "count").sum() == 0
 
 
 def test_diagram_draws_into_given_axes():
@@ -88,8 +176,16 @@ def test_diagram_draws_into_given_axes():
     assert reliability_diagram(logits, target, margin_groups=2, ax=axes) is fig
     single = Figure().subplots()
     assert reliability_diagram(logits, target, ax=single) is single.figure
+    ((rel_ax, count_ax),) = _panels(single.figure)  # the counts go in an inset under the given Axes
+    assert rel_ax is single
+    _check_panel(rel_ax, count_ax, *ref.top_label(ref.softmax(logits), target))
     with pytest.raises(ValueError, match="`ax`"):
         reliability_diagram(logits, target, margin_groups=3, ax=axes)
+    with pytest.raises(ValueError, match="`ax` to hold 2 Axes"):  # a pair needs two
+        reliability_diagram(logits, target, calibrated=logits / 2, ax=single)
+    pair = Figure().subplots(1, 2)
+    reliability_diagram(logits, target, calibrated=logits / 2, ax=pair, counts=False)
+    assert [a.get_title() for a in pair] == ["uncalibrated", "calibrated"]
 
 
 @pytest.mark.parametrize("bad,err", [(0, ValueError), (2.0, TypeError), (10_000, ValueError)])

@@ -222,3 +222,33 @@ def test_bad_input_from_confidence(fn) -> None:
         fn([0.5, 0.5], [np.nan, 0])
     with pytest.raises(TypeError, match="`confidence` to be a torch.Tensor"):
         fn("0.5", [1])
+
+
+# ----------------------------------------------------------------------------- ties (issue 11, case 2)
+
+
+def _tied_cases():
+    """(probs, target) pairs where every confidence is tied, in label-sorted order (the trap's worst case)."""
+    yield "0.6/0.4, calibrated", np.tile([0.6, 0.4], (1000, 1)), np.repeat([0, 1], [600, 400])
+    yield "uniform K=4, 40% right", np.full((1000, 4), 0.25), np.repeat([0, 3], [400, 600])
+    yield "two tie groups", np.repeat([[0.7, 0.3], [0.55, 0.45]], [500, 500], axis=0), np.r_[np.repeat([0, 1], [400, 100]), np.repeat([1, 0], [300, 200])]
+
+
+@pytest.mark.parametrize("case", list(_tied_cases()), ids=lambda c: c[0])
+def test_smooth_metrics_on_ties_ignore_order_and_correctness_order(case):
+    _, probs, target = case
+    conf, correct = probs.max(1), (probs.argmax(1) == target).astype(float)
+    shuffled = np.random.default_rng(0).permutation(len(target))
+    # smCE: the LP (HiGHS) on the same points is the reference; the value is order-free
+    assert smce(probs, target) == pytest.approx(_lp_smce(conf, correct), abs=1e-9)
+    assert smce(probs[shuffled], target[shuffled]) == pytest.approx(smce(probs, target), abs=1e-12)
+    # smECE: relplot on the same points, and order-free
+    assert smece(probs, target) == pytest.approx(relplot.smECE(conf, correct), abs=1e-6)
+    assert smece(probs[shuffled], target[shuffled]) == pytest.approx(smece(probs, target), abs=1e-12)
+
+
+def test_smce_of_one_tie_group_is_its_calibration_gap():
+    # one distinct confidence p: w is constant, so smCE = |mean(a) - p| (= ECE)
+    probs, target = np.full((1000, 4), 0.25), np.repeat([0, 3], [400, 600])
+    assert smce(probs, target) == pytest.approx(0.15, abs=1e-12)
+    assert smce(np.tile([0.6, 0.4], (1000, 1)), np.repeat([0, 1], [600, 400])) == pytest.approx(0.0, abs=1e-12)

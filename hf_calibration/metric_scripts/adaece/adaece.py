@@ -9,6 +9,8 @@ _DESCRIPTION = """
 Adaptive Expected Calibration Error (Nguyen & O'Connor 2015; the AdaECE of Mukhoti et al. 2020) of the
 top-label confidence. The sorted confidences are cut into `n_bins` bins of (as near as possible) equal
 count, every example in exactly one bin, and AdaECE = sum_b |B_b| / N * |accuracy_b - confidence_b|.
+Equal confidences always share a bin (a tie group that straddles a cut goes whole to the lower bin), so
+ties are never split by correctness or by input order.
 The top-label confidence of a row is max_k softmax(z)_k for logits, or max_k p_k for probabilities;
 a row is correct when its argmax equals its label. Computed in float64; rows labelled -100 are ignored.
 Unlike the focal-calibration reference code, the lowest-confidence example is not dropped.
@@ -16,10 +18,13 @@ Unlike the focal-calibration reference code, the lowest-confidence example is no
 
 _KWARGS_DESCRIPTION = """
 Args:
-    predictions (`list` of `list` of `float`): one logit (or probability) vector per example, shape (N, K).
+    predictions (`list` of `list` of `float`): one logit or probability vector per example, shape (N, K).
     references (`list` of `int`): the true class of each example, shape (N,); -100 is ignored.
     n_bins (`int`, defaults to 15): number of equal-count confidence bins.
-    from_logits (`bool`, defaults to True): set False when `predictions` are probabilities (rows sum to 1).
+    from_logits (`bool` or `None`, defaults to `None`): `None` detects probabilities: when every value is in [0, 1]
+        and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
+        probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
+        explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
 
 Returns:
     adaece (`float`): adaptive calibration error, a fraction in [0, 1].
@@ -29,7 +34,7 @@ Examples:
     >>> import hf_calibration
     >>> adaece_metric = evaluate.load(hf_calibration.metric_path("adaece"))
     >>> probs = [[0.9, 0.1], [0.25, 0.75], [0.3, 0.7], [0.65, 0.35]]
-    >>> results = adaece_metric.compute(predictions=probs, references=[0, 1, 0, 1], from_logits=False, n_bins=2)
+    >>> results = adaece_metric.compute(predictions=probs, references=[0, 1, 0, 1], n_bins=2)
     >>> round(results["adaece"], 4)
     0.425
 """
@@ -63,6 +68,6 @@ class AdaECE(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2002.09437"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=True):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None):
         preds = np.asarray(predictions, dtype=np.float32)
         return {"adaece": adaece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits)}

@@ -5,6 +5,8 @@ import evaluate
 import numpy as np
 from hf_calibration.metrics import calibration_report
 
+KEY_PREFIX = "calibration_"  # distinct from the single metrics' keys (`ece`, `adaece`, `smce`) under evaluate.combine
+
 _DESCRIPTION = """
 A full calibration report of a classifier's predictions in one call: accuracy, ECE (equal-width bins),
 AdaECE (equal-count bins), MCE, classwise ECE, the over-/under-confidence split O-ECE and U-ECE (they add
@@ -15,25 +17,31 @@ pass over the predictions; rows labelled -100 are ignored.
 
 _KWARGS_DESCRIPTION = """
 Args:
-    predictions (`list` of `list` of `float`): one logit (or probability) vector per example, shape (N, K).
+    predictions (`list` of `list` of `float`): one logit or probability vector per example, shape (N, K).
     references (`list` of `int`): the true class of each example, shape (N,); -100 is ignored.
     n_bins (`int`, defaults to 15): number of bins of the binned metrics (ECE, AdaECE, MCE, classwise ECE, O-/U-ECE).
-    from_logits (`bool`, defaults to True): set False when `predictions` are probabilities (rows sum to 1).
+    from_logits (`bool` or `None`, defaults to `None`): `None` detects probabilities: when every value is in [0, 1]
+        and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
+        probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
+        explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
 
 Returns:
-    n (`int`): number of examples used (not ignored).
-    accuracy, ece, adaece, mce, classwise_ece, o_ece, u_ece, smce, smece (`float`): fractions in [0, 1].
-    brier (`float`): multiclass Brier score (sum over classes, mean over examples), in [0, 2].
-    nll (`float`): mean negative log-likelihood of the true class.
+    Every key starts with `calibration_`, so the report combines cleanly with the single metrics
+    (`evaluate.combine([ece, adaece, smce, calibration])` gives `ece`, `adaece`, `smce`, `calibration_ece`, ...):
+    calibration_n (`int`): number of examples used (not ignored).
+    calibration_accuracy, calibration_ece, calibration_adaece, calibration_mce, calibration_classwise_ece,
+    calibration_o_ece, calibration_u_ece, calibration_smce, calibration_smece (`float`): fractions in [0, 1].
+    calibration_brier (`float`): multiclass Brier score (sum over classes, mean over examples), in [0, 2].
+    calibration_nll (`float`): mean negative log-likelihood of the true class.
 
 Examples:
     >>> import evaluate
     >>> import hf_calibration
     >>> calibration = evaluate.load(hf_calibration.metric_path("calibration"))
     >>> probs = [[0.9, 0.1], [0.25, 0.75], [0.3, 0.7], [0.65, 0.35]]
-    >>> results = calibration.compute(predictions=probs, references=[0, 1, 0, 1], from_logits=False, n_bins=2)
-    >>> results["n"], round(results["accuracy"], 4), round(results["ece"], 4), round(results["adaece"], 4)
-    (4, 0.5, 0.25, 0.425)
+    >>> results = calibration.compute(predictions=probs, references=[0, 1, 0, 1], n_bins=2)
+    >>> results["calibration_n"], round(results["calibration_accuracy"], 4), round(results["calibration_ece"], 4)
+    (4, 0.5, 0.25)
 """
 
 _CITATION = """
@@ -71,7 +79,7 @@ class Calibration(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1706.04599", "https://arxiv.org/abs/2211.16886"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=True):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None):
         preds = np.asarray(predictions, dtype=np.float32)
         report = calibration_report(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits)
-        return report.to_dict()
+        return {f"{KEY_PREFIX}{key}": value for key, value in report.items()}

@@ -17,10 +17,13 @@ netcal's ECE.
 
 _KWARGS_DESCRIPTION = """
 Args:
-    predictions (`list` of `list` of `float`): one logit (or probability) vector per example, shape (N, K).
+    predictions (`list` of `list` of `float`): one logit or probability vector per example, shape (N, K).
     references (`list` of `int`): the true class of each example, shape (N,); -100 is ignored.
     n_bins (`int`, defaults to 15): number of equal-width confidence bins.
-    from_logits (`bool`, defaults to True): set False when `predictions` are probabilities (rows sum to 1).
+    from_logits (`bool` or `None`, defaults to `None`): `None` detects probabilities: when every value is in [0, 1]
+        and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
+        probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
+        explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
 
 Returns:
     ece (`float`): expected calibration error, a fraction in [0, 1] (multiply by 100 for the papers' percent).
@@ -30,7 +33,7 @@ Examples:
     >>> import hf_calibration
     >>> ece_metric = evaluate.load(hf_calibration.metric_path("ece"))
     >>> probs = [[0.9, 0.1], [0.25, 0.75], [0.3, 0.7], [0.65, 0.35]]
-    >>> results = ece_metric.compute(predictions=probs, references=[0, 1, 0, 1], from_logits=False, n_bins=2)
+    >>> results = ece_metric.compute(predictions=probs, references=[0, 1, 0, 1], n_bins=2)
     >>> round(results["ece"], 4)
     0.25
 """
@@ -65,6 +68,6 @@ class ECE(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1706.04599"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=True):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None):
         preds = np.asarray(predictions, dtype=np.float32)
         return {"ece": ece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits)}

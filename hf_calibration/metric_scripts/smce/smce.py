@@ -16,9 +16,12 @@ Computed in float64; rows labelled -100 are ignored.
 
 _KWARGS_DESCRIPTION = """
 Args:
-    predictions (`list` of `list` of `float`): one logit (or probability) vector per example, shape (N, K).
+    predictions (`list` of `list` of `float`): one logit or probability vector per example, shape (N, K).
     references (`list` of `int`): the true class of each example, shape (N,); -100 is ignored.
-    from_logits (`bool`, defaults to True): set False when `predictions` are probabilities (rows sum to 1).
+    from_logits (`bool` or `None`, defaults to `None`): `None` detects probabilities: when every value is in [0, 1]
+        and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
+        probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
+        explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
 
 Returns:
     smce (`float`): smooth calibration error, a fraction in [0, 1].
@@ -28,7 +31,7 @@ Examples:
     >>> import hf_calibration
     >>> smce_metric = evaluate.load(hf_calibration.metric_path("smce"))
     >>> probs = [[0.9, 0.1], [0.25, 0.75], [0.3, 0.7], [0.65, 0.35]]
-    >>> results = smce_metric.compute(predictions=probs, references=[0, 1, 0, 1], from_logits=False)
+    >>> results = smce_metric.compute(predictions=probs, references=[0, 1, 0, 1])
     >>> round(results["smce"], 4)
     0.2581
 """
@@ -56,6 +59,6 @@ class SmCE(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2211.16886"],
         )
 
-    def _compute(self, predictions, references, from_logits=True):
+    def _compute(self, predictions, references, from_logits=None):
         preds = np.asarray(predictions, dtype=np.float32)
         return {"smce": smce(preds, np.asarray(references, dtype=np.int64), from_logits=from_logits)}

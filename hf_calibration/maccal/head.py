@@ -1,4 +1,4 @@
-"""MaC-Cal's masked two-layer bottleneck head, its mask-aware SGD, and how a model carries it.
+"""MaC-Cal's masked two-layer bottleneck head and the mask-aware SGD that trains it.
 
 The head is ``Linear(d, h) → ReLU → Linear(h, K)`` (MaC-Cal §4.2, "classifier restructure").
 During stage-2 training its two weight matrices are used as ``W ⊙ M`` with a Bernoulli keep-mask
@@ -9,32 +9,21 @@ used: the full weights, deterministic. Biases are never masked.
 Plain SGD would still move masked weights through weight decay and through the momentum buffer
 filled under earlier masks, so :class:`MaskedSGD` freezes them completely: a masked entry gets no
 gradient, no decay and no momentum update, and its momentum buffer is kept as it was until a later
-mask keeps it again.
+mask keeps it again. :class:`FlatHeadTrainer` runs the same rule without autograd, on one flat
+parameter vector (the stage's fast path).
 
-Persistence: :func:`install_head` puts the head in the model and records it in
-``model.config.maccal_head`` (``{"path", "in_features", "hidden", "num_labels"}``), which
-``save_pretrained`` writes to ``config.json``. A plain ``from_pretrained`` would rebuild a Linear
-head there, so load with :func:`load_maccal_model`, which loads the backbone, rebuilds the
-bottleneck and loads its weights, and fails unless every weight of the checkpoint found its place.
+How a model carries the head (its config, saving and loading) is in :mod:`~hf_calibration.maccal.persistence`.
 """
 
 from __future__ import annotations
-
-import json
-import os
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import check_float, check_int
-from .features import find_classifier_head
+from .._checks import check_float, check_int
 
-__all__ = ["MaskedBottleneckHead", "MaskedSGD", "FlatHeadTrainer", "install_head", "head_path", "load_maccal_model"]
-
-CONFIG_KEY = "maccal_head"
+__all__ = ["MaskedBottleneckHead", "MaskedSGD", "FlatHeadTrainer"]
 
 
 class MaskedBottleneckHead(nn.Module):
@@ -280,92 +269,3 @@ class FlatHeadTrainer:
         """Copy θ back into the head's parameters."""
         for q, v in zip(self.params, self.theta_views):
             q.copy_(v)
-
-
-def head_path(model: nn.Module, head: str | None = None) -> str:
-    """Dotted path of the model's classification head (``"classifier"``, ``"classifier.1"``, ``"timm_model.fc"``)."""
-    _, _, linear = find_classifier_head(model, head)
-    for name, module in model.named_modules():
-        if module is linear:
-            return name
-    raise ValueError("Expected the classification head to be a submodule of `model`, but it is not.")  # pragma: no cover
-
-
-def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
-    *parents, last = path.split(".")
-    parent = model.get_submodule(".".join(parents)) if parents else model
-    setattr(parent, last, module)
-
-
-def install_head(model: nn.Module, head: MaskedBottleneckHead, path: str) -> nn.Module:
-    """Replace the module at ``path`` by ``head`` and record the head in ``model.config.maccal_head``."""
-    if not isinstance(head, MaskedBottleneckHead):
-        raise TypeError(f"Expected argument `head` to be a MaskedBottleneckHead, but got {type(head).__name__}.")
-    _set_submodule(model, path, head)
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "to_dict"):
-        setattr(config, CONFIG_KEY, head.spec(path))
-    return model
-
-
-def _checkpoint_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a (possibly sharded) safetensors checkpoint whose name starts with ``prefix``."""
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    out = {}
-    for name in files:
-        with safe_open(str(folder / name), framework="pt") as f:
-            for key in f.keys():
-                if key.startswith(prefix):
-                    out[key[len(prefix) :]] = f.get_tensor(key)
-    return out
-
-
-def load_maccal_model(path: str | os.PathLike, model_class=None, **kwargs) -> nn.Module:
-    """Load a model saved after MaC-Cal, with its bottleneck head (strict: every weight must fit).
-
-    Args:
-        path: local folder written by ``model.save_pretrained`` after the MaC-Cal stage.
-        model_class: the transformers class to load with; default ``AutoModelForImageClassification``.
-        **kwargs: passed to ``from_pretrained`` (``torch_dtype``, ``device_map``...).
-
-    Example::
-
-        model = load_maccal_model("out/maccal")
-        clf = pipeline("image-classification", model=model, image_processor=AutoImageProcessor.from_pretrained("out/maccal"))
-    """
-    from transformers import AutoConfig, AutoModelForImageClassification
-    from transformers.utils import logging as hf_logging
-
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ValueError(f"Expected argument `path` to be a local folder saved with save_pretrained, but got {str(path)!r}.")
-    config = AutoConfig.from_pretrained(folder)
-    spec = getattr(config, CONFIG_KEY, None)
-    if not isinstance(spec, dict) or not {"path", "in_features", "hidden", "num_labels"} <= set(spec):
-        raise ValueError(f"Expected the config in {str(path)!r} to record a MaC-Cal head (`{CONFIG_KEY}`), but it does not.")
-    model_class = model_class or AutoModelForImageClassification
-    prefix = spec["path"] + "."
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the Linear head's "newly initialised" warning is expected here
-    try:
-        model, info = model_class.from_pretrained(folder, config=config, output_loading_info=True, **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    stray = [k for k in info.get("missing_keys", []) if not k.startswith(prefix)]
-    stray += [k for k in info.get("unexpected_keys", []) if not k.startswith(prefix)]
-    stray += list(info.get("mismatched_keys", []))
-    if stray:
-        raise ValueError(f"Checkpoint {str(path)!r} does not fit the model outside the MaC-Cal head: {sorted(map(str, stray))[:10]}.")
-    old = model.get_submodule(spec["path"])
-    weight = old.weight if isinstance(old, nn.Linear) else next(old.parameters())
-    head = MaskedBottleneckHead(spec["in_features"], spec["hidden"], spec["num_labels"])
-    head.load_state_dict(_checkpoint_tensors(folder, prefix), strict=True)
-    head.to(device=weight.device, dtype=weight.dtype).eval()
-    install_head(model, head, spec["path"])
-    return model.eval()

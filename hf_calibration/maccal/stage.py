@@ -1,26 +1,11 @@
 """MaC-Cal second stage (Ni et al. 2025): retrain a masked bottleneck head on the frozen backbone.
 
 After ordinary training, the backbone is frozen and the linear head is replaced by a freshly
-initialised :class:`~hf_calibration.masked_head.MaskedBottleneckHead`, trained on the original
-(non-augmented) training data with Bernoulli weight masks redrawn every epoch (MaC-Cal Eqs. 8–11).
+initialised :class:`~hf_calibration.maccal.head.MaskedBottleneckHead`, trained on the original
+(non-augmented) training data with Bernoulli weight masks redrawn every epoch (MaC-Cal Eqs. 8–11)
+whose retention ρ adapts after each epoch (:mod:`~hf_calibration.maccal.retention`, Eqs. 12–13).
 Because the backbone is frozen and the data are not augmented, the head's inputs are computed once
 (one batched forward pass, :func:`cache_features`) and the head trains on the cache.
-
-Adaptive retention (MaC-Cal Eqs. 12–13; the printed equations were lost, so this rule is ours):
-after epoch ``t`` with training accuracy ``acc_t`` and mean top-label confidence ``conf_t``
-(both measured on the masked forward passes of that epoch), ::
-
-    τ_t     = clip_bound · exp(-clip_decay · t / epochs)              # decaying clip bound
-    ρ_{t+1} = clamp(ρ_t + clip(step · (conf_t − κ·acc_t), −τ_t, τ_t), rho_min, rho_max)
-
-so an over-confident head (``conf > κ·acc``) gets a higher retention (fewer masked weights) and an
-under-confident one a lower retention. κ < 1 discounts the optimistic training accuracy.
-
-The direction was chosen by measurement (``benchmarks/maccal.py``, CIFAR-10 ResNet-18, 3 seeds):
-with masked weights rescaled by ``1/ρ`` during training, more masking made the full-weight head
-*more* over-confident on the test set (fixed ρ = 0.9: ECE 5.76 %, ρ = 1: 5.32 %), and the opposite
-rule (over-confident → lower ρ) drove ρ to its floor and gave ECE 6.00 %, worse than fixed ρ; the
-rule above gave 5.40 % at equal accuracy.
 """
 
 from __future__ import annotations
@@ -29,112 +14,27 @@ import contextlib
 import copy
 import inspect
 import logging
-import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from tqdm.auto import tqdm
 
-from ._checks import IGNORE_INDEX, check_float, check_int
-from .features import capture_features, find_classifier_head
-from .masked_head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD, head_path, install_head
+from .._checks import IGNORE_INDEX, check_int
+from .._progress import progress_iter
+from ..features import capture_features, find_classifier_head
+from .config import MaCCalConfig
+from .head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
+from .persistence import head_path, install_head
+from .retention import clip_bound, update_retention
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "MaCCalConfig",
-    "MaCCalResult",
-    "cache_features",
-    "clip_bound",
-    "update_retention",
-    "train_masked_head",
-    "maccal_stage",
-]
+__all__ = ["MaCCalResult", "cache_features", "train_masked_head", "maccal_stage"]
 
 _LABEL_KEYS = ("labels", "label", "label_ids")
-
-
-@dataclass
-class MaCCalConfig:
-    """Every constant of the MaC-Cal stage, with its default and where it comes from.
-
-    Args:
-        epochs: stage-2 epochs (paper: 40).
-        lr: SGD learning rate, constant over the stage (paper: 0.1).
-        momentum: SGD momentum (paper: 0.9, as in its stage-1 recipe).
-        weight_decay: L2 weight decay on the head's weight matrices, not biases (paper recipe: 5e-4).
-            Masked entries get neither gradient, decay nor momentum (see ``MaskedSGD``).
-        batch_size: head-training batch size on the cached features (paper: 128).
-        hidden: bottleneck width ``h``; ``None`` → ``max(in_features // 2, 2 · num_labels)``.
-        rho0: initial mask retention probability ρ₀ in (0, 1].
-        adaptive: adapt ρ each epoch (rule in the module docstring); ``False`` keeps ρ = ρ₀.
-        kappa: κ, discount on the training accuracy in ``κ·acc − conf``.
-        step: gain applied to ``κ·acc − conf`` before clipping.
-        clip_bound: τ₀, the largest change of ρ in one epoch at the start of the stage.
-        clip_decay: γ in ``τ_t = τ₀ · exp(−γ · t / epochs)``: the bound ends at ``τ₀·e^{−γ}``.
-        rho_min, rho_max: bounds ρ is kept in (with ``rescale``, ρ near 0 multiplies the kept
-            weights by up to 1/ρ and training collapses: measured at ρ = 0.05).
-        rescale: scale masked weights by ``1/ρ`` in training (inverted-dropout style) so the full
-            weights at inference match the training-time expectation. Without it the full-weight
-            head is sharper than the masked one it was trained as (measured: ECE 6.48 % vs 5.76 %).
-        cache_features: compute the backbone features once (default). ``False`` re-runs the frozen
-            backbone every epoch (only for data whose features do not fit in memory).
-        feature_batch_size: batch size of the backbone forward passes.
-        seed: seeds the head's initialisation, the masks and the shuffling.
-        progress: show tqdm bars.
-    """
-
-    epochs: int = 40
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    batch_size: int = 128
-    hidden: int | None = None
-    rho0: float = 0.9
-    adaptive: bool = True
-    kappa: float = 0.97
-    step: float = 1.0
-    clip_bound: float = 0.1
-    clip_decay: float = 3.0
-    rho_min: float = 0.5
-    rho_max: float = 1.0
-    rescale: bool = True
-    cache_features: bool = True
-    feature_batch_size: int = 256
-    seed: int = 0
-    progress: bool = True
-
-    def __post_init__(self):
-        check_int(self.epochs, "epochs", minimum=1)
-        check_float(self.lr, "lr", minimum=0.0, min_inclusive=False)
-        check_float(self.momentum, "momentum", minimum=0.0, maximum=1.0, max_inclusive=False)
-        check_float(self.weight_decay, "weight_decay", minimum=0.0)
-        check_int(self.batch_size, "batch_size", minimum=1)
-        if self.hidden is not None:
-            check_int(self.hidden, "hidden", minimum=1)
-        check_float(self.rho_min, "rho_min", minimum=0.0, maximum=1.0, min_inclusive=False)
-        check_float(self.rho_max, "rho_max", minimum=0.0, maximum=1.0, min_inclusive=False)
-        if self.rho_min > self.rho_max:
-            raise ValueError(f"Expected argument `rho_min` to be <= `rho_max`, but got {self.rho_min} > {self.rho_max}.")
-        check_float(self.rho0, "rho0", minimum=0.0, maximum=1.0, min_inclusive=False)
-        if not self.rho_min <= self.rho0 <= self.rho_max:
-            raise ValueError(f"Expected argument `rho0` to lie in [rho_min, rho_max] = [{self.rho_min}, {self.rho_max}], but got {self.rho0}.")
-        for name in ("adaptive", "rescale", "cache_features", "progress"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"Expected argument `{name}` to be a bool, but got {getattr(self, name)!r}.")
-        check_float(self.kappa, "kappa", minimum=0.0, min_inclusive=False)
-        check_float(self.step, "step", minimum=0.0, min_inclusive=False)
-        check_float(self.clip_bound, "clip_bound", minimum=0.0, min_inclusive=False)
-        check_float(self.clip_decay, "clip_decay", minimum=0.0)
-        check_int(self.feature_batch_size, "feature_batch_size", minimum=1)
-        check_int(self.seed, "seed", minimum=0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -151,28 +51,6 @@ class MaCCalResult:
     @property
     def retention(self) -> list[float]:
         return [h["retention"] for h in self.history]
-
-
-# ----------------------------------------------------------------------------- adaptive rule
-
-
-def clip_bound(epoch: int, config: MaCCalConfig) -> float:
-    """``τ_t = τ₀ · exp(−γ · t / T)`` for epoch ``t`` (0-based) of ``T = config.epochs``."""
-    check_int(epoch, "epoch", minimum=0)
-    return config.clip_bound * math.exp(-config.clip_decay * epoch / config.epochs)
-
-
-def update_retention(rho: float, accuracy: float, confidence: float, epoch: int, config: MaCCalConfig) -> float:
-    """One adaptive step: ``clamp(ρ + clip(step·(conf − κ·acc), ±τ_t), rho_min, rho_max)``.
-
-    Over-confident (``conf > κ·acc``) → ρ goes up (fewer weights masked); under-confident → down.
-    """
-    rho = check_float(rho, "rho", minimum=0.0, maximum=1.0, min_inclusive=False)
-    accuracy = check_float(accuracy, "accuracy", minimum=0.0, maximum=1.0)
-    confidence = check_float(confidence, "confidence", minimum=0.0, maximum=1.0)
-    tau = clip_bound(epoch, config)
-    delta = min(max(config.step * (confidence - config.kappa * accuracy), -tau), tau)
-    return min(max(rho + delta, config.rho_min), config.rho_max)
 
 
 # ----------------------------------------------------------------------------- features
@@ -238,7 +116,7 @@ def _batches_features(model, loader, head: str | None, progress: bool, desc: str
     device = _model_device(model)
     accepted = _forward_keys(model)
     with capture_features(model, head) as cap:
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        for batch in progress_iter(loader, desc=desc, enabled=progress, leave=False):
             labels = _labels_of(batch).to(device)
             with torch.no_grad():  # not around the yield: the consumer trains the head with grad enabled
                 _forward(model, batch, device, accepted)
@@ -288,7 +166,7 @@ def _resolve_loss(loss, num_labels: int):
     if loss is None:
         return None
     if isinstance(loss, str):
-        from .losses import LOSS_MAPPING, get_loss
+        from ..losses import LOSS_MAPPING, get_loss
 
         cls = LOSS_MAPPING.get(loss.lower().replace("-", "_"))
         needs_k = cls is not None and "num_classes" in inspect.signature(cls.__init__).parameters
@@ -355,7 +233,7 @@ def train_masked_head(
     then adapt ρ (``update_retention``) when ``config.adaptive``. Returns one dict per epoch.
 
     The head's steps are small and overhead-bound, so they skip the autograd engine
-    (:class:`~hf_calibration.masked_head.FlatHeadTrainer`: hand-written forward and backward passes,
+    (:class:`~hf_calibration.maccal.head.FlatHeadTrainer`: hand-written forward and backward passes,
     one update on a flat parameter vector); the default cross-entropy's gradient
     ``(softmax − onehot)/n`` is closed-form, and any other loss is differentiated by autograd w.r.t.
     the logits and its own parameters only (those get plain SGD, no decay). The result equals
@@ -373,7 +251,7 @@ def train_masked_head(
             loss_optimizer = MaskedSGD(loss_params, lr=config.lr, momentum=config.momentum)
     rho, history = config.rho0, []
     head.train()
-    bar = tqdm(range(config.epochs), desc="MaC-Cal: head epochs", disable=not config.progress, leave=False)
+    bar = progress_iter(range(config.epochs), desc="MaC-Cal: head epochs", enabled=config.progress, leave=False)
     try:
         for epoch in bar:
             masks = head.draw_masks(rho, generator, rescale=config.rescale)
@@ -471,7 +349,7 @@ def maccal_stage(
     Returns:
         :class:`MaCCalResult`; ``result.model`` is ``model`` with the bottleneck head installed and
         recorded in ``model.config.maccal_head`` (save with ``save_pretrained``, load with
-        :func:`~hf_calibration.masked_head.load_maccal_model`).
+        :func:`~hf_calibration.maccal.load_maccal_model`).
 
     Example::
 

@@ -1,0 +1,794 @@
+"""Bad-input matrix: the calls a new user makes with bad or tricky input, across metrics, calibrators, losses, CLI.
+
+Run from the repository root:  python benchmarks/bad_inputs.py [-v]   (writes benchmarks/results/bad_inputs.md)
+
+Every case is one call, classified by what it did:
+
+* clear error   a ValueError / TypeError (the command line: exit status 1 or 2 with one line on stderr; the Hub:
+                a ConnectionError sentence) whose message names the argument or file at fault, and no file of the
+                user's changed;
+* correct       a value equal, to a stated tolerance, to an independent computation (numpy / scipy formulas in
+                this file on clean float64 input, relplot for smECE, scipy for the temperature);
+* SILENT WRONG / crash   anything else: a wrong value, bad input accepted, another exception, a traceback, an
+                error that names nothing, a user's file replaced.
+
+Cases whose right answer is only an error have no reference. This is a sweep, not a test: it prints counts per
+category and every case that is not well behaved, and exits 0 either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no network: the push cases must meet an unreachable Hub
+os.environ.setdefault("HF_CALIBRATION_DISABLE_PROGRESS_BARS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "bad_inputs.md"
+sys.path.insert(0, str(ROOT))
+
+from hf_calibration import losses, metrics  # noqa: E402
+from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, load_calibrator  # noqa: E402
+
+ERROR, CORRECT, BAD = "clear error", "correct", "SILENT WRONG / crash"
+
+# Which branch of the round-2 work owns the behaviour an area's cases probe (the lead re-runs after merging).
+AREA_OWNER = {"metrics": "metrics", "losses": "losses", "calibrators": "calibrators / CLI", "CLI": "calibrators / CLI"}
+
+
+@dataclass
+class Case:
+    category: str
+    area: str  # metrics / calibrators / losses / CLI
+    name: str
+    call: Callable[[], Any]
+    names: tuple[str, ...] = ()  # a clear error names one of these (argument, option or file)
+    reference: Callable[[], Any] | None = None  # the right value, computed independently; None: only an error is right
+    atol: float = 1e-9
+    untouched: Callable[[], bool] | None = None  # after the call: the user's files are as they were
+
+
+# ----------------------------------------------------------------------------- independent references (numpy, float64)
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _bins(p: np.ndarray, n_bins: int) -> np.ndarray:
+    """Equal-width bins lo < p <= hi on (0, 1]; p = 0 in the first bin."""
+    return np.clip(np.ceil(p * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+
+
+def _binned_gaps(conf, hit, index, n_bins):
+    count = np.bincount(index, minlength=n_bins)
+    gap = np.abs(np.bincount(index, conf, n_bins) - np.bincount(index, hit, n_bins))
+    return count, gap
+
+
+def ref_ece(p, y, n_bins=15):
+    conf, hit = p.max(1), (p.argmax(1) == y).astype(float)
+    _, gap = _binned_gaps(conf, hit, _bins(conf, n_bins), n_bins)
+    return gap.sum() / len(y)
+
+
+def ref_mce(p, y, n_bins=15):
+    conf, hit = p.max(1), (p.argmax(1) == y).astype(float)
+    count, gap = _binned_gaps(conf, hit, _bins(conf, n_bins), n_bins)
+    return max(g / c for g, c in zip(gap, count) if c)
+
+
+def ref_adaece(p, y, n_bins=15):
+    """Equal-count bins of the sorted confidences (len(y) divisible by n_bins here: no rounding choice)."""
+    conf, hit = p.max(1), (p.argmax(1) == y).astype(float)
+    order = np.argsort(conf, kind="stable")
+    return sum(abs(conf[b].sum() - hit[b].sum()) for b in np.array_split(order, n_bins)) / len(y)
+
+
+def ref_classwise_ece(p, y, n_bins=15):
+    k = p.shape[1]
+    return np.mean([_binned_gaps(p[:, c], (y == c).astype(float), _bins(p[:, c], n_bins), n_bins)[1].sum() / len(y) for c in range(k)])
+
+
+def ref_brier(p, y):
+    return float(((p - np.eye(p.shape[1])[y]) ** 2).sum(1).mean())
+
+
+def ref_nll(p, y):
+    return float(-np.log(p[np.arange(len(y)), y]).mean())
+
+
+def ref_smece(p, y):
+    import relplot
+
+    return float(relplot.smECE(p.max(1), (p.argmax(1) == y).astype(float)))
+
+
+def ref_ts_temperature(z, y, bounds=(0.05, 100.0)):
+    """The NLL-optimal temperature by scipy (bounded scalar search in log T), in temperature scaling's range."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import log_softmax
+
+    z = np.asarray(z, dtype=np.float64)
+    nll = lambda t: -log_softmax(z / np.exp(t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
+    return float(np.exp(minimize_scalar(nll, bounds=np.log(bounds), method="bounded", options={"xatol": 1e-10}).x))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def make_data(n=600, k=5, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n)
+    z = 3.0 * (rng.normal(size=(n, k)) + 2.0 * np.eye(k)[y]) + rng.normal(scale=4.0, size=(n, 1))
+    return z, y
+
+
+Z, Y = make_data()
+P = softmax(Z)
+Z32 = Z.astype(np.float32)
+K = Z.shape[1]
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def cli(*argv) -> str:
+    """Run ``hf-calibration`` in-process. A one-line error (exit 1 or 2) becomes a ValueError carrying that line; a
+    traceback or several lines a RuntimeError (a crash); success returns stdout."""
+    from hf_calibration.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exit_info:
+            code = exit_info.code
+    lines = err.getvalue().strip().splitlines()
+    if code == 0:
+        return out.getvalue()
+    if code in (1, 2) and len(lines) == 1 and "Traceback" not in lines[0]:
+        raise ValueError(lines[0])
+    raise RuntimeError(f"exit {code}, stderr: {' / '.join(lines[-3:])}")
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+def metric_cases(tmp: Path) -> list[Case]:
+    m = metrics
+    cases: list[Case] = []
+    add = cases.append
+    refs = {
+        "ece": (m.ece, ref_ece),
+        "mce": (m.mce, ref_mce),
+        "adaece": (m.adaece, ref_adaece),
+        "classwise_ece": (m.classwise_ece, ref_classwise_ece),
+        "brier": (m.brier, ref_brier),
+        "nll": (m.nll, ref_nll),
+        "smece": (m.smece, ref_smece),
+    }
+    for name, (fn, ref) in refs.items():
+        add(Case("probabilities vs logits", "metrics", f"{name}(logits)", lambda fn=fn: fn(Z, Y), reference=lambda ref=ref: ref(P, Y), atol=1e-6 if name == "smece" else 1e-9))
+        add(Case("probabilities vs logits", "metrics", f"{name}(probs), from_logits default", lambda fn=fn: fn(P, Y), ("from_logits",), lambda ref=ref: ref(P, Y), atol=1e-6 if name == "smece" else 1e-9))
+        add(Case("probabilities vs logits", "metrics", f"{name}(probs, from_logits=False)", lambda fn=fn: fn(P, Y, from_logits=False), reference=lambda ref=ref: ref(P, Y), atol=1e-6 if name == "smece" else 1e-9))
+    add(Case("probabilities vs logits", "metrics", "calibration_report(probs).ece", lambda: m.calibration_report(P, Y).ece, ("from_logits",), lambda: ref_ece(P, Y)))
+    add(Case("probabilities vs logits", "metrics", "calibration_report(float16 softmax as float32).ece",
+             lambda: m.calibration_report(P.astype(np.float16).astype(np.float32), Y).ece, ("from_logits",),
+             lambda: ref_ece(P.astype(np.float16).astype(np.float64), Y), atol=1e-6))
+    add(Case("probabilities vs logits", "metrics", "reliability_table(probs).ece", lambda: m.reliability_table(P, Y).ece, ("from_logits",), lambda: ref_ece(P, Y)))
+    add(Case("probabilities vs logits", "metrics", "ece(logits, from_logits=False)", lambda: m.ece(Z, Y, from_logits=False), ("preds", "from_logits")))
+
+    def evaluate_ece(preds):
+        import evaluate
+
+        from hf_calibration import metric_path
+
+        return evaluate.load(metric_path("ece")).compute(predictions=preds, references=Y)["ece"]
+
+    add(Case("probabilities vs logits", "metrics", "evaluate ece script (probs)", lambda: evaluate_ece(P), ("from_logits",), lambda: ref_ece(P, Y), atol=1e-6))
+
+    bad = Z.copy()
+    bad[3, 1] = np.nan
+    inf = Z.copy()
+    inf[5, 0] = np.inf
+    for name in ("ece", "brier", "nll", "classwise_ece", "smce", "calibration_report"):
+        fn = getattr(m, name)
+        add(Case("NaN / inf", "metrics", f"{name}(logits with NaN)", lambda fn=fn: fn(bad, Y), ("preds", "row 3", "NaN")))
+        add(Case("NaN / inf", "metrics", f"{name}(logits with inf)", lambda fn=fn: fn(inf, Y), ("preds", "row 5", "inf")))
+    add(Case("NaN / inf", "metrics", "ece(probs with NaN, from_logits=False)", lambda: m.ece(np.where(np.arange(K) == 0, np.nan, P), Y, from_logits=False), ("preds",)))
+
+    add(Case("rank / shape", "metrics", "ece(1-D preds)", lambda: m.ece(Z[:, 0], Y), ("preds",)))
+    add(Case("rank / shape", "metrics", "ece(3-D preds)", lambda: m.ece(Z[None], Y), ("preds",)))
+    add(Case("rank / shape", "metrics", "ece(N mismatch)", lambda: m.ece(Z, Y[:-1]), ("preds", "target")))
+    add(Case("rank / shape", "metrics", "ece(K = 1)", lambda: m.ece(Z[:, :1], Y * 0), ("preds",)))
+    add(Case("rank / shape", "metrics", "ece(2-D target)", lambda: m.ece(Z, Y[:, None]), ("target",)))
+    add(Case("rank / shape", "metrics", "ragged list preds", lambda: m.ece([[0.1, 0.2], [0.3]], [0, 1]), ("preds",)))
+
+    add(Case("dtype", "metrics", "ece(int preds)", lambda: m.ece(Z.astype(np.int64), Y), ("preds",)))
+    add(Case("dtype", "metrics", "ece(float labels)", lambda: m.ece(Z, Y.astype(np.float32)), ("target",)))
+    add(Case("dtype", "metrics", "ece(bool labels)", lambda: m.ece(Z, Y.astype(bool)), ("target",)))
+    add(Case("dtype", "metrics", "ece(complex preds)", lambda: m.ece(Z.astype(complex), Y), ("preds",)))
+    add(Case("dtype", "metrics", "ece(str preds)", lambda: m.ece("logits", Y), ("preds",)))
+    add(Case("dtype", "metrics", "ece(float16 logits)", lambda: m.ece(Z.astype(np.float16), Y), reference=lambda: ref_ece(softmax(Z.astype(np.float16)), Y), atol=1e-6))
+    add(Case("dtype", "metrics", "ece(bfloat16 torch logits)", lambda: m.ece(torch.from_numpy(Z).bfloat16(), torch.from_numpy(Y)),
+             reference=lambda: ref_ece(softmax(torch.from_numpy(Z).bfloat16().double().numpy()), Y), atol=1e-6))
+    add(Case("dtype", "metrics", "ece(uint8 labels)", lambda: m.ece(Z, Y.astype(np.uint8)), reference=lambda: ref_ece(P, Y)))
+    add(Case("dtype", "metrics", "ece(int32 torch labels)", lambda: m.ece(torch.from_numpy(Z), torch.from_numpy(Y).int()), reference=lambda: ref_ece(P, Y)))
+
+    add(Case("memory layout", "metrics", "ece(every other row)", lambda: m.ece(Z[::2], Y[::2]), reference=lambda: ref_ece(P[::2], Y[::2])))
+    add(Case("memory layout", "metrics", "ece(negative strides)", lambda: m.ece(Z[::-1], Y[::-1]), reference=lambda: ref_ece(P, Y)))
+    add(Case("memory layout", "metrics", "ece(big-endian)", lambda: m.ece(Z.astype(">f8"), Y.astype(">i8")), reference=lambda: ref_ece(P, Y)))
+    add(Case("memory layout", "metrics", "brier(Fortran order)", lambda: m.brier(np.asfortranarray(Z), Y), reference=lambda: ref_brier(P, Y)))
+    add(Case("memory layout", "metrics", "nll(transposed view of (K, N))", lambda: m.nll(np.ascontiguousarray(Z.T).T, Y), reference=lambda: ref_nll(P, Y)))
+
+    y_bad = Y.copy()
+    y_bad[4] = K
+    y_neg = Y.copy()
+    y_neg[4] = -1
+    y_ign = Y.copy()
+    y_ign[::3] = -100
+    keep = y_ign != -100
+    add(Case("labels", "metrics", "ece(label = K)", lambda: m.ece(Z, y_bad), ("target",)))
+    add(Case("labels", "metrics", "ece(label = -1)", lambda: m.ece(Z, y_neg), ("target",)))
+    add(Case("labels", "metrics", "ece(labels -100 ignored)", lambda: m.ece(Z, y_ign), reference=lambda: ref_ece(P[keep], Y[keep])))
+    add(Case("labels", "metrics", "brier(labels -100 ignored)", lambda: m.brier(Z, y_ign), reference=lambda: ref_brier(P[keep], Y[keep])))
+    add(Case("labels", "metrics", "ece(every label -100)", lambda: m.ece(Z, np.full_like(Y, -100)), ("target", "ignore_index")))
+    add(Case("labels", "metrics", "ece(ignore_index=None, a -100 label)", lambda: m.ece(Z, y_ign, ignore_index=None), ("target",)))
+    add(Case("labels", "metrics", "ece(ignore_index=2.5)", lambda: m.ece(Z, Y, ignore_index=2.5), ("ignore_index",)))
+
+    add(Case("empty input", "metrics", "ece(N = 0)", lambda: m.ece(np.zeros((0, K)), np.zeros(0, np.int64)), ("preds",)))
+    add(Case("empty input", "metrics", "calibration_report(N = 0)", lambda: m.calibration_report(np.zeros((0, K)), np.zeros(0, np.int64)), ("preds",)))
+    add(Case("empty input", "metrics", "smece(N = 0)", lambda: m.smece(np.zeros((0, K)), np.zeros(0, np.int64)), ("preds",)))
+
+    big = Z * 1e4
+    near_max = Z / np.abs(Z).max() * 1e308
+    tied = np.zeros((60, K))
+    y_t = np.arange(60) % K
+    add(Case("extreme values", "metrics", "ece(logits x 1e4)", lambda: m.ece(big, Y), reference=lambda: ref_ece(softmax(big), Y)))
+    add(Case("extreme values", "metrics", "nll(logits x 1e4)", lambda: m.nll(big, Y), reference=lambda: ref_nll_logits(big, Y), atol=1e-6))
+    for name, ref in (("ece", lambda: ref_ece(softmax(near_max), Y)), ("brier", lambda: ref_brier(softmax(near_max), Y)),
+                      ("nll", lambda: ref_nll_logits(near_max, Y)), ("classwise_ece", lambda: ref_classwise_ece(softmax(near_max), Y))):
+        # finite logits: "NaN or inf" would be the wrong reason; an error must name the real one (magnitude / overflow)
+        add(Case("extreme values", "metrics", f"{name}(finite logits near 1e308)", lambda name=name: getattr(m, name)(near_max, Y),
+                 ("overflow", "too large", "magnitude", "1e308"), ref, atol=1e-6))
+    add(Case("extreme values", "metrics", "ece(all logits equal: confidence 1/K)", lambda: m.ece(tied, y_t), reference=lambda: ref_ece(softmax(tied), y_t)))
+    add(Case("extreme values", "metrics", "adaece(tied confidences, perfectly calibrated)",
+             lambda: m.adaece(np.array([[0.6, 0.4]] * 1000), np.r_[np.zeros(600, int), np.ones(400, int)], from_logits=False),
+             reference=lambda: 0.0, atol=1e-9))
+
+    add(Case("hyper-parameters", "metrics", "ece(n_bins=0)", lambda: m.ece(Z, Y, 0), ("n_bins",)))
+    add(Case("hyper-parameters", "metrics", "ece(n_bins=1.5)", lambda: m.ece(Z, Y, 1.5), ("n_bins",)))
+    add(Case("hyper-parameters", "metrics", "ece(n_bins=True)", lambda: m.ece(Z, Y, True), ("n_bins",)))
+    add(Case("hyper-parameters", "metrics", "ece(n_bins='15')", lambda: m.ece(Z, Y, "15"), ("n_bins",)))
+    add(Case("hyper-parameters", "metrics", "reliability_diagram(n_bins=10**12)", lambda: m.reliability_diagram(Z, Y, 10**12), ("n_bins",)))
+    add(Case("hyper-parameters", "metrics", "ece(from_logits='yes')", lambda: m.ece(Z, Y, from_logits="yes"), ("from_logits",)))
+    return cases
+
+
+def ref_nll_logits(z, y):
+    """Mean of ``logsumexp(z_i) - z_iy`` in extended precision (long double: no overflow for float64 logits near 1e308)."""
+    z = np.asarray(z, dtype=np.longdouble)
+    top = z.max(axis=1)
+    lse = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+    return float((lse - z[np.arange(len(y)), y]).mean())
+
+
+def _fit(cls, z, y, **kw):
+    return cls(**({"max_steps": 300} if cls is SMARTCalibrator else {})).fit(z, y, progress_bar=False, **kw)
+
+
+def calibrator_cases(tmp: Path) -> list[Case]:
+    cases: list[Case] = []
+    add = cases.append
+    t_ref = ref_ts_temperature(Z, Y)
+    ts = TemperatureScaling().fit(Z, Y, progress_bar=False)
+    smart = SMARTCalibrator(max_steps=300).fit(Z, Y, progress_bar=False)
+    smart_ref = smart.predict_proba(Z).numpy()  # SMART's own fit on logits: the probabilities must not depend on the form
+    add(Case("probabilities vs logits", "calibrators", "TS fit(logits): T", lambda: TemperatureScaling().fit(Z, Y, progress_bar=False).fitted_temperature, reference=lambda: t_ref, atol=1e-5))
+    add(Case("probabilities vs logits", "calibrators", "TS fit(probs), detected: T", lambda: TemperatureScaling().fit(P, Y, progress_bar=False).fitted_temperature, ("from_logits",), lambda: t_ref, atol=1e-5))
+    add(Case("probabilities vs logits", "calibrators", "TS fit(probs, from_logits=False): T", lambda: TemperatureScaling().fit(P, Y, from_logits=False, progress_bar=False).fitted_temperature, ("from_logits",), lambda: t_ref, atol=1e-5))
+    add(Case("probabilities vs logits", "calibrators", "TS predict_proba(probs)", lambda: ts.predict_proba(P).numpy(), ("from_logits",), lambda: softmax(Z / ts.fitted_temperature), atol=1e-9))
+    add(Case("probabilities vs logits", "calibrators", "SMART fit(probs): predict_proba", lambda: SMARTCalibrator(max_steps=300).fit(P, Y, progress_bar=False).predict_proba(Z).numpy(), ("from_logits",), lambda: smart_ref, atol=1e-9))
+    add(Case("probabilities vs logits", "calibrators", "SMART predict_proba(probs)", lambda: smart.predict_proba(P).numpy(), ("from_logits",), lambda: smart_ref, atol=1e-9))
+    add(Case("probabilities vs logits", "calibrators", "TS forward(logits, from_logits=False)", lambda: ts(Z, from_logits=False), ("logits", "from_logits")))
+    add(Case("probabilities vs logits", "calibrators", "TS fit(probs rows summing to 0.9, from_logits=False)", lambda: TemperatureScaling().fit(P * 0.9, Y, from_logits=False, progress_bar=False), ("logits",)))
+
+    bad = Z.copy()
+    bad[7, 2] = np.nan
+    for cls in (TemperatureScaling, SMARTCalibrator):
+        add(Case("NaN / inf", "calibrators", f"{cls.__name__}.fit(NaN logits)", lambda cls=cls: _fit(cls, bad, Y), ("logits",)))
+        add(Case("NaN / inf", "calibrators", f"{cls.__name__}.fit(inf logits)", lambda cls=cls: _fit(cls, np.where(bad != bad, np.inf, bad), Y), ("logits",)))
+    add(Case("NaN / inf", "calibrators", "TS forward(NaN logits)", lambda: ts(bad), ("logits",)))
+    add(Case("NaN / inf", "calibrators", "SMART forward(-inf logits)", lambda: smart(np.where(bad != bad, -np.inf, bad)), ("logits",)))
+    add(Case("NaN / inf", "calibrators", "SMART forward(fp16 logits that overflow after scaling)",
+             lambda: bool(torch.isfinite(smart(torch.full((2, K), 6e4, dtype=torch.float16) * torch.tensor([1.0, 0.5, 0, 0, 0], dtype=torch.float16))).all()),
+             reference=lambda: True))
+
+    add(Case("rank / shape", "calibrators", "TS forward(1-D)", lambda: ts(Z[0]), ("logits",)))
+    add(Case("rank / shape", "calibrators", "TS forward(K = 1)", lambda: ts(Z[:, :1]), ("logits",)))
+    add(Case("rank / shape", "calibrators", "TS fit(N mismatch)", lambda: TemperatureScaling().fit(Z, Y[:-1]), ("logits", "labels")))
+    add(Case("rank / shape", "calibrators", "SMART fit(too few samples)", lambda: SMARTCalibrator().fit(Z[:20], Y[:20]), ("samples",)))
+    add(Case("rank / shape", "calibrators", "TS forward(other K): z / T", lambda: ts(torch.from_numpy(np.c_[Z, Z[:, :1]])).numpy(), reference=lambda: np.c_[Z, Z[:, :1]] / ts.fitted_temperature, atol=1e-9))
+    add(Case("rank / shape", "calibrators", "TS forward(N = 0)", lambda: ts(np.zeros((0, K))).shape, reference=lambda: (0, K)))
+
+    add(Case("dtype", "calibrators", "TS forward(int logits)", lambda: ts(Z.astype(np.int64)), ("logits",)))
+    add(Case("dtype", "calibrators", "TS forward(object array)", lambda: ts(Z.astype(object)), ("logits",)))
+    add(Case("dtype", "calibrators", "TS forward(longdouble)", lambda: ts(Z.astype(np.longdouble)), ("logits",)))
+    add(Case("dtype", "calibrators", "TS forward(list)", lambda: ts(Z.tolist()), ("logits",)))
+    add(Case("dtype", "calibrators", "TS fit(float labels)", lambda: TemperatureScaling().fit(Z, Y.astype(float)), ("labels",)))
+    add(Case("dtype", "calibrators", "SMART forward(bf16)", lambda: smart(torch.from_numpy(Z32).bfloat16()).float().argmax(1).numpy(), reference=lambda: torch.from_numpy(Z32).bfloat16().float().argmax(1).numpy()))
+    add(Case("dtype", "calibrators", "TS forward(float16 numpy)", lambda: ts(Z.astype(np.float16)).double().numpy(), reference=lambda: Z.astype(np.float16).astype(np.float64) / ts.fitted_temperature, atol=0.02))
+
+    for label, arr in (("negative strides", Z[::-1]), ("big-endian", Z.astype(">f8")), ("Fortran order", np.asfortranarray(Z)), ("every other row", Z[::2])):
+        add(Case("memory layout", "calibrators", f"TS forward({label})", lambda arr=arr: ts(arr).numpy(), ("logits",), lambda arr=arr: np.asarray(arr, dtype=np.float64) / ts.fitted_temperature, atol=1e-12))
+        add(Case("memory layout", "calibrators", f"SMART predict_proba({label})", lambda arr=arr: smart.predict_proba(arr).numpy(), ("logits",), lambda arr=arr: smart.predict_proba(np.ascontiguousarray(arr, dtype=np.float64)).numpy(), atol=0))
+    add(Case("memory layout", "calibrators", "TS fit(big-endian, reversed)", lambda: TemperatureScaling().fit(Z.astype(">f8")[::-1], Y[::-1].astype(">i8"), progress_bar=False).fitted_temperature, ("logits",), lambda: t_ref, atol=1e-5))
+
+    y_ign = Y.copy()
+    y_ign[::3] = -100
+    keep = y_ign != -100
+    add(Case("labels", "calibrators", "TS fit(labels -100 ignored): T", lambda: TemperatureScaling().fit(Z, y_ign, progress_bar=False).fitted_temperature, reference=lambda: ref_ts_temperature(Z[keep], Y[keep]), atol=1e-5))
+    add(Case("labels", "calibrators", "TS fit(label = K)", lambda: TemperatureScaling().fit(Z, np.where(np.arange(len(Y)) == 3, K, Y)), ("labels",)))
+    add(Case("labels", "calibrators", "TS fit(every label -100)", lambda: TemperatureScaling().fit(Z, np.full_like(Y, -100)), ("labels", "ignore_index")))
+    add(Case("labels", "calibrators", "TS fit(no labels)", lambda: TemperatureScaling().fit(Z), ("labels",)))
+
+    add(Case("empty input", "calibrators", "TS fit(N = 0)", lambda: TemperatureScaling().fit(np.zeros((0, K)), np.zeros(0, np.int64)), ("logits",)))
+    add(Case("empty input", "calibrators", "SMART fit(N = 0)", lambda: SMARTCalibrator().fit(np.zeros((0, K)), np.zeros(0, np.int64)), ("logits",)))
+
+    sat_z, sat_y = make_data(1000, 10, seed=1)
+    sat_z = np.round(sat_z / 3 * 1e4)  # saturated: every softmax confidence rounds to 0 or 1
+
+    def saturated_temperature():
+        temps = SMARTCalibrator().fit(sat_z, sat_y, progress_bar=False).temperature(sat_z)
+        return float(temps[0]) if bool((temps == temps[0]).all()) else float("nan")  # one T for every margin
+
+    add(Case("extreme values", "calibrators", "SMART fit(logits x 1e4): a constant T, TS's NLL temperature", saturated_temperature,
+             reference=lambda: ref_ts_temperature(sat_z, sat_y), atol=1e-3 * ref_ts_temperature(sat_z, sat_y)))
+    rng = np.random.default_rng(3)
+    y_ok = rng.integers(0, 5, 200)
+    z_ok = rng.normal(size=(200, 5)) + 6 * np.eye(5)[y_ok]
+    add(Case("extreme values", "calibrators", "TS fit(every sample correct): T at its 0.05 bound", lambda: TemperatureScaling().fit(z_ok, y_ok, progress_bar=False).fitted_temperature, reference=lambda: 0.05, atol=1e-9))
+    tied = Z.copy()
+    tied[:50, 1] = tied[:50].max(1)
+    add(Case("extreme values", "calibrators", "SMART forward(tied top-2): argmax kept", lambda: smart(tied).argmax(1).numpy(), reference=lambda: tied.argmax(1)))
+    add(Case("extreme values", "calibrators", "TS predict_proba(probabilities with zeros)", lambda: ts.predict_proba(np.eye(K)[Y]).numpy(), reference=lambda: softmax(np.log(np.maximum(np.eye(K)[Y], np.finfo(np.float64).tiny)) / ts.fitted_temperature), atol=1e-12))
+
+    for name, make in (
+        ("SMART(hidden_size=0)", lambda: SMARTCalibrator(hidden_size=0)),
+        ("SMART(lr=-1)", lambda: SMARTCalibrator(lr=-1.0)),
+        ("SMART(eps=0)", lambda: SMARTCalibrator(eps=0.0)),
+        ("SMART(seed=2**70)", lambda: SMARTCalibrator(seed=2**70)),
+        ("SMART(seed=1.5)", lambda: SMARTCalibrator(seed=1.5)),
+        ("SMART(max_steps=0)", lambda: SMARTCalibrator(max_steps=0)),
+        ("TS(lr=nan)", lambda: TemperatureScaling(lr=float("nan"))),
+        ("TS(max_iter=True)", lambda: TemperatureScaling(max_iter=True)),
+    ):
+        arg = name.split("(")[1].split("=")[0]
+        add(Case("hyper-parameters", "calibrators", name, make, (arg,)))
+    for name, kw, arg in (
+        ("fit(objective='ece')", {"objective": "ece"}, "objective"),
+        ("fit(objective='soft_ece', sigma=1e-300)", {"objective": "soft_ece", "sigma": 1e-300}, "sigma"),
+        ("fit(objective='soft_ece', sigma=1e200)", {"objective": "soft_ece", "sigma": 1e200}, "sigma"),
+        ("fit(objective='soft_ece', n_bins=0)", {"objective": "soft_ece", "n_bins": 0}, "n_bins"),
+        ("fit(objective='charbonnier_soft_ece', delta=-1)", {"objective": "charbonnier_soft_ece", "delta": -1.0}, "delta"),
+        ("fit(bins=15)", {"bins": 15}, "bins"),
+        ("fit(progress_bar='yes')", {"progress_bar": "yes"}, "progress_bar"),
+        ("fit(from_logits=1)", {"from_logits": 1}, "from_logits"),
+    ):
+        for cls in (TemperatureScaling, SMARTCalibrator):
+            add(Case("hyper-parameters", "calibrators", f"{cls.__name__}.{name}", lambda cls=cls, kw=kw: cls().fit(Z, Y, **kw), (arg,)))
+    add(Case("hyper-parameters", "calibrators", "SMART fit(soft_ece, sigma=1e-150): trains or falls back", lambda: bool(np.isfinite(SMARTCalibrator(max_steps=50).fit(Z, Y, objective="soft_ece", sigma=1e-150, progress_bar=False).predict_proba(Z).numpy()).all()), reference=lambda: True))
+    return cases
+
+
+def checkpoint_cases(tmp: Path) -> list[Case]:
+    from safetensors.torch import load_file, save_file
+
+    cases: list[Case] = []
+    add = cases.append
+    ts = TemperatureScaling().fit(Z, Y, progress_bar=False)
+    smart = SMARTCalibrator(max_steps=50).fit(Z, Y, progress_bar=False)
+    ts.save_pretrained(tmp / "ts")
+    smart.save_pretrained(tmp / "smart")
+
+    def tampered(src, name, config=None, tensors=None, edit=None):
+        dst = tmp / name
+        shutil.copytree(tmp / src, dst)
+        if config is not None:
+            data = json.loads((dst / "config.json").read_text())
+            config(data)
+            (dst / "config.json").write_text(json.dumps(data))
+        if tensors:
+            weights = load_file(dst / "model.safetensors")
+            weights.update(tensors)
+            save_file(weights, dst / "model.safetensors", metadata={"format": "pt", "calibrator": json.loads((dst / "config.json").read_text())["calibrator"]})
+        if edit is not None:
+            edit(dst)
+        return dst
+
+    def set_fit(key, value):
+        return lambda c: c["fit"].__setitem__(key, value)
+
+    rows = [
+        ("format_version 99", tampered("smart", "v99", config=lambda c: c.__setitem__("format_version", 99)), ("format_version",)),
+        ("calibrator kind 'platt'", tampered("smart", "kind", config=lambda c: c.__setitem__("calibrator", "platt")), ("calibrator",)),
+        ("hidden_size 8 vs 16-unit weights", tampered("smart", "h8", config=lambda c: c.__setitem__("hidden_size", 8)), ("does not match", "SMARTCalibrator")),
+        ("truncated weights", tampered("smart", "trunc", edit=lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:60])), ("corrupted",)),
+        ("NaN weight", tampered("smart", "nan", tensors={"hidden.bias": torch.full((16,), float("nan"), dtype=torch.float64)}), ("NaN",)),
+        ("missing weights", tampered("smart", "noweights", edit=lambda d: (d / "model.safetensors").unlink()), ("model.safetensors", "missing")),
+        ("missing config", tampered("smart", "noconfig", edit=lambda d: (d / "config.json").unlink()), ("config.json",)),
+        ("config not JSON", tampered("smart", "badjson", edit=lambda d: (d / "config.json").write_text("{oops")), ("JSON",)),
+        ("no fit record", tampered("smart", "nofit", config=lambda c: c.pop("fit")), ("fit",)),
+        ("margin_std = 0", tampered("smart", "std0", tensors={"margin_std": torch.tensor(0.0, dtype=torch.float64)}), ("margin_std",)),
+        ("fit.num_classes a string", tampered("smart", "kstr", config=set_fit("num_classes", "5")), ("num_classes",)),
+        ("TS log_temperature 9 (T = 8103)", tampered("ts", "t9", tensors={"log_temperature": torch.tensor(9.0, dtype=torch.float64)}), ("log_temperature",)),
+        ("TS log_temperature edited in range", tampered("ts", "tedit", tensors={"log_temperature": torch.tensor(0.1, dtype=torch.float64)}), ("do not match", "log_temperature")),
+    ]
+    for name, folder, names in rows:
+        add(Case("corrupted / tampered checkpoints", "calibrators", f"load_calibrator({name})", lambda folder=folder: load_calibrator(folder)(Z), names))
+    add(Case("corrupted / tampered checkpoints", "calibrators", "load_calibrator(untouched TS): T", lambda: load_calibrator(tmp / "ts").fitted_temperature, reference=lambda: ts.fitted_temperature, atol=0))
+    add(Case("corrupted / tampered checkpoints", "calibrators", "from_pretrained(strict=False)", lambda: SMARTCalibrator.from_pretrained(tmp / "smart", strict=False), ("strict",)))
+    add(Case("corrupted / tampered checkpoints", "calibrators", "TS.from_pretrained(a SMART folder)", lambda: TemperatureScaling.from_pretrained(tmp / "smart"), ("calibrator",)))
+    add(Case("corrupted / tampered checkpoints", "calibrators", "load_calibrator('./no-such-folder')", lambda: load_calibrator("./no-such-folder"), ("name_or_path",)))
+    add(Case("corrupted / tampered checkpoints", "calibrators", "load_calibrator(a file)", lambda: load_calibrator(tmp / "ts" / "config.json"), ("name_or_path",)))
+    add(Case("corrupted / tampered checkpoints", "calibrators", "load_calibrator('a/b/c')", lambda: load_calibrator("a/b/c"), ("name_or_path",)))
+    add(Case("corrupted / tampered checkpoints", "calibrators", "load_calibrator(repo id, offline, uncached)", lambda: load_calibrator("someone/not-cached", cache_dir=tmp / "hub-cache"), ("someone/not-cached",)))
+    add(Case("corrupted / tampered checkpoints", "calibrators", "load_calibrator(subfolder missing)", lambda: load_calibrator(tmp / "ts", subfolder="calibrator"), ("subfolder",)))
+    return cases
+
+
+def tiny_vit(image_size: int = 8):
+    """A tiny random-init ViT classifier (config-built: nothing downloaded)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=image_size, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=32, num_labels=K)
+    return ViTForImageClassification(config).eval()
+
+
+def tiny_model_folder(folder: Path) -> Path:
+    tiny_vit().save_pretrained(folder)
+    return folder
+
+
+def tiny_pipeline():
+    from transformers import ViTImageProcessor, pipeline
+
+    processor = ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return pipeline("image-classification", model=tiny_vit(), image_processor=processor, device="cpu"), torch.randn(4, 3, 8, 8)
+
+
+def output_cases(tmp: Path) -> list[Case]:
+    cases: list[Case] = []
+    add = cases.append
+    ts = TemperatureScaling().fit(Z, Y, progress_bar=False)
+    smart = SMARTCalibrator(max_steps=50).fit(Z, Y, progress_bar=False)
+    model = tiny_model_folder(tmp / "model")
+    snapshot = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()}
+
+    def model_untouched():
+        return {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()} == snapshot
+
+    smart.save_pretrained(tmp / "cal_smart")
+    card = (tmp / "cal_smart" / "README.md").read_bytes()
+    (tmp / "data.npz").write_bytes(b"")
+    np.savez(tmp / "data.npz", logits_val=Z32[:300], labels_val=Y[:300], logits_test=Z32[300:], labels_test=Y[300:])
+    data_bytes = (tmp / "data.npz").read_bytes()
+    (tmp / "mine.npz").write_bytes(b"the user's own file")
+
+    def data_untouched():
+        return (tmp / "data.npz").read_bytes() == data_bytes and (tmp / "mine.npz").read_bytes() == b"the user's own file"
+
+    add(Case("existing output files", "calibrators", "save_pretrained(a model's folder)", lambda: ts.save_pretrained(model), ("save_directory", "calibrator"), untouched=model_untouched))
+    add(Case("existing output files", "calibrators", "save_pretrained(a model's folder, overwrite=True)", lambda: ts.save_pretrained(model, overwrite=True), ("save_directory",), untouched=model_untouched))
+    add(Case("existing output files", "calibrators", "save_pretrained(a SMART folder) without overwrite", lambda: ts.save_pretrained(tmp / "cal_smart"), ("save_directory", "overwrite"), untouched=lambda: (tmp / "cal_smart" / "README.md").read_bytes() == card))
+    add(Case("existing output files", "calibrators", "save_pretrained(overwrite=True): the card is the new one",
+             lambda: (ts.save_pretrained(tmp / "cal_smart", overwrite=True), "SMART" in (tmp / "cal_smart" / "README.md").read_text())[1], reference=lambda: False))
+    add(Case("existing output files", "calibrators", "save_logits(an existing file)", lambda: __import__("hf_calibration.logits_io", fromlist=["x"]).save_logits(tmp / "mine.npz", Z, Y), ("path", "mine.npz"), untouched=data_untouched))
+    add(Case("existing output files", "CLI", "fit --out <model folder> --overwrite", lambda: cli("fit", "--logits", tmp / "data.npz", "--method", "ts", "--out", model, "--overwrite"), ("--out",), untouched=model_untouched))
+    add(Case("existing output files", "CLI", "fit --out <calibrator folder>", lambda: cli("fit", "--logits", tmp / "data.npz", "--method", "ts", "--out", tmp / "cal_smart"), ("--out", "--overwrite")))
+    add(Case("existing output files", "CLI", "apply --save-logits <its input>", lambda: cli("apply", "--calibrator", tmp / "cal_smart", "--logits", tmp / "data.npz", "--save-logits", tmp / "data.npz", "--overwrite"), ("--save-logits",), untouched=data_untouched))
+    add(Case("existing output files", "CLI", "apply --save-logits <its input, without .npz>", lambda: cli("apply", "--calibrator", tmp / "cal_smart", "--logits", tmp / "data.npz", "--save-logits", tmp / "data"), ("--save-logits",), untouched=data_untouched))
+    add(Case("existing output files", "CLI", "apply --save-logits <an existing file>", lambda: cli("apply", "--calibrator", tmp / "cal_smart", "--logits", tmp / "data.npz", "--save-logits", tmp / "mine.npz"), ("--save-logits", "--overwrite"), untouched=data_untouched))
+    add(Case("existing output files", "CLI", "apply --diagram <its input>", lambda: cli("apply", "--calibrator", tmp / "cal_smart", "--logits", tmp / "data.npz", "--diagram", tmp / "data.npz"), ("--diagram",), untouched=data_untouched))
+    add(Case("existing output files", "CLI", "fit --n-bins 0 writes nothing", lambda: cli("fit", "--logits", tmp / "data.npz", "--method", "ts", "--out", tmp / "nb0", "--n-bins", "0"), ("--n-bins", "--n_bins"), untouched=lambda: not (tmp / "nb0").exists()))
+    add(Case("existing output files", "CLI", "failed fit leaves no --out folder", lambda: cli("fit", "--logits", _few(tmp), "--method", "smart", "--out", tmp / "few"), ("50", "samples"), untouched=lambda: not (tmp / "few").exists()))
+    add(Case("existing output files", "CLI", "apply --save-logits cal_out prints the file written",
+             lambda: f"calibrated logits: {tmp / 'cal_out.npz'}" in cli("apply", "--calibrator", tmp / "cal_smart", "--logits", tmp / "data.npz", "--save-logits", tmp / "cal_out"), reference=lambda: True))
+    return cases
+
+
+def _few(tmp: Path) -> Path:
+    np.savez(tmp / "few.npz", logits=Z32[:20], labels=Y[:20])
+    return tmp / "few.npz"
+
+
+def cli_cases(tmp: Path) -> list[Case]:
+    cases: list[Case] = []
+    add = cases.append
+    np.savez(tmp / "split.npz", logits_val=Z[:300], labels_val=Y[:300], logits_test=Z[300:], labels_test=Y[300:])
+    np.savez(tmp / "probs.npz", logits_val=P[:300], labels_val=Y[:300], logits_test=P[300:], labels_test=Y[300:])
+    t_val = ref_ts_temperature(Z[:300], Y[:300])
+
+    def fit_t(source, out, *extra):
+        import re
+
+        return float(re.search(r"T = ([0-9.]+)", cli("fit", "--logits", source, "--method", "ts", "--out", tmp / out, *extra)).group(1))
+
+    def apply_json(source, cal, *extra):
+        return json.loads(cli("apply", "--calibrator", tmp / cal, "--logits", source, "--json", *extra))
+
+    add(Case("probabilities vs logits", "CLI", "fit --method ts (logits file): T", lambda: fit_t(tmp / "split.npz", "c_logits"), reference=lambda: t_val, atol=1e-4))
+    add(Case("probabilities vs logits", "CLI", "fit --method ts (probabilities file): T", lambda: fit_t(tmp / "probs.npz", "c_probs"), ("--probs",), lambda: t_val, atol=1e-4))
+    add(Case("probabilities vs logits", "CLI", "apply (probabilities file): uncalibrated ECE", lambda: apply_json(tmp / "probs.npz", "c_logits")["reports"]["uncalibrated"]["ece"], ("--probs",), lambda: ref_ece(P[300:], Y[300:])))
+    add(Case("probabilities vs logits", "CLI", "fit --probs on a logits file", lambda: cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", tmp / "c_bad", "--probs"), ("probabilities", "logits")))
+    p_zero = P.copy()
+    p_zero[300] = np.eye(K)[(Y[300] + 1) % K]
+    np.savez(tmp / "pzero.npz", logits=p_zero[300:], labels=Y[300:])
+    add(Case("extreme values", "CLI", "apply --json with an infinite NLL: strict JSON",
+             lambda: json.loads(cli("apply", "--calibrator", tmp / "c_logits", "--logits", tmp / "pzero.npz", "--json"), parse_constant=_refuse)["reports"]["uncalibrated"]["non_finite"],
+             reference=lambda: {"nll": "inf"}))
+    bad = Z.copy()
+    bad[2, 2] = np.nan
+    np.savez(tmp / "nan.npz", logits=bad, labels=Y)
+    add(Case("NaN / inf", "CLI", "report (NaN logits)", lambda: cli("report", "--logits", tmp / "nan.npz"), ("NaN",)))
+    add(Case("NaN / inf", "CLI", "fit (NaN logits)", lambda: cli("fit", "--logits", tmp / "nan.npz", "--method", "ts", "--out", tmp / "c_nan"), ("NaN",)))
+    np.savez(tmp / "k6.npz", logits=np.c_[Z, Z[:, :1]], labels=Y)
+    add(Case("rank / shape", "CLI", "apply to K = 6 logits (fitted on 5): warns once, runs", lambda: _stderr_count(lambda: cli("apply", "--calibrator", tmp / "c_logits", "--logits", tmp / "k6.npz"), "fitted on K = 5"), reference=lambda: 1))
+    np.savez(tmp / "mismatch.npz", logits=Z, labels=Y[:-1])
+    add(Case("rank / shape", "CLI", "report (N mismatch)", lambda: cli("report", "--logits", tmp / "mismatch.npz"), ("same number of samples",)))
+    add(Case("hyper-parameters", "CLI", "report --n-bins many", lambda: cli("report", "--logits", tmp / "split.npz", "--n-bins", "many"), ("--n-bins", "--n_bins")))
+    add(Case("hyper-parameters", "CLI", "apply --margin-groups 0", lambda: cli("apply", "--calibrator", tmp / "c_logits", "--logits", tmp / "split.npz", "--diagram", tmp / "d.png", "--margin-groups", "0"), ("--margin-groups", "--margin_groups")))
+    add(Case("hyper-parameters", "CLI", "fit --method platt", lambda: cli("fit", "--logits", tmp / "split.npz", "--method", "platt", "--out", tmp / "c_p"), ("--method",)))
+    add(Case("hyper-parameters", "CLI", "fit --seed with ts", lambda: cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--seed", "1", "--out", tmp / "c_s"), ("--seed",)))
+    add(Case("corrupted / tampered checkpoints", "CLI", "apply --calibrator <missing folder>", lambda: cli("apply", "--calibrator", tmp / "none", "--logits", tmp / "split.npz"), ("--calibrator",)))
+    (tmp / "bad.npz").write_bytes(b"not a zip")
+    add(Case("corrupted / tampered checkpoints", "CLI", "report (corrupted .npz)", lambda: cli("report", "--logits", tmp / "bad.npz"), ("bad.npz",)))
+    add(Case("Hub and attach", "CLI", "fit --push-to-hub offline", lambda: cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", tmp / "c_push", "--push-to-hub", "me/ts"), ("unreachable",), untouched=lambda: (tmp / "c_push" / "model.safetensors").is_file()))
+    add(Case("Hub and attach", "CLI", "fit --push-to-hub --dry-run: files written", lambda: sorted(p.name for p in Path(cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", tmp / "c_dry", "--push-to-hub", "me/ts", "--dry-run").split(" are in ")[-1].strip()).iterdir()), reference=lambda: ["README.md", "config.json", "model.safetensors"]))
+    return cases
+
+
+def _refuse(token):
+    raise ValueError(f"non-standard JSON token {token}")
+
+
+def _stderr_count(call, text):
+    err = io.StringIO()
+    handler = logging.StreamHandler(err)
+    logging.getLogger("hf_calibration").addHandler(handler)
+    try:
+        call()
+    finally:
+        logging.getLogger("hf_calibration").removeHandler(handler)
+    return err.getvalue().count(text)
+
+
+def hub_cases(tmp: Path) -> list[Case]:
+    cases: list[Case] = []
+    add = cases.append
+    ts = TemperatureScaling().fit(Z, Y, progress_bar=False)
+    add(Case("Hub and attach", "calibrators", "push_to_hub offline", lambda: ts.push_to_hub("me/ts"), ("unreachable", "me/ts")))
+    add(Case("Hub and attach", "calibrators", "push_to_hub(dry_run=True): the folder loads back", lambda: load_calibrator(ts.push_to_hub("me/ts", path_in_repo="calibrator", dry_run=True)).fitted_temperature, reference=lambda: ts.fitted_temperature, atol=0))
+    add(Case("Hub and attach", "calibrators", "push_to_hub('a/b/c')", lambda: ts.push_to_hub("a/b/c", dry_run=True), ("repo_id",)))
+    pipe, x = tiny_pipeline()
+
+    def attached_logits():
+        with torch.no_grad():
+            plain = pipe.model(pixel_values=x).logits
+            ts.attach(pipe)
+            try:
+                return (pipe.model(pixel_values=x).logits - plain / ts.fitted_temperature).abs().max().item()
+            finally:
+                ts.detach()
+
+    add(Case("Hub and attach", "calibrators", "attach(pipeline): logits / T", attached_logits, ("model",), lambda: 0.0, atol=1e-5))
+    add(Case("Hub and attach", "calibrators", "attach('a model name')", lambda: ts.attach("google/vit-base"), ("model",)))
+    add(Case("Hub and attach", "calibrators", "attach(unfitted calibrator)", lambda: TemperatureScaling().attach(pipe.model), ("fit",)))
+    return cases
+
+
+def loss_cases(tmp: Path) -> list[Case]:
+    cases: list[Case] = []
+    add = cases.append
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, K, generator=g)
+    labels = torch.randint(0, K, (16,), generator=g)
+
+    def focal_grad():
+        z = torch.zeros(4, K)
+        z[:, 0] = 40.0  # p_y rounds to 1 in float32
+        z.requires_grad_(True)
+        losses.FocalLoss(gamma=0.5)(z, torch.zeros(4, dtype=torch.long)).backward()
+        return z.grad.abs().max().item()
+
+    add(Case("NaN / inf", "losses", "FocalLoss(gamma=0.5) gradient on confident float32 rows", focal_grad, reference=lambda: 0.0, atol=1e-6))
+    for value in (0, -4, float("nan"), float("inf")):
+        add(Case("hyper-parameters", "losses", f"LabelSmoothingLoss(num_items_in_batch={value})",
+                 lambda value=value: losses.LabelSmoothingLoss(alpha=0.1)(logits, labels, num_items_in_batch=value).item(), ("num_items_in_batch",)))
+    add(Case("hyper-parameters", "losses", "FocalLoss(gamma=-1)", lambda: losses.FocalLoss(gamma=-1.0), ("gamma",)))
+    add(Case("hyper-parameters", "losses", "LabelSmoothingLoss(alpha=1.5)", lambda: losses.LabelSmoothingLoss(alpha=1.5), ("alpha",)))
+    add(Case("hyper-parameters", "losses", "MbLSLoss(margin=-1)", lambda: losses.MbLSLoss(margin=-1.0), ("margin",)))
+    add(Case("rank / shape", "losses", "CrossEntropyLoss(N mismatch)", lambda: losses.CrossEntropyLoss()(logits, labels[:-1]), ("labels", "logits")))
+    add(Case("labels", "losses", "CrossEntropyLoss(label = K)", lambda: losses.CrossEntropyLoss()(logits, torch.full((16,), K)), ("labels",)))
+    add(Case("labels", "losses", "CrossEntropyLoss(-100 ignored)", lambda: losses.CrossEntropyLoss()(logits, torch.where(torch.arange(16) % 2 == 0, -100, labels)).item(),
+             reference=lambda: torch.nn.functional.cross_entropy(logits[1::2], labels[1::2]).item(), atol=1e-6))
+
+    def fedlas_after_inf():
+        loss = losses.FeDLaSLoss(num_classes=K, variant="ls")
+        loss.train()
+        features = torch.randn(16, 8, generator=g)
+        features[0] = float("inf")
+        loss(logits, labels, features=features)
+        return loss(logits, labels, features=torch.randn(16, 8, generator=g)).item()
+
+    add(Case("NaN / inf", "losses", "FeDLaS: an inf feature row, then a clean batch: finite loss", lambda: math.isfinite(fedlas_after_inf()), ("features",), lambda: True))
+    return cases
+
+
+# ----------------------------------------------------------------------------- running and reporting
+
+
+def classify(case: Case) -> tuple[str, str]:
+    from hf_calibration.hub import HubUnreachableError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = case.call()
+    except (ValueError, TypeError, HubUnreachableError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if case.untouched is not None and not case.untouched():
+            return BAD, f"{type(err).__name__}, but a user's file changed: {message}"
+        if case.names and any(n in message for n in case.names):
+            return ERROR, message
+        return BAD, f"{type(err).__name__} naming none of {list(case.names)}: {message}"
+    except Exception as err:  # noqa: BLE001 - everything else is a crash
+        return BAD, f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
+    if case.untouched is not None and not case.untouched():
+        return BAD, "a user's file changed"
+    if case.reference is None:
+        return BAD, f"accepted, returned {_short(value)}"
+    expected = case.reference()
+    if _close(value, expected, case.atol):
+        return CORRECT, f"= {_short(value)}"
+    off = _max_difference(value, expected)
+    return BAD, f"returned {_short(value)}, expected {_short(expected)}" + (f" (off by {off:.2g}, tolerance {case.atol:g})" if off is not None else "")
+
+
+def _close(a, b, atol) -> bool:
+    if isinstance(a, (dict, list, str, bool, tuple)) or isinstance(b, (dict, list, str, bool, tuple)):
+        return a == b
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= atol))
+
+
+def _max_difference(a, b) -> float | None:
+    try:
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        return float(np.max(np.abs(a - b))) if a.shape == b.shape and a.size else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _short(v) -> str:
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.6g}"
+    if isinstance(v, (np.ndarray, torch.Tensor)):
+        return f"array{tuple(v.shape)}"
+    text = repr(v)
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+def run(verbose: bool) -> tuple[list[tuple[Case, str, str]], float]:
+    from transformers.utils import logging as hf_logging
+
+    logging.getLogger("hf_calibration").setLevel(logging.ERROR)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    start = time.perf_counter()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bad_inputs_") as tmpdir:
+        tmp = Path(tmpdir)
+        for build in (metric_cases, calibrator_cases, checkpoint_cases, output_cases, cli_cases, hub_cases, loss_cases):
+            sub = tmp / build.__name__
+            sub.mkdir()
+            for case in build(sub):
+                outcome, detail = classify(case)
+                results.append((case, outcome, detail))
+                if verbose or outcome == BAD:
+                    print(f"[{outcome:>20}] {case.category} / {case.area}: {case.name} -> {detail}", flush=True)
+    return results, time.perf_counter() - start
+
+
+def summary(results) -> str:
+    categories: dict[str, dict] = {}
+    for case, outcome, _ in results:
+        row = categories.setdefault(case.category, {"cases": 0, ERROR: 0, CORRECT: 0, BAD: 0, "areas": set(), "bad_areas": set()})
+        row["cases"] += 1
+        row[outcome] += 1
+        row["areas"].add(case.area)
+        if outcome == BAD:
+            row["bad_areas"].add(case.area)
+    lines = [
+        "| category | cases | clear error | correct value | SILENT WRONG / crash | areas | not yet right in |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    total = {ERROR: 0, CORRECT: 0, BAD: 0}
+    for name, row in categories.items():
+        for key in total:
+            total[key] += row[key]
+        lines.append(f"| {name} | {row['cases']} | {row[ERROR]} | {row[CORRECT]} | {row[BAD]} | {', '.join(sorted(row['areas']))} | "
+                     f"{', '.join(sorted(row['bad_areas'])) or '-'} |")
+    lines.append(f"| **all** | {len(results)} | {total[ERROR]} | {total[CORRECT]} | {total[BAD]} | | |")
+    return "\n".join(lines)
+
+
+def write_markdown(results, seconds: float, note: str = "") -> str:
+    from hf_calibration import __version__
+
+    bad = [(c, d) for c, o, d in results if o == BAD]
+    by_area: dict[str, int] = {}
+    for case, _ in bad:
+        by_area[case.area] = by_area.get(case.area, 0) + 1
+    text = [
+        "## Bad-input matrix (`benchmarks/bad_inputs.py`)",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"hf_calibration {__version__}. Command: `python benchmarks/bad_inputs.py` ({len(results)} calls, {seconds:.0f} s).",
+        "",
+        "Each call is classified by what it did: a `ValueError`/`TypeError` naming the argument (the CLI: one line, exit 1/2; "
+        "the Hub: one sentence) with no user file changed; a value equal to an independent computation (numpy/scipy "
+        "formulas in the script, relplot for smECE); or **SILENT WRONG / crash** (a wrong value, bad input accepted, a raw "
+        "library exception, a user's file replaced).",
+        "",
+        summary(results),
+        "",
+        *([note, ""] if note else []),
+    ]
+    if bad:
+        text += [f"Not yet right ({len(bad)}; by area: {', '.join(f'{a} {n}' for a, n in sorted(by_area.items()))}):", ""]
+        text += [f"- {c.category} / {c.area}: {c.name} — {d}" for c, d in bad]
+    else:
+        text.append("No call gave a silent wrong number or a crash.")
+    return "\n".join(text) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every case, not only the bad ones")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"markdown section to write (default {OUT.relative_to(ROOT)})")
+    parser.add_argument("--note", default="", help="a sentence to print under the table (what this run is of)")
+    args = parser.parse_args()
+    results, seconds = run(args.verbose)
+    print()
+    print(summary(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(write_markdown(results, seconds, args.note))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

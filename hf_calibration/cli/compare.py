@@ -1,0 +1,107 @@
+"""``hf-calibration compare``: cross-validate every calibrator on a calibration set and print the table.
+
+Also home of the selection options that ``fit --method auto`` shares (``add_selection_options``, ``fit_auto``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import (
+    CLIError,
+    add_input_kind_option,
+    add_option,
+    dump_json,
+    from_logits_of,
+    method_kind,
+    new_file,
+    save_diagram,
+    writable_dir,
+)
+from ._inputs import add_input_options, load_inputs
+
+SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")  # as hf_calibration.calibrators.selection
+
+
+def add_selection_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """``--metric`` / ``--cv`` (and friends) of the cross-validated choice, shared by ``compare`` and ``fit``."""
+    p.add_argument("--metric", choices=SELECTION_METRICS, default="ece",
+                   help=f"{prefix}what the best calibrator minimises on the held-out folds (default ece)")
+    p.add_argument("--cv", type=int, default=5, help=f"{prefix}number of stratified folds of the calibration set (default 5)")
+    add_option(p, "fit_seeds", type=int, default=3, metavar="S",
+               help=f"{prefix}fits per fold of a seeded method (SMART), scores averaged (default 3)")
+
+
+def parse_methods(text: str | None):
+    """``--methods ts,smart`` -> registered kinds; None -> ``"all"``."""
+    if text is None:
+        return "all"
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise CLIError("--methods: give a comma-separated list of calibrators, e.g. ts,smart,spline.")
+    return list(dict.fromkeys(method_kind(name) for name in names))
+
+
+def fit_auto(args, data, from_logits: bool, progress_bar: bool):
+    """``fit --method auto``: an ``AutoCalibrator`` fitted on the loaded split, with the command's options."""
+    from ..calibrators import AutoCalibrator
+
+    if args.objective is not None:
+        raise CLIError("--objective does not apply to --method auto: every candidate fits its own default objective.")
+    auto = AutoCalibrator(metric=args.metric, cv=args.cv, seed=0 if args.seed is None else args.seed, fit_seeds=args.fit_seeds)
+    return auto.fit(data.logits, data.labels, from_logits=from_logits, progress_bar=progress_bar)
+
+
+def add_parser(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("compare", parents=[common], help="cross-validate every calibrator on a calibration set",
+                       description="Split the calibration set into stratified folds, fit each calibrator on the others "
+                                   "and score it on the held-out fold (accuracy change, ECE, AdaECE, smCE, NLL, Brier, "
+                                   "fit time; mean ± std over folds). Only the given split is used. Writes one "
+                                   "reliability diagram per method from its held-out (out-of-fold) predictions.")
+    add_input_options(p, "which `logits_<split>` is the calibration set (default: plain `logits`, else `val`)")
+    add_input_kind_option(p)
+    p.add_argument("--methods", metavar="A,B,...", help="calibrators to compare (default: every registered one)")
+    add_selection_options(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the folds and the first fit seed (default 0)")
+    p.add_argument("--out", metavar="DIR", default="calibrator_comparison",
+                   help="folder for the reliability diagrams, reliability_<method>.png (default ./calibrator_comparison)")
+    p.add_argument("--overwrite", action="store_true", help="replace diagrams already in --out")
+    p.add_argument("--json", action="store_true", help="print the table as JSON (fractions, not percent)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..calibrators import compare_calibrators, list_calibrators
+    from ..calibrators.selection import UNCALIBRATED
+
+    methods = parse_methods(args.methods)
+    out = writable_dir(args.out, "--out")
+    names = [UNCALIBRATED] + (list_calibrators() if methods == "all" else methods)
+    # checked before the long part: never replaces a file without --overwrite
+    paths = {name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits]) for name in names}
+    data = load_inputs(args, default_split="val")
+    table = compare_calibrators(data.logits, data.labels, methods, cv=args.cv, seed=args.seed, fit_seeds=args.fit_seeds,
+                                n_bins=args.n_bins, from_logits=from_logits_of(args, data.logits), keep_predictions=True,
+                                progress_bar=not args.json)
+    written = {}
+    for name, path in paths.items():
+        logits = table.predictions[name]
+        keep = ~(logits != logits).any(axis=1)  # rows of folds where the method failed are NaN
+        if keep.any():
+            save_diagram(logits[keep], data.labels[keep], path, args.n_bins, f"{data.source}: {name} (held-out folds)",
+                         from_logits=True)  # calibrated logits / log-probabilities, whatever the file held
+            written[name] = str(path)
+    try:
+        best = table.best(args.metric)
+    except ValueError:
+        best = None
+    if args.json:
+        print(dump_json({"source": data.source, "cv": args.cv, "seed": args.seed, "metric": args.metric, "best": best,
+                         "table": table.to_dict(), "diagrams": written}))
+    else:
+        print(f"{data.source} (N = {data.logits.shape[0]}, K = {data.logits.shape[1]})")
+        print(table)
+        print(f"best by {args.metric}: {best or 'none (every method failed on some fold)'}")
+        print(f"reliability diagrams: {Path(out)}/reliability_<method>.png ({len(written)} written)")
+    return 0

@@ -1,0 +1,219 @@
+"""Logits of an image classifier over a dataset: ``predict_logits(model, dataset) -> (logits, labels)``.
+
+One call replaces the loop every calibration workflow starts with: load the model and its image
+processor, find the dataset's image and label columns, run the model batch by batch under
+``torch.inference_mode`` (a ``DataLoader`` decodes and preprocesses images in worker processes), and
+return the logits in dataset order. Under ``torchrun`` / ``accelerate launch`` every process runs a
+contiguous shard and the shards are gathered in rank order, so each sample appears exactly once and the
+result equals a single process's. With ``cache_dir`` the result is stored on disk under a key of the
+model's weights, the dataset's fingerprint and split and the preprocessing (see
+:mod:`hf_calibration.logits_cache`): a second run is a file read, and a changed model is recomputed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._checks import check_int
+from . import distributed
+from .data import find_image_column, find_label_column, load_image_dataset
+from .logits_cache import cache_key, load_cached, save_cached
+from .model_loading import load_image_classifier
+
+__all__ = ["predict_logits"]
+
+logger = logging.getLogger(__name__)
+
+_MODES = {1: "L", 3: "RGB"}  # image channels the model takes → PIL mode images are converted to
+
+
+def _best_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _image_mode(model: nn.Module, processor: Any) -> str | None:
+    """The PIL mode the model's images must have: ``RGB`` for 3 channels, ``L`` for 1 (None: leave images alone)."""
+    data_config = getattr(processor, "data_config", None)  # timm: input_size = (C, H, W)
+    if isinstance(data_config, dict) and "input_size" in data_config:
+        return _MODES.get(int(data_config["input_size"][0]))
+    return _MODES.get(int(getattr(getattr(model, "config", None), "num_channels", 3) or 3))
+
+
+class _Collate:
+    """Worker-side batch preparation: decoded images → the processor's ``pixel_values``."""
+
+    def __init__(self, processor: Any, column: str, mode: str | None):
+        self.processor, self.column, self.mode = processor, column, mode
+
+    def __call__(self, rows: list[dict]) -> torch.Tensor:
+        images = [row[self.column] for row in rows]
+        if self.mode is not None:
+            images = [im.convert(self.mode) if hasattr(im, "convert") and im.mode != self.mode else im for im in images]
+        return self.processor(images=images, return_tensors="pt")["pixel_values"]
+
+
+def _labels(data, column: str, model: nn.Module) -> np.ndarray:
+    """The label column as int64, mapped onto the model's class indices when both sides name their classes
+    and the names agree in a different order (a silent mismatch would give wrong metrics)."""
+    labels = np.asarray(data.with_format("numpy", columns=[column])[column], dtype=np.int64)
+    feature = data.features[column]
+    id2label = getattr(getattr(model, "config", None), "id2label", None) or {}
+    names = getattr(feature, "names", None)
+    if not names or not id2label:
+        return labels
+    model_names = [str(id2label[i]) for i in sorted(id2label)]
+    if model_names == list(names) or all(n == f"LABEL_{i}" for i, n in enumerate(model_names)):
+        return labels
+    if sorted(model_names) == sorted(names) and len(set(names)) == len(names):
+        index = {name: i for i, name in enumerate(model_names)}
+        logger.info("the dataset orders the class names differently from the model: mapping labels onto the model's indices")
+        mapping = np.array([index[name] for name in names], dtype=np.int64)
+        valid = (labels >= 0) & (labels < len(names))
+        return np.where(valid, mapping[np.clip(labels, 0, len(names) - 1)], labels)
+    logger.warning(
+        "the dataset's class names (%s...) differ from the model's id2label (%s...); using the label indices as they are",
+        list(names)[:3], model_names[:3],
+    )
+    return labels
+
+
+def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, *, batch_size: int, device: torch.device,
+         num_workers: int, progress: bool, num_labels: int) -> torch.Tensor:
+    from ._progress import progress_iter
+
+    loader = torch.utils.data.DataLoader(
+        data.select_columns([column]),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=_Collate(processor, column, mode),
+        pin_memory=device.type == "cuda",
+    )
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    out: list[torch.Tensor] = []
+    with torch.inference_mode():
+        for pixel_values in progress_iter(loader, desc="logits", enabled=progress, unit="batch", dynamic_ncols=True):
+            logits = model(pixel_values=pixel_values.to(device, dtype=dtype, non_blocking=True)).logits
+            out.append(logits.float().cpu())
+    return torch.cat(out) if out else torch.empty((0, num_labels), dtype=torch.float32)
+
+
+def predict_logits(
+    model: str | os.PathLike | nn.Module,
+    dataset: Any,
+    image_processor: Any = None,
+    batch_size: int = 64,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    max_samples: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    split: str | None = None,
+    config_name: str | None = None,
+    revision: str | None = None,
+    dataset_revision: str | None = None,
+    device: str | torch.device | None = None,
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run an image classifier over a dataset and return ``(logits, labels)`` in dataset order.
+
+    Args:
+        model: a folder or Hub id (``AutoModelForImageClassification``; timm checkpoints through
+            ``TimmWrapperForImageClassification``; MaC-Cal checkpoints with their bottleneck head), or a
+            model object.
+        dataset: a ``datasets.Dataset`` / ``DatasetDict``, a ``save_to_disk`` folder, an image folder
+            (``imagefolder`` layout), or a Hub dataset id.
+        image_processor: an image processor, or a folder / Hub id; default: the model's own.
+        batch_size: images per forward pass (per process).
+        image_column: default: the dataset's one ``datasets.Image`` column.
+        label_column: default: its one ``ClassLabel`` column, else ``label`` / ``labels``.
+        max_samples: use only the first ``max_samples`` rows.
+        cache_dir: cache the result here (see :mod:`hf_calibration.logits_cache`); None: no cache.
+        split: the dataset split (needed when it has several; ``"val"`` also finds ``"validation"``).
+        config_name: the Hub dataset's configuration.
+        revision: the model's Hub revision. dataset_revision: the dataset's.
+        device: default: the best available (this process's CUDA device, else MPS, else CPU); a model
+            object stays where it is unless ``device`` is given.
+        num_workers: ``DataLoader`` workers decoding and preprocessing images; default
+            ``min(4, CPUs per process)``, 0 for a single batch.
+        progress: show a progress bar (on the first process only).
+
+    Returns:
+        ``(logits, labels)``: float32 ``(N, K)`` and int64 ``(N,)`` numpy arrays, row ``i`` for dataset row
+        ``i``, identical on every process. Labels are mapped onto the model's class indices when the
+        dataset's ``ClassLabel`` names are the model's ``id2label`` names in another order.
+
+    Example::
+
+        logits, labels = predict_logits("google/vit-base-patch16-224", "imagenet-1k", split="validation")
+        SMARTCalibrator().fit(logits, labels)
+    """
+    batch_size = check_int(batch_size, "batch_size", minimum=1)
+    if max_samples is not None:
+        max_samples = check_int(max_samples, "max_samples", minimum=1)
+    if num_workers is not None:
+        num_workers = check_int(num_workers, "num_workers", minimum=0)
+    distributed.init_from_environment()
+    rank, world_size = distributed.rank_and_world_size()
+
+    data = load_image_dataset(dataset, split, config_name=config_name, revision=dataset_revision)
+    image_column = find_image_column(data.features, image_column)
+    label_column = find_label_column(data.features, label_column)
+    if max_samples is not None and max_samples < len(data):
+        data = data.select(range(max_samples))
+    if len(data) == 0:
+        raise ValueError("Expected a dataset with at least one row, but it is empty.")
+
+    given_object = isinstance(model, nn.Module)
+    model, processor = load_image_classifier(model, image_processor, revision=revision)
+    num_labels = int(getattr(getattr(model, "config", None), "num_labels", 0) or 0)
+    mode = _image_mode(model, processor)
+    labels = _labels(data, label_column, model)
+
+    key = None
+    if cache_dir is not None:
+        key, description = cache_key(model, processor, data, split=data.split, image_column=image_column,
+                                     label_column=label_column, image_mode=mode)
+        if key is None:
+            logger.warning("the dataset has no fingerprint: its logits are not cached")
+        else:
+            cached = load_cached(cache_dir, key)
+            misses = distributed.all_reduce_sum(torch.tensor([0 if cached is not None else 1]))
+            if int(misses.item()) == 0:  # every process has it: nobody computes
+                logger.info("logits from the cache: %s/%s.npz", cache_dir, key)
+                return cached
+
+    if device is not None:
+        device = torch.device(device)
+    elif given_object:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    else:
+        device = _best_device()
+    shard = distributed.shard_range(len(data), rank, world_size)
+    if num_workers is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        num_workers = 0 if len(shard) <= batch_size else min(4, max(1, cpus // world_size))
+    was_training = model.training
+    model.eval().to(device)
+    try:
+        logits = _run(model, processor, data.select(shard), image_column, mode, batch_size=batch_size, device=device,
+                      num_workers=num_workers, progress=progress and rank == 0, num_labels=num_labels)
+    finally:
+        model.train(was_training)
+    logits = distributed.all_gather_rows(logits).numpy()
+    if logits.shape[0] != labels.shape[0]:  # pragma: no cover - a broken shard would be a bug here
+        raise RuntimeError(f"gathered {logits.shape[0]} rows of logits for {labels.shape[0]} labels")
+    if key is not None and rank == 0:
+        save_cached(cache_dir, key, description, logits, labels)
+    return logits, labels

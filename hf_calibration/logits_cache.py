@@ -1,0 +1,127 @@
+"""The on-disk cache of ``predict_logits``: one ``.npz`` per (model weights, dataset, split, preprocessing).
+
+The key is a hash of everything the logits depend on:
+
+* the model: its class, its config (labels included) and a hash of every tensor of its ``state_dict``
+  (name, dtype, shape, bytes), plus the Hub commit it came from and any calibrator attached to it. A
+  model whose weights changed by one bit gets a new key, so it is never served stale logits;
+* the dataset: its ``datasets`` fingerprint (which changes with its files, ``select``, ``map``...),
+  its split and its length;
+* the preprocessing: the image processor's configuration, the image and label columns, the colour
+  mode images are converted to, and the version of this cache format.
+
+Beside each ``<key>.npz`` (``logits``, ``labels``) a ``<key>.json`` says in words what it holds.
+Writes go to a temporary file renamed into place, so a crashed run never leaves a half-written entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["CACHE_FORMAT_VERSION", "cache_key", "default_cache_dir", "load_cached", "model_fingerprint", "save_cached"]
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """``$HF_HOME/hf_calibration/logits`` (``~/.cache/huggingface/hf_calibration/logits`` by default)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HOME) / "hf_calibration" / "logits"
+
+
+def _hash_tensors(digest, tensors) -> None:
+    for name, tensor in tensors:
+        tensor = tensor.detach()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        if tensor.numel():
+            digest.update(tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+
+
+def model_fingerprint(model: nn.Module) -> dict[str, Any]:
+    """What identifies a model's outputs: class, config, a hash of its weights and buffers, Hub commit, attached calibrator."""
+    digest = hashlib.blake2b(digest_size=20)
+    _hash_tensors(digest, sorted(model.state_dict(keep_vars=False).items()))
+    config = getattr(model, "config", None)
+    out: dict[str, Any] = {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "weights": digest.hexdigest(),
+        "config": json.loads(config.to_json_string(use_diff=False)) if hasattr(config, "to_json_string") else None,
+        "commit": getattr(config, "_commit_hash", None),
+    }
+    from .calibrators.attach import attached_calibrator
+
+    calibrator = attached_calibrator(model)
+    if calibrator is not None:
+        cal_digest = hashlib.blake2b(digest_size=20)
+        _hash_tensors(cal_digest, sorted(calibrator.state_dict().items()))
+        out["calibrator"] = {"class": type(calibrator).__qualname__, "weights": cal_digest.hexdigest()}
+    return out
+
+
+def _processor_config(processor: Any) -> Any:
+    if hasattr(processor, "to_dict"):
+        return processor.to_dict()
+    return repr(processor)  # a plain callable: its repr is the best we have
+
+
+def cache_key(model: nn.Module, processor: Any, dataset, *, split: str | None, image_column: str, label_column: str,
+              image_mode: str | None) -> tuple[str, dict[str, Any]]:
+    """``(hex key, description)`` for a model run over a dataset; ``None`` key when the dataset has no fingerprint."""
+    fingerprint = getattr(dataset, "_fingerprint", None)
+    description = {
+        "format": CACHE_FORMAT_VERSION,
+        "model": model_fingerprint(model),
+        "dataset": {"fingerprint": fingerprint, "split": None if split is None else str(split), "num_rows": len(dataset)},
+        "preprocessing": {
+            "image_processor": _processor_config(processor),
+            "image_column": image_column,
+            "label_column": label_column,
+            "image_mode": image_mode,
+        },
+    }
+    if fingerprint is None:
+        return None, description
+    blob = json.dumps(description, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:40], description
+
+
+def load_cached(cache_dir: str | os.PathLike, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cached ``(logits, labels)`` under ``key``, or None (missing or unreadable: it is recomputed)."""
+    path = Path(cache_dir) / f"{key}.npz"
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return data["logits"], data["labels"]
+    except (OSError, ValueError, KeyError) as err:
+        logger.warning("ignoring the unreadable logits cache entry %s (%s)", path, err)
+        return None
+
+
+def save_cached(cache_dir: str | os.PathLike, key: str, description: dict[str, Any], logits: np.ndarray, labels: np.ndarray) -> Path | None:
+    """Write the entry atomically; a cache that cannot be written is a warning, never an error."""
+    folder = Path(cache_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for suffix, write in ((".json", lambda f: f.write(json.dumps(description, indent=1, sort_keys=True, default=str).encode())),
+                              (".npz", lambda f: np.savez(f, logits=logits, labels=labels))):
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{key}", suffix=suffix, delete=False) as tmp:
+                write(tmp)
+            os.replace(tmp.name, folder / f"{key}{suffix}")
+    except OSError as err:
+        logger.warning("could not write the logits cache in %s (%s); the logits are not cached", folder, err)
+        return None
+    return folder / f"{key}.npz"

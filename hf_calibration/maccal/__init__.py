@@ -1,0 +1,33 @@
+"""MaC-Cal (Ni et al. 2025): a second training stage that retrains a masked bottleneck head on the frozen backbone.
+
+* :mod:`.config` — :class:`MaCCalConfig`, every constant of the stage;
+* :mod:`.head` — :class:`MaskedBottleneckHead` and the mask-aware SGD that trains it (Eqs. 8–11);
+* :mod:`.retention` — the adaptive retention rule (Eqs. 12–13);
+* :mod:`.stage` — :func:`maccal_stage`: cache the backbone's features, train the head, install it;
+* :mod:`.persistence` — how a model carries the head: its config, ``from_pretrained`` / ``pipeline``,
+  :func:`load_maccal_model`.
+"""
+
+from .config import MaCCalConfig
+from .head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
+from .persistence import MODEL_TYPE, head_path, install_head, load_maccal_model, maccal_config_class
+from .retention import clip_bound, update_retention
+from .stage import MaCCalResult, cache_features, maccal_stage, train_masked_head
+
+__all__ = [
+    "FlatHeadTrainer",
+    "MODEL_TYPE",
+    "MaCCalConfig",
+    "MaCCalResult",
+    "MaskedBottleneckHead",
+    "MaskedSGD",
+    "cache_features",
+    "clip_bound",
+    "head_path",
+    "install_head",
+    "load_maccal_model",
+    "maccal_config_class",
+    "maccal_stage",
+    "train_masked_head",
+    "update_retention",
+]

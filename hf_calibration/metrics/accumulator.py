@@ -1,0 +1,511 @@
+"""Streaming calibration metrics: ``CalibrationAccumulator`` takes batches, merges, syncs across processes.
+
+The whole :func:`~hf_calibration.metrics.calibration_report` without holding the (N, K) logits:
+
+* ECE, MCE, O-/U-ECE and accuracy (Guo et al. 2017, eqs. 3 and 5; FeDLaS Table 4) need only the
+  per-bin count and sums of top-label confidence and correctness: ``3·B`` numbers.
+* Classwise ECE needs the signed per-(class, bin) sums ``sum_i [p_ik in bin b] (p_ik - [y_i = k])``:
+  ``K·B`` numbers. Brier (``sum_k (p_ik - [y_i = k])^2``) and NLL (``-log p_iy``) are two sums.
+* AdaECE (equal-count bins over the sorted confidences), smCE (an LP over them) and smECE (a kernel
+  bandwidth fixed point) depend on every ``(confidence, correctness)`` pair, so those pairs are kept:
+  5 bytes a sample (float32 + uint8) by default, 9 with ``confidence_dtype="float64"``.
+
+Every sum is the one the batch functions form, computed from the same float64 confidences and
+probabilities, so ``compute()`` equals ``calibration_report`` on the concatenated batches up to the
+order of float64 additions (1e-12 in the tests). The exception, stated precisely: with float32 pairs
+(the default) AdaECE, smCE and smECE are those of the float32-rounded confidences — equal to 1e-12 to
+the batch functions applied to ``confidence.astype(float32)``. Rounding moves each confidence by at most
+2^-25 (about 3e-8): smCE moves by at most twice that (for each 1-Lipschitz witness ``w``, each term
+``w(p)(a - p)`` moves by at most ``2|dp|``); AdaECE by as much, plus at most 2/N for each sample that
+rounding makes equal to a bin's edge (one within a float32 step of it), which then changes bin; smECE
+by about as much, unless rounding flips one of the ten comparisons of its bandwidth bisection, which
+moves the bandwidth by one bisection step. (Measured on the tests' data: all three within 1e-9.)
+``confidence_dtype="float64"`` removes the exception.
+
+Numpy arrays and CPU tensors go through the batch functions' own float64 helpers plus one compiled pass
+over the rows (classwise sums, Brier, NLL). CUDA (any non-CPU) tensors are reduced on their device in
+float64 — per row, only the confidence and the correctness leave it, with the K·B classwise sums and two
+scalars; float32 logits there take a float32 exp, as the CPU path does, so the confidences agree with
+the CPU's to float32 precision (~1e-7), float64 logits to 1e-15.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, NamedTuple
+
+import numba
+import numpy as np
+import torch
+
+from .._checks import (
+    IGNORE_INDEX,
+    PROBABILITY_DETECTION_TOLERANCE,
+    check_choice,
+    check_classification_shapes,
+    check_labels_in_range,
+    resolve_from_logits,
+    to_numpy,
+)
+from ._format import prepare, top_label
+from .adaptive import _adaece_compute
+from .binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_edges
+from .ece import _classwise_ece_compute
+from .report import CalibrationReport
+from .smooth import smce_from_confidence, smece_from_confidence
+
+__all__ = ["CalibrationAccumulator", "METRICS"]
+
+METRICS = ("accuracy", "ece", "mce", "o_ece", "u_ece", "classwise_ece", "brier", "nll", "adaece", "smce", "smece")
+_ALWAYS = {"accuracy", "ece", "mce", "o_ece", "u_ece"}  # the 3·B top-label sums give all of these
+_FROM_PROBABILITIES = {"classwise_ece", "brier", "nll"}  # need the full probability rows
+_FROM_PAIRS = {"adaece", "smce", "smece"}  # need every (confidence, correct) pair
+_PAIR_DTYPES = {"float32": np.float32, "float64": np.float64}
+
+
+class _Rows(NamedTuple):
+    """What one batch contributes, after ignored rows are dropped."""
+
+    confidence: np.ndarray  # (n,) float64
+    correct: np.ndarray  # (n,) float64 in {0, 1}
+    classwise: np.ndarray | None  # (K, B) signed sums, or None when not needed
+    brier: float
+    nll: float
+
+
+@numba.njit(cache=True, nogil=True)
+def _probability_sums(preds, target, from_logits, edges, classwise):  # pragma: no cover - compiled
+    """One pass over validated rows: add the signed classwise sums into ``classwise`` (K, B); return (Brier sum, NLL sum).
+
+    Per row, in float64: ``p = softmax(z)`` (or the probabilities themselves), bin ``b`` of each ``p_k`` with
+    ``edges[b] < p <= edges[b + 1]`` (0 → first bin), ``classwise[k, b] += p_k``, ``classwise[y, b(p_y)] -= 1``,
+    Brier ``sum_k p_k^2 - 2 p_y + 1`` and NLL ``-(z_y - max z - log sum_k exp(z_k - max z))``.
+    """
+    n, k = preds.shape
+    n_bins = classwise.shape[1]
+    p = np.empty(k)
+    brier = 0.0
+    nll = 0.0
+    for i in range(n):
+        y = target[i]
+        if from_logits:
+            top = np.float64(preds[i, 0])
+            for j in range(1, k):
+                v = np.float64(preds[i, j])
+                if v > top:
+                    top = v
+            s = 0.0
+            for j in range(k):
+                e = np.exp(np.float64(preds[i, j]) - top)
+                p[j] = e
+                s += e
+            for j in range(k):
+                p[j] = p[j] / s
+            nll -= np.float64(preds[i, y]) - top - np.log(s)
+        else:
+            for j in range(k):
+                p[j] = np.float64(preds[i, j])
+            nll -= np.log(p[y])
+        squares = 0.0
+        for j in range(k):
+            q = p[j]
+            squares += q * q
+            b = min(int(q * n_bins), n_bins - 1)
+            while b > 0 and q <= edges[b]:
+                b -= 1
+            while b < n_bins - 1 and q > edges[b + 1]:
+                b += 1
+            classwise[j, b] += q
+            if j == y:
+                classwise[j, b] -= 1.0
+        brier += squares - 2.0 * p[y] + 1.0
+    return brier, nll
+
+
+def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool) -> tuple[_Rows, bool]:
+    """The batch functions' own path: ``prepare`` + ``top_label`` (same float64 confidences), then the compiled pass.
+    Returns the rows and what ``from_logits`` resolved to on the kept rows."""
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    top = top_label(inputs)
+    classwise, brier, nll = None, 0.0, 0.0
+    if with_probabilities:
+        classwise = np.zeros((inputs.preds.shape[1], n_bins))
+        brier, nll = _probability_sums(np.ascontiguousarray(inputs.preds), inputs.target, inputs.from_logits,
+                                       uniform_edges(n_bins), classwise)
+    return _Rows(top.confidence, top.correct, classwise, brier, nll), inputs.from_logits
+
+
+def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool) -> tuple[_Rows, bool]:
+    """The same quantities reduced on ``preds.device``; only per-row values and the K·B sums leave it."""
+    target = torch.as_tensor(target, device=preds.device)
+    check_classification_shapes(preds, target, "preds", "target")
+    check_labels_in_range(target, preds.shape[1], "target", ignore_index)
+    if ignore_index is not None:
+        keep = target != ignore_index
+        if not bool(keep.all()):
+            preds, target = preds[keep], target[keep]
+    preds = preds.detach()
+    if not bool(torch.isfinite(preds).all()):
+        raise ValueError("Expected `preds` to be finite, but it contains NaN or inf.")
+    from_logits = resolve_from_logits(preds, from_logits, "preds")  # on the kept rows, as the batch functions
+    n, k = preds.shape
+    rows = torch.arange(n, device=preds.device)
+    target = target.long()
+    z64 = preds.double()
+    if from_logits:
+        work = z64 if preds.dtype == torch.float64 else preds.float()  # as top_label: float32 exp below float64
+        top, prediction = work.max(dim=1)
+        confidence = 1.0 / torch.exp(work - top[:, None]).sum(dim=1, dtype=torch.float64)
+        shifted = z64 - z64.max(dim=1, keepdim=True).values
+        e = torch.exp(shifted)
+        s = e.sum(dim=1, keepdim=True)
+        probs, log_py = e / s, (shifted - torch.log(s))[rows, target]
+    else:
+        probs = z64
+        if bool((probs < 0).any() | (probs > 1).any()):
+            raise ValueError("Expected `preds` to hold probabilities in [0, 1] (from_logits=False), but found values outside.")
+        if float((probs.sum(dim=1) - 1).abs().max()) > PROBABILITY_DETECTION_TOLERANCE:
+            raise ValueError(f"Expected each row of `preds` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} (from_logits=False), but some rows do not.")
+        confidence, prediction = probs.max(dim=1)
+        log_py = torch.log(probs[rows, target])
+    correct = (prediction == target).double()
+    classwise, brier, nll = None, 0.0, 0.0
+    if with_probabilities:
+        interior = torch.from_numpy(uniform_edges(n_bins)[1:-1]).to(preds.device)
+        index = torch.bucketize(probs, interior, right=False)  # edges[b] < p <= edges[b + 1], as searchsorted(side="left")
+        flat = (torch.arange(k, device=preds.device) * n_bins + index).reshape(-1)
+        sums = torch.bincount(flat, weights=probs.reshape(-1), minlength=k * n_bins)
+        sums -= torch.bincount(target * n_bins + index[rows, target], minlength=k * n_bins).double()
+        classwise = sums.reshape(k, n_bins).cpu().numpy()
+        p_true = probs[rows, target]
+        brier = float((probs * probs).sum() - 2.0 * p_true.sum() + n)
+        nll = float(-log_py.sum())
+    return _Rows(confidence.cpu().numpy(), correct.cpu().numpy(), classwise, brier, nll), from_logits
+
+
+def _on_device(preds: Any) -> bool:
+    return isinstance(preds, torch.Tensor) and preds.device.type != "cpu"
+
+
+class CalibrationAccumulator:
+    """Calibration metrics over batches: ``update(logits, labels)`` per batch, ``compute()`` at the end.
+
+    ``compute()`` returns the same :class:`~hf_calibration.metrics.CalibrationReport` as
+    ``calibration_report`` on all batches at once (see the module docstring for the one precision
+    caveat), while holding only ``O(n_bins · K)`` numbers plus, for AdaECE / smCE / smECE, one
+    ``(confidence, correct)`` pair per sample — never the logits.
+
+    Args:
+        n_bins: equal-width bins (and AdaECE's equal-count bins), as the batch functions.
+        from_logits: ``None`` detects probabilities (rows in [0, 1] summing to 1) on the first batch
+            and holds later batches to the same answer; ``True`` / ``False`` force it.
+        ignore_index: labels equal to it are skipped (Trainer pads with -100).
+        metrics: the report's metrics to compute (default all of :data:`METRICS`); accuracy, ECE, MCE,
+            O-ECE and U-ECE are always computed. Leaving out ``adaece``, ``smce`` and ``smece`` keeps no
+            per-sample state at all (memory independent of N); leaving out ``classwise_ece``, ``brier``
+            and ``nll`` skips the full-probability pass. Metrics left out are None in the report.
+        confidence_dtype: ``"float32"`` (5 bytes a sample) or ``"float64"`` (9 bytes, exact).
+
+    Three ways to use it::
+
+        acc = CalibrationAccumulator()
+        for batch in loader:                          # 1. any loop, any number of batches
+            acc.update(model(**batch).logits, batch["labels"])
+        acc.sync()                                    # 2. several processes: everyone now holds the total
+        report = acc.compute()                        #    (in a single process sync() does nothing)
+
+        Trainer(..., compute_metrics=CalibrationAccumulator(),   # 3. the Trainer: batch by batch, reset after
+                args=TrainingArguments(..., batch_eval_metrics=True))
+
+    (Inside the Trainer do not call ``sync()``: the Trainer already gathers every process's predictions.)
+    """
+
+    def __init__(
+        self,
+        n_bins: int = 15,
+        *,
+        from_logits: bool | None = None,
+        ignore_index: int | None = IGNORE_INDEX,
+        metrics: Iterable[str] | None = None,
+        confidence_dtype: str = "float32",
+    ):
+        self.n_bins = _check_n_bins(n_bins)
+        if from_logits is not None and not isinstance(from_logits, bool):
+            raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
+        self.from_logits = from_logits
+        if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
+            raise TypeError(f"Expected argument `ignore_index` to be an integer or None, but got {ignore_index!r}.")
+        self.ignore_index = ignore_index
+        if metrics is None:
+            chosen = set(METRICS)
+        else:
+            if isinstance(metrics, str):
+                raise TypeError(f"Expected argument `metrics` to be a list of metric names, but got the string {metrics!r}.")
+            chosen = set(metrics)
+            unknown = sorted(chosen - set(METRICS))
+            if unknown:
+                raise ValueError(f"Expected argument `metrics` to hold names from {list(METRICS)}, but got {unknown}.")
+        self.metrics = tuple(m for m in METRICS if m in chosen | _ALWAYS)
+        self.confidence_dtype = check_choice(confidence_dtype, "confidence_dtype", _PAIR_DTYPES)
+        self._with_probabilities = bool(_FROM_PROBABILITIES & set(self.metrics))
+        self._with_pairs = bool(_FROM_PAIRS & set(self.metrics))
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> "CalibrationAccumulator":
+        """Forget every sample (the settings stay)."""
+        self.num_classes: int | None = None
+        self.from_logits_: bool | None = None  # what from_logits resolved to on the first batch
+        self.n = 0
+        self._count = np.zeros(self.n_bins, dtype=np.int64)
+        self._confidence_sum = np.zeros(self.n_bins)
+        self._accuracy_sum = np.zeros(self.n_bins)
+        self._classwise: np.ndarray | None = None  # (K, B) once K is known
+        self._brier = 0.0
+        self._nll = 0.0
+        self._confidence: list[np.ndarray] = []
+        self._correct: list[np.ndarray] = []
+        self._local: dict[str, Any] | None = None  # this process's own state while a synced total is held
+        return self
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "num_classes": self.num_classes, "from_logits_": self.from_logits_, "n": self.n,
+            "_count": self._count.copy(), "_confidence_sum": self._confidence_sum.copy(),
+            "_accuracy_sum": self._accuracy_sum.copy(),
+            "_classwise": None if self._classwise is None else self._classwise.copy(),
+            "_brier": self._brier, "_nll": self._nll,
+            "_confidence": list(self._confidence), "_correct": list(self._correct),
+        }
+
+    def _unsync(self) -> None:
+        """Back to this process's own samples before adding more (a later sync() then counts them once)."""
+        if self._local is not None:
+            local, self._local = self._local, None
+            self.__dict__.update(local)
+
+    def _settle(self, num_classes: int, from_logits: bool | None, what: str) -> None:
+        """Fix K and the resolved from_logits on first sight; later batches / states must agree (checked before any change)."""
+        if self.num_classes is not None and num_classes != self.num_classes:
+            raise ValueError(f"Expected {what} to have K = {self.num_classes} classes as before, but got K = {num_classes}.")
+        if from_logits is not None and self.from_logits_ is not None and from_logits != self.from_logits_:
+            seen, now = ("logits" if x else "probabilities" for x in (self.from_logits_, from_logits))
+            raise ValueError(
+                f"Expected {what} to hold {seen} like the earlier batches, but it holds {now}; "
+                "pass `from_logits=True` or `False` to the accumulator if the detection is wrong."
+            )
+        if self.num_classes is None:
+            self.num_classes = num_classes
+            if self._with_probabilities:
+                self._classwise = np.zeros((num_classes, self.n_bins))
+        if self.from_logits_ is None:
+            self.from_logits_ = from_logits
+
+    def _add(self, rows: _Rows) -> None:
+        index = _uniform_bin_index(rows.confidence, self.n_bins)
+        sums = _bin_sums(index, rows.confidence, rows.correct, self.n_bins)
+        pairs = ([rows.confidence.astype(_PAIR_DTYPES[self.confidence_dtype])], [rows.correct.astype(np.uint8)]) if self._with_pairs else ([], [])
+        self._accumulate(sums, rows.classwise, rows.brier, rows.nll, rows.confidence.shape[0], *pairs)
+
+    def _accumulate(self, sums: BinSums, classwise, brier: float, nll: float, n: int, confidence: list, correct: list) -> None:
+        """Add sums (of a batch, or of another accumulator) and pair arrays to the state."""
+        self._count += sums.count
+        self._confidence_sum += sums.confidence
+        self._accuracy_sum += sums.accuracy
+        if self._classwise is not None and classwise is not None:
+            self._classwise += classwise
+        self._brier += brier
+        self._nll += nll
+        self.n += n
+        self._confidence += confidence
+        self._correct += correct
+        if len(self._confidence) >= 1024:  # keep the lists short: one array per 1024 batches
+            self._confidence, self._correct = [np.concatenate(self._confidence)], [np.concatenate(self._correct)]
+
+    # ------------------------------------------------------------------ API
+    def update(self, preds: Any, target: Any) -> "CalibrationAccumulator":
+        """Add a batch: ``preds`` ``(n, K)`` logits or probabilities (torch on any device, or numpy), ``target`` ``(n,)``.
+
+        Rows whose label is ``ignore_index`` are skipped; a batch with no other rows (or no rows) adds nothing.
+        """
+        self._unsync()
+        if _on_device(preds):
+            target = torch.as_tensor(target, device=preds.device) if isinstance(target, torch.Tensor) else torch.as_tensor(to_numpy(target, "target"), device=preds.device)
+        else:
+            preds, target = to_numpy(preds, "preds"), to_numpy(target, "target")
+        if preds.ndim == 2 and target.ndim == 1 and preds.shape[0] == target.shape[0] == 0:
+            return self
+        check_classification_shapes(preds, target, "preds", "target")
+        if self.ignore_index is not None and bool((target == self.ignore_index).all()):
+            self._settle(preds.shape[1], None, "`preds`")
+            return self
+        compute_rows = _rows_torch if _on_device(preds) else _rows_numpy
+        rows, from_logits = compute_rows(preds, target, self.from_logits, self.ignore_index, self.n_bins, self._with_probabilities)
+        self._settle(preds.shape[1], from_logits, "`preds`")
+        self._add(rows)
+        return self
+
+    def merge(self, other: "CalibrationAccumulator") -> "CalibrationAccumulator":
+        """Add ``other``'s samples to this accumulator (same settings required); ``other`` is unchanged."""
+        if not isinstance(other, CalibrationAccumulator):
+            raise TypeError(f"Expected argument `other` to be a CalibrationAccumulator, but got {type(other).__name__}.")
+        for name in ("n_bins", "metrics", "confidence_dtype", "ignore_index"):
+            if getattr(other, name) != getattr(self, name):
+                raise ValueError(f"Expected argument `other` to have {name} = {getattr(self, name)!r}, but got {getattr(other, name)!r}.")
+        self._unsync()
+        if other.num_classes is None:
+            return self
+        self._settle(other.num_classes, other.from_logits_, "argument `other`")
+        sums = BinSums(other._count, other._confidence_sum, other._accuracy_sum)
+        self._accumulate(sums, other._classwise, other._brier, other._nll, other.n, list(other._confidence), list(other._correct))
+        return self
+
+    def sync(self) -> "CalibrationAccumulator":
+        """Replace this process's state by the total over all processes (``torch.distributed``, as set up by
+        ``torchrun`` / ``accelerate launch``); every process must call it. Shards may differ in size, and a
+        process may have seen no sample at all. Returns self; in a single process it does nothing.
+
+        A later ``update`` continues from this process's own samples, and every ``sync()`` sums the processes'
+        own samples afresh, so each sample is counted once however often it is called.
+        """
+        from .. import distributed
+
+        if not distributed.is_distributed():
+            return self
+        conflict = distributed.accelerate_disagrees()  # the same answer on every process: all raise, or none
+        if conflict is not None:
+            raise RuntimeError(f"Cannot sync: {conflict}, so summing them would count samples several times. "
+                               "Launch so that both agree (on CPUs: Accelerator(cpu=True) under torchrun), or shard yourself.")
+        self._unsync()  # a repeated sync() starts again from this process's own samples: every process joins every collective
+        headers = distributed.all_gather_object((self.num_classes, self.from_logits_))
+        local = self._snapshot()
+        for num_classes, from_logits in headers:  # every process checks the same list: all raise, or none
+            if num_classes is not None:
+                self._settle(num_classes, from_logits, "another process's batches")
+        k = self.num_classes
+        classwise = self._classwise if self._classwise is not None else np.zeros((0, self.n_bins))  # (K, B) on every process, or none
+        packed = np.concatenate([self._count.astype(np.float64), self._confidence_sum, self._accuracy_sum,
+                                 classwise.reshape(-1), [self._brier, self._nll, float(self.n)]])
+        total = distributed.all_reduce_sum(torch.from_numpy(packed)).numpy()
+        b = self.n_bins
+        self._count = np.rint(total[:b]).astype(np.int64)
+        self._confidence_sum, self._accuracy_sum = total[b : 2 * b].copy(), total[2 * b : 3 * b].copy()
+        if self._with_probabilities and k is not None:
+            self._classwise = total[3 * b : 3 * b + k * b].reshape(k, b).copy()
+        self._brier, self._nll, self.n = float(total[-3]), float(total[-2]), int(round(total[-1]))
+        if self._with_pairs:
+            confidence, correct = self._pairs()
+            self._confidence = [distributed.all_gather_rows(torch.from_numpy(confidence)).numpy()]
+            self._correct = [distributed.all_gather_rows(torch.from_numpy(correct)).numpy()]
+        self._local = local
+        return self
+
+    def _pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        dtype = _PAIR_DTYPES[self.confidence_dtype]
+        if not self._confidence:
+            return np.zeros(0, dtype=dtype), np.zeros(0, dtype=np.uint8)
+        if len(self._confidence) > 1:
+            self._confidence, self._correct = [np.concatenate(self._confidence)], [np.concatenate(self._correct)]
+        return self._confidence[0], self._correct[0]
+
+    def compute(self) -> CalibrationReport:
+        """The metrics of every sample added so far (fractions; metrics left out are None)."""
+        if self.n == 0:
+            raise ValueError("Expected at least one sample with a label other than ignore_index, but the accumulator is empty.")
+        n, chosen = self.n, set(self.metrics)
+        sums = BinSums(self._count, self._confidence_sum, self._accuracy_sum)
+        gaps = _calibration_gaps(sums, n)
+        conf, acc = _bin_means(sums)
+        filled = self._count > 0
+        values: dict[str, Any] = {
+            "n": n,
+            "accuracy": float(self._accuracy_sum.sum() / n),
+            "ece": float(np.abs(gaps).sum()),
+            "mce": float(np.abs(acc[filled] - conf[filled]).max()),
+            "o_ece": float(np.clip(gaps, 0, None).sum()),
+            "u_ece": float(np.clip(-gaps, 0, None).sum()),
+            "classwise_ece": _classwise_ece_compute(self._classwise, n) if "classwise_ece" in chosen else None,
+            "brier": self._brier / n if "brier" in chosen else None,
+            "nll": self._nll / n if "nll" in chosen else None,
+            "adaece": None,
+            "smce": None,
+            "smece": None,
+        }
+        if self._with_pairs:
+            confidence, correct = self._pairs()
+            confidence, correct = confidence.astype(np.float64), correct.astype(np.float64)
+            if "adaece" in chosen:
+                values["adaece"] = _adaece_compute(confidence, correct, self.n_bins)
+            if "smce" in chosen:
+                values["smce"] = smce_from_confidence(confidence, correct)
+            if "smece" in chosen:
+                values["smece"] = smece_from_confidence(confidence, correct)
+        return CalibrationReport(**values, n_bins=self.n_bins, from_logits=self.from_logits_)
+
+    def __call__(self, eval_pred: Any, compute_result: bool = True) -> dict[str, float] | None:
+        """``Trainer(compute_metrics=accumulator)``: add ``eval_pred``; with ``compute_result`` (the Trainer's last
+        batch under ``batch_eval_metrics=True``, or its one call otherwise) return the metrics and reset."""
+        preds = eval_pred.predictions
+        if isinstance(preds, (tuple, list)):  # output_hidden_states & co.: the logits come first
+            preds = preds[0]
+        self.update(preds, eval_pred.label_ids)
+        if not compute_result:
+            return None
+        report = self.compute()
+        self.reset()
+        return {key: value for key, value in report.to_dict().items() if value is not None}
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The state as CPU tensors (``torch.save`` / safetensors ready); ``load_state_dict`` restores it."""
+        confidence, correct = self._pairs()
+        k = -1 if self.num_classes is None else self.num_classes
+        return {
+            "num_classes": torch.tensor(k, dtype=torch.int64),
+            "from_logits": torch.tensor(-1 if self.from_logits_ is None else int(self.from_logits_), dtype=torch.int64),
+            "n": torch.tensor(self.n, dtype=torch.int64),
+            "count": torch.from_numpy(self._count.copy()),
+            "confidence_sum": torch.from_numpy(self._confidence_sum.copy()),
+            "accuracy_sum": torch.from_numpy(self._accuracy_sum.copy()),
+            "classwise": torch.from_numpy(self._classwise.copy() if self._classwise is not None else np.zeros((0, self.n_bins))),
+            "brier_sum": torch.tensor(self._brier, dtype=torch.float64),
+            "nll_sum": torch.tensor(self._nll, dtype=torch.float64),
+            "confidence": torch.from_numpy(confidence.copy()),
+            "correct": torch.from_numpy(correct.copy()),
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> "CalibrationAccumulator":
+        """Restore a :meth:`state_dict` written by an accumulator with the same settings."""
+        expected = set(self.state_dict())
+        if not isinstance(state, dict) or set(state) != expected:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"Expected argument `state` to be a CalibrationAccumulator.state_dict() with keys {sorted(expected)}, but got {got}.")
+        k, n = int(state["num_classes"]), int(state["n"])
+        b = self.n_bins
+        checks = {
+            "count": (b,), "confidence_sum": (b,), "accuracy_sum": (b,),
+            "classwise": (k if (k > 0 and self._with_probabilities) else 0, b),
+            "confidence": (n if self._with_pairs else 0,), "correct": (n if self._with_pairs else 0,),
+        }
+        for name, shape in checks.items():
+            if tuple(state[name].shape) != shape:
+                raise ValueError(f"Expected state `{name}` to have shape {shape} for these settings, but got {tuple(state[name].shape)}.")
+        dtype = _PAIR_DTYPES[self.confidence_dtype]
+        if state["confidence"].numpy().dtype != dtype:
+            raise ValueError(f"Expected state `confidence` to be {np.dtype(dtype)} (confidence_dtype), but got {state['confidence'].dtype}.")
+        self.reset()
+        self.num_classes = None if k < 0 else k
+        self.from_logits_ = None if int(state["from_logits"]) < 0 else bool(int(state["from_logits"]))
+        self.n = n
+        self._count = state["count"].numpy().astype(np.int64).copy()
+        self._confidence_sum = state["confidence_sum"].numpy().astype(np.float64).copy()
+        self._accuracy_sum = state["accuracy_sum"].numpy().astype(np.float64).copy()
+        if self._with_probabilities and k > 0:
+            self._classwise = state["classwise"].numpy().astype(np.float64).copy()
+        self._brier, self._nll = float(state["brier_sum"]), float(state["nll_sum"])
+        if self._with_pairs and n:
+            self._confidence = [state["confidence"].numpy().copy()]
+            self._correct = [state["correct"].numpy().astype(np.uint8).copy()]
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n_bins={self.n_bins}, n={self.n}, num_classes={self.num_classes}, metrics={list(self.metrics)})"

@@ -1,0 +1,86 @@
+"""`hf-calibration compare` and `fit --method auto`: the printed table is compare_calibrators', files, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hf_calibration.calibrators import compare_calibrators, load_calibrator
+from hf_calibration.cli import main
+
+
+@pytest.fixture(scope="module")
+def npz_file(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 5, 500)
+    logits = (3.0 * (2.0 * rng.standard_normal((500, 5)) + 2.5 * np.eye(5)[labels])).astype(np.float32)
+    path = tmp_path_factory.mktemp("logits") / "split.npz"
+    np.savez(path, logits_val=logits[:400], labels_val=labels[:400], logits_test=logits[400:], labels_test=labels[400:])
+    return path, logits[:400], labels[:400]
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--logits", "--split", "--methods", "--cv", "--metric", "--fit-seeds", "--out", "--overwrite", "--json"):
+        assert option in out
+
+
+def test_json_table_is_the_library_table_and_diagrams_are_written(capsys, npz_file, tmp_path):
+    path, z, y = npz_file
+    out_dir = tmp_path / "cmp"
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts,isotonic,spline", "--cv", "3", "--json",
+                          "--out", out_dir)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["source"] == "split.npz[val]"  # the calibration split only
+    table = compare_calibrators(z, y, ["temperature_scaling", "isotonic", "spline"], cv=3, progress_bar=False)
+    for method in ("uncalibrated", "temperature_scaling", "isotonic", "spline"):
+        for metric in ("ece", "adaece", "smce", "nll", "brier", "accuracy_change"):
+            assert report["table"][method][metric]["mean"] == pytest.approx(table[method].mean(metric), abs=1e-12)
+    assert report["best"] == table.best("ece")
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "reliability_isotonic.png", "reliability_spline.png", "reliability_temperature_scaling.png", "reliability_uncalibrated.png"]
+    # the diagrams are not replaced without --overwrite
+    code, _, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", out_dir)
+    assert code == 1 and "--overwrite" in err
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", out_dir, "--overwrite")
+    assert code == 0, err
+    assert "| temperature_scaling" in out and "best by ece: temperature_scaling" in out
+
+
+def test_bad_method_and_cv(capsys, npz_file, tmp_path):
+    path, _, _ = npz_file
+    code, _, err = _run(capsys, "compare", "--logits", path, "--methods", "platt", "--out", tmp_path)
+    assert code == 1 and "unknown --method 'platt'" in err
+    code, _, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "1", "--out", tmp_path)
+    assert code == 1 and "`cv`" in err
+
+
+def test_fit_method_auto(capsys, npz_file, tmp_path):
+    path, z, y = npz_file
+    out_dir = tmp_path / "auto"
+    code, out, err = _run(capsys, "fit", "--logits", path, "--method", "auto", "--cv", "2", "--fit-seeds", "1", "--metric", "nll",
+                          "--out", out_dir, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    selection = report["selection"]
+    candidates = {m: v["nll"]["mean"] for m, v in selection["table"].items() if m != "uncalibrated" and not v["errors"]
+                  and v["accuracy_change"]["mean"] >= 0}
+    assert report["method"] == selection["chosen"] == min(candidates, key=candidates.get)
+    calibrator = load_calibrator(out_dir)
+    assert calibrator.kind == report["method"] and calibrator.fit_info_["selection"]["metric"] == "nll"
+    code, _, err = _run(capsys, "fit", "--logits", path, "--method", "auto", "--objective", "nll", "--out", tmp_path / "x")
+    assert code == 1 and "--objective" in err
+    code, _, err = _run(capsys, "fit", "--logits", path, "--method", "isotonic", "--seed", "3", "--out", tmp_path / "y")
+    assert code == 1 and "--seed" in err

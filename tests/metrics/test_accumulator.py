@@ -1,0 +1,268 @@
+"""CalibrationAccumulator: streamed batches give the batch functions' numbers (themselves checked against
+torchmetrics, netcal, relplot and an LP solver), merge / state_dict / reset, bad input, and the Trainer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hf_calibration.metrics import adaece, calibration_report, ece, smce, smece
+from hf_calibration.metrics import accumulator as accumulator_module
+from hf_calibration.metrics.accumulator import METRICS, CalibrationAccumulator
+from hf_calibration.metrics.adaptive import _adaece_compute
+from hf_calibration.metrics._format import prepare, top_label
+from hf_calibration.metrics.smooth import smce_from_confidence, smece_from_confidence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for _models
+
+TOL = 1e-12
+PAIR_METRICS = ("adaece", "smce", "smece")
+
+
+def _data(n=3000, k=7, seed=0, dtype=np.float32, ignored_every=0):
+    g = np.random.default_rng(seed)
+    labels = g.integers(0, k, n)
+    logits = (2.0 * g.standard_normal((n, k)) + 2.5 * np.eye(k)[labels]) * 1.5
+    if ignored_every:
+        labels[::ignored_every] = -100
+    return logits.astype(dtype), labels
+
+
+def _batches(n, sizes=(1, 2, 500, 777, 3, 1000)):
+    """Uneven batch bounds covering [0, n)."""
+    start, i = 0, 0
+    while start < n:
+        stop = min(n, start + sizes[i % len(sizes)])
+        yield slice(start, stop)
+        start, i = stop, i + 1
+
+
+def _stream(logits, labels, **kwargs):
+    acc = CalibrationAccumulator(**kwargs)
+    for rows in _batches(len(labels)):
+        acc.update(logits[rows], labels[rows])
+    return acc
+
+
+def _assert_report(got, want, keys=None, tol=TOL):
+    keys = keys or [k for k in want.to_dict() if k != "n"]
+    assert got.n == want.n
+    for key in keys:
+        assert got[key] == pytest.approx(want[key], abs=tol, rel=0), key
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_streamed_equals_the_batch_report_to_1e_12(dtype, as_torch):
+    logits, labels = _data(dtype=dtype, ignored_every=29)
+    if as_torch:
+        logits, labels = torch.from_numpy(logits), torch.from_numpy(labels)
+    want = calibration_report(logits, labels)
+    got = _stream(logits, labels, confidence_dtype="float64").compute()
+    _assert_report(got, want)
+    # ECE also against torchmetrics directly (float64 probabilities, away from its p = 1.0 edge case)
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    z, y = torch.as_tensor(logits).double(), torch.as_tensor(labels)
+    keep = y != -100
+    tm = multiclass_calibration_error(torch.softmax(z[keep], 1), y[keep], z.shape[1], n_bins=15, norm="l1")
+    assert got.ece == pytest.approx(float(tm), abs=1e-6)
+
+
+def test_float32_pairs_are_exactly_the_batch_metrics_of_float32_confidences():
+    """The default 5-byte pairs: AdaECE / smCE / smECE equal the batch functions on float32-rounded confidences
+    to 1e-12, and the float64 ones within the rounding's effect; everything else is untouched by it."""
+    logits, labels = _data(n=4000, ignored_every=31)
+    acc = _stream(logits, labels)  # confidence_dtype="float32"
+    got, want = acc.compute(), calibration_report(logits, labels)
+    _assert_report(got, want, keys=[k for k in want.to_dict() if k not in PAIR_METRICS + ("n",)])
+    top = top_label(prepare(logits, labels))
+    conf32 = top.confidence.astype(np.float32).astype(np.float64)
+    assert got.adaece == pytest.approx(_adaece_compute(conf32, top.correct, 15), abs=TOL)
+    assert got.smce == pytest.approx(smce_from_confidence(conf32, top.correct), abs=TOL)
+    assert got.smece == pytest.approx(smece_from_confidence(conf32, top.correct), abs=TOL)
+    for key in PAIR_METRICS:
+        assert got[key] == pytest.approx(want[key], abs=1e-7), key
+    state = acc.state_dict()
+    assert state["confidence"].dtype == torch.float32 and state["correct"].dtype == torch.uint8
+    assert state["confidence"].element_size() + state["correct"].element_size() == 5
+    assert state["confidence"].shape == (got.n,)
+
+
+def test_probabilities_are_detected_on_the_first_batch_and_held_to():
+    logits, labels = _data(n=1000, dtype=np.float64)
+    probs = torch.softmax(torch.from_numpy(logits), 1).numpy()
+    got = _stream(probs, labels, confidence_dtype="float64").compute()
+    _assert_report(got, calibration_report(probs, labels, from_logits=False))
+    acc = CalibrationAccumulator()
+    acc.update(probs[:100], labels[:100])
+    assert acc.from_logits_ is False
+    with pytest.raises(ValueError, match="probabilities like the earlier batches, but it holds logits"):
+        acc.update(logits[100:200], labels[100:200])
+    with pytest.warns(UserWarning, match="looks like probabilities"):
+        forced = CalibrationAccumulator(from_logits=True, confidence_dtype="float64").update(probs, labels).compute()
+    with pytest.warns(UserWarning, match="looks like probabilities"):
+        _assert_report(forced, calibration_report(probs, labels, from_logits=True))
+
+
+def test_merge_equals_one_accumulator_over_everything():
+    logits, labels = _data(n=2001, ignored_every=17)
+    whole = _stream(logits, labels, confidence_dtype="float64").compute()
+    parts = [CalibrationAccumulator(confidence_dtype="float64") for _ in range(3)]
+    for part, rows in zip(parts, (slice(0, 1), slice(1, 1500), slice(1500, None))):
+        part.update(logits[rows], labels[rows])
+    merged = parts[0].merge(parts[1]).merge(parts[2]).merge(CalibrationAccumulator(confidence_dtype="float64"))
+    _assert_report(merged.compute(), whole)
+    with pytest.raises(ValueError, match="n_bins"):
+        merged.merge(CalibrationAccumulator(n_bins=10))
+    with pytest.raises(ValueError, match="K = 7"):
+        merged.merge(CalibrationAccumulator(confidence_dtype="float64").update(*_data(n=50, k=4)))
+    with pytest.raises(TypeError, match="other"):
+        merged.merge({"n": 3})
+
+
+def test_state_dict_round_trip_through_torch_save(tmp_path):
+    logits, labels = _data(n=900, ignored_every=11)
+    acc = _stream(logits[:600], labels[:600])
+    torch.save(acc.state_dict(), tmp_path / "acc.pt")
+    restored = CalibrationAccumulator().load_state_dict(torch.load(tmp_path / "acc.pt"))
+    for a in (acc, restored):
+        a.update(logits[600:], labels[600:])
+    _assert_report(restored.compute(), acc.compute())
+    _assert_report(restored.compute(), _stream(logits, labels).compute())
+    with pytest.raises(ValueError, match="confidence_dtype"):
+        CalibrationAccumulator(confidence_dtype="float64").load_state_dict(acc.state_dict())
+    with pytest.raises(ValueError, match="shape"):
+        CalibrationAccumulator(n_bins=10).load_state_dict(acc.state_dict())
+    with pytest.raises(ValueError, match="state_dict"):
+        CalibrationAccumulator().load_state_dict({"n": torch.tensor(3)})
+
+
+def test_leaving_out_the_pair_metrics_keeps_no_per_sample_state():
+    logits, labels = _data(n=3000)
+    acc = _stream(logits, labels, metrics=["ece", "brier"])
+    report = acc.compute()
+    want = calibration_report(logits, labels)
+    _assert_report(report, want, keys=["accuracy", "ece", "mce", "o_ece", "u_ece", "brier"])
+    assert report.adaece is None and report.smce is None and report.classwise_ece is None and report.nll is None
+    state = acc.state_dict()
+    assert state["confidence"].numel() == 0 and state["correct"].numel() == 0
+    assert sum(t.numel() for t in state.values()) == 3 * 15 + 7 * 15 + 5  # O(bins * K) and 5 scalars, whatever N
+    assert CalibrationAccumulator(metrics=["ece"]).update(logits, labels).state_dict()["classwise"].numel() == 0
+    with pytest.raises(ValueError, match="metrics"):
+        CalibrationAccumulator(metrics=["ece", "ECE"])
+    with pytest.raises(TypeError, match="metrics"):
+        CalibrationAccumulator(metrics="ece")
+
+
+def test_reset_empty_and_fully_ignored_batches():
+    logits, labels = _data(n=300)
+    acc = CalibrationAccumulator()
+    with pytest.raises(ValueError, match="empty"):
+        acc.compute()
+    acc.update(logits[:0], labels[:0])
+    acc.update(logits[:5], np.full(5, -100))  # a padded batch with nothing to count
+    assert acc.n == 0 and acc.num_classes == 7
+    acc.update(logits, labels)
+    first = acc.compute()
+    acc.reset().update(logits, labels)
+    _assert_report(acc.compute(), first)
+    assert acc.reset().n == 0 and acc.num_classes is None
+
+
+@pytest.mark.parametrize(
+    "preds, target, error, match",
+    [
+        (np.zeros((4, 7, 1), np.float32), np.zeros(4, np.int64), ValueError, "rank 2"),
+        (np.zeros((4, 7), np.float32), np.zeros(3, np.int64), ValueError, "same number of samples"),
+        (np.zeros((4, 7), np.float32), np.zeros(4, np.float32), TypeError, "integer"),
+        (np.zeros((4, 7), np.float32), np.array([0, 1, 7, 2]), ValueError, r"class indices in \[0, 7\)"),
+        (np.array([[0.0, np.nan] + [0.0] * 5] * 4, np.float32), np.zeros(4, np.int64), ValueError, "finite"),
+        (np.zeros((4, 6), np.float32), np.zeros(4, np.int64), ValueError, "K = 7 classes as before, but got K = 6"),
+        ("logits", np.zeros(4, np.int64), TypeError, "preds"),
+    ],
+)
+def test_bad_batches_name_the_argument_and_leave_the_state_alone(preds, target, error, match):
+    logits, labels = _data(n=100)
+    acc = CalibrationAccumulator().update(logits, labels)
+    before = {k: v.clone() for k, v in acc.state_dict().items()}
+    with pytest.raises(error, match=match):
+        acc.update(preds, target)
+    after = acc.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bad_settings():
+    with pytest.raises(ValueError, match="n_bins"):
+        CalibrationAccumulator(n_bins=0)
+    with pytest.raises(TypeError, match="from_logits"):
+        CalibrationAccumulator(from_logits="yes")
+    with pytest.raises(ValueError, match="confidence_dtype"):
+        CalibrationAccumulator(confidence_dtype="float16")
+    with pytest.raises(TypeError, match="ignore_index"):
+        CalibrationAccumulator(ignore_index=1.5)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, TOL), (torch.float32, 1e-6), (torch.bfloat16, 1e-6)])
+def test_device_path_equals_the_batch_functions(monkeypatch, dtype, tol):
+    """The on-device reduction (what CUDA tensors take), run here on CPU tensors. float64: to 1e-12; float32 and
+    bf16 (upcast exactly): torch's float32 exp may round differently from numpy's, so to float32 precision."""
+    monkeypatch.setattr(accumulator_module, "_on_device", lambda preds: isinstance(preds, torch.Tensor))
+    logits, labels = _data(n=2500, dtype=np.float64, ignored_every=13)
+    z, y = torch.from_numpy(logits).to(dtype), torch.from_numpy(labels)
+    got = _stream(z, y, confidence_dtype="float64").compute()
+    _assert_report(got, calibration_report(z, y), tol=tol)
+    probs = torch.softmax(z.double(), 1)
+    _assert_report(_stream(probs, y, confidence_dtype="float64").compute(), calibration_report(probs, y, from_logits=False), tol=tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_are_reduced_on_the_device():
+    logits, labels = _data(n=5000, dtype=np.float32, ignored_every=7)
+    got = _stream(torch.from_numpy(logits).cuda(), torch.from_numpy(labels).cuda(), confidence_dtype="float64").compute()
+    _assert_report(got, calibration_report(logits, labels), tol=1e-6)
+
+
+def test_single_metric_functions_agree_with_the_report_fields():
+    """The accumulator's fields are the functions' values, not just calibration_report's (same inputs)."""
+    logits, labels = _data(n=1500, dtype=np.float64)
+    got = _stream(logits, labels, confidence_dtype="float64").compute()
+    for key, fn in (("ece", ece), ("adaece", adaece), ("smce", smce), ("smece", smece)):
+        assert got[key] == pytest.approx(fn(logits, labels), abs=TOL), key
+    assert set(METRICS) == set(got.to_dict()) - {"n"}
+
+
+def test_sync_is_a_no_op_in_a_single_process():
+    logits, labels = _data(n=400)
+    acc = _stream(logits, labels)
+    before = acc.compute()
+    _assert_report(acc.sync().compute(), before)
+
+
+# ----------------------------------------------------------------------------- Trainer
+
+
+@pytest.mark.parametrize("batch_eval_metrics", [True, False])
+def test_trainer_compute_metrics(tmp_path, batch_eval_metrics):
+    from transformers import Trainer, TrainingArguments
+
+    from _models import digits_dataset, make_model
+
+    model = make_model("vit", seed=0)
+    eval_set = digits_dataset(slice(0, 70))  # 70 = 4 x 16 + 6: a partial last batch
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=16, use_cpu=True, report_to=[],
+                             batch_eval_metrics=batch_eval_metrics, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, compute_metrics=CalibrationAccumulator(confidence_dtype="float64"))
+    metrics = trainer.evaluate(eval_set)
+    again = trainer.evaluate(eval_set)  # the accumulator reset itself after the last batch
+    with torch.no_grad():
+        logits = model.eval()(pixel_values=eval_set.pixel_values).logits.numpy()
+    want = calibration_report(logits, eval_set.labels.numpy())
+    assert metrics["eval_n"] == again["eval_n"] == 70
+    for key in ("accuracy", "ece", "adaece", "mce", "classwise_ece", "smce", "smece", "brier", "nll"):
+        assert metrics[f"eval_{key}"] == pytest.approx(want[key], abs=1e-6), key  # one batch of 70 vs batches of 16
+        assert again[f"eval_{key}"] == metrics[f"eval_{key}"]
