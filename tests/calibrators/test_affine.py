@@ -73,3 +73,17 @@ def test_fit_reaches_the_scipy_minimum(diagonal, lam, mu):
     assert ours.objective == pytest.approx(ref_objective, abs=1e-9)
     with torch.no_grad():
         assert float(nll(ours.x)) == pytest.approx(ref_nll, abs=1e-6)
+
+
+def test_vector_curvature_kernel_matches_numpy():
+    from scipy.special import softmax
+
+    from hf_calibration.calibrators._affine import _diagonal_curvature
+
+    f, _ = _data(n=700, k=9)
+    rng = np.random.default_rng(5)
+    w, b = 1 + 0.2 * rng.normal(size=9), rng.normal(size=9)
+    p = softmax(f * w + b, axis=1)
+    v = p * (1 - p)
+    expected = np.stack([(v * f * f).sum(0), (v * f).sum(0), v.sum(0)])
+    np.testing.assert_allclose(_diagonal_curvature(f, w, b), expected, rtol=1e-12)
