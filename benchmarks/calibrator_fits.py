@@ -238,7 +238,7 @@ def summary() -> list[str]:
     if FACTS["missed"]:
         out.append("- Fit-time targets missed: " + "; ".join(FACTS["missed"]) + ".")
     for k, kind, label, ratio, ours, peer in FACTS["peer"]:
-        nll = "better" if ours < peer else ("equal" if ours == peer else "worse")
+        nll = "equal" if abs(ours - peer) < 5e-5 else ("better" if ours < peer else "worse")
         out.append(f"- K = {k}, {kind} vs {label}: {ratio:.1f}x faster (target >= 5x: {'met' if ratio >= 5 else 'NOT met'}), "
                    f"held-out NLL {nll} ({ours:.4f} vs {peer:.4f}).")
     if FACTS["files"]:

@@ -27,6 +27,22 @@ from ._vmath import exp_into
 CHUNK = 256  # rows per parallel task of the vector-scaling kernel: fixed, so its sums do not depend on the threads
 
 
+@numba.njit(cache=True, fastmath={"contract"})
+def _row_softmax(row, w, b, s, e, bits):  # pragma: no cover - compiled
+    """``s = w * row + b - max``, ``e = exp(s)`` (in the given buffers); returns ``sum(e)``: softmax = e / sum."""
+    top = -np.inf
+    for j in range(row.shape[0]):
+        s[j] = w[j] * np.float64(row[j]) + b[j]
+        top = max(top, s[j])
+    for j in range(row.shape[0]):
+        s[j] -= top
+    exp_into(s, e, bits)
+    total = 0.0
+    for j in range(row.shape[0]):
+        total += e[j]
+    return total
+
+
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
 def _diagonal_nll_grad(z, labels, w, b, with_grad):  # pragma: no cover - compiled
     """Mean NLL of ``softmax(w * z_i + b)`` and its gradient ``[d/dw (K), d/db (K)]`` in one pass over the rows.
@@ -46,16 +62,7 @@ def _diagonal_nll_grad(z, labels, w, b, with_grad):  # pragma: no cover - compil
         loss = 0.0
         for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
             row = z[i]
-            top = -np.inf
-            for j in range(k):
-                s[j] = w[j] * np.float64(row[j]) + b[j]
-                top = max(top, s[j])
-            for j in range(k):
-                s[j] -= top
-            exp_into(s, e, bits)
-            total = 0.0
-            for j in range(k):
-                total += e[j]
+            total = _row_softmax(row, w, b, s, e, bits)
             y = labels[i]
             loss += math.log(total) - s[y]
             if with_grad:
@@ -90,16 +97,7 @@ def _diagonal_curvature(z, w, b):  # pragma: no cover - compiled
         acc = part[c]
         for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
             row = z[i]
-            top = -np.inf
-            for j in range(k):
-                s[j] = w[j] * np.float64(row[j]) + b[j]
-                top = max(top, s[j])
-            for j in range(k):
-                s[j] -= top
-            exp_into(s, e, bits)
-            total = 0.0
-            for j in range(k):
-                total += e[j]
+            total = _row_softmax(row, w, b, s, e, bits)
             inv = 1.0 / total
             for j in range(k):
                 p = e[j] * inv
