@@ -16,6 +16,7 @@ SECTIONS = [
     ("predict_logits.md", "predict_logits.py"),
     ("calibrators.md", "calibrators.py"),
     ("calibrator_comparison.md", "calibrators.py --part comparison"),
+    ("calibrator_fits.md", "calibrator_fits.py"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),

@@ -5,27 +5,39 @@ from ._base import Calibrator, NotFittedError
 from ._registry import create_calibrator, list_calibrators, register_calibrator
 from ._scaling import TemperatureCalibrator
 from .attach import attached_calibrator
+from .cts import ClassBasedTemperatureScaling
+from .dirichlet import DirichletCalibration
+from .ets import EnsembleTemperatureScaling
 from .histogram import HistogramBinning
 from .isotonic import IsotonicRegression, OneVsRestIsotonicRegression
+from .matrix import MatrixScaling
 from .objectives import OBJECTIVES, brier, charbonnier_soft_ece, nll, soft_ece
+from .pts import ParameterizedTemperatureScaling
 from .selection import AutoCalibrator, CalibratorComparison, compare_calibrators
 from .smart import SMARTCalibrator, logit_margin
 from .spline import SplineCalibration
 from .temperature import TemperatureScaling
+from .vector import VectorScaling
 
 __all__ = [
     "AutoCalibrator",
     "Calibrator",
     "CalibratorComparison",
+    "ClassBasedTemperatureScaling",
+    "DirichletCalibration",
+    "EnsembleTemperatureScaling",
     "HistogramBinning",
     "IsotonicRegression",
+    "MatrixScaling",
     "NotFittedError",
     "OBJECTIVES",
     "OneVsRestIsotonicRegression",
+    "ParameterizedTemperatureScaling",
     "SMARTCalibrator",
     "SplineCalibration",
     "TemperatureCalibrator",
     "TemperatureScaling",
+    "VectorScaling",
     "attached_calibrator",
     "brier",
     "charbonnier_soft_ece",

@@ -17,12 +17,12 @@ Parameter vector layout: ``[W1 (H), b1 (H), W2 (H), b2 (1)]`` for
 from __future__ import annotations
 
 import math
-import time
 
 import numba
 import numpy as np
 
 from ._partition import LOG2_BETA_MIN, STEPS
+from ._threads import ThreadCountChooser  # noqa: F401 - smart.py runs the step through it
 from ._vmath import exp_into, log_into
 
 OBJECTIVE_CODES = {"nll": 0, "brier": 1, "soft_ece": 2, "charbonnier_soft_ece": 3}
@@ -356,45 +356,3 @@ def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, 
         for k in range(dim):
             grad[k] += part_grad[c, k]
     return loss, grad
-
-
-class ThreadCountChooser:
-    """Calls ``fn`` with the numba thread count that was fastest lately; ``fn``'s result never depends on it.
-
-    On an idle machine the step's chunks run on every core. When other processes hold the cores, each
-    parallel region waits for a descheduled worker thread (measured on 2 shared cores: steps up to 40x
-    slower than on one thread). So every ``period`` calls, ``probe`` calls are timed with each candidate
-    count (1 and numba's default) and the faster one is kept until the next probe. The caller's thread
-    count is restored after every call.
-    """
-
-    def __init__(self, fn, period: int = 250, probe: int = 3):
-        self.fn, self.period, self.probe = fn, period, probe
-        self.candidates = sorted({1, numba.get_num_threads()})
-        self.best = self.candidates[-1]
-        self.calls = 0
-        self._times: dict[int, float] = {}
-
-    def __call__(self, *args):
-        phase = self.calls % self.period
-        self.calls += 1
-        probing = len(self.candidates) > 1 and phase < self.probe * len(self.candidates)
-        threads = self.candidates[phase % len(self.candidates)] if probing else self.best
-        before = numba.get_num_threads()
-        switch = threads != before  # set_num_threads costs ~12 us: only when the count changes
-        if switch:
-            numba.set_num_threads(threads)
-        try:
-            start = time.perf_counter()
-            out = self.fn(*args)
-            elapsed = time.perf_counter() - start
-        finally:
-            if switch:
-                numba.set_num_threads(before)
-        if probing:
-            if phase == 0:
-                self._times = {}
-            self._times[threads] = min(self._times.get(threads, math.inf), elapsed)
-            if phase == self.probe * len(self.candidates) - 1:
-                self.best = min(self._times, key=self._times.get)
-        return out

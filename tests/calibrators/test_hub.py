@@ -420,6 +420,14 @@ VERIFIED_PAPER_URLS = {  # checked against the papers: Guo et al. 2017; SMART (G
     "spline": "https://arxiv.org/abs/2006.12800",
     "isotonic": "https://doi.org/10.1145/775047.775151",
     "isotonic_ovr": "https://doi.org/10.1145/775047.775151",
+    # vector scaling: Guo et al. 2017; matrix / Dirichlet with ODIR: Kull et al. 2019; ETS: Zhang et al. 2020 (Mix-n-Match);
+    # PTS: Tomani et al. 2022 (its official code's README links it); CTS: Frenkel & Goldberger 2021 (EUSIPCO, no preprint)
+    "vector_scaling": "https://arxiv.org/abs/1706.04599",
+    "matrix_scaling": "https://arxiv.org/abs/1910.12656",
+    "dirichlet": "https://arxiv.org/abs/1910.12656",
+    "ets": "https://arxiv.org/abs/2003.07329",
+    "pts": "https://arxiv.org/abs/2102.12182",
+    "cts": "https://cris.iucc.ac.il/en/publications/network-calibration-by-class-based-temperature-scaling/",
 }
 
 

@@ -208,27 +208,3 @@ def test_fused_smart_step_does_not_depend_on_the_thread_count(objective):
         numba.set_num_threads(default)
     assert results[0][0] == results[1][0]
     np.testing.assert_array_equal(results[0][1], results[1][1])
-
-
-def test_thread_count_chooser_keeps_the_faster_count_and_restores_the_callers():
-    import time
-
-    import numba
-
-    from hf_calibration.calibrators._smart_step import ThreadCountChooser
-
-    if numba.get_num_threads() < 2:
-        pytest.skip("one numba thread: nothing to choose")
-    default = numba.get_num_threads()
-    seen = []
-
-    def fn(x):  # slow on many threads (as on a machine whose other cores are busy), fast on one
-        seen.append(numba.get_num_threads())
-        time.sleep(0.004 if numba.get_num_threads() > 1 else 0.0)
-        return 2 * x
-
-    chooser = ThreadCountChooser(fn, period=20, probe=2)
-    assert [chooser(i) for i in range(40)] == [2 * i for i in range(40)]
-    assert seen[:4] == [1, default, 1, default] and set(seen[4:20]) == {1}  # probes alternate, then the faster one
-    assert seen[20:24] == [1, default, 1, default]  # probed again every `period` calls
-    assert numba.get_num_threads() == default

@@ -1,0 +1,89 @@
+"""The softmax(W f + b) model shared by vector, matrix and Dirichlet scaling (``_affine.py``): its hand-written
+gradient and compiled kernel against an independent numpy implementation, the preconditioner, the fit."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+import torch
+from _affine_reference import affine_objective, fit_affine_reference
+
+from hf_calibration.calibrators._affine import AffineNLL, affine_preconditioner, fit_affine, identity_parameters
+
+
+def _data(n=500, k=6, seed=0, offset=-20.0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n)
+    f = 2.0 * rng.normal(size=(n, k)) + 3.0 * np.eye(k)[y] + offset  # a large common offset, as log-probabilities have
+    return f, y
+
+
+@pytest.mark.parametrize("diagonal", [True, False])
+def test_value_and_gradient_match_numpy(diagonal):
+    f, y = _data()
+    k = f.shape[1]
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=2 * k if diagonal else k * k + k)
+    value, grad, _ = affine_objective(x, f, y, diagonal)
+    nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), diagonal)
+    xt = torch.from_numpy(x).requires_grad_(True)
+    out = nll(xt)
+    out.backward()
+    assert float(out.detach()) == pytest.approx(value, abs=1e-13)
+    np.testing.assert_allclose(xt.grad.numpy(), grad, rtol=0, atol=1e-13)
+    with torch.no_grad():  # the value-only path
+        assert float(nll(torch.from_numpy(x))) == pytest.approx(value, abs=1e-13)
+
+
+def test_vector_kernel_does_not_depend_on_the_thread_count():
+    f, y = _data(n=3000, k=20)
+    x = torch.from_numpy(np.random.default_rng(2).normal(size=40))
+    nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), diagonal=True)
+    default = numba.get_num_threads()
+    results = []
+    try:
+        for threads in sorted({1, default}):
+            numba.set_num_threads(threads)
+            results.append(nll._value_and_grad(x, True))
+    finally:
+        numba.set_num_threads(default)
+    assert results[0][0] == results[-1][0]
+    assert torch.equal(results[0][1], results[-1][1])
+
+
+@pytest.mark.parametrize("diagonal", [True, False])
+def test_preconditioner_is_an_exact_change_of_variables(diagonal):
+    f, y = _data()
+    k = f.shape[1]
+    nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), diagonal)
+    x = identity_parameters(k, diagonal) + 0.1 * torch.from_numpy(np.random.default_rng(3).normal(size=2 * k if diagonal else k * k + k))
+    p = affine_preconditioner(nll, x, reg_lambda=2.0, reg_mu=0.5)
+    torch.testing.assert_close(p.to_x(p.to_u(x)), x, rtol=0, atol=1e-12)
+    u = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(p.to_u(p.to_x(u)), u, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("diagonal, lam, mu", [(True, 0.0, 0.0), (False, 0.0, 0.0), (False, 3.0, 0.7)])
+def test_fit_reaches_the_scipy_minimum(diagonal, lam, mu):
+    f, y = _data(n=400, k=5, seed=4)
+    _, ref_objective, ref_nll = fit_affine_reference(f, y, diagonal, lam, mu)
+    nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), diagonal)
+    ours = fit_affine(nll, identity_parameters(5, diagonal), reg_lambda=lam, reg_mu=mu, max_iter=5000, tol=1e-14)
+    assert ours.objective == pytest.approx(ref_objective, abs=1e-9)
+    with torch.no_grad():
+        assert float(nll(ours.x)) == pytest.approx(ref_nll, abs=1e-6)
+
+
+def test_vector_curvature_kernel_matches_numpy():
+    from scipy.special import softmax
+
+    from hf_calibration.calibrators._affine import _diagonal_curvature
+
+    f, _ = _data(n=700, k=9)
+    rng = np.random.default_rng(5)
+    w, b = 1 + 0.2 * rng.normal(size=9), rng.normal(size=9)
+    p = softmax(f * w + b, axis=1)
+    v = p * (1 - p)
+    expected = np.stack([(v * f * f).sum(0), (v * f).sum(0), v.sum(0)])
+    np.testing.assert_allclose(_diagonal_curvature(f, w, b), expected, rtol=1e-12)

@@ -1,0 +1,65 @@
+"""Vector scaling (Guo et al. 2017): the fit against scipy on the same NLL, per-class sizing, torch-uncertainty."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from _affine_reference import canonical, fit_affine_reference
+from _calibrator_data import overconfident
+
+from hf_calibration.calibrators import VectorScaling
+
+
+@pytest.mark.parametrize("reg", [0.0, None, 0.5])
+def test_fit_reaches_the_scipy_minimum_of_the_same_objective(reg):
+    z, y = overconfident(800, 8, seed=3)
+    lam = mu = 8 / 1000 if reg is None else reg  # the default: K / 1000
+    ref_x, ref_objective, ref_nll = fit_affine_reference(canonical(z), y, diagonal=True, reg_lambda=lam, reg_mu=mu)
+    vs = VectorScaling(reg_lambda=reg, reg_mu=reg).fit(z, y, progress_bar=False)
+    assert vs.fit_info_["reg_lambda"] == lam and vs.fit_info_["reg_mu"] == mu
+    assert vs.fit_info_["best_objective"] == pytest.approx(ref_objective, abs=1e-6)
+    assert vs.fit_info_["nll"] == pytest.approx(ref_nll, abs=1e-6)
+    # and the calibrated logits are w * z + b with the fitted parameters, on z relative to its row maximum
+    zt = torch.from_numpy(canonical(z))
+    torch.testing.assert_close(vs(zt), zt * vs.weight + vs.bias, rtol=0, atol=1e-12)
+    # any row offset gives the same map (up to the float32 rounding of z - max z above)
+    torch.testing.assert_close(vs(torch.from_numpy(z).double() + 7.0), vs(zt), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(vs.weight.detach().numpy(), ref_x[:8], atol=1e-3)
+
+
+def test_sized_by_the_fit_and_refuses_other_class_counts():
+    z, y = overconfident(300, 5, seed=1)
+    vs = VectorScaling()
+    assert vs.num_classes is None
+    vs.fit(z, y, progress_bar=False)
+    assert vs.num_classes == 5 and vs.weight.shape == (5,) and vs._hub_mixin_config["num_classes"] == 5
+    with pytest.raises(ValueError, match="K = 5 classes"):
+        vs(torch.zeros(2, 6))
+    assert vs.fit_info_["accuracy_after"] == pytest.approx(float((vs(torch.from_numpy(z)).argmax(1).numpy() == y).mean()))
+
+
+def test_warns_about_classes_without_samples(caplog):
+    z, y = overconfident(300, 5, seed=1)
+    keep = y != 3
+    with caplog.at_level(logging.WARNING):
+        VectorScaling().fit(z[keep], y[keep], progress_bar=False)
+    assert "no calibration sample" in caplog.text and "class 3" in caplog.text
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="max_iter"):
+        VectorScaling(max_iter=1.5)
+    with pytest.raises(ValueError, match="num_classes"):
+        VectorScaling(num_classes=1)
+
+
+def test_card_says_it_may_change_predictions(tmp_path):
+    z, y = overconfident(300, 5, seed=2)
+    VectorScaling().fit(z, y, progress_bar=False).save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "may change the predicted class" in card and "vector scaling, Guo et al. 2017" in card and "lambda = 0.005, mu = 0.005" in card
+    config = (tmp_path / "config.json").read_text()
+    assert '"num_classes": 5' in config and '"calibrator": "vector_scaling"' in config
