@@ -327,8 +327,9 @@ def markdown(results: dict, n_corrupt: int, calibrators: list[str]) -> str:
                 v = report.severity_means(metric)[method]
                 cells += [f"{100 * v[0]:.2f}", f"{100 * v[-1]:.2f}"] if metric != "nll" else [f"{v[0]:.3f}", f"{v[-1]:.3f}"]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
-        lines += ["", "OOD detection against the clean test set (in-distribution positive), AUROC / FPR95 (%); \"-\": the "
-                  "calibrator returns log-probabilities, whose energy is 0 for every input:", ""]
+        lines += ["", "OOD detection against the clean test set (in-distribution positive), AUROC / FPR95 (%); \"-\": energy is not "
+                  "scored for calibrators that do not keep each row's logit level (only a temperature does: the others "
+                  "return log-probabilities or map z - max z / log p, see `shift_report`):", ""]
         sets = sorted({o["ood"] for o in report.ood})
         lines += ["| method | " + " | ".join(f"{s} {sc}" for s in sets for sc in ("MSP", "energy")) + " |", "|---|" + "---|" * (2 * len(sets))]
         for method in report.methods:

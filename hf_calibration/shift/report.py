@@ -72,11 +72,17 @@ def _apply(calibrator: Any, logits: np.ndarray) -> np.ndarray:
         return calibrator(torch.from_numpy(np.ascontiguousarray(logits))).numpy()
 
 
-def _normalised(logits: np.ndarray) -> bool:
-    """Rows that are log-probabilities already (logsumexp = 0 within 1e-6)."""
-    top = logits.max(axis=1, keepdims=True)
-    lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
-    return bool(np.abs(lse).max() < 1e-6)
+def _keeps_logit_level(calibrator) -> bool:
+    """Whether the energy and max-logit scores mean anything on ``calibrator``'s outputs.
+
+    They read each row's logit level, which a temperature keeps (``(z + c) / T``). The other maps see
+    ``z - max z`` or ``log p`` (the level is gone) or return log-probabilities (logsumexp = 0 for every input):
+    scored on their outputs, both would rank inputs by something other than the model's evidence (CTS's
+    energy AUROC came out at 2.6 % on CIFAR-10 against 98.7 % uncalibrated).
+    """
+    from ..calibrators import TemperatureCalibrator
+
+    return calibrator is None or isinstance(calibrator, TemperatureCalibrator)
 
 
 def _metrics(logits: np.ndarray, labels: np.ndarray, n_bins: int) -> dict[str, float]:
@@ -90,8 +96,8 @@ def _metrics(logits: np.ndarray, labels: np.ndarray, n_bins: int) -> dict[str, f
 class ShiftReport:
     """Calibration by method × corruption × severity (``rows``; ``corruption="clean"``, ``severity=0`` for the
     clean test set) and OOD detection by method × OOD set × score (``ood``). Values are fractions (NLL in nats).
-    The energy score of a calibrator that returns log-probabilities (histogram binning, isotonic, spline...) is
-    the same for every input; its OOD values are None ("-" in the table).
+    The energy and max-logit scores read each row's logit level, which only a temperature keeps: for the other
+    calibrators (log-probability outputs, maps of ``z - max z`` or of ``log p``) their OOD values are None ("-").
 
     ``str(report)`` prints the clean table, the mean over corruptions at each severity, and the OOD table;
     ``report.table(full=True)`` adds every corruption × severity row; ``report.plot()`` draws a metric against
@@ -249,12 +255,11 @@ def shift_report(
         for (corruption, severity), (z, y) in sets.items():  # clean first, then in the order given
             rows.append({"method": method, "corruption": corruption, "severity": severity, **_metrics(_apply(calibrator, z), y, n_bins)})
         z_in = _apply(calibrator, test[0]) if ood_sets else None
-        # top-label / piecewise calibrators return log-probabilities: logsumexp = 0 for every input, no energy score
-        log_probs = z_in is not None and calibrator is not None and _normalised(z_in)
+        logit_level = _keeps_logit_level(calibrator)
         for name, z in ood_sets.items():
             z_out = _apply(calibrator, z)
             for score in ood_scores:
-                if score == "energy" and log_probs:
+                if score in ("energy", "max_logit") and not logit_level:
                     values = dict.fromkeys(("auroc", "aupr_in", "aupr_out", "fpr95"))
                 else:
                     values = ood_metrics(z_in, z_out, score, from_logits=True)

@@ -113,14 +113,23 @@ def test_bad_input(data):
         shift_report(val, test, shifted, calibrators=[], ood_logits=np.zeros((3, 5)), ood_scores=("odin",))
 
 
-def test_energy_is_not_scored_for_calibrators_that_return_log_probabilities(data):
+def test_logit_level_scores_only_where_a_temperature_keeps_the_level(data):
+    # energy / max-logit read each row's logit level: log-probability outputs (isotonic) make energy constant, and
+    # maps of z - max z (vector scaling, CTS) or of log p (Dirichlet) drop the level; TS keeps it
     from hf_calibration.calibrators import list_calibrators
+    from hf_calibration.metrics import ood_metrics
 
-    if "isotonic" not in list_calibrators():
-        pytest.skip("no top-label calibrator registered")
     val, test, _, ood = data
-    report = shift_report(val, test, {}, calibrators=["isotonic", "ts"], ood_logits=ood)
+    methods = [m for m in ("isotonic", "vector_scaling", "cts", "dirichlet") if m in list_calibrators()]
+    report = shift_report(val, test, {}, calibrators=[*methods, "ts"], ood_logits=ood, ood_scores=("msp", "energy", "max_logit"))
     rows = {(r["method"], r["score"]): r for r in report.ood}
-    assert rows[("isotonic", "energy")]["auroc"] is None and rows[("ts", "energy")]["auroc"] is not None
-    assert rows[("isotonic", "msp")]["auroc"] is not None and rows[("uncalibrated", "energy")]["auroc"] is not None
+    for method in methods:
+        assert rows[(method, "energy")]["auroc"] is None and rows[(method, "max_logit")]["auroc"] is None
+        assert rows[(method, "msp")]["auroc"] is not None
+    from hf_calibration.calibrators import TemperatureScaling
+
+    ts = TemperatureScaling().fit(*val, progress_bar=False)
+    expected = ood_metrics(ts(test[0]).numpy(), ts(ood).numpy(), "energy")["auroc"]
+    assert rows[("ts", "energy")]["auroc"] == pytest.approx(expected, abs=1e-12)
+    assert rows[("uncalibrated", "energy")]["auroc"] == pytest.approx(ood_metrics(test[0], ood, "energy")["auroc"], abs=1e-12)
     assert " - " in report.table()
