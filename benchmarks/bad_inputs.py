@@ -651,6 +651,93 @@ def loss_cases(tmp: Path) -> list[Case]:
 # ----------------------------------------------------------------------------- running and reporting
 
 
+def registry_cases(tmp: Path) -> list[Case]:
+    """Every registered calibrator (the ones added after TS and SMART included): probabilities, NaN, labels, checkpoints."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_calibration.calibrators import create_calibrator, list_calibrators
+
+    cases: list[Case] = []
+    add = cases.append
+    zt = torch.from_numpy(Z)
+    for kind in list_calibrators():
+        if kind in ("temperature_scaling", "smart"):  # covered case by case above
+            continue
+        fitted = create_calibrator(kind).fit(Z, Y, progress_bar=False)
+        expected = fitted.predict_proba(zt).numpy()
+        add(Case("probabilities vs logits", "calibrators", f"{kind} fit(probs), detected: predict_proba",
+                 lambda kind=kind: create_calibrator(kind).fit(P, Y, progress_bar=False).predict_proba(zt).numpy(),
+                 ("from_logits",), lambda expected=expected: expected, atol=1e-9))
+        add(Case("probabilities vs logits", "calibrators", f"{kind} forward(probs), detected",
+                 lambda fitted=fitted: torch.softmax(fitted(torch.from_numpy(P)).double(), 1).numpy(),
+                 ("from_logits",), lambda expected=expected: expected, atol=1e-9))
+        bad = Z.copy()
+        bad[4, 1] = np.nan
+        add(Case("NaN / inf", "calibrators", f"{kind} forward(a NaN row)", lambda fitted=fitted, bad=bad: fitted(bad), ("logits",)))
+        add(Case("NaN / inf", "calibrators", f"{kind} fit(an inf row)", lambda kind=kind, bad=bad: create_calibrator(kind).fit(np.where(np.isnan(bad), np.inf, bad), Y), ("logits",)))
+        add(Case("labels", "calibrators", f"{kind} fit(label = K)", lambda kind=kind: create_calibrator(kind).fit(Z, np.where(np.arange(len(Y)) == 3, K, Y)), ("labels",)))
+        folder = tmp / kind
+        fitted.save_pretrained(folder)
+        tensors = load_file(str(folder / "model.safetensors"))
+        name = next(n for n, t in tensors.items() if t.is_floating_point() and t.numel())
+        tensors[name] = torch.full_like(tensors[name], float("nan"))
+        nan_folder = tmp / f"{kind}_nan"
+        shutil.copytree(folder, nan_folder)
+        save_file(tensors, str(nan_folder / "model.safetensors"), metadata={"format": "pt", "calibrator": kind, "format_version": "1"})
+        add(Case("corrupted / tampered checkpoints", "calibrators", f"{kind}: NaN in {name}", lambda nan_folder=nan_folder: load_calibrator(nan_folder), ("NaN", "corrupted")))
+        add(Case("existing output files", "calibrators", f"{kind}.save_pretrained(a folder holding a calibrator)",
+                 lambda fitted=fitted, folder=folder: fitted.save_pretrained(folder), ("overwrite", str(folder))))
+    return cases
+
+
+def new_surface_cases(tmp: Path) -> list[Case]:
+    """The streaming accumulator, OOD / selective metrics, calibrator comparison and corruptions."""
+    from hf_calibration import CalibrationAccumulator, compare_calibrators
+    from hf_calibration.metrics import aurc, ood_metrics
+    from hf_calibration.shift import corrupt
+
+    cases: list[Case] = []
+    add = cases.append
+    rng = np.random.default_rng(1)
+    z_out = rng.normal(scale=2.0, size=(300, K))
+    msp_in, msp_out = P.max(1), softmax(z_out).max(1)
+    ref_auroc = float(np.mean((msp_in[:, None] > msp_out[None, :]) + 0.5 * (msp_in[:, None] == msp_out[None, :])))
+    risk = np.cumsum(1.0 - (P.argmax(1) == Y)[np.argsort(-P.max(1), kind="stable")]) / np.arange(1, len(Y) + 1)
+
+    def accumulate(preds, **kw):
+        acc = CalibrationAccumulator(**kw)
+        for rows in np.array_split(np.arange(len(Y)), 7):
+            acc.update(preds[rows], Y[rows])
+        return acc.compute().ece
+
+    add(Case("probabilities vs logits", "metrics", "CalibrationAccumulator(probs in batches).ece", lambda: accumulate(P), ("from_logits",), lambda: ref_ece(P, Y)))
+    add(Case("probabilities vs logits", "metrics", "CalibrationAccumulator(logits in batches).ece", lambda: accumulate(Z), reference=lambda: ref_ece(P, Y)))
+    add(Case("probabilities vs logits", "metrics", "ood_metrics(probs, probs, msp).auroc", lambda: ood_metrics(P, softmax(z_out), "msp")["auroc"], ("from_logits",), lambda: ref_auroc, atol=1e-12))
+    add(Case("probabilities vs logits", "metrics", "ood_metrics(logits, logits, msp).auroc", lambda: ood_metrics(Z, z_out, "msp")["auroc"], reference=lambda: ref_auroc, atol=1e-12))
+    add(Case("probabilities vs logits", "metrics", "aurc(probs)", lambda: aurc(P, Y), ("from_logits",), lambda: float(risk.mean()), atol=1e-12))
+    add(Case("probabilities vs logits", "calibrators", "compare_calibrators(probs) == (logits): TS ECE",
+             lambda: compare_calibrators(P, Y, methods=["temperature_scaling"], cv=3).rows()[0]["ece_mean"],
+             ("from_logits",), lambda: compare_calibrators(Z, Y, methods=["temperature_scaling"], cv=3).rows()[0]["ece_mean"], atol=1e-9))
+    add(Case("rank / shape", "metrics", "ood_metrics(K = 5 vs K = 4)", lambda: ood_metrics(Z, z_out[:, :4]), ("out_logits", "in_logits")))
+    add(Case("hyper-parameters", "metrics", "ood_metrics(score='odin')", lambda: ood_metrics(Z, z_out, "odin"), ("score",)))
+    add(Case("hyper-parameters", "metrics", "CalibrationAccumulator(n_bins=0)", lambda: CalibrationAccumulator(n_bins=0), ("n_bins",)))
+    add(Case("rank / shape", "metrics", "CalibrationAccumulator.update(K changes between batches)",
+             lambda: (lambda a: (a.update(Z[:10], Y[:10]), a.update(Z[:10, :4], Y[:10])))(CalibrationAccumulator()), ("logits", "preds", "K")))
+    add(Case("hyper-parameters", "metrics", "compare_calibrators(cv=1)", lambda: compare_calibrators(Z, Y, cv=1), ("cv",)))
+    add(Case("hyper-parameters", "metrics", "compare_calibrators(methods=['nope'])", lambda: compare_calibrators(Z, Y, methods=["nope"]), ("methods", "nope")))
+    try:
+        from PIL import Image
+
+        image = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+        add(Case("hyper-parameters", "shift", "corrupt(name='gausian_noise')", lambda: corrupt(image, "gausian_noise", 3), ("name", "gausian_noise")))
+        add(Case("hyper-parameters", "shift", "corrupt(severity=6)", lambda: corrupt(image, "gaussian_noise", 6), ("severity",)))
+        add(Case("hyper-parameters", "shift", "corrupt(severity=2.5)", lambda: corrupt(image, "gaussian_noise", 2.5), ("severity",)))
+        add(Case("dtype", "shift", "corrupt(a list, not an image)", lambda: corrupt([[1, 2]], "gaussian_noise", 1), ("image",)))
+    except ImportError:  # the shift extra is not installed
+        pass
+    return cases
+
+
 def classify(case: Case) -> tuple[str, str]:
     from hf_calibration.hub import HubUnreachableError
 
@@ -712,7 +799,8 @@ def run(verbose: bool) -> tuple[list[tuple[Case, str, str]], float]:
     results = []
     with tempfile.TemporaryDirectory(prefix="bad_inputs_") as tmpdir:
         tmp = Path(tmpdir)
-        for build in (metric_cases, calibrator_cases, checkpoint_cases, output_cases, cli_cases, hub_cases, loss_cases):
+        for build in (metric_cases, calibrator_cases, registry_cases, checkpoint_cases, output_cases, cli_cases, hub_cases,
+                      loss_cases, new_surface_cases):
             sub = tmp / build.__name__
             sub.mkdir()
             for case in build(sub):

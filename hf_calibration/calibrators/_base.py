@@ -261,11 +261,14 @@ class Calibrator(
         out = self._forward_fused(zc) if z.dtype == cdtype else None
         if out is not None:
             return out
-        out = self._calibrate(zc)
-        if not bool(torch.isfinite(out.sum())):
+        # one cheap reduction (NaN, inf, or a huge total land here), before the map: a map need not carry a NaN
+        # through to its output (a binning of the confidence puts it in some bin)
+        if not bool(torch.isfinite(zc.sum())):
             bad = ~torch.isfinite(zc).all(dim=1)
             if bool(bad.any()):
                 raise ValueError(f"Expected `logits` to be finite, but row {int(bad.nonzero()[0])} contains NaN or inf.")
+        out = self._calibrate(zc)
+        if not bool(torch.isfinite(out.sum())):
             out = out.clamp(min=torch.finfo(cdtype).min, max=torch.finfo(cdtype).max)  # log(0) = -inf of a top-label map
         if z.dtype != cdtype:
             limit = torch.finfo(z.dtype).max

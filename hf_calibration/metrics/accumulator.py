@@ -335,8 +335,8 @@ class CalibrationAccumulator:
         if preds.ndim == 2 and target.ndim == 1 and preds.shape[0] == target.shape[0] == 0:
             return self
         check_classification_shapes(preds, target, "preds", "target")
+        self._settle(preds.shape[1], None, "`preds`")  # K first: a changed K would otherwise read as bad labels
         if self.ignore_index is not None and bool((target == self.ignore_index).all()):
-            self._settle(preds.shape[1], None, "`preds`")
             return self
         compute_rows = _rows_torch if _on_device(preds) else _rows_numpy
         rows, from_logits = compute_rows(preds, target, self.from_logits, self.ignore_index, self.n_bins, self._with_probabilities)

@@ -414,3 +414,13 @@ def test_a_different_class_count_warns_once(data, caplog):
     assert caplog.text.count("fitted on K = 10") == 1
     # the map itself is still z / T
     torch.testing.assert_close(ts(other.double()), other.double() / ts.fitted_temperature, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_forward_refuses_non_finite_rows_whatever_the_map(fitted, data, bad, dtype):
+    # every map, not only those that carry a NaN to their output: a binning of the confidence put a NaN row in a bin
+    z = torch.from_numpy(data[0][:50].copy()).to(dtype)
+    z[7, 2] = bad
+    with pytest.raises(ValueError, match=r"`logits` to be finite, but row 7"):
+        fitted(z)

@@ -266,3 +266,14 @@ def test_trainer_compute_metrics(tmp_path, batch_eval_metrics):
     for key in ("accuracy", "ece", "adaece", "mce", "classwise_ece", "smce", "smece", "brier", "nll"):
         assert metrics[f"eval_{key}"] == pytest.approx(want[key], abs=1e-6), key  # one batch of 70 vs batches of 16
         assert again[f"eval_{key}"] == metrics[f"eval_{key}"]
+
+
+def test_a_batch_with_another_k_is_named_as_such_not_as_bad_labels():
+    rng = np.random.default_rng(0)
+    acc = CalibrationAccumulator()
+    acc.update(rng.normal(size=(10, 5)), np.arange(10) % 5)
+    with pytest.raises(ValueError, match=r"K = 5 classes as before, but got K = 4"):
+        acc.update(rng.normal(size=(10, 4)), np.full(10, 4))  # label 4 is in range for the first K only
+    with pytest.raises(ValueError, match=r"K = 5 classes as before, but got K = 4"):
+        acc.update(rng.normal(size=(10, 4)), np.full(10, -100))  # every row ignored: K is still checked
+    assert acc.n == 10
