@@ -301,7 +301,7 @@ def train_masked_head(
                 "loss": loss_sum / n,
             }
             history.append(record)
-            bar.set_postfix(rho=f"{rho:.3f}", acc=f"{acc:.3f}", conf=f"{conf:.3f}")
+            bar.set_postfix(rho=f"{rho:.3f}", acc=f"{acc:.3f}", conf=f"{conf:.3f}", refresh=False)  # a refresh ignores the delay
             logger.info("MaC-Cal epoch %d: rho=%.4f acc=%.4f conf=%.4f loss=%.4f", epoch, rho, acc, conf, record["loss"])
             if log_fn is not None:
                 log_fn({f"maccal/{k}": v for k, v in record.items()})

@@ -322,3 +322,12 @@ def test_stage_loss_is_a_copy_with_local_statistics():
     assert staged is not loss and staged.sync_statistics is False  # every process sees the whole stage-2 data
     assert loss.sync_statistics is True  # the trainer's own loss keeps summing across processes
     assert torch.equal(staged.gate.fc_in.weight, loss.gate.fc_in.weight)
+
+
+def test_a_short_stage_prints_no_progress(capfd, monkeypatch, trained_vit):
+    # the epoch bar's postfix once refreshed it before its delay: one 0 % frame per epoch on a non-interactive stderr
+    from hf_calibration import _progress
+
+    monkeypatch.setattr(_progress, "DELAY_S", 3600.0)
+    maccal_stage(_clone(trained_vit), digits_dataset(slice(0, 96)), MaCCalConfig(epochs=3, batch_size=32, progress=True))
+    assert "MaC-Cal" not in capfd.readouterr().err
