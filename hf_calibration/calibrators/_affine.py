@@ -9,6 +9,11 @@ iterations on a CIFAR-100 DenseNet's logits). ``affine_preconditioner`` rescales
 Gauss-Newton curvature at the current point, ``v_ij = p_ij (1 - p_ij)``: an exact 2 x 2 block for each class's
 (diagonal weight, bias) pair and the exact diagonal for the off-diagonal weights, penalty curvature included
 (3-4x fewer iterations).
+
+For a full matrix an evaluation is two N x K x K products around one compiled pass over the rows (the softmax,
+the NLL and ``P - Y``, in float64). ``AffineNLL(..., products=torch.float32)`` runs the two products in float32,
+twice as fast; the NLL and every sum stay float64, so the objective moves by float32 rounding of the scores
+(~1e-7 relative), and a fit that needs more than that finishes on the float64 objective.
 """
 
 from __future__ import annotations
@@ -114,6 +119,73 @@ def _diagonal_curvature(z, w, b):  # pragma: no cover - compiled
     return out
 
 
+@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+def _softmax_residual(s, labels, with_grad):  # pragma: no cover - compiled
+    """Mean NLL of ``softmax(s_i)`` for the scores ``s`` (N, K; float32 or float64, the softmax in float64) and,
+    with ``with_grad``, ``s`` overwritten in place by ``P - Y``, with its column sums ``sum_i (p_i - y_i)`` returned.
+
+    One pass over the rows (torch's logsumexp, exp and gather took four); fixed chunks summed in order, so the
+    result does not depend on the number of threads.
+    """
+    n, k = s.shape
+    n_chunks = (n + CHUNK - 1) // CHUNK
+    part_loss = np.zeros(n_chunks)
+    part_sum = np.zeros((n_chunks, k))
+    ones, zeros = np.ones(k), np.zeros(k)
+    for c in numba.prange(n_chunks):
+        shifted, e, bits = np.empty(k), np.empty(k), np.empty(k)
+        acc = part_sum[c]
+        loss = 0.0
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            row = s[i]
+            total = _row_softmax(row, ones, zeros, shifted, e, bits)
+            y = labels[i]
+            loss += math.log(total) - shifted[y]
+            if with_grad:
+                inv = 1.0 / total
+                for j in range(k):
+                    p = e[j] * inv
+                    row[j] = p
+                    acc[j] += p
+                row[y] -= 1.0
+                acc[y] -= 1.0
+        part_loss[c] = loss
+    return part_loss.sum() / n, _sum_chunks(part_sum)
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+def _softmax_curvature(s, f):  # pragma: no cover - compiled
+    """For the scores ``s`` (N, K) and features ``f`` (N, K): ``s`` overwritten in place by ``v = p (1 - p)``,
+    ``p = softmax(s_i)``, and ``(sum_i v_ij f_ij, sum_i v_ij)`` returned, shape (2, K), fixed chunks in order."""
+    n, k = s.shape
+    n_chunks = (n + CHUNK - 1) // CHUNK
+    part = np.zeros((n_chunks, 2 * k))
+    ones, zeros = np.ones(k), np.zeros(k)
+    for c in numba.prange(n_chunks):
+        shifted, e, bits = np.empty(k), np.empty(k), np.empty(k)
+        acc = part[c]
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            row = s[i]
+            inv = 1.0 / _row_softmax(row, ones, zeros, shifted, e, bits)
+            for j in range(k):
+                p = e[j] * inv
+                v = p * (1.0 - p)
+                row[j] = v
+                acc[j] += v * np.float64(f[i, j])
+                acc[k + j] += v
+    return _sum_chunks(part).reshape(2, k)
+
+
+@numba.njit(cache=True)
+def _sum_chunks(part):  # pragma: no cover - compiled
+    """``part.sum(0)`` in chunk order (numba's reduction order is its own)."""
+    out = np.zeros(part.shape[1])
+    for c in range(part.shape[0]):
+        for j in range(part.shape[1]):
+            out[j] += part[c, j]
+    return out
+
+
 class _NLLWithGradient(torch.autograd.Function):
     """Autograd node for an objective that computes its own gradient (no graph over the (N, K) intermediates)."""
 
@@ -133,16 +205,35 @@ class AffineNLL:
     """``x -> mean NLL of softmax(W f_i + b)`` over fixed features ``F`` (N, K) and labels (N,), with its gradient.
 
     The gradient is written out (``(P - Y)^T F / N`` and ``sum_i (p_i - y_i) / N``) rather than traced by
-    autograd: one GEMM each way for a full matrix, one fused compiled pass for vector scaling.
+    autograd: one GEMM each way for a full matrix (in ``products``' dtype), one fused compiled pass for vector scaling.
     """
 
-    def __init__(self, features: torch.Tensor, labels: torch.Tensor, diagonal: bool = False):
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, diagonal: bool = False, products: torch.dtype = torch.float64):
         self.features, self.labels, self.k, self.diagonal = features, labels.long(), features.shape[1], diagonal
-        self._rows = torch.arange(features.shape[0])
-        if diagonal:
-            self._z, self._y = features.numpy(), self.labels.numpy()
+        self._z, self._y = features.numpy(), self.labels.numpy()
+        if products not in (torch.float32, torch.float64):
+            raise ValueError(f"Expected argument `products` to be torch.float32 or torch.float64, but got {products!r}.")
+        self.products = products  # the dtype of the full matrix's two products (the softmax pass is float64 either way)
+        self._f = features if products == features.dtype else features.to(products)
+        self._f_squared: torch.Tensor | None = None
         # the thread count of the heavy step is chosen by timing (_threads.py): a busy machine must not stall it
         self._step = ThreadCountChooser(self._value_and_grad, backend="numba" if diagonal else "torch")
+
+    @staticmethod
+    def _on_torch_threads(kernel, *args):
+        """Run a compiled kernel on (at most) the threads torch has now: inside the step, the count chosen for it."""
+        before = numba.get_num_threads()
+        numba.set_num_threads(min(torch.get_num_threads(), before))
+        try:
+            return kernel(*args)
+        finally:
+            numba.set_num_threads(before)
+
+    def features_squared(self) -> torch.Tensor:
+        """``F * F`` (for the preconditioner), computed once."""
+        if self._f_squared is None:
+            self._f_squared = self.features * self.features
+        return self._f_squared
 
     def logits(self, x: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
         f = self.features if features is None else features
@@ -160,14 +251,13 @@ class AffineNLL:
         if self.diagonal:
             value, grad = _diagonal_nll_grad(self._z, self._y, x[:k].numpy(), x[k:].numpy(), with_grad)
             return float(value), (torch.from_numpy(grad) if with_grad else None)
-        s = self.logits(x)
-        lse = torch.logsumexp(s, dim=1)
-        value = float((lse - s[self._rows, self.labels]).mean())
+        w, b = x[: k * k].view(k, k), x[k * k :]
+        s = torch.addmm(b.to(self.products), self._f, w.t().to(self.products))
+        value, column_sums = self._on_torch_threads(_softmax_residual, s.numpy(), self._y, with_grad)  # s becomes P - Y
         if not with_grad:
-            return value, None
-        p = s.sub_(lse[:, None]).exp_()  # in place: P, then P - Y
-        p[self._rows, self.labels] -= 1.0
-        return value, torch.cat([(p.t() @ self.features).reshape(-1), p.sum(0)]) / n
+            return float(value), None
+        grad_w = (s.t() @ self._f).to(torch.float64).reshape(-1)
+        return float(value), torch.cat([grad_w, torch.from_numpy(column_sums)]) / n
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
@@ -195,19 +285,18 @@ def affine_preconditioner(nll: AffineNLL, x: torch.Tensor, reg_lambda: float = 0
             sums = torch.from_numpy(ThreadCountChooser(_diagonal_curvature)(nll._z, x[:k].numpy(), x[k:].numpy())) / n
             h11 = _floor(sums[0] + 2 * reg_lambda / k)  # class j's own weight multiplies its own feature f_ij
             h12, h22 = sums[1], _floor(sums[2] + 2 * reg_mu / k)
-        else:
-            p = torch.softmax(nll.logits(x), dim=1)
-            v = p * (1 - p)
-            h11 = _floor((v * f * f).sum(0) / n)  # class j's own (diagonal) weight multiplies its own feature f_ij
-            h12 = (v * f).sum(0) / n
-            h22 = _floor(v.sum(0) / n + 2 * reg_mu / k)
+        else:  # one product for the scores, one compiled pass for v = p (1 - p), one product for the off-diagonal curvature
+            # (float64 whatever the objective's products: in float32 the v of a sample fitted to 1e-40 underflow to 0)
+            v = nll.logits(x)
+            sums = torch.from_numpy(nll._on_torch_threads(_softmax_curvature, v.numpy(), nll._z)) / n
+            curvature = (v.t() @ nll.features_squared()) / n  # (class j, input m): sum_i v_ij f_im^2 / N
+            h11 = _floor(torch.diagonal(curvature).clone())  # class j's own (diagonal) weight multiplies its own feature f_ij
+            h12, h22 = sums[0], _floor(sums[1] + 2 * reg_mu / k)
+            scale = _floor(curvature + 2 * reg_lambda / (k * (k - 1))).rsqrt()
+            eye = torch.eye(k, dtype=torch.bool)
         l11 = h11.sqrt()
         l21 = h12 / l11
         l22 = _floor(h22 - l21 * l21).sqrt()
-        if not nll.diagonal:
-            off = (v.t() @ (f * f)) / n + 2 * reg_lambda / (k * (k - 1))  # (class j, input m): sum_i v_ij f_im^2 / N
-            scale = _floor(off).rsqrt()
-            eye = torch.eye(k, dtype=torch.bool)
 
     def split(vec: torch.Tensor):
         if nll.diagonal:

@@ -18,7 +18,8 @@ The fit runs torch on one thread (``_threads.torch_single_threaded``): its passe
 on a busy machine parallel regions stall; an objective's heavy step may choose more threads itself.
 
 The fit stops after ``max_iter`` LBFGS iterations, when the gradient vanishes (``max |g| <= 1e-9``), or when the
-objective goes flat: an iteration that lowers it by less than ``tol * max(|f(x0)|, 1)`` ends the fit.
+objective goes flat: an iteration that lowers it by less than ``tol * max(|f(x0)|, 1)`` ends the fit. The
+objective reported is the one LBFGS evaluated at the final point (evaluated again only if it was not).
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progr
         history_size=history_size,
         line_search_fn="strong_wolfe",
     )
+    lowest = [math.inf, None]  # the lowest objective evaluated, and where: usually where LBFGS stops
     with tqdm(total=max_eval, desc=desc, disable=not progress_bar, delay=1.0, leave=False) as bar:
 
         def closure() -> torch.Tensor:
@@ -130,12 +132,14 @@ def _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progr
             value.backward()
             if not (math.isfinite(float(value.detach())) and bool(torch.isfinite(x.grad).all())):
                 raise FloatingPointError("The fit objective or its gradient became non-finite (the fit diverged).")
+            if float(value.detach()) < lowest[0]:
+                lowest[:] = float(value.detach()), x.detach().clone()
             bar.update(1)
             return value
 
         optimizer.step(closure)
     state = optimizer.state[x]
     with torch.no_grad():
-        final = float(total(x))
+        final = lowest[0] if lowest[1] is not None and torch.equal(lowest[1], x) else float(total(x))
         solution = x.detach() if precondition is None else precondition.to_x(x.detach())
     return LBFGSResult(solution, final, int(state.get("n_iter", 0)), int(state.get("func_evals", 0)))

@@ -36,6 +36,53 @@ def test_value_and_gradient_match_numpy(diagonal):
         assert float(nll(torch.from_numpy(x))) == pytest.approx(value, abs=1e-13)
 
 
+def test_float32_products_stay_within_float32_rounding_of_numpy():
+    # the cross-validation fits' objective: the two matrix products in float32, the softmax and the sums in float64
+    f, y = _data(n=2000, k=30)
+    x = identity_parameters(30) + 0.05 * torch.from_numpy(np.random.default_rng(6).normal(size=30 * 31))
+    value, grad, _ = affine_objective(x.numpy(), f, y)
+    nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), products=torch.float32)
+    ours, ours_grad = nll.value_and_grad(x)
+    assert ours == pytest.approx(value, rel=1e-5)
+    np.testing.assert_allclose(ours_grad.numpy(), grad, rtol=0, atol=1e-5 * np.abs(grad).max())
+    assert ours_grad.dtype == torch.float64
+    with pytest.raises(ValueError, match="products"):
+        AffineNLL(torch.from_numpy(f), torch.from_numpy(y), products=torch.float16)
+
+
+def test_matrix_kernels_do_not_depend_on_the_thread_count():
+    from hf_calibration.calibrators._affine import _softmax_curvature, _softmax_residual
+
+    f, y = _data(n=3000, k=20)
+    s = f @ (np.eye(20) + 0.1 * np.random.default_rng(7).normal(size=(20, 20))).T
+    default = numba.get_num_threads()
+    results = []
+    try:
+        for threads in sorted({1, default}):
+            numba.set_num_threads(threads)
+            residual, curvature = s.copy(), s.copy()
+            results.append((*_softmax_residual(residual, y, True), residual, _softmax_curvature(curvature, f), curvature))
+    finally:
+        numba.set_num_threads(default)
+    for a, b in zip(results[0], results[-1]):
+        assert np.array_equal(a, b)
+
+
+def test_matrix_curvature_kernel_matches_numpy():
+    from scipy.special import softmax
+
+    from hf_calibration.calibrators._affine import _softmax_curvature
+
+    f, _ = _data(n=700, k=9)
+    s = f @ (np.eye(9) + 0.2 * np.random.default_rng(8).normal(size=(9, 9))).T
+    p = softmax(s, axis=1)
+    v = p * (1 - p)
+    out = s.copy()
+    sums = _softmax_curvature(out, f)
+    np.testing.assert_allclose(out, v, rtol=0, atol=1e-15)  # 1 - p where p ~ 1: both lose the same digits
+    np.testing.assert_allclose(sums, np.stack([(v * f).sum(0), v.sum(0)]), rtol=1e-10)
+
+
 def test_vector_kernel_does_not_depend_on_the_thread_count():
     f, y = _data(n=3000, k=20)
     x = torch.from_numpy(np.random.default_rng(2).normal(size=40))
