@@ -216,16 +216,25 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
             features = self._features(torch.from_numpy(logits).double())
         y = torch.from_numpy(labels).long()
         info: dict[str, Any] = {}
-        if self.reg_lambda is None or (self.reg_mu is None and self.mus is not None):
-            if len(y) < self.cv:
-                raise ValueError(f"Expected at least `cv` = {self.cv} labelled samples to choose lambda and mu by cross-validation, but got {len(y)}.")
-            reg_lambda, reg_mu, x0, table = self._cross_validate(features, y, progress_bar)
-            info["cv"] = table
-        else:
-            reg_lambda = self.reg_lambda
-            reg_mu = self._mus_for(reg_lambda, k)[0]
-            x0 = identity_parameters(k)
-        x, iterations, evaluations = self._fit_final(features, y, reg_lambda, reg_mu, x0, progress_bar)
+        try:
+            if self.reg_lambda is None or (self.reg_mu is None and self.mus is not None):
+                if len(y) < self.cv:
+                    raise ValueError(f"Expected at least `cv` = {self.cv} labelled samples to choose lambda and mu by cross-validation, but got {len(y)}.")
+                reg_lambda, reg_mu, x0, table = self._cross_validate(features, y, progress_bar)
+                info["cv"] = table
+            else:
+                reg_lambda = self.reg_lambda
+                reg_mu = self._mus_for(reg_lambda, k)[0]
+                x0 = identity_parameters(k)
+            x, iterations, evaluations = self._fit_final(features, y, reg_lambda, reg_mu, x0, progress_bar)
+        except FloatingPointError:
+            # ODIR leaves the diagonal free: a class the fit set never (or hardly) shows can be pushed to -inf
+            unseen = k - int(torch.unique(y).numel())
+            raise ValueError(
+                f"{type(self).__name__}'s fit diverged on {len(y)} labelled samples with K = {k} classes ({unseen} of them never "
+                f"a label): its K^2 + K = {k * k + k} parameters need a larger calibration set. Use a calibrator with fewer "
+                "parameters (temperature_scaling, ets, vector_scaling) or more `logits`."
+            ) from None
         with torch.no_grad():
             self.weight.copy_(x[: k * k].view(k, k))
             self.bias.copy_(x[k * k :])

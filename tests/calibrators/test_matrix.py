@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from _affine_reference import affine_objective, canonical, fit_affine_reference
-from _calibrator_data import overconfident
+from _calibrator_data import SHARED_LOGITS, overconfident
 
 from hf_calibration.calibrators import MatrixScaling
 from hf_calibration.calibrators._cv import stratified_folds
@@ -82,3 +82,25 @@ def test_bad_arguments():
         MatrixScaling(cv=1)
     with pytest.raises(TypeError, match="cv_seed"):
         MatrixScaling(cv_seed=0.5)
+
+
+def test_a_diverging_fit_is_a_value_error_that_says_why(monkeypatch):
+    # ODIR leaves the diagonal free: on a calibration set too small for K^2 + K parameters the LBFGS objective can
+    # run to -inf; the user gets a sentence about the data, not the optimiser's FloatingPointError
+    def diverge(*args, **kwargs):
+        raise FloatingPointError("The fit objective or its gradient became non-finite (the fit diverged).")
+
+    monkeypatch.setattr(MatrixScaling, "_fit_final", diverge)
+    rng = np.random.default_rng(0)
+    y = np.array([0, 1, 2, 3] * 5)
+    z = rng.normal(size=(20, 6)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"diverged on 20 labelled samples with K = 6 classes \(2 of them never a label\).*temperature_scaling"):
+        MatrixScaling(reg_lambda=1e-3, reg_mu=1e-3).fit(z, y, progress_bar=False)
+
+
+@pytest.mark.skipif(not (SHARED_LOGITS / "netcal_wideresnet-16-4-cifar-100.npz").is_file(), reason="needs ../shared")
+def test_fifty_samples_of_a_hundred_classes_diverge_with_a_clear_error():
+    with np.load(SHARED_LOGITS / "netcal_wideresnet-16-4-cifar-100.npz") as data:
+        z, y = data["logits_val"][:50], data["labels_val"][:50]
+    with pytest.raises(ValueError, match=r"K = 100 classes \(63 of them never a label\)"):
+        MatrixScaling().fit(z, y, progress_bar=False)
