@@ -23,6 +23,7 @@ from .._checks import resolve_from_logits
 from ..metrics._format import prepare
 from . import _inputs
 from . import attach as _attach
+from ._threads import torch_single_threaded
 from .objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
@@ -239,15 +240,21 @@ class Calibrator(
         return objective, objective_kwargs(objective, **objective_options)
 
     def _fit_set_report(self, z: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        """Accuracy and 15-bin ECE on the fit set before and after (``accuracy_after`` too when the map may move the
+        argmax): one forward pass, on one thread (a parallel region over a small array stalls on a busy machine:
+        a K = 100 vector-scaling report took 0.25 s on two threads under load, 0.04 s on one)."""
         from ..metrics.ece import ece
 
-        with torch.no_grad():
+        with torch.no_grad(), torch_single_threaded():
             calibrated = self(torch.from_numpy(z), from_logits=True).numpy()
-        return {
-            "accuracy": float((z.argmax(1) == y).mean()),
-            "ece_before": float(ece(z, y, 15, from_logits=True)),
-            "ece_after": float(ece(calibrated, y, 15, from_logits=True)),
-        }
+            report = {
+                "accuracy": float((z.argmax(1) == y).mean()),
+                "ece_before": float(ece(z, y, 15, from_logits=True)),
+                "ece_after": float(ece(calibrated, y, 15, from_logits=True)),
+            }
+        if not self.preserves_argmax:
+            report["accuracy_after"] = float((calibrated.argmax(1) == y).mean())
+        return report
 
     def forward(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
         """Calibrated logits: same shape, dtype and device as the input (same argmax when ``preserves_argmax``).

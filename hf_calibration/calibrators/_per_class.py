@@ -61,11 +61,5 @@ class PerClassCalibrator(Calibrator):
             )
         return z, y, is_logits
 
-    def _fit_set_report(self, z: np.ndarray, y: np.ndarray) -> dict[str, float]:
-        report = super()._fit_set_report(z, y)
-        with torch.no_grad():
-            report["accuracy_after"] = float((self(torch.from_numpy(z), from_logits=True).argmax(1).numpy() == y).mean())
-        return report
-
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, " + super().extra_repr()
