@@ -497,10 +497,17 @@ def test_a_loss_that_does_not_fit_the_model_fails_at_construction(tmp_path):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss=dict)
 
 
-def test_plain_trainer_with_a_loss_class_says_to_pass_an_instance(tmp_path):
+@pytest.mark.parametrize(
+    "cls, message",
+    [
+        (LabelSmoothingLoss, r"^LabelSmoothingLoss is a loss class.*`compute_loss_func=LabelSmoothingLoss\(\)`\.$"),
+        (FeDLaSLoss, r"^FeDLaSLoss is a loss class that needs.*`hf_calibration\.CalibrationTrainer\(\.\.\., compute_loss=FeDLaSLoss\)`\.$"),
+    ],
+)
+def test_plain_trainer_with_a_loss_class_says_what_to_pass(tmp_path, cls, message):
     trainer = Trainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
-                      compute_loss_func=LabelSmoothingLoss)
-    with pytest.raises(TypeError, match=r"^LabelSmoothingLoss is a loss class.*`compute_loss_func=LabelSmoothingLoss\(\)`\.$"):
+                      compute_loss_func=cls)
+    with pytest.raises(TypeError, match=message):
         trainer.train()
 
 
