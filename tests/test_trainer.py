@@ -334,9 +334,12 @@ class _StateAtStep(TrainerCallback):
         self.states[state.global_step] = _state(self.model)
 
 
-@pytest.mark.parametrize("arch", ["vit", "swin"])
+@pytest.mark.parametrize("arch", MODEL_NAMES)
 def test_load_best_model_at_end_restores_every_weight_and_the_loss_state(tmp_path, arch):
-    """Before: only the tensors saved under their module names came back (ViT 8 of 40), the rest stayed at the last step."""
+    """Before: only the tensors saved under their module names came back (ViT 8 of 40), the rest stayed at the last step.
+
+    ResNet and timm (`TimmWrapperForImageClassification`) save under their module names: `Trainer`'s own load is kept
+    for them, and checked here all the same."""
     from safetensors.torch import load_file
 
     scores = iter([0.9, 0.1, 0.2])  # evaluations after steps 1, 2, 3: step 1 is the best, not the last
@@ -494,10 +497,17 @@ def test_a_loss_that_does_not_fit_the_model_fails_at_construction(tmp_path):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss=dict)
 
 
-def test_plain_trainer_with_a_loss_class_says_to_pass_an_instance(tmp_path):
+@pytest.mark.parametrize(
+    "cls, message",
+    [
+        (LabelSmoothingLoss, r"^LabelSmoothingLoss is a loss class.*`compute_loss_func=LabelSmoothingLoss\(\)`\.$"),
+        (FeDLaSLoss, r"^FeDLaSLoss is a loss class that needs.*`hf_calibration\.CalibrationTrainer\(\.\.\., compute_loss=FeDLaSLoss\)`\.$"),
+    ],
+)
+def test_plain_trainer_with_a_loss_class_says_what_to_pass(tmp_path, cls, message):
     trainer = Trainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
-                      compute_loss_func=LabelSmoothingLoss)
-    with pytest.raises(TypeError, match=r"^LabelSmoothingLoss is a loss class.*`compute_loss_func=LabelSmoothingLoss\(\)`\.$"):
+                      compute_loss_func=cls)
+    with pytest.raises(TypeError, match=message):
         trainer.train()
 
 

@@ -101,6 +101,11 @@ def _refuse_trainer_call(cls: type, args: tuple, kwargs: dict) -> None:
     """A loss *class* handed to ``Trainer(compute_loss_func=...)`` is called as ``cls(outputs, labels, num_items_in_batch=n)``."""
     first = args[0] if args else None
     if "num_items_in_batch" in kwargs or isinstance(first, (torch.Tensor, dict)) or hasattr(first, "logits"):
+        if getattr(cls, "requires_features", False):  # an instance would stop at the next step: say both at once
+            raise TypeError(
+                f"{cls.__name__} is a loss class that needs the classifier's features, which the plain `Trainer` "
+                f"does not capture: train with `hf_calibration.CalibrationTrainer(..., compute_loss={cls.__name__})`."
+            )
         raise TypeError(
             f"{cls.__name__} is a loss class, but `compute_loss_func` needs a loss: pass an instance, "
             f"e.g. `compute_loss_func={cls.__name__}()`."

@@ -485,11 +485,17 @@ def test_num_items_in_batch_is_checked_with_the_features():
             FeDLaSLoss(6)(logits, labels, features=features, num_items_in_batch=count)
 
 
-def test_a_fedlas_class_called_as_compute_loss_func_says_to_pass_an_instance():
+def test_a_fedlas_class_called_as_compute_loss_func_says_to_use_calibration_trainer():
+    """An instance in the plain `Trainer` would stop at the first step for want of features: the message says where
+    FeDLaS runs instead of suggesting `compute_loss_func=FeDLaSLoss()`."""
     from transformers.modeling_outputs import ImageClassifierOutput
 
     logits, labels, _ = _random_case()
-    with pytest.raises(TypeError, match="FeDLaSLoss is a loss class.*`compute_loss_func=FeDLaSLoss\\(\\)`"):
+    with pytest.raises(
+        TypeError,
+        match=r"^FeDLaSLoss is a loss class that needs the classifier's features.*"
+        r"`hf_calibration\.CalibrationTrainer\(\.\.\., compute_loss=FeDLaSLoss\)`\.$",
+    ):
         FeDLaSLoss(ImageClassifierOutput(logits=logits), labels, num_items_in_batch=3)
 
 
