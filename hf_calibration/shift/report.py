@@ -246,6 +246,9 @@ def shift_report(
     for name, z in ood_sets.items():
         if z.ndim != 2 or z.shape[1] != k:
             raise ValueError(f"Expected `ood_logits` ({name}) to have shape (N, {k}), but got {tuple(z.shape)}.")
+        if looks_like_probabilities(z):  # scored as logits they would be softmax-ed twice: a wrong AUROC, not an error
+            raise ValueError(f"Expected `ood_logits` ({name}) to hold logits, but its rows are probability vectors: the OOD "
+                             "scores are computed on the logits (and on each calibrator's outputs), as for `test`.")
     for score in ood_scores:
         check_choice(score, "ood_scores", ("msp", "max_logit", "energy"))
 
