@@ -87,6 +87,21 @@ def _labels(data, column: str, model: nn.Module) -> np.ndarray:
     return labels
 
 
+def _warn_if_classes_are_missing(data, column: str, max_samples: int) -> None:
+    """The first ``max_samples`` rows of a dataset sorted by class (an image folder lists its files class by class)
+    hold a few classes only: metrics of them, or a calibrator fitted on them, describe those classes alone."""
+    labels = np.asarray(data.with_format("numpy", columns=[column])[column])
+    present = np.unique(labels[labels >= 0])
+    kept = np.unique(labels[:max_samples][labels[:max_samples] >= 0])
+    if len(kept) < len(present):
+        logger.warning(
+            "max_samples=%d keeps the first %d rows, which hold %d of the %d classes of the split (an image folder "
+            "lists its images class by class): the metrics, or a calibrator fitted on them, describe those classes "
+            "only. Shuffle the dataset first (dataset.shuffle(seed=0)) or use more samples.",
+            max_samples, max_samples, len(kept), len(present),
+        )
+
+
 def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, *, batch_size: int, device: torch.device,
          num_workers: int, progress: bool, num_labels: int) -> torch.Tensor:
     from ._progress import progress_iter
@@ -138,7 +153,8 @@ def predict_logits(
         batch_size: images per forward pass (per process).
         image_column: default: the dataset's one ``datasets.Image`` column.
         label_column: default: its one ``ClassLabel`` column, else ``label`` / ``labels``.
-        max_samples: use only the first ``max_samples`` rows.
+        max_samples: use only the first ``max_samples`` rows (a warning says when they miss classes of the split:
+            shuffle a dataset sorted by class first).
         cache_dir: cache the result here (see :mod:`hf_calibration.logits_cache`); None: no cache.
         split: the dataset split (needed when it has several; ``"val"`` also finds ``"validation"``).
         config_name: the Hub dataset's configuration.
@@ -171,6 +187,7 @@ def predict_logits(
     image_column = find_image_column(data.features, image_column)
     label_column = find_label_column(data.features, label_column)
     if max_samples is not None and max_samples < len(data):
+        _warn_if_classes_are_missing(data, label_column, max_samples)
         data = data.select(range(max_samples))
     if len(data) == 0:
         raise ValueError("Expected a dataset with at least one row, but it is empty.")

@@ -157,3 +157,22 @@ def test_bad_input_names_the_argument(root, tmp_path):
         predict_logits(str(tmp_path / "bare"), str(root / "saved"), split="test")
     with pytest.raises(ValueError, match="`image_processor` for a model object"):
         predict_logits(make_model("vit", num_channels=3), str(root / "saved"), split="test")
+
+
+def test_max_samples_that_miss_classes_are_named(root, caplog):
+    """An image folder lists its files class by class: its first rows hold a few classes, which a fit would never see."""
+    import datasets
+
+    folder = datasets.load_dataset("imagefolder", data_dir=str(root / "folder"), split="validation")
+    first = np.asarray(folder["label"][:12])
+    want_kept, want_all = len(np.unique(first)), len(np.unique(folder["label"]))
+    assert want_kept < want_all  # the premise: sorted by class
+    with caplog.at_level("WARNING", logger="hf_calibration.inference"):
+        predict_logits(str(root / "vit"), folder, max_samples=12, batch_size=12, progress=False)
+    assert f"hold {want_kept} of the {want_all} classes of the split" in caplog.text
+    caplog.clear()
+    shuffled = folder.shuffle(seed=0)
+    assert len(np.unique(shuffled["label"][:40])) == want_all
+    with caplog.at_level("WARNING", logger="hf_calibration.inference"):
+        predict_logits(str(root / "vit"), shuffled, max_samples=40, batch_size=40, progress=False)
+    assert "classes of the split" not in caplog.text

@@ -4,7 +4,8 @@
                          [--severities 1-5] [--ood-dataset D2] [--out DIR] [--json]
 
 Each ``--calibrator`` is a method name (``ts``, ``smart``, ...: fitted on the clean ``--val-split``) or a folder
-written by ``hf-calibration fit`` / ``save_pretrained`` (used as it is). Prints the table of
+written by ``hf-calibration fit`` / ``save_pretrained`` (used as it is, its rows labelled by the folder); a name
+that is both (a folder ``ts`` in the working directory) is refused rather than guessed. Prints the table of
 :class:`hf_calibration.shift.ShiftReport`; ``--out DIR`` also writes ``shift_report.json``, ``shift_report.txt``
 and ``ece_vs_severity.png`` (an existing one only with ``--overwrite``). Logits go through the logits cache, one entry per corruption × severity.
 """
@@ -48,6 +49,14 @@ def _corruptions(text: str) -> list[str]:
     return values
 
 
+def _is_method_name(text: str) -> bool:
+    try:
+        method_kind(text)
+    except CLIError:
+        return False
+    return True
+
+
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("shift", parents=[common], help="calibration under corruptions (CIFAR-10-C / ImageNet-C) and on OOD data",
                        description="Accuracy, ECE, AdaECE, smCE and NLL of a model by corruption x severity, uncalibrated and "
@@ -83,13 +92,19 @@ def run(args) -> int:
     if args.out:  # checked before any model runs: the files are new, or --overwrite replaces them
         folder = writable_dir(args.out, "--out")
         outputs = [new_file(folder / name, "--out file", args.overwrite) for name in OUTPUTS]
-    calibrators = []
+    calibrators = {}  # row label -> method name or loaded calibrator: a folder is labelled by its path
     for item in args.calibrator:
+        if _is_method_name(item) and Path(item).is_dir():  # `fit --out ts` makes a folder called ts
+            raise CLIError(f"--calibrator {item!r} is both a method name and a folder here: write "
+                           f"'./{item}' for the saved calibrator, or {method_kind(item)!r} for the method.")
+        label = item if Path(item).is_dir() else item.lower()
+        if label in calibrators:
+            raise CLIError(f"--calibrator {item!r} is given twice.")
         if Path(item).is_dir():
-            calibrators.append(load_calibrator(item))
+            calibrators[label] = load_calibrator(item)
         else:
             method_kind(item)  # a clear error for an unknown name
-            calibrators.append(item.lower())
+            calibrators[label] = item.lower()
     for value, flag in ((args.max_samples, "--max-samples"), (args.batch_size, "--batch-size"), (args.n_bins, "--n-bins")):
         if value is not None and value < 1:
             raise CLIError(f"{flag} must be at least 1, but got {value}.")

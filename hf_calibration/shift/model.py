@@ -11,13 +11,14 @@ corruption, severity and seed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .parameters import BENCHMARK_CORRUPTIONS
-from .report import ShiftReport, shift_report
+from .report import ShiftReport, _calibrator_specs, shift_report
 from .transform import SEVERITIES, _check_name, _check_preset, _check_severity, _corrupt, _image_seed, _to_pil
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def model_shift_report(
     split: str | None = "test",
     val_dataset: Any = None,
     val_split: str | None = "val",
-    calibrators: Sequence[Any] = ("ts", "smart"),
+    calibrators: Sequence[Any] | Mapping[str, Any] = ("ts", "smart"),
     corruptions: Sequence[str] = BENCHMARK_CORRUPTIONS,
     severities: Sequence[int] = SEVERITIES,
     ood_dataset: Any = None,
@@ -91,6 +92,7 @@ def model_shift_report(
 
     corruptions = [_check_name(c) for c in corruptions]
     severities = [_check_severity(s) for s in severities]
+    _calibrator_specs(calibrators)  # a bad or doubled calibrator fails now, not after every corruption has run
     model, processor = load_image_classifier(model, image_processor, revision=predict_kwargs.pop("revision", None))
     if predict_kwargs.get("device") is None:  # loaded once here, so predict_logits sees an object: choose its device
         predict_kwargs["device"] = _best_device()
@@ -112,7 +114,8 @@ def model_shift_report(
     ood = None
     if ood_dataset is not None:
         data = _ood_dataset(ood_dataset, ood_split)  # its own columns: the image / label column options are the test set's
-        ood, _ = run(data, None, what="the OOD dataset", image_column=None, label_column=None)
+        z_ood, _ = run(data, None, what="the OOD dataset", image_column=None, label_column=None)
+        ood = {str(ood_dataset) if isinstance(ood_dataset, (str, os.PathLike)) else "ood": z_ood}  # the OOD table names the set
     return shift_report(val, test, shifted, calibrators=calibrators, ood_logits=ood, n_bins=n_bins)
 
 

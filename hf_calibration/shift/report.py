@@ -42,24 +42,43 @@ def _pair(value: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     return logits, labels
 
 
-def _fit_calibrators(calibrators: Sequence[Any], val: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
-    from ..calibrators import Calibrator, create_calibrator, list_calibrators
+def _calibrator_specs(calibrators: Sequence[Any] | Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``[(row label, registered kind or Calibrator)]``, checked without fitting anything (so a model route can
+    refuse a bad list before it spends any time on logits). A mapping gives the labels; otherwise a name is its
+    own label and a Calibrator is labelled by its kind."""
+    from ..calibrators import Calibrator, list_calibrators
 
-    fitted: dict[str, Any] = {}
-    for item in calibrators:
+    items = list(calibrators.items()) if isinstance(calibrators, Mapping) else [(None, item) for item in calibrators]
+    specs: list[tuple[str, Any]] = []
+    for label, item in items:
+        if label is not None and not isinstance(label, str):
+            raise TypeError(f"Expected the keys of `calibrators` to be row labels (str), but got {label!r}.")
         if isinstance(item, str):
             kind = _ALIASES.get(item.lower(), item.lower())
             if kind not in list_calibrators():
                 raise ValueError(f"Expected each of `calibrators` to be one of {['ts', *list_calibrators()]} or a Calibrator, but got {item!r}.")
-            name, calibrator = item, create_calibrator(kind).fit(*val, progress_bar=False)
+            spec, name = kind, item
         elif isinstance(item, Calibrator):
-            name = getattr(item, "kind", type(item).__name__)
-            calibrator = item if item.is_fitted else item.fit(*val, progress_bar=False)
+            spec, name = item, getattr(item, "kind", type(item).__name__)
         else:
             raise TypeError(f"Expected each of `calibrators` to be a name or a Calibrator, but got {type(item).__name__}.")
-        if name in fitted or name == UNCALIBRATED:
-            raise ValueError(f"Expected distinct calibrators, but {name!r} appears twice.")
-        fitted[name] = calibrator
+        name = name if label is None else label
+        if name == UNCALIBRATED or name in (n for n, _ in specs):
+            raise ValueError(f"Expected distinct calibrators, but {name!r} appears twice; "
+                             "pass a mapping {label: calibrator} to tell them apart.")
+        specs.append((name, spec))
+    return specs
+
+
+def _fit_calibrators(calibrators: Sequence[Any] | Mapping[str, Any], val: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
+    from ..calibrators import create_calibrator
+
+    fitted: dict[str, Any] = {}
+    for name, spec in _calibrator_specs(calibrators):
+        if isinstance(spec, str):
+            fitted[name] = create_calibrator(spec).fit(*val, progress_bar=False)
+        else:
+            fitted[name] = spec if spec.is_fitted else spec.fit(*val, progress_bar=False)
     return fitted
 
 
@@ -201,7 +220,7 @@ def shift_report(
     test: tuple[Any, Any],
     shifted: Mapping[tuple[str, int], tuple[Any, Any]],
     *,
-    calibrators: Sequence[Any] = ("ts", "smart"),
+    calibrators: Sequence[Any] | Mapping[str, Any] = ("ts", "smart"),
     ood_logits: Any = None,
     ood_scores: Sequence[str] = ("msp", "energy"),
     n_bins: int = 15,
@@ -215,7 +234,8 @@ def shift_report(
         test: ``(logits, labels)`` of the clean test set (also the in-distribution side of the OOD table).
         shifted: ``{(corruption, severity): (logits, labels)}``, e.g. the test set under each corruption.
         calibrators: registered names (``"ts"``, ``"smart"``, ...; see ``list_calibrators()``) or ``Calibrator``
-            instances (fitted ones are used as they are).
+            instances (fitted ones are used as they are), each row labelled by its name or kind; or a mapping
+            ``{label: name or Calibrator}`` (e.g. a saved SMART beside a freshly fitted one).
         ood_logits: ``(N_ood, K)`` logits on out-of-distribution inputs, a mapping ``{name: logits}`` of several
             OOD sets, or None.
         ood_scores: scores of :func:`hf_calibration.metrics.ood_metrics` for the OOD table.
@@ -246,6 +266,9 @@ def shift_report(
     for name, z in ood_sets.items():
         if z.ndim != 2 or z.shape[1] != k:
             raise ValueError(f"Expected `ood_logits` ({name}) to have shape (N, {k}), but got {tuple(z.shape)}.")
+        if looks_like_probabilities(z):  # scored as logits they would be softmax-ed twice: a wrong AUROC, not an error
+            raise ValueError(f"Expected `ood_logits` ({name}) to hold logits, but its rows are probability vectors: the OOD "
+                             "scores are computed on the logits (and on each calibrator's outputs), as for `test`.")
     for score in ood_scores:
         check_choice(score, "ood_scores", ("msp", "max_logit", "energy"))
 

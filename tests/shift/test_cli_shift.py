@@ -104,3 +104,52 @@ def test_ood_dataset_without_labels(root, tmp_path):
     for row in report.ood:
         assert row["auroc"] == pytest.approx(ood_metrics(z_test, z_ood, row["score"])["auroc"], abs=1e-6)
     assert [r["corruption"] for r in report.rows] == ["clean", "contrast"]
+
+
+def _saved_ts(folder):
+    """A temperature-scaling calibrator fitted on logits of its own (not the model's), saved to ``folder``."""
+    from hf_calibration import TemperatureScaling
+
+    g = np.random.default_rng(5)
+    labels = g.integers(0, 10, 200)
+    logits = 3.0 * g.standard_normal((200, 10)) + 4.0 * np.eye(10)[labels]
+    calibrator = TemperatureScaling().fit(torch.from_numpy(logits), torch.from_numpy(labels), progress_bar=False)
+    calibrator.save_pretrained(folder)
+    return calibrator
+
+
+def test_a_saved_calibrator_is_labelled_by_its_folder_beside_the_method_of_its_kind(capsys, root, tmp_path):
+    """`--calibrator temperature_scaling DIR` (DIR a saved TS): two rows, not 'appears twice' after every corruption ran."""
+    saved = _saved_ts(tmp_path / "my-ts")
+    argv = ["shift", "--model", root / "vit", "--dataset", root / "saved", "--val-split", "validation",
+            "--calibrator", "temperature_scaling", tmp_path / "my-ts", "--corruptions", "contrast", "--severities", "2",
+            "--batch-size", "8", "--cache-dir", tmp_path / "cache", "--json"]  # fmt: skip
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["methods"] == ["uncalibrated", "temperature_scaling", str(tmp_path / "my-ts")]
+    z, y = _bare_logits(root, "test", ("contrast", 2))
+    want = shift_report(_bare_logits(root, "validation"), _bare_logits(root, "test"), {("contrast", 2): (z, y)},
+                        calibrators={"temperature_scaling": "ts", "saved": saved})  # fmt: skip
+    for g, w in zip(got["rows"], want.rows):
+        for key in ("accuracy", "ece", "nll"):
+            assert g[key] == pytest.approx(w[key], abs=1e-5), (g["method"], key)
+
+
+def test_calibrator_lists_are_checked_before_the_model_runs(capsys, root, tmp_path, monkeypatch):
+    from hf_calibration import inference
+    from hf_calibration.shift.model import model_shift_report
+
+    def no_inference(*args, **kwargs):
+        raise AssertionError("ran the model before checking the calibrators")
+
+    monkeypatch.setattr(inference, "_run", no_inference)
+    monkeypatch.chdir(tmp_path)
+    _saved_ts(tmp_path / "ts")  # what `hf-calibration fit ... --out ts` leaves behind
+    base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path / "cache")]
+    assert main([*base, "--calibrator", "ts"]) == 1
+    assert "both a method name and a folder here: write './ts' for the saved calibrator, or 'temperature_scaling'" in capsys.readouterr().err
+    assert main([*base, "--calibrator", "smart", "SMART"]) == 1 and "given twice" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="appears twice"):
+        model_shift_report(root / "vit", str(root / "saved"), val_split="validation", calibrators=["ts", "ts"])
