@@ -25,7 +25,9 @@ SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")  # as hf_calibrati
 
 
 def add_selection_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    """``--metric`` / ``--cv`` (and friends) of the cross-validated choice, shared by ``compare`` and ``fit``."""
+    """``--methods`` / ``--metric`` / ``--cv`` (and friends) of the cross-validated choice, shared by ``compare`` and ``fit``."""
+    p.add_argument("--methods", metavar="A,B,...",
+                   help=f"{prefix}calibrators to {'choose from' if prefix else 'compare'} (default: every registered one)")
     p.add_argument("--metric", choices=SELECTION_METRICS, default="ece",
                    help=f"{prefix}what the best calibrator minimises on the held-out folds (default ece)")
     p.add_argument("--cv", type=int, default=5, help=f"{prefix}number of stratified folds of the calibration set (default 5)")
@@ -49,7 +51,8 @@ def fit_auto(args, data, from_logits: bool, progress_bar: bool):
 
     if args.objective is not None:
         raise CLIError("--objective does not apply to --method auto: every candidate fits its own default objective.")
-    auto = AutoCalibrator(metric=args.metric, cv=args.cv, seed=0 if args.seed is None else args.seed, fit_seeds=args.fit_seeds)
+    auto = AutoCalibrator(metric=args.metric, cv=args.cv, methods=parse_methods(args.methods), seed=0 if args.seed is None else args.seed,
+                          fit_seeds=args.fit_seeds)
     return auto.fit(data.logits, data.labels, from_logits=from_logits, progress_bar=progress_bar)
 
 
@@ -61,7 +64,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                                    "reliability diagram per method from its held-out (out-of-fold) predictions.")
     add_input_options(p, "which `logits_<split>` is the calibration set (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
-    p.add_argument("--methods", metavar="A,B,...", help="calibrators to compare (default: every registered one)")
     add_selection_options(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the folds and the first fit seed (default 0)")
     p.add_argument("--out", metavar="DIR", default="calibrator_comparison",

@@ -84,3 +84,16 @@ def test_fit_method_auto(capsys, npz_file, tmp_path):
     assert code == 1 and "--objective" in err
     code, _, err = _run(capsys, "fit", "--logits", path, "--method", "isotonic", "--seed", "3", "--out", tmp_path / "y")
     assert code == 1 and "--seed" in err
+
+
+def test_fit_method_auto_chooses_among_the_given_methods(capsys, npz_file, tmp_path):
+    path, z, y = npz_file
+    code, out, err = _run(capsys, "fit", "--logits", path, "--method", "auto", "--methods", "ts,spline,histogram_binning",
+                          "--cv", "3", "--metric", "smce", "--out", tmp_path / "auto", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    table = compare_calibrators(z, y, ["temperature_scaling", "spline", "histogram_binning"], cv=3, progress_bar=False)
+    assert sorted(report["selection"]["table"]) == ["histogram_binning", "spline", "temperature_scaling", "uncalibrated"]
+    assert report["method"] == table.best("smce")
+    code, _, err = _run(capsys, "fit", "--logits", path, "--method", "auto", "--methods", "platt", "--out", tmp_path / "x")
+    assert code == 1 and "unknown --method 'platt'" in err and not (tmp_path / "x").exists()
