@@ -367,6 +367,31 @@ def test_smart_on_saturated_logits_falls_back_to_temperature_scaling(caplog):
     assert smart.fit_info_["temperature"] == pytest.approx(float(temps[0]), rel=1e-12)
 
 
+@pytest.mark.parametrize("seed, scale", [(0, 1e3), (0, 1e4), (3, 1e3), (3, 1e4)])
+def test_smart_that_barely_moves_on_saturated_logits_falls_back_too(seed, scale, caplog):
+    """Adam's normalised steps move the MLP even on a flat objective, and a few rows near a tie lowered it by
+    0.01-0.05 %: best_step > 0, so the fallback was skipped and the near-untrained MLP (NLL 30-60x temperature
+    scaling's) came back without a warning."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import log_softmax
+
+    from hf_calibration.calibrators.temperature import T_MAX, T_MIN
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 10, 1000)
+    z = (rng.normal(size=(1000, 10)) + 2 * np.eye(10)[y]) * scale
+    with caplog.at_level(logging.WARNING):
+        smart = SMARTCalibrator().fit(z, y, progress_bar=False)
+    history = np.array(smart.history_)
+    assert 0 < history[0] - history.min() < 1e-3 * history[0]  # it did move, by a hair
+    assert "flat" in caplog.text and smart.fit_info_["fallback"] == "temperature_scaling"
+    nll = lambda log_t: -log_softmax(z / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
+    t_ref = float(np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x))
+    temps = smart.temperature(z)
+    assert torch.equal(temps, temps[:1].expand_as(temps))
+    assert float(temps[0]) == pytest.approx(t_ref, rel=1e-4)
+
+
 def test_smart_on_learnable_logits_does_not_fall_back(data, caplog):
     z, y = data
     with caplog.at_level(logging.WARNING):

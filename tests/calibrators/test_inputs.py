@@ -50,6 +50,23 @@ def test_logits_and_their_softmax_calibrate_alike(name, seed, k):
         assert torch.equal(cal(p_new).argmax(1), torch.from_numpy(p_new).argmax(1)) or not cal.preserves_argmax
 
 
+@pytest.mark.parametrize("seed, n, k", [(5, 2000, 10), (8, 600, 10)])
+def test_smart_fits_float64_logits_and_their_softmax_alike(seed, n, k):
+    # SMART's Adam steps grew the ~1e-16 difference between float64 z and log(softmax(z)) to up to 6e-3 in the
+    # calibrated probabilities (the second case here; the cases above and the first here happened to agree): the fit
+    # now sees z - max z rounded to float32
+    z, y = _logits(seed, n, k)
+    p = _softmax(z)
+    from_z = create_calibrator("smart").fit(z, y, progress_bar=False)
+    from_p = create_calibrator("smart").fit(p, y, progress_bar=False)
+    assert from_z.fit_info_["best_step"] == from_p.fit_info_["best_step"] > 0
+    z_new, _ = _logits(seed + 100, 300, k)
+    reference = from_z.predict_proba(z_new).numpy()
+    assert not np.allclose(reference, _softmax(z_new), atol=1e-3)
+    np.testing.assert_allclose(from_p.predict_proba(_softmax(z_new)).numpy(), reference, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(from_p.predict_proba(z_new).numpy(), reference, rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("name", list_calibrators())
 def test_forward_on_probabilities_is_the_calibration_of_log_p(name):
     z, y = _logits(2, 400, 5)
