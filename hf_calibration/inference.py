@@ -91,8 +91,7 @@ def _warn_if_classes_are_missing(data, column: str, max_samples: int) -> None:
     """The first ``max_samples`` rows of a dataset sorted by class (an image folder lists its files class by class)
     hold a few classes only: metrics of them, or a calibrator fitted on them, describe those classes alone."""
     labels = np.asarray(data.with_format("numpy", columns=[column])[column])
-    present = np.unique(labels[labels >= 0])
-    kept = np.unique(labels[:max_samples][labels[:max_samples] >= 0])
+    present, kept = (np.unique(part[part >= 0]) for part in (labels, labels[:max_samples]))
     if len(kept) < len(present):
         logger.warning(
             "max_samples=%d keeps the first %d rows, which hold %d of the %d classes of the split (an image folder "

@@ -216,8 +216,7 @@ class SMARTCalibrator(
 
         t_ts = TemperatureScaling().fit(logits, labels, from_logits=True, progress_bar=False).fitted_temperature
         excess = max(t_ts - self.eps, 1e-9 * self.eps)  # T(m) >= eps: the closest SMART gets to a smaller T
-        trained = self._flat_parameters()
-        x = trained.copy()
+        x = self._flat_parameters()  # a copy: the trained weights stay until TS is chosen
         h = self.hidden_size
         x[2 * h : 3 * h] = 0.0
         x[3 * h] = excess + math.log(-math.expm1(-excess))  # softplus^-1

@@ -94,17 +94,16 @@ def run(args) -> int:
         outputs = [new_file(folder / name, "--out file", args.overwrite) for name in OUTPUTS]
     calibrators = {}  # row label -> method name or loaded calibrator: a folder is labelled by its path
     for item in args.calibrator:
-        if _is_method_name(item) and Path(item).is_dir():  # `fit --out ts` makes a folder called ts
+        saved = Path(item).is_dir()
+        if saved and _is_method_name(item):  # `fit --out ts` makes a folder called ts
             raise CLIError(f"--calibrator {item!r} is both a method name and a folder here: write "
                            f"'./{item}' for the saved calibrator, or {method_kind(item)!r} for the method.")
-        label = item if Path(item).is_dir() else item.lower()
+        label = item if saved else item.lower()
         if label in calibrators:
             raise CLIError(f"--calibrator {item!r} is given twice.")
-        if Path(item).is_dir():
-            calibrators[label] = load_calibrator(item)
-        else:
+        if not saved:
             method_kind(item)  # a clear error for an unknown name
-            calibrators[label] = item.lower()
+        calibrators[label] = load_calibrator(item) if saved else label
     for value, flag in ((args.max_samples, "--max-samples"), (args.batch_size, "--batch-size"), (args.n_bins, "--n-bins")):
         if value is not None and value < 1:
             raise CLIError(f"{flag} must be at least 1, but got {value}.")
