@@ -26,7 +26,7 @@ import torch
 
 from ._lbfgs import LBFGSResult, Preconditioner, minimize, odir_penalty
 from ._threads import ThreadCountChooser, torch_single_threaded
-from ._vmath import exp_into
+from ._vmath import exp_into, max_of, sum_of
 
 
 CHUNK = 256  # rows per parallel task of the vector-scaling kernel: fixed, so its sums do not depend on the threads
@@ -35,17 +35,13 @@ CHUNK = 256  # rows per parallel task of the vector-scaling kernel: fixed, so it
 @numba.njit(cache=True, fastmath={"contract"})
 def _row_softmax(row, w, b, s, e, bits):  # pragma: no cover - compiled
     """``s = w * row + b - max``, ``e = exp(s)`` (in the given buffers); returns ``sum(e)``: softmax = e / sum."""
-    top = -np.inf
     for j in range(row.shape[0]):
         s[j] = w[j] * np.float64(row[j]) + b[j]
-        top = max(top, s[j])
+    top = max_of(s)
     for j in range(row.shape[0]):
         s[j] -= top
     exp_into(s, e, bits)
-    total = 0.0
-    for j in range(row.shape[0]):
-        total += e[j]
-    return total
+    return sum_of(e)
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
@@ -214,7 +210,8 @@ class AffineNLL:
         if products not in (torch.float32, torch.float64):
             raise ValueError(f"Expected argument `products` to be torch.float32 or torch.float64, but got {products!r}.")
         self.products = products  # the dtype of the full matrix's two products (the softmax pass is float64 either way)
-        self._f = features if products == features.dtype else features.to(products)
+        # the full matrix's product operand (vector scaling's kernel reads float32 or float64 features as they are)
+        self._f = features if diagonal or products == features.dtype else features.to(products)
         self._f_squared: torch.Tensor | None = None
         # the thread count of the heavy step is chosen by timing (_threads.py): a busy machine must not stall it
         self._step = ThreadCountChooser(self._value_and_grad, backend="numba" if diagonal else "torch")
@@ -283,7 +280,7 @@ def affine_preconditioner(nll: AffineNLL, x: torch.Tensor, reg_lambda: float = 0
     with torch.no_grad():
         if nll.diagonal:  # one compiled pass (the torch version, five (N, K) passes, took half of a K = 1,000 fit)
             sums = torch.from_numpy(ThreadCountChooser(_diagonal_curvature)(nll._z, x[:k].numpy(), x[k:].numpy())) / n
-            h11 = _floor(sums[0] + 2 * reg_lambda / k)  # class j's own weight multiplies its own feature f_ij
+            h11 = _floor(sums[0] + 2 * reg_lambda / k * (1 - 1 / k))  # class j's own weight multiplies its own feature f_ij
             h12, h22 = sums[1], _floor(sums[2] + 2 * reg_mu / k)
         else:  # one product for the scores, one compiled pass for v = p (1 - p), one product for the off-diagonal curvature
             # (float64 whatever the objective's products: in float32 the v of a sample fitted to 1e-40 underflow to 0)
@@ -334,7 +331,7 @@ def fit_affine(
     progress_bar: bool = False,
     desc: str = "fit",
 ) -> LBFGSResult:
-    """Minimise ``nll`` + ODIR (for vector scaling: ``lambda / K sum (w - 1)^2 + mu / K sum b^2``) from ``x0``: preconditioned LBFGS, re-preconditioned at the
+    """Minimise ``nll`` + ODIR (for vector scaling: ``lambda / K sum (w - mean w)^2 + mu / K sum b^2``) from ``x0``: preconditioned LBFGS, re-preconditioned at the
     solution of each round (the curvature moves as the fit moves), until a round gains less than ``tol``."""
     penalty = odir_penalty(nll.k, reg_lambda, reg_mu, nll.diagonal) if reg_lambda or reg_mu else None
     with torch_single_threaded():

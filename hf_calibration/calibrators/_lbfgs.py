@@ -63,11 +63,17 @@ def odir_penalty(num_classes: int, reg_lambda: float, reg_mu: float, diagonal: b
     """ODIR (Kull et al. 2019) for ``x = [W.flatten() (K * K, row-major), b (K)]``:
     ``lambda / (K (K - 1)) * sum_{i != j} W_ij^2 + mu / K * sum_j b_j^2``; the diagonal is free.
 
-    With ``diagonal``, ``x = [w (K), b (K)]`` (vector scaling, which has no off-diagonal): the same shrinkage
-    towards the identity map, ``lambda / K * sum_j (w_j - 1)^2 + mu / K * sum_j b_j^2``."""
+    With ``diagonal``, ``x = [w (K), b (K)]`` (vector scaling, which has no off-diagonal weight to shrink): the
+    weights shrink towards their mean, i.e. towards temperature scaling with ``T = 1 / mean(w)``, and the biases
+    towards 0: ``lambda / K * sum_j (w_j - mean(w))^2 + mu / K * sum_j b_j^2``."""
     k = num_classes
     if diagonal:
-        return lambda x: (reg_lambda * ((x[:k] - 1) ** 2).sum() + reg_mu * (x[k:] * x[k:]).sum()) / k
+
+        def shrinkage(x: torch.Tensor) -> torch.Tensor:
+            spread = x[:k] - x[:k].mean()
+            return (reg_lambda * (spread * spread).sum() + reg_mu * (x[k:] * x[k:]).sum()) / k
+
+        return shrinkage
     off_diagonal = ~torch.eye(k, dtype=torch.bool).reshape(-1)
     scale_w, scale_b = reg_lambda / (k * (k - 1)), reg_mu / k
 
@@ -108,10 +114,12 @@ def _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progr
         value = fun(v)
         return value if penalty is None else value + penalty(v)
 
-    with torch.no_grad():
-        start = float(total(x))
+    value = total(x)  # with its gradient: LBFGS's first evaluation is at this same point, and is served from here
+    start = float(value.detach())
     if not math.isfinite(start):
         raise FloatingPointError(f"The fit objective is not finite at the starting point ({start}).")
+    value.backward()
+    pending = [value.detach(), x.grad]
     max_eval = 2 * max_iter
     optimizer = torch.optim.LBFGS(
         [x],
@@ -127,9 +135,13 @@ def _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progr
     with tqdm(total=max_eval, desc=desc, disable=not progress_bar, delay=1.0, leave=False) as bar:
 
         def closure() -> torch.Tensor:
-            optimizer.zero_grad()
-            value = total(x)
-            value.backward()
+            if pending:  # the starting point, evaluated above
+                value, x.grad = pending
+                pending.clear()
+            else:
+                optimizer.zero_grad()
+                value = total(x)
+                value.backward()
             if not (math.isfinite(float(value.detach())) and bool(torch.isfinite(x.grad).all())):
                 raise FloatingPointError("The fit objective or its gradient became non-finite (the fit diverged).")
             if float(value.detach()) < lowest[0]:

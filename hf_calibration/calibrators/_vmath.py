@@ -1,4 +1,5 @@
-"""``exp`` and ``log`` over float64 arrays, written so numba vectorises the loops (SIMD, no libm calls).
+"""``exp`` and ``log`` over float64 arrays, written so numba vectorises the loops (SIMD, no libm calls), and the
+row reductions ``max_of`` / ``sum_of`` beside them.
 
 numba calls libm's scalar ``exp``/``log`` once per element (~5 ns each here) and will not vectorise a loop that
 contains them. These do the same in pure arithmetic and integer bit operations, about 4x faster, to within a
@@ -91,3 +92,41 @@ def log_into(x, out, bits):  # pragma: no cover - compiled
         q = q * z + 1.0 / 3.0
         k = out[i]
         out[i] = k * LN2_HI + (2.0 * s + (2.0 * s * z * q + k * LN2_LO))
+
+
+@numba.njit(cache=True)
+def max_of(x):  # pragma: no cover - compiled
+    """``max(x)`` of a non-empty finite array, in four interleaved lanes: a one-accumulator loop waits on each
+    comparison in turn (a max is exact in any order, so the result is the same)."""
+    n = x.shape[0]
+    m0 = m1 = m2 = m3 = x[0]
+    j = 0
+    while j + 4 <= n:
+        m0 = max(m0, x[j])
+        m1 = max(m1, x[j + 1])
+        m2 = max(m2, x[j + 2])
+        m3 = max(m3, x[j + 3])
+        j += 4
+    while j < n:
+        m0 = max(m0, x[j])
+        j += 1
+    return max(max(m0, m1), max(m2, m3))
+
+
+@numba.njit(cache=True)
+def sum_of(x):  # pragma: no cover - compiled
+    """``sum(x)`` in four interleaved partial sums, added in a fixed order (so the result does not depend on the
+    machine's vector width, as a reassociated sum would): about 1.2x faster per row than one running sum."""
+    n = x.shape[0]
+    s0 = s1 = s2 = s3 = 0.0
+    j = 0
+    while j + 4 <= n:
+        s0 += x[j]
+        s1 += x[j + 1]
+        s2 += x[j + 2]
+        s3 += x[j + 3]
+        j += 4
+    while j < n:
+        s0 += x[j]
+        j += 1
+    return (s0 + s1) + (s2 + s3)

@@ -5,11 +5,16 @@ logits relative to their row maximum (so logits and log-probabilities of one pre
 class's logit is its bias, and ``w_j`` scales class j's gap to the top. With many classes and few samples per
 class the unregularised fit then has no finite optimum: a class whose samples are always predicted correctly gains
 from an ever larger ``w_j`` (its gap is 0 on its own samples and negative elsewhere). At K = 1,000, N = 10,000 it
-ran 300 LBFGS iterations without converging, held-out NLL 2.70 (temperature scaling: 1.84). A weak shrinkage
-towards the identity map, ``lambda / K * sum_j (w_j - 1)^2 + mu / K * sum_j b_j^2`` (ODIR's intercept term, and
-its counterpart for the weights) with ``lambda = mu = K / 1000``, converged in 15 iterations there (held-out NLL
-1.82), and improved held-out NLL at K = 10 and K = 100 too (0.8065 -> 0.8054, 0.9521 -> 0.9460 on synthetic
-logits). ``reg_lambda=0, reg_mu=0`` is the unregularised fit.
+ran 300 LBFGS iterations without converging, held-out NLL 2.81 (temperature scaling: 1.80).
+
+So the fit adds a shrinkage, ``lambda / K * sum_j (w_j - mean(w))^2 + mu / K * sum_j b_j^2``: the weights towards
+their common value (temperature scaling, ``T = 1 / mean(w)``, which vector scaling contains), the biases towards 0
+(ODIR's intercept term). A strong ``lambda`` gives temperature scaling plus per-class biases. The defaults,
+``lambda = K / 100`` and ``mu = K / 1000``, were chosen on held-out NLL over 3 synthetic sets (K = 10, 100, 1,000)
+and the 7 shared real logit files (test halves): against the earlier shrinkage towards ``w = 1`` (``lambda = mu
+= K / 1000``) held-out NLL fell on 9 of the 10 (synthetic K = 100: 0.9460 -> 0.9415, K = 1,000: 1.8194 -> 1.7991,
+DenseNet CIFAR-100: 0.8833 -> 0.8728) and rose on one (WRN CIFAR-100: 0.9412 -> 0.9421), and the fit took fewer
+LBFGS evaluations (15 -> 12 at K = 100). ``reg_lambda=0, reg_mu=0`` is the unregularised fit.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from torch import nn
 
 from .._checks import check_float, check_int
 from ._affine import AffineNLL, fit_affine, identity_parameters
+from ._lbfgs import odir_penalty
 from ._per_class import PerClassCalibrator
 from ._registry import register_calibrator
 from ._threads import torch_single_threaded
@@ -32,14 +38,16 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
     """Vector scaling: ``softmax(w * z + b)`` with per-class ``w`` (K) and ``b`` (K), fitted by NLL.
 
     Starts from the identity (``w = 1``, ``b = 0``) and minimises the validation NLL plus the shrinkage above with
-    full-batch float64 LBFGS (strong-Wolfe line search, preconditioned by the Gauss-Newton curvature). The per-class weights make it a
+    full-batch float64 LBFGS (strong-Wolfe line search, preconditioned once by the Gauss-Newton curvature at the start:
+    a second round, re-preconditioned at the solution, lowered the objective by at most 3e-10 on the 10 sets above,
+    and cost a curvature pass and two evaluations). The per-class weights make it a
     non-monotone map of each row: it may change the predicted class (``preserves_argmax = False``).
     Needs at least ``min_samples = 10`` labelled samples.
 
     Args:
         num_classes: K; None until the fit sets it (a loaded checkpoint passes it).
-        reg_lambda: the weights' shrinkage lambda (default None: ``K / 1000``, 1e-3 per class; 0: none).
-        reg_mu: the biases' shrinkage mu (default None: ``K / 1000``; 0: none).
+        reg_lambda: the weights' shrinkage towards their mean, lambda (default None: ``K / 100``; 0: none).
+        reg_mu: the biases' shrinkage towards 0, mu (default None: ``K / 1000``; 0: none).
         max_iter: LBFGS iterations at most.
         tol: stop when an iteration lowers the NLL by less than ``tol`` (relative).
 
@@ -84,16 +92,16 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
         k = logits.shape[1]
         self._resize(k)
-        nll = AffineNLL(torch.from_numpy(logits).double(), torch.from_numpy(labels).long(), diagonal=True)
-        reg_lambda = k / 1000 if self.reg_lambda is None else self.reg_lambda
+        nll = AffineNLL(torch.from_numpy(logits), torch.from_numpy(labels).long(), diagonal=True)  # float32 read as float64
+        reg_lambda = k / 100 if self.reg_lambda is None else self.reg_lambda
         reg_mu = k / 1000 if self.reg_mu is None else self.reg_mu
         result = fit_affine(nll, identity_parameters(k, diagonal=True), reg_lambda=reg_lambda, reg_mu=reg_mu,
-                            max_iter=self.max_iter, tol=self.tol, progress_bar=progress_bar, desc="VectorScaling")
+                            max_iter=self.max_iter, tol=self.tol, rounds=1, progress_bar=progress_bar, desc="VectorScaling")
         with torch.no_grad():
             self.weight.copy_(result.x[:k])
             self.bias.copy_(result.x[k:])
-        with torch.no_grad():
-            nll_value = float(nll(result.x))
+        with torch.no_grad():  # the NLL alone: the objective less the (cheap) shrinkage, no pass over the rows
+            nll_value = result.objective - float(odir_penalty(k, reg_lambda, reg_mu, diagonal=True)(result.x)) if reg_lambda or reg_mu else result.objective
         return {"reg_lambda": reg_lambda, "reg_mu": reg_mu, "steps": result.iterations, "evaluations": result.evaluations, "best_objective": result.objective,
                 "nll": nll_value}
 
@@ -105,6 +113,6 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
         elif lam == 0 and mu == 0:
             penalty = " unregularised"
         else:
-            penalty = f" with a shrinkage towards the identity (lambda = {lam:g}, mu = {mu:g})"
+            penalty = f" with the weights shrunk towards their mean and the biases towards 0 (lambda = {lam:g}, mu = {mu:g})"
         return (f"It rescales and shifts each class's logit, softmax(w * z + b), with one weight and one bias per class (vector "
                 f"scaling, Guo et al. 2017), fitted by NLL{penalty}.")

@@ -22,9 +22,10 @@ def affine_objective(x, features, labels, diagonal=False, reg_lambda=0.0, reg_mu
     g = np.exp(s - lse[:, None])
     g[np.arange(n), labels] -= 1.0
     g /= n
-    if diagonal:  # vector scaling: lambda / K sum (w - 1)^2 + mu / K sum b^2
-        grad = np.concatenate([(g * features).sum(0) + 2 * reg_lambda / k * (w - 1), g.sum(0) + 2 * reg_mu / k * b])
-        return nll + (reg_lambda * np.sum((w - 1) ** 2) + reg_mu * np.sum(b**2)) / k, grad, nll
+    if diagonal:  # vector scaling: lambda / K sum (w - mean w)^2 + mu / K sum b^2
+        d = w - w.mean()  # d/dw_m of sum_j d_j^2 is 2 d_m - (2 / K) sum_j d_j = 2 d_m
+        grad = np.concatenate([(g * features).sum(0) + 2 * reg_lambda / k * d, g.sum(0) + 2 * reg_mu / k * b])
+        return nll + (reg_lambda * np.sum(d**2) + reg_mu * np.sum(b**2)) / k, grad, nll
     off = ~np.eye(k, dtype=bool)
     penalty = reg_lambda / (k * (k - 1)) * np.sum(w[off] ** 2) + reg_mu / k * np.sum(b**2)
     grad_w = g.T @ features + 2 * reg_lambda / (k * (k - 1)) * np.where(off, w, 0.0)

@@ -16,7 +16,7 @@ from hf_calibration.calibrators import VectorScaling
 @pytest.mark.parametrize("reg", [0.0, None, 0.5])
 def test_fit_reaches_the_scipy_minimum_of_the_same_objective(reg):
     z, y = overconfident(800, 8, seed=3)
-    lam = mu = 8 / 1000 if reg is None else reg  # the default: K / 1000
+    lam, mu = (8 / 100, 8 / 1000) if reg is None else (reg, reg)  # the defaults: K / 100, K / 1000
     ref_x, ref_objective, ref_nll = fit_affine_reference(canonical(z), y, diagonal=True, reg_lambda=lam, reg_mu=mu)
     vs = VectorScaling(reg_lambda=reg, reg_mu=reg).fit(z, y, progress_bar=False)
     assert vs.fit_info_["reg_lambda"] == lam and vs.fit_info_["reg_mu"] == mu
@@ -60,6 +60,26 @@ def test_card_says_it_may_change_predictions(tmp_path):
     z, y = overconfident(300, 5, seed=2)
     VectorScaling().fit(z, y, progress_bar=False).save_pretrained(tmp_path)
     card = (tmp_path / "README.md").read_text()
-    assert "may change the predicted class" in card and "vector scaling, Guo et al. 2017" in card and "lambda = 0.005, mu = 0.005" in card
+    assert "may change the predicted class" in card and "vector scaling, Guo et al. 2017" in card and "lambda = 0.05, mu = 0.005" in card
     config = (tmp_path / "config.json").read_text()
     assert '"num_classes": 5' in config and '"calibrator": "vector_scaling"' in config
+
+
+def test_strong_weight_shrinkage_is_temperature_scaling():
+    # the weights shrink towards their mean, not towards 1: with lambda and mu large the fit is temperature scaling,
+    # whose T is found here by scipy's scalar minimiser on the NLL of z / T
+    from scipy.optimize import minimize_scalar
+    from scipy.special import logsumexp
+
+    z, y = overconfident(600, 6, seed=4)
+    zc = canonical(z)
+
+    def nll(t):
+        s = zc / t
+        return float(np.mean(logsumexp(s, axis=1) - s[np.arange(len(y)), y]))
+
+    t_ref = minimize_scalar(nll, bounds=(0.05, 20), method="bounded", options={"xatol": 1e-10}).x
+    assert t_ref > 1.2  # over-confident data: the reference is far from the identity map
+    vs = VectorScaling(reg_lambda=1e7, reg_mu=1e7).fit(z, y, progress_bar=False)
+    np.testing.assert_allclose(vs.weight.detach().numpy(), 1 / t_ref, rtol=1e-4)
+    np.testing.assert_allclose(vs.bias.detach().numpy(), 0.0, atol=1e-5)

@@ -1,11 +1,11 @@
-"""The vectorisable exp/log against numpy's (libm's) correctly rounded-to-an-ulp values."""
+"""The vectorisable exp/log against numpy's (libm's) correctly rounded-to-an-ulp values; the four-lane row reductions."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hf_calibration.calibrators._vmath import exp_into, log_into
+from hf_calibration.calibrators._vmath import exp_into, log_into, max_of, sum_of
 
 
 def _exp(x):
@@ -55,3 +55,15 @@ def test_in_place_and_sliced_calls_agree_with_separate_buffers(fn, ref, x):
     fn(work[0, 100:877], work[1, 100:877], work[2, 100:877])
     np.testing.assert_array_equal(work[1, 100:877], separate)
     np.testing.assert_allclose(separate, ref(x), rtol=4e-16, atol=3e-16)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 101])
+def test_row_reductions_are_max_and_the_four_lane_sum(n):
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=n) * 10.0 ** rng.integers(-3, 4, n)  # mixed magnitudes, the max anywhere
+    assert max_of(x) == x.max()
+    lanes = [sum(x[j] for j in range(lane, n - n % 4, 4)) for lane in range(4)]  # the stated order, written out
+    for j in range(n - n % 4, n):
+        lanes[0] += x[j]
+    assert sum_of(x) == (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+    assert sum_of(x) == pytest.approx(np.sum(x), rel=1e-14)
