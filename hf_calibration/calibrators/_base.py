@@ -20,7 +20,7 @@ from torch import nn
 
 from .. import hub
 from .._checks import resolve_from_logits
-from ..metrics._format import prepare
+from ..metrics._format import prepare, top_label
 from . import _inputs
 from . import attach as _attach
 from ._threads import torch_single_threaded
@@ -243,7 +243,6 @@ class Calibrator(
         """Accuracy and 15-bin ECE on the fit set before and after (``accuracy_after`` too when the map may move the
         argmax): one forward pass, on one thread (a parallel region over a small array stalls on a busy machine:
         a K = 100 vector-scaling report took 0.25 s on two threads under load, 0.04 s on one)."""
-        from ..metrics._format import prepare, top_label
         from ..metrics.ece import _ece_compute
 
         with torch.no_grad(), torch_single_threaded():

@@ -100,8 +100,8 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
         with torch.no_grad():
             self.weight.copy_(result.x[:k])
             self.bias.copy_(result.x[k:])
-        with torch.no_grad():  # the NLL alone: the objective less the (cheap) shrinkage, no pass over the rows
-            nll_value = result.objective - float(odir_penalty(k, reg_lambda, reg_mu, diagonal=True)(result.x)) if reg_lambda or reg_mu else result.objective
+        with torch.no_grad():  # the NLL alone: the objective less the shrinkage (0 when unregularised), no pass over the rows
+            nll_value = result.objective - float(odir_penalty(k, reg_lambda, reg_mu, diagonal=True)(result.x))
         return {"reg_lambda": reg_lambda, "reg_mu": reg_mu, "steps": result.iterations, "evaluations": result.evaluations, "best_objective": result.objective,
                 "nll": nll_value}
 
