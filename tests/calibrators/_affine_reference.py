@@ -8,8 +8,9 @@ import scipy.optimize
 from scipy.special import logsumexp
 
 
-def affine_objective(x, features, labels, diagonal=False, reg_lambda=0.0, reg_mu=0.0):
-    """``(mean NLL of softmax(W f + b) + ODIR, gradient, NLL)`` for ``x = [W (K*K) or w (K), b (K)]``."""
+def affine_objective(x, features, labels, diagonal=False, reg_lambda=0.0, reg_mu=0.0, reg_diagonal=0.0):
+    """``(mean NLL of softmax(W f + b) + ODIR, gradient, NLL)`` for ``x = [W (K*K) or w (K), b (K)]``; for a full matrix
+    ``reg_diagonal`` adds ``reg_diagonal / K * sum_j (W_jj - mean W_jj)^2``."""
     n, k = features.shape
     if diagonal:
         w, b = x[:k], x[k:]
@@ -27,22 +28,58 @@ def affine_objective(x, features, labels, diagonal=False, reg_lambda=0.0, reg_mu
         grad = np.concatenate([(g * features).sum(0) + 2 * reg_lambda / k * d, g.sum(0) + 2 * reg_mu / k * b])
         return nll + (reg_lambda * np.sum(d**2) + reg_mu * np.sum(b**2)) / k, grad, nll
     off = ~np.eye(k, dtype=bool)
-    penalty = reg_lambda / (k * (k - 1)) * np.sum(w[off] ** 2) + reg_mu / k * np.sum(b**2)
-    grad_w = g.T @ features + 2 * reg_lambda / (k * (k - 1)) * np.where(off, w, 0.0)
+    d = np.diag(w) - np.diag(w).mean()
+    penalty = reg_lambda / (k * (k - 1)) * np.sum(w[off] ** 2) + reg_mu / k * np.sum(b**2) + reg_diagonal / k * np.sum(d**2)
+    grad_w = g.T @ features + 2 * reg_lambda / (k * (k - 1)) * np.where(off, w, 0.0) + np.diag(2 * reg_diagonal / k * d)
     grad_b = g.sum(0) + 2 * reg_mu / k * b
     return nll + penalty, np.concatenate([grad_w.reshape(-1), grad_b]), nll
 
 
-def fit_affine_reference(features, labels, diagonal=False, reg_lambda=0.0, reg_mu=0.0):
-    """scipy L-BFGS-B from the identity; returns ``(x, objective, nll)``."""
-    n, k = features.shape
-    x0 = np.concatenate([np.ones(k) if diagonal else np.eye(k).reshape(-1), np.zeros(k)])
+def structured_objective(x, features, labels, diagonal, off_diagonal, diagonal_weight, bias):
+    """SMS / SVS (Berta et al. 2026): ``(mean NLL of softmax(W f + b) + off_diagonal * sum_{i != j} W_ij^2 +
+    diagonal_weight * sum_j (W_jj - 1)^2 + bias * sum_j b_j^2, gradient, NLL)``; ``x = [W (K*K) or w (K), b (K)]``."""
+    k = features.shape[1]
+    if diagonal:
+        value, grad, nll = affine_objective(x, features, labels, True)
+        dw = x[:k] - 1.0
+        value += diagonal_weight * np.sum(dw**2) + bias * np.sum(x[k:] ** 2)
+        grad = grad + np.concatenate([2 * diagonal_weight * dw, 2 * bias * x[k:]])
+        return value, grad, nll
+    value, grad, nll = affine_objective(x, features, labels)
+    w, b = x[: k * k].reshape(k, k), x[k * k :]
+    off = ~np.eye(k, dtype=bool)
+    dw = np.diag(w) - 1.0
+    value += off_diagonal * np.sum(w[off] ** 2) + diagonal_weight * np.sum(dw**2) + bias * np.sum(b**2)
+    grad_w = 2 * off_diagonal * np.where(off, w, 0.0) + np.diag(2 * diagonal_weight * dw)
+    return value, grad + np.concatenate([grad_w.reshape(-1), 2 * bias * b]), nll
+
+
+def _minimise(objective, x0):
     result = scipy.optimize.minimize(
-        lambda x: affine_objective(x, features, labels, diagonal, reg_lambda, reg_mu)[:2], x0, jac=True, method="L-BFGS-B",
+        lambda x: objective(x)[:2], x0, jac=True, method="L-BFGS-B",
         options={"maxiter": 50_000, "maxfun": 100_000, "ftol": 1e-15, "gtol": 1e-11, "maxcor": 30},
     )
-    objective, _, nll = affine_objective(result.x, features, labels, diagonal, reg_lambda, reg_mu)
-    return result.x, objective, nll
+    return result.x
+
+
+def _identity(k, diagonal):
+    return np.concatenate([np.ones(k) if diagonal else np.eye(k).reshape(-1), np.zeros(k)])
+
+
+def fit_affine_reference(features, labels, diagonal=False, reg_lambda=0.0, reg_mu=0.0, reg_diagonal=0.0):
+    """scipy L-BFGS-B from the identity; returns ``(x, objective, nll)``."""
+    k = features.shape[1]
+    x = _minimise(lambda v: affine_objective(v, features, labels, diagonal, reg_lambda, reg_mu, reg_diagonal), _identity(k, diagonal))
+    objective, _, nll = affine_objective(x, features, labels, diagonal, reg_lambda, reg_mu, reg_diagonal)
+    return x, objective, nll
+
+
+def fit_structured_reference(features, labels, diagonal, off_diagonal, diagonal_weight, bias):
+    """scipy L-BFGS-B from the identity on ``structured_objective``; returns ``(x, objective, nll)``."""
+    k = features.shape[1]
+    x = _minimise(lambda v: structured_objective(v, features, labels, diagonal, off_diagonal, diagonal_weight, bias), _identity(k, diagonal))
+    objective, _, nll = structured_objective(x, features, labels, diagonal, off_diagonal, diagonal_weight, bias)
+    return x, objective, nll
 
 
 def canonical(logits):
