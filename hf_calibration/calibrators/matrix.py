@@ -290,6 +290,7 @@ class _Search:
         self.best: tuple[float, float] | None = None
         self.fold_scores: dict[tuple[float, float], list[float]] = {}
         self.temperatures, self.ts_score = self._temperature_scaling()
+        self.bar = None
         self.evaluations = 0
 
     # ------------------------------------------------------------------ one candidate
@@ -337,6 +338,8 @@ class _Search:
         weights = [fold.weight for fold in self.folds[: len(scores)]]
         score = sum(s * w for s, w in zip(scores, weights)) / sum(weights)
         self.table.append({"reg_lambda": lam, "reg_mu": mu, "cv_nll": score, "folds": len(scores), "evaluations": evaluations})
+        if self.bar is not None:
+            self.bar.update(1)
         self.fold_scores[key] = scores
         if len(scores) == len(self.folds) and (self.best is None or score < self.table_score(self.best)):
             self.best = key
@@ -365,9 +368,12 @@ class _Search:
 
     def run(self, progress_bar: bool) -> tuple[float, float, torch.Tensor]:
         owner, k = self.owner, self.k
-        with _progress.progress_bar(total=1, desc=f"{type(owner).__name__} CV", enabled=progress_bar) as bar:
-            if owner.lambdas is not None or owner.mus is not None or owner.reg_lambda is not None:
-                lambdas = (owner.reg_lambda,) if owner.reg_lambda is not None else (owner.lambdas or self._decades(k * (k - 1)))
+        explicit = owner.lambdas is not None or owner.mus is not None or owner.reg_lambda is not None
+        lambdas = (owner.reg_lambda,) if owner.reg_lambda is not None else (owner.lambdas or self._decades(k * (k - 1)))
+        grid = len(lambdas) * len(owner.mus or (1,)) if explicit else len(lambdas) * (1 + len(LAMBDA_STEPS)) * len(lambdas)
+        # the bar counts the candidates fitted, out of the grid's size (the search ends it at 100 % when it stops early)
+        with _progress.progress_bar(total=grid, desc=f"{type(owner).__name__} CV", enabled=progress_bar) as self.bar:
+            if explicit:
                 for i, lam in enumerate(lambdas):
                     mus = owner.mus if owner.mus is not None else (lam / (k - 1) if owner.reg_mu is None else owner.reg_mu,)
                     before = len(self.table)
@@ -376,7 +382,8 @@ class _Search:
                         break
             else:
                 self._paper_search()
-            _progress.finish(bar, 1)
+            _progress.finish(self.bar, self.bar.n)
+        self.bar = None
         lam, mu = self.best
         return lam, mu, torch.stack(self.solutions[self.best]).mean(0)
 
