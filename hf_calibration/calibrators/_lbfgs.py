@@ -132,7 +132,7 @@ def minimize(
 
     Raises ``FloatingPointError`` if the objective or its gradient becomes non-finite.
     """
-    with torch_single_threaded():
+    with torch_single_threaded(), torch.enable_grad():  # a fit called under torch.no_grad() (inference code) still needs it
         return _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progress_bar, desc)
 
 

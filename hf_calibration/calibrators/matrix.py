@@ -418,7 +418,8 @@ class _Search:
 
         temperatures, score = [], 0.0
         for (train, val), fold in zip(self.splits, self.folds):
-            t = TemperatureScaling().fit(self.logits[train], self.labels[train], from_logits=True, progress_bar=False).fitted_temperature
+            # (its fit alone: a fold may hold fewer samples than a user-facing fit's minimum)
+            t = TemperatureScaling()._fit(np.ascontiguousarray(self.logits[train]), self.labels[train], "nll", {}, False)["temperature"]
             temperatures.append(t)
             score += scaled_nll(np.ascontiguousarray(self.logits[val]), np.ascontiguousarray(self.labels[val]), 1 / t)[0] * fold.weight
         return temperatures, score

@@ -93,3 +93,22 @@ def log_probabilities(logits):
     """The Dirichlet calibrator's input: ``log softmax(z)`` clipped at log(float64 eps), in numpy."""
     z = np.asarray(logits, dtype=np.float64)
     return np.maximum(z - logsumexp(z, axis=1, keepdims=True), np.log(np.finfo(np.float64).eps))
+
+
+def smoothed_temperature_features(logits, labels):
+    """SMS / SVS's input, in numpy: the NLL temperature (scipy's bounded scalar minimiser), then
+    ``log((1 - eps) softmax(z / T) + eps / K)`` with ``eps = 1 / (N + 1)``; returns ``(features, T, eps)``."""
+    from scipy.optimize import minimize_scalar
+
+    z = np.asarray(logits, dtype=np.float64)
+    n, k = z.shape
+
+    def nll(log_t):
+        s = z / np.exp(log_t)
+        return float(np.mean(logsumexp(s, axis=1) - s[np.arange(n), labels]))
+
+    t = float(np.exp(minimize_scalar(nll, bounds=(np.log(0.05), np.log(100)), method="bounded", options={"xatol": 1e-12}).x))
+    s = z / t
+    p = np.exp(s - logsumexp(s, axis=1, keepdims=True))
+    eps = 1.0 / (n + 1)
+    return np.log((1 - eps) * p + eps / k), t, eps
