@@ -112,3 +112,24 @@ def smoothed_temperature_features(logits, labels):
     p = np.exp(s - logsumexp(s, axis=1, keepdims=True))
     eps = 1.0 / (n + 1)
     return np.log((1 - eps) * p + eps / k), t, eps
+
+
+def probmetrics_fit(kind, logits, labels):
+    """The authors' calibrator (probmetrics 1.3, ``get_calibrator(kind)``), fitted on the softmax probabilities it expects."""
+    import warnings
+
+    from probmetrics.calibrators import get_calibrator
+
+    cal = get_calibrator(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal.fit(np.exp(np.asarray(logits, np.float64) - logsumexp(np.asarray(logits, np.float64), axis=1, keepdims=True)), labels)
+    return cal
+
+
+def probmetrics_held_out_nll(kind, logits_fit, labels_fit, logits_test, labels_test):
+    """Held-out NLL of probmetrics' ``kind`` fitted on the first pair, scored on the second."""
+    cal = probmetrics_fit(kind, logits_fit, labels_fit)
+    zt = np.asarray(logits_test, np.float64)
+    probs = cal.predict_proba(np.exp(zt - logsumexp(zt, axis=1, keepdims=True)))
+    return float(-np.log(probs[np.arange(len(labels_test)), labels_test]).mean())

@@ -98,6 +98,13 @@ def test_the_default_search_finds_the_best_point_of_the_authors_grid(monkeypatch
     assert "cross-validation" in ms._card_description()
 
 
+def test_a_given_mu_is_kept_while_lambda_is_searched():
+    z, y = overconfident(200, 3, seed=2)
+    ms = MatrixScaling(reg_mu=0.7).fit(z, y, progress_bar=False)
+    assert {row["reg_mu"] for row in ms.fit_info_["cv"]} == {0.7} and ms.fit_info_["reg_mu"] == 0.7
+    assert len({row["reg_lambda"] for row in ms.fit_info_["cv"]}) > 2
+
+
 def test_the_grid_range_follows_the_authors_by_number_of_classes():
     assert list(matrix_module.grid_exponents(10)) == list(range(6, -6, -1))  # 10 classes: 1e6 down to 1e-5
     assert list(matrix_module.grid_exponents(100)) == list(range(6, -3, -1))  # 100 classes: 1e6 down to 1e-2
