@@ -420,10 +420,12 @@ def main() -> None:
     import numba
 
     versions = f"torch {torch.__version__}, numba {numba.__version__}, numpy {np.__version__}"
-    for package in ("torch_uncertainty", "netcal", "probmetrics"):
+    from importlib.metadata import PackageNotFoundError, version
+
+    for package in ("torch-uncertainty", "netcal", "probmetrics"):
         try:
-            versions += f", {package} {__import__(package).__version__}"
-        except Exception:  # noqa: BLE001 - a missing peer only loses its columns
+            versions += f", {package} {version(package)}"
+        except PackageNotFoundError:  # a missing peer only loses its columns
             versions += f", {package} not installed"
     lines = [
         "## Calibrator fits: ETS, vector / matrix / Dirichlet scaling, SMS / SVS, PTS, CTS (`benchmarks/calibrator_fits.py`)",
