@@ -123,8 +123,8 @@ def test_every_bar_of_the_calibrators_follows_the_switches(capfd, monkeypatch, d
     finally:
         if switch == "hub_group":
             enable_progress_bars("hf_calibration")
-    err = capfd.readouterr().err
+    err = capfd.readouterr().err  # (a fit's logged warnings may land here too: only bars count)
     if switch is None:
         assert f"{desc}:" in err  # (the LBFGS bar is an inner one: erased when done)
     else:
-        assert err == ""
+        assert f"{desc}:" not in err and "%|" not in err

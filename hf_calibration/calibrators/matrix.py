@@ -133,7 +133,8 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
     the search, and where this departs from the paper); ties go to the stronger regularisation. A given
     ``reg_lambda`` with ``reg_mu=None`` ties mu to it (``mu = lambda / (K - 1)``, the same weight per entry); a given
     ``reg_mu`` with ``reg_lambda=None`` is kept while lambda is searched.
-    ``lambdas`` (and ``mus``) replace the grid by your own, searched in full. ``reg_lambda=0, reg_mu=0,
+    ``lambdas`` (and ``mus``) replace the grid by your own: each lambda, strongest first, with every mu (``cv_patience``
+    and the racing of clear losers apply; ``cv_patience=None`` tries every lambda). ``reg_lambda=0, reg_mu=0,
     reg_diagonal=0`` is the unregularised matrix scaling of Guo et al. 2017. When the chosen candidate's
     cross-validated NLL is above temperature scaling's on the same folds, the fit warns: the calibration set is too
     small for K^2 + K parameters. May change the predicted class (``preserves_argmax = False``).
