@@ -4,17 +4,64 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
 from .._checks import IGNORE_INDEX
 from ._format import prepare, top_label
-from .binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins
+from .binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins, _run_sizes
+from .bootstrap import check_bootstrap
 
 
 def _adaece_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
     index = _adaptive_bin_index(confidence, n_bins)
     sums = _bin_sums(index, confidence, correct, n_bins)
     return float(np.abs(_calibration_gaps(sums, confidence.shape[0])).sum())
+
+
+@numba.njit(cache=True, nogil=True)
+def _adaece_replicates(counts, order, p, residual, closing):  # pragma: no cover - compiled
+    """AdaECE of each resample, (B,).
+
+    ``p`` and ``residual`` (``p - a``) are in sorted order, ``order`` maps them back to the rows, and
+    ``closing[u]`` is the number of samples in runs 0..u of the equal-count split of N samples (a
+    resample has N too). Walking the sorted rows with their counts finds the value that closes each run
+    in the resample (the bin's upper edge) without sorting it again; a sample then goes to the first bin
+    whose upper edge reaches it (``lo < p <= hi``), exactly as ``_adaptive_bin_index`` on the resample.
+    """
+    chunk = counts.shape[0]
+    n = p.shape[0]
+    cuts = closing.shape[0]
+    upper = np.empty(cuts)
+    sums = np.empty(cuts + 1)
+    out = np.empty(chunk)
+    for b in range(chunk):
+        cum = 0
+        j = 0
+        for u in range(cuts):  # the sample at (0-based) position closing[u] - 1 of the sorted resample
+            while cum < closing[u]:
+                cum += counts[b, order[j]]
+                j += 1
+            upper[u] = p[j - 1]
+        sums[:] = 0.0
+        u = 0
+        for j in range(n):
+            c = counts[b, order[j]]
+            if c:
+                while u < cuts and upper[u] < p[j]:
+                    u += 1
+                sums[u] += c * residual[j]
+        out[b] = np.abs(sums).sum() / n
+    return out
+
+
+def _adaece_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
+    """``counts -> (B,)`` AdaECE of each resample; the rows are sorted once."""
+    order = np.argsort(confidence, kind="stable")
+    p = np.ascontiguousarray(confidence[order])
+    residual = p - correct[order]
+    closing = np.cumsum(_run_sizes(confidence.shape[0], n_bins))[:-1]
+    return lambda counts: _adaece_replicates(counts, order, p, residual, closing)
 
 
 def adaece(
@@ -24,6 +71,9 @@ def adaece(
     *,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
 ) -> float:
     """Adaptive ECE: ``sum_b |B_b|/N * |acc_b - conf_b|`` over equal-count bins.
 
@@ -45,8 +95,9 @@ def adaece(
     that one sample (a difference of order ``1/N``); ``tests/metrics/test_adaptive.py`` works a
     six-sample example where they differ.
 
-    Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities).
-    Returns a fraction in [0, 1].
+    Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities;
+    ``ci`` / ``n_boot`` / ``seed`` give a bootstrap interval, the bins re-cut on every resample).
+    Returns a fraction in [0, 1] (with ``ci``, a :class:`~hf_calibration.metrics.MetricInterval`).
 
     Example:
         >>> import numpy as np
@@ -57,5 +108,10 @@ def adaece(
         (0.0, 0.0)
     """
     n_bins = _check_n_bins(n_bins)
+    boot = check_bootstrap(ci, n_boot, seed)
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
-    return _adaece_compute(top.confidence, top.correct, n_bins)
+    value = _adaece_compute(top.confidence, top.correct, n_bins)
+    if boot is None:
+        return value
+    statistic = _adaece_statistic(top.confidence, top.correct, n_bins)
+    return boot.interval(value, boot.replicates([statistic], top.confidence.shape[0])[0])

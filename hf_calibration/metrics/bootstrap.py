@@ -1,0 +1,201 @@
+"""Percentile bootstrap intervals for every metric, resampling rows as multinomial counts.
+
+A bootstrap resample of N rows is a count vector ``c`` (how often each row was drawn, ``sum c = N``,
+multinomial). Every metric here is a function of per-row quantities (the top-label confidence and
+correctness, each row's Brier / NLL term, each row's class probabilities for classwise ECE), so its
+value on the resample is the same function with row ``i`` weighted by ``c_i``. Each metric module
+therefore supplies a compiled *weighted* form that takes a block of count vectors and never
+materialises a resampled array: O(N) per resample (O(N·K) for classwise ECE), and the rows are sorted
+once, not once per resample (AdaECE, smCE and the debiased ECE walk the sorted order with the counts).
+
+The interval is the percentile bootstrap (Efron & Tibshirani 1993, ch. 13): the ``(1 - ci)/2`` and
+``(1 + ci)/2`` quantiles of the ``n_boot`` resampled values (numpy's linear interpolation). The
+point value is the metric of the data itself, never a bootstrap mean. What the interval covers is
+the population value *of the same estimator* (the binned ECE with these bins, ...): a plug-in
+calibration error is biased upwards, by about the noise of each bin, when the model is close to
+calibrated, and the interval inherits that bias (see the README, "How sure is this number?").
+
+Resample ``b`` draws its rows from its own stream, splitmix64 seeded by
+``numpy.random.SeedSequence(seed).generate_state(n_boot)[b]``, with Lemire's unbiased bounded
+integers: one ``seed`` gives the same intervals whatever the block size, and every metric of a
+report sees the same resamples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numba
+import numpy as np
+
+from .._checks import check_float, check_int
+
+__all__ = ["MetricInterval", "Bootstrap", "check_bootstrap", "flat_intervals"]
+
+DEFAULT_N_BOOT = 1000
+# smCE / smECE: each resample costs a sweep or a bandwidth search of ~11 kernel smoothings, so their
+# default is lower (cost per resample measured in benchmarks/bootstrap_speed.py)
+SMOOTH_N_BOOT = 200
+_BLOCK_ELEMENTS = 1 << 22  # counts of one block of resamples: 16 MB of int32
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+class MetricInterval(float):
+    """A metric's value with its percentile bootstrap interval; it *is* the value as a float.
+
+    ``ece(..., ci=0.95)`` returns one: arithmetic, comparisons, ``round``, ``f"{x:.4f}"``, JSON and
+    ``float(x)`` see the value, exactly as the default call's float; ``x.low`` / ``x.high`` are the
+    interval's ends, ``x.level`` its confidence level and ``x.n_boot`` the number of resamples.
+    ``str(x)`` is ``"0.0321 [0.0240, 0.0405]"``; ``x.format(100)`` gives the papers' percent form.
+    Not iterable on purpose (pandas would then take it for a list); use ``(x.value, x.low, x.high)``.
+    """
+
+    __slots__ = ("low", "high", "level", "n_boot")
+
+    def __new__(cls, value: float, low: float, high: float, level: float, n_boot: int):
+        self = super().__new__(cls, value)
+        self.low, self.high, self.level, self.n_boot = float(low), float(high), float(level), int(n_boot)
+        return self
+
+    @property
+    def value(self) -> float:
+        return float(self)
+
+    def __reduce__(self):
+        return (type(self), (float(self), self.low, self.high, self.level, self.n_boot))
+
+    def format(self, scale: float = 1.0, digits: int = 4, unit: str = "") -> str:
+        """``"3.21 % [2.40, 4.05]"`` for ``format(100, 2, " %")``."""
+        return f"{scale * float(self):.{digits}f}{unit} [{scale * self.low:.{digits}f}, {scale * self.high:.{digits}f}]"
+
+    def to_dict(self) -> dict[str, float]:
+        return {"value": float(self), "low": self.low, "high": self.high, "level": self.level, "n_boot": self.n_boot}
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def __repr__(self) -> str:
+        return (f"MetricInterval(value={float(self)!r}, low={self.low!r}, high={self.high!r}, "
+                f"level={self.level!r}, n_boot={self.n_boot})")
+
+
+@numba.njit(cache=True, nogil=True)
+def _draw_counts(seeds: np.ndarray, n: int, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out[b]`` = the counts of ``n`` uniform draws from ``range(n)``, from splitmix64 seeded by ``seeds[b]``.
+
+    Each 64-bit output gives two 32-bit words; a word ``x`` maps to ``(x * n) >> 32`` and is rejected
+    when ``(x * n) mod 2^32 < (2^32 - n) mod n`` (Lemire 2019): exactly uniform for ``n < 2^32``.
+    """
+    nn = np.uint64(n)
+    threshold = (np.uint64(1 << 32) - nn) % nn
+    for b in range(seeds.shape[0]):
+        state = seeds[b]
+        row = out[b]
+        row[:] = 0
+        j = 0
+        while j < n:
+            state = state + np.uint64(0x9E3779B97F4A7C15)
+            z = state
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z = z ^ (z >> np.uint64(31))
+            m = (z & _MASK32) * nn
+            if (m & _MASK32) >= threshold:
+                row[np.int64(m >> np.uint64(32))] += 1
+                j += 1
+            m = (z >> np.uint64(32)) * nn
+            if j < n and (m & _MASK32) >= threshold:
+                row[np.int64(m >> np.uint64(32))] += 1
+                j += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _weighted_means(counts: np.ndarray, values: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """``out[b, j] = sum_i counts[b, i] * values[i, j] / sum_i counts[b, i]``; rows drawn 0 times are
+    skipped, so an infinite value (an NLL term) counts only when drawn."""
+    chunk, n = counts.shape
+    m = values.shape[1]
+    out = np.zeros((chunk, m))
+    for b in range(chunk):
+        total = 0
+        for i in range(n):
+            c = counts[b, i]
+            if c:
+                total += c
+                for j in range(m):
+                    out[b, j] += c * values[i, j]
+        for j in range(m):
+            out[b, j] /= total
+    return out
+
+
+def weighted_means(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """The resampled means of per-row ``values`` (N,) or (N, m): accuracy, Brier, NLL."""
+    values = np.ascontiguousarray(np.asarray(values, dtype=np.float64).reshape(values.shape[0], -1))
+    return lambda counts: _weighted_means(counts, values)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """A checked bootstrap request: confidence ``level``, ``n_boot`` resamples, ``seed``."""
+
+    level: float
+    n_boot: int
+    seed: int
+
+    def _blocks(self, n: int):
+        seeds = np.random.SeedSequence(self.seed).generate_state(self.n_boot, np.uint64)
+        size = max(1, min(self.n_boot, _BLOCK_ELEMENTS // max(n, 1)))
+        counts = np.empty((size, n), dtype=np.int32)
+        for start in range(0, self.n_boot, size):
+            block = counts[: min(size, self.n_boot - start)]
+            _draw_counts(seeds[start : start + block.shape[0]], n, block)
+            yield block
+
+    def replicates(self, statistics: Sequence[Callable[[np.ndarray], np.ndarray]], n: int) -> list[np.ndarray]:
+        """Each statistic on every resample of ``n`` rows: ``statistic(counts)`` takes a block of count
+        vectors (rows of an int32 (B, n) array) and returns its values, (B,) or (B, m). All statistics
+        see the same resamples (paired). Returns one (n_boot,) or (n_boot, m) array per statistic."""
+        out: list[list[np.ndarray]] = [[] for _ in statistics]
+        for counts in self._blocks(n):
+            for values, statistic in zip(out, statistics):
+                values.append(np.asarray(statistic(counts), dtype=np.float64))
+        return [np.concatenate(values) for values in out]
+
+    def interval(self, value: float, replicates: np.ndarray) -> MetricInterval:
+        """The percentile interval of ``replicates`` around the data's own ``value``."""
+        alpha = (1.0 - self.level) / 2.0
+        if np.isfinite(replicates).all():
+            low, high = np.quantile(replicates, [alpha, 1.0 - alpha])
+        else:  # an infinite NLL resample: interpolating between two infinities gives NaN, so take the order statistics outwards
+            low, high = np.quantile(replicates, alpha, method="lower"), np.quantile(replicates, 1.0 - alpha, method="higher")
+        return MetricInterval(value, low, high, self.level, self.n_boot)
+
+
+def flat_intervals(values: dict[str, Any], suffixes: tuple[str, str] = ("_ci_low", "_ci_high")) -> dict[str, Any]:
+    """``{"ece": MetricInterval}`` -> ``{"ece": value, "ece_ci_low": low, "ece_ci_high": high}`` (plain floats,
+    for ``evaluate`` results, Trainer logs and JSON); other values pass through."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, MetricInterval):
+            out[key], out[key + suffixes[0]], out[key + suffixes[1]] = float(value), value.low, value.high
+        else:
+            out[key] = value
+    return out
+
+
+def check_bootstrap(ci: Any, n_boot: Any, seed: Any, *, default_n_boot: int = DEFAULT_N_BOOT) -> Bootstrap | None:
+    """Validate ``ci`` / ``n_boot`` / ``seed`` (before any work); None when no interval is asked for.
+
+    ``ci`` is the confidence level in (0, 1) (0.95) or None; ``n_boot`` an integer >= 10 or None for the
+    metric's default; ``seed`` an integer >= 0.
+    """
+    n_boot = default_n_boot if n_boot is None else check_int(n_boot, "n_boot", minimum=10)
+    seed = check_int(seed, "seed", minimum=0)
+    if ci is None:
+        return None
+    if isinstance(ci, (int, float, np.floating, np.integer)) and not isinstance(ci, bool) and not 0.0 < float(ci) < 1.0:
+        raise ValueError(f"Expected argument `ci` to be a confidence level in (0, 1) such as 0.95, or None, but got {ci!r}.")
+    level = check_float(ci, "ci", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+    return Bootstrap(level, n_boot, seed)
