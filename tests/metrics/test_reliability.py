@@ -82,7 +82,7 @@ def _check_panel(rel_ax, count_ax, confidence, correct, n_bins=15):
             assert gap[b] == pytest.approx(mean_conf - mean_acc, abs=1e-12)
         else:
             assert acc[b] == 0 and gap[b] == 0
-    assert f"ECE = {100 * ref.loop_ece(confidence, correct, n_bins):.2f}%" in _text(rel_ax)
+    assert f"ECE = {100 * ref.loop_ece(confidence, correct, n_bins):.2f} %" in _text(rel_ax)
     assert f"N = {len(confidence)}" in _text(rel_ax)
 
 
