@@ -22,7 +22,7 @@ from ..metrics.adaptive import _adaece_compute, _adaece_statistic
 from ..metrics.bootstrap import MetricInterval, check_bootstrap, weighted_means
 from ..metrics.ece import _binned_statistic, _ece_compute
 from ..metrics.scores import _row_scores
-from ..metrics.smooth import _smce_replicates, smce_from_confidence
+from ..metrics.smooth import _smce_statistic, _sorted_residuals, smce_from_confidence
 
 __all__ = ["PairedBootstrap", "paired_bootstrap"]
 
@@ -41,10 +41,7 @@ def _scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int):
         return _ece_compute(conf, correct, n_bins), lambda counts: _binned_statistic(conf, correct, n_bins)(counts)[:, 0]
     if metric == "adaece":
         return _adaece_compute(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins)
-    order = np.argsort(conf)
-    p = np.ascontiguousarray(conf[order])
-    r = np.ascontiguousarray(correct[order] - p)
-    return smce_from_confidence(conf, correct), lambda counts: _smce_replicates(counts, order, p, r)
+    return smce_from_confidence(conf, correct), _smce_statistic(*_sorted_residuals(conf, correct))
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, weighted_
 from .ece import _binned_statistic, _classwise_ece_compute
 from .report import CalibrationReport
 from .scores import _row_scores
-from .smooth import _smce_replicates, _smece_statistic, smce_from_confidence, smece_from_confidence
+from .smooth import _smce_statistic, _smece_statistic, _sorted_residuals, smce_from_confidence, smece_from_confidence
 
 __all__ = ["CalibrationAccumulator", "METRICS"]
 
@@ -454,10 +454,8 @@ class CalibrationAccumulator:
         out = {key: boot.interval(values[key], reps) for key, reps in replicates.items() if values[key] is not None}
         smooth = [name for name in ("smce", "smece") if name in chosen]
         if smooth:
-            order = np.argsort(confidence)
-            p = np.ascontiguousarray(confidence[order])
-            r = np.ascontiguousarray(correct[order] - p)
-            statistics = {"smce": lambda counts: _smce_replicates(counts, order, p, r), "smece": _smece_statistic(confidence, correct)}
+            statistics = {"smce": _smce_statistic(*_sorted_residuals(confidence, correct)),
+                          "smece": _smece_statistic(confidence, correct)}
             for name, reps in zip(smooth, self._smooth_boot.replicates([statistics[name] for name in smooth], n)):
                 out[name] = self._smooth_boot.interval(values[name], reps)
         return {**values, **out}

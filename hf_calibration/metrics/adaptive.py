@@ -20,14 +20,14 @@ def _adaece_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) ->
 
 
 @numba.njit(cache=True, nogil=True)
-def _adaece_replicates(counts, order, p, residual, closing):  # pragma: no cover - compiled
+def _adaece_replicates(counts, p, residual, closing):  # pragma: no cover - compiled
     """AdaECE of each resample, (B,).
 
-    ``p`` and ``residual`` (``p - a``) are in sorted order, ``order`` maps them back to the rows, and
-    ``closing[u]`` is the number of samples in runs 0..u of the equal-count split of N samples (a
-    resample has N too). Walking the sorted rows with their counts finds the value that closes each run
-    in the resample (the bin's upper edge) without sorting it again; a sample then goes to the first bin
-    whose upper edge reaches it (``lo < p <= hi``), exactly as ``_adaptive_bin_index`` on the resample.
+    ``counts``, ``p`` and ``residual`` (``p - a``) are in sorted order, and ``closing[u]`` is the number of
+    samples in runs 0..u of the equal-count split of N samples (a resample has N too). Walking the sorted
+    rows with their counts finds the value that closes each run in the resample (the bin's upper edge)
+    without sorting it again; a sample then goes to the first bin whose upper edge reaches it
+    (``lo < p <= hi``), exactly as ``_adaptive_bin_index`` on the resample.
     """
     chunk = counts.shape[0]
     n = p.shape[0]
@@ -40,17 +40,15 @@ def _adaece_replicates(counts, order, p, residual, closing):  # pragma: no cover
         j = 0
         for u in range(cuts):  # the sample at (0-based) position closing[u] - 1 of the sorted resample
             while cum < closing[u]:
-                cum += counts[b, order[j]]
+                cum += counts[b, j]
                 j += 1
             upper[u] = p[j - 1]
         sums[:] = 0.0
         u = 0
-        for j in range(n):
-            c = counts[b, order[j]]
-            if c:
-                while u < cuts and upper[u] < p[j]:
-                    u += 1
-                sums[u] += c * residual[j]
+        for j in range(n):  # branch-free: a row drawn 0 times adds 0 (and the pointer only moves forward)
+            while u < cuts and upper[u] < p[j]:
+                u += 1
+            sums[u] += counts[b, j] * residual[j]
         out[b] = np.abs(sums).sum() / n
     return out
 
@@ -61,7 +59,7 @@ def _adaece_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
     p = np.ascontiguousarray(confidence[order])
     residual = p - correct[order]
     closing = np.cumsum(_run_sizes(confidence.shape[0], n_bins))[:-1]
-    return lambda counts: _adaece_replicates(counts, order, p, residual, closing)
+    return lambda counts: _adaece_replicates(np.take(counts, order, axis=1), p, residual, closing)
 
 
 def adaece(

@@ -111,29 +111,28 @@ def _draw_counts(seeds: np.ndarray, n: int, out: np.ndarray) -> None:  # pragma:
 
 
 @numba.njit(cache=True, nogil=True)
-def _weighted_means(counts: np.ndarray, values: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """``out[b, j] = sum_i counts[b, i] * values[i, j] / sum_i counts[b, i]``; rows drawn 0 times are
-    skipped, so an infinite value (an NLL term) counts only when drawn."""
+def _weighted_means(counts: np.ndarray, values: np.ndarray, finite: bool) -> np.ndarray:  # pragma: no cover - compiled
+    """``out[b, j] = sum_i counts[b, i] * values[i, j] / n``. Branch-free when every value is finite; else rows
+    drawn 0 times are skipped, so an infinite value (an NLL term) counts only when drawn (0 * inf is NaN)."""
     chunk, n = counts.shape
     m = values.shape[1]
     out = np.zeros((chunk, m))
     for b in range(chunk):
-        total = 0
         for i in range(n):
-            c = counts[b, i]
-            if c:
-                total += c
+            c = np.float64(counts[b, i])
+            if finite or c > 0:
                 for j in range(m):
                     out[b, j] += c * values[i, j]
         for j in range(m):
-            out[b, j] /= total
+            out[b, j] /= n
     return out
 
 
 def weighted_means(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """The resampled means of per-row ``values`` (N,) or (N, m): accuracy, Brier, NLL."""
     values = np.ascontiguousarray(np.asarray(values, dtype=np.float64).reshape(values.shape[0], -1))
-    return lambda counts: _weighted_means(counts, values)
+    finite = bool(np.isfinite(values).all())
+    return lambda counts: _weighted_means(counts, values, finite)
 
 
 @dataclass(frozen=True)
@@ -147,9 +146,8 @@ class Bootstrap:
     def _blocks(self, n: int):
         seeds = np.random.SeedSequence(self.seed).generate_state(self.n_boot, np.uint64)
         size = max(1, min(self.n_boot, _BLOCK_ELEMENTS // max(n, 1)))
-        counts = np.empty((size, n), dtype=np.int32)
         for start in range(0, self.n_boot, size):
-            block = counts[: min(size, self.n_boot - start)]
+            block = np.empty((min(size, self.n_boot - start), n), dtype=np.int32)  # fresh: a caller may keep it
             _draw_counts(seeds[start : start + block.shape[0]], n, block)
             yield block
 

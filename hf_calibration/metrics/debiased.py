@@ -133,15 +133,14 @@ def _binned_sums(p, y, weight, bounds):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _debiased_replicates(counts, order, p, y, closing, distinct, power):  # pragma: no cover - compiled
-    """The estimate on each resample: boundaries re-cut from the resample (walking the rows sorted once)."""
+def _debiased_replicates(counts, p, y, closing, distinct, power):  # pragma: no cover - compiled
+    """The estimate on each resample: boundaries re-cut from the resample, walking the rows sorted once
+    (``counts`` in that sorted order)."""
     chunk = counts.shape[0]
     n = p.shape[0]
     out = np.empty(chunk)
-    weight = np.empty(n, dtype=np.int64)
     for b in range(chunk):
-        for j in range(n):
-            weight[j] = counts[b, order[j]]
+        weight = counts[b]
         bounds = _boundaries(p, weight, closing, distinct)
         count, sum_p, sum_y = _binned_sums(p, y, weight, bounds)
         out[b] = _debiased_value(count, sum_p, sum_y, n, power)
@@ -170,7 +169,7 @@ class _Sorted:
         return _monte_carlo_l1(count, sum_p, sum_y, mc_samples, rng)
 
     def replicates(self, counts: np.ndarray, power: int) -> np.ndarray:
-        return _debiased_replicates(counts, self.order, self.p, self.y, self.closing, self.distinct, power)
+        return _debiased_replicates(np.take(counts, self.order, axis=1), self.p, self.y, self.closing, self.distinct, power)
 
 
 def _monte_carlo_l1(count, sum_p, sum_y, mc_samples: int, rng: np.random.RandomState) -> float:
@@ -241,13 +240,13 @@ def debiased_ece(
 
     Example:
         >>> import numpy as np
-        >>> from hf_calibration.metrics import ece
-        >>> rng = np.random.default_rng(0)
-        >>> conf = rng.uniform(0.5, 1.0, 500)  # perfectly calibrated
-        >>> labels = (rng.random(500) >= conf).astype(int)
-        >>> probs = np.stack([conf, 1 - conf], axis=1)
-        >>> round(ece(probs, labels), 3), round(debiased_ece(probs, labels, p=1), 3)  # plug-in vs debiased
-        (0.06, 0.023)
+        >>> probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.35, 0.65]])  # all four right
+        >>> labels = np.array([0, 0, 1, 1])
+        >>> # 2 equal-mass bins {0.65, 0.7} and {0.8, 0.9}: gaps 0.325 and 0.15, no label variance to remove
+        >>> round(debiased_ece(probs, labels, 2), 4), round(np.sqrt((0.325**2 + 0.15**2) / 2), 4)
+        (0.2531, 0.2531)
+        >>> round(debiased_ece(probs, labels, 2, p=1), 4)  # (0.325 + 0.15) / 2
+        0.2375
     """
     n_bins = _check_n_bins(n_bins)
     if p not in (1, 2) or isinstance(p, bool):

@@ -150,11 +150,8 @@ def _with_intervals(values: dict[str, Any], inputs, conf: np.ndarray, correct: n
                   "accuracy": binned[:, 4], "adaece": ada, "classwise_ece": classwise, "brier": scores[:, 0], "nll": scores[:, 1]}
     out = {key: boot.interval(values[key], reps) for key, reps in replicates.items()}
     if values["smce"] is not None:
-        order = np.argsort(conf)
-        p = np.ascontiguousarray(conf[order])
-        r = np.ascontiguousarray(correct[order] - p)
         sm, sme = smooth_boot.replicates(
-            [lambda counts: smooth._smce_replicates(counts, order, p, r), smooth._smece_statistic(conf, correct)], n)
+            [smooth._smce_statistic(*smooth._sorted_residuals(conf, correct)), smooth._smece_statistic(conf, correct)], n)
         out["smce"], out["smece"] = smooth_boot.interval(values["smce"], sm), smooth_boot.interval(values["smece"], sme)
     return {**values, **out}
 

@@ -409,9 +409,10 @@ def _smce_sum(p: np.ndarray, r: np.ndarray, max_moves: int | None = None) -> flo
 
 
 @numba.njit(cache=True, nogil=True)
-def _smce_replicates(counts, order, p, r):  # pragma: no cover - compiled
+def _smce_replicates(counts, p, r):  # pragma: no cover - compiled
     """smCE of each resample: the sweep over the sorted rows drawn at least once, residual ``c_i r_i``
-    (a row drawn c times is c tied points: the sweep sums tie groups anyway). (B,)."""
+    (a row drawn c times is c tied points: the sweep sums tie groups anyway). ``counts`` in the sorted
+    order of ``p``. (B,)."""
     chunk = counts.shape[0]
     n = p.shape[0]
     out = np.empty(chunk)
@@ -420,7 +421,7 @@ def _smce_replicates(counts, order, p, r):  # pragma: no cover - compiled
     for b in range(chunk):
         m = 0
         for j in range(n):
-            c = counts[b, order[j]]
+            c = counts[b, j]
             if c:
                 q[m] = p[j]
                 w[m] = c * r[j]
@@ -430,6 +431,18 @@ def _smce_replicates(counts, order, p, r):  # pragma: no cover - compiled
             best = _smce_sweep_tree(q[:m], w[:m])
         out[b] = best / n
     return out
+
+
+def _smce_statistic(order: np.ndarray, p: np.ndarray, r: np.ndarray):
+    """``counts -> (B,)`` smCE of each resample of the rows sorted by ``order`` (``p``, ``r`` sorted)."""
+    return lambda counts: _smce_replicates(np.take(counts, order, axis=1), p, r)
+
+
+def _sorted_residuals(confidence: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(order, p, a - p)``: the rows sorted by confidence once (ties are summed in the sweep: any order)."""
+    order = np.argsort(confidence)
+    p = np.ascontiguousarray(confidence[order])
+    return order, p, np.ascontiguousarray(correct[order] - p)
 
 
 def _check_1d(x: Any, name: str) -> np.ndarray:
@@ -468,13 +481,11 @@ def smce_from_confidence(confidence: Any, correct: Any, *, ci: float | None = No
     """
     boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
     confidence, correct = _confidence_correct(confidence, correct)
-    order = np.argsort(confidence)  # ties are summed in the sweep, so stability is irrelevant
-    p = np.ascontiguousarray(confidence[order])
-    r = np.ascontiguousarray(correct[order] - p)
+    order, p, r = _sorted_residuals(confidence, correct)
     value = _smce_sum(p, r) / p.shape[0]
     if boot is None:
         return value
-    return boot.interval(value, boot.replicates([lambda counts: _smce_replicates(counts, order, p, r)], p.shape[0])[0])
+    return boot.interval(value, boot.replicates([_smce_statistic(order, p, r)], p.shape[0])[0])
 
 
 def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX,
@@ -540,15 +551,14 @@ def _deposit(idx, frac, residual, counts, m):  # pragma: no cover - compiled
     left = np.zeros((rows, 2, m))
     right = np.zeros((rows, 2, m))
     for r in range(rows):
-        for i in range(n):
-            c = counts[r, i]
-            if c:
-                v = c * residual[i]
-                j = idx[i]
-                left[r, 0, j] += (1.0 - frac[i]) * v
-                right[r, 0, j + 1] += frac[i] * v
-                left[r, 1, j] += (1.0 - frac[i]) * c
-                right[r, 1, j + 1] += frac[i] * c
+        for i in range(n):  # branch-free: a sample weighted 0 adds 0
+            c = np.float64(counts[r, i])
+            v = c * residual[i]
+            j = idx[i]
+            left[r, 0, j] += (1.0 - frac[i]) * v
+            right[r, 0, j + 1] += frac[i] * v
+            left[r, 1, j] += (1.0 - frac[i]) * c
+            right[r, 1, j + 1] += frac[i] * c
     return left + right
 
 
