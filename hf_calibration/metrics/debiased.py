@@ -243,7 +243,7 @@ def debiased_ece(
         >>> probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.35, 0.65]])  # all four right
         >>> labels = np.array([0, 0, 1, 1])
         >>> # 2 equal-mass bins {0.65, 0.7} and {0.8, 0.9}: gaps 0.325 and 0.15, no label variance to remove
-        >>> round(debiased_ece(probs, labels, 2), 4), round(np.sqrt((0.325**2 + 0.15**2) / 2), 4)
+        >>> round(debiased_ece(probs, labels, 2), 4), round(((0.325**2 + 0.15**2) / 2) ** 0.5, 4)
         (0.2531, 0.2531)
         >>> round(debiased_ece(probs, labels, 2, p=1), 4)  # (0.325 + 0.15) / 2
         0.2375
