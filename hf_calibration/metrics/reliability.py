@@ -122,8 +122,9 @@ def reliability_table(
         >>> import numpy as np
         >>> probs = np.array([[0.9, 0.1]] * 10)  # ten samples at confidence 0.9, three of them wrong
         >>> table = reliability_table(probs, np.array([0] * 7 + [1] * 3), 10, ci=0.95)
-        >>> round(table.accuracy[-1], 2), round(table.accuracy_low[-1], 4), round(table.accuracy_high[-1], 4)
-        (0.7, 0.3968, 0.8922)
+        >>> b = 8  # the bin (0.8, 0.9]: 7 right out of 10, and its 95 % Wilson interval
+        >>> [round(float(x[b]), 4) for x in (table.accuracy, table.accuracy_low, table.accuracy_high)]
+        [0.7, 0.3968, 0.8922]
     """
     n_bins = _check_n_bins(n_bins)
     level = _check_level(ci)
@@ -210,7 +211,8 @@ def _draw_reliability(ax: Axes, table: ReliabilityTable, title: str | None, cax:
     summary = f"{ece_text} · N = {table.n}" if table.n else "N = 0"
     ax.text(0.5, 1.02, summary, transform=ax.transAxes, ha="center", va="bottom", fontsize=9)
     if title:
-        ax.set_title(_wrap(title, ax.figure.get_figwidth() / max(1, _columns(ax)), 10), fontsize=10, pad=18)
+        # centred over the plot, which the y label pushes right: wrap to 3/4 of the column's width
+        ax.set_title(_wrap(title, 0.75 * ax.figure.get_figwidth() / max(1, _columns(ax)), 10), fontsize=10, pad=18)
     if cax is None:
         ax.set_xlabel("confidence")
         return used
@@ -399,7 +401,7 @@ def reliability_diagram(
         used |= _draw_reliability(axis, table, title if single else " · ".join(parts), cax, ece_text=ece_text,
                                   min_count=min_count, count_scale=count_scale)
     if title and not single:
-        fig.suptitle(_wrap(title, fig.get_figwidth(), 12))
+        fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
     handles = _legend_handles(used, None if boot is None else boot.level, min_count)
     if ax is None:
         ncols = 1 if cols == 1 else 2
@@ -408,7 +410,7 @@ def reliability_diagram(
         titles = [a.get_title() for a in axes] + ([fig.get_suptitle()] if title and not single else [])
         extra_lines = max(t.count("\n") for t in titles)
         width, height = fig.get_size_inches()
-        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + 0.2 * extra_lines * rows)
+        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra_lines + 0.1) * rows)
     else:
         axes[0].legend(handles=handles, loc="upper left", fontsize=7)
     return fig
