@@ -19,10 +19,10 @@ import numpy as np
 from .._checks import check_choice, to_numpy
 from ..metrics._format import prepare, top_label
 from ..metrics.adaptive import _adaece_compute, _adaece_statistic
-from ..metrics.bootstrap import MetricInterval, check_bootstrap, weighted_means
+from ..metrics.bootstrap import MetricInterval, check_bootstrap, frame, reframed, weighted_means
 from ..metrics.ece import _binned_statistic, _ece_compute
 from ..metrics.scores import _row_scores
-from ..metrics.smooth import _smce_statistic, _sorted_residuals, smce_from_confidence
+from ..metrics.smooth import _smce_statistic, smce_from_confidence
 
 __all__ = ["PairedBootstrap", "paired_bootstrap"]
 
@@ -30,18 +30,23 @@ METRICS = ("ece", "adaece", "smce", "nll", "brier")  # the selection metrics of 
 
 
 def _scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int):
-    """``(pooled value, counts -> (B,) resampled values)`` of one method's pooled held-out logits."""
+    """``(pooled value, counts -> (B,) resampled values)`` of one method's pooled held-out logits; the counts are
+    over the rows as given (every method's rows are the same samples), gathered into this method's frame."""
     inputs = prepare(logits, labels, from_logits=True, ignore_index=None, preds_name="predictions")
     if metric in ("nll", "brier"):
         scores = _row_scores(inputs)[:, 0 if metric == "brier" else 1]
-        return float(scores.mean()), lambda counts: weighted_means(scores)(counts)[:, 0]
+        means = weighted_means(scores)
+        return float(scores.mean()), lambda counts: means(counts)[:, 0]
     top = top_label(inputs)
     conf, correct = top.confidence, top.correct
     if metric == "ece":
-        return _ece_compute(conf, correct, n_bins), lambda counts: _binned_statistic(conf, correct, n_bins)(counts)[:, 0]
-    if metric == "adaece":
-        return _adaece_compute(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins)
-    return smce_from_confidence(conf, correct), _smce_statistic(*_sorted_residuals(conf, correct))
+        binned = _binned_statistic(conf, correct, n_bins)
+        value, statistic = _ece_compute(conf, correct, n_bins), lambda counts: binned(counts)[:, 0]
+    elif metric == "adaece":
+        value, statistic = _adaece_compute(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins)
+    else:
+        value, statistic = smce_from_confidence(conf, correct), _smce_statistic(conf, correct)
+    return value, reframed(statistic, frame(conf))
 
 
 @dataclass(frozen=True)

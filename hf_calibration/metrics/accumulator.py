@@ -49,11 +49,11 @@ from .._checks import (
 from ._format import prepare, top_label
 from .adaptive import _adaece_compute, _adaece_statistic
 from .binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_edges
-from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, weighted_means
+from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, frame, weighted_means
 from .ece import _binned_statistic, _classwise_ece_compute
 from .report import CalibrationReport
 from .scores import _row_scores
-from .smooth import _smce_statistic, _smece_statistic, _sorted_residuals, smce_from_confidence, smece_from_confidence
+from .smooth import _smce_statistic, _smece_statistic, smce_from_confidence, smece_from_confidence
 
 __all__ = ["CalibrationAccumulator", "METRICS"]
 
@@ -448,14 +448,13 @@ class CalibrationAccumulator:
         binned, ada, scores = boot.replicates(
             [_binned_statistic(confidence, correct, self.n_bins),
              _adaece_statistic(confidence, correct, self.n_bins) if "adaece" in chosen else (lambda c: np.zeros(len(c))),
-             weighted_means(self._score_rows()) if self._with_scores else (lambda c: np.zeros((len(c), 2)))], n)
+             weighted_means(self._score_rows(), frame(confidence)) if self._with_scores else (lambda c: np.zeros((len(c), 2)))], n)
         replicates = {"ece": binned[:, 0], "mce": binned[:, 1], "o_ece": binned[:, 2], "u_ece": binned[:, 3],
                       "accuracy": binned[:, 4], "adaece": ada, "brier": scores[:, 0], "nll": scores[:, 1]}
         out = {key: boot.interval(values[key], reps) for key, reps in replicates.items() if values[key] is not None}
         smooth = [name for name in ("smce", "smece") if name in chosen]
         if smooth:
-            statistics = {"smce": _smce_statistic(*_sorted_residuals(confidence, correct)),
-                          "smece": _smece_statistic(confidence, correct)}
+            statistics = {"smce": _smce_statistic(confidence, correct), "smece": _smece_statistic(confidence, correct)}
             for name, reps in zip(smooth, self._smooth_boot.replicates([statistics[name] for name in smooth], n)):
                 out[name] = self._smooth_boot.interval(values[name], reps)
         return {**values, **out}

@@ -10,7 +10,7 @@ import numpy as np
 from .._checks import IGNORE_INDEX
 from ._format import prepare, top_label
 from .binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins, _run_sizes
-from .bootstrap import check_bootstrap
+from .bootstrap import check_bootstrap, frame
 
 
 def _adaece_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
@@ -19,47 +19,61 @@ def _adaece_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) ->
     return float(np.abs(_calibration_gaps(sums, confidence.shape[0])).sum())
 
 
-@numba.njit(cache=True, nogil=True)
-def _adaece_replicates(counts, p, residual, closing):  # pragma: no cover - compiled
-    """AdaECE of each resample, (B,).
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _adaece_replicates(counts, residual, tie_end, closing):  # pragma: no cover - compiled
+    """AdaECE of each resample, (B,), counts in frame order (rows sorted by confidence).
 
-    ``counts``, ``p`` and ``residual`` (``p - a``) are in sorted order, and ``closing[u]`` is the number of
-    samples in runs 0..u of the equal-count split of N samples (a resample has N too). Walking the sorted
-    rows with their counts finds the value that closes each run in the resample (the bin's upper edge)
-    without sorting it again; a sample then goes to the first bin whose upper edge reaches it
-    (``lo < p <= hi``), exactly as ``_adaptive_bin_index`` on the resample.
+    ``closing[u]`` is the number of samples in runs 0..u of the equal-count split of N samples (a resample
+    has N too). Running through the counts finds the row holding the resample's sample at position
+    ``closing[u] - 1`` (its value is bin u's upper edge); every row up to the end of that row's tie group
+    (``tie_end``) has ``p <= hi``, so bin u is the run of rows after the previous bin's end: exactly
+    ``_adaptive_bin_index`` on the resample, without sorting it again. Each bin's signed gap is then one
+    contiguous weighted sum of ``residual = p - a``.
     """
-    chunk = counts.shape[0]
-    n = p.shape[0]
+    chunk, n = counts.shape
     cuts = closing.shape[0]
-    upper = np.empty(cuts)
-    sums = np.empty(cuts + 1)
     out = np.empty(chunk)
     for b in range(chunk):
+        row = counts[b]
         cum = 0
         j = 0
-        for u in range(cuts):  # the sample at (0-based) position closing[u] - 1 of the sorted resample
-            while cum < closing[u]:
-                cum += counts[b, j]
-                j += 1
-            upper[u] = p[j - 1]
-        sums[:] = 0.0
-        u = 0
-        for j in range(n):  # branch-free: a row drawn 0 times adds 0 (and the pointer only moves forward)
-            while u < cuts and upper[u] < p[j]:
-                u += 1
-            sums[u] += counts[b, j] * residual[j]
-        out[b] = np.abs(sums).sum() / n
+        start = 0
+        total = 0.0
+        for u in range(cuts + 1):
+            if u < cuts:
+                while cum < closing[u]:
+                    if j + 32 <= n:  # skip whole blocks that stay below the target (a vectorised sum)
+                        block, ahead = row[j : j + 32], 0
+                        for t in range(block.shape[0]):
+                            ahead += block[t]
+                        if cum + ahead < closing[u]:
+                            cum += ahead
+                            j += 32
+                            continue
+                    cum += row[j]
+                    j += 1
+                end = tie_end[j - 1]
+            else:
+                end = n
+            gap = 0.0
+            if end > start:  # else this bin's edge equals the previous one: empty
+                weights, values = row[start:end], residual[start:end]
+                for i in range(weights.shape[0]):  # range(len) of slices: vectorised (see bootstrap.segment_sums)
+                    gap += weights[i] * values[i]
+                start = end
+            total += abs(gap)
+        out[b] = total / n
     return out
 
 
 def _adaece_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
-    """``counts -> (B,)`` AdaECE of each resample; the rows are sorted once."""
-    order = np.argsort(confidence, kind="stable")
-    p = np.ascontiguousarray(confidence[order])
-    residual = p - correct[order]
+    """``counts -> (B,)`` AdaECE of each resample (counts in frame order)."""
+    order = frame(confidence)
+    p = confidence[order]
+    residual = np.ascontiguousarray(p - correct[order])
+    tie_end = np.searchsorted(p, p, side="right")  # one past the last row equal to each row
     closing = np.cumsum(_run_sizes(confidence.shape[0], n_bins))[:-1]
-    return lambda counts: _adaece_replicates(np.take(counts, order, axis=1), p, residual, closing)
+    return lambda counts: _adaece_replicates(counts, residual, tie_end, closing)
 
 
 def adaece(

@@ -5,8 +5,15 @@ multinomial). Every metric here is a function of per-row quantities (the top-lab
 correctness, each row's Brier / NLL term, each row's class probabilities for classwise ECE), so its
 value on the resample is the same function with row ``i`` weighted by ``c_i``. Each metric module
 therefore supplies a compiled *weighted* form that takes a block of count vectors and never
-materialises a resampled array: O(N) per resample (O(N·K) for classwise ECE), and the rows are sorted
-once, not once per resample (AdaECE, smCE and the debiased ECE walk the sorted order with the counts).
+materialises a resampled array: O(N) per resample (O(N·K) for classwise ECE).
+
+The counts are over the rows in *frame order*: the rows sorted by their top-label confidence (a stable
+sort, :func:`frame`). A uniform draw of positions is a uniform draw of rows whatever the order, and in
+this order every bin of every binned metric (equal-width or equal-mass) is a run of consecutive positions
+and smCE's sweep needs no sort: the weighted forms are contiguous, vectorised sums, with no sort and no
+gather per resample. Every metric of the same rows uses the same frame, so one seed gives one set of
+resamples for all of them (a paired bootstrap across metrics); a statistic whose natural order is another
+one (another calibrator's confidences) is :func:`reframed`.
 
 The interval is the percentile bootstrap (Efron & Tibshirani 1993, ch. 13): the ``(1 - ci)/2`` and
 ``(1 + ci)/2`` quantiles of the ``n_boot`` resampled values (numpy's linear interpolation). The
@@ -17,8 +24,7 @@ calibrated, and the interval inherits that bias (see the README, "How sure is th
 
 Resample ``b`` draws its rows from its own stream, splitmix64 seeded by
 ``numpy.random.SeedSequence(seed).generate_state(n_boot)[b]``, with Lemire's unbiased bounded
-integers: one ``seed`` gives the same intervals whatever the block size, and every metric of a
-report sees the same resamples.
+integers: one ``seed`` gives the same intervals whatever the block size.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import numpy as np
 
 from .._checks import check_float, check_int
 
-__all__ = ["MetricInterval", "Bootstrap", "check_bootstrap", "flat_intervals"]
+__all__ = ["MetricInterval", "Bootstrap", "check_bootstrap", "flat_intervals", "frame", "reframed", "weighted_means"]
 
 DEFAULT_N_BOOT = 1000
 # smCE / smECE: each resample costs a sweep or a bandwidth search of ~11 kernel smoothings, so their
@@ -110,29 +116,66 @@ def _draw_counts(seeds: np.ndarray, n: int, out: np.ndarray) -> None:  # pragma:
                 j += 1
 
 
-@numba.njit(cache=True, nogil=True)
-def _weighted_means(counts: np.ndarray, values: np.ndarray, finite: bool) -> np.ndarray:  # pragma: no cover - compiled
-    """``out[b, j] = sum_i counts[b, i] * values[i, j] / n``. Branch-free when every value is finite; else rows
-    drawn 0 times are skipped, so an infinite value (an NLL term) counts only when drawn (0 * inf is NaN)."""
-    chunk, n = counts.shape
-    m = values.shape[1]
-    out = np.zeros((chunk, m))
+# reassociation lets LLVM vectorise the sums over rows (4-30x here); no assumption about NaN or inf
+_VECTOR = {"reassoc", "contract"}
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_VECTOR)
+def segment_sums(counts, starts, columns):  # pragma: no cover - compiled
+    """``out[b, s, k] = sum over rows i in [starts[s], starts[s + 1]) of counts[b, i] * columns[k, i]``."""
+    chunk = counts.shape[0]
+    segments = starts.shape[0] - 1
+    m = columns.shape[0]
+    out = np.zeros((chunk, segments, m))
     for b in range(chunk):
-        for i in range(n):
-            c = np.float64(counts[b, i])
-            if finite or c > 0:
-                for j in range(m):
-                    out[b, j] += c * values[i, j]
-        for j in range(m):
-            out[b, j] /= n
+        for s in range(segments):
+            # slices, then range(len): numba then knows the index is >= 0 (no wrap-around test), and LLVM vectorises
+            row = counts[b, starts[s] : starts[s + 1]]
+            for k in range(m):
+                column = columns[k, starts[s] : starts[s + 1]]
+                total = 0.0
+                for i in range(row.shape[0]):
+                    total += row[i] * column[i]
+                out[b, s, k] = total
     return out
 
 
-def weighted_means(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """The resampled means of per-row ``values`` (N,) or (N, m): accuracy, Brier, NLL."""
-    values = np.ascontiguousarray(np.asarray(values, dtype=np.float64).reshape(values.shape[0], -1))
-    finite = bool(np.isfinite(values).all())
-    return lambda counts: _weighted_means(counts, values, finite)
+@numba.njit(cache=True, nogil=True)
+def _skipping_sums(counts, columns):  # pragma: no cover - compiled
+    """``segment_sums`` over all rows, skipping rows drawn 0 times (0 * inf is NaN): an infinite value (an NLL
+    term) counts only when drawn."""
+    chunk, n = counts.shape
+    m = columns.shape[0]
+    out = np.zeros((chunk, m))
+    for b in range(chunk):
+        for i in range(n):
+            c = counts[b, i]
+            if c > 0:
+                for k in range(m):
+                    out[b, k] += c * columns[k, i]
+    return out
+
+
+def frame(confidence: np.ndarray) -> np.ndarray:
+    """The frame order of the rows: sorted by top-label confidence, stable (positions of the counts -> rows)."""
+    return np.argsort(confidence, kind="stable")
+
+
+def reframed(statistic: Callable[[np.ndarray], np.ndarray], order: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """``statistic`` (counts in its own frame ``order``) fed counts in row order: one gather per block."""
+    return lambda counts: statistic(np.take(counts, order, axis=1))
+
+
+def weighted_means(values: np.ndarray, order: np.ndarray | None = None) -> Callable[[np.ndarray], np.ndarray]:
+    """The resampled means of per-row ``values`` (N,) or (N, m) (Brier, NLL terms), (B, m); ``order`` is the
+    frame (default: the rows as given)."""
+    values = np.asarray(values, dtype=np.float64).reshape(values.shape[0], -1)
+    columns = np.ascontiguousarray((values if order is None else values[order]).T)
+    n = columns.shape[1]
+    if np.isfinite(columns).all():
+        starts = np.array([0, n])
+        return lambda counts: segment_sums(counts, starts, columns)[:, 0, :] / n
+    return lambda counts: _skipping_sums(counts, columns) / n
 
 
 @dataclass(frozen=True)

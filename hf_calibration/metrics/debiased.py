@@ -37,7 +37,7 @@ import numpy as np
 from .._checks import IGNORE_INDEX, check_choice, check_int
 from ._format import Inputs, prepare, probability_chunks, top_label
 from .binning import _check_n_bins, _run_sizes
-from .bootstrap import check_bootstrap
+from .bootstrap import check_bootstrap, frame
 
 __all__ = ["debiased_ece"]
 
@@ -96,6 +96,14 @@ def _boundaries(p, weight, closing, distinct):  # pragma: no cover - compiled
         j = 0
         for u in range(closing.shape[0]):
             while cum < closing[u]:
+                if j + 32 <= n:  # skip whole blocks that stay below the target (a vectorised sum)
+                    block, ahead = weight[j : j + 32], 0
+                    for t in range(block.shape[0]):
+                        ahead += block[t]
+                    if cum + ahead < closing[u]:
+                        cum += ahead
+                        j += 32
+                        continue
                 cum += weight[j]
                 j += 1
             last = p[j - 1]  # the value at expanded position closing[u] - 1
@@ -113,22 +121,26 @@ def _boundaries(p, weight, closing, distinct):  # pragma: no cover - compiled
     return bounds[keep]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _binned_sums(p, y, weight, bounds):  # pragma: no cover - compiled
-    """Per-bin weighted count and sums; sample j goes to the first boundary >= p[j] (the last bin above 1)."""
+    """Per-bin weighted count and sums; sample j goes to the first boundary >= p[j] (the last bin above 1).
+    ``p`` is sorted, so each bin is a run of rows: contiguous, vectorised sums (slices, as bootstrap.segment_sums)."""
     nb = bounds.shape[0]
     count = np.zeros(nb)
     sum_p = np.zeros(nb)
     sum_y = np.zeros(nb)
-    b = 0
-    for j in range(p.shape[0]):
-        c = weight[j]
-        if c:
-            while b < nb - 1 and bounds[b] < p[j]:
-                b += 1
-            count[b] += c
-            sum_p[b] += c * p[j]
-            sum_y[b] += c * y[j]
+    ends = np.searchsorted(p, bounds, side="right")
+    ends[nb - 1] = p.shape[0]
+    start = 0
+    for b in range(nb):
+        w, values, labels = weight[start : ends[b]], p[start : ends[b]], y[start : ends[b]]
+        c = sp = sy = 0.0
+        for j in range(w.shape[0]):
+            c += w[j]
+            sp += w[j] * values[j]
+            sy += w[j] * labels[j]
+        count[b], sum_p[b], sum_y[b] = c, sp, sy
+        start = max(start, ends[b])
     return count, sum_p, sum_y
 
 
@@ -151,7 +163,7 @@ class _Sorted:
     """One (value, label) column sorted once, with what the estimator needs."""
 
     def __init__(self, values: np.ndarray, labels: np.ndarray, n_bins: int, binning: str):
-        self.order = np.argsort(values, kind="stable")
+        self.order = frame(values)
         self.p = np.ascontiguousarray(values[self.order], dtype=np.float64)
         self.y = np.ascontiguousarray(labels[self.order], dtype=np.float64)
         n = values.shape[0]
@@ -169,7 +181,8 @@ class _Sorted:
         return _monte_carlo_l1(count, sum_p, sum_y, mc_samples, rng)
 
     def replicates(self, counts: np.ndarray, power: int) -> np.ndarray:
-        return _debiased_replicates(np.take(counts, self.order, axis=1), self.p, self.y, self.closing, self.distinct, power)
+        """The estimate on each resample, ``counts`` in this column's own sorted order."""
+        return _debiased_replicates(counts, self.p, self.y, self.closing, self.distinct, power)
 
 
 def _monte_carlo_l1(count, sum_p, sum_y, mc_samples: int, rng: np.random.RandomState) -> float:
@@ -267,18 +280,23 @@ def debiased_ece(
 
     if mode == "top-label":
         top = top_label(inputs)
-        column = _Sorted(top.confidence, top.correct, n_bins, binning)
+        column = _Sorted(top.confidence, top.correct, n_bins, binning)  # its order is the frame (see bootstrap)
         value = column.value(p, mc_samples, rng)
         if boot is None:
             return value
         return boot.interval(value, boot.replicates([lambda counts: column.replicates(counts, p)], n)[0])
 
     per_class, replicates = [], []
+    position = None
+    if boot is not None:  # the resamples are over the frame (rows by top-label confidence); each class gathers from it
+        position = np.empty(n, dtype=np.int64)
+        position[frame(top_label(inputs).confidence)] = np.arange(n)
     for classes, block in _class_columns(inputs):
         columns = [_Sorted(block[:, j], (inputs.target == k).astype(np.float64), n_bins, binning) for j, k in enumerate(classes)]
         per_class += [c.value(p, mc_samples, rng) ** p for c in columns]
         if boot is not None:  # every block sees the same resamples (the same seed)
-            statistic = lambda counts: np.stack([c.replicates(counts, p) ** p for c in columns], axis=1)  # noqa: E731
+            statistic = lambda counts: np.stack(  # noqa: E731
+                [c.replicates(np.take(counts, position[c.order], axis=1), p) ** p for c in columns], axis=1)
             replicates.append(boot.replicates([statistic], n)[0])
     value = float(np.mean(per_class) ** (1.0 / p))
     if boot is None:

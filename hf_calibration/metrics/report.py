@@ -13,7 +13,7 @@ from .._checks import IGNORE_INDEX
 from ._format import prepare, probability_chunks, top_label
 from .adaptive import _adaece_compute, _adaece_statistic
 from .binning import _check_n_bins
-from .bootstrap import SMOOTH_N_BOOT, Bootstrap, MetricInterval, check_bootstrap, weighted_means
+from .bootstrap import SMOOTH_N_BOOT, Bootstrap, MetricInterval, check_bootstrap, frame, weighted_means
 from .ece import (
     _binned_statistic,
     _classwise_ece_compute,
@@ -143,15 +143,15 @@ def _with_intervals(values: dict[str, Any], inputs, conf: np.ndarray, correct: n
     from . import smooth
 
     n = conf.shape[0]
+    order = frame(conf)
     binned, ada, classwise, scores = boot.replicates(
         [_binned_statistic(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins),
-         _classwise_statistic(inputs, n_bins), weighted_means(_row_scores(inputs))], n)
+         _classwise_statistic(inputs, n_bins, order), weighted_means(_row_scores(inputs), order)], n)
     replicates = {"ece": binned[:, 0], "mce": binned[:, 1], "o_ece": binned[:, 2], "u_ece": binned[:, 3],
                   "accuracy": binned[:, 4], "adaece": ada, "classwise_ece": classwise, "brier": scores[:, 0], "nll": scores[:, 1]}
     out = {key: boot.interval(values[key], reps) for key, reps in replicates.items()}
     if values["smce"] is not None:
-        sm, sme = smooth_boot.replicates(
-            [smooth._smce_statistic(*smooth._sorted_residuals(conf, correct)), smooth._smece_statistic(conf, correct)], n)
+        sm, sme = smooth_boot.replicates([smooth._smce_statistic(conf, correct), smooth._smece_statistic(conf, correct)], n)
         out["smce"], out["smece"] = smooth_boot.interval(values["smce"], sm), smooth_boot.interval(values["smece"], sme)
     return {**values, **out}
 

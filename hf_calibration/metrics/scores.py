@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import Inputs, prepare, probability_chunks
-from .bootstrap import check_bootstrap, weighted_means
+from ._format import Inputs, prepare, probability_chunks, top_label
+from .bootstrap import check_bootstrap, frame, weighted_means
 
 
 def _brier_update(probs: np.ndarray, target: np.ndarray) -> float:
@@ -35,7 +35,8 @@ def _row_scores(inputs: Inputs) -> np.ndarray:
 
 
 def _score_interval(inputs: Inputs, boot, value: float, column: int):
-    replicates = boot.replicates([weighted_means(_row_scores(inputs)[:, column])], inputs.preds.shape[0])[0]
+    order = frame(top_label(inputs).confidence)  # the frame every metric of these rows resamples in
+    replicates = boot.replicates([weighted_means(_row_scores(inputs)[:, column], order)], inputs.preds.shape[0])[0]
     return boot.interval(value, replicates[:, 0])
 
 

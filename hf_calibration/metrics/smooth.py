@@ -29,7 +29,7 @@ import scipy.fft
 
 from .._checks import IGNORE_INDEX, to_numpy
 from ._format import prepare, top_label
-from .bootstrap import SMOOTH_N_BOOT, check_bootstrap
+from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, frame
 
 __all__ = ["smce", "smce_from_confidence", "smece", "smece_from_confidence"]
 
@@ -433,16 +433,17 @@ def _smce_replicates(counts, p, r):  # pragma: no cover - compiled
     return out
 
 
-def _smce_statistic(order: np.ndarray, p: np.ndarray, r: np.ndarray):
-    """``counts -> (B,)`` smCE of each resample of the rows sorted by ``order`` (``p``, ``r`` sorted)."""
-    return lambda counts: _smce_replicates(np.take(counts, order, axis=1), p, r)
-
-
-def _sorted_residuals(confidence: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(order, p, a - p)``: the rows sorted by confidence once (ties are summed in the sweep: any order)."""
-    order = np.argsort(confidence)
+def _sorted_residuals(confidence: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(p, a - p)`` in frame order: the rows sorted by confidence once (the sweep sums ties: any order would do)."""
+    order = frame(confidence)
     p = np.ascontiguousarray(confidence[order])
-    return order, p, np.ascontiguousarray(correct[order] - p)
+    return p, np.ascontiguousarray(correct[order] - p)
+
+
+def _smce_statistic(confidence: np.ndarray, correct: np.ndarray):
+    """``counts -> (B,)`` smCE of each resample (counts in frame order)."""
+    p, r = _sorted_residuals(confidence, correct)
+    return lambda counts: _smce_replicates(counts, p, r)
 
 
 def _check_1d(x: Any, name: str) -> np.ndarray:
@@ -481,11 +482,10 @@ def smce_from_confidence(confidence: Any, correct: Any, *, ci: float | None = No
     """
     boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
     confidence, correct = _confidence_correct(confidence, correct)
-    order, p, r = _sorted_residuals(confidence, correct)
-    value = _smce_sum(p, r) / p.shape[0]
+    value = _smce_sum(*_sorted_residuals(confidence, correct)) / confidence.shape[0]
     if boot is None:
         return value
-    return boot.interval(value, boot.replicates([_smce_statistic(order, p, r)], p.shape[0])[0])
+    return boot.interval(value, boot.replicates([_smce_statistic(confidence, correct)], confidence.shape[0])[0])
 
 
 def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX,
@@ -673,9 +673,11 @@ def _fixed_point_sigma(value: _SmoothECE) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _smece_statistic(confidence: np.ndarray, correct: np.ndarray):
-    """``counts -> (B,)`` smECE of each resample: deposits weighted by the counts, every resample's own
-    bandwidth search, all resamples of a block smoothed together."""
-    return lambda counts: _fixed_point_sigma(_SmoothECE(confidence, correct, counts))[1]
+    """``counts -> (B,)`` smECE of each resample (counts in frame order): deposits weighted by the counts,
+    every resample's own bandwidth search, all resamples of a block smoothed together."""
+    order = frame(confidence)
+    f, y = np.ascontiguousarray(confidence[order]), np.ascontiguousarray(correct[order])
+    return lambda counts: _fixed_point_sigma(_SmoothECE(f, y, counts))[1]
 
 
 def smece_from_confidence(confidence: Any, correct: Any, *, return_sigma: bool = False, ci: float | None = None,

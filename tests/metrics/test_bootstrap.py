@@ -29,10 +29,10 @@ from hf_calibration.metrics import (
 from hf_calibration.metrics import bootstrap
 from hf_calibration.metrics._format import prepare, top_label
 from hf_calibration.metrics.adaptive import _adaece_statistic
-from hf_calibration.metrics.bootstrap import check_bootstrap, flat_intervals, weighted_means
+from hf_calibration.metrics.bootstrap import check_bootstrap, flat_intervals, frame, weighted_means
 from hf_calibration.metrics.ece import _binned_statistic, _classwise_statistic
 from hf_calibration.metrics.scores import _row_scores
-from hf_calibration.metrics.smooth import _smce_statistic, _smece_statistic, _sorted_residuals
+from hf_calibration.metrics.smooth import _smce_statistic, _smece_statistic
 
 FUNCTIONS = [ece, adaece, mce, classwise_ece, smce, smece, brier, nll, debiased_ece]
 
@@ -61,18 +61,20 @@ def test_each_resample_is_the_metric_of_the_resampled_rows(ties):
     inputs = prepare(logits, labels)
     top = top_label(inputs)
     conf, correct = top.confidence, top.correct
-    counts = _counts(len(labels))
+    counts = _counts(len(labels))  # over the rows in frame order (sorted by confidence, stable)
+    order = frame(conf)
     binned = _binned_statistic(conf, correct, 15)(counts)
     values = {
         "adaece": _adaece_statistic(conf, correct, 15)(counts),
         "adaece_many_bins": _adaece_statistic(conf, correct, 4000)(counts),  # more bins than rows
-        "classwise": _classwise_statistic(inputs, 15)(counts),
-        "scores": weighted_means(_row_scores(inputs))(counts),
-        "smce": _smce_statistic(*_sorted_residuals(conf, correct))(counts),
+        "classwise": _classwise_statistic(inputs, 15, order)(counts),
+        "scores": weighted_means(_row_scores(inputs), order)(counts),
+        "smce": _smce_statistic(conf, correct)(counts),
         "smece": _smece_statistic(conf, correct)(counts),
     }
+    assert (np.diff(conf[order]) >= 0).all()
     for b, row in enumerate(counts):
-        idx = _expanded(row)
+        idx = order[_expanded(row)]  # the rows drawn
         z, y = logits[idx], labels[idx]
         c, a = ref.top_label(ref.softmax(z), y)
         assert binned[b, 0] == pytest.approx(ref.loop_ece(c, a, 15), abs=1e-12)

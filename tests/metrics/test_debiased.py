@@ -103,3 +103,20 @@ def test_bad_arguments(kwargs, err, word):
     probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
     with pytest.raises(err, match=word):
         debiased_ece(probs, np.array([0, 1, 1, 1]), **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["top-label", "marginal"])
+def test_interval_is_the_percentile_of_the_estimate_on_each_resample(mode):
+    """End to end: the interval's ends are the percentiles of debiased_ece on the explicitly resampled rows (the
+    counts are over the rows sorted by top-label confidence; every class of the marginal form sees the same rows)."""
+    from hf_calibration.metrics.bootstrap import check_bootstrap, frame
+
+    rng = np.random.default_rng(4)
+    logits = np.round(2 * rng.standard_normal((700, 4)), 1)
+    labels = rng.integers(0, 4, 700)
+    value = debiased_ece(logits, labels, 10, mode=mode, ci=0.9, n_boot=12, seed=5)
+    order = frame(ref.softmax(logits).max(1))
+    counts = np.concatenate(list(check_bootstrap(0.9, 12, 5)._blocks(700)))
+    resampled = [debiased_ece(logits[order[np.repeat(np.arange(700), c)]], labels[order[np.repeat(np.arange(700), c)]], 10, mode=mode)
+                 for c in counts]
+    assert (value.low, value.high) == pytest.approx(tuple(np.quantile(resampled, [0.05, 0.95])), abs=1e-12)
