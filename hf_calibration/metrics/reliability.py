@@ -281,13 +281,8 @@ def _ece_text(confidence: np.ndarray, correct: np.ndarray, n_bins: int, boot) ->
     value = _ece_compute(confidence, correct, n_bins)
     if boot is None:
         return f"ECE = {100 * value:.2f} %"
-    interval = _top_label_interval(boot, _Pairs(confidence, correct), n_bins, 0, value)
+    interval = _top_label_interval(boot, confidence, correct, n_bins, 0, value)
     return f"ECE = {interval.format(100, 2, ' %')}"
-
-
-class _Pairs:
-    def __init__(self, confidence: np.ndarray, correct: np.ndarray):
-        self.confidence, self.correct = confidence, correct
 
 
 def reliability_diagram(

@@ -185,20 +185,22 @@ def test_report_intervals_are_the_functions_intervals_and_print_as_the_papers():
 
 # ------------------------------------------------------------------------------------------------ coverage
 # Synthetic data with a known calibration map: K = 3 rows [p, (1-p)/2, (1-p)/2] with p ~ U(1/3, 1), right
-# with probability f(p) = 0.75 p + 0.05 (over-confident, as deep networks are), else one of the two others.
-# The gap p - f(p) = 0.25 p - 0.05 is positive everywhere, so every population ECE-type value (any bins)
-# is E[p - f(p)] = 0.25 * 2/3 - 0.05, and smCE (sup over 1-Lipschitz w) takes w = 1: the same number.
-# Brier and NLL are integrals of the known map (scipy's quad).
+# with probability f(p) = 0.7 p (over-confident, as deep networks are), else one of the two others. The gap
+# p - f(p) = 0.3 p is positive everywhere, so every population ECE-type value (any bins) is
+# E[p - f(p)] = 0.3 * 2/3, and smCE (sup over 1-Lipschitz w) takes w = 1: the same number. It is at least
+# 0.1, ~2.5 times a bin's noise at N = 2,000, so the plug-in is unbiased here; where the gap is near a bin's
+# noise the plug-in is biased upwards and so is its interval (benchmarks/bootstrap_coverage.py measures
+# that). Brier and NLL are integrals of the known map (scipy's quad).
 
 _LO = 1.0 / 3.0
 
 
 def _f(p):
-    return 0.75 * p + 0.05
+    return 0.7 * p
 
 
 def _true_values() -> dict[str, float]:
-    gap = 0.25 * (1 + _LO) / 2 - 0.05
+    gap = 0.3 * (1 + _LO) / 2
     other = lambda p: (1 - p) / 2  # noqa: E731
     brier_row = lambda p: _f(p) * ((1 - p) ** 2 + 2 * other(p) ** 2) + (1 - _f(p)) * (p**2 + (1 - other(p)) ** 2 + other(p) ** 2)  # noqa: E731
     nll_row = lambda p: -(_f(p) * np.log(p) + (1 - _f(p)) * np.log(other(p)))  # noqa: E731
@@ -221,9 +223,8 @@ def _synthetic(rng, n):
 
 
 def test_intervals_cover_the_true_values_at_their_level():
-    """200 draws of N = 2,000, a 95 % interval each (1,000 resamples; smCE its default 200): the calibration
-    errors' intervals cover the truth >= 93 % of the time (measured: ECE 96 %, AdaECE 94.5 %, smCE 96.5 %;
-    Brier 93 %, NLL 93.5 %, so >= 91 % for those two: a percentile interval of a mean at 1.5 sd of its noise)."""
+    """200 draws of N = 2,000, a 95 % interval each (1,000 resamples; smCE its default 200): every interval covers
+    the truth >= 93 % of the time (the binomial noise of 200 draws is 1.5 points)."""
     truth = _true_values()
     functions = {"ece": ece, "adaece": adaece, "smce": smce, "brier": brier, "nll": nll}
     hits = dict.fromkeys(functions, 0)
@@ -235,5 +236,4 @@ def test_intervals_cover_the_true_values_at_their_level():
             value = f(probs, labels, ci=0.95, seed=draw, from_logits=False)
             hits[name] += value.low <= truth[name] <= value.high
     coverage = {name: hit / draws for name, hit in hits.items()}
-    assert min(coverage["ece"], coverage["adaece"], coverage["smce"]) >= 0.93, coverage
-    assert min(coverage["brier"], coverage["nll"]) >= 0.91, coverage
+    assert min(coverage.values()) >= 0.93, coverage
