@@ -224,7 +224,8 @@ def _synthetic(rng, n):
 
 def test_intervals_cover_the_true_values_at_their_level():
     """200 draws of N = 2,000, a 95 % interval each (1,000 resamples; smCE its default 200): every interval covers
-    the truth >= 93 % of the time (the binomial noise of 200 draws is 1.5 points)."""
+    the truth >= 93 % of the time (the binomial noise of 200 draws is 1.5 points; measured: ECE 96 %, AdaECE
+    95.5 %, smCE 95 %, Brier 95 %, NLL 95.5 %)."""
     truth = _true_values()
     functions = {"ece": ece, "adaece": adaece, "smce": smce, "brier": brier, "nll": nll}
     hits = dict.fromkeys(functions, 0)
