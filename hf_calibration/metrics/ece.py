@@ -192,7 +192,7 @@ def ece(
         >>> labels = (rng.random(2000) >= conf - 0.1).astype(int)
         >>> value = ece(probs, labels, ci=0.95)  # the true ECE is 0.1
         >>> round(value, 3), round(value.low, 3), round(value.high, 3)
-        (0.088, 0.071, 0.108)
+        (0.088, 0.069, 0.108)
     """
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)

@@ -107,7 +107,7 @@ def test_diagrams_say_they_pool_the_folds_and_the_table_averages_them(capsys, np
     path, z, y = npz_file
     titles = {}
     monkeypatch.setattr(compare, "save_diagram", lambda logits, labels, out, n_bins, title, **kw: titles.update({out.name: title}))
-    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "d", "--ci", "0")
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "d")
     assert code == 0, err
     table = compare_calibrators(z, y, ["temperature_scaling"], cv=3, progress_bar=False)
     for method in ("uncalibrated", "temperature_scaling"):
@@ -115,7 +115,6 @@ def test_diagrams_say_they_pool_the_folds_and_the_table_averages_them(capsys, np
         assert "pooled" in title and method in title
         assert f"{100 * table[method].mean('ece'):.2f} ± {100 * table[method].std('ece'):.2f} %" in title
     assert "pooled" in out and "mean over folds" in out
-    assert "Paired bootstrap" not in out  # --ci 0 leaves it out
 
 
 def test_paired_bootstrap_against_the_best(capsys, npz_file, tmp_path):
@@ -132,6 +131,9 @@ def test_paired_bootstrap_against_the_best(capsys, npz_file, tmp_path):
         assert entry["wins"] == pytest.approx(expected.wins[method])
     code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "q")
     assert code == 0 and "Paired bootstrap against the best by ece" in out and "wins over" in out
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "q",
+                          "--overwrite", "--ci", "0")
+    assert code == 0 and "Paired bootstrap" not in out  # --ci 0 leaves it out
     # a bad level is refused before anything is written
     code, _, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--out", tmp_path / "r", "--ci", "95")
     assert code == 1 and "--ci" in err and not (tmp_path / "r").exists()
