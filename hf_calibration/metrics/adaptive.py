@@ -10,7 +10,7 @@ import numpy as np
 from .._checks import IGNORE_INDEX
 from ._format import prepare, top_label
 from .binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins, _run_sizes
-from .bootstrap import check_bootstrap, frame
+from .bootstrap import advance, check_bootstrap, frame
 
 
 def _adaece_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
@@ -41,17 +41,7 @@ def _adaece_replicates(counts, residual, tie_end, closing):  # pragma: no cover 
         total = 0.0
         for u in range(cuts + 1):
             if u < cuts:
-                while cum < closing[u]:
-                    if j + 32 <= n:  # skip whole blocks that stay below the target (a vectorised sum)
-                        block, ahead = row[j : j + 32], 0
-                        for t in range(block.shape[0]):
-                            ahead += block[t]
-                        if cum + ahead < closing[u]:
-                            cum += ahead
-                            j += 32
-                            continue
-                    cum += row[j]
-                    j += 1
+                j, cum = advance(row, j, cum, closing[u])
                 end = tie_end[j - 1]
             else:
                 end = n

@@ -156,6 +156,26 @@ def _skipping_sums(counts, columns):  # pragma: no cover - compiled
     return out
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def advance(weights, j, cum, target):  # pragma: no cover - compiled
+    """Walk the running sum of ``weights`` from row ``j`` (sum ``cum`` before it) until it reaches ``target``;
+    return ``(j, cum)`` one past the row that reaches it. Whole blocks of 32 that stay below the target are
+    skipped with one (vectorised) sum: the equal-mass cuts of a resample without a scan row by row."""
+    n = weights.shape[0]
+    while cum < target:
+        if j + 32 <= n:
+            block, ahead = weights[j : j + 32], 0
+            for t in range(block.shape[0]):
+                ahead += block[t]
+            if cum + ahead < target:
+                cum += ahead
+                j += 32
+                continue
+        cum += weights[j]
+        j += 1
+    return j, cum
+
+
 def frame(confidence: np.ndarray) -> np.ndarray:
     """The frame order of the rows: sorted by top-label confidence, stable (positions of the counts -> rows)."""
     return np.argsort(confidence, kind="stable")

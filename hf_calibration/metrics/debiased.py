@@ -37,7 +37,7 @@ import numpy as np
 from .._checks import IGNORE_INDEX, check_choice, check_int
 from ._format import Inputs, prepare, probability_chunks, top_label
 from .binning import _check_n_bins, _run_sizes
-from .bootstrap import check_bootstrap, frame
+from .bootstrap import advance, check_bootstrap, frame
 
 __all__ = ["debiased_ece"]
 
@@ -95,17 +95,7 @@ def _boundaries(p, weight, closing, distinct):  # pragma: no cover - compiled
         cum = 0
         j = 0
         for u in range(closing.shape[0]):
-            while cum < closing[u]:
-                if j + 32 <= n:  # skip whole blocks that stay below the target (a vectorised sum)
-                    block, ahead = weight[j : j + 32], 0
-                    for t in range(block.shape[0]):
-                        ahead += block[t]
-                    if cum + ahead < closing[u]:
-                        cum += ahead
-                        j += 32
-                        continue
-                cum += weight[j]
-                j += 1
+            j, cum = advance(weight, j, cum, closing[u])
             last = p[j - 1]  # the value at expanded position closing[u] - 1
             nxt = j - 1 if cum > closing[u] else j
             while weight[nxt] == 0:
