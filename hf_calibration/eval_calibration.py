@@ -32,6 +32,7 @@ __all__ = ["CalibrateOnEvalMixin", "EvalCalibration", "MetricValue", "dataset_fi
 logger = logging.getLogger(__name__)
 
 CARD_METRICS = {"ece": "ECE", "nll": "NLL"}  # report key -> name on the card
+N_BINS = 15  # ECE's bins on the card (Guo et al.'s 15 equal-width bins)
 DEFAULT_CALIBRATOR = "temperature_scaling"
 _TASK = "image-classification"
 _SECTION = "## Calibration"  # the card section this module writes (replaced, never duplicated, on a new push)
@@ -54,7 +55,7 @@ def _measure(logits: np.ndarray, labels: np.ndarray) -> dict[str, MetricValue]:
     """
     from .metrics import calibration_report
 
-    report = calibration_report(logits, labels, from_logits=True)
+    report = calibration_report(logits, labels, N_BINS, from_logits=True)
     return {key: MetricValue(float(report[key])) for key in CARD_METRICS}
 
 
@@ -126,7 +127,7 @@ class EvalCalibration:
                     task_type=_TASK, dataset_type=dataset_type, dataset_name=dataset_name, dataset_config=dataset_config,
                     dataset_split=dataset_split, metric_type=key, metric_value=round(value.value, 6),
                     metric_name=f"{label} ({state})" + _interval_text(value, key == "ece"),
-                    metric_config=config, metric_args={"n_bins": 15} if key == "ece" else None,
+                    metric_config=config, metric_args={"n_bins": N_BINS} if key == "ece" else None,
                 ))
         return out
 
@@ -150,7 +151,7 @@ class EvalCalibration:
             "```", "",
             "Without it, transformers loads the plain (uncalibrated) model from the same repo.", "",
             f"| evaluation split | uncalibrated | {self.method} |", "|---|---:|---:|", *rows, "",
-            f"ECE: 15 equal-width bins. Before: the model's logits; {after}.", "",
+            f"ECE: {N_BINS} equal-width bins. Before: the model's logits; {after}.", "",
         ])
 
     def add_to_model_card(self, readme: str | os.PathLike, *, model_name: str, repo_id: str | None = None, **dataset: Any) -> None:
@@ -221,15 +222,18 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
     inputs = prepare(logits, labels, from_logits=True, preds_name="logits", target_name="labels")  # drops -100 rows
     z, y = np.asarray(inputs.preds, dtype=np.float64), np.asarray(inputs.target)
     before = _measure(z, y)
-    table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed,
-                                fit_seeds=1, from_logits=True, keep_predictions=True, progress_bar=False)
-    crossfit = table.predictions[template.kind]
+    try:
+        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed,
+                                    fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True, progress_bar=False)
+        crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
+    except ValueError as err:  # fewer samples than folds
+        crossfit, errors = None, str(err)
     after = None
-    if np.isfinite(crossfit).all():
+    if crossfit is not None and np.isfinite(crossfit).all():
         after = _measure(crossfit, y)
     else:
-        logger.warning("calibrate_on_eval: %s could not be fitted on every fold of the %d eval samples (%s); the card "
-                       "reports the uncalibrated numbers only.", template.kind, len(y), "; ".join(table[template.kind].errors))
+        logger.warning("calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
+                       "the uncalibrated numbers only.", template.kind, len(y), errors)
     fitted = template.fit(z, y, from_logits=True, progress_bar=False)
     result = EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed)
     logger.info("calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)", template.kind, len(y),
@@ -238,8 +242,9 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
 
 
 def check_calibrate_on_eval(spec: Any, eval_dataset: Any) -> None:
-    """Fail before training, not after it: a calibrator spec that does not resolve, or no single eval split."""
-    resolve_calibrator(spec)
+    """Fail before training, not after it: a calibrator spec that does not resolve, no single eval split, or one too
+    small to fit the calibrator on."""
+    template = resolve_calibrator(spec)
     if eval_dataset is None:
         raise ValueError("Expected an `eval_dataset` to fit the calibrator on, since `calibrate_on_eval` is set, but got None.")
     if isinstance(eval_dataset, dict):
@@ -247,6 +252,9 @@ def check_calibrate_on_eval(spec: Any, eval_dataset: Any) -> None:
             "Expected one `eval_dataset` for `calibrate_on_eval`, but got a dict of several: fit on one with "
             "trainer.fit_calibrator(eval_dataset[name])."
         )
+    if hasattr(eval_dataset, "__len__") and len(eval_dataset) < template.min_samples:
+        raise ValueError(f"Expected an `eval_dataset` of at least {template.min_samples} samples to fit {type(template).__name__} "
+                         f"on (`calibrate_on_eval`), but it holds {len(eval_dataset)}.")
 
 
 class CalibrateOnEvalMixin:

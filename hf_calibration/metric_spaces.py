@@ -47,6 +47,8 @@ def package_requirement() -> str:
     try:
         dist = metadata.distribution(DISTRIBUTION)
     except metadata.PackageNotFoundError:
+        logger.warning("hf-calibration runs from a source tree, not an install: the Spaces will ask PyPI for "
+                       "hf-calibration==%s (pass `requirement` to say otherwise).", __version__)
         return f"{DISTRIBUTION}=={__version__}"
     direct = dist.read_text("direct_url.json")
     if not direct:

@@ -244,3 +244,20 @@ def test_real_logits_published_temperature_and_an_honest_after():
     after = iso.after["ece"].value
     assert fit_set < after  # measured: 0.17 % on its own fit set, 0.61 % cross-fitted
     assert abs(after - test) < abs(fit_set - test)  # test: 0.77 %
+
+
+def test_too_small_an_eval_split_reports_before_only(caplog, tmp_path):
+    """12 samples: the whole split fits temperature scaling (10 needed), but 2 of 5 folds leave 9 to fit on."""
+    from hf_calibration.eval_calibration import fit_eval_calibration
+
+    rng = np.random.default_rng(0)
+    y = np.arange(12) % 2
+    z = rng.normal(size=(12, 2)) + 2 * np.eye(2)[y]
+    with caplog.at_level("WARNING", logger="hf_calibration.eval_calibration"):
+        result = fit_eval_calibration(z, y)
+    assert result.after is None and result.calibrator.is_fitted and "could not be cross-fitted" in caplog.text
+    assert result.before["nll"].value == pytest.approx(_nll(z, y), abs=1e-12)
+    assert [r.metric_config for r in result.eval_results(dataset_type="d", dataset_name="d")] == ["uncalibrated"] * 2
+    assert "after: not measured" in result.card_section()
+    with pytest.raises(ValueError, match="at least 10"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), calibrate_on_eval=True, eval_dataset=digits_dataset(slice(0, 9)))
