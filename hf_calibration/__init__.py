@@ -49,6 +49,7 @@ _EXPORTS = {
     ],
     "trainer": ["CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
+    "conformal": ["ConformalPredictor"],
     "inference": ["predict_logits"],
     "metrics.accumulator": ["CalibrationAccumulator"],
 }
@@ -108,6 +109,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         get_loss,
     )
     from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
+    from .conformal import ConformalPredictor
     from .inference import predict_logits
     from .metric_scripts import list_metric_scripts, metric_path
     from .metrics.accumulator import CalibrationAccumulator

@@ -134,14 +134,19 @@ def _calibrator_config(folder: Path) -> dict | None:
 
 
 def check_save_folder(
-    folder: str | os.PathLike, *, overwrite: bool, what: str = "argument `save_directory`", overwrite_flag: str = "overwrite=True"
+    folder: str | os.PathLike,
+    *,
+    overwrite: bool,
+    what: str = "argument `save_directory`",
+    overwrite_flag: str = "overwrite=True",
+    subfolder: str = "calibrator",
 ) -> bool:
     """Check that a calibrator may be saved in ``folder``; returns whether a calibrator is already there.
 
     Allowed: a new or empty folder; with ``overwrite``, a folder holding a calibrator (replaced whole, card
     included) or other files that are not a model's. Refused (``ValueError``; ``what`` and ``overwrite_flag`` name
     the argument and the switch in the message): anything else; a model's folder always (save the calibrator in
-    its ``calibrator/`` subfolder instead).
+    its ``calibrator/`` subfolder instead; ``subfolder`` names the one the message suggests).
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -155,8 +160,8 @@ def check_save_folder(
         if model_files:
             raise ValueError(
                 f"Expected {what} to be a new folder or one holding a calibrator, but {str(folder)!r} holds a "
-                f"model's files ({', '.join(model_files[:3])}), which are never replaced: save the calibrator in "
-                f"{str(folder / 'calibrator')!r} instead."
+                f"model's files ({', '.join(model_files[:3])}), which are never replaced: save it in "
+                f"{str(folder / subfolder)!r} instead."
             )
     if not overwrite:
         held = "a calibrator" if calibrator else f"{len(entries)} file(s) ({', '.join(entries[:3])})"
