@@ -469,15 +469,16 @@ def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator
         raise ValueError(f"Expected `logits` to have K = {num_classes} classes (the predictor was fitted on {num_classes}), but got K = {z.shape[1]}.")
     if z.shape[0] == 0:
         raise ValueError("Expected `logits` to hold at least one row, but got N = 0.")
-    finite = torch.isfinite(z).all(dim=1)
-    if not bool(finite.all()):
-        raise ValueError(f"Expected `logits` to be finite, but row {int((~finite).nonzero()[0])} contains NaN or inf.")
+    if not bool(torch.isfinite(z.sum())):  # one reduction; a NaN, an inf or an overflowing total lands here
+        finite = torch.isfinite(z).all(dim=1)
+        if not bool(finite.all()):
+            raise ValueError(f"Expected `logits` to be finite, but row {int((~finite).nonzero()[0])} contains NaN or inf.")
     is_logits = resolve_from_logits(z, from_logits, "logits")
     if calibrator is not None:
         z, is_logits = calibrator(z, from_logits=is_logits), True
     if not is_logits:
         z = log_probabilities(z, torch.float64)
-    return torch.softmax(z.to(torch.float64), dim=1)
+    return torch.softmax(z, dim=1, dtype=torch.float64)  # cast inside the kernel: no float64 copy of the logits
 
 
 def _predictor_config(folder: Path) -> dict | None:

@@ -63,7 +63,7 @@ def conformity_scores(
         k_reg, penalty: RAPS's ``k_reg`` and ``lambda`` (ignored unless ``method == "raps"``).
     """
     if method == "thr":
-        return 1.0 - probs
+        return torch.rsub(probs, 1.0)
     if method not in METHODS:
         raise ValueError(f"Expected argument `method` to be one of {list(METHODS)}, but got {method!r}.")
     ordered, order = sort_probabilities(probs)
