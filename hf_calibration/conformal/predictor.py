@@ -353,20 +353,14 @@ class ConformalPredictor(
         if not isinstance(overwrite, bool):
             raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
         folder = Path(save_directory)
+        held = check_save_folder(folder, overwrite=overwrite)
         sub = folder / CALIBRATOR_SUBFOLDER
-        if _predictor_config(folder) is not None:
-            if not overwrite:
-                raise ValueError(
-                    f"Expected argument `save_directory` to be a new or empty folder, but {str(folder)!r} holds a conformal "
-                    "predictor; pass overwrite=True to replace it."
-                )
+        if held is not None:  # a predictor or a calibrator saved there: replaced whole, card included
             hub.remove_calibrator_files(folder)  # the same three file names
-            if hub._calibrator_config(sub) is not None:
+            if held == "conformal" and hub._calibrator_config(sub) is not None:
                 hub.remove_calibrator_files(sub)
                 if not any(sub.iterdir()):
                     sub.rmdir()
-        elif hub.check_save_folder(folder, overwrite=overwrite, subfolder="conformal"):
-            hub.remove_calibrator_files(folder)  # a calibrator saved there, replaced whole
         if self.calibrator is not None and sub.exists():  # checked before anything is written
             hub.check_save_folder(sub, overwrite=overwrite, what=f"the calibrator's folder {str(sub)!r}")
         out = super().save_pretrained(folder, **kwargs)
@@ -479,6 +473,21 @@ def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator
     if not is_logits:
         z = log_probabilities(z, torch.float64)
     return torch.softmax(z, dim=1, dtype=torch.float64)  # cast inside the kernel: no float64 copy of the logits
+
+
+def check_save_folder(folder: str | Path, *, overwrite: bool, what: str = "argument `save_directory`",
+                      overwrite_flag: str = "overwrite=True") -> str | None:
+    """Check that a predictor may be saved in ``folder`` (the rules of ``hub.check_save_folder``, where a predictor
+    saved there counts as ours); returns ``"conformal"`` or ``"calibrator"`` when one is there to replace, else None."""
+    folder = Path(folder)
+    if _predictor_config(folder) is None:
+        return "calibrator" if hub.check_save_folder(folder, overwrite=overwrite, what=what, overwrite_flag=overwrite_flag, subfolder="conformal") else None
+    if not overwrite:
+        raise ValueError(
+            f"Expected {what} to be a new or empty folder, but {str(folder)!r} holds a conformal predictor; "
+            f"pass {overwrite_flag} to replace it."
+        )
+    return "conformal"
 
 
 def _predictor_config(folder: Path) -> dict | None:
