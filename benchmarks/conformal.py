@@ -209,6 +209,35 @@ def timing_table(records) -> list[str]:
     return lines + [""]
 
 
+def summary(records, files) -> list[str]:
+    """The figures the README quotes, computed from the tables' records."""
+    def worst(method, impl):
+        devs = [abs(np.mean([r["coverage"] for r in rs]) - (1 - a)) for f in files for a in ALPHAS
+                if (rs := _select(records, file=f, method=method, alpha=a, impl=impl))]
+        return 100 * max(devs) if devs else float("nan")
+
+    def ratio(method, impl, what, k=None):
+        base = {(r["file"], r["alpha"], r["split"]): r for r in _select(records, method=method, impl="ours") if k is None or r["k"] == k}
+        values = [r[what] / base[key][what] for r in _select(records, method=method, impl=impl)
+                  if (key := (r["file"], r["alpha"], r["split"])) in base]
+        return statistics.median(values) if values else float("nan")
+
+    lines = ["### Summary", ""]
+    exact = max(worst(m, "ours, empty sets allowed") for m in METHODS)
+    peer = max(worst(m, "TorchCP") for m in METHODS if "TorchCP" in _impls(records, m))
+    lines.append(f"- Exact sets (empty allowed): the mean coverage is within {exact:.2f} points of 1 - alpha for every method, file "
+                 f"and alpha (TorchCP: {peer:.2f}). Never-empty sets (ours by default, torch-uncertainty always) cover more "
+                 "wherever the model is more accurate than 1 - alpha.")
+    for method in METHODS:
+        parts = []
+        for impl in ("TorchCP", "torch-uncertainty"):
+            if impl in _impls(records, method):
+                parts.append(f"{impl} fit {ratio(method, impl, 'fit'):.2f}x / predict {ratio(method, impl, 'predict'):.2f}x "
+                             f"(K = 100: {ratio(method, impl, 'fit', 100):.2f}x / {ratio(method, impl, 'predict', 100):.2f}x)")
+        lines.append(f"- {method}: peer time / ours, median over all splits: " + "; ".join(parts) + ".")
+    return lines + [""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--splits", type=int, default=20, help="random calibration / test splits per file and alpha")
@@ -248,6 +277,7 @@ def main() -> None:
         lines += coverage_table(records, files, alpha)
     lines += deviation_table(records, files)
     lines += timing_table(records)
+    lines += summary(records, files)
     lines += [f"Load average at the end: {_load()}."]
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
