@@ -387,11 +387,7 @@ class ConformalPredictor(
             subfolder: the predictor's folder inside it (e.g. ``"conformal"`` beside a model).
             **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
         """
-        if kwargs.pop("strict", True) is not True:
-            raise ValueError("ConformalPredictor always loads strictly: `strict=False` is not supported.")
-        download = {k: kwargs.pop(k) for k in ("revision", "cache_dir", "force_download", "local_files_only", "token") if k in kwargs}
-        folder = hub.resolve_checkpoint(pretrained_model_name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
-        config = hub.read_config(folder)
+        folder, config, download = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors")
         cls._check_config(config, folder)
         predictor = super().from_pretrained(folder, **kwargs)
         if config["fit"].get("calibrator"):
@@ -425,25 +421,13 @@ class ConformalPredictor(
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download, local_files_only, token,
                          map_location: str = "cpu", strict: bool = True, config: dict | None = None, **model_kwargs):
-        import os
-
-        from safetensors import safe_open
-        from safetensors.torch import load_model
-
         cls._check_config(config or {}, model_id)
         try:
             predictor = cls(**model_kwargs)
         except (TypeError, ValueError) as err:
             raise ValueError(f"The checkpoint's config in {model_id!r} does not fit ConformalPredictor: {err}") from None
-        path = os.path.join(model_id, hub.WEIGHTS_NAME)
-        if not os.path.isfile(path):
-            raise ValueError(f"Expected the predictor's weights {hub.WEIGHTS_NAME} in {model_id!r}, but the file is missing.")
-        try:
-            with safe_open(path, framework="pt") as handle:
-                metadata = handle.metadata() or {}
-            load_model(predictor, path, strict=True, device=map_location)
-        except Exception as err:  # safetensors header errors, strict-load key/shape mismatches
-            raise ValueError(f"Could not load {path!r}: the file is corrupted or is not a ConformalPredictor's ({err}).") from None
+        metadata = hub.load_weights(predictor, model_id, what="conformal predictor", map_location=map_location)
+        path = f"{model_id}/{hub.WEIGHTS_NAME}"
         if metadata.get("conformal") != predictor.method or not bool(torch.isfinite(predictor.q_hat)):
             raise ValueError(f"The weights in {path!r} do not belong to a fitted {predictor.method!r} ConformalPredictor.")
         predictor.fit_info_ = dict(config["fit"])
