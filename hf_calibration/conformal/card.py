@@ -26,7 +26,7 @@ Conformal prediction sets for an image classifier, saved with the `hf_calibratio
 | method | `{{ method }}` ({{ randomization }}) |
 | alpha | {{ alpha }} (target coverage {{ target }}) |
 | calibration samples | {{ num_samples }} ({{ num_classes }} classes){% if num_tune %}, after {{ num_tune }} held out to {{ tuned }}{% endif %} |
-| threshold | {{ q_hat }} (the {{ quantile_rank }}-th smallest of the {{ num_samples }} calibration scores) |
+| threshold | {{ q_hat }} (the {{ quantile_rank }} smallest of the {{ num_samples }} calibration scores) |
 | coverage on the calibration data | {{ coverage }} |
 | mean set size on the calibration data | {{ mean_set_size }} |
 {% if raps %}| RAPS k_reg, lambda | {{ k_reg }}, {{ penalty }}{% if tuned_raps %} (chosen on the tuning split){% endif %} |
@@ -69,6 +69,17 @@ _CITATIONS = {
 }
 
 
+def _and(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def _ordinal(k) -> str:
+    if not isinstance(k, int):
+        return "n/a"
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
+
+
 def guarantee_statement(alpha: float, n: int, *, exact: bool) -> str:
     """What the sets promise, in words: the split-conformal bound, and the upper one when it holds."""
     text = (
@@ -103,9 +114,9 @@ def card_values(predictor: Any) -> dict[str, Any]:
         "num_samples": n,
         "num_classes": info.get("num_classes", "n/a"),
         "num_tune": info.get("num_tune", 0),
-        "tuned": " and ".join(info.get("tuned", [])) or "tune",
+        "tuned": _and(info.get("tuned", [])),
         "q_hat": f"{info.get('q_hat', float('nan')):.6g}",
-        "quantile_rank": info.get("quantile_rank", "n/a"),
+        "quantile_rank": _ordinal(info.get("quantile_rank")),
         "coverage": f"{100 * info.get('coverage', float('nan')):.2f}%",
         "mean_set_size": f"{info.get('mean_set_size', float('nan')):.3f} of {info.get('num_classes', 'n/a')} classes",
         "raps": method == "raps",
@@ -113,5 +124,6 @@ def card_values(predictor: Any) -> dict[str, Any]:
         "penalty": info.get("penalty"),
         "tuned_raps": any(t.startswith("choose") for t in info.get("tuned", [])),
         "calibrator": "none" if not calibrator else f"`{calibrator['kind']}` ({calibrator['fitted_on']}; saved in `calibrator/`)",
+        "format_version": predictor.format_version,
         "guarantee": guarantee_statement(alpha, n, exact=bool(info.get("allow_empty"))),
     }

@@ -18,7 +18,6 @@ is at most ``q_hat``. Where this departs from the paper's reference code, and wh
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,7 +39,6 @@ from .quantile import check_alpha, check_enough_samples, conformal_quantile
 from .scores import METHODS, conformity_scores, sets_from_scores
 from .tuning import LAMBDA_GRID, choose_k_reg, choose_penalty
 
-logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 CALIBRATOR_SUBFOLDER = "calibrator"
@@ -89,6 +87,7 @@ class ConformalPredictor(
     """
 
     default_randomized: ClassVar[dict[str, bool]] = {"thr": False, "aps": True, "raps": True}
+    format_version: ClassVar[int] = FORMAT_VERSION
 
     def __init__(
         self,

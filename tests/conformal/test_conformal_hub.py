@@ -47,6 +47,7 @@ def test_the_card_states_the_fit_and_the_guarantee(data, tmp_path):
     assert f"{100 * info['coverage']:.2f}%" in card and f"{info['mean_set_size']:.3f} of 10 classes" in card
     assert "at least 1 - alpha = 0.9" in card and f"at most 1 - alpha + 1/(n+1) = {0.9 + 1 / 1201:.4g}" in card
     assert "1200 calibration images" in card and "library_name: hf_calibration" in card and "conformal-prediction" in card
+    assert "(the 1081st smallest of the 1200 calibration scores)" in card and "| checkpoint format | 1 |" in card  # ceil(1201 * 0.9)
     never_empty = ConformalPredictor("thr").fit(z, y, alpha=0.2)
     never_empty.save_pretrained(tmp_path / "thr")
     card = (tmp_path / "thr" / "README.md").read_text()
