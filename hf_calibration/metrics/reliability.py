@@ -242,7 +242,7 @@ def _columns(ax: Axes) -> int:
     return spec.get_gridspec().ncols if spec is not None else 1
 
 
-def _legend_handles(used: set[str], level: float | None, min_count: int) -> list:
+def _legend_handles(used: set[str], level: float | None, min_count: int, counts: bool) -> list:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -253,7 +253,7 @@ def _legend_handles(used: set[str], level: float | None, min_count: int) -> list
                               label=f"{100 * level:g} % interval of the accuracy (Wilson)"))
     if "thin" in used:
         handles.append(Patch(facecolor=_ACCURACY, edgecolor="black", alpha=_THIN_ALPHA, linewidth=0.5,
-                             label=f"fewer than {min_count} samples (count in red)"))
+                             label=f"fewer than {min_count} samples" + (" (count in red)" if counts else "")))
     return handles
 
 
@@ -397,7 +397,7 @@ def reliability_diagram(
                                   min_count=min_count, count_scale=count_scale)
     if title and not single:
         fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
-    handles = _legend_handles(used, None if boot is None else boot.level, min_count)
+    handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
     if ax is None:
         ncols = 1 if cols == 1 else 2
         fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)

@@ -195,7 +195,7 @@ def test_bad_margin_groups(bad, err):
         reliability_diagram(logits, target, margin_groups=bad)
 
 
-# ------------------------------------------------------------------ as a person reads them (issue: item 14)
+# ------------------------------------------------------------------ as a person reads them
 
 def _render(fig):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
