@@ -13,6 +13,8 @@ SECTIONS = [
     ("metrics_speed.md", "metrics_speed.py"),
     ("evaluate_overhead.md", "evaluate_overhead.py"),
     ("accumulator.md", "accumulator.py"),
+    ("bootstrap_speed.md", "bootstrap_speed.py"),
+    ("bootstrap_coverage.md", "bootstrap_coverage.py"),
     ("predict_logits.md", "predict_logits.py"),
     ("calibrators.md", "calibrators.py"),
     ("calibrator_comparison.md", "calibrators.py --part comparison"),
