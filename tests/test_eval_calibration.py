@@ -261,3 +261,19 @@ def test_too_small_an_eval_split_reports_before_only(caplog, tmp_path):
     assert "after: not measured" in result.card_section()
     with pytest.raises(ValueError, match="at least 10"):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), calibrate_on_eval=True, eval_dataset=digits_dataset(slice(0, 9)))
+
+
+def test_card_numbers_carry_bootstrap_intervals(trained):
+    """Before and after each carry a 95 % interval; the NLL one agrees with a plain numpy percentile bootstrap of the
+    per-row NLL terms (its own generator, so only to Monte-Carlo precision)."""
+    z, y = _eval_logits(trained)
+    before = trained.eval_calibration.before
+    for value in (*before.values(), *trained.eval_calibration.after.values()):
+        low, high = value.interval
+        assert low <= value.value <= high and high > low
+    terms = F.cross_entropy(torch.from_numpy(z), torch.from_numpy(y), reduction="none").numpy()
+    rng = np.random.default_rng(12345)
+    means = terms[rng.integers(0, len(terms), size=(4000, len(terms)))].mean(axis=1)
+    reference = np.percentile(means, [2.5, 97.5])
+    width = reference[1] - reference[0]
+    assert np.allclose(before["nll"].interval, reference, atol=0.1 * width)
