@@ -41,6 +41,7 @@ _EXPORTS = {
         "SMARTCalibrator",
         "SplineCalibration",
         "TemperatureScaling",
+        "UncalibratedWarning",
         "VectorScaling",
         "compare_calibrators",
         "create_calibrator",
