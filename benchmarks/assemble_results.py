@@ -17,6 +17,7 @@ SECTIONS = [
     ("calibrators.md", "calibrators.py"),
     ("calibrator_comparison.md", "calibrators.py --part comparison"),
     ("calibrator_fits.md", "calibrator_fits.py"),
+    ("calibrator_selection.md", "calibrator_selection.py"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),

@@ -251,9 +251,9 @@ class Calibrator(
             **info,
         }
         if report:
-            fit_set, unchanged, predicted = self._fit_set_report(z, y)
-            saturated = fit_set.pop("saturated", False)
+            fit_set, views = self._fit_set_report(z, y)
             self.fit_info_.update(fit_set)
+            unchanged, predicted, saturated = self._unchanged_classes(*views, z.shape[1])
             if unchanged and _FIT_DEPTH.get() == 0:
                 self._warn_uncalibrated(unchanged, predicted, saturated)
         if was_attached is not None:
@@ -292,12 +292,11 @@ class Calibrator(
             raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(unknown)}.")
         return objective, objective_kwargs(objective, **objective_options)
 
-    def _fit_set_report(self, z: np.ndarray, y: np.ndarray) -> tuple[dict[str, float], list[int], int]:
+    def _fit_set_report(self, z: np.ndarray, y: np.ndarray):
         """Accuracy and 15-bin ECE on the fit set before and after (``accuracy_after`` too when the map may move the
-        argmax), the predicted classes none of whose confidences the map moved (beyond ``IDENTITY_ULPS``) and the number
-        of classes predicted at all: one
-        forward pass, on one thread (a parallel region over a small array stalls on a busy machine: a K = 100
-        vector-scaling report took 0.25 s on two threads under load, 0.04 s on one)."""
+        argmax), with the top-label views ``(before, after)`` they came from: one forward pass, on one thread (a
+        parallel region over a small array stalls on a busy machine: a K = 100 vector-scaling report took 0.25 s on
+        two threads under load, 0.04 s on one)."""
         from ..metrics.ece import _ece_compute
 
         with torch.no_grad(), torch_single_threaded():
@@ -311,15 +310,20 @@ class Calibrator(
         }
         if not self.preserves_argmax:
             report["accuracy_after"] = float(after.correct.mean())
-        tolerance = IDENTITY_ULPS * np.finfo(calibrated.dtype).eps
+        return report, (before, after, calibrated.dtype)
+
+    @staticmethod
+    def _unchanged_classes(before, after, dtype, num_classes: int) -> tuple[list[int], int, bool]:
+        """The predicted classes none of whose fit confidences the map moved beyond ``IDENTITY_ULPS`` (or whose argmax
+        it kept), how many classes were predicted at all, and whether the unchanged ones' confidences were all at
+        least ``SATURATED``."""
+        tolerance = IDENTITY_ULPS * np.finfo(dtype).eps
         moved = (np.abs(after.confidence - before.confidence) > tolerance) | (after.prediction != before.prediction)
-        k = z.shape[1]
-        predicted = np.bincount(before.prediction, minlength=k) > 0
-        changed = np.bincount(before.prediction, weights=moved, minlength=k) > 0
+        predicted = np.bincount(before.prediction, minlength=num_classes) > 0
+        changed = np.bincount(before.prediction, weights=moved, minlength=num_classes) > 0
         unchanged = np.flatnonzero(predicted & ~changed)
-        if unchanged.size and (before.confidence[np.isin(before.prediction, unchanged)] >= SATURATED).all():
-            report["saturated"] = True  # popped by fit: only says why nothing moved
-        return report, unchanged.tolist(), int(predicted.sum())
+        saturated = bool(unchanged.size) and bool((before.confidence[np.isin(before.prediction, unchanged)] >= SATURATED).all())
+        return unchanged.tolist(), int(predicted.sum()), saturated
 
     def forward(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
         """Calibrated logits: same shape, dtype and device as the input (same argmax when ``preserves_argmax``).

@@ -13,8 +13,9 @@ edge = the largest confidence of each ``np.array_split`` group of the sorted con
 ``HistogramBinning`` (equal-width bins on (0, 1]; an empty bin returns its centre).
 
 Departure from Gupta & Ramdas: their code leaves a predicted class with fewer than ``points_per_bin`` fit
-predictions uncalibrated (the identity; it prints a line). At K = 100 on 5,000 samples that is most classes, and on
-a small set (270 samples x 10 classes) every class, so the calibrator silently did nothing. Here those classes
+predictions uncalibrated (the identity; it prints a line). On the shared CIFAR-100 validation logits (5,000 samples)
+that is 48-65 of the 100 classes (72-95 on a 4,000-sample training fold), and on a small set (270 samples x 10
+classes) every class, so the calibrator silently did nothing. Here those classes
 share one binning instead: the same rule applied to every fit prediction pooled (``n // points_per_bin`` bins of
 all ``n`` top-label confidences, Guo et al.'s confidence binning with a data-driven bin count), the "pooled" map.
 Only a fit set with fewer than ``points_per_bin`` samples in all is left as it is, and then the fit warns

@@ -36,7 +36,8 @@ def add_selection_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
                help=f"{prefix}fits per fold of a seeded method (SMART), scores averaged (default 1)")
     add_option(p, "no_race", action="store_true",
                help=f"{prefix}run every candidate on every fold (default: stop, after each fold from the second, a candidate "
-                    "that a paired t-test finds worse than the leader on --metric or worse than the uncalibrated model on NLL)")
+                    "that a paired t-test finds worse than the uncalibrated model on NLL, or worse than the leader on --metric "
+                    "without a lower NLL)")
 
 
 def parse_methods(text: str | None):
