@@ -18,6 +18,7 @@ SECTIONS = [
     ("calibrator_comparison.md", "calibrators.py --part comparison"),
     ("calibrator_fits.md", "calibrator_fits.py"),
     ("calibrator_selection.md", "calibrator_selection.py"),
+    ("conformal.md", "conformal.py"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),
