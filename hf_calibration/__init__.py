@@ -93,6 +93,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         SMARTCalibrator,
         SplineCalibration,
         TemperatureScaling,
+        UncalibratedWarning,
         VectorScaling,
         compare_calibrators,
         create_calibrator,
