@@ -112,6 +112,7 @@ def run(args) -> int:
     else:
         print(f"{data.source} (N = {data.logits.shape[0]}, K = {data.logits.shape[1]})")
         print(table)
-        print(f"best by {args.metric}: {best or 'none (every method failed, was stopped, or did worse than uncalibrated on NLL)'}")
+        rule = args.metric if args.metric == "nll" else f"{args.metric}, the lowest NLL within one standard error of the lowest {args.metric}"
+        print(f"best by {rule}: {best or 'none (every method failed, was stopped, or did worse than uncalibrated on NLL)'}")
         print(f"reliability diagrams: {Path(out)}/reliability_<method>.png ({len(written)} written)")
     return 0

@@ -56,7 +56,7 @@ def test_json_table_is_the_library_table_and_diagrams_are_written(capsys, npz_fi
     assert code == 1 and "--overwrite" in err
     code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", out_dir, "--overwrite")
     assert code == 0, err
-    assert "| temperature_scaling" in out and "best by ece: temperature_scaling" in out
+    assert "| temperature_scaling" in out and "best by ece, the lowest NLL within one standard error of the lowest ece: temperature_scaling" in out
 
 
 def test_bad_method_and_cv(capsys, npz_file, tmp_path):
