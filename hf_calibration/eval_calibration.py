@@ -223,7 +223,7 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
     before = _measure(z, y)
     try:
         table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed,
-                                    fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True, progress_bar=False)
+                                    race=False, fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True, progress_bar=False)
         crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
     except ValueError as err:  # fewer samples than folds
         crossfit, errors = None, str(err)

@@ -89,7 +89,7 @@ class PairedBootstrap:
             wins = "—" if method == self.best else f"{100 * self.wins[method]:.1f} %"
             lines.append(f"| {method} | {value.format(scale, digits)} | {diff} | {wins} |")
         if self.skipped:
-            lines += ["", f"(not compared: {', '.join(self.skipped)}, which failed on some fold)"]
+            lines += ["", f"(not compared: {', '.join(self.skipped)}, which failed on some fold or were stopped early)"]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -109,8 +109,8 @@ def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, bes
         ci, n_boot, seed: the percentile bootstrap (default 0.95, 1,000 resamples, seed 0).
 
     Returns:
-        a :class:`PairedBootstrap` (``str()`` is a Markdown table). Methods that failed on a fold have no
-        prediction for its rows and are left out (named in ``skipped``).
+        a :class:`PairedBootstrap` (``str()`` is a Markdown table). Methods that failed on a fold, or that racing
+        stopped, have no prediction for its rows and are left out (named in ``skipped``).
     """
     check_choice(metric, "metric", METRICS)
     boot = check_bootstrap(ci, n_boot, seed)
