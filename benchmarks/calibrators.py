@@ -223,7 +223,7 @@ FILE_LABELS = {  # file stem -> (dataset, model), as the paper's Table 1 names r
     "netcal_lenet-5-cifar-100": ("CIFAR-100", "LeNet-5"),
 }
 SHORT = {"uncalibrated": "Vanilla", "temperature_scaling": "TS", "smart": "SMART", "spline": "Spline", "histogram_binning": "HB",
-         "isotonic": "Isotonic", "isotonic_ovr": "Isotonic OvR"}
+         "isotonic": "Isotonic", "isotonic_ovr": "Isotonic OvR", "sms": "SMS", "svs": "SVS"}
 FIRST = ("temperature_scaling", "ets", "pts", "cts", "vector_scaling", "matrix_scaling", "dirichlet")  # paper order
 FIT_SEEDS = 5
 SIZES = (50, 100, 250, 500, 1000, None)  # None: all val samples

@@ -26,11 +26,12 @@ def bars_disabled() -> bool:
     return os.environ.get(ENV_DISABLE, "").strip().lower() in ("1", "true", "yes", "on") or are_progress_bars_disabled(GROUP)
 
 
-def progress_bar(*, total: int, desc: str, enabled: bool = True):
-    """A tqdm bar (a context manager) that shows after ``DELAY_S`` seconds and stays on its last count."""
+def progress_bar(*, total: int, desc: str, enabled: bool = True, leave: bool = True):
+    """A tqdm bar (a context manager) that shows after ``DELAY_S`` seconds and stays on its last count (``leave=False``:
+    it is erased when done, for the inner steps of a longer piece of work)."""
     from huggingface_hub.utils import tqdm
 
-    return tqdm(total=total, desc=desc, disable=not enabled or bars_disabled(), delay=DELAY_S, leave=True, name=GROUP)
+    return tqdm(total=total, desc=desc, disable=not enabled or bars_disabled(), delay=DELAY_S, leave=leave, name=GROUP)
 
 
 def progress_iter(iterable, *, desc: str, enabled: bool = True, **kwargs):

@@ -80,3 +80,51 @@ def test_iterator_bars_follow_the_same_switches(capfd, monkeypatch):
     monkeypatch.setenv("HF_CALIBRATION_DISABLE_PROGRESS_BARS", "1")
     assert list(_progress.progress_iter(range(3), desc="work")) == [0, 1, 2]
     assert capfd.readouterr().err == ""
+
+
+def _lbfgs_fit():
+    import torch
+
+    from hf_calibration.calibrators._lbfgs import minimize
+
+    target = torch.arange(5, dtype=torch.float64)
+    minimize(lambda x: ((x - target) ** 2).sum(), torch.zeros(5), progress_bar=True, desc="LBFGS unit")
+
+
+def _cts_fit(data):
+    from hf_calibration.calibrators import ClassBasedTemperatureScaling
+
+    z, y = data
+    ClassBasedTemperatureScaling().fit(z, y)
+
+
+def _matrix_cv_fit(data):
+    from hf_calibration.calibrators import MatrixScaling
+
+    z, y = data
+    MatrixScaling(lambdas=(10.0, 1.0)).fit(z, y)
+
+
+@pytest.mark.parametrize("work, desc", [("lbfgs", "LBFGS unit"), ("cts", "CTS"), ("matrix", "MatrixScaling CV")])
+@pytest.mark.parametrize("switch", [None, "env", "hub_group"])
+def test_every_bar_of_the_calibrators_follows_the_switches(capfd, monkeypatch, data, work, desc, switch):
+    # the LBFGS helper's bar, CTS's sweeps, matrix / Dirichlet scaling's cross-validation: shown when the work lasts
+    # (a zero delay here), and silenced by the package's off switches like every other bar
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    monkeypatch.setattr(_progress, "DELAY_S", 0.0)
+    run = {"lbfgs": _lbfgs_fit, "cts": lambda: _cts_fit(data), "matrix": lambda: _matrix_cv_fit(data)}[work]
+    if switch == "env":
+        monkeypatch.setenv("HF_CALIBRATION_DISABLE_PROGRESS_BARS", "1")
+    elif switch == "hub_group":
+        disable_progress_bars("hf_calibration")
+    try:
+        run()
+    finally:
+        if switch == "hub_group":
+            enable_progress_bars("hf_calibration")
+    err = capfd.readouterr().err  # (a fit's logged warnings may land here too: only bars count)
+    if switch is None:
+        assert f"{desc}:" in err  # (the LBFGS bar is an inner one: erased when done)
+    else:
+        assert f"{desc}:" not in err and "%|" not in err

@@ -15,7 +15,9 @@ from .objectives import OBJECTIVES, brier, charbonnier_soft_ece, nll, soft_ece
 from .pts import ParameterizedTemperatureScaling
 from .selection import AutoCalibrator, CalibratorComparison, compare_calibrators
 from .smart import SMARTCalibrator, logit_margin
+from .sms import StructuredMatrixScaling
 from .spline import SplineCalibration
+from .svs import StructuredVectorScaling
 from .temperature import TemperatureScaling
 from .vector import VectorScaling
 
@@ -35,6 +37,8 @@ __all__ = [
     "ParameterizedTemperatureScaling",
     "SMARTCalibrator",
     "SplineCalibration",
+    "StructuredMatrixScaling",
+    "StructuredVectorScaling",
     "TemperatureCalibrator",
     "TemperatureScaling",
     "UncalibratedWarning",

@@ -6,8 +6,10 @@ vector on the whole calibration set, optionally plus a quadratic penalty:
     minimize   f(x) + penalty(x)
 
 ``f`` is written with torch operations and differentiated by autograd. The penalties used by the papers live
-here too: a plain L2 term (PTS's weight decay) and ODIR, the off-diagonal and intercept regulariser of
-Kull et al. 2019 (Sec. 3.3), ``lambda / (K (K - 1)) * sum_{i != j} W_ij^2 + mu / K * sum_j b_j^2``.
+here too: a plain L2 term (PTS's weight decay) and the quadratic penalties of the affine maps (``QuadraticPenalty``):
+ODIR, the off-diagonal and intercept regulariser of Kull et al. 2019 (Sec. 3.3),
+``lambda / (K (K - 1)) * sum_{i != j} W_ij^2 + mu / K * sum_j b_j^2``, and the structured penalties of Berta et al.
+2026 (SMS / SVS).
 
 A badly scaled problem (per-class weights whose curvatures differ by orders of magnitude, a weight and a bias
 that move together) takes LBFGS hundreds of iterations. ``precondition`` is a linear change of variables
@@ -28,8 +30,8 @@ import math
 from typing import Callable, NamedTuple
 
 import torch
-from tqdm.auto import tqdm
 
+from .. import _progress
 from ._threads import torch_single_threaded
 
 Objective = Callable[[torch.Tensor], torch.Tensor]
@@ -59,30 +61,59 @@ def l2_penalty(strength: float, mask: torch.Tensor | None = None) -> Objective:
     return penalty
 
 
-def odir_penalty(num_classes: int, reg_lambda: float, reg_mu: float, diagonal: bool = False) -> Objective:
-    """ODIR (Kull et al. 2019) for ``x = [W.flatten() (K * K, row-major), b (K)]``:
-    ``lambda / (K (K - 1)) * sum_{i != j} W_ij^2 + mu / K * sum_j b_j^2``; the diagonal is free.
+class QuadraticPenalty(NamedTuple):
+    """A quadratic penalty on the affine map's parameters, with a weight per entry:
+
+        off_diagonal * sum_{i != j} W_ij^2 + diagonal * sum_j (W_jj - c)^2 + bias * sum_j b_j^2
+
+    for ``x = [W.flatten() (K * K, row-major), b (K)]``, or ``x = [w (K), b (K)]`` with ``diagonal_only`` (vector
+    scaling's ``W = diag(w)``). ``c`` is ``centre``, or with ``centre=None`` the mean of the diagonal: the weights then
+    shrink towards a common value, i.e. towards temperature scaling with ``T = 1 / mean``. Each paper's normalisation
+    (by K, K (K - 1), N) is applied by whoever builds it (``odir_penalty``; the SMS / SVS calibrators)."""
+
+    num_classes: int
+    off_diagonal: float = 0.0
+    diagonal: float = 0.0
+    bias: float = 0.0
+    centre: float | None = None
+    diagonal_only: bool = False
+
+    @property
+    def active(self) -> bool:
+        return bool(self.off_diagonal or self.diagonal or self.bias)
+
+    def diagonal_curvature(self) -> float:
+        """The penalty's second derivative along one diagonal weight (``(1 - 1/K)`` of it when centred on the mean)."""
+        return 2 * self.diagonal * (1 - 1 / self.num_classes if self.centre is None else 1.0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.num_classes
+        if self.diagonal_only:
+            d, off = x[:k], None
+        else:
+            w = x[: k * k].view(k, k)
+            d = torch.diagonal(w)
+            off = w - torch.diag_embed(d)
+        spread = d - (d.mean() if self.centre is None else self.centre)
+        b = x[-k:]
+        value = self.diagonal * (spread * spread).sum() + self.bias * (b * b).sum()
+        if off is not None and self.off_diagonal:
+            value = value + self.off_diagonal * (off * off).sum()
+        return value
+
+
+def odir_penalty(num_classes: int, reg_lambda: float, reg_mu: float, diagonal: bool = False, reg_diagonal: float = 0.0) -> QuadraticPenalty:
+    """ODIR (Kull et al. 2019, Sec. 3.3) for ``x = [W.flatten() (K * K, row-major), b (K)]``:
+    ``lambda / (K (K - 1)) * sum_{i != j} W_ij^2 + mu / K * sum_j b_j^2``; the paper leaves the diagonal free, and
+    ``reg_diagonal`` adds ``reg_diagonal / K * sum_j (W_jj - mean_j W_jj)^2`` (``matrix.py`` says why).
 
     With ``diagonal``, ``x = [w (K), b (K)]`` (vector scaling, which has no off-diagonal weight to shrink): the
     weights shrink towards their mean, i.e. towards temperature scaling with ``T = 1 / mean(w)``, and the biases
     towards 0: ``lambda / K * sum_j (w_j - mean(w))^2 + mu / K * sum_j b_j^2``."""
     k = num_classes
     if diagonal:
-
-        def shrinkage(x: torch.Tensor) -> torch.Tensor:
-            spread = x[:k] - x[:k].mean()
-            return (reg_lambda * (spread * spread).sum() + reg_mu * (x[k:] * x[k:]).sum()) / k
-
-        return shrinkage
-    off_diagonal = ~torch.eye(k, dtype=torch.bool).reshape(-1)
-    scale_w, scale_b = reg_lambda / (k * (k - 1)), reg_mu / k
-
-    def penalty(x: torch.Tensor) -> torch.Tensor:
-        w, b = x[: k * k], x[k * k :]
-        off = w[off_diagonal.to(x.device)]
-        return scale_w * (off * off).sum() + scale_b * (b * b).sum()
-
-    return penalty
+        return QuadraticPenalty(k, diagonal=reg_lambda / k, bias=reg_mu / k, diagonal_only=True)
+    return QuadraticPenalty(k, off_diagonal=reg_lambda / (k * (k - 1)), diagonal=reg_diagonal / k, bias=reg_mu / k)
 
 
 def minimize(
@@ -101,7 +132,7 @@ def minimize(
 
     Raises ``FloatingPointError`` if the objective or its gradient becomes non-finite.
     """
-    with torch_single_threaded():
+    with torch_single_threaded(), torch.enable_grad():  # a fit called under torch.no_grad() (inference code) still needs it
         return _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progress_bar, desc)
 
 
@@ -132,7 +163,7 @@ def _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progr
         line_search_fn="strong_wolfe",
     )
     lowest = [math.inf, None]  # the lowest objective evaluated, and where: usually where LBFGS stops
-    with tqdm(total=max_eval, desc=desc, disable=not progress_bar, delay=1.0, leave=False) as bar:
+    with _progress.progress_bar(total=max_eval, desc=desc, enabled=progress_bar, leave=False) as bar:
 
         def closure() -> torch.Tensor:
             if pending:  # the starting point, evaluated above
@@ -150,6 +181,7 @@ def _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progr
             return value
 
         optimizer.step(closure)
+        _progress.finish(bar, bar.n)  # LBFGS stops before its evaluation budget: close at 100 %
     state = optimizer.state[x]
     with torch.no_grad():
         final = lowest[0] if lowest[1] is not None and torch.equal(lowest[1], x) else float(total(x))

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import _progress
 from .._checks import check_float, check_int
 from ..metrics.binning import uniform_edges
 from . import _cts_search as search
@@ -93,8 +94,6 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
-        from tqdm.auto import tqdm
-
         from .temperature import TemperatureScaling
 
         n, k = logits.shape
@@ -116,7 +115,7 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
         slack = np.inf if self.accuracy_tolerance is None else self.accuracy_tolerance * n + 1e-9
         classes = np.unique(y)
         sweeps, updates = 0, 0
-        with tqdm(total=self.sweeps * len(classes), desc="CTS", disable=not progress_bar, delay=1.0, leave=False) as bar:
+        with _progress.progress_bar(total=self.sweeps * len(classes), desc="CTS", enabled=progress_bar) as bar:
             for sweeps in range(1, self.sweeps + 1):
                 summarise(z, inv_t, v1, j1, v2, j2, tot)  # from scratch: no rounding carried across sweeps
                 changed = False
@@ -135,6 +134,7 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
                     bar.update(1)
                 if not changed:
                     break
+            _progress.finish(bar, bar.n)  # a sweep that changes nothing ends the search: close at 100 %
         with torch.no_grad():
             self.temperatures.copy_(torch.from_numpy(temperatures))
         return {

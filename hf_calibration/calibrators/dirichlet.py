@@ -24,8 +24,10 @@ LOG_EPS = math.log(np.finfo(np.float64).eps)  # the authors' clip of the probabi
 class DirichletCalibration(MatrixScaling, tags=["dirichlet-calibration", "odir"], paper_url="https://arxiv.org/abs/1910.12656"):
     """Dirichlet calibration with ODIR: ``softmax(W max(log softmax(z), log eps) + b)``; lambda and mu by cross-validation.
 
-    Takes the same arguments as ``MatrixScaling`` (``reg_lambda``, ``reg_mu``, ``lambdas``, ``mus``, ``cv``,
-    ``cv_patience``, ``cv_seed``, ``max_iter``, ``tol``). From the identity (``W = I``, ``b = 0``) the map returns the model's own
+    Takes the same arguments as ``MatrixScaling`` (``reg_lambda``, ``reg_mu``, ``reg_diagonal``, ``lambdas``, ``mus``,
+    ``cv``, ``cv_patience``, ``cv_seed``, ``max_iter``, ``tol``), and is fitted and cross-validated the same way, with
+    the same departures from the paper (``matrix.py``: the diagonal lightly shrunk towards its mean, one refit instead
+    of the five fold models' average). From the identity (``W = I``, ``b = 0``) the map returns the model's own
     probabilities. May change the predicted class (``preserves_argmax = False``).
     Needs at least ``min_samples = 10`` labelled samples.
 

@@ -95,13 +95,14 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
         nll = AffineNLL(torch.from_numpy(logits), torch.from_numpy(labels).long(), diagonal=True)  # float32 read as float64
         reg_lambda = k / 100 if self.reg_lambda is None else self.reg_lambda
         reg_mu = k / 1000 if self.reg_mu is None else self.reg_mu
-        result = fit_affine(nll, identity_parameters(k, diagonal=True), reg_lambda=reg_lambda, reg_mu=reg_mu,
-                            max_iter=self.max_iter, tol=self.tol, rounds=1, progress_bar=progress_bar, desc="VectorScaling")
+        penalty = odir_penalty(k, reg_lambda, reg_mu, diagonal=True)
+        result = fit_affine(nll, identity_parameters(k, diagonal=True), penalty=penalty, max_iter=self.max_iter, tol=self.tol,
+                            rounds=1, progress_bar=progress_bar, desc="VectorScaling")
         with torch.no_grad():
             self.weight.copy_(result.x[:k])
             self.bias.copy_(result.x[k:])
         with torch.no_grad():  # the NLL alone: the objective less the shrinkage (0 when unregularised), no pass over the rows
-            nll_value = result.objective - float(odir_penalty(k, reg_lambda, reg_mu, diagonal=True)(result.x))
+            nll_value = result.objective - float(penalty(result.x))
         return {"reg_lambda": reg_lambda, "reg_mu": reg_mu, "steps": result.iterations, "evaluations": result.evaluations, "best_objective": result.objective,
                 "nll": nll_value}
 

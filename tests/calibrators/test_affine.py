@@ -9,7 +9,8 @@ import pytest
 import torch
 from _affine_reference import affine_objective, fit_affine_reference
 
-from hf_calibration.calibrators._affine import AffineNLL, affine_preconditioner, fit_affine, identity_parameters
+from hf_calibration.calibrators._affine import AffineNLL, affine_curvature, affine_preconditioner, fit_affine, identity_parameters
+from hf_calibration.calibrators._lbfgs import odir_penalty
 
 
 def _data(n=500, k=6, seed=0, offset=-20.0):
@@ -99,16 +100,49 @@ def test_vector_kernel_does_not_depend_on_the_thread_count():
     assert torch.equal(results[0][1], results[-1][1])
 
 
-@pytest.mark.parametrize("diagonal", [True, False])
-def test_preconditioner_is_an_exact_change_of_variables(diagonal):
+@pytest.mark.parametrize("diagonal, blocks, dtype", [(True, False, torch.float64), (False, False, torch.float64),
+                                                     (False, True, torch.float64), (False, True, torch.float32)])
+def test_preconditioner_is_an_exact_change_of_variables(diagonal, blocks, dtype):
     f, y = _data()
     k = f.shape[1]
     nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), diagonal)
     x = identity_parameters(k, diagonal) + 0.1 * torch.from_numpy(np.random.default_rng(3).normal(size=2 * k if diagonal else k * k + k))
-    p = affine_preconditioner(nll, x, reg_lambda=2.0, reg_mu=0.5)
-    torch.testing.assert_close(p.to_x(p.to_u(x)), x, rtol=0, atol=1e-12)
+    penalty = odir_penalty(k, 2.0, 0.5, diagonal, reg_diagonal=0.3)
+    p = affine_preconditioner(nll, x, penalty, affine_curvature(nll, x, blocks=blocks), dtype)
+    atol = 1e-10 if dtype == torch.float64 else 1e-4  # float32 factors: a float32-rounded map and inverse
+    torch.testing.assert_close(p.to_x(p.to_u(x)), x, rtol=0, atol=atol)
     u = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(p.to_u(p.to_x(u)), u, rtol=0, atol=1e-10)
+    torch.testing.assert_close(p.to_u(p.to_x(u)), u, rtol=0, atol=atol)
+
+
+def test_block_preconditioner_whitens_the_gauss_newton_blocks():
+    # each class's block of the Gauss-Newton curvature, with the penalty's, becomes the identity in the new variables
+    from scipy.special import softmax
+
+    f, y = _data(n=300, k=4)
+    k = 4
+    nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y))
+    x = identity_parameters(k) + 0.1 * torch.from_numpy(np.random.default_rng(4).normal(size=k * k + k))
+    penalty = odir_penalty(k, 3.0, 0.7, reg_diagonal=0.2)
+    p = affine_preconditioner(nll, x, penalty, affine_curvature(nll, x, blocks=True))
+    w, b = x[: k * k].view(k, k).numpy(), x[k * k :].numpy()
+    prob = softmax(f @ w.T + b, axis=1)
+    g = np.hstack([f, np.ones((len(f), 1))])
+    for j in range(k):
+        block = (g * (prob[:, j] * (1 - prob[:, j]))[:, None]).T @ g / len(f)
+        block[np.arange(k + 1), np.arange(k + 1)] += 2 * penalty.off_diagonal
+        block[j, j] += penalty.diagonal_curvature() - 2 * penalty.off_diagonal
+        block[k, k] += 2 * penalty.bias - 2 * penalty.off_diagonal
+        # the columns of d x / d u for class j's parameters: x = to_x(u) is linear
+        columns = []
+        for m in range(k + 1):
+            e = torch.zeros(k * k + k, dtype=torch.float64)
+            e[j * k + m if m < k else k * k + j] = 1.0
+            columns.append(p.to_x(e).numpy()[[j * k + c for c in range(k)] + [k * k + j]])
+        jacobian = np.stack(columns, 1)
+        # to ~1e-4: the blocks are summed in float32 over the rows whose v is above 1e-4 of the largest (a wrong block
+        # or penalty term is off by O(1))
+        np.testing.assert_allclose(jacobian.T @ block @ jacobian, np.eye(k + 1), atol=1e-3)
 
 
 @pytest.mark.parametrize("diagonal, lam, mu", [(True, 0.0, 0.0), (False, 0.0, 0.0), (False, 3.0, 0.7)])
@@ -116,7 +150,7 @@ def test_fit_reaches_the_scipy_minimum(diagonal, lam, mu):
     f, y = _data(n=400, k=5, seed=4)
     _, ref_objective, ref_nll = fit_affine_reference(f, y, diagonal, lam, mu)
     nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), diagonal)
-    ours = fit_affine(nll, identity_parameters(5, diagonal), reg_lambda=lam, reg_mu=mu, max_iter=5000, tol=1e-14)
+    ours = fit_affine(nll, identity_parameters(5, diagonal), penalty=odir_penalty(5, lam, mu, diagonal), max_iter=5000, tol=1e-14)
     assert ours.objective == pytest.approx(ref_objective, abs=1e-9)
     with torch.no_grad():
         assert float(nll(ours.x)) == pytest.approx(ref_nll, abs=1e-6)

@@ -28,6 +28,11 @@ from hf_calibration.calibrators._registry import get_calibrator_class
 FAST = {"smart": {"max_steps": 300}, "histogram_binning": {"points_per_bin": 20}, "vector_scaling": {"reg_lambda": 0.0, "reg_mu": 0.0}}
 
 
+# SMS / SVS lower this set's ECE from 0.103 to 0.055 / 0.058, not to half: the authors' probmetrics 1.3 gives the same
+# (0.0548 / 0.0584); their smoothing towards the uniform distribution and NLL fit trade a little fit-set ECE away
+ECE_FACTOR = {"sms": 0.6, "svs": 0.6}
+
+
 def make(name, **kw):
     return create_calibrator(name, **{**FAST.get(name, {}), **kw})
 
@@ -55,6 +60,8 @@ def test_registry():
         "dirichlet": calibrators.DirichletCalibration,
         "pts": calibrators.ParameterizedTemperatureScaling,
         "cts": calibrators.ClassBasedTemperatureScaling,
+        "sms": calibrators.StructuredMatrixScaling,
+        "svs": calibrators.StructuredVectorScaling,
     }
     for kind, cls in parametric.items():
         assert type(create_calibrator(kind)) is cls and cls.kind == kind
@@ -82,7 +89,7 @@ def test_fit_returns_self_and_lowers_ece(name, data):
     z, y = data
     cal = make(name)
     assert cal.fit(z, y, progress_bar=False) is cal
-    assert ece(cal(torch.from_numpy(z)), y) < 0.5 * ece(z, y)
+    assert ece(cal(torch.from_numpy(z)), y) < ECE_FACTOR.get(name, 0.5) * ece(z, y)
     info = cal.fit_info_
     assert info["num_samples"] == 600 and info["num_classes"] == 10 and info["objective"] == cal.default_objective
 

@@ -12,12 +12,13 @@ from _calibrator_data import SHARED_LOGITS, overconfident
 from hf_calibration.calibrators import DirichletCalibration
 
 
-@pytest.mark.parametrize("lam, mu", [(0.0, 0.0), (3.0, 1.0)])
-def test_fit_reaches_the_scipy_minimum_on_log_probabilities(lam, mu):
+@pytest.mark.parametrize("lam, mu, nu", [(0.0, 0.0, 0.0), (3.0, 1.0, None)])
+def test_fit_reaches_the_scipy_minimum_on_log_probabilities(lam, mu, nu):
     z, y = overconfident(400, 4, seed=11)
     z[:20] *= 20  # some probabilities below float64 eps: the clipped log matters
-    _, ref_objective, ref_nll = fit_affine_reference(log_probabilities(z), y, reg_lambda=lam, reg_mu=mu)
-    dc = DirichletCalibration(reg_lambda=lam, reg_mu=mu, tol=1e-14, max_iter=5000).fit(z, y, progress_bar=False)
+    dc = DirichletCalibration(reg_lambda=lam, reg_mu=mu, reg_diagonal=nu, tol=1e-14, max_iter=5000).fit(z, y, progress_bar=False)
+    nu = 4 / 100 if nu is None else nu
+    _, ref_objective, ref_nll = fit_affine_reference(log_probabilities(z), y, reg_lambda=lam, reg_mu=mu, reg_diagonal=nu)
     assert dc.fit_info_["best_objective"] == pytest.approx(ref_objective, abs=1e-6)
     assert dc.fit_info_["nll"] == pytest.approx(ref_nll, abs=1e-6)
     f = torch.from_numpy(log_probabilities(z))

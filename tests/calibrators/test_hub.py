@@ -428,6 +428,9 @@ VERIFIED_PAPER_URLS = {  # checked against the papers: Guo et al. 2017; SMART (G
     "ets": "https://arxiv.org/abs/2003.07329",
     "pts": "https://arxiv.org/abs/2102.12182",
     "cts": "https://cris.iucc.ac.il/en/publications/network-calibration-by-class-based-temperature-scaling/",
+    # SMS / SVS: Berta, Holzmüller, Jordan & Bach (AISTATS 2026), the arXiv link of probmetrics 1.3's own README
+    "sms": "https://arxiv.org/abs/2511.03685",
+    "svs": "https://arxiv.org/abs/2511.03685",
 }
 
 

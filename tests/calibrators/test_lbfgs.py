@@ -95,3 +95,11 @@ def test_runs_torch_on_one_thread_and_restores_the_count():
     result = minimize(fun, torch.zeros(3))
     assert set(seen) == {1} and torch.get_num_threads() == before
     np.testing.assert_allclose(result.x.numpy(), 1.0, atol=1e-8)
+
+
+def test_runs_under_no_grad():
+    # calibrators are often fitted from inference code, inside torch.no_grad(): the fit needs autograd all the same
+    target = torch.arange(4, dtype=torch.float64)
+    with torch.no_grad():
+        result = minimize(lambda x: ((x - target) ** 2).sum(), torch.zeros(4))
+    torch.testing.assert_close(result.x, target)

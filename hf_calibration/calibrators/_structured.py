@@ -1,0 +1,146 @@
+"""What structured matrix and vector scaling share (Berta, Holzmüller, Jordan & Bach, AISTATS 2026): temperature
+scaling first, then an affine map of the temperature-scaled log-probabilities shrunk towards the identity.
+
+    x_i = log((1 - eps) softmax(z_i / T) + eps / K),  eps = 1 / (N + 1)   T: temperature scaling's, fitted first by NLL
+    softmax((I + diag(v) + offdiag(M)) x_i + b)                           SMS (``sms.py``); SVS (``svs.py``) has no M
+
+fitted by NLL plus ridge penalties whose strengths grow with K and shrink with N (the paper's scaling),
+
+    lambda_b K^rho / N^tau sum_j b_j^2 + lambda_d K^rho / N^tau sum_j v_j^2 + lambda_o (K (K - 1))^rho / N^tau sum_{i != j} M_ij^2,
+
+with lambda_b = lambda_d = lambda_o = 1 and rho = tau = 1 by default. At the identity (``v = 0``, ``M = 0``, ``b = 0``)
+the map is (smoothed) temperature scaling, so a calibration set too small to say more leaves it there. The mixture
+with the uniform distribution (``eps``, the fit set's N, kept for prediction; "Laplace smoothing", the reference's
+``ts-mix``) bounds the features below by ``log(eps / K)``: no log-probability of 1e-300 drives the fit. The reference is
+``probmetrics`` 1.3 (the authors' package, ``get_calibrator("sms")`` / ``("svs")``), read for its defaults: the same
+preprocessing (its temperature by bisection, ours by LBFGS on the same NLL), the same penalties. Where we depart: the
+fit, preconditioned full-batch LBFGS (``_affine.py``), the matrix products in float32 down to a relative change of
+``FLOAT32_TOL`` (the softmax, the NLL and the sums in float64; the reference fits in float32 throughout), then float64
+throughout if a smaller ``tol`` is asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._checks import check_float, check_int
+from ._affine import AffineNLL, fit_affine, identity_parameters
+from ._lbfgs import QuadraticPenalty
+from ._per_class import PerClassCalibrator
+from ._threads import torch_single_threaded
+
+FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being able to tell steps apart
+
+
+class StructuredScaling(PerClassCalibrator):
+    """Temperature scaling, then ``softmax(W x + b)`` of the scaled log-probabilities ``x``, with ``W`` shrunk towards
+    the identity. Subclasses set ``diagonal`` (SVS: ``W = diag(w)``) and implement ``_allocate``."""
+
+    diagonal = False
+    shift_invariant = True  # log softmax(z / T) ignores a per-row constant
+    min_samples = 10
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        lambda_intercept: float = 1.0,
+        lambda_diagonal: float = 1.0,
+        lambda_off_diagonal: float = 1.0,
+        rho: float = 1.0,
+        tau: float = 1.0,
+        max_iter: int = 500,
+        tol: float = FLOAT32_TOL,
+    ):
+        super().__init__(num_classes)
+        self.lambda_intercept = check_float(lambda_intercept, "lambda_intercept", minimum=0)
+        self.lambda_diagonal = check_float(lambda_diagonal, "lambda_diagonal", minimum=0)
+        self.lambda_off_diagonal = check_float(lambda_off_diagonal, "lambda_off_diagonal", minimum=0)
+        self.rho = check_float(rho, "rho", minimum=0)
+        self.tau = check_float(tau, "tau", minimum=0)
+        self.max_iter = check_int(max_iter, "max_iter", minimum=1)
+        self.tol = check_float(tol, "tol", minimum=0)
+        self.log_temperature = nn.Parameter(torch.zeros((), dtype=torch.float64))
+        self.register_buffer("smoothing", torch.zeros((), dtype=torch.float64))  # eps = 1 / (N + 1) of the fit set
+
+    # ------------------------------------------------------------------ the map
+    @staticmethod
+    def _features(z: torch.Tensor, temperature: float | torch.Tensor, smoothing: float | torch.Tensor) -> torch.Tensor:
+        """``log((1 - eps) softmax(z / T) + eps / K)``, computed from the log-softmax (no underflow to log 0)."""
+        k = z.shape[1]
+        smoothing = torch.as_tensor(smoothing, dtype=z.dtype, device=z.device)
+        return torch.logaddexp(torch.log_softmax(z / temperature, dim=1) + torch.log1p(-smoothing), torch.log(smoothing / k))
+
+    def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            x = self._features(z, self.log_temperature.exp().to(device=z.device, dtype=z.dtype), self.smoothing)
+            b = self.bias.to(device=z.device, dtype=z.dtype)
+            w = self.weight.to(device=z.device, dtype=z.dtype)
+            return x * w + b if self.diagonal else torch.addmm(b, x.contiguous(), w.t())
+
+    def _check_state(self, where: str) -> None:
+        eps = float(self.smoothing)
+        if not 0 < eps < 1:
+            raise ValueError(f"The calibrator weights {where!r} are corrupted: the smoothing eps = {eps!r} is not in (0, 1).")
+
+    # ------------------------------------------------------------------ fitting
+    def penalty(self, num_classes: int, num_samples: int) -> QuadraticPenalty:
+        """The ridge penalty's weight per entry for K classes and N samples: ``lambda K^rho / N^tau`` for the biases
+        and the diagonal, ``lambda_off_diagonal (K (K - 1))^rho / N^tau`` for the off-diagonal entries."""
+        k, scale = num_classes, num_samples**self.tau
+        return QuadraticPenalty(
+            k,
+            off_diagonal=0.0 if self.diagonal else self.lambda_off_diagonal * (k * (k - 1)) ** self.rho / scale,
+            diagonal=self.lambda_diagonal * k**self.rho / scale,
+            bias=self.lambda_intercept * k**self.rho / scale,
+            centre=1.0,
+            diagonal_only=self.diagonal,
+        )
+
+    @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
+    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+        from .temperature import TemperatureScaling
+
+        n, k = logits.shape
+        self._resize(k)
+        # the preprocessing: temperature scaling by NLL on the same set
+        temperature = TemperatureScaling()._fit(logits, labels, "nll", {}, False)["temperature"]
+        smoothing = 1.0 / (n + 1)
+        with torch.no_grad():
+            features = self._features(torch.from_numpy(logits).double(), temperature, smoothing)
+        y = torch.from_numpy(labels).long()
+        penalty = self.penalty(k, n)
+        common = {"penalty": penalty, "progress_bar": progress_bar, "desc": type(self).__name__}
+        x0 = identity_parameters(k, self.diagonal)
+        # vector scaling's compiled pass reads the features as they are; a full matrix's products run in float32
+        first = AffineNLL(features, y, diagonal=self.diagonal, products=torch.float64 if self.diagonal else torch.float32)
+        result = fit_affine(first, x0, max_iter=self.max_iter, tol=self.tol if self.diagonal else max(self.tol, FLOAT32_TOL), rounds=1, **common)
+        iterations, evaluations = result.iterations, result.evaluations
+        if not self.diagonal and self.tol < FLOAT32_TOL and iterations < self.max_iter:
+            result = fit_affine(AffineNLL(features, y), result.x, max_iter=self.max_iter - iterations, tol=self.tol, **common)
+            iterations, evaluations = iterations + result.iterations, evaluations + result.evaluations
+        x = result.x
+        with torch.no_grad():
+            self.log_temperature.fill_(math.log(temperature))
+            self.smoothing.fill_(smoothing)
+            if self.diagonal:
+                self.weight.copy_(x[:k])
+            else:
+                self.weight.copy_(x[: k * k].view(k, k))
+            self.bias.copy_(x[-k:])
+            nll = result.objective - float(penalty(x))
+        return {"temperature": temperature, "smoothing": smoothing, "reg_intercept": penalty.bias, "reg_diagonal": penalty.diagonal,
+                "reg_off_diagonal": penalty.off_diagonal, "steps": iterations, "evaluations": evaluations,
+                "best_objective": result.objective, "nll": nll}
+
+    def _card_penalty(self) -> str:
+        info = self.fit_info_ or {}
+        if "temperature" not in info:
+            return "ridge penalties that grow with K and shrink with N"
+        return (f"ridge penalties that grow with K and shrink with N (weights per entry: intercept {info['reg_intercept']:.3g}, "
+                f"diagonal {info['reg_diagonal']:.3g}" + ("" if self.diagonal else f", off-diagonal {info['reg_off_diagonal']:.3g}")
+                + f"), after temperature scaling with T = {info['temperature']:.4f}")
