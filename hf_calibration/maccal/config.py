@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._checks import check_float, check_int
+from .._checks import check_choice, check_float, check_int
 
 __all__ = ["MaCCalConfig"]
 
@@ -33,6 +33,10 @@ class MaCCalConfig:
         rescale: scale masked weights by ``1/ρ`` in training (inverted-dropout style) so the full
             weights at inference match the training-time expectation. Without it the full-weight
             head is sharper than the masked one it was trained as (measured: ECE 6.48 % vs 5.76 %).
+        init: ``"fresh"``: a freshly initialised head; ``"linear"``: the bottleneck starts as exactly the trained
+            linear head it replaces (``MaskedBottleneckHead.init_from_linear``; needs ``hidden >= 2K``).
+        feedback: what the ρ update measures after each epoch: ``"masked"``, the masked training passes, or
+            ``"full"``, the unmasked head (what inference uses) on the same batches, before each step.
         cache_features: compute the backbone features once (default). ``False`` re-runs the frozen
             backbone every epoch (only for data whose features do not fit in memory).
         feature_batch_size: batch size of the backbone forward passes.
@@ -55,6 +59,8 @@ class MaCCalConfig:
     rho_min: float = 0.5
     rho_max: float = 1.0
     rescale: bool = True
+    init: str = "fresh"
+    feedback: str = "masked"
     cache_features: bool = True
     feature_batch_size: int = 256
     seed: int = 0
@@ -78,6 +84,8 @@ class MaCCalConfig:
         for name in ("adaptive", "rescale", "cache_features", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Expected argument `{name}` to be a bool, but got {getattr(self, name)!r}.")
+        check_choice(self.init, "init", ("fresh", "linear"))
+        check_choice(self.feedback, "feedback", ("masked", "full"))
         check_float(self.kappa, "kappa", minimum=0.0, min_inclusive=False)
         check_float(self.step, "step", minimum=0.0, min_inclusive=False)
         check_float(self.clip_bound, "clip_bound", minimum=0.0, min_inclusive=False)

@@ -316,7 +316,7 @@ def train_masked_head(
         for epoch in bar:
             masks = head.draw_masks(rho, generator, rescale=config.rescale)
             trainer.set_masks(masks, head.mask_scale)
-            seen_logits, seen_labels, losses = [], [], []  # kept on the device: one host sync per epoch
+            seen_logits, seen_labels, losses, feedback = [], [], [], []  # kept on the device: one host sync per epoch
             with torch.no_grad():
                 for x, y in batches(epoch, generator):
                     with _autocast_off(x.device.type):  # the head trains in its own dtype under any outer autocast
@@ -334,6 +334,8 @@ def train_masked_head(
                             grad_scale = 1.0
                             if loss_optimizer is not None:
                                 loss_optimizer.update([loss_grads])
+                        # the ρ feedback: these masked logits, or the unmasked head's on the same batch (pre-step)
+                        feedback.append(logits if config.feedback == "masked" else trainer.forward_full(x))
                         trainer.backward(saved, grad_logits, grad_scale)
                         trainer.step()
                     seen_logits.append(logits)
@@ -346,7 +348,7 @@ def train_masked_head(
                     loss_total = F.cross_entropy(logits_all, labels_all, reduction="sum").double()
                 else:
                     loss_total = torch.stack(losses).double().sum()
-                conf_all, pred = logits_all.float().softmax(-1).max(-1)
+                conf_all, pred = torch.cat(feedback).float().softmax(-1).max(-1)
                 correct, conf_sum, loss_sum = torch.stack(
                     [(pred == labels_all).sum().double(), conf_all.double().sum(), loss_total]
                 ).tolist()
@@ -440,9 +442,13 @@ def maccal_stage(
         _check_stage_data(x_given, y_given, num_labels, "argument `features[0]`", "features[1]")
     hidden = config.hidden or max(in_features // 2, 2 * num_labels)
 
+    if config.init == "linear" and hidden < 2 * num_labels:
+        raise ValueError(f"Expected `hidden` >= 2 · num_labels = {2 * num_labels} with init='linear', but got {hidden}.")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         new_head = MaskedBottleneckHead(in_features, hidden, num_labels).to(device)
+    if config.init == "linear":
+        new_head.init_from_linear(linear)
 
     t0 = time.perf_counter()
     was_training = model.training

@@ -200,6 +200,37 @@ def test_stage_checks_dataset_labels_before_training(trained_vit):
     assert epochs == []
 
 
+def _stage1_logits(model, x):
+    with torch.no_grad():
+        return model.classifier(x)
+
+
+def test_linear_init_starts_from_the_trained_head(trained_vit):
+    """init="linear": with a learning rate too small to move the weights, stage 2 gives back stage 1's logits."""
+    x, y = _features_and_labels(64)
+    model = _clone(trained_vit)
+    expected = _stage1_logits(model, x)
+    maccal_stage(model, features=(x, y), config=MaCCalConfig(**FAST, init="linear", lr=1e-12, momentum=0.0))
+    torch.testing.assert_close(_stage1_logits(model, x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("feedback", ["full", "masked"])
+def test_feedback_measures_the_unmasked_or_the_masked_head(trained_vit, feedback):
+    """The first epoch's accuracy and confidence, from the unmasked head (= stage 1's, weights frozen by a tiny lr)
+    or from the masked passes (ρ = 0.5: different)."""
+    x, y = _features_and_labels(64)
+    model = _clone(trained_vit)
+    p = torch.softmax(_stage1_logits(model, x), 1)
+    config = MaCCalConfig(**FAST, init="linear", lr=1e-12, momentum=0.0, rho0=0.5, adaptive=False, feedback=feedback)
+    first = maccal_stage(model, features=(x, y), config=config).history[0]
+    confidence, accuracy = p.max(1).values.mean().item(), (p.argmax(1) == y).float().mean().item()
+    if feedback == "full":
+        assert first["mean_confidence"] == pytest.approx(confidence, abs=1e-5)
+        assert first["train_accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    else:
+        assert first["mean_confidence"] != pytest.approx(confidence, abs=1e-3)
+
+
 # ----------------------------------------------------------------------------- inside CalibrationTrainer
 
 
