@@ -204,7 +204,9 @@ class DemoConfig:
         output_dir: where the diagrams, logits, model and calibrator are written.
         seed: seeds the split, the models, the FeDLaS gate, MaC-Cal and SMART (same seed → same table).
         epochs: training epochs per model (default 60: cross-entropy fits the 300 training images).
-        maccal_epochs: epochs of the MaC-Cal stage (on cached features: fast).
+        maccal_epochs: epochs of the MaC-Cal stage (default 5, ``MaCCalConfig``'s). The stage retrains the head on
+            the calibration split, held-out data as ``MaCCalConfig`` recommends, the same images the post-hoc
+            calibrators are fitted on.
         train_size: keep only this many training images (default 300; ``None``: all 997 left after the held-out
             splits, where cross-entropy is close to calibrated).
         calibration_size / test_size: held-out images for the calibrators / for the table.
@@ -221,7 +223,7 @@ class DemoConfig:
     output_dir: str = "hf_calibration_demo"
     seed: int = 0
     epochs: int = 60
-    maccal_epochs: int = 40
+    maccal_epochs: int = 5
     train_size: int | None = 300
     calibration_size: int = 400
     test_size: int = 400
@@ -423,9 +425,9 @@ def _run(config: DemoConfig) -> DemoResult:
         ce_model = _train("cross-entropy", CrossEntropyLoss(), train, config, workdir)
         torch.manual_seed(config.seed)  # the FeDLaS gate's initialisation
         fedlas_model = _train("FeDLaS-LS", FeDLaSLoss(num_classes=NUM_LABELS, variant="ls"), train, config, workdir)
-    logger.info("MaC-Cal stage on a copy of the cross-entropy model (%d epochs)", config.maccal_epochs)
+    logger.info("MaC-Cal stage on a copy of the cross-entropy model (%d epochs on the calibration split)", config.maccal_epochs)
     maccal_model = copy.deepcopy(ce_model)
-    maccal_stage(maccal_model, train, MaCCalConfig(epochs=config.maccal_epochs, seed=config.seed, progress=_interactive(config)))
+    maccal_stage(maccal_model, cal, MaCCalConfig(epochs=config.maccal_epochs, seed=config.seed, progress=_interactive(config)))
 
     models = {"CE": ce_model, "FeDLaS-LS": fedlas_model}
     ce_train_accuracy = float((predict_logits(ce_model, train).argmax(1) == train.labels.numpy()).mean())

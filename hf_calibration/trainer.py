@@ -108,8 +108,9 @@ class CalibrationTrainer(Trainer):
             ``TimmWrapperForImageClassification``...). Only used by losses that need features and by MaC-Cal.
         maccal: a ``hf_calibration.maccal.MaCCalConfig``; when set, ``train()`` runs the MaC-Cal second stage
             (``run_maccal``) once normal training has finished.
-        maccal_dataset: the data MaC-Cal retrains the head on. The paper uses the original, non-augmented
-            training images: pass them here when ``train_dataset`` applies augmentation (default: ``train_dataset``).
+        maccal_dataset: the data MaC-Cal retrains the head on: held-out, non-augmented images (``MaCCalConfig`` says
+            why: the paper's training images made ECE worse wherever the model fits them). Default ``train_dataset``,
+            with a warning.
         mixup_alpha: Mixup in training (Zhang et al. 2018): each training batch's ``pixel_values`` become
             ``λ·x + (1 − λ)·x[π]`` for a random permutation π and ``λ ~ Beta(α, α)``, and the loss
             ``λ·L(z, y) + (1 − λ)·L(z, y[π])``, with this trainer's loss (cross-entropy when none is given; a FeDLaS
@@ -484,6 +485,12 @@ class CalibrationTrainer(Trainer):
         config = self.maccal
         if config.progress and (self.args.disable_tqdm or not self.is_local_process_zero()):
             config = dataclasses.replace(config, progress=False)
+        if self.maccal_dataset is None:
+            logger.warning(
+                "MaC-Cal retrains the head on `train_dataset`: on a model that fits its training set the head relearns "
+                "the over-confidence (ECE about twice stage 1's on CIFAR-10, benchmarks/training_cifar.py). Pass "
+                "`maccal_dataset=` held-out, non-augmented images (see MaCCalConfig)."
+            )
         base = self.calibration_loss
         if not isinstance(base, nn.Module):
             base = None  # the model's own loss or a plain function: the stage's default (cross-entropy)

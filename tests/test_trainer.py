@@ -574,10 +574,11 @@ def _fake_stage(monkeypatch) -> list:
 
 @pytest.mark.parametrize("name, expected_loss", [("fedlas_ls", "FeDLaSLSLoss"), ("ls", "LabelSmoothingLoss")])
 @pytest.mark.parametrize("separate_maccal_data", [False, True])
-def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch, name, expected_loss, separate_maccal_data):
+def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch, caplog, name, expected_loss, separate_maccal_data):
     from hf_calibration.maccal import MaCCalConfig
 
     calls = _fake_stage(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="hf_calibration.trainer")
     model, data, config = make_model("vit"), digits_dataset(slice(0, 32)), MaCCalConfig(progress=False)
     plain = digits_dataset(slice(32, 64)) if separate_maccal_data else None  # e.g. the non-augmented images
     loss = _loss(name)
@@ -590,6 +591,9 @@ def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch,
     assert type(kw["loss"]).__name__ == expected_loss and kw["loss"] is loss  # the stage copies it itself
     assert kw["head"] == "classifier" and kw["data_collator"] is trainer.data_collator
     assert kw["log_fn"] == trainer._log_maccal_epoch
+    # retraining the head on the training set is what made ECE worse: said when no held-out data is given
+    warned = [r.getMessage() for r in caplog.records if "maccal_dataset" in r.getMessage()]
+    assert len(warned) == (0 if separate_maccal_data else 1)
 
 
 @pytest.mark.parametrize("disable_tqdm", [True, False])
