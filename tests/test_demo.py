@@ -125,9 +125,14 @@ def test_summary_states_the_regime_and_a_verdict_under_the_table(demo):
     ce = result.reports["CE"]
     assert (match.group(1) is None) == (ce.o_ece > ce.u_ece)
     lowered = [name for name in ROWS[1:] if result.reports[name].ece < ce.ece]
-    assert result.verdict.startswith(f"Verdict: against CE's ECE of {100 * ce.ece:.2f} %, ")
-    named = re.search(r"lowered by (.*?)(;|\.$)", result.verdict)
-    assert (named.group(1).split(", ") if named else []) == lowered
+    others = [f"{name} ({'under' if result.reports[name].u_ece > result.reports[name].o_ece else 'over'}-confident)"
+              for name in ROWS[1:] if name not in lowered]
+    verdict = re.fullmatch(r"Verdict: against CE's ECE of ([\d.]+) %, (?:lowered by (.*?)|no method lowered it)"
+                           r"(?:; not lowered by (.*))?\.", result.verdict)
+    assert verdict, result.verdict
+    assert verdict.group(1) == f"{100 * ce.ece:.2f}"
+    assert (verdict.group(2).split(", ") if verdict.group(2) else []) == lowered
+    assert (verdict.group(3).split(", ") if verdict.group(3) else []) == others
     summary = result.summary()
     lines = summary.splitlines()
     assert result.regime in summary and lines[lines.index(result.table.splitlines()[-1]) + 2] == result.verdict
