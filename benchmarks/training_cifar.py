@@ -451,7 +451,7 @@ def verdicts(records: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(data: dict, command: str) -> str:
+def markdown(data: dict, command: str, host_note: str | None = None) -> str:
     records, s = data["records"], data["settings"]
     seeds = sorted({r["seed"] for r in records})
     secs = [r["seconds"] for r in records if r["stage"] == "stage1"]
@@ -473,6 +473,14 @@ def markdown(data: dict, command: str) -> str:
         f"on the {s['maccal_data']} split.",
         f"- Seeds {', '.join(map(str, seeds))}; mean ± std (ddof 1) over seeds; 15 bins; percent except NLL. "
         f"Stage-1 training {np.median(secs) if secs else 0:.0f} s per run (median), {sum(r['seconds'] for r in records) / 60:.0f} min in all.",
+        *([f"- Host: {host_note}"] if host_note else []),
+        "- FeDLaS rows use `FeDLaSLoss`'s default gate, which climbs the loss (`gate_update=\"ascent\"`); the rows "
+        "\"the official code's gate (descent)\" train the same losses with the gate descending the loss, as the "
+        "official code does, in the over-confident regime. `FeDLaSLoss`'s docstring says why the default changed.",
+        "- MaC-Cal rows: stage 2 with `MaCCalConfig()`'s defaults, retraining the head on the held-out split (chosen on "
+        "validation: `training_cifar_maccal.md`, next section; retrained on the training images, the same stage "
+        "makes ECE about twice stage 1's). Mixup + MaC-Cal is the paper's pairing: a Mixup stage 1, then the head "
+        "retrained on clean images.",
         "",
         "### Claims checked (test split)",
         "",
@@ -649,6 +657,7 @@ def main(argv=None) -> None:
     p.add_argument("--save-features", default=None, help="folder: save the CE / Mixup models' head inputs on every split")
     p.add_argument("--explore-maccal", default=None, help="folder of --save-features output: compare stage-2 variants")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--host-note", default=None, help="a line on the host's load, added to the Markdown section")
     args = p.parse_args(argv)
 
     from transformers.utils import logging as hf_logging
@@ -662,7 +671,19 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     settings = Settings(train_size=args.train_size, epochs=args.epochs)
     out, md = Path(args.out), Path(args.md)
-    command = "python benchmarks/training_cifar.py" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:] if argv is None else argv))
+    given = list(sys.argv[1:] if argv is None else argv)
+    if args.report_only:  # the records' command: the arguments that change them (not the report's own)
+        drop = {"--report-only", "--no-progress"}
+        kept, skip = [], False
+        for a in given:
+            if skip:
+                skip = False
+            elif a == "--host-note":
+                skip = True
+            elif a not in drop and not a.startswith("--host-note="):
+                kept.append(a)
+        given = kept
+    command = " ".join(["python benchmarks/training_cifar.py", *given])
     if args.explore_maccal is not None:
         md = md if args.md != p.get_default("md") else HERE / "results" / "training_cifar_maccal.md"
         explore_maccal(Path(args.explore_maccal), args.seeds, md, command)
@@ -679,7 +700,7 @@ def main(argv=None) -> None:
         features_dir = None if args.save_features is None else Path(args.save_features)
         run_all(plan, tensors, settings, out, progress=not args.no_progress, threads=args.threads, features_dir=features_dir)
     data = load_results(out, settings)
-    md.write_text(markdown(data, command))
+    md.write_text(markdown(data, command, args.host_note))
     print(f"wrote {md}")
 
 
