@@ -363,8 +363,8 @@ def data_efficiency_section(lines, methods):
                     + (f" (SMART {scores['smart']:.2f})" if "smart" in scores and winner != "smart" else ""))
     lines += ["", "Lowest mean over the files, by size: " + "; ".join(best) + "."]
     lines += ["", f"Files (of {len(files)}) on which each method has the lowest mean test ECE at each size (Vanilla "
-              "first, so that a method that leaves the model unchanged, as histogram binning does with fewer than "
-              "`points_per_bin` predictions of a class, counts as Vanilla):", "",
+              "first, so that a method that leaves the model unchanged, as histogram binning does on fewer than "
+              "`points_per_bin` samples in all, counts as Vanilla):", "",
               "| method | " + " | ".join(size_names) + " |", "|---" * (len(SIZES) + 1) + "|"]
     contenders = ["uncalibrated", *methods]
     wins = {k: [0] * len(SIZES) for k in contenders}

@@ -41,6 +41,7 @@ _EXPORTS = {
         "SMARTCalibrator",
         "SplineCalibration",
         "TemperatureScaling",
+        "UncalibratedWarning",
         "VectorScaling",
         "compare_calibrators",
         "create_calibrator",
@@ -49,7 +50,9 @@ _EXPORTS = {
     ],
     "trainer": ["CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
+    "conformal": ["ConformalPredictor"],
     "inference": ["predict_logits"],
+    "calibrated_model": ["load_calibrated_model", "pipeline"],
     "metrics.accumulator": ["CalibrationAccumulator"],
 }
 _NAME_TO_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -90,6 +93,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         SMARTCalibrator,
         SplineCalibration,
         TemperatureScaling,
+        UncalibratedWarning,
         VectorScaling,
         compare_calibrators,
         create_calibrator,
@@ -108,6 +112,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         get_loss,
     )
     from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
+    from .calibrated_model import load_calibrated_model, pipeline
+    from .conformal import ConformalPredictor
     from .inference import predict_logits
     from .metric_scripts import list_metric_scripts, metric_path
     from .metrics.accumulator import CalibrationAccumulator

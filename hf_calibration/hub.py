@@ -134,14 +134,19 @@ def _calibrator_config(folder: Path) -> dict | None:
 
 
 def check_save_folder(
-    folder: str | os.PathLike, *, overwrite: bool, what: str = "argument `save_directory`", overwrite_flag: str = "overwrite=True"
+    folder: str | os.PathLike,
+    *,
+    overwrite: bool,
+    what: str = "argument `save_directory`",
+    overwrite_flag: str = "overwrite=True",
+    subfolder: str = "calibrator",
 ) -> bool:
     """Check that a calibrator may be saved in ``folder``; returns whether a calibrator is already there.
 
     Allowed: a new or empty folder; with ``overwrite``, a folder holding a calibrator (replaced whole, card
     included) or other files that are not a model's. Refused (``ValueError``; ``what`` and ``overwrite_flag`` name
     the argument and the switch in the message): anything else; a model's folder always (save the calibrator in
-    its ``calibrator/`` subfolder instead).
+    its ``calibrator/`` subfolder instead; ``subfolder`` names the one the message suggests).
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -155,8 +160,8 @@ def check_save_folder(
         if model_files:
             raise ValueError(
                 f"Expected {what} to be a new folder or one holding a calibrator, but {str(folder)!r} holds a "
-                f"model's files ({', '.join(model_files[:3])}), which are never replaced: save the calibrator in "
-                f"{str(folder / 'calibrator')!r} instead."
+                f"model's files ({', '.join(model_files[:3])}), which are never replaced: save it in "
+                f"{str(folder / subfolder)!r} instead."
             )
     if not overwrite:
         held = "a calibrator" if calibrator else f"{len(entries)} file(s) ({', '.join(entries[:3])})"
@@ -171,6 +176,37 @@ def remove_calibrator_files(folder: Path) -> None:
     """Delete the files ``save_pretrained`` writes (so an overwrite leaves no stale model card)."""
     for file in CALIBRATOR_FILES:
         (folder / file).unlink(missing_ok=True)
+
+
+DOWNLOAD_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
+
+
+def open_checkpoint(name_or_path: str | os.PathLike, subfolder: str | None, kwargs: dict[str, Any], *, who: str) -> tuple[Path, dict, dict]:
+    """``(folder, config, download options)`` of a checkpoint to load strictly: the download options (and ``strict``,
+    which must stay True; ``who`` names the class in that message) are popped from a ``from_pretrained``'s ``kwargs``."""
+    if kwargs.pop("strict", True) is not True:
+        raise ValueError(f"{who} always load strictly: `strict=False` is not supported.")
+    download = {k: kwargs.pop(k) for k in DOWNLOAD_OPTIONS if k in kwargs}
+    folder = resolve_checkpoint(name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
+    return folder, read_config(folder), download
+
+
+def load_weights(module: Any, folder: str | os.PathLike, *, what: str, map_location: str = "cpu") -> dict[str, str]:
+    """Load ``folder``'s ``model.safetensors`` into ``module`` strictly; returns the file's metadata. A missing,
+    corrupted or mismatched file raises ``ValueError`` (``what`` names the checkpoint's kind in the message)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    path = os.path.join(folder, WEIGHTS_NAME)
+    if not os.path.isfile(path):
+        raise ValueError(f"Expected the {what} weights {WEIGHTS_NAME} in {str(folder)!r}, but the file is missing.")
+    try:
+        with safe_open(path, framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        load_model(module, path, strict=True, device=map_location)
+    except Exception as err:  # safetensors header errors, strict-load key/shape mismatches
+        raise ValueError(f"Could not load the {what} weights {path!r}: the file is corrupted or does not match {type(module).__name__} ({err}).") from None
+    return metadata
 
 
 def _looks_like_a_path(name: str) -> bool:

@@ -9,8 +9,10 @@ Every entry point takes logits or probabilities (``from_logits=None`` detects th
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import warnings
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,6 +34,19 @@ logger = logging.getLogger(__name__)
 class NotFittedError(ValueError, RuntimeError):
     """The calibrator was used before ``fit`` (or ``from_pretrained``). A ``ValueError``, as scikit-learn's is (and a
     ``RuntimeError``, as it was)."""
+
+
+class UncalibratedWarning(UserWarning):
+    """A fitted calibrator leaves some or all predictions as the model gave them (the identity map); the message and
+    ``fit_info_["uncalibrated"]`` say which predicted classes and why."""
+
+
+# a predicted class is left uncalibrated when the fit moves none of its top-label confidences by more than this many
+# units in the last place of the compute dtype (float32: ~8e-6, float64: ~1.4e-14)
+IDENTITY_ULPS = 64
+SATURATED = 0.999  # fit confidences all at least this: the identity is put down to a (nearly) saturated softmax
+# how many fits enclose the current one: a fit inside another (CTS's and SMART's temperature scaling) does not warn
+_FIT_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("hf_calibration_fit_depth", default=0)
 
 
 def _labels_of(logits: Any, labels: Any) -> tuple[Any, Any]:
@@ -111,6 +126,10 @@ class Calibrator(
         """Fit on finite float32/float64 logits (row maxima at 0 unless ``shift_invariant``); returns fit_info entries."""
         raise NotImplementedError
 
+    def _identity_reason(self, classes: list[int]) -> str | None:
+        """Why the fit left the predictions of ``classes`` unchanged (a subclass that knows says so); None: unknown."""
+        return None
+
     def _check_state(self, where: str) -> None:
         """Raise ``ValueError`` when the weights cannot come from a fit (a subclass checks its own; ``where`` names
         the checkpoint in the message). Called on every loaded checkpoint."""
@@ -168,10 +187,6 @@ class Calibrator(
         bad = ~np.isfinite(logits).all(axis=1)
         if bad.any():
             raise ValueError(f"Expected `logits` to be finite, but row {int(np.flatnonzero(bad)[0])} contains NaN or inf.")
-        if logits.shape[0] < self.min_samples:
-            raise ValueError(
-                f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {logits.shape[0]}."
-            )
         z = torch.from_numpy(logits)
         if not is_logits:
             z = _inputs.log_probabilities(z, z.dtype)
@@ -210,10 +225,23 @@ class Calibrator(
         if not isinstance(progress_bar, bool):
             raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
         z, y, is_logits = self._fit_inputs(logits, labels, from_logits)
+        return self._fit_checked(z, y, objective, kw, progress_bar, is_logits=is_logits)
+
+    def _fit_checked(self, z: np.ndarray, y: np.ndarray, objective: str, kw: dict, progress_bar: bool, *,
+                     is_logits: bool = True, report: bool = True) -> "Calibrator":
+        """``fit`` on inputs already checked and prepared as ``_fit_inputs`` returns them (finite float32/float64 logits
+        with their row maxima at 0, int64 labels). ``report=False`` skips the fit-set report and the identity check
+        (cross-validation scores each fit on its held-out fold instead)."""
+        if z.shape[0] < self.min_samples:
+            raise ValueError(f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {z.shape[0]}.")
         was_attached = self._attached_to
         self.fit_info_ = None
         self.__dict__["_warned_num_classes"] = set()
-        info = self._fit(z, y, objective, kw, progress_bar)
+        depth = _FIT_DEPTH.set(_FIT_DEPTH.get() + 1)
+        try:
+            info = self._fit(z, y, objective, kw, progress_bar)
+        finally:
+            _FIT_DEPTH.reset(depth)
         self.fit_info_ = {
             "objective": objective,
             "objective_options": kw,
@@ -222,10 +250,35 @@ class Calibrator(
             "num_classes": int(z.shape[1]),
             **info,
         }
-        self.fit_info_.update(self._fit_set_report(z, y))
+        if report:
+            fit_set, views = self._fit_set_report(z, y)
+            self.fit_info_.update(fit_set)
+            unchanged, predicted, saturated = self._unchanged_classes(*views, z.shape[1])
+            if unchanged and _FIT_DEPTH.get() == 0:
+                self._warn_uncalibrated(unchanged, predicted, saturated)
         if was_attached is not None:
             logger.info("Refitted while attached: the model now uses the new fit.")
         return self
+
+    def _warn_uncalibrated(self, classes: list[int], predicted: int, saturated: bool = False) -> None:
+        """Record in ``fit_info_["uncalibrated"]`` and warn (``UncalibratedWarning``) that the fit left ``classes``'
+        predictions unchanged (all of them when they are the ``predicted`` classes of the fit set); ``saturated``: their
+        fit confidences are all at least ``SATURATED``."""
+        everything = len(classes) == predicted
+        reason = self._identity_reason(classes) or (
+            f"every one of their fit confidences is {SATURATED} or more (a saturated softmax), and the fitted map moves "
+            "none of them beyond float rounding" if saturated else None
+        ) or (
+            "its fitted map leaves their confidences as they were, within rounding (for instance a temperature applied to "
+            "logits that are equal in every row, or a model already calibrated on these samples)"
+        )
+        self.fit_info_["uncalibrated"] = {"classes": "all" if everything else classes, "reason": reason}
+        which = "every prediction" if everything else (
+            f"the predictions of {len(classes)} of the {predicted} predicted classes ({', '.join(map(str, classes[:10]))}"
+            + (", ..." if len(classes) > 10 else "") + ")"
+        )
+        warnings.warn(f"{type(self).__name__} leaves {which} uncalibrated (as the model gave them): {reason}.",
+                      UncalibratedWarning, stacklevel=4)
 
     def _resolve_objective(self, objective: str | None, objective_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """The objective ``fit`` minimises (None: ``default_objective``) and its checked options. A subclass whose
@@ -239,10 +292,11 @@ class Calibrator(
             raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(unknown)}.")
         return objective, objective_kwargs(objective, **objective_options)
 
-    def _fit_set_report(self, z: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    def _fit_set_report(self, z: np.ndarray, y: np.ndarray):
         """Accuracy and 15-bin ECE on the fit set before and after (``accuracy_after`` too when the map may move the
-        argmax): one forward pass, on one thread (a parallel region over a small array stalls on a busy machine:
-        a K = 100 vector-scaling report took 0.25 s on two threads under load, 0.04 s on one)."""
+        argmax), with the top-label views ``(before, after)`` they came from: one forward pass, on one thread (a
+        parallel region over a small array stalls on a busy machine: a K = 100 vector-scaling report took 0.25 s on
+        two threads under load, 0.04 s on one)."""
         from ..metrics.ece import _ece_compute
 
         with torch.no_grad(), torch_single_threaded():
@@ -256,7 +310,20 @@ class Calibrator(
         }
         if not self.preserves_argmax:
             report["accuracy_after"] = float(after.correct.mean())
-        return report
+        return report, (before, after, calibrated.dtype)
+
+    @staticmethod
+    def _unchanged_classes(before, after, dtype, num_classes: int) -> tuple[list[int], int, bool]:
+        """The predicted classes none of whose fit confidences the map moved beyond ``IDENTITY_ULPS`` (or whose argmax
+        it kept), how many classes were predicted at all, and whether the unchanged ones' confidences were all at
+        least ``SATURATED``."""
+        tolerance = IDENTITY_ULPS * np.finfo(dtype).eps
+        moved = (np.abs(after.confidence - before.confidence) > tolerance) | (after.prediction != before.prediction)
+        predicted = np.bincount(before.prediction, minlength=num_classes) > 0
+        changed = np.bincount(before.prediction, weights=moved, minlength=num_classes) > 0
+        unchanged = np.flatnonzero(predicted & ~changed)
+        saturated = bool(unchanged.size) and bool((before.confidence[np.isin(before.prediction, unchanged)] >= SATURATED).all())
+        return unchanged.tolist(), int(predicted.sum()), saturated
 
     def forward(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
         """Calibrated logits: same shape, dtype and device as the input (same argmax when ``preserves_argmax``).
@@ -465,11 +532,7 @@ class Calibrator(
             subfolder: the checkpoint's folder inside it (e.g. ``"calibrator"`` beside a model).
             **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
         """
-        if kwargs.pop("strict", True) is not True:
-            raise ValueError("Calibrators always load strictly: `strict=False` is not supported.")
-        download = {k: kwargs.pop(k) for k in ("revision", "cache_dir", "force_download", "local_files_only", "token") if k in kwargs}
-        folder = hub.resolve_checkpoint(pretrained_model_name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
-        config = hub.read_config(folder)
+        folder, config, _ = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Calibrators")
         cls._check_config(config, folder)
         return super().from_pretrained(folder, **kwargs)
 
@@ -514,23 +577,13 @@ class Calibrator(
     ):
         import os
 
-        from safetensors import safe_open
-        from safetensors.torch import load_model
-
         cls._check_config(config or {}, model_id)
         try:
             model = cls(**model_kwargs)
         except (TypeError, ValueError) as err:
             raise ValueError(f"The checkpoint's config in {model_id!r} does not fit {cls.__name__}: {err}") from None
+        metadata = hub.load_weights(model, model_id, what="calibrator", map_location=map_location)
         path = os.path.join(model_id, hub.WEIGHTS_NAME)
-        if not os.path.isfile(path):
-            raise ValueError(f"Expected the calibrator weights {hub.WEIGHTS_NAME} in {model_id!r}, but the file is missing.")
-        try:
-            with safe_open(path, framework="pt") as handle:
-                metadata = handle.metadata() or {}
-            load_model(model, path, strict=True, device=map_location)
-        except Exception as err:  # safetensors header errors, strict-load key/shape mismatches
-            raise ValueError(f"Could not load the calibrator weights {path!r}: the file is corrupted or does not match {cls.__name__} ({err}).") from None
         if metadata.get("calibrator", cls.kind) != cls.kind:
             raise ValueError(f"The weights in {path!r} belong to calibrator={metadata.get('calibrator')!r}, not {cls.kind!r}.")
         for name, tensor in model.state_dict().items():

@@ -1,11 +1,14 @@
-"""The ``hf-calibration`` command line; one module per subcommand (``report``, ``fit``, ``apply``, ``compare``, ``shift``, ``demo``).
+"""The ``hf-calibration`` command line; one module per subcommand (``report``, ``fit``, ``apply``, ``compare``, ``conformal``,
+``shift``, ``demo``).
 
     hf-calibration report --logits LOGITS.npz [--split test] [--probs | --from-logits] [--diagram out.png] [--json]
     hf-calibration fit    --logits VAL.npz --method smart|ts|...|auto [--objective ...] --out DIR [--overwrite] [--push-to-hub REPO [--dry-run]]
     hf-calibration apply  --calibrator DIR --logits TEST.npz [--diagram out.png] [--save-logits OUT.npz] [--overwrite] [--json]
     hf-calibration compare --logits VAL.npz [--methods ts,smart,...] [--cv 5] [--metric ece] [--out DIR] [--json]
+    hf-calibration conformal --logits VAL.npz [--method raps] [--alpha 0.1] [--test-split test] [--calibrator DIR|ts] [--out DIR]
     hf-calibration shift  --model M --dataset D [--split test] [--calibrator C ...] [--corruptions all] [--severities 1-5] [--ood-dataset D2]
     hf-calibration demo   [--output_dir DIR] [--seed 0] [--epochs N] ...
+    hf-calibration push-metrics --namespace ORG [--metrics ece,smce] [--requirement SPEC] [--dry-run [--out DIR] [--overwrite]]
 
 Bad input (a missing file, missing keys, mismatched shapes, an unwritable output folder, an unknown
 method) prints one line on stderr and exits with status 1 (2 for a malformed command line); pass
@@ -28,7 +31,7 @@ from ._common import PROG, CLIError, Parser, load_calibrator
 
 __all__ = ["COMMANDS", "PROG", "CLIError", "build_parser", "load_calibrator", "main"]
 
-COMMANDS = ("report", "fit", "apply", "compare", "shift", "demo")  # subcommand modules, in --help order
+COMMANDS = ("report", "fit", "apply", "compare", "conformal", "shift", "demo", "push_metrics")  # subcommand modules, in --help order
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)  # the same flags after the subcommand
     common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help="show the Python traceback on errors")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress messages (INFO)")
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(c.replace("_", "-") for c in COMMANDS) + "}", parser_class=Parser)
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(f".{name}", __name__).add_parser(sub, common)

@@ -69,7 +69,7 @@ def run(args) -> int:
     from_logits = from_logits_of(args, data.logits)
     if auto:  # cross-validate every calibrator, refit the best
         calibrator = fit_auto(args, data, from_logits, progress_bar=not args.json)
-        kind = calibrator.method_
+        kind = calibrator.method_ if calibrator.method_ != "uncalibrated" else "identity"  # no candidate qualified
     else:
         calibrator = create_calibrator(kind, **({} if args.seed is None else {"seed": args.seed}))
         fit_kwargs = {} if args.objective is None else {"objective": args.objective}

@@ -357,6 +357,13 @@ def test_smart_on_saturated_logits_falls_back_to_temperature_scaling(caplog):
         smart = SMARTCalibrator().fit(z, y, progress_bar=False)
     assert "flat" in caplog.text and "temperature scaling" in caplog.text
     assert smart.fit_info_["fallback"] == "temperature_scaling" and smart.fit_info_["best_step"] == 0
+    # classes whose every fit confidence is 1 in float32, before and still at T = 100: they are named, and why
+    before = torch.softmax(torch.from_numpy(z).double(), 1).max(1).values.numpy()
+    after = smart.predict_proba(torch.from_numpy(z)).double().max(1).values.numpy()
+    top = z.argmax(1)
+    saturated = [int(k) for k in np.unique(top) if (np.abs(after - before)[top == k] < 1e-5).all() and (before[top == k] > 1 - 1e-5).all()]
+    assert saturated and smart.fit_info_["uncalibrated"]["classes"] == saturated
+    assert "saturated softmax" in smart.fit_info_["uncalibrated"]["reason"]
     # independent: the NLL-optimal constant temperature (scipy, float64), in TS's range [0.05, 100]
     z64 = z.astype(np.float64)
     nll = lambda log_t: -log_softmax(z64 / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
@@ -449,3 +456,74 @@ def test_forward_refuses_non_finite_rows_whatever_the_map(fitted, data, bad, dty
     z[7, 2] = bad
     with pytest.raises(ValueError, match=r"`logits` to be finite, but row 7"):
         fitted(z)
+
+
+def _uniform_logits(n: int = 200, k: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Logits equal within every row (a per-row offset only): every prediction is the uniform distribution."""
+    rng = np.random.default_rng(seed)
+    return np.repeat(rng.normal(size=(n, 1)), k, axis=1).astype(np.float32), rng.integers(0, k, n)
+
+
+@pytest.mark.parametrize("name", list_calibrators())
+def test_a_fit_that_ends_as_the_identity_warns_and_says_why(name):
+    """On uniform predictions the temperature family can only return them unchanged: each says so, once, with the
+    reason in ``fit_info_``; every other calibrator changes them and stays silent. Whether they changed is measured
+    here, on float64 probabilities."""
+    import warnings
+
+    from hf_calibration.calibrators import UncalibratedWarning
+
+    z, y = _uniform_logits()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cal = create_calibrator(name).fit(z, y, progress_bar=False)
+    raised = [w for w in caught if issubclass(w.category, UncalibratedWarning)]
+    moved = np.abs(cal.predict_proba(torch.from_numpy(z).double()).numpy() - 1 / 5).max()
+    if moved < 1e-12:
+        assert len(raised) == 1 and type(cal).__name__ in str(raised[0].message), [str(w.message) for w in raised]
+        assert "every prediction uncalibrated" in str(raised[0].message)
+        assert cal.fit_info_["uncalibrated"]["classes"] == "all" and cal.fit_info_["uncalibrated"]["reason"]
+    else:
+        assert not raised and "uncalibrated" not in cal.fit_info_
+    expected_identity = {"temperature_scaling", "ets", "pts", "cts", "smart"}
+    assert (moved < 1e-12) == (name in expected_identity), moved
+
+
+@pytest.mark.parametrize("name", list_calibrators())
+def test_no_identity_warning_on_a_model_that_needs_calibrating(name, data):
+    import warnings
+
+    from hf_calibration.calibrators import UncalibratedWarning
+
+    z, y = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UncalibratedWarning)
+        cal = make(name).fit(z, y, progress_bar=False)
+    assert "uncalibrated" not in cal.fit_info_
+
+
+def test_identity_on_some_classes_names_them():
+    """A map that recalibrates the predictions of class 0 only: the warning names the other classes."""
+    import warnings
+
+    from hf_calibration.calibrators import UncalibratedWarning
+    from hf_calibration.calibrators._toplabel import TopLabelCalibrator
+
+    class OnlyClassZero(TopLabelCalibrator):
+        kind = "only_class_zero_test"
+        default_objective = "halve_class_zero"
+
+        def _fit_confidence(self, confidence, correct, top, num_classes):
+            return {}
+
+        def _map_confidence(self, confidence, top):
+            return np.where(top == 0, confidence / 2, confidence)
+
+    z, y = overconfident(300, 5, seed=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cal = OnlyClassZero().fit(z, y, progress_bar=False)
+    raised = [str(w.message) for w in caught if issubclass(w.category, UncalibratedWarning)]
+    assert raised == ["OnlyClassZero leaves the predictions of 4 of the 5 predicted classes (1, 2, 3, 4) uncalibrated (as the "
+                      "model gave them): " + cal.fit_info_["uncalibrated"]["reason"] + "."]
+    assert cal.fit_info_["uncalibrated"]["classes"] == [1, 2, 3, 4]
