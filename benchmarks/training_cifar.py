@@ -422,7 +422,7 @@ def _by_seed(records: list[dict], regime: str, loss_key: str, stage: str) -> dic
 
 
 def verdicts(records: list[dict]) -> list[str]:
-    """The claims of the issue, checked on the test split: FeDLaS vs its base loss, MaC-Cal vs its stage 1."""
+    """The claims the benchmark checks, on the test split: FeDLaS vs its base loss, MaC-Cal vs its stage 1."""
     lines = []
     for regime in REGIMES:
         for fed, base in (("FeDLaS-LS", "LS"), ("FeDLaS-MbLS", "MbLS"), *((c, c.split(" ")[0].replace("FeDLaS-", "")) for c in COMPARISONS)):
@@ -638,6 +638,82 @@ def explore_maccal(features_dir: Path, seeds: list[int], md: Path, command: str,
     print(text)
 
 
+# ----------------------------------------------------------------------------- FeDLaS's gate, watched
+
+
+def _gate_watcher(loss):
+    """A callback averaging, per epoch, r/α, the share of ψ = +1 and the mean of ψ·sign(γ) over the training steps."""
+    from transformers import TrainerCallback
+
+    class GateWatcher(TrainerCallback):
+        def __init__(self):
+            self.epochs, self.steps = [], []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if loss.last_weights is not None:
+                psi, gamma = loss.last_psi, loss.last_nci.float()
+                self.steps.append(torch.stack([loss.last_weights.float().mean() / loss.base, (psi > 0).float().mean(),
+                                               (psi * torch.sign(gamma)).mean()]))
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            self.epochs.append(torch.stack(self.steps).mean(0).tolist())
+            self.steps = []
+
+    return GateWatcher()
+
+
+FEDLAS_DIAGNOSIS = {  # name → (loss key, FeDLaSLoss overrides, clip gradients)
+    "LS": ("LS", {}, True),
+    "FeDLaS-LS, official gate (descent), gradients clipped with the model's (CalibrationTrainer)": ("FeDLaS-LS", {"gate_update": "descent"}, True),
+    "FeDLaS-LS, official gate (descent), no clipping": ("FeDLaS-LS", {"gate_update": "descent"}, False),
+    "FeDLaS-LS, default gate (ascent)": ("FeDLaS-LS", {}, True),
+}
+
+
+def diagnose_fedlas(tensors: dict, settings: Settings, seed: int, md: Path, command: str) -> None:
+    """Over-confident regime, one seed: LS and FeDLaS-LS with each gate, the gate's behaviour epoch by epoch."""
+    from transformers import PrinterCallback
+
+    from hf_calibration import CalibrationTrainer
+    from hf_calibration.losses import get_loss
+
+    rows = []
+    for name, (loss_key, overrides, clip) in FEDLAS_DIAGNOSIS.items():
+        loss_name, kwargs, _ = LOSSES[loss_key]
+        loss = get_loss(loss_name, **{**kwargs, **overrides})
+        with tempfile.TemporaryDirectory() as tmp:
+            args = training_args(settings, seed, tmp, False)
+            if not clip:
+                args.max_grad_norm = 0.0  # the official code leaves the gate unclipped (it clips the model at 2)
+            trainer = CalibrationTrainer(model=make_model(settings, seed), args=args,
+                                         train_dataset=TensorDictDataset(*tensors["train"]), compute_loss_func=loss)
+            trainer.remove_callback(PrinterCallback)
+            watcher = _gate_watcher(loss) if loss_key != "LS" else None
+            if watcher is not None:
+                trainer.add_callback(watcher)
+            trainer.train()
+            logits = predict(trainer, {k: TensorDictDataset(*tensors[k]) for k in ("val", "test")})
+        m = evaluate_logits(logits["test"], tensors["test"][1].numpy(), logits["val"], tensors["val"][1].numpy())
+        rows.append((name, m, watcher.epochs if watcher is not None else None))
+        logger.info("%s: val ECE %.2f%%, test ECE %.2f%%", name, 100 * m["val_ece"], 100 * m["ece"])
+    lines = [
+        "## FeDLaS's gate, watched (training_cifar.py --diagnose-fedlas)",
+        "",
+        f"- Command: `{command}`; the benchmark's over-confident regime and settings, seed {seed}, {torch.get_num_threads()} thread(s).",
+        "- Per epoch, averaged over its training steps: r/α (the smoothing weight against the base loss's), the share "
+        "of samples with ψ = +1, and the mean of ψ·sign(γ) (+1: ψ = sign(γ) everywhere, the gate adds smoothing to "
+        "every sample; −1: ψ = −sign(γ), it removes smoothing from every sample). `FeDLaSLoss`'s docstring reads it.",
+        "",
+        "| run | val ECE (%) | test ECE (%) | mean conf. (%) | r/α, first → last epoch | ψ = +1 share | ψ·sign(γ) |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
+    for name, m, epochs in rows:
+        gate = ["", "", ""] if epochs is None else [f"{epochs[0][i]:.2f} → {epochs[-1][i]:.2f}" for i in range(3)]
+        lines.append(f"| {name} | {100 * m['val_ece']:.2f} | {100 * m['ece']:.2f} | {100 * m['mean_confidence']:.2f} | " + " | ".join(gate) + " |")
+    md.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -658,6 +734,7 @@ def main(argv=None) -> None:
     p.add_argument("--explore-maccal", default=None, help="folder of --save-features output: compare stage-2 variants")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--host-note", default=None, help="a line on the host's load, added to the Markdown section")
+    p.add_argument("--diagnose-fedlas", action="store_true", help="LS and FeDLaS-LS with each gate, one seed, gate statistics")
     args = p.parse_args(argv)
 
     from transformers.utils import logging as hf_logging
@@ -687,6 +764,11 @@ def main(argv=None) -> None:
     if args.explore_maccal is not None:
         md = md if args.md != p.get_default("md") else HERE / "results" / "training_cifar_maccal.md"
         explore_maccal(Path(args.explore_maccal), args.seeds, md, command)
+        return
+    if args.diagnose_fedlas:
+        tensors = {k: (to_tensor(x), torch.from_numpy(y)) for k, (x, y) in load_splits(Path(args.npz), Path(args.cache), settings).items()}
+        md = md if args.md != p.get_default("md") else HERE / "results" / "training_cifar_fedlas_gate.md"
+        diagnose_fedlas(tensors, settings, args.seeds[0], md, command)
         return
     if not args.report_only:
         tensors = {

@@ -32,7 +32,7 @@ def _tensors(seed: int = 0) -> dict:
 
 
 def test_one_run_writes_records_with_the_documented_keys(tmp_path):
-    """A real run (CE: stage 1 and MaC-Cal) through CalibrationTrainer; every record has exactly the issue's keys."""
+    """A real run (CE: stage 1 and MaC-Cal) through CalibrationTrainer; every record has the documented keys."""
     out = tmp_path / "training_cifar.json"
     tc.run_all([("overconfident", "CE", 0)], _tensors(), TINY, out, progress=False)
     data = json.loads(out.read_text())
