@@ -24,6 +24,9 @@ SECTIONS = [
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
     ("maccal.md", "maccal.py"),
+    ("training_cifar.md", "training_cifar.py"),
+    ("training_cifar_maccal.md", "training_cifar.py --explore-maccal .data/features"),
+    ("training_cifar_fedlas_gate.md", "training_cifar.py --diagnose-fedlas --seeds 0"),
     ("bad_inputs.md", "bad_inputs.py"),
     ("shift.md", "shift.py"),
 ]

@@ -109,6 +109,48 @@ def test_pipeline_scores_are_the_calibrated_softmax(demo):
     assert re.search(r"\| 0 \| \d \| \d \| 0\.\d{4} \| 0\.\d{4} \|", summary)
 
 
+def test_summary_states_the_regime_and_a_verdict_under_the_table(demo):
+    """The regime sentence's numbers are recomputed from the saved CE logits; the verdict names exactly the rows whose
+    ECE is below CE's."""
+    result, out = demo
+    with np.load(out / "logits_vit_ce.npz") as data:
+        z, y = torch.from_numpy(data["logits_test"]).double(), torch.from_numpy(data["labels_test"])
+    p = torch.softmax(z, 1)
+    confidence, accuracy = 100 * p.max(1).values.mean().item(), 100 * (p.argmax(1) == y).double().mean().item()
+    match = re.search(r"Regime: (not )?over-confident: cross-entropy fits its 100 training images to ([\d.]+) % and on the "
+                      r"test split its mean confidence is ([\d.]+) % for an accuracy of ([\d.]+) %", result.regime)
+    assert match, result.regime
+    assert float(match.group(3)) == pytest.approx(confidence, abs=0.006)
+    assert float(match.group(4)) == pytest.approx(accuracy, abs=0.006)
+    ce = result.reports["CE"]
+    assert (match.group(1) is None) == (ce.o_ece > ce.u_ece)
+    lowered = [name for name in ROWS[1:] if result.reports[name].ece < ce.ece]
+    others = [f"{name} ({'under' if result.reports[name].u_ece > result.reports[name].o_ece else 'over'}-confident)"
+              for name in ROWS[1:] if name not in lowered]
+    verdict = re.fullmatch(r"Verdict: against CE's ECE of ([\d.]+) %, (?:lowered by (.*?)|no method lowered it)"
+                           r"(?:; not lowered by (.*))?\.", result.verdict)
+    assert verdict, result.verdict
+    assert verdict.group(1) == f"{100 * ce.ece:.2f}"
+    assert (verdict.group(2).split(", ") if verdict.group(2) else []) == lowered
+    assert (verdict.group(3).split(", ") if verdict.group(3) else []) == others
+    summary = result.summary()
+    lines = summary.splitlines()
+    assert result.regime in summary and lines[lines.index(result.table.splitlines()[-1]) + 2] == result.verdict
+
+
+def test_a_log_that_is_not_a_terminal_gets_one_line_per_epoch(tmp_path, capfd, caplog):
+    """stderr is not a terminal here: no progress-bar frames, one log line per training epoch and model."""
+    caplog.set_level("INFO", logger="hf_calibration.demo")
+    run_demo(DemoConfig(output_dir=str(tmp_path), **{**TINY, "epochs": 3, "progress": True}))
+    err = capfd.readouterr().err
+    assert "\r" not in err and "it/s" not in err
+    epochs = [r.getMessage() for r in caplog.records if ": epoch " in r.getMessage()]
+    expected = [(name, e) for name in ("cross-entropy", "FeDLaS-LS") for e in (1, 2, 3)]
+    assert len(epochs) == len(expected), epochs
+    for line, (name, e) in zip(epochs, expected):
+        assert re.fullmatch(rf"{re.escape(name)}: epoch {e}/3, loss \d+\.\d{{4}}", line), line
+
+
 @pytest.mark.parametrize(
     "kwargs, error, fragment",
     [

@@ -574,10 +574,11 @@ def _fake_stage(monkeypatch) -> list:
 
 @pytest.mark.parametrize("name, expected_loss", [("fedlas_ls", "FeDLaSLSLoss"), ("ls", "LabelSmoothingLoss")])
 @pytest.mark.parametrize("separate_maccal_data", [False, True])
-def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch, name, expected_loss, separate_maccal_data):
+def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch, caplog, name, expected_loss, separate_maccal_data):
     from hf_calibration.maccal import MaCCalConfig
 
     calls = _fake_stage(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="hf_calibration.trainer")
     model, data, config = make_model("vit"), digits_dataset(slice(0, 32)), MaCCalConfig(progress=False)
     plain = digits_dataset(slice(32, 64)) if separate_maccal_data else None  # e.g. the non-augmented images
     loss = _loss(name)
@@ -590,6 +591,9 @@ def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch,
     assert type(kw["loss"]).__name__ == expected_loss and kw["loss"] is loss  # the stage copies it itself
     assert kw["head"] == "classifier" and kw["data_collator"] is trainer.data_collator
     assert kw["log_fn"] == trainer._log_maccal_epoch
+    # retraining the head on the training set is what made ECE worse: said when no held-out data is given
+    warned = [r.getMessage() for r in caplog.records if "maccal_dataset" in r.getMessage()]
+    assert len(warned) == (0 if separate_maccal_data else 1)
 
 
 @pytest.mark.parametrize("disable_tqdm", [True, False])
@@ -623,3 +627,105 @@ def test_real_maccal_after_fedlas_then_evaluate(tmp_path):
     model.eval()
     with torch.no_grad():
         np.testing.assert_allclose(pred.predictions, model(pixel_values=x).logits.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- Mixup
+
+
+def _mixup_draw(seed: int, step: int, micro: int, n: int) -> tuple[float, torch.Tensor]:
+    """The documented draw: λ ~ Beta(α, α) then π, from numpy's generator seeded with (seed, global step, micro-batch)."""
+    rng = np.random.default_rng((seed, step, micro))
+    lam = float(rng.beta(0.4, 0.4))
+    return lam, torch.from_numpy(rng.permutation(n))
+
+
+def _record_pixels(model: nn.Module) -> list:
+    seen = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["pixel_values"].detach().clone()), with_kwargs=True)
+    return seen
+
+
+@pytest.mark.parametrize("loss_name", [None, "ls"])
+def test_mixup_trains_on_mixed_images_with_the_mixed_loss(tmp_path, loss_name):
+    """Each step sees λ·x + (1 − λ)·x[π] and its loss is λ·L(z, y) + (1 − λ)·L(z, y[π]), recomputed here by hand."""
+    model = make_model("vit", seed=0)
+    initial = copy.deepcopy(model).eval()
+    seen = _record_pixels(model)
+    loss = None if loss_name is None else _loss(loss_name)
+    trainer = CalibrationTrainer(model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
+                                 compute_loss_func=loss, mixup_alpha=0.4)
+    trainer.train()
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    for step, (lo, hi) in enumerate(((0, 16), (16, 32))):  # sequential sampler: step k trains on samples 16k..16k+15
+        x, y = digits(slice(lo, hi))
+        lam, perm = _mixup_draw(0, step, 0, 16)
+        assert 0.0 < lam < 1.0
+        torch.testing.assert_close(seen[step], lam * x + (1 - lam) * x[perm])
+    x, y = digits(slice(0, 16))
+    lam, perm = _mixup_draw(0, 0, 0, 16)
+    with torch.no_grad():
+        logits = initial(pixel_values=lam * x + (1 - lam) * x[perm]).logits
+    def plain(z, t):  # LS by hand: (1 - α)·CE + α·mean_k(-log p_k), α = 0.05
+        ce = F.cross_entropy(z, t)
+        return ce if loss_name is None else 0.95 * ce + 0.05 * (-F.log_softmax(z, 1).mean(1)).mean()
+    expected = lam * plain(logits, y) + (1 - lam) * plain(logits, y[perm])
+    assert logged[0] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_mixup_with_fedlas_moves_the_statistics_once_per_batch(tmp_path):
+    model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
+    initial = copy.deepcopy(model).eval()
+    trainer = CalibrationTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=digits_dataset(slice(0, 16)),
+                                 compute_loss_func=loss, mixup_alpha=0.4)
+    trainer.train()
+    x, _ = digits(slice(0, 16))
+    lam, perm = _mixup_draw(0, 0, 0, 16)
+    with torch.no_grad():
+        norms = head_input("vit", initial, lam * x + (1 - lam) * x[perm]).abs().sum(1).double()
+    theta = loss.theta  # one EMA step from the initial (20, 100), not two
+    assert loss.nci_mean.item() == pytest.approx(theta * norms.mean().item() + (1 - theta) * 20.0, rel=1e-5)
+    assert loss.nci_std.item() == pytest.approx(theta * norms.std().item() + (1 - theta) * 100.0, rel=1e-5)
+
+
+def test_mixup_leaves_evaluation_alone(tmp_path):
+    model = make_model("vit", seed=0)
+    trainer = CalibrationTrainer(model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
+                                 eval_dataset=digits_dataset(slice(100, 140)), mixup_alpha=1.0)
+    trainer.train()
+    x, y = digits(slice(100, 140))
+    model.eval()
+    with torch.no_grad():
+        expected = F.cross_entropy(model(pixel_values=x).logits, y).item()
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+class _NoPixels(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.classifier = nn.Linear(64, 10)
+
+    def forward(self, inputs, labels=None):
+        return types.SimpleNamespace(logits=self.classifier(inputs.flatten(1)))
+
+
+class _InputsDataset(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"inputs": self.x[i], "labels": self.y[i]}
+
+
+def test_mixup_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="`mixup_alpha`"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), mixup_alpha=-0.1)
+    with pytest.raises(TypeError, match="`mixup_alpha`"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), mixup_alpha="0.2")
+    x, y = digits(slice(0, 16))
+    trainer = CalibrationTrainer(model=_NoPixels(), args=_args(tmp_path), train_dataset=_InputsDataset(x, y),
+                                 compute_loss_func=_loss("ce"), mixup_alpha=0.2)
+    with pytest.raises(ValueError, match="`pixel_values`.*`mixup_alpha`.*inputs"):
+        trainer.train()

@@ -16,9 +16,9 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     add_option(p, "output_dir", default="hf_calibration_demo", metavar="DIR",
                help="where diagrams, logits, the model and the calibrator go (default ./hf_calibration_demo)")
     p.add_argument("--seed", type=int, default=0, help="seed of everything (same seed → same table)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs per model (default 30)")
-    add_option(p, "maccal_epochs", type=int, default=None, help="MaC-Cal stage epochs (default 40, the paper's)")
-    add_option(p, "train_size", type=int, default=None, help="use only this many training images (default: all 997)")
+    p.add_argument("--epochs", type=int, default=None, help="training epochs per model (default 80)")
+    add_option(p, "maccal_epochs", type=int, default=None, help="MaC-Cal stage epochs (default 5)")
+    add_option(p, "train_size", type=int, default=None, help="use only this many training images (default 200: CE fits them and is over-confident)")
     add_option(p, "calibration_size", type=int, default=None, help="held-out images to fit the calibrators on (default 400)")
     add_option(p, "test_size", type=int, default=None, help="held-out images the table is measured on (default 400)")
     add_option(p, "num_threads", type=int, default=1, help="torch CPU threads (default 1: fastest for this tiny model)")

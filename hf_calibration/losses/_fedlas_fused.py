@@ -18,7 +18,8 @@ Notation (one row i; ``c_i`` = upstream gradient / denominator on kept rows, 0 o
     ∂L/∂z (MbLS) = c·(1 - r)·(p - onehot(y)) + c·r/K·(n_act·onehot(argmax z) - act),
                    act_k = [max_j z_j - z_k - m > 0], n_act = Σ_k act_k
     ∂L/∂r = c·(Q - nll), Q = u or R;  ∂r/∂s = 2·base·σ(s)(1 - σ(s));  ∂s/∂ψ = β·γ
-    straight-through: ∂ψ/∂d := ∂tanh(d/2)/∂d = 2·σ(d)(1 - σ(d)); then ∂/∂(o0, o1) = (-1, +1)·∂/∂d
+    straight-through: ∂ψ/∂d := g·∂tanh(d/2)/∂d = g·2·σ(d)(1 - σ(d)), g = +1 (descent, the official code) or -1
+    (ascent, the default: the gate climbs the loss, see `fedlas.FeDLaSLoss`); then ∂/∂(o0, o1) = (-1, +1)·∂/∂d
     and the gate's two linear layers and LeakyReLU by hand.
 """
 
@@ -36,17 +37,18 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class FeDLaSFunction(torch.autograd.Function):
-    """``apply(logits, w1, b1, w2, b2, gamma, labels, mask, denom, variant, base, beta, margin)`` → ``(loss, r, ψ > 0)``.
+    """``apply(logits, w1, b1, w2, b2, gamma, labels, mask, denom, variant, base, beta, margin, gate_sign)`` → ``(loss, r, ψ > 0)``.
 
     ``logits`` (N, K) already upcast; ``w1, b1, w2, b2`` the gate's ``fc_in`` / ``fc_out`` parameters;
     ``gamma`` (N,) the NCI γ_i (no gradient); ``labels`` (N,) valid class indices (ignored rows replaced);
     ``mask`` (N,) kept rows; ``denom`` the reduction's denominator (tensor or number). Gradients flow to the
     logits and to the gate parameters (the weights r and the sign mask are returned without gradient, for
-    inspection); the node is not twice differentiable.
+    inspection); the node is not twice differentiable. ``gate_sign`` multiplies the gate's gradients: +1 gives the
+    gradient of the loss (descent), -1 its negative (ascent).
     """
 
     @staticmethod
-    def forward(ctx, logits, w1, b1, w2, b2, gamma, labels, mask, denom, variant, base, beta, margin):
+    def forward(ctx, logits, w1, b1, w2, b2, gamma, labels, mask, denom, variant, base, beta, margin, gate_sign=1.0):
         # gate (under the caller's autocast, exactly like the module): d = o1 - o0 of G(sg[z])
         x = _as(logits, w1.dtype)
         h = F.linear(x, w1, b1)
@@ -77,7 +79,7 @@ class FeDLaSFunction(torch.autograd.Function):
 
         ctx.set_materialize_grads(False)  # no zero tensors for the two outputs without gradient
         ctx.save_for_backward(x, h, a, w2, d, gb, sig, weights, log_probs, nll, gap, labels, mask, top_index, active_in)
-        ctx.variant, ctx.base, ctx.denom = variant, base, denom
+        ctx.variant, ctx.base, ctx.denom, ctx.gate_sign = variant, base, denom, gate_sign
         ctx.mark_non_differentiable(weights, positive)
         return loss, weights, positive
 
@@ -85,7 +87,7 @@ class FeDLaSFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out, _grad_weights, _grad_positive):
         x, h, a, w2, d, gb, sig, weights, log_probs, nll, gap, labels, mask, top_index, active_in = ctx.saved_tensors
-        grads = [None] * 13
+        grads = [None] * 14
         if grad_out is None:  # only the non-differentiable outputs were used
             return tuple(grads)
         c = torch.where(mask, grad_out / ctx.denom, 0.0)  # ∂loss/∂L_i
@@ -109,9 +111,9 @@ class FeDLaSFunction(torch.autograd.Function):
         if any(ctx.needs_input_grad[1:5]):
             # ∂L/∂r = Q - nll: -gap for LS, R - nll for MbLS
             if ctx.variant == "ls":
-                grad_r, scale = c * gap, -4 * ctx.base
+                grad_r, scale = c * gap, -4 * ctx.base * ctx.gate_sign
             else:
-                grad_r, scale = c * (gap - nll), 4 * ctx.base
+                grad_r, scale = c * (gap - nll), 4 * ctx.base * ctx.gate_sign
             # r = 2·base·σ(s), s = ψ·βγ, ψ ≈ tanh(d/2) with ∂/∂d = 2σ(d)(1 - σ(d)): constants folded into `scale`
             grad_s = torch.ops.aten.sigmoid_backward(_as(grad_r, sig.dtype) * scale, sig)
             grad_d = torch.ops.aten.sigmoid_backward(grad_s * gb, torch.sigmoid(d))

@@ -65,6 +65,30 @@ class MaskedBottleneckHead(nn.Module):
         self._factors = self.masks if not rescale else tuple(m * self.mask_scale for m in self.masks)
         return self.masks
 
+    @torch.no_grad()
+    def init_from_linear(self, linear: nn.Linear) -> None:
+        """Start as exactly ``linear``: ``fc1 = [W; −W; …]``, ``fc2 = [I, −I, 0]``, since ``relu(u) − relu(−u) = u``.
+
+        Needs ``hidden >= 2 · num_labels``; the hidden units past the first ``2K`` keep their random ``fc1`` rows and
+        start with zero output weights, so they take no part until training moves them.
+        """
+        k = self.num_labels
+        if linear.out_features != k or linear.in_features != self.in_features:
+            raise ValueError(
+                f"Expected a Linear({self.in_features}, {k}) head to start from, but got "
+                f"Linear({linear.in_features}, {linear.out_features})."
+            )
+        if self.hidden < 2 * k:
+            raise ValueError(f"Expected `hidden` >= 2 · num_labels = {2 * k} to start from the linear head, but got {self.hidden}.")
+        weight = linear.weight.detach().to(self.fc1.weight)
+        bias = (linear.bias.detach() if linear.bias is not None else torch.zeros(k)).to(self.fc1.bias)
+        self.fc1.weight[:k], self.fc1.weight[k : 2 * k] = weight, -weight
+        self.fc1.bias[:k], self.fc1.bias[k : 2 * k] = bias, -bias
+        eye = torch.eye(k, dtype=self.fc2.weight.dtype, device=self.fc2.weight.device)
+        self.fc2.weight.zero_()
+        self.fc2.weight[:, :k], self.fc2.weight[:, k : 2 * k] = eye, -eye
+        self.fc2.bias.zero_()
+
     def clear_masks(self) -> None:
         self.masks, self._factors, self.mask_scale = None, None, 1.0
 
@@ -227,6 +251,11 @@ class FlatHeadTrainer:
             (w1t, w2t), w2 = self._masked_t, self._masked_views[1]
         h = torch.addmm(self._b1, x, w1t).relu_()
         return torch.addmm(self._b2, h, w2t), (x, h, w2)
+
+    def forward_full(self, x: torch.Tensor) -> torch.Tensor:
+        """The unmasked head's logits (what inference uses), with the current weights."""
+        w1t, w2t = self._plain_t
+        return torch.addmm(self._b2, torch.addmm(self._b1, x, w1t).relu_(), w2t)
 
     def backward(self, saved: tuple, grad_logits: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
         """Fill :attr:`grad` with ``∂L/∂θ`` for ``∂L/∂logits = grad_scale · grad_logits``.

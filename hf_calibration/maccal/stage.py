@@ -18,11 +18,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .._checks import IGNORE_INDEX, check_int
+from .._checks import IGNORE_INDEX, check_int, check_labels_in_range
 from .._progress import progress_iter
 from ..features import capture_features, find_classifier_head
 from .config import MaCCalConfig
@@ -159,6 +160,65 @@ def cache_features(
     return torch.cat(feats), torch.cat(labels).long()
 
 
+def _check_features_argument(features: Any, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``features=(X, Y)`` as tensors, checked before anything trains: a pair of arrays, X real-valued with ``N``
+    rows of ``in_features`` values (trailing dimensions are flattened), Y integer class indices of shape (N,).
+
+    Non-finite values and labels out of range are checked by `_check_stage_data`, on X and Y as given.
+    """
+    if not isinstance(features, (tuple, list)) or len(features) != 2:
+        raise TypeError(
+            "Expected argument `features` to be a pair (features (N, d), labels (N,)), "
+            f"but got {type(features).__name__}{f' of length {len(features)}' if isinstance(features, (tuple, list)) else ''}."
+        )
+    pair = []
+    for name, value in zip(("features[0]", "features[1]"), features):
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind not in "biuf":
+                raise TypeError(f"Expected argument `{name}` to hold real numbers, but got dtype {value.dtype}.")
+            value = torch.from_numpy(value)
+        elif not isinstance(value, torch.Tensor):
+            raise TypeError(f"Expected argument `{name}` to be a torch.Tensor or numpy array, but got {type(value).__name__}.")
+        pair.append(value.detach())
+    x, y = pair
+    if x.is_complex() or x.dtype == torch.bool:
+        raise TypeError(f"Expected argument `features[0]` (the features) to hold real numbers, but got {x.dtype}.")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise TypeError(
+            f"Expected argument `features[1]` (the labels) to hold integer class indices, but got {y.dtype} "
+            "(cast exact class indices with `.long()`)."
+        )
+    if x.ndim < 2:
+        raise ValueError(f"Expected argument `features[0]` to have shape (N, {in_features}), but got {tuple(x.shape)}.")
+    if y.ndim != 1:
+        raise ValueError(f"Expected argument `features[1]` (the labels) to have shape (N,), but got {tuple(y.shape)}.")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(
+            "Expected the features and labels of argument `features` to have the same number of samples N, "
+            f"but got {x.shape[0]} and {y.shape[0]}."
+        )
+    x = x.flatten(1)
+    if x.shape[1] != in_features:
+        raise ValueError(
+            f"Expected argument `features[0]` to have shape (N, {in_features}) (the head's input size), "
+            f"but got {tuple(x.shape)}."
+        )
+    return x, y
+
+
+def _check_stage_data(x: torch.Tensor, y: torch.Tensor, num_labels: int, name: str, labels_name: str) -> None:
+    """Finite features and labels in [0, K) or -100 (ignored), before the head trains; ``name`` / ``labels_name``
+    say where they came from (argument ``features``, or the backbone's output on ``dataset``)."""
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        rows = (~finite).any(dim=1)
+        raise ValueError(
+            f"Expected {name} to be finite, but {int(rows.sum())} of {x.shape[0]} rows hold NaN or inf "
+            f"(first: row {int(rows.nonzero()[0, 0])})."
+        )
+    check_labels_in_range(y, num_labels, target_name=labels_name)
+
+
 # ----------------------------------------------------------------------------- head training
 
 
@@ -256,7 +316,7 @@ def train_masked_head(
         for epoch in bar:
             masks = head.draw_masks(rho, generator, rescale=config.rescale)
             trainer.set_masks(masks, head.mask_scale)
-            seen_logits, seen_labels, losses = [], [], []  # kept on the device: one host sync per epoch
+            seen_logits, seen_labels, losses, feedback = [], [], [], []  # kept on the device: one host sync per epoch
             with torch.no_grad():
                 for x, y in batches(epoch, generator):
                     with _autocast_off(x.device.type):  # the head trains in its own dtype under any outer autocast
@@ -274,6 +334,8 @@ def train_masked_head(
                             grad_scale = 1.0
                             if loss_optimizer is not None:
                                 loss_optimizer.update([loss_grads])
+                        # the ρ feedback: these masked logits, or the unmasked head's on the same batch (pre-step)
+                        feedback.append(logits if config.feedback == "masked" else trainer.forward_full(x))
                         trainer.backward(saved, grad_logits, grad_scale)
                         trainer.step()
                     seen_logits.append(logits)
@@ -286,7 +348,7 @@ def train_masked_head(
                     loss_total = F.cross_entropy(logits_all, labels_all, reduction="sum").double()
                 else:
                     loss_total = torch.stack(losses).double().sum()
-                conf_all, pred = logits_all.float().softmax(-1).max(-1)
+                conf_all, pred = torch.cat(feedback).float().softmax(-1).max(-1)
                 correct, conf_sum, loss_sum = torch.stack(
                     [(pred == labels_all).sum().double(), conf_all.double().sum(), loss_total]
                 ).tolist()
@@ -375,25 +437,32 @@ def maccal_stage(
         raise ValueError(f"Expected the classification head at {path!r} to be a Linear layer, but got {type(linear).__name__}.")
     in_features, num_labels = linear.in_features, linear.out_features
     device, dtype = linear.weight.device, linear.weight.dtype
+    if features is not None:  # checked before anything is built or trained
+        x_given, y_given = _check_features_argument(features, in_features)
+        _check_stage_data(x_given, y_given, num_labels, "argument `features[0]`", "features[1]")
     hidden = config.hidden or max(in_features // 2, 2 * num_labels)
 
+    if config.init == "linear" and hidden < 2 * num_labels:
+        raise ValueError(f"Expected `hidden` >= 2 · num_labels = {2 * num_labels} with init='linear', but got {hidden}.")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         new_head = MaskedBottleneckHead(in_features, hidden, num_labels).to(device)
+    if config.init == "linear":
+        new_head.init_from_linear(linear)
 
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
     try:
         if features is not None:
-            x_all, y_all = features
-            x_all, y_all = torch.as_tensor(x_all).to(device).float().flatten(1), torch.as_tensor(y_all).to(device).long()
+            x_all, y_all = x_given.to(device).float(), y_given.to(device).long()
             keep = y_all != IGNORE_INDEX
             x_all, y_all = x_all[keep], y_all[keep]
         elif config.cache_features:
             x_all, y_all = cache_features(
                 model, dataset, head=path, data_collator=data_collator, batch_size=config.feature_batch_size, progress=config.progress
             )
+            _check_stage_data(x_all, y_all, num_labels, "the backbone's features on argument `dataset`", "dataset")
         else:
             x_all = y_all = None
         if x_all is not None and (x_all.ndim != 2 or x_all.shape[1] != in_features or x_all.shape[0] != y_all.shape[0]):

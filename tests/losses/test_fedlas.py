@@ -138,7 +138,7 @@ def test_straight_through_estimator_trains_the_gate():
     torch.manual_seed(2)
     logits, labels, features = _random_case(seed=3)
     logits = logits.float().requires_grad_(True)
-    loss = FeDLaSLoss(6, "ls", base=0.1, beta=1.0, theta=0.5)
+    loss = FeDLaSLoss(6, "ls", base=0.1, beta=1.0, theta=0.5, gate_update="descent")
     loss(logits, labels, features=features).backward()
     gate_grads = [p.grad.clone() for p in loss.gate.parameters()]
     assert all(g is not None and g.abs().sum() > 0 for g in gate_grads)
@@ -506,3 +506,33 @@ def test_confident_rows_give_finite_gradients(variant):
     loss(z, torch.tensor([0, 1]), features=torch.randn(2, 5)).backward()
     assert torch.isfinite(z.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in loss.gate.parameters())
+
+
+@pytest.mark.parametrize("gate_update", ["descent", "ascent"])
+def test_a_descending_gate_turns_smoothing_down_on_fitted_samples_an_ascending_one_up(gate_update):
+    """Why the default gate climbs the loss: on samples the model fits, ∂L/∂r = mean_k(-log p_k) - CE > 0, so a
+    gate trained to lower the loss lowers r below α, whatever the sign of γ; climbing it raises r above α."""
+    g = torch.Generator().manual_seed(0)
+    n, k = 256, 6
+    labels = torch.randint(0, k, (n,), generator=g)
+    c = 2 + 8 * torch.rand(n, 1, generator=g)  # how confidently each sample is fitted (all of them are)
+    logits = torch.randn(n, k, generator=g) + c * F.one_hot(labels, k)
+    features = torch.rand(n, 8, generator=g) * c  # the feature norm grows with the confidence: γ of both signs
+    loss = FeDLaSLoss(k, "ls", base=0.05, beta=4.0, gate_update=gate_update, seed=0).eval()
+    norms = features.abs().sum(1)
+    loss.nci_mean.fill_(norms.mean().item())
+    loss.nci_std.fill_(norms.std().item())
+    mask = torch.ones(n, dtype=torch.bool)
+    opt = torch.optim.SGD(loss.gate.parameters(), lr=5.0)
+    for _ in range(300):  # only the gate learns; logits and features stay as they are
+        opt.zero_grad()
+        loss(logits, labels, features=features).backward()
+        opt.step()
+    after = loss.smoothing_weights(logits, features, mask).detach()
+    psi = torch.where(loss.gate.direction(logits) > 0, 1.0, -1.0)
+    gamma = (norms - loss.nci_mean) / (loss.nci_std + 1e-3)
+    agreement = (psi * torch.sign(gamma)).mean().item()  # +1: ψ = sign(γ) everywhere, -1: ψ = -sign(γ)
+    if gate_update == "descent":  # ψ = -sign(γ): r = 2α·σ(-β|γ|) < α
+        assert after.mean().item() < 0.7 * 0.05 and agreement < -0.4
+    else:  # ψ = sign(γ): r = 2α·σ(β|γ|) > α
+        assert after.mean().item() > 1.3 * 0.05 and agreement > 0.4

@@ -23,7 +23,9 @@ def _reference(loss, logits, labels, features, num_items=None):
     hidden = F.leaky_relu(x @ g.fc_in.weight.T + g.fc_in.bias, negative_slope=0.01)
     p = torch.softmax(hidden @ g.fc_out.weight.T + g.fc_out.bias, dim=-1)
     t = p[:, 1] - p[:, 0]
-    psi = torch.where(t > 0, 1.0, -1.0).to(t.dtype) + (t - t.detach())
+    # straight-through: forward the sign, backward ±identity (the gate descends the loss, or climbs it)
+    step = (t - t.detach()) if loss.gate_update == "descent" else (t.detach() - t)
+    psi = torch.where(t > 0, 1.0, -1.0).to(t.dtype) + step
     norms = features.detach().abs().flatten(1).sum(dim=1)
     gamma = (norms - loss.nci_mean) / (loss.nci_std + 1e-3)
     r = (loss.base * 2 * torch.sigmoid(loss.beta * psi * gamma)).to(logits.dtype)
@@ -70,8 +72,9 @@ def _grads(loss, logits, fn):
 @pytest.mark.parametrize("variant", ["ls", "mbls"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("num_items", [None, 17])
-def test_values_and_gradients_match_the_reference(variant, dtype, num_items):
-    loss = _loss(variant, dtype, seed=1)
+@pytest.mark.parametrize("gate_update", ["ascent", "descent"])
+def test_values_and_gradients_match_the_reference(variant, dtype, num_items, gate_update):
+    loss = _loss(variant, dtype, seed=1, gate_update=gate_update)
     logits, labels, features = _case(seed=2, dtype=dtype)
     features = features.to(dtype)
     fused = _grads(loss, logits, lambda z: loss(z, labels, features=features, num_items_in_batch=num_items))
@@ -111,14 +114,15 @@ def test_gradcheck_float64_with_active_margins(variant):
 
 
 @pytest.mark.parametrize("variant", ["ls", "mbls"])
-def test_fused_and_generic_autograd_paths_agree(variant):
+@pytest.mark.parametrize("gate_update", ["ascent", "descent"])
+def test_fused_and_generic_autograd_paths_agree(variant, gate_update):
     """A gate of another class takes the base class's autograd path (per_sample_loss): same numbers."""
 
     class PlainGate(BidirectionalCalibrationGate):
         pass
 
-    fused = _loss(variant, torch.float32, seed=7).train()
-    generic = _loss(variant, torch.float32, seed=7).train()
+    fused = _loss(variant, torch.float32, seed=7, gate_update=gate_update).train()
+    generic = _loss(variant, torch.float32, seed=7, gate_update=gate_update).train()
     state = generic.gate.state_dict()
     generic.gate = PlainGate(6)
     generic.gate.load_state_dict(state)
@@ -208,3 +212,15 @@ def test_cuda_matches_cpu(variant):
     for got, want in zip([b[0], b[1], *b[2]], [a[0], a[1], *a[2]]):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
     assert math.isfinite(b[0].item())
+
+
+@pytest.mark.parametrize("variant", ["ls", "mbls"])
+def test_ascent_negates_the_gates_gradient_and_nothing_else(variant):
+    logits, labels, features = _case(seed=12)
+    up, down = (_loss(variant, torch.float32, seed=9, gate_update=g) for g in ("ascent", "descent"))
+    a = _grads(up, logits, lambda z: up(z, labels, features=features))
+    d = _grads(down, logits, lambda z: down(z, labels, features=features))
+    assert torch.equal(a[0], d[0]) and torch.equal(a[1], d[1])  # same loss, same gradient for the model
+    for got, want in zip(a[2], d[2]):
+        assert want.abs().sum() > 0
+        torch.testing.assert_close(got, -want, rtol=0, atol=0)

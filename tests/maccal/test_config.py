@@ -28,6 +28,8 @@ from hf_calibration.maccal import MaCCalConfig
         ({"rho_min": 0.5, "rho0": 0.3}, ValueError, "rho0"),
         ({"momentum": 1.0}, ValueError, "momentum"),
         ({"adaptive": "yes"}, TypeError, "adaptive"),
+        ({"init": "stage1"}, ValueError, "init"),
+        ({"feedback": "unmasked"}, ValueError, "feedback"),
         ({"seed": -1}, ValueError, "seed"),
     ],
 )

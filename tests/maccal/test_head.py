@@ -35,6 +35,20 @@ def test_masked_forward_uses_w_times_m_and_gradient_is_masked():
     torch.testing.assert_close(head(x), torch.relu(x @ w1.T + b1) @ w2.T + b2)
 
 
+def test_init_from_linear_is_exactly_the_linear_head():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(7, 4)
+    head = MaskedBottleneckHead(7, 11, 4)  # 3 hidden units past 2K: random fc1 rows, zero output weights
+    head.init_from_linear(linear)
+    x = torch.randn(50, 7) * 5
+    torch.testing.assert_close(head.eval()(x), linear(x), atol=1e-5, rtol=1e-5)
+    assert torch.count_nonzero(head.fc1.weight[8:]) > 0 and torch.count_nonzero(head.fc2.weight[:, 8:]) == 0
+    with pytest.raises(ValueError, match="hidden"):
+        MaskedBottleneckHead(7, 7, 4).init_from_linear(linear)
+    with pytest.raises(ValueError, match="Linear"):
+        MaskedBottleneckHead(6, 11, 4).init_from_linear(linear)
+
+
 def test_masks_follow_the_retention_probability():
     head = MaskedBottleneckHead(64, 64, 10)
     m1, _ = head.draw_masks(0.3, torch.Generator().manual_seed(0))

@@ -22,7 +22,7 @@ def test_clip_bound_decays_exponentially():
 
 
 def test_rule_raises_retention_when_over_confident_and_lowers_it_when_under_confident():
-    cfg = MaCCalConfig(kappa=1.0, step=1.0, clip_bound=0.1, rho_min=0.05, rho_max=1.0)
+    cfg = MaCCalConfig(epochs=40, kappa=1.0, step=1.0, clip_bound=0.1, rho_min=0.05, rho_max=1.0)
     # over-confident: conf 0.95 > acc 0.90 → ρ goes up by the gap 0.05 (inside the clip 0.1)
     assert update_retention(0.8, 0.90, 0.95, 0, cfg) == pytest.approx(0.85)
     # under-confident: conf 0.70 < acc 0.90 → ρ goes down by 0.1, the clip bound at epoch 0

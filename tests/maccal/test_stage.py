@@ -142,6 +142,95 @@ def test_stage_rejects_bad_arguments(trained_vit):
         maccal_stage(_clone(trained_vit), digits_dataset(slice(0, 8)), MaCCalConfig(**FAST), loss=3)
 
 
+def _features_and_labels(n=32, d=16):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, d, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _with(x, y, **edits):
+    x, y = x.clone(), y.clone()
+    if "x_value" in edits:
+        x[3, 5] = edits["x_value"]
+    if "y_value" in edits:
+        y[4] = edits["y_value"]
+    return x, y
+
+
+_X, _Y = _features_and_labels()
+BAD_FEATURES = {
+    "nan feature": (_with(_X, _Y, x_value=float("nan")), ValueError, r"`features\[0\]` to be finite.*row 3"),
+    "inf feature": (_with(_X, _Y, x_value=float("inf")), ValueError, r"`features\[0\]` to be finite"),
+    "label = K": (_with(_X, _Y, y_value=10), ValueError, r"`features\[1\]`.*\[0, 10\).*found 10"),
+    "label -1": (_with(_X, _Y, y_value=-1), ValueError, r"`features\[1\]`.*found -1"),
+    "N mismatch": ((_X, _Y[:-1]), ValueError, r"same number of samples N, but got 32 and 31"),
+    "float labels": ((_X, _Y.float() + 0.5), TypeError, r"`features\[1\]`.*integer class indices.*float32"),
+    "numpy float labels": ((_X.numpy(), _Y.numpy().astype(np.float64)), TypeError, r"`features\[1\]`.*float64"),
+    "not a pair": ((_X, _Y, _Y), TypeError, r"`features` to be a pair.*length 3"),
+    "labels 2-d": ((_X, _Y[:, None]), ValueError, r"`features\[1\]`.*shape \(N,\)"),
+    "list features": (([[0.0] * 16] * 32, _Y), TypeError, r"`features\[0\]` to be a torch.Tensor or numpy array"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FEATURES))
+def test_stage_checks_given_features_before_training(trained_vit, case):
+    """Bad ``features=(X, Y)`` is refused with the argument's name before any epoch runs or the head is replaced."""
+    features, error, message = BAD_FEATURES[case]
+    model = _clone(trained_vit)
+    head_before = model.classifier
+    epochs = []
+    with pytest.raises(error, match=message):
+        maccal_stage(model, features=features, config=MaCCalConfig(**FAST), log_fn=epochs.append)
+    assert epochs == []  # nothing trained
+    assert model.classifier is head_before  # nothing installed
+
+
+def test_stage_accepts_ignored_labels_and_numpy_features(trained_vit):
+    x, y = _with(_X, _Y, y_value=-100)
+    result = maccal_stage(_clone(trained_vit), features=(x.numpy(), y.numpy()), config=MaCCalConfig(**FAST))
+    assert len(result.history) == FAST["epochs"]
+    assert all(math.isfinite(h["loss"]) for h in result.history)
+
+
+def test_stage_checks_dataset_labels_before_training(trained_vit):
+    x, y = digits(slice(0, 16))
+    rows = [{"pixel_values": x[i], "labels": torch.tensor(12 if i == 5 else int(y[i]))} for i in range(16)]
+    epochs = []
+    with pytest.raises(ValueError, match=r"`dataset`.*\[0, 10\).*found 12"):
+        maccal_stage(_clone(trained_vit), rows, MaCCalConfig(**FAST), log_fn=epochs.append)
+    assert epochs == []
+
+
+def _stage1_logits(model, x):
+    with torch.no_grad():
+        return model.classifier(x)
+
+
+def test_linear_init_starts_from_the_trained_head(trained_vit):
+    """init="linear": with a learning rate too small to move the weights, stage 2 gives back stage 1's logits."""
+    x, y = _features_and_labels(64)
+    model = _clone(trained_vit)
+    expected = _stage1_logits(model, x)
+    maccal_stage(model, features=(x, y), config=MaCCalConfig(**FAST, init="linear", lr=1e-12, momentum=0.0))
+    torch.testing.assert_close(_stage1_logits(model, x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("feedback", ["full", "masked"])
+def test_feedback_measures_the_unmasked_or_the_masked_head(trained_vit, feedback):
+    """The first epoch's accuracy and confidence, from the unmasked head (= stage 1's, weights frozen by a tiny lr)
+    or from the masked passes (ρ = 0.5: different)."""
+    x, y = _features_and_labels(64)
+    model = _clone(trained_vit)
+    p = torch.softmax(_stage1_logits(model, x), 1)
+    config = MaCCalConfig(**FAST, init="linear", lr=1e-12, momentum=0.0, rho0=0.5, adaptive=False, feedback=feedback)
+    first = maccal_stage(model, features=(x, y), config=config).history[0]
+    confidence, accuracy = p.max(1).values.mean().item(), (p.argmax(1) == y).float().mean().item()
+    if feedback == "full":
+        assert first["mean_confidence"] == pytest.approx(confidence, abs=1e-5)
+        assert first["train_accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    else:
+        assert first["mean_confidence"] != pytest.approx(confidence, abs=1e-3)
+
+
 # ----------------------------------------------------------------------------- inside CalibrationTrainer
 
 
