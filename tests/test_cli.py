@@ -192,6 +192,24 @@ def test_report_detects_probabilities_and_from_logits_overrides(capsys, tmp_path
     assert exit_info.value.code == 2
 
 
+
+@pytest.mark.parametrize("command", ["report", "fit"])
+def test_a_file_mixing_probability_and_logit_rows_is_refused(capsys, tmp_path, synthetic, command):
+    # issue 23 item 1: probabilities with one malformed row (or followed by logits) were read as logits
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    malformed = probs.copy()
+    malformed[5] *= 1.02
+    mixed = np.vstack([probs[:100], logits[100:]])
+    extra = ["--method", "ts", "--out", tmp_path / "cal"] if command == "fit" else []
+    for name, preds in (("malformed", malformed), ("mixed", mixed)):
+        np.savez(tmp_path / f"{name}.npz", logits=preds, labels=labels)
+        code, out, err = _run(capsys, command, "--logits", tmp_path / f"{name}.npz", *extra)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert "either logits or probabilities" in err and f"row {5 if name == 'malformed' else 100} is not" in err
+        assert "--probs" in err and "--from-logits" in err  # the command line's own switches
+    assert not (tmp_path / "cal").exists()
+
 # ----------------------------------------------------------------------------- fit / apply
 
 
