@@ -82,7 +82,7 @@ class PiecewiseMaps(nn.Module):
         return out
 
     def evaluate_group(self, x: np.ndarray, g: int, *, step: bool) -> np.ndarray:
-        """Group ``g``'s map at ``x`` (float64); the identity for an empty group or one never fitted (K changed)."""
+        """Group ``g``'s map at ``x`` (float64); the identity for an empty group or one past the last."""
         if g >= self.num_groups or int(self.offsets[g + 1]) == int(self.offsets[g]):
             return x.copy()
         knots, values = (t.detach().cpu().numpy() for t in self.group(g))
@@ -119,6 +119,15 @@ class PiecewiseCalibrator(Calibrator):
     objectives: ClassVar[tuple[str, ...]] = ()
     shift_invariant = True
     criterion: ClassVar[str] = ""  # for the card and error messages: what the fit computes
+    per_class_maps: bool = False  # one map per class index: logits with another K are refused
+
+    def _check_logits(self, logits: Any) -> torch.Tensor:
+        z = super()._check_logits(logits)
+        if self.per_class_maps and self.is_fitted and z.shape[1] != self.maps.num_groups:
+            raise ValueError(
+                f"Expected `logits` to have K = {self.maps.num_groups} classes (one map per class), but got K = {z.shape[1]}."
+            )
+        return z
 
     def _resolve_objective(self, objective: str | None, objective_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         name = type(self).__name__

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _calibrator_data import overconfident
 
-from hf_calibration.calibrators import IsotonicRegression, load_calibrator
+from hf_calibration.calibrators import HistogramBinning, IsotonicRegression, OneVsRestIsotonicRegression, load_calibrator
 from hf_calibration.calibrators._piecewise import PiecewiseMaps
 
 
@@ -64,3 +64,27 @@ def test_inconsistent_checkpoints_are_refused(saved, edit, match):
     bad = _tamper(tmp_path / "iso", tmp_path / "bad", edit)
     with pytest.raises(ValueError, match=match):
         load_calibrator(bad)
+
+
+@pytest.mark.parametrize("make", [OneVsRestIsotonicRegression, lambda: HistogramBinning(points_per_bin=10)],
+                         ids=["isotonic_ovr", "histogram_binning per_class"])
+def test_per_class_maps_refuse_another_number_of_classes(make, tmp_path):
+    # issue 23 item 2: class k's map was applied to whatever class k of K = 3 or K = 8 logits was, with a log line only
+    z, y = overconfident(600, 5, seed=3)
+    fitted = make().fit(z, y, progress_bar=False)
+    fitted.save_pretrained(tmp_path / "cal")
+    for calibrator in (fitted, load_calibrator(tmp_path / "cal")):
+        for k in (3, 8):
+            other, _ = overconfident(50, k, seed=4)
+            for call in (calibrator, calibrator.predict_proba):
+                with pytest.raises(ValueError, match=rf"K = 5 classes \(one map per class\), but got K = {k}"):
+                    call(other)
+        assert calibrator(z).shape == (600, 5)
+
+
+def test_one_top_label_map_serves_any_number_of_classes():
+    # per_class=False: a single map of the top confidence, whatever class is on top: any K is fine, argmax kept
+    z, y = overconfident(600, 5, seed=3)
+    hb = HistogramBinning(per_class=False, binning="equal_width", n_bins=10).fit(z, y, progress_bar=False)
+    other, _ = overconfident(50, 8, seed=4)
+    assert torch.equal(hb(other).argmax(1), torch.from_numpy(other).argmax(1))
