@@ -202,7 +202,7 @@ def predict_logits(
         key, description = cache_key(model, processor, data, split=data.split, image_column=image_column,
                                      label_column=label_column, image_mode=mode)
         if key is None:
-            logger.warning("the dataset has no fingerprint: its logits are not cached")
+            logger.warning("the logits are not cached: %s", description["not_cached"])
         else:
             cached = load_cached(cache_dir, key)
             misses = distributed.all_reduce_sum(torch.tensor([0 if cached is not None else 1]))
