@@ -78,6 +78,24 @@ def check_choice(value: Any, name: str, choices) -> str:
     return value
 
 
+def check_folder_or_hub_id(name_or_path: Any, name: str, kind: str = "model") -> None:
+    """``name_or_path`` is an existing folder or could be a Hub ``kind`` id (``name`` or ``owner/name``); else a
+    ``ValueError`` naming the argument (a missing ``./folder`` must not read as a malformed Hub id)."""
+    import os
+
+    if os.path.isdir(name_or_path):
+        return
+    if os.path.exists(name_or_path):
+        raise ValueError(f"Expected argument `{name}` to be a folder or a Hub {kind} id, but {str(name_or_path)!r} is a file.")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(str(name_or_path))
+    except HFValidationError:
+        raise ValueError(f"Expected argument `{name}` to be a folder or a Hub {kind} id ('owner/name'), but there is no "
+                         f"folder {str(name_or_path)!r} (and it cannot be a Hub id).") from None
+
+
 def check_classification_shapes(preds: Any, target: Any, preds_name: str = "preds", target_name: str = "target") -> None:
     """Rank, size, K >= 2 and dtype checks shared by metrics, losses and calibrators.
 

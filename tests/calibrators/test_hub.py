@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -364,6 +365,53 @@ def test_overwrite_keeps_files_that_are_not_the_calibrators(data, tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert {p.name for p in tmp_path.iterdir()} == {"notes.txt", "config.json", "model.safetensors", "README.md"}
 
+
+
+def test_a_users_readme_is_never_replaced_or_deleted(data, tmp_path, caplog):
+    # issue 23 item 5: the first save kept the user's README.md and silently wrote no card; the second deleted it
+    z, y = data
+    smart = SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False)
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    (tmp_path / "README.md").write_text("# my project\n")
+    for calibrator, title in ((smart, "SMARTCalibrator calibrator"), (ts, "TemperatureScaling calibrator")):
+        with caplog.at_level("WARNING", logger="hf_calibration"):
+            calibrator.save_pretrained(tmp_path, overwrite=True)
+        assert (tmp_path / "README.md").read_text() == "# my project\n"
+        assert "README.md that hf_calibration did not write: it is kept" in caplog.text
+        card = (tmp_path / "README.hf_calibration.md").read_text()
+        assert title in card and card.count("calibrator |") == 1  # the card of the weights saved now
+        config = json.loads((tmp_path / "config.json").read_text())
+        assert sorted(config["files"]) == ["README.hf_calibration.md", "model.safetensors"]
+        assert all(config["files"][name] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in config["files"])
+        caplog.clear()
+    assert load_calibrator(tmp_path).fitted_temperature == ts.fitted_temperature
+    assert {p.name for p in tmp_path.iterdir()} == {"README.md", "README.hf_calibration.md", "config.json", "model.safetensors"}
+
+
+def test_only_the_files_a_save_wrote_are_replaced(data, tmp_path):
+    z, y = data
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    ts.save_pretrained(tmp_path / "a")
+    (tmp_path / "a" / "README.md").write_text("edited by hand\n")  # the card, edited since: the user's now
+    ts.save_pretrained(tmp_path / "a", overwrite=True)
+    assert (tmp_path / "a" / "README.md").read_text() == "edited by hand\n"
+    assert "TemperatureScaling calibrator" in (tmp_path / "a" / "README.hf_calibration.md").read_text()
+    # weights that changed since the save are not replaced: nothing is written
+    ts.save_pretrained(tmp_path / "b")
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"someone else's weights")
+    before = _snapshot(tmp_path / "b")
+    with pytest.raises(ValueError, match="holds model.safetensors, which hf_calibration did not write"):
+        ts.save_pretrained(tmp_path / "b", overwrite=True)
+    assert _snapshot(tmp_path / "b") == before
+    # a save from before the record (no `files`): its config and weights are the package's, its README.md is not
+    ts.save_pretrained(tmp_path / "c")
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    del config["files"]
+    (tmp_path / "c" / "config.json").write_text(json.dumps(config))
+    readme = (tmp_path / "c" / "README.md").read_bytes()
+    ts.save_pretrained(tmp_path / "c", overwrite=True)
+    assert (tmp_path / "c" / "README.md").read_bytes() == readme
+    assert load_calibrator(tmp_path / "c").fitted_temperature == ts.fitted_temperature
 
 # ----------------------------------------------------------------------------- push_to_hub: offline, dry run
 
