@@ -49,6 +49,16 @@ def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
     return int(value)
 
 
+def check_seed(value: Any, name: str = "seed", limit: int = 2**64) -> int:
+    """A seed in [0, ``limit``): torch's generators take [0, 2**64), numpy's RandomState [0, 2**32). Negative seeds are
+    refused everywhere (torch would map -1 to 2**64 - 1: two spellings of one stream)."""
+    value = check_int(value, name, minimum=0)
+    if value >= limit:
+        bound = {2**64: "2**64", 2**32: "2**32"}.get(limit, str(limit))
+        raise ValueError(f"Expected argument `{name}` to be an integer in [0, {bound} - 1], but got {value}.")
+    return value
+
+
 def check_float(
     value: Any,
     name: str,

@@ -129,7 +129,9 @@ def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: i
     classwise, brier, nll = None, 0.0, 0.0
     if with_probabilities:
         classwise = np.zeros((inputs.preds.shape[1], n_bins))
-        brier, nll = _probability_sums(np.ascontiguousarray(inputs.preds), inputs.target, inputs.from_logits,
+        preds = inputs.preds  # the compiled pass reads native float32 / float64 (float16 → float32 is exact)
+        work = np.float64 if preds.dtype.itemsize >= 8 else np.float32
+        brier, nll = _probability_sums(np.ascontiguousarray(preds, dtype=work), inputs.target, inputs.from_logits,
                                        uniform_edges(n_bins), classwise)
     return _Rows(top.confidence, top.correct, classwise, brier, nll), inputs.from_logits
 
@@ -283,8 +285,9 @@ class CalibrationAccumulator:
             local, self._local = self._local, None
             self.__dict__.update(local)
 
-    def _settle(self, num_classes: int, from_logits: bool | None, what: str) -> None:
-        """Fix K and the resolved from_logits on first sight; later batches / states must agree (checked before any change)."""
+    def _settle(self, num_classes: int, from_logits: bool | None, what: str, *, check_only: bool = False) -> None:
+        """Fix K and the resolved from_logits on first sight; later batches / states must agree (checked before any
+        change). ``check_only``: check, fix nothing (a batch that may still fail)."""
         if self.num_classes is not None and num_classes != self.num_classes:
             raise ValueError(f"Expected {what} to have K = {self.num_classes} classes as before, but got K = {num_classes}.")
         if from_logits is not None and self.from_logits_ is not None and from_logits != self.from_logits_:
@@ -293,6 +296,8 @@ class CalibrationAccumulator:
                 f"Expected {what} to hold {seen} like the earlier batches, but it holds {now}; "
                 "pass `from_logits=True` or `False` to the accumulator if the detection is wrong."
             )
+        if check_only:
+            return
         if self.num_classes is None:
             self.num_classes = num_classes
             if self._with_probabilities:
@@ -335,8 +340,9 @@ class CalibrationAccumulator:
         if preds.ndim == 2 and target.ndim == 1 and preds.shape[0] == target.shape[0] == 0:
             return self
         check_classification_shapes(preds, target, "preds", "target")
-        self._settle(preds.shape[1], None, "`preds`")  # K first: a changed K would otherwise read as bad labels
+        self._settle(preds.shape[1], None, "`preds`", check_only=True)  # K first: a changed K would read as bad labels
         if self.ignore_index is not None and bool((target == self.ignore_index).all()):
+            self._settle(preds.shape[1], None, "`preds`")  # a valid batch with nothing to count (Trainer padding)
             return self
         compute_rows = _rows_torch if _on_device(preds) else _rows_numpy
         rows, from_logits = compute_rows(preds, target, self.from_logits, self.ignore_index, self.n_bins, self._with_probabilities)

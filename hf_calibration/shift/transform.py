@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from .._checks import check_int
+from .._checks import check_int, check_seed
 from .parameters import BENCHMARK_CORRUPTIONS, EXTRA_CORRUPTIONS, FROST_SCALE, PRESETS, REFERENCE_SIZE
 
 CORRUPTIONS = BENCHMARK_CORRUPTIONS + EXTRA_CORRUPTIONS
@@ -34,13 +34,6 @@ def _check_preset(preset: Any) -> str | None:
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"Expected argument `preset` to be None (by image size), 'cifar' or 'imagenet', but got {preset!r}.")
     return preset
-
-
-def _check_seed(seed: Any) -> int:
-    seed = check_int(seed, "seed", minimum=0)
-    if seed >= 2**32:  # numpy.random.RandomState's range
-        raise ValueError(f"Expected argument `seed` to be an integer in [0, 2**32 - 1], but got {seed}.")
-    return seed
 
 
 # PIL modes of 8 bits a channel, which convert("RGB") keeps exactly; 16- and 32-bit integer and float modes ("I;16",
@@ -115,7 +108,7 @@ def corrupt(image: Any, name: str, severity: int, seed: int = 0, *, preset: str 
         ((32, 32), (127, 63, 31))
     """
     name, severity = _check_name(name), _check_severity(severity)
-    seed, preset = _check_seed(seed), _check_preset(preset)
+    seed, preset = check_seed(seed, limit=2**32), _check_preset(preset)
     pil, mode = _to_pil(image)
     out = Image.fromarray(_corrupt(pil, name, severity, np.random.RandomState(seed), preset))
     return out.convert(mode) if mode != "RGB" else out
@@ -150,7 +143,7 @@ def corruption_transform(
         ((32, 32), 0)
     """
     name, severity = _check_name(name), _check_severity(severity)
-    seed, preset = _check_seed(seed), _check_preset(preset)
+    seed, preset = check_seed(seed, limit=2**32), _check_preset(preset)
 
     def transform(batch: dict) -> dict:
         column = image_column or _find_image_column(batch)

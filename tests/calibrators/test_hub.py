@@ -262,6 +262,23 @@ def test_tampered_checkpoints_are_refused(data, tmp_path):
     assert load_calibrator(ts).fitted_temperature == ts_model.fitted_temperature
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_temperature_resaved_in_a_narrower_float_still_loads(data, tmp_path, dtype):
+    # issue 23 item 12: re-saved as float32, refused with "T = 5.08982, the fit record says T = 5.08982"
+    z, y = data
+    ts_model = TemperatureScaling().fit(z, y, progress_bar=False)
+    ts = _save(ts_model, tmp_path / "ts")
+    stored = torch.tensor(np.log(ts_model.fitted_temperature), dtype=torch.float64).to(dtype)
+    narrow = _copy_with(ts, tmp_path / "narrow", tensors={"log_temperature": stored})
+    loaded = load_calibrator(narrow)
+    assert loaded.fitted_temperature == float(np.exp(float(stored)))  # what the file holds, read as is
+    assert loaded.fitted_temperature == pytest.approx(ts_model.fitted_temperature, rel=1e-2)
+    # one step of that float away is an edit, not a rounding
+    nudged = torch.nextafter(stored, torch.tensor(10.0, dtype=dtype))
+    with pytest.raises(ValueError, match="do not match their config"):
+        load_calibrator(_copy_with(ts, tmp_path / "nudged", tensors={"log_temperature": nudged}))
+
 def test_all_correct_fit_stores_the_bounded_temperature(tmp_path):
     from hf_calibration.calibrators.temperature import T_MIN
 
@@ -456,6 +473,30 @@ def test_push_dry_run_builds_the_exact_folder_and_uploads_nothing(data, monkeypa
     with pytest.raises(ValueError, match="path_in_repo"):
         smart.push_to_hub("me/x", path_in_repo="/", dry_run=True)
 
+
+
+def test_a_dry_run_leaves_no_temporary_folder_behind(tmp_path):
+    # issue 23 item 12: every dry run left an hf_calibration_push_* folder in the temporary directory
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import numpy as np, os
+from hf_calibration.calibrators import TemperatureScaling
+rng = np.random.default_rng(0); y = rng.integers(0, 4, 200); z = 3 * rng.normal(size=(200, 4)) + 3 * np.eye(4)[y]
+folder = TemperatureScaling().fit(z, y, progress_bar=False).push_to_hub("me/ts", path_in_repo="calibrator", dry_run=True)
+print(folder, sorted(os.listdir(folder)))
+"""
+    import hf_calibration
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(hf_calibration.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder, files = out.stdout.strip().split(" ", 1)
+    assert folder.startswith(str(tmp_path)) and files == "['README.md', 'config.json', 'model.safetensors']"  # readable meanwhile
+    assert not Path(folder).exists() and list(tmp_path.glob("hf_calibration_push_*")) == []
 
 # ----------------------------------------------------------------------------- references on the card
 

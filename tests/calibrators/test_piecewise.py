@@ -66,6 +66,25 @@ def test_inconsistent_checkpoints_are_refused(saved, edit, match):
         load_calibrator(bad)
 
 
+@pytest.mark.parametrize("kind", ["isotonic", "isotonic_ovr", "histogram_binning", "spline"])
+@pytest.mark.parametrize("name, value", [("maps.values", 1.5), ("maps.values", -0.25), ("maps.knots", 1.5)])
+def test_maps_outside_the_probabilities_are_refused(kind, name, value, tmp_path):
+    # issue 23 item 12: tampered values outside [0, 1] loaded without complaint
+    from safetensors.torch import load_file, save_file
+
+    from hf_calibration.calibrators import create_calibrator
+
+    z, y = overconfident(600, 5, seed=1)
+    create_calibrator(kind).fit(z, y, progress_bar=False).save_pretrained(tmp_path / "ok")
+    load_calibrator(tmp_path / "ok")  # as fitted: loads
+    shutil.copytree(tmp_path / "ok", tmp_path / "bad")
+    tensors = load_file(tmp_path / "bad" / "model.safetensors")
+    index = len(tensors[name]) - 1 if name == "maps.knots" else 0  # the last knot: the order stays increasing
+    tensors[name][index] = value
+    save_file(tensors, tmp_path / "bad" / "model.safetensors", metadata={"format": "pt", "calibrator": kind})
+    with pytest.raises(ValueError, match=rf"corrupted: {name.split('.')[1]} hold {value!r}, outside \[0, 1\]"):
+        load_calibrator(tmp_path / "bad")
+
 @pytest.mark.parametrize("make", [OneVsRestIsotonicRegression, lambda: HistogramBinning(points_per_bin=10)],
                          ids=["isotonic_ovr", "histogram_binning per_class"])
 def test_per_class_maps_refuse_another_number_of_classes(make, tmp_path):

@@ -277,3 +277,26 @@ def test_a_batch_with_another_k_is_named_as_such_not_as_bad_labels():
     with pytest.raises(ValueError, match=r"K = 5 classes as before, but got K = 4"):
         acc.update(rng.normal(size=(10, 4)), np.full(10, -100))  # every row ignored: K is still checked
     assert acc.n == 10
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_float16_batches_equal_the_batch_report(as_torch):
+    # issue 23 item 8: float16 (numpy, or CPU torch.half as a Trainer with fp16_full_eval passes) raised numba's
+    # NotImplementedError; calibration_report, the batch function, takes the same input
+    logits, labels = _data(n=600, dtype=np.float16, ignored_every=31)
+    if as_torch:
+        logits, labels = torch.from_numpy(logits), torch.from_numpy(labels)
+    want = calibration_report(logits, labels)
+    _assert_report(_stream(logits, labels, confidence_dtype="float64").compute(), want)
+    exact = calibration_report(np.asarray(logits, dtype=np.float64), np.asarray(labels))  # float16 → float64 is exact
+    _assert_report(_stream(logits, labels, confidence_dtype="float64").compute(), exact, tol=1e-6)
+
+
+def test_a_failed_first_batch_fixes_nothing():
+    # issue 23 item 12: a first update that raised still fixed K, so the next, good batch was refused
+    logits, labels = _data(n=100, k=7)
+    acc = CalibrationAccumulator(confidence_dtype="float64")
+    with pytest.raises(ValueError, match=r"class indices in \[0, 6\)"):
+        acc.update(logits[:, :6], labels)  # K = 6 with labels up to 6: refused
+    assert acc.num_classes is None and acc.n == 0
+    _assert_report(acc.update(logits, labels).compute(), calibration_report(logits, labels))
