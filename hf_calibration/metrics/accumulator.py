@@ -31,6 +31,7 @@ the CPU's to float32 precision (~1e-7), float64 logits to 1e-15.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable, NamedTuple
 
 import numba
@@ -330,9 +331,19 @@ class CalibrationAccumulator:
     def update(self, preds: Any, target: Any) -> "CalibrationAccumulator":
         """Add a batch: ``preds`` ``(n, K)`` logits or probabilities (torch on any device, or numpy), ``target`` ``(n,)``.
 
-        Rows whose label is ``ignore_index`` are skipped; a batch with no other rows (or no rows) adds nothing.
+        Rows whose label is ``ignore_index`` are skipped; a batch with no other rows (or no rows) adds nothing. In an
+        ``accelerate`` loop with ``even_batches=True`` (its default), the samples a process's last batch repeats to
+        even out the processes are dropped, as ``Accelerator.gather_for_metrics`` drops them
+        (:func:`hf_calibration.distributed.even_batches_padding`); where they cannot be located a warning says so once.
         """
+        return self._update(preds, target, loader_batch=True)
+
+    def _update(self, preds: Any, target: Any, *, loader_batch: bool) -> "CalibrationAccumulator":
+        """``update``; ``loader_batch``: the batch is this process's own from a DataLoader (not the Trainer's gathered
+        predictions, which accelerate has already trimmed)."""
         self._unsync()
+        if loader_batch:
+            preds, target = self._drop_even_batches_padding(preds, target)
         if _on_device(preds):
             target = torch.as_tensor(target, device=preds.device) if isinstance(target, torch.Tensor) else torch.as_tensor(to_numpy(target, "target"), device=preds.device)
         else:
@@ -349,6 +360,29 @@ class CalibrationAccumulator:
         self._settle(preds.shape[1], from_logits, "`preds`")
         self._add(rows)
         return self
+
+    def _drop_even_batches_padding(self, preds: Any, target: Any) -> tuple[Any, Any]:
+        from .. import distributed
+
+        n = getattr(preds, "shape", (0,))[0] if getattr(preds, "ndim", 0) else 0
+        if not n:
+            return preds, target
+        padding = distributed.even_batches_padding(n)
+        if padding is None:
+            if not self.__dict__.get("_warned_padding"):
+                self._warned_padding = True
+                warnings.warn(
+                    "CalibrationAccumulator.update under accelerate with even_batches=True: the last batch may repeat "
+                    "samples to even out the processes, and this one cannot be matched to the DataLoader's batches "
+                    f"(n = {n}), so any repeated sample is counted twice. Prepare the DataLoader with "
+                    "DataLoaderConfiguration(even_batches=False), or update with each batch as the loader gives it.",
+                    UserWarning, stacklevel=3,
+                )
+            return preds, target
+        if padding:
+            keep = n - padding
+            return preds[:keep], target[:keep]
+        return preds, target
 
     def merge(self, other: "CalibrationAccumulator") -> "CalibrationAccumulator":
         """Add ``other``'s samples to this accumulator (same settings required); ``other`` is unchanged."""
@@ -453,7 +487,7 @@ class CalibrationAccumulator:
         preds = eval_pred.predictions
         if isinstance(preds, (tuple, list)):  # output_hidden_states & co.: the logits come first
             preds = preds[0]
-        self.update(preds, eval_pred.label_ids)
+        self._update(preds, eval_pred.label_ids, loader_batch=False)  # the Trainer gathered and trimmed them already
         if not compute_result:
             return None
         report = self.compute()
