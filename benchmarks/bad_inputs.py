@@ -991,14 +991,10 @@ def user_file_cases(tmp: Path) -> list[Case]:
     """Items 5, 6, 7 and item 12's dry runs and compare: only files the package wrote are replaced, checks come first."""
     import tempfile as tempfile_module
 
-    from safetensors.torch import load_file, save_file
-
-    from hf_calibration.calibrators import SMARTCalibrator as Smart
-
     cases: list[Case] = []
     add = cases.append
     ts = TemperatureScaling().fit(Z, Y, progress_bar=False)
-    smart = Smart(max_steps=50).fit(Z, Y, progress_bar=False)
+    smart = SMARTCalibrator(max_steps=50).fit(Z, Y, progress_bar=False)
     readme = b"# my project\n"
 
     def with_readme(name: str) -> Path:

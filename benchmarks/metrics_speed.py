@@ -131,7 +131,30 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def _detection_share(spec: dict) -> dict:
+    """In one process: the every-row detection alone against the ECE call that runs it (best of interleaved repeats)."""
+    from hf_calibration._checks import looks_like_probabilities
+    from hf_calibration.metrics import ece
+
+    z, y = np.load(spec["logits"]), np.load(spec["labels"])
+    if spec.get("softmax"):
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        z /= z.sum(axis=1, keepdims=True)
+    looks_like_probabilities(z[:8])  # compile / load the kernel outside the timing
+    detect, metric = [], []
+    for _ in range(spec["repeats"]):
+        start = time.perf_counter()
+        looks_like_probabilities(z)
+        detect.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        ece(z, y, N_BINS)
+        metric.append(time.perf_counter() - start)
+    return {"detect": min(detect), "ece": min(metric)}
+
+
 def _child(spec: dict) -> dict:
+    if spec["kind"] == "detect":
+        return _detection_share(spec)
     if spec["kind"] == "logits":
         z = np.load(spec["logits"])
         y = np.load(spec["labels"])
@@ -257,7 +280,7 @@ def _baseline(args) -> None:
     """This checkout's ece / calibration_report against another checkout's, on logits and on their softmax."""
     here = str(Path(__file__).resolve().parents[1])
     checkouts = {"baseline": str(Path(args.baseline).resolve()), "this checkout": here}
-    rows = []
+    rows, shares = [], []
     with tempfile.TemporaryDirectory(prefix="metrics_speed_") as tmp:
         for n, k in _parse_cases(args.cases):
             z_path, y_path = _write_logits(Path(tmp), n, k, seed=k)
@@ -281,6 +304,10 @@ def _baseline(args) -> None:
                                  float(np.median(times["baseline"])), float(np.median(times["this checkout"])),
                                  float(np.median(ratios)), values["baseline"], values["this checkout"]))
                     print(rows[-1], flush=True)
+            for softmax in (False, True):
+                res = _run_child({"kind": "detect", "logits": z_path, "labels": y_path, "softmax": softmax, "repeats": 2 * repeats,
+                                  "pythonpath": here, "impl": "ours"})
+                shares.append((f"N={n:.0e}, K={k}".replace("e+0", "e"), "probabilities" if softmax else "logits", res))
     lines = [
         "## Metrics speed against a baseline checkout (`benchmarks/metrics_speed.py --baseline`)",
         "",
@@ -295,6 +322,14 @@ def _baseline(args) -> None:
     ]
     for case, metric, kind, base, ours, ratio, v_base, v_ours in rows:
         lines.append(f"| {case} | {metric} | {kind} | {base:.4f} | {ours:.4f} | {ratio:.2f} | {v_base:.6f} | {v_ours:.6f} |")
+    lines += ["", "This checkout's logits-or-probabilities detection (every row, `looks_like_probabilities`) alone, against "
+              "the `ece` call that runs it, in one process (best of interleaved repeats):", "",
+              "| case | input | detection (s) | ece (s) | detection / ece |", "|---|---|---:|---:|---:|"]
+    for case, kind, res in shares:
+        if "error" in res:
+            lines.append(f"| {case} | {kind} | failed: {res['error'][:80]} | | |")
+        else:
+            lines.append(f"| {case} | {kind} | {res['detect']:.4f} | {res['ece']:.4f} | {res['detect'] / res['ece']:.1%} |")
     text = "\n".join(lines) + "\n"
     out = RESULTS.parent / "metrics_speed_baseline.md"
     out.write_text(text)

@@ -135,14 +135,16 @@ def unreachable_reason(err: BaseException) -> str | None:
 
 
 def _calibrator_config(folder: Path) -> dict | None:
-    """The folder's config.json if this package wrote it (a ``files`` record, or a ``calibrator`` field), else None."""
+    """The folder's config.json if this package wrote it (a ``calibrator`` field, or a ``files`` record beside the
+    ``hf_calibration_version`` every save writes), else None."""
     try:
         config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     if not isinstance(config, dict):
         return None
-    return config if isinstance(config.get(FILES_RECORD), dict) or isinstance(config.get("calibrator"), str) else None
+    recorded = isinstance(config.get(FILES_RECORD), dict) and "hf_calibration_version" in config
+    return config if recorded or isinstance(config.get("calibrator"), str) else None
 
 
 def file_digest(path: Path) -> str:
