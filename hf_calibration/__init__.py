@@ -50,6 +50,7 @@ _EXPORTS = {
     "trainer": ["CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
     "inference": ["predict_logits"],
+    "calibrated_model": ["load_calibrated_model", "pipeline"],
     "metrics.accumulator": ["CalibrationAccumulator"],
 }
 _NAME_TO_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -108,6 +109,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         get_loss,
     )
     from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
+    from .calibrated_model import load_calibrated_model, pipeline
     from .inference import predict_logits
     from .metric_scripts import list_metric_scripts, metric_path
     from .metrics.accumulator import CalibrationAccumulator

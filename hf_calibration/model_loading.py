@@ -20,12 +20,13 @@ __all__ = ["load_image_classifier", "load_image_processor"]
 logger = logging.getLogger(__name__)
 
 _MACCAL_CONFIG_KEY = "maccal_head"  # what a MaC-Cal checkpoint's config records (see hf_calibration.load_maccal_model)
+_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token")  # where the files come from: config and weights alike
 
 
 def _load_model(name_or_path: str | os.PathLike, revision: str | None, **kwargs: Any) -> nn.Module:
     from transformers import AutoConfig, AutoModelForImageClassification, TimmWrapperForImageClassification
 
-    config = AutoConfig.from_pretrained(name_or_path, revision=revision)
+    config = AutoConfig.from_pretrained(name_or_path, revision=revision, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
     if isinstance(getattr(config, _MACCAL_CONFIG_KEY, None), dict):  # also checkpoints older than the Auto registration
         from . import load_maccal_model
 
@@ -35,12 +36,13 @@ def _load_model(name_or_path: str | os.PathLike, revision: str | None, **kwargs:
     return model_class.from_pretrained(name_or_path, config=config, revision=revision, **kwargs)
 
 
-def load_image_processor(name_or_path: str | os.PathLike, revision: str | None = None):
-    """``AutoImageProcessor.from_pretrained``, with an error that says what to do when the checkpoint has none."""
+def load_image_processor(name_or_path: str | os.PathLike, revision: str | None = None, **kwargs: Any):
+    """``AutoImageProcessor.from_pretrained`` (``kwargs``: ``cache_dir``, ``token``, ...), with an error that says what to
+    do when the checkpoint has none."""
     from transformers import AutoImageProcessor
 
     try:
-        return AutoImageProcessor.from_pretrained(name_or_path, revision=revision)
+        return AutoImageProcessor.from_pretrained(name_or_path, revision=revision, **kwargs)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(
             f"Found no image processor for {str(name_or_path)!r} (no preprocessor_config.json, or a timm config without "

@@ -18,7 +18,9 @@ What it adds to `Trainer(..., compute_loss_func=loss)`:
   weight names than it loads them with; those are reloaded through ``from_pretrained``);
 * the loss follows the model's train/eval mode, so ``evaluate()`` never moves EMA statistics, and eval
   predictions stay plain logits (no hidden states are requested);
-* the optional MaC-Cal second stage runs after ``train()`` when ``maccal=MaCCalConfig(...)`` is given.
+* the optional MaC-Cal second stage runs after ``train()`` when ``maccal=MaCCalConfig(...)`` is given;
+* with ``calibrate_on_eval``, a calibrator is fitted on the eval split once training (and MaC-Cal) is over, saved in
+  ``calibrator/`` by ``save_model`` / ``push_to_hub``, its results on the model card (``hf_calibration.eval_calibration``).
 
 The loss normalisation follows transformers' ``compute_loss_func`` contract: the loss returns
 ``sum / num_items_in_batch`` and the Trainer neither divides it by the gradient-accumulation steps nor
@@ -38,6 +40,7 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback
 
+from .eval_calibration import CalibrateOnEvalMixin
 from .features import FeatureCapture, find_classifier_head
 
 logger = logging.getLogger(__name__)
@@ -91,7 +94,7 @@ class CalibrationLossCallback(TrainerCallback):
         self.loss.zero_grad(set_to_none=True)
 
 
-class CalibrationTrainer(Trainer):
+class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
     """`Trainer` for calibration losses: feature capture, loss parameters, loss checkpoints, MaC-Cal.
 
     Args:
@@ -108,6 +111,10 @@ class CalibrationTrainer(Trainer):
             (``run_maccal``) once normal training has finished.
         maccal_dataset: the data MaC-Cal retrains the head on. The paper uses the original, non-augmented
             training images: pass them here when ``train_dataset`` applies augmentation (default: ``train_dataset``).
+        calibrate_on_eval: ``True`` (temperature scaling), a calibrator kind (``"smart"``, ...) or an unfitted
+            ``Calibrator``: fitted on ``eval_dataset`` at the end of ``train()`` (``trainer.calibrator``), saved in
+            ``calibrator/`` beside the model by ``save_model`` and ``push_to_hub``, whose model card then carries ECE
+            and NLL before / after as ``model-index`` results (see :mod:`hf_calibration.eval_calibration`).
         **kwargs: everything `Trainer` takes (``model``, ``args``, ``train_dataset``, ``optimizers`` ...).
 
     The loss's trainable parameters join the optimizer as extra parameter groups, with the Trainer's learning
@@ -130,6 +137,7 @@ class CalibrationTrainer(Trainer):
         head: str | None = None,
         maccal: Any = None,
         maccal_dataset: Any = None,
+        calibrate_on_eval: Any = None,
         **kwargs: Any,
     ):
         if compute_loss is not None and compute_loss_func is not None:
@@ -168,6 +176,7 @@ class CalibrationTrainer(Trainer):
                 find_classifier_head(self.model, head)  # fail now, not at the first step, when there is no head
         if isinstance(self.calibration_loss, nn.Module):
             self._prepare_loss(self.calibration_loss)
+        self._init_calibrate_on_eval(calibrate_on_eval)
 
     def _prepare_loss(self, loss: nn.Module) -> None:
         """Fill the loss's ``num_classes`` from the model, seed its gate from ``args.seed``, put it on the device."""
@@ -394,9 +403,12 @@ class CalibrationTrainer(Trainer):
 
     def train(self, *args: Any, **kwargs: Any):
         self._broadcast_loss_state()
+        self.eval_calibration = None  # a calibrator fitted on an earlier model is not this one's
         output = super().train(*args, **kwargs)
         if self.maccal is not None:
             self.run_maccal()
+        if self.calibrate_on_eval is not None:  # last: the calibrator is fitted on the final model
+            self.fit_calibrator()
         return output
 
     def _broadcast_loss_state(self) -> None:

@@ -6,6 +6,7 @@
     hf-calibration compare --logits VAL.npz [--methods ts,smart,...] [--cv 5] [--metric ece] [--out DIR] [--json]
     hf-calibration shift  --model M --dataset D [--split test] [--calibrator C ...] [--corruptions all] [--severities 1-5] [--ood-dataset D2]
     hf-calibration demo   [--output_dir DIR] [--seed 0] [--epochs N] ...
+    hf-calibration push-metrics --namespace ORG [--metrics ece,smce] [--requirement SPEC] [--dry-run [--out DIR] [--overwrite]]
 
 Bad input (a missing file, missing keys, mismatched shapes, an unwritable output folder, an unknown
 method) prints one line on stderr and exits with status 1 (2 for a malformed command line); pass
@@ -28,11 +29,11 @@ from ._common import PROG, CLIError, Parser, load_calibrator
 
 __all__ = ["COMMANDS", "PROG", "CLIError", "build_parser", "load_calibrator", "main"]
 
-COMMANDS = ("report", "fit", "apply", "compare", "shift", "demo")  # subcommand modules, in --help order
+COMMANDS = ("report", "fit", "apply", "compare", "shift", "demo", "push_metrics")  # subcommand modules, in --help order
 # a library error's advice and argument names are the API's; the command line's switches replace them
 _API_ADVICE = {"Pass `from_logits=True` or `False` explicitly (False: every row must then be a probability vector).":
                "Pass --from-logits or --probs (then every row must be a probability vector)."}
-_API_FLAGS = {"model": "--model", "dataset": "--dataset", "split": "--split", "image_column": "--image-column",
+_API_FLAGS = {"model": "--model", "dataset": "--dataset", "ood_dataset": "--ood-dataset", "split": "--split", "image_column": "--image-column",
               "label_column": "--label-column", "device": "--device", "max_samples": "--max-samples",
               "batch_size": "--batch-size", "num_workers": "--num-workers", "config_name": "--config", "revision": "--revision"}
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)  # the same flags after the subcommand
     common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help="show the Python traceback on errors")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress messages (INFO)")
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(c.replace("_", "-") for c in COMMANDS) + "}", parser_class=Parser)
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(f".{name}", __name__).add_parser(sub, common)

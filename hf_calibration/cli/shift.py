@@ -137,6 +137,12 @@ def run(args) -> int:
     if args.out:  # checked before any model runs: never a model's folder; the files are new, or --overwrite replaces them
         folder = output_folder(args.out, "--out")
         outputs = [new_file(folder / name, "--out file", args.overwrite) for name in OUTPUTS]
+    from .._checks import check_folder_or_hub_id
+
+    check_folder_or_hub_id(args.model, "model")
+    check_folder_or_hub_id(args.dataset, "dataset", "dataset")
+    if args.ood_dataset is not None and not hasattr(args.ood_dataset, "features"):
+        check_folder_or_hub_id(args.ood_dataset, "ood_dataset", "dataset")
     calibrators = _calibrators(args.calibrator)  # row label -> method kind or loaded calibrator
     split = args.split or "test"
     if any(isinstance(c, str) for c in calibrators.values()) and _same_split(args.val_split, split):

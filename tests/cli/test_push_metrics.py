@@ -1,0 +1,72 @@
+"""``hf-calibration push-metrics``: the dry run writes the Space folders the push uploads (HfApi intercepted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hf_calibration import list_metric_scripts
+from hf_calibration.cli import main
+
+SPEC = "hf-calibration==0.1.0"
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_dry_run_writes_every_space_folder(capsys, tmp_path):
+    code, out, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--dry-run", "--out", tmp_path / "spaces",
+                          "--requirement", SPEC)
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "spaces").iterdir()) == list_metric_scripts()
+    for name in list_metric_scripts():
+        assert f"someorg/{name}: {tmp_path / 'spaces' / name}" in out
+        assert (tmp_path / "spaces" / name / "requirements.txt").read_text() == SPEC + "\n"
+    assert "nothing uploaded" in out
+    # a second dry run refuses the folder unless told to replace what the first wrote
+    code, _, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--dry-run", "--out", tmp_path / "spaces", "--requirement", SPEC)
+    assert code == 1 and err.count("\n") == 1 and "--overwrite" in err
+    code, _, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--dry-run", "--out", tmp_path / "spaces",
+                        "--requirement", SPEC, "--overwrite", "--metrics", "ece,smce")
+    assert code == 0, err
+
+
+def test_push_prints_how_to_load_each_metric(capsys, monkeypatch):
+    import huggingface_hub
+
+    pushed = []
+
+    class Api:
+        def __init__(self, **kwargs):
+            pass
+
+        def create_repo(self, repo_id, **kwargs):
+            return huggingface_hub.RepoUrl(f"https://huggingface.co/spaces/{repo_id}")
+
+        def upload_folder(self, *, repo_id, folder_path, **kwargs):
+            pushed.append((repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    code, out, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--metrics", "ece", "--requirement", SPEC)
+    assert code == 0, err
+    assert pushed == [("someorg/ece", ["README.md", "app.py", "ece.py", "requirements.txt"])]
+    assert "ece: https://huggingface.co/spaces/someorg/ece  ->  evaluate.load('someorg/ece')" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--namespace", "some/org", "--dry-run"], "`namespace`"),
+    (["--namespace", "someorg", "--metrics", "ece,nope", "--dry-run"], "nope"),
+    (["--namespace", "someorg", "--out", "x"], "--out and --overwrite only apply with --dry-run"),
+    (["--namespace", "someorg", "--requirement", SPEC], "unreachable"),  # HF_HUB_OFFLINE=1 in the tests
+])
+def test_bad_input_is_one_line(capsys, tmp_path, monkeypatch, argv, message):
+    import tempfile
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where an unreachable Hub leaves the folders to upload
+    code, _, err = _run(capsys, "push-metrics", *argv)
+    assert code == 1 and message in err and err.count("\n") == 1, err
