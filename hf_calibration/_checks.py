@@ -175,9 +175,11 @@ def _count_rows(preds: Any, *, stop_at_other: bool = False):
         if preds.device.type != "cpu":
             low, high = torch.aminmax(preds, dim=1)
             boxed = (low >= 0) & (high <= 1)
-            prob = boxed & ((preds.sum(dim=1, dtype=torch.float64) - 1).abs() <= PROBABILITY_DETECTION_TOLERANCE)
-            first = [int(rows[0, 0]) if rows.numel() else -1 for rows in (prob.nonzero(), (~prob).nonzero())]
-            return RowCounts(int(prob.sum()), int((boxed & ~prob).sum()), *first)
+            simplex = boxed & ((preds.sum(dim=1, dtype=torch.float64) - 1).abs() <= PROBABILITY_DETECTION_TOLERANCE)
+            hot = simplex & ((preds == 0) | (preds == 1)).all(dim=1)
+            prob = simplex & ~hot
+            first = [int(rows[0, 0]) if rows.numel() else -1 for rows in (prob.nonzero(), (~simplex).nonzero())]
+            return RowCounts(int(prob.sum()), int(hot.sum()), int((boxed & ~simplex).sum()), *first)
         preds = (preds.float() if preds.dtype == torch.bfloat16 else preds).numpy()
     return count_rows(preds, PROBABILITY_DETECTION_TOLERANCE, stop_at_other=stop_at_other)
 
@@ -203,21 +205,21 @@ def looks_like_probabilities(preds: Any, name: str = "preds") -> bool:
     (for logits a small fraction of the array is read). Non-finite values are not probabilities (they are
     reported by the finiteness check later). Some rows probability vectors and others not, wherever they are,
     raise ``ValueError``: such an array is neither (probabilities with a malformed row, or logits and
-    probabilities concatenated), and guessing would give a silently wrong number. The one exception is chance:
-    small logits (all in [0, 1], as with K = 2 or 3 and logits near 0) sum to 1 within 1e-2 in a few percent of
-    such rows, so probability-looking rows at most 1/10 as many as the other rows in [0, 1]^K are taken for logits.
+    probabilities concatenated), and guessing would give a silently wrong number. Two exceptions, where logits look
+    like probabilities by chance: one-hot rows (exact 0s and a 1, as in hand-written logits ``[0.0, 1.0]``) read as
+    either and are no evidence beside other rows; and small logits (all in [0, 1], as with K = 2 or 3 and logits near
+    0) sum to 1 within 1e-2 in a few percent of such rows, so probability-looking rows at most 1/10 as many as the
+    other rows in [0, 1]^K are taken for logits.
     """
     if preds.ndim != 2 or preds.shape[0] == 0:
         return False
     counts = _count_rows(preds)
-    if counts.first_probability < 0:
-        return False
     if counts.first_other < 0:
-        return True
+        return True  # every row a probability vector (one-hot rows included)
     if counts.probability * CHANCE_RATIO <= counts.boxed_other:
-        return False
+        return False  # none beside other rows (one-hot rows read as logits), or as few as chance gives
     raise ValueError(
-        f"Expected `{name}` to hold either logits or probabilities, but {counts.probability} of its {preds.shape[0]} rows "
+        f"Expected `{name}` to hold either logits or probabilities, but {counts.probability + counts.one_hot} of its {preds.shape[0]} rows "
         f"are probability vectors (values in [0, 1] summing to 1 within {PROBABILITY_DETECTION_TOLERANCE:g}; row "
         f"{counts.first_probability} is one) and row {counts.first_other} is not (it {_describe_row(preds, counts.first_other, name)}). "
         "Pass `from_logits=True` or `False` explicitly (False: every row must then be a probability vector)."

@@ -198,3 +198,15 @@ def test_small_logits_that_look_like_probabilities_by_chance_stay_logits():
     assert ece(z, target) == ece(z, target, from_logits=True)
     probs = softmax(z, axis=1)
     assert ece(z, target) == pytest.approx(ece(probs, target, from_logits=False), abs=1e-12)
+
+
+def test_one_hot_rows_read_as_logits_beside_logit_rows():
+    # exact 0s and a 1 are a probability vector and plausible hand-written logits: beside logit rows they are logits
+    logits, target = np.array([[2.0, 0.0], [0.0, 1.0], [1.0, 0.5]]), np.array([0, 1, 1])
+    assert ece(logits, target) == ece(logits, target, from_logits=True)
+    hard = np.eye(3)[[0, 2, 1, 1]]  # one-hot rows alone: probabilities (confidence 1)
+    assert ece(hard, np.array([0, 2, 0, 1])) == pytest.approx(0.25, abs=1e-15)
+    probs = softmax(_case(16, 300, 3, 2.0)[0], axis=1)
+    mixed = np.vstack([probs, np.eye(3)[[0, 1]], [[3.0, -1.0, 0.5]]])  # probabilities, one-hot, then a logit row
+    with pytest.raises(ValueError, match=r"302 of its 303 rows are probability vectors .* row 302 is not"):
+        ece(mixed, np.zeros(303, dtype=np.int64))
