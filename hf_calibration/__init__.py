@@ -49,6 +49,7 @@ _EXPORTS = {
     ],
     "trainer": ["CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
+    "conformal": ["ConformalPredictor"],
     "inference": ["predict_logits"],
     "calibrated_model": ["load_calibrated_model", "pipeline"],
     "metrics.accumulator": ["CalibrationAccumulator"],
@@ -110,6 +111,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
     from .calibrated_model import load_calibrated_model, pipeline
+    from .conformal import ConformalPredictor
     from .inference import predict_logits
     from .metric_scripts import list_metric_scripts, metric_path
     from .metrics.accumulator import CalibrationAccumulator

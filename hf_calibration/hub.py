@@ -134,9 +134,12 @@ def unreachable_reason(err: BaseException) -> str | None:
     return None
 
 
+PACKAGE_KINDS = ("calibrator", "conformal")  # config.json / safetensors metadata fields naming what the package saved
+
+
 def _calibrator_config(folder: Path) -> dict | None:
-    """The folder's config.json if this package wrote it (a ``calibrator`` field, or a ``files`` record beside the
-    ``hf_calibration_version`` every save writes), else None."""
+    """The folder's config.json if this package wrote it (a ``calibrator`` or ``conformal`` field, or a ``files``
+    record beside the ``hf_calibration_version`` every save writes), else None."""
     try:
         config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
@@ -144,7 +147,7 @@ def _calibrator_config(folder: Path) -> dict | None:
     if not isinstance(config, dict):
         return None
     recorded = isinstance(config.get(FILES_RECORD), dict) and "hf_calibration_version" in config
-    return config if recorded or isinstance(config.get("calibrator"), str) else None
+    return config if recorded or any(isinstance(config.get(kind), str) for kind in PACKAGE_KINDS) else None
 
 
 def file_digest(path: Path) -> str:
@@ -157,12 +160,13 @@ def file_digest(path: Path) -> str:
 
 
 def _legacy_weights(path: Path) -> bool:
-    """Weights written before the ``files`` record: safetensors whose metadata names the calibrator kind."""
+    """Weights written before the ``files`` record: safetensors whose metadata names a calibrator or predictor kind."""
     try:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as handle:
-            return isinstance((handle.metadata() or {}).get("calibrator"), str)
+            metadata = handle.metadata() or {}
+        return any(isinstance(metadata.get(kind), str) for kind in PACKAGE_KINDS)
     except Exception:  # noqa: BLE001 - unreadable: not provably ours
         return False
 
@@ -210,12 +214,13 @@ def plan_save(
     what: str = "argument `save_directory`",
     overwrite_flag: str = "overwrite=True",
     writes: tuple[str, ...] = (CONFIG_NAME, WEIGHTS_NAME),
+    subfolder: str = "calibrator",
 ) -> SavePlan:
     """Check that the package may save ``writes`` and a card in ``folder``, before anything is written.
 
     Allowed: a new or empty folder; with ``overwrite``, a folder holding an earlier save by this package or files that
     are not a model's. Refused (``ValueError``; ``what`` and ``overwrite_flag`` name the argument and the switch): a
-    model's folder always (save in its ``calibrator/`` subfolder instead); any other non-empty folder without
+    model's folder always (save in its ``subfolder`` instead, ``calibrator/`` by default); any other non-empty folder without
     ``overwrite``; a file at one of the names in ``writes`` that the package did not write; a user's file under both
     card names. A user's README.md is kept: the card goes to ``FALLBACK_CARD_NAME`` (the save warns).
     """
@@ -230,8 +235,8 @@ def plan_save(
     if found:
         raise ValueError(
             f"Expected {what} to be a new folder or one holding a calibrator, but {str(folder)!r} holds a "
-            f"model's files ({', '.join(found[:3])}), which are never replaced: save the calibrator in "
-            f"{str(folder / 'calibrator')!r} instead."
+            f"model's files ({', '.join(found[:3])}), which are never replaced: save it in "
+            f"{str(folder / subfolder)!r} instead."
         )
     if not overwrite:
         held = "a calibrator" if ours else f"{len(entries)} file(s) ({', '.join(entries[:3])})"
@@ -256,10 +261,15 @@ def plan_save(
 
 
 def check_save_folder(
-    folder: str | os.PathLike, *, overwrite: bool, what: str = "argument `save_directory`", overwrite_flag: str = "overwrite=True"
+    folder: str | os.PathLike,
+    *,
+    overwrite: bool,
+    what: str = "argument `save_directory`",
+    overwrite_flag: str = "overwrite=True",
+    subfolder: str = "calibrator",
 ) -> bool:
     """``plan_save``'s checks alone; returns whether an earlier save by this package is there."""
-    return bool(plan_save(folder, overwrite=overwrite, what=what, overwrite_flag=overwrite_flag).replace)
+    return bool(plan_save(folder, overwrite=overwrite, what=what, overwrite_flag=overwrite_flag, subfolder=subfolder).replace)
 
 
 def remove_owned_files(folder: str | os.PathLike, names: tuple[str, ...]) -> None:
@@ -282,6 +292,22 @@ def warn_user_card_kept(folder: str | os.PathLike, card: str) -> None:
                        "written to %s instead.", folder, card)
 
 
+def save_recorded(module: Any, folder: str | os.PathLike, save, *, overwrite: bool, card_kwargs: dict | None = None,
+                  subfolder: str = "calibrator") -> Any:
+    """Save ``module`` (a ``PyTorchModelHubMixin``) into ``folder`` by ``save()`` (the mixin's ``save_pretrained``)
+    under the rules of ``plan_save``: the package's earlier files there are removed first, the card goes beside a
+    user's README.md, and the files written are recorded. Returns what ``save()`` returns."""
+    folder = Path(folder)
+    plan = plan_save(folder, overwrite=overwrite, subfolder=subfolder)
+    remove_owned_files(folder, plan.replace)
+    warn_user_card_kept(folder, plan.card)
+    result = save()  # the mixin writes the card as README.md only where no README.md is left
+    if plan.card != CARD_NAME:
+        module.generate_model_card(**(card_kwargs or {})).save(folder / plan.card)
+    record_files(folder, (WEIGHTS_NAME, plan.card))
+    return result
+
+
 def check_repo_id(repo_id: Any, what: str = "argument `repo_id`") -> str:
     """A Hub repo id such as ``owner/name`` (``TypeError`` / ``ValueError`` naming ``what`` otherwise)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -300,6 +326,37 @@ def check_path_in_repo(path_in_repo: Any, what: str = "argument `path_in_repo`")
     if path_in_repo is not None and (not isinstance(path_in_repo, str) or not path_in_repo.strip("/")):
         raise ValueError(f"Expected {what} to be a non-empty folder name or None, but got {path_in_repo!r}.")
     return path_in_repo
+
+
+DOWNLOAD_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
+
+
+def open_checkpoint(name_or_path: str | os.PathLike, subfolder: str | None, kwargs: dict[str, Any], *, who: str) -> tuple[Path, dict, dict]:
+    """``(folder, config, download options)`` of a checkpoint to load strictly: the download options (and ``strict``,
+    which must stay True; ``who`` names the class in that message) are popped from a ``from_pretrained``'s ``kwargs``."""
+    if kwargs.pop("strict", True) is not True:
+        raise ValueError(f"{who} always load strictly: `strict=False` is not supported.")
+    download = {k: kwargs.pop(k) for k in DOWNLOAD_OPTIONS if k in kwargs}
+    folder = resolve_checkpoint(name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
+    return folder, read_config(folder), download
+
+
+def load_weights(module: Any, folder: str | os.PathLike, *, what: str, map_location: str = "cpu") -> dict[str, str]:
+    """Load ``folder``'s ``model.safetensors`` into ``module`` strictly; returns the file's metadata. A missing,
+    corrupted or mismatched file raises ``ValueError`` (``what`` names the checkpoint's kind in the message)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    path = os.path.join(folder, WEIGHTS_NAME)
+    if not os.path.isfile(path):
+        raise ValueError(f"Expected the {what} weights {WEIGHTS_NAME} in {str(folder)!r}, but the file is missing.")
+    try:
+        with safe_open(path, framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        load_model(module, path, strict=True, device=map_location)
+    except Exception as err:  # safetensors header errors, strict-load key/shape mismatches
+        raise ValueError(f"Could not load the {what} weights {path!r}: the file is corrupted or does not match {type(module).__name__} ({err}).") from None
+    return metadata
 
 
 def _looks_like_a_path(name: str) -> bool:

@@ -89,6 +89,22 @@ def test_report_table_and_diagram(capsys, npz_file, synthetic, tmp_path):
     assert diagram.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_with_bootstrap_intervals(capsys, npz_file, synthetic):
+    from hf_calibration.metrics import calibration_report
+
+    logits, labels = synthetic[0][300:], synthetic[1][300:]
+    want = calibration_report(logits, labels, ci=0.9, n_boot=100)
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--ci", "0.9", "--n-boot", "100")
+    assert code == 0, err
+    assert re.search(rf"^ECE\s+{re.escape(want.ece.format(100, 2, ' %'))}$", out, re.M), out  # "ECE  3.21 % [2.40, 4.05]"
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--ci", "0.9", "--n-boot", "100", "--json")
+    data = json.loads(out)
+    assert data["ece"] == pytest.approx(float(want.ece), abs=1e-12)
+    assert (data["intervals"]["ece"]["low"], data["intervals"]["nll"]["high"]) == pytest.approx((want.ece.low, want.nll.high), abs=1e-12)
+    code, _, err = _run(capsys, "report", "--logits", npz_file, "--ci", "95")
+    assert code == 1 and "--ci" in err
+
+
 def test_report_reads_npy_pair_pt_and_plain_npz_alike(capsys, tmp_path, synthetic):
     logits, labels = synthetic
     np.save(tmp_path / "z.npy", logits)
@@ -136,7 +152,7 @@ def _panels(fig):
     for rel_ax, count_ax in zip(reliability, counts):
         text = " ".join(t.get_text() for t in rel_ax.texts)
         bars = next(c for c in count_ax.containers if c.get_label() == "count")
-        out.append((rel_ax.get_title(), re.search(r"ECE = ([0-9.]+)%", text).group(1),
+        out.append((rel_ax.get_title(), re.search(r"ECE = ([0-9.]+) ?%", text).group(1),
                     int(re.search(r"N = (\d+)", text).group(1)), [int(p.get_height()) for p in bars.patches]))
     return out
 

@@ -379,14 +379,8 @@ class Calibrator(
         if not isinstance(overwrite, bool):
             raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
         folder = Path(save_directory)
-        plan = hub.plan_save(folder, overwrite=overwrite)
-        hub.remove_owned_files(folder, plan.replace)
-        hub.warn_user_card_kept(folder, plan.card)
-        result = super().save_pretrained(folder, **kwargs)  # the card as README.md only where none is left
-        if plan.card != hub.CARD_NAME:
-            self.generate_model_card(**(kwargs.get("model_card_kwargs") or {})).save(folder / plan.card)
-        hub.record_files(folder, (hub.WEIGHTS_NAME, plan.card))
-        return result
+        return hub.save_recorded(self, folder, lambda: super(Calibrator, self).save_pretrained(folder, **kwargs),
+                                 overwrite=overwrite, card_kwargs=kwargs.get("model_card_kwargs"))
 
     def push_to_hub(
         self,
@@ -468,11 +462,7 @@ class Calibrator(
             subfolder: the checkpoint's folder inside it (e.g. ``"calibrator"`` beside a model).
             **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
         """
-        if kwargs.pop("strict", True) is not True:
-            raise ValueError("Calibrators always load strictly: `strict=False` is not supported.")
-        download = {k: kwargs.pop(k) for k in ("revision", "cache_dir", "force_download", "local_files_only", "token") if k in kwargs}
-        folder = hub.resolve_checkpoint(pretrained_model_name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
-        config = hub.read_config(folder)
+        folder, config, _ = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Calibrators")
         cls._check_config(config, folder)
         return super().from_pretrained(folder, **kwargs)
 
@@ -517,23 +507,13 @@ class Calibrator(
     ):
         import os
 
-        from safetensors import safe_open
-        from safetensors.torch import load_model
-
         cls._check_config(config or {}, model_id)
         try:
             model = cls(**model_kwargs)
         except (TypeError, ValueError) as err:
             raise ValueError(f"The checkpoint's config in {model_id!r} does not fit {cls.__name__}: {err}") from None
+        metadata = hub.load_weights(model, model_id, what="calibrator", map_location=map_location)
         path = os.path.join(model_id, hub.WEIGHTS_NAME)
-        if not os.path.isfile(path):
-            raise ValueError(f"Expected the calibrator weights {hub.WEIGHTS_NAME} in {model_id!r}, but the file is missing.")
-        try:
-            with safe_open(path, framework="pt") as handle:
-                metadata = handle.metadata() or {}
-            load_model(model, path, strict=True, device=map_location)
-        except Exception as err:  # safetensors header errors, strict-load key/shape mismatches
-            raise ValueError(f"Could not load the calibrator weights {path!r}: the file is corrupted or does not match {cls.__name__} ({err}).") from None
         if metadata.get("calibrator", cls.kind) != cls.kind:
             raise ValueError(f"The weights in {path!r} belong to calibrator={metadata.get('calibrator')!r}, not {cls.kind!r}.")
         for name, tensor in model.state_dict().items():

@@ -119,11 +119,19 @@ class CalibratorComparison:
     """
 
     def __init__(self, scores: dict[str, MethodScores], *, cv: int, seed: int, n_bins: int, num_samples: int,
-                 num_classes: int, predictions: dict[str, np.ndarray] | None = None):
+                 num_classes: int, predictions: dict[str, np.ndarray] | None = None, labels: np.ndarray | None = None):
         self.scores = scores
         self.cv, self.seed, self.n_bins = cv, seed, n_bins
         self.num_samples, self.num_classes = num_samples, num_classes
         self.predictions = predictions or {}
+        self.labels = labels  # the labels of `predictions` (kept with them)
+
+    def paired_bootstrap(self, metric: str = "ece", **kwargs: Any):
+        """How sure the winner is: each method against the best on the pooled held-out predictions, paired
+        resamples (needs ``keep_predictions=True``); see :func:`hf_calibration.calibrators.paired.paired_bootstrap`."""
+        from .paired import paired_bootstrap
+
+        return paired_bootstrap(self, metric, **kwargs)
 
     @property
     def methods(self) -> list[str]:
@@ -320,7 +328,7 @@ def compare_calibrators(
                 predictions[name] = np.full_like(z, np.nan)
             scores[name] = _cross_validate(name, kwargs, z, y, folds, seeds, n_bins, predictions[name] if keep_predictions else None, bar)
     return CalibratorComparison(scores, cv=cv, seed=seed, n_bins=n_bins, num_samples=int(z.shape[0]),
-                                num_classes=int(z.shape[1]), predictions=predictions)
+                                num_classes=int(z.shape[1]), predictions=predictions, labels=y if keep_predictions else None)
 
 
 class AutoCalibrator:

@@ -168,16 +168,17 @@ def load_data(args, default_split: str):
 def save_diagram(
     logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None, *,
     from_logits: bool | None = None, calibrated=None, names: tuple[str, str] = ("uncalibrated", "calibrated"),
-    what: str = "--diagram",
+    ci: float | None = 0.95, n_boot: int | None = None, what: str = "--diagram",
 ) -> None:
     """The reliability diagram (with counts; a before / after pair when ``calibrated`` is given) as a PNG.
 
-    ``from_logits`` is the one the table used, so the diagram and the table show the same numbers.
+    ``from_logits`` is the one the table used, so the diagram and the table show the same numbers; ``ci`` the
+    level of its per-bin and ECE intervals (default 0.95).
     """
     from ..metrics import reliability_diagram
 
     fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
-                              title=title, from_logits=from_logits)
+                              title=title, from_logits=from_logits, ci=0.95 if ci is None else ci, n_boot=n_boot)
     with writing(what, path):
         path.parent.mkdir(parents=True, exist_ok=True)  # new_file checked that it can be created
         fig.savefig(path, dpi=120)

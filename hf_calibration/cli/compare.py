@@ -70,7 +70,43 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                    help="write one reliability diagram per method here, reliability_<method>.png (default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace diagrams already in --out")
     p.add_argument("--json", action="store_true", help="print the table as JSON (fractions, not percent)")
+    add_paired_options(p)
     p.set_defaults(func=run)
+
+
+def add_paired_options(p: argparse.ArgumentParser) -> None:
+    """``--ci`` / ``--n-boot``: the paired bootstrap of every method against the best (``compare``)."""
+    p.add_argument("--ci", type=float, default=0.95,
+                   help="level of the paired bootstrap of each method against the best, on the pooled held-out "
+                        "predictions (default 0.95; 0 leaves it out)")
+    add_option(p, "n_boot", type=int, default=1000, metavar="B", help="resamples of that bootstrap (default 1000)")
+
+
+def check_paired_options(args) -> None:
+    """Before any work: ``--ci`` in (0, 1) or 0, ``--n-boot`` >= 10."""
+    if args.ci and not 0 < args.ci < 1:
+        raise CLIError(f"--ci: give a level in (0, 1) such as 0.95, or 0 to leave the bootstrap out; got {args.ci}.")
+    if args.n_boot < 10:
+        raise CLIError(f"--n-boot: give at least 10 resamples; got {args.n_boot}.")
+
+
+def paired_section(args, table):
+    """The paired bootstrap against the best by ``--metric`` (None with ``--ci 0`` or when no method qualifies)."""
+    if not args.ci:
+        return None
+    try:
+        return table.paired_bootstrap(args.metric, ci=args.ci, n_boot=args.n_boot)
+    except ValueError as err:  # every method failed on some fold: the table says so already
+        if "qualifies" in str(err) or "failed on some fold" in str(err):
+            return None
+        raise
+
+
+def diagram_title(source: str, name: str, table) -> str:
+    """Say which ECE the diagram shows (all held-out predictions pooled) and which the table shows (the fold mean)."""
+    scores = table[name]
+    return (f"{name} · {source}\nheld-out folds pooled (the table: mean over {table.cv} folds, "
+            f"ECE {100 * scores.mean('ece'):.2f} ± {100 * scores.std('ece'):.2f} %)")
 
 
 def run(args) -> int:
@@ -78,6 +114,7 @@ def run(args) -> int:
     from ..calibrators.selection import UNCALIBRATED
 
     methods = parse_methods(args.methods)
+    check_paired_options(args)
     names = [UNCALIBRATED] + (list_calibrators() if methods == "all" else methods)
     paths = {}
     if args.out is not None:  # checked before the long part: never a model's folder, never a file without --overwrite
@@ -92,20 +129,25 @@ def run(args) -> int:
         logits = table.predictions[name]
         keep = ~(logits != logits).any(axis=1)  # rows of folds where the method failed are NaN
         if keep.any():
-            save_diagram(logits[keep], data.labels[keep], path, args.n_bins, f"{data.source}: {name} (held-out folds)",
+            save_diagram(logits[keep], table.labels[keep], path, args.n_bins, diagram_title(data.source, name, table),
                          from_logits=True, what="--out")  # calibrated logits / log-probabilities, whatever the file held
             written[name] = str(path)
     try:
         best = table.best(args.metric)
     except ValueError:
         best = None
+    paired = paired_section(args, table)
     if args.json:
         print(dump_json({"source": data.source, "cv": args.cv, "seed": args.seed, "metric": args.metric, "best": best,
-                         "table": table.to_dict(), "diagrams": written}))
+                         "table": table.to_dict(), "paired": None if paired is None else paired.to_dict(), "diagrams": written}))
     else:
         print(f"{data.source} (N = {data.logits.shape[0]}, K = {data.logits.shape[1]})")
         print(table)
         print(f"best by {args.metric}: {best or 'none (every method failed on some fold)'}")
+        if paired is not None:
+            print()
+            print(paired)
         if paths:
-            print(f"reliability diagrams: {Path(args.out)}/reliability_<method>.png ({len(written)} written)")
+            print(f"reliability diagrams: {Path(args.out)}/reliability_<method>.png ({len(written)} written; each pools the "
+                  "held-out predictions of all folds, so its ECE is the pooled one, not the table's mean over folds)")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_input_kind_option, add_option, diagram_file, dump_json, json_ready, save_diagram
+from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_ready, save_diagram
 from ._inputs import add_input_options, load_inputs
 
 
@@ -21,22 +21,33 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                help="with --diagram: one diagram per logit-margin group (G equal-count groups)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --diagram file")
     p.add_argument("--json", action="store_true", help="print the report as JSON (fractions, not percent)")
+    p.add_argument("--ci", type=float, default=None, metavar="LEVEL",
+                   help="add a percentile bootstrap interval to every metric, e.g. --ci 0.95 (and to the diagram's ECE)")
+    add_option(p, "n_boot", type=int, default=None, metavar="B",
+               help="resamples of that bootstrap (default 1000; 200 for smCE and smECE)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..metrics import calibration_report
+    from ..metrics.bootstrap import check_bootstrap
 
+    try:  # before any work
+        check_bootstrap(args.ci, args.n_boot, 0)
+    except (TypeError, ValueError) as err:
+        raise CLIError(f"--ci / --n-boot: {err}") from None
     inputs = [path for path in (getattr(args, "logits", None), getattr(args, "labels", None)) if path]
     diagram = diagram_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None
     data = load_inputs(args, default_split="test", apply_calibrator=True)
-    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits)
+    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits, ci=args.ci, n_boot=args.n_boot)
     if diagram is not None:  # the same input rule as the table (an explicit flag, else the table's detection)
         save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups,
-                     from_logits=report.from_logits)
+                     from_logits=report.from_logits, ci=args.ci, n_boot=args.n_boot)
     kind = "logits" if report.from_logits else "probabilities"
     if args.json:
-        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": kind, **json_ready(report)}))
+        intervals = {key: {"low": v.low, "high": v.high, "level": v.level, "n_boot": v.n_boot} for key, v in report.intervals().items()}
+        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": kind, **json_ready(report),
+                         **({"intervals": intervals} if intervals else {})}))
     else:
         print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}, {kind}")
         print(report)

@@ -2,6 +2,8 @@
 
 from .accumulator import CalibrationAccumulator
 from .adaptive import adaece
+from .bootstrap import MetricInterval
+from .debiased import debiased_ece
 from .ece import ECESplit, classwise_ece, ece, ece_split, mce
 from .ood import ood_metrics, ood_metrics_from_scores, ood_scores
 from .reliability import ReliabilityTable, reliability_diagram, reliability_table
@@ -14,6 +16,7 @@ __all__ = [
     "CalibrationAccumulator",
     "CalibrationReport",
     "ECESplit",
+    "MetricInterval",
     "ReliabilityTable",
     "RiskCoverage",
     "adaece",
@@ -21,6 +24,7 @@ __all__ = [
     "brier",
     "calibration_report",
     "classwise_ece",
+    "debiased_ece",
     "ece",
     "eaurc",
     "ece_split",

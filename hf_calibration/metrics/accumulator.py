@@ -48,11 +48,13 @@ from .._checks import (
     to_numpy,
 )
 from ._format import prepare, top_label
-from .adaptive import _adaece_compute
+from .adaptive import _adaece_compute, _adaece_statistic
 from .binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_edges
-from .ece import _classwise_ece_compute
+from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, frame, weighted_means
+from .ece import _binned_statistic, _classwise_ece_compute
 from .report import CalibrationReport
-from .smooth import smce_from_confidence, smece_from_confidence
+from .scores import _row_scores
+from .smooth import _smce_statistic, _smece_statistic, smce_from_confidence, smece_from_confidence
 
 __all__ = ["CalibrationAccumulator", "METRICS"]
 
@@ -71,6 +73,7 @@ class _Rows(NamedTuple):
     classwise: np.ndarray | None  # (K, B) signed sums, or None when not needed
     brier: float
     nll: float
+    scores: np.ndarray | None = None  # (n, 2) each row's Brier and NLL terms, kept for bootstrap intervals
 
 
 @numba.njit(cache=True, nogil=True)
@@ -122,7 +125,8 @@ def _probability_sums(preds, target, from_logits, edges, classwise):  # pragma: 
     return brier, nll
 
 
-def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool) -> tuple[_Rows, bool]:
+def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool,
+                with_scores: bool = False) -> tuple[_Rows, bool]:
     """The batch functions' own path: ``prepare`` + ``top_label`` (same float64 confidences), then the compiled pass.
     Returns the rows and what ``from_logits`` resolved to on the kept rows."""
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
@@ -134,10 +138,12 @@ def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: i
         work = np.float64 if preds.dtype.itemsize >= 8 else np.float32
         brier, nll = _probability_sums(np.ascontiguousarray(preds, dtype=work), inputs.target, inputs.from_logits,
                                        uniform_edges(n_bins), classwise)
-    return _Rows(top.confidence, top.correct, classwise, brier, nll), inputs.from_logits
+    scores = _row_scores(inputs) if with_scores else None
+    return _Rows(top.confidence, top.correct, classwise, brier, nll, scores), inputs.from_logits
 
 
-def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool) -> tuple[_Rows, bool]:
+def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool,
+                with_scores: bool = False) -> tuple[_Rows, bool]:
     """The same quantities reduced on ``preds.device``; only per-row values and the K·B sums leave it."""
     target = torch.as_tensor(target, device=preds.device)
     check_classification_shapes(preds, target, "preds", "target")
@@ -171,7 +177,10 @@ def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_in
         confidence, prediction = probs.max(dim=1)
         log_py = torch.log(probs[rows, target])
     correct = (prediction == target).double()
-    classwise, brier, nll = None, 0.0, 0.0
+    classwise, brier, nll, scores = None, 0.0, 0.0, None
+    if with_scores:
+        p_true = probs[rows, target]
+        scores = torch.stack([(probs * probs).sum(dim=1) - 2.0 * p_true + 1.0, -log_py], dim=1).cpu().numpy()
     if with_probabilities:
         interior = torch.from_numpy(uniform_edges(n_bins)[1:-1]).to(preds.device)
         index = torch.bucketize(probs, interior, right=False)  # edges[b] < p <= edges[b + 1], as searchsorted(side="left")
@@ -182,7 +191,7 @@ def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_in
         p_true = probs[rows, target]
         brier = float((probs * probs).sum() - 2.0 * p_true.sum() + n)
         nll = float(-log_py.sum())
-    return _Rows(confidence.cpu().numpy(), correct.cpu().numpy(), classwise, brier, nll), from_logits
+    return _Rows(confidence.cpu().numpy(), correct.cpu().numpy(), classwise, brier, nll, scores), from_logits
 
 
 def _on_device(preds: Any) -> bool:
@@ -207,6 +216,12 @@ class CalibrationAccumulator:
             per-sample state at all (memory independent of N); leaving out ``classwise_ece``, ``brier``
             and ``nll`` skips the full-probability pass. Metrics left out are None in the report.
         confidence_dtype: ``"float32"`` (5 bytes a sample) or ``"float64"`` (9 bytes, exact).
+        ci, n_boot, seed: percentile bootstrap intervals, as :func:`~hf_calibration.metrics.calibration_report`:
+            ``compute()`` then gives :class:`~hf_calibration.metrics.MetricInterval` values and a Trainer gets
+            ``<metric>_ci_low`` / ``<metric>_ci_high`` too. The accumulator then keeps every
+            ``(confidence, correct)`` pair and, with Brier / NLL, each row's two terms (16 more bytes a
+            sample). Classwise ECE keeps no interval: it would need each row's K probabilities, the very
+            thing the accumulator exists not to hold.
 
     Three ways to use it::
 
@@ -230,6 +245,9 @@ class CalibrationAccumulator:
         ignore_index: int | None = IGNORE_INDEX,
         metrics: Iterable[str] | None = None,
         confidence_dtype: str = "float32",
+        ci: float | None = None,
+        n_boot: int | None = None,
+        seed: int = 0,
     ):
         self.n_bins = _check_n_bins(n_bins)
         if from_logits is not None and not isinstance(from_logits, bool):
@@ -250,7 +268,10 @@ class CalibrationAccumulator:
         self.metrics = tuple(m for m in METRICS if m in chosen | _ALWAYS)
         self.confidence_dtype = check_choice(confidence_dtype, "confidence_dtype", _PAIR_DTYPES)
         self._with_probabilities = bool(_FROM_PROBABILITIES & set(self.metrics))
-        self._with_pairs = bool(_FROM_PAIRS & set(self.metrics))
+        self._boot = check_bootstrap(ci, n_boot, seed)
+        self._smooth_boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
+        self._with_pairs = bool(_FROM_PAIRS & set(self.metrics)) or self._boot is not None
+        self._with_scores = self._boot is not None and bool({"brier", "nll"} & set(self.metrics))
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -267,6 +288,7 @@ class CalibrationAccumulator:
         self._nll = 0.0
         self._confidence: list[np.ndarray] = []
         self._correct: list[np.ndarray] = []
+        self._scores: list[np.ndarray] = []  # (n, 2) Brier / NLL terms per row, with ci
         self._local: dict[str, Any] | None = None  # this process's own state while a synced total is held
         return self
 
@@ -277,7 +299,7 @@ class CalibrationAccumulator:
             "_accuracy_sum": self._accuracy_sum.copy(),
             "_classwise": None if self._classwise is None else self._classwise.copy(),
             "_brier": self._brier, "_nll": self._nll,
-            "_confidence": list(self._confidence), "_correct": list(self._correct),
+            "_confidence": list(self._confidence), "_correct": list(self._correct), "_scores": list(self._scores),
         }
 
     def _unsync(self) -> None:
@@ -310,9 +332,11 @@ class CalibrationAccumulator:
         index = _uniform_bin_index(rows.confidence, self.n_bins)
         sums = _bin_sums(index, rows.confidence, rows.correct, self.n_bins)
         pairs = ([rows.confidence.astype(_PAIR_DTYPES[self.confidence_dtype])], [rows.correct.astype(np.uint8)]) if self._with_pairs else ([], [])
-        self._accumulate(sums, rows.classwise, rows.brier, rows.nll, rows.confidence.shape[0], *pairs)
+        self._accumulate(sums, rows.classwise, rows.brier, rows.nll, rows.confidence.shape[0], *pairs,
+                         [rows.scores] if self._with_scores else [])
 
-    def _accumulate(self, sums: BinSums, classwise, brier: float, nll: float, n: int, confidence: list, correct: list) -> None:
+    def _accumulate(self, sums: BinSums, classwise, brier: float, nll: float, n: int, confidence: list, correct: list,
+                    scores: list | None = None) -> None:
         """Add sums (of a batch, or of another accumulator) and pair arrays to the state."""
         self._count += sums.count
         self._confidence_sum += sums.confidence
@@ -324,8 +348,10 @@ class CalibrationAccumulator:
         self.n += n
         self._confidence += confidence
         self._correct += correct
+        self._scores += scores or []
         if len(self._confidence) >= 1024:  # keep the lists short: one array per 1024 batches
             self._confidence, self._correct = [np.concatenate(self._confidence)], [np.concatenate(self._correct)]
+            self._scores = [np.concatenate(self._scores)] if self._scores else []
 
     # ------------------------------------------------------------------ API
     def update(self, preds: Any, target: Any) -> "CalibrationAccumulator":
@@ -356,7 +382,8 @@ class CalibrationAccumulator:
             self._settle(preds.shape[1], None, "`preds`")  # a valid batch with nothing to count (Trainer padding)
             return self
         compute_rows = _rows_torch if _on_device(preds) else _rows_numpy
-        rows, from_logits = compute_rows(preds, target, self.from_logits, self.ignore_index, self.n_bins, self._with_probabilities)
+        rows, from_logits = compute_rows(preds, target, self.from_logits, self.ignore_index, self.n_bins, self._with_probabilities,
+                                         self._with_scores)
         self._settle(preds.shape[1], from_logits, "`preds`")
         self._add(rows)
         return self
@@ -388,7 +415,7 @@ class CalibrationAccumulator:
         """Add ``other``'s samples to this accumulator (same settings required); ``other`` is unchanged."""
         if not isinstance(other, CalibrationAccumulator):
             raise TypeError(f"Expected argument `other` to be a CalibrationAccumulator, but got {type(other).__name__}.")
-        for name in ("n_bins", "metrics", "confidence_dtype", "ignore_index"):
+        for name in ("n_bins", "metrics", "confidence_dtype", "ignore_index", "_boot"):
             if getattr(other, name) != getattr(self, name):
                 raise ValueError(f"Expected argument `other` to have {name} = {getattr(self, name)!r}, but got {getattr(other, name)!r}.")
         self._unsync()
@@ -396,7 +423,8 @@ class CalibrationAccumulator:
             return self
         self._settle(other.num_classes, other.from_logits_, "argument `other`")
         sums = BinSums(other._count, other._confidence_sum, other._accuracy_sum)
-        self._accumulate(sums, other._classwise, other._brier, other._nll, other.n, list(other._confidence), list(other._correct))
+        self._accumulate(sums, other._classwise, other._brier, other._nll, other.n, list(other._confidence), list(other._correct),
+                         list(other._scores))
         return self
 
     def sync(self) -> "CalibrationAccumulator":
@@ -436,6 +464,8 @@ class CalibrationAccumulator:
             confidence, correct = self._pairs()
             self._confidence = [distributed.all_gather_rows(torch.from_numpy(confidence)).numpy()]
             self._correct = [distributed.all_gather_rows(torch.from_numpy(correct)).numpy()]
+        if self._with_scores:
+            self._scores = [distributed.all_gather_rows(torch.from_numpy(self._score_rows())).numpy()]
         self._local = local
         return self
 
@@ -446,6 +476,28 @@ class CalibrationAccumulator:
         if len(self._confidence) > 1:
             self._confidence, self._correct = [np.concatenate(self._confidence)], [np.concatenate(self._correct)]
         return self._confidence[0], self._correct[0]
+
+    def _score_rows(self) -> np.ndarray:
+        if len(self._scores) != 1:
+            self._scores = [np.concatenate(self._scores) if self._scores else np.zeros((0, 2))]
+        return self._scores[0]
+
+    def _intervals(self, values: dict[str, Any], confidence: np.ndarray, correct: np.ndarray) -> dict[str, Any]:
+        """Each computed metric (classwise ECE aside) with its bootstrap interval, from the kept rows."""
+        n, boot, chosen = self.n, self._boot, set(self.metrics)
+        binned, ada, scores = boot.replicates(
+            [_binned_statistic(confidence, correct, self.n_bins),
+             _adaece_statistic(confidence, correct, self.n_bins) if "adaece" in chosen else (lambda c: np.zeros(len(c))),
+             weighted_means(self._score_rows(), frame(confidence)) if self._with_scores else (lambda c: np.zeros((len(c), 2)))], n)
+        replicates = {"ece": binned[:, 0], "mce": binned[:, 1], "o_ece": binned[:, 2], "u_ece": binned[:, 3],
+                      "accuracy": binned[:, 4], "adaece": ada, "brier": scores[:, 0], "nll": scores[:, 1]}
+        out = {key: boot.interval(values[key], reps) for key, reps in replicates.items() if values[key] is not None}
+        smooth = [name for name in ("smce", "smece") if name in chosen]
+        if smooth:
+            statistics = {"smce": _smce_statistic(confidence, correct), "smece": _smece_statistic(confidence, correct)}
+            for name, reps in zip(smooth, self._smooth_boot.replicates([statistics[name] for name in smooth], n)):
+                out[name] = self._smooth_boot.interval(values[name], reps)
+        return {**values, **out}
 
     def compute(self) -> CalibrationReport:
         """The metrics of every sample added so far (fractions; metrics left out are None)."""
@@ -479,6 +531,8 @@ class CalibrationAccumulator:
                 values["smce"] = smce_from_confidence(confidence, correct)
             if "smece" in chosen:
                 values["smece"] = smece_from_confidence(confidence, correct)
+            if self._boot is not None:
+                values = self._intervals(values, confidence, correct)
         return CalibrationReport(**values, n_bins=self.n_bins, from_logits=self.from_logits_)
 
     def __call__(self, eval_pred: Any, compute_result: bool = True) -> dict[str, float] | None:
@@ -492,13 +546,14 @@ class CalibrationAccumulator:
             return None
         report = self.compute()
         self.reset()
-        return {key: value for key, value in report.to_dict().items() if value is not None}
+        return flat_intervals({key: value for key, value in report.to_dict().items() if value is not None})
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The state as CPU tensors (``torch.save`` / safetensors ready); ``load_state_dict`` restores it."""
         confidence, correct = self._pairs()
         k = -1 if self.num_classes is None else self.num_classes
+        scores = {"scores": torch.from_numpy(self._score_rows().copy())} if self._with_scores else {}  # with ci only
         return {
             "num_classes": torch.tensor(k, dtype=torch.int64),
             "from_logits": torch.tensor(-1 if self.from_logits_ is None else int(self.from_logits_), dtype=torch.int64),
@@ -511,6 +566,7 @@ class CalibrationAccumulator:
             "nll_sum": torch.tensor(self._nll, dtype=torch.float64),
             "confidence": torch.from_numpy(confidence.copy()),
             "correct": torch.from_numpy(correct.copy()),
+            **scores,
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> "CalibrationAccumulator":
@@ -525,6 +581,7 @@ class CalibrationAccumulator:
             "count": (b,), "confidence_sum": (b,), "accuracy_sum": (b,),
             "classwise": (k if (k > 0 and self._with_probabilities) else 0, b),
             "confidence": (n if self._with_pairs else 0,), "correct": (n if self._with_pairs else 0,),
+            **({"scores": (n, 2)} if self._with_scores else {}),
         }
         for name, shape in checks.items():
             if tuple(state[name].shape) != shape:
@@ -545,6 +602,8 @@ class CalibrationAccumulator:
         if self._with_pairs and n:
             self._confidence = [state["confidence"].numpy().copy()]
             self._correct = [state["correct"].numpy().astype(np.uint8).copy()]
+        if self._with_scores and n:
+            self._scores = [state["scores"].numpy().astype(np.float64).copy()]
         return self
 
     def __repr__(self) -> str:

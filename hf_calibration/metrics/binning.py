@@ -62,6 +62,13 @@ def _uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     return index  # already in [0, n_bins - 1]: interior edges only, p = 0 → 0, p = 1 → n_bins - 1
 
 
+def _run_sizes(n: int, n_bins: int) -> np.ndarray:
+    """Sizes of the ``n_bins`` runs of an equal-count split of ``n`` sorted samples (``np.array_split``)."""
+    sizes = np.full(n_bins, n // n_bins, dtype=np.int64)
+    sizes[: n % n_bins] += 1
+    return sizes
+
+
 def _adaptive_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     """Equal-mass bin of each confidence: edges at the order statistics closing the ``np.array_split``
     runs of the sorted confidences, then ``lo < p <= hi`` as for uniform bins.
@@ -73,9 +80,7 @@ def _adaptive_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     ones in another, and turns a perfectly calibrated tied sample into a large "error".
     """
     n = confidence.shape[0]
-    sizes = np.full(n_bins, n // n_bins, dtype=np.int64)
-    sizes[: n % n_bins] += 1
-    last = np.cumsum(sizes[:-1]) - 1  # sorted position closing each run but the final one (>= 0: run 0 is never empty)
+    last = np.cumsum(_run_sizes(n, n_bins)[:-1]) - 1  # sorted position closing each run but the final one (>= 0: run 0 is never empty)
     upper = np.sort(confidence)[last]
     # side="left": the number of upper edges strictly below p, i.e. the first bin with p <= hi
     return np.searchsorted(upper, confidence, side="left")

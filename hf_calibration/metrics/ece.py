@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numba
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import prepare, probability_chunks, top_label
-from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
+from ._format import Inputs, prepare, probability_chunks, top_label
+from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_edges
+from .bootstrap import Bootstrap, check_bootstrap, frame, segment_sums
 
 
 class ECESplit(NamedTuple):
@@ -50,6 +52,95 @@ def _mce_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> fl
     return float(np.abs(acc[filled] - conf[filled]).max())
 
 
+# ------------------------------------------------------------------------------------ resampled forms
+# The same sums with row i weighted by its bootstrap count c_i (see ``bootstrap``). In frame order (rows
+# sorted by confidence) each equal-width bin is a run of consecutive rows, so a resample's per-bin sums are
+# three contiguous weighted sums per bin: O(N), vectorised.
+
+
+def _binned_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
+    """``counts -> (B, 5)`` ECE, MCE, O-ECE, U-ECE and accuracy of each resample (counts in frame order)."""
+    order = frame(confidence)
+    n = confidence.shape[0]
+    index = _uniform_bin_index(confidence[order], n_bins)  # nondecreasing
+    starts = np.searchsorted(index, np.arange(n_bins + 1), side="left")
+    columns = np.ascontiguousarray(np.stack([np.ones(n), confidence[order], correct[order]]))
+
+    def statistic(counts: np.ndarray) -> np.ndarray:
+        sums = segment_sums(counts, starts, columns)  # (B, bins, [count, confidence, correct])
+        gap = (sums[..., 1] - sums[..., 2]) / n
+        with np.errstate(invalid="ignore", divide="ignore"):
+            bin_gap = np.where(sums[..., 0] > 0, np.abs(sums[..., 2] - sums[..., 1]) / sums[..., 0], 0.0)
+        return np.stack([np.abs(gap).sum(axis=1), bin_gap.max(axis=1), np.clip(gap, 0, None).sum(axis=1),
+                         np.clip(-gap, 0, None).sum(axis=1), sums[..., 2].sum(axis=1) / n], axis=1)
+
+    return statistic
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _classwise_replicates(counts_t, position, preds, target, from_logits, edges):  # pragma: no cover - compiled
+    """Classwise ECE of each resample: the signed (class, bin) sums of ``_classwise_ece_update`` with row i
+    weighted by its count. ``counts_t`` is the block transposed, (frame positions, resamples), and row i's
+    counts are ``counts_t[position[i]]``: each row's probabilities are formed once (float64 softmax, as the
+    streaming pass) and added to its K cells for every resample at once (a vectorised axpy)."""
+    n, k = preds.shape
+    chunk = counts_t.shape[1]
+    n_bins = edges.shape[0] - 1
+    cells = np.zeros((k * n_bins, chunk))
+    p = np.empty(k)
+    for i in range(n):
+        if from_logits:
+            top = np.float64(preds[i, 0])
+            for j in range(1, k):
+                top = max(top, np.float64(preds[i, j]))
+            s = 0.0
+            for j in range(k):
+                p[j] = np.exp(np.float64(preds[i, j]) - top)
+                s += p[j]
+            for j in range(k):
+                p[j] = p[j] / s
+        else:
+            for j in range(k):
+                p[j] = np.float64(preds[i, j])
+        weights = counts_t[position[i]]
+        y = target[i]
+        for j in range(k):  # edges[b] < p <= edges[b + 1], p = 0 in the first bin
+            q = p[j]
+            bin_ = min(int(q * n_bins), n_bins - 1)
+            while bin_ > 0 and q <= edges[bin_]:
+                bin_ -= 1
+            while bin_ < n_bins - 1 and q > edges[bin_ + 1]:
+                bin_ += 1
+            cell = cells[j * n_bins + bin_]
+            value = q - 1.0 if j == y else q
+            for b in range(weights.shape[0]):
+                cell[b] += weights[b] * value
+    out = np.empty(chunk)
+    for b in range(chunk):
+        total = 0.0
+        for c in range(k * n_bins):
+            total += abs(cells[c, b])
+        out[b] = total / k / n
+    return out
+
+
+def _classwise_statistic(inputs: Inputs, n_bins: int, order: np.ndarray):
+    """``counts -> (B,)`` classwise ECE of each resample (counts in the frame ``order``), O(N·K) per resample,
+    reading ``inputs.preds`` row by row as given."""
+    preds = np.ascontiguousarray(inputs.preds)
+    edges = uniform_edges(n_bins)
+    position = np.empty_like(order)
+    position[order] = np.arange(order.shape[0])
+    return lambda counts: _classwise_replicates(np.ascontiguousarray(counts.T), position, preds, inputs.target,
+                                                inputs.from_logits, edges)
+
+
+def _top_label_interval(boot: Bootstrap, confidence: np.ndarray, correct: np.ndarray, n_bins: int, column: int, value: float):
+    """``value`` with the interval of column ``column`` of ``_binned_statistic`` (0 ECE, 1 MCE, 2 O-ECE, 3 U-ECE)."""
+    replicates = boot.replicates([_binned_statistic(confidence, correct, n_bins)], confidence.shape[0])[0]
+    return boot.interval(value, replicates[:, column])
+
+
 def ece(
     preds: Any,
     target: Any,
@@ -57,6 +148,9 @@ def ece(
     *,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
 ) -> float:
     """Expected calibration error of the top label, equal-width bins (Guo et al. 2017, eq. 3).
 
@@ -75,9 +169,15 @@ def ece(
             detection and validation never disagree.
         ignore_index: label of rows to drop (default -100, the transformers convention); an
             integer or None.
+        ci: confidence level of a percentile bootstrap interval (0.95), or None (default) for the
+            bare value. The rows (after ``ignore_index``) are resampled; see
+            :mod:`hf_calibration.metrics.bootstrap`.
+        n_boot: number of resamples (default 1,000).
+        seed: seed of the resamples (default 0): the same seed gives the same interval.
 
     Returns:
-        ECE as a fraction in [0, 1].
+        ECE as a fraction in [0, 1]; with ``ci``, a :class:`~hf_calibration.metrics.MetricInterval`:
+        that float, with ``.low`` and ``.high``.
 
     Example:
         >>> import numpy as np
@@ -86,10 +186,19 @@ def ece(
         0.4
         >>> round(ece(np.log(probs), np.array([0, 1, 1]), n_bins=10), 4)  # logits: the same
         0.4
+        >>> rng = np.random.default_rng(0)
+        >>> conf = rng.uniform(0.5, 1.0, 2000)  # over-confident: right with probability conf - 0.1
+        >>> probs = np.stack([conf, 1 - conf], axis=1)
+        >>> labels = (rng.random(2000) >= conf - 0.1).astype(int)
+        >>> value = ece(probs, labels, ci=0.95)  # the true ECE is 0.1
+        >>> round(value, 3), round(value.low, 3), round(value.high, 3)
+        (0.088, 0.069, 0.108)
     """
     n_bins = _check_n_bins(n_bins)
+    boot = check_bootstrap(ci, n_boot, seed)
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
-    return _ece_compute(top.confidence, top.correct, n_bins)
+    value = _ece_compute(top.confidence, top.correct, n_bins)
+    return value if boot is None else _top_label_interval(boot, top.confidence, top.correct, n_bins, 0, value)
 
 
 def mce(
@@ -99,12 +208,19 @@ def mce(
     *,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
 ) -> float:
     """Maximum calibration error: the largest ``|acc_b - conf_b|`` over non-empty equal-width bins
-    (Guo et al. 2017, eq. 5). Arguments as :func:`ece` (``from_logits=None`` detects probabilities)."""
+    (Guo et al. 2017, eq. 5). Arguments as :func:`ece` (``from_logits=None`` detects probabilities;
+    ``ci`` adds a bootstrap interval: a maximum over bins is biased upwards on a resample, so read it
+    as rough)."""
     n_bins = _check_n_bins(n_bins)
+    boot = check_bootstrap(ci, n_boot, seed)
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
-    return _mce_compute(top.confidence, top.correct, n_bins)
+    value = _mce_compute(top.confidence, top.correct, n_bins)
+    return value if boot is None else _top_label_interval(boot, top.confidence, top.correct, n_bins, 1, value)
 
 
 def ece_split(
@@ -114,13 +230,22 @@ def ece_split(
     *,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
 ) -> ECESplit:
     """Over- and under-confidence parts of the ECE, ``ECESplit(over, under)`` (O-ECE / U-ECE of
     FeDLaS Table 4): ``sum_b |B_b|/N * max(conf_b - acc_b, 0)`` and ``max(acc_b - conf_b, 0)``.
-    They add up to :func:`ece`. Arguments as :func:`ece` (``from_logits=None`` detects probabilities)."""
+    They add up to :func:`ece`. Arguments as :func:`ece` (``from_logits=None`` detects probabilities;
+    with ``ci`` both parts are :class:`~hf_calibration.metrics.MetricInterval` from the same resamples)."""
     n_bins = _check_n_bins(n_bins)
+    boot = check_bootstrap(ci, n_boot, seed)
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
-    return _ece_split_compute(top.confidence, top.correct, n_bins)
+    split = _ece_split_compute(top.confidence, top.correct, n_bins)
+    if boot is None:
+        return split
+    replicates = boot.replicates([_binned_statistic(top.confidence, top.correct, n_bins)], top.confidence.shape[0])[0]
+    return ECESplit(boot.interval(split.over, replicates[:, 2]), boot.interval(split.under, replicates[:, 3]))
 
 
 def _classwise_ece_update(probs: np.ndarray, target: np.ndarray, n_bins: int) -> np.ndarray:
@@ -146,15 +271,24 @@ def classwise_ece(
     *,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
 ) -> float:
     """Classwise ECE: the mean over classes k of the equal-width-binned ECE of ``p_k`` against
     ``[y == k]`` (Kull et al. 2019; Nixon et al. 2019 without thresholding). Every probability,
     zeros included, is binned (``p = 0`` → first bin). Equal-width bins depend on the values
     only, so ties cannot be split by correctness. Arguments as :func:`ece` (``from_logits=None``
-    detects probabilities)."""
+    detects probabilities). With ``ci`` the rows are resampled with all K of their probabilities:
+    O(n_boot · N · K), no (N, K) copy (each resample's sums are formed from ``preds`` as given)."""
     n_bins = _check_n_bins(n_bins)
+    boot = check_bootstrap(ci, n_boot, seed)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     total = np.zeros((inputs.preds.shape[1], n_bins))
     for rows, probs, _ in probability_chunks(inputs):
         total += _classwise_ece_update(probs, inputs.target[rows], n_bins)
-    return _classwise_ece_compute(total, inputs.preds.shape[0])
+    value = _classwise_ece_compute(total, inputs.preds.shape[0])
+    if boot is None:
+        return value
+    statistic = _classwise_statistic(inputs, n_bins, frame(top_label(inputs).confidence))
+    return boot.interval(value, boot.replicates([statistic], inputs.preds.shape[0])[0])

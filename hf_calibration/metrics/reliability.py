@@ -1,16 +1,25 @@
 """Reliability tables and diagrams (Guo et al. 2017, Fig. 1) with a sample-count panel, optionally
-per logit-margin group (SMART, Fig. 15) and as a before / after calibration pair."""
+per logit-margin group (SMART, Fig. 15) and as a before / after calibration pair.
+
+Each bin's accuracy carries a Wilson score interval (Wilson 1927: the binomial interval that stays
+inside [0, 1] and keeps its coverage for small counts, where the normal one does not), and the panel's
+ECE its percentile bootstrap interval (:mod:`hf_calibration.metrics.bootstrap`).
+"""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+from scipy.special import ndtri
 
-from .._checks import IGNORE_INDEX, check_int
+from .._checks import IGNORE_INDEX, check_choice, check_int
 from ._format import Inputs, prepare, top_label
 from .binning import _adaptive_bin_index, _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index, uniform_edges
+from .bootstrap import check_bootstrap
+from .ece import _ece_compute, _top_label_interval
 
 if TYPE_CHECKING:  # matplotlib is imported lazily: only the diagram needs it
     from matplotlib.axes import Axes
@@ -19,13 +28,26 @@ if TYPE_CHECKING:  # matplotlib is imported lazily: only the diagram needs it
 _MARGIN_CHUNK_ELEMENTS = 1 << 20
 
 
+def wilson_interval(count: np.ndarray, accuracy: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval of a binomial proportion ``accuracy`` out of ``count`` trials, at ``level``:
+    ``(p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)``; NaN where ``count`` is 0."""
+    z = ndtri(0.5 + level / 2.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n = np.asarray(count, dtype=np.float64)
+        p = np.asarray(accuracy, dtype=np.float64)
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+
+
 @dataclass(frozen=True)
 class ReliabilityTable:
     """Per-bin statistics of the top label over ``n_bins`` equal-width bins on (0, 1].
 
     Arrays of length ``n_bins``: bin edges ``lower < p <= upper``, sample ``count``, mean
     ``confidence`` and ``accuracy`` (NaN in empty bins), and ``gap = confidence - accuracy``
-    (positive: over-confident). ``ece`` recomputes the ECE from the table.
+    (positive: over-confident). ``ece`` recomputes the ECE from the table. With ``ci``,
+    ``accuracy_low`` / ``accuracy_high`` hold each bin's Wilson interval at level ``ci`` (else None).
     """
 
     lower: np.ndarray
@@ -34,6 +56,9 @@ class ReliabilityTable:
     confidence: np.ndarray
     accuracy: np.ndarray
     gap: np.ndarray
+    accuracy_low: np.ndarray | None = None
+    accuracy_high: np.ndarray | None = None
+    ci: float | None = None
 
     @property
     def n(self) -> int:
@@ -45,29 +70,37 @@ class ReliabilityTable:
         filled = self.count > 0
         return float((self.count[filled] * np.abs(self.gap[filled])).sum() / self.n) if self.n else float("nan")
 
+    def _columns(self) -> tuple[str, ...]:
+        extra = ("accuracy_low", "accuracy_high") if self.ci is not None else ()
+        return ("lower", "upper", "count", "confidence", "accuracy", "gap") + extra
+
     def to_dict(self) -> dict[str, list]:
-        return {name: getattr(self, name).tolist() for name in ("lower", "upper", "count", "confidence", "accuracy", "gap")}
+        return {name: getattr(self, name).tolist() for name in self._columns()}
 
     def to_string(self, *, percent: bool = True) -> str:
         """The table as aligned text: one row per bin, empty bins shown with a dash."""
         scale, unit = (100.0, " %") if percent else (1.0, "")
-        header = f"{'bin':>15}  {'count':>8}  {'conf' + unit:>8}  {'acc' + unit:>8}  {'gap' + unit:>8}"
+        names = ["conf", "acc", "gap"] + (["acc low", "acc high"] if self.ci is not None else [])
+        header = f"{'bin':>15}  {'count':>8}  " + "  ".join(f"{name + unit:>10}" for name in names)
         lines = [header, "-" * len(header)]
-        for lo, hi, c, conf, acc, gap in zip(self.lower, self.upper, self.count, self.confidence, self.accuracy, self.gap):
-            cells = ["-", "-", "-"] if c == 0 else [f"{v * scale:.2f}" for v in (conf, acc, gap)]
-            lines.append(f"({lo:.3f}, {hi:.3f}]  {int(c):>8d}  " + "  ".join(f"{x:>8}" for x in cells))
-        lines.append(f"N = {self.n}, ECE = {self.ece * scale:.2f}{unit}")
+        for b, (lo, hi, c) in enumerate(zip(self.lower, self.upper, self.count)):
+            values = [getattr(self, name)[b] for name in self._columns()[3:]]
+            cells = ["-"] * len(values) if c == 0 else [f"{v * scale:.2f}" for v in values]
+            lines.append(f"({lo:.3f}, {hi:.3f}]  {int(c):>8d}  " + "  ".join(f"{x:>10}" for x in cells))
+        lines.append(f"N = {self.n}, ECE = {self.ece * scale:.2f}{unit}"
+                     + (f" (acc low / high: {100 * self.ci:g} % Wilson interval)" if self.ci is not None else ""))
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.to_string()
 
 
-def _reliability_table_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> ReliabilityTable:
+def _reliability_table_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int, ci: float | None = None) -> ReliabilityTable:
     edges = uniform_edges(n_bins)
     sums = _bin_sums(_uniform_bin_index(confidence, n_bins), confidence, correct, n_bins)
     conf, acc = _bin_means(sums)
-    return ReliabilityTable(edges[:-1], edges[1:], sums.count, conf, acc, conf - acc)
+    low, high = wilson_interval(sums.count, acc, ci) if ci is not None else (None, None)
+    return ReliabilityTable(edges[:-1], edges[1:], sums.count, conf, acc, conf - acc, low, high, ci)
 
 
 def reliability_table(
@@ -77,14 +110,31 @@ def reliability_table(
     *,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
 ) -> ReliabilityTable:
     """Per-bin count, mean confidence, accuracy and gap of the top label (the numbers behind a
     reliability diagram; the same bins as :func:`hf_calibration.metrics.ece`). Arguments as
     :func:`hf_calibration.metrics.ece`: ``n_bins`` in [1, 10,000]; ``from_logits=None`` (default)
-    detects probabilities (every value in [0, 1], rows summing to 1 within 1e-2)."""
+    detects probabilities (every value in [0, 1], rows summing to 1 within 1e-2). ``ci`` (a level such
+    as 0.95) adds each bin's Wilson interval of the accuracy.
+
+    Example:
+        >>> import numpy as np
+        >>> probs = np.array([[0.9, 0.1]] * 10)  # ten samples at confidence 0.9, three of them wrong
+        >>> table = reliability_table(probs, np.array([0] * 7 + [1] * 3), 10, ci=0.95)
+        >>> b = 8  # the bin (0.8, 0.9]: 7 right out of 10, and its 95 % Wilson interval
+        >>> [round(float(x[b]), 4) for x in (table.accuracy, table.accuracy_low, table.accuracy_high)]
+        [0.7, 0.3968, 0.8922]
+    """
     n_bins = _check_n_bins(n_bins)
+    level = _check_level(ci)
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
-    return _reliability_table_compute(top.confidence, top.correct, n_bins)
+    return _reliability_table_compute(top.confidence, top.correct, n_bins, level)
+
+
+def _check_level(ci: Any) -> float | None:
+    boot = check_bootstrap(ci, None, 0)
+    return None if boot is None else boot.level
 
 
 def _top2_margin(inputs: Inputs) -> np.ndarray:
@@ -106,43 +156,105 @@ def _top2_margin(inputs: Inputs) -> np.ndarray:
 
 
 _COUNT_INSET = (0.0, -0.36, 1.0, 0.25)  # a count panel for a given Axes, in its coordinates: just below it
+_ACCURACY = "#1f77b4"
+# opaque gap patches, so that what the eye sees is the legend's colour (an alpha patch over the blue bar
+# turns purple): over-confidence sits above the accuracy bar, under-confidence over its top part
+_GAP_STYLE = {
+    "over": {"facecolor": "#f4a3a3", "edgecolor": "#d62728", "hatch": "//"},
+    "under": {"facecolor": "#fdd0a2", "edgecolor": "#e6550d", "hatch": "\\\\"},
+}
+_GAP_LABELS = {"over": "gap: over-confident (conf > acc)", "under": "gap: under-confident (acc > conf)"}
+_THIN_ALPHA = 0.3  # bins with fewer than `min_count` samples: drawn faded, their counts written out
+_CHAR_WIDTH = 0.62  # average glyph width in em, to wrap titles to the width they may use
 
 
-def _draw_reliability(ax: Axes, table: ReliabilityTable, title: str | None, cax: Axes | None) -> None:
-    """Accuracy bars, gap bars and the diagonal in ``ax``; the per-bin sample counts in ``cax``."""
+def _wrap(text: str, width_inches: float, fontsize: float) -> str:
+    """Wrap each line of ``text`` to fit ``width_inches`` at ``fontsize`` points (long paths break too)."""
+    chars = max(12, int(width_inches * 72 / (fontsize * _CHAR_WIDTH)))
+    return "\n".join(textwrap.fill(line, chars, break_long_words=True, break_on_hyphens=False) or line
+                     for line in text.split("\n"))
+
+
+def _draw_reliability(ax: Axes, table: ReliabilityTable, title: str | None, cax: Axes | None, *, ece_text: str,
+                      min_count: int, count_scale: str) -> set[str]:
+    """Accuracy bars, gap bars, the per-bin intervals and the diagonal in ``ax``; the per-bin sample counts in
+    ``cax``. The summary (ECE, N) goes above the plot, under the title, never over the bars.
+    Returns the legend entries this panel uses."""
     width = table.upper - table.lower
     centre = (table.lower + table.upper) / 2
     filled = table.count > 0
+    thin = filled & (table.count < min_count)
     acc = np.where(filled, table.accuracy, 0.0)
     conf = np.where(filled, table.confidence, 0.0)
-    ax.bar(centre, acc, width=width, color="#1f77b4", edgecolor="black", linewidth=0.5, label="accuracy")
-    ax.bar(
-        centre, conf - acc, bottom=acc, width=width, color="#d62728", alpha=0.35, edgecolor="#d62728",
-        hatch="//", linewidth=0.5, label="gap",
-    )
+    used = {"accuracy"}
+    bars = ax.bar(centre, acc, width=width, color=_ACCURACY, edgecolor="black", linewidth=0.5, label="accuracy")
+    gaps = ax.bar(centre, conf - acc, bottom=acc, width=width, linewidth=0.5, label="gap", zorder=2)
+    for b, (bar, gap) in enumerate(zip(bars.patches, gaps.patches)):
+        kind = "over" if conf[b] > acc[b] else "under"
+        gap.set(**_GAP_STYLE[kind])
+        if conf[b] != acc[b]:
+            used.add(kind)
+        if thin[b]:
+            bar.set_alpha(_THIN_ALPHA)
+            gap.set_alpha(_THIN_ALPHA)
+            used.add("thin")
+    if table.accuracy_low is not None and filled.any():
+        low, high = table.accuracy_low[filled], table.accuracy_high[filled]
+        ax.errorbar(centre[filled], acc[filled], yerr=[acc[filled] - low, high - acc[filled]], fmt="none",
+                    ecolor="black", elinewidth=0.8, capsize=2, zorder=3, label="interval")
+        used.add("interval")
     ax.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
     ax.set_box_aspect(1)
-    summary = f"ECE = {100 * table.ece:.2f}%\nN = {table.n}" if table.n else "N = 0"
-    ax.text(0.97, 0.03, summary, transform=ax.transAxes, ha="right", fontsize=9)
-    ax.legend(loc="upper left", fontsize=8)
+    summary = f"{ece_text} · N = {table.n}" if table.n else "N = 0"
+    ax.text(0.5, 1.02, summary, transform=ax.transAxes, ha="center", va="bottom", fontsize=9)
     if title:
-        ax.set_title(title, fontsize=10)
+        # centred over the plot, which the y label pushes right: wrap to 3/4 of the column's width
+        ax.set_title(_wrap(title, 0.75 * ax.figure.get_figwidth() / max(1, _columns(ax)), 10), fontsize=10, pad=18)
     if cax is None:
         ax.set_xlabel("confidence")
-        return
+        return used
     # the sample count per bin (as relplot and netcal draw it): where the diagram has evidence
     cax.bar(centre, table.count, width=width, color="0.55", edgecolor="black", linewidth=0.5, label="count")
+    top = max(1, int(table.count.max()))
     cax.set_xlim(0, 1)
-    cax.set_ylim(0, max(1, int(table.count.max())) * 1.05)
+    if count_scale == "log":
+        cax.set_yscale("log")
+        cax.set_ylim(0.5, top * 3.0)  # a bin of one sample is a visible bar
+    else:
+        cax.set_ylim(0, top * 1.05)
+        cax.locator_params(axis="y", nbins=2)
+    for b in np.flatnonzero(thin):  # too few to read: say how many
+        cax.annotate(str(int(table.count[b])), (centre[b], table.count[b]), xytext=(0, 1), textcoords="offset points",
+                     ha="center", va="bottom", fontsize=6, color="#d62728", clip_on=False)
     cax.set_box_aspect(0.25)
     cax.set_ylabel("count", fontsize=8)
     cax.set_xlabel("confidence")
     cax.tick_params(labelsize=7)
-    cax.locator_params(axis="y", nbins=2)
     ax.tick_params(labelbottom=False)
+    return used
+
+
+def _columns(ax: Axes) -> int:
+    spec = ax.get_subplotspec()
+    return spec.get_gridspec().ncols if spec is not None else 1
+
+
+def _legend_handles(used: set[str], level: float | None, min_count: int, counts: bool) -> list:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=_ACCURACY, edgecolor="black", linewidth=0.5, label="accuracy")]
+    handles += [Patch(linewidth=0.5, label=_GAP_LABELS[kind], **_GAP_STYLE[kind]) for kind in ("over", "under") if kind in used]
+    if "interval" in used:
+        handles.append(Line2D([], [], color="black", marker="_", markersize=8, linewidth=0.8,
+                              label=f"{100 * level:g} % interval of the accuracy (Wilson)"))
+    if "thin" in used:
+        handles.append(Patch(facecolor=_ACCURACY, edgecolor="black", alpha=_THIN_ALPHA, linewidth=0.5,
+                             label=f"fewer than {min_count} samples" + (" (count in red)" if counts else "")))
+    return handles
 
 
 def _panel_axes(ax: Axes | Sequence[Axes] | None, rows: int, cols: int, counts: bool) -> tuple[Figure, list, list]:
@@ -165,6 +277,14 @@ def _panel_axes(ax: Axes | Sequence[Axes] | None, rows: int, cols: int, counts: 
     return axes[0].figure, axes, [a.inset_axes(_COUNT_INSET) if counts else None for a in axes]
 
 
+def _ece_text(confidence: np.ndarray, correct: np.ndarray, n_bins: int, boot) -> str:
+    value = _ece_compute(confidence, correct, n_bins)
+    if boot is None:
+        return f"ECE = {100 * value:.2f} %"
+    interval = _top_label_interval(boot, confidence, correct, n_bins, 0, value)
+    return f"ECE = {interval.format(100, 2, ' %')}"
+
+
 def reliability_diagram(
     preds: Any,
     target: Any,
@@ -173,16 +293,26 @@ def reliability_diagram(
     calibrated: Any = None,
     margin_groups: int | None = None,
     counts: bool = True,
+    count_scale: str = "linear",
+    min_count: int = 10,
+    ci: float | None = 0.95,
+    n_boot: int | None = None,
+    seed: int = 0,
     names: Sequence[str] = ("uncalibrated", "calibrated"),
     ax: Axes | Sequence[Axes] | None = None,
     title: str | None = None,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
 ) -> Figure:
-    """Reliability diagram of the top label: per-bin accuracy bars, the gap to the mean
-    confidence, the diagonal, and under it the number of samples in each bin.
+    """Reliability diagram of the top label: per-bin accuracy bars with their interval, the gap to
+    the mean confidence, the diagonal, and under it the number of samples in each bin.
 
-    The bins and numbers are those of :func:`reliability_table` (the panel's ECE is the table's).
+    The bins and numbers are those of :func:`reliability_table` (the panel's ECE is the table's). The
+    gap is drawn in one colour above the accuracy bar where the bin is over-confident and in another
+    over the bar's top where it is under-confident, as the legend shows. Bins holding fewer than
+    ``min_count`` samples are drawn faded and their counts written in the count panel (too few to
+    read: a bin of 2 samples has an accuracy interval ~0.8 wide). The summary line (ECE with its
+    bootstrap interval, N) sits above the plot, never over the bars.
 
     With ``calibrated`` (the same samples after a calibrator, ``(N, K)`` logits or probabilities)
     the figure is a before / after pair, titled by ``names``: ``preds`` on the left and
@@ -198,12 +328,17 @@ def reliability_diagram(
 
     Args:
         counts: draw the sample-count histogram under each diagram (default True).
+        count_scale: ``"linear"`` (default) or ``"log"`` (bins of 1-3 samples stay visible).
+        min_count: bins with fewer samples are faded and their counts written (default 10; 0 or 1 for none).
+        ci: level of the per-bin Wilson intervals and of the ECE's percentile bootstrap interval
+            (default 0.95); None draws neither.
+        n_boot, seed: the ECE's bootstrap (default 1,000 resamples, seed 0), as :func:`hf_calibration.metrics.ece`.
         names: the titles of the two halves of a before / after pair.
         ax: Axes to draw into, one per panel: every margin group of ``preds``, then (in a pair)
             every margin group of ``calibrated``; by default a new figure is made with
-            ``matplotlib.figure.Figure`` (no pyplot, no display needed). The count histogram is
-            an inset just below each given Axes.
-        title: figure (or single-axes) title.
+            ``matplotlib.figure.Figure`` (no pyplot, no display needed), its legend under the panels.
+            The count histogram is an inset just below each given Axes.
+        title: figure (or single-axes) title; wrapped to the figure's width.
         n_bins: equal-width bins, 1 to 10,000.
         from_logits: ``None`` (default) detects probabilities (every value in [0, 1], rows
             summing to 1 within 1e-2) in ``preds`` and ``calibrated`` separately; True/False
@@ -217,6 +352,11 @@ def reliability_diagram(
         margin_groups = check_int(margin_groups, "margin_groups", minimum=1)
     if not isinstance(counts, bool):
         raise TypeError(f"Expected argument `counts` to be a bool, but got {counts!r}.")
+    check_choice(count_scale, "count_scale", ("linear", "log"))
+    min_count = check_int(min_count, "min_count", minimum=0)
+    boot = check_bootstrap(ci, n_boot, seed)
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"Expected argument `title` to be a string or None, but got {type(title).__name__}.")
     states = [prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)]
     if calibrated is not None:
         states.append(prepare(calibrated, target, from_logits=from_logits, ignore_index=ignore_index, preds_name="calibrated"))
@@ -246,11 +386,26 @@ def reliability_diagram(
     fig, axes, count_axes = _panel_axes(ax, rows, cols, counts)
     single = len(states) == 1 and margin_groups is None
     panels = [(s, g) for s in range(len(states)) for g in range(len(groups))]
+    used: set[str] = set()
     for axis, cax, (s, g) in zip(axes, count_axes, panels):
         member = groups[g]
-        table = _reliability_table_compute(tops[s].confidence[member], tops[s].correct[member], n_bins)
+        confidence, correct = tops[s].confidence[member], tops[s].correct[member]
+        table = _reliability_table_compute(confidence, correct, n_bins, None if boot is None else boot.level)
         parts = ([names[s]] if len(states) == 2 else []) + ([labels[g]] if labels[g] else [])
-        _draw_reliability(axis, table, title if single else " · ".join(parts), cax)
+        ece_text = _ece_text(confidence, correct, n_bins, boot) if table.n else ""
+        used |= _draw_reliability(axis, table, title if single else " · ".join(parts), cax, ece_text=ece_text,
+                                  min_count=min_count, count_scale=count_scale)
     if title and not single:
-        fig.suptitle(title)
+        fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
+    handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
+    if ax is None:
+        ncols = 1 if cols == 1 else 2
+        fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
+        # room for the legend rows and for wrapped titles, so that constrained layout never squeezes them out
+        titles = [a.get_title() for a in axes] + ([fig.get_suptitle()] if title and not single else [])
+        extra_lines = max(t.count("\n") for t in titles)
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra_lines + 0.1) * rows)
+    else:
+        axes[0].legend(handles=handles, loc="upper left", fontsize=7)
     return fig

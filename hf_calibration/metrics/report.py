@@ -11,10 +11,19 @@ import numpy as np
 
 from .._checks import IGNORE_INDEX
 from ._format import prepare, probability_chunks, top_label
-from .adaptive import _adaece_compute
+from .adaptive import _adaece_compute, _adaece_statistic
 from .binning import _check_n_bins
-from .ece import _classwise_ece_compute, _classwise_ece_update, _ece_compute, _ece_split_compute, _mce_compute
-from .scores import _brier_update, _nll_update
+from .bootstrap import SMOOTH_N_BOOT, Bootstrap, MetricInterval, check_bootstrap, frame, weighted_means
+from .ece import (
+    _binned_statistic,
+    _classwise_ece_compute,
+    _classwise_ece_update,
+    _classwise_statistic,
+    _ece_compute,
+    _ece_split_compute,
+    _mce_compute,
+)
+from .scores import _brier_update, _nll_update, _row_scores
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +45,21 @@ _LABELS: dict[str, tuple[str, bool]] = {
 DEFAULT_COLUMNS = ("accuracy", "ece", "adaece", "smce", "o_ece", "u_ece")
 
 
-def _format_value(name: str, value: Any) -> str:
+def _format_value(name: str, value: Any, unit: bool = False) -> str:
+    """``"3.21"``; with an interval ``"3.21 [2.40, 4.05]"`` (``unit``: ``"3.21 % [2.40, 4.05]"``)."""
     if value is None:
         return "-"
     if name == "n":
         return str(int(value))
-    return f"{100 * value:.2f}" if _LABELS[name][1] else f"{value:.4f}"
+    scale, digits = (100.0, 2) if _LABELS[name][1] else (1.0, 4)
+    if isinstance(value, MetricInterval):
+        return value.format(scale, digits, " %" if unit and _LABELS[name][1] else "")
+    return f"{scale * value:.{digits}f}"
 
 
-def _header(name: str) -> str:
+def _header(name: str, unit: bool = True) -> str:
     label, percent = _LABELS[name]
-    return f"{label} (%)" if percent else label
+    return f"{label} (%)" if percent and unit else label
 
 
 @dataclass(frozen=True)
@@ -92,12 +105,24 @@ class CalibrationReport(Mapping):
     def to_dict(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in self._keys()}
 
+    def intervals(self) -> dict[str, MetricInterval]:
+        """The metrics that carry a bootstrap interval (``calibration_report(..., ci=...)``), by name."""
+        return {key: value for key, value in self.to_dict().items() if isinstance(value, MetricInterval)}
+
     def __str__(self) -> str:
-        rows = [(_header(key), _format_value(key, getattr(self, key))) for key in self._keys()]
+        intervals = self.intervals()
+        # with intervals the percent sign goes with the value: "3.21 % [2.40, 4.05]"
+        rows = [(_header(key, not intervals), _format_value(key, getattr(self, key), unit=True)) for key in self._keys()]
         width = max(len(label) for label, _ in rows)
-        lines = [f"{'metric':<{width}}  {'value':>10}", "-" * (width + 12)]
-        lines += [f"{label:<{width}}  {value:>10}" for label, value in rows]
+        cell = max([10] + [len(value) for _, value in rows])
+        lines = [f"{'metric':<{width}}  {'value':>{cell}}", "-" * (width + cell + 2)]
+        lines += [f"{label:<{width}}  {value:>{cell}}" for label, value in rows]
         inputs = {True: ", from logits", False: ", from probabilities"}.get(self.from_logits, "")
+        if intervals:
+            counts = sorted({v.n_boot for v in intervals.values()})
+            level = next(iter(intervals.values())).level
+            inputs += (f"; [{100 * level:g} % percentile bootstrap interval, "
+                       f"{' / '.join(str(c) for c in counts)} resamples{' (smCE, smECE: the fewer)' if len(counts) > 1 else ''}]")
         lines.append(f"({self.n_bins} bins{inputs})")
         return "\n".join(lines)
 
@@ -111,6 +136,26 @@ def _smooth_metrics(confidence: np.ndarray, correct: np.ndarray) -> tuple[float 
     return smooth.smce_from_confidence(confidence, correct), smooth.smece_from_confidence(confidence, correct)
 
 
+def _with_intervals(values: dict[str, Any], inputs, conf: np.ndarray, correct: np.ndarray, n_bins: int,
+                    boot: Bootstrap, smooth_boot: Bootstrap) -> dict[str, Any]:
+    """Every metric of ``values`` with its percentile bootstrap interval; all metrics see the same resamples
+    (smCE / smECE the first ``smooth_boot.n_boot`` of them)."""
+    from . import smooth
+
+    n = conf.shape[0]
+    order = frame(conf)
+    binned, ada, classwise, scores = boot.replicates(
+        [_binned_statistic(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins),
+         _classwise_statistic(inputs, n_bins, order), weighted_means(_row_scores(inputs), order)], n)
+    replicates = {"ece": binned[:, 0], "mce": binned[:, 1], "o_ece": binned[:, 2], "u_ece": binned[:, 3],
+                  "accuracy": binned[:, 4], "adaece": ada, "classwise_ece": classwise, "brier": scores[:, 0], "nll": scores[:, 1]}
+    out = {key: boot.interval(values[key], reps) for key, reps in replicates.items()}
+    if values["smce"] is not None:
+        sm, sme = smooth_boot.replicates([smooth._smce_statistic(conf, correct), smooth._smece_statistic(conf, correct)], n)
+        out["smce"], out["smece"] = smooth_boot.interval(values["smce"], sm), smooth_boot.interval(values["smece"], sme)
+    return {**values, **out}
+
+
 def calibration_report(
     preds: Any,
     target: Any,
@@ -118,6 +163,9 @@ def calibration_report(
     *,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
 ) -> CalibrationReport:
     """Accuracy, ECE, AdaECE, MCE, classwise ECE, O-/U-ECE, smCE, smECE, Brier and NLL in one call.
 
@@ -127,6 +175,12 @@ def calibration_report(
     :func:`hf_calibration.metrics.ece`: ``from_logits=None`` (default) detects probabilities
     (every value in [0, 1], rows summing to 1 within 1e-2), True/False win.
 
+    With ``ci`` (a level such as 0.95) every metric becomes a
+    :class:`~hf_calibration.metrics.MetricInterval` (still its float value) with a percentile bootstrap
+    interval, all from the same resamples of the rows: ``n_boot`` of them (default 1,000; smCE and smECE
+    200 unless ``n_boot`` is given, see :func:`hf_calibration.metrics.smce`), drawn from ``seed``.
+    ``str(report)`` then prints ``3.21 % [2.40, 4.05]``.
+
     Example:
         >>> import numpy as np
         >>> logits = np.array([[2.0, 0.0], [0.0, 1.0], [1.0, 0.5]])
@@ -135,6 +189,8 @@ def calibration_report(
         (0.6667, 3)
     """
     n_bins = _check_n_bins(n_bins)
+    boot = check_bootstrap(ci, n_boot, seed)
+    smooth_boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     top = top_label(inputs)
     conf, correct = top.confidence, top.correct
@@ -150,8 +206,7 @@ def calibration_report(
 
     split = _ece_split_compute(conf, correct, n_bins)
     smce_value, smece_value = _smooth_metrics(conf, correct)
-    return CalibrationReport(
-        n=n,
+    values = dict(
         accuracy=float(correct.mean()),
         ece=_ece_compute(conf, correct, n_bins),
         adaece=_adaece_compute(conf, correct, n_bins),
@@ -163,9 +218,10 @@ def calibration_report(
         smece=smece_value,
         brier=brier_sum / n,
         nll=nll_sum,
-        n_bins=n_bins,
-        from_logits=inputs.from_logits,
     )
+    if boot is not None:
+        values = _with_intervals(values, inputs, conf, correct, n_bins, boot, smooth_boot)
+    return CalibrationReport(n=n, **values, n_bins=n_bins, from_logits=inputs.from_logits)
 
 
 def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[str] | None = None) -> str:
@@ -176,7 +232,7 @@ def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[s
         columns: report keys to show; default accuracy, ECE, AdaECE, smCE, O-ECE, U-ECE.
 
     Returns:
-        a Markdown table, percentages with two decimals.
+        a Markdown table, percentages with two decimals (``3.21 [2.40, 4.05]`` for reports made with ``ci``).
     """
     if not isinstance(reports, Mapping) or not reports:
         raise ValueError(f"Expected argument `reports` to be a non-empty mapping of name → CalibrationReport, but got {reports!r}.")

@@ -25,10 +25,11 @@ from typing import Any
 
 import numba
 import numpy as np
-from scipy.signal import fftconvolve
+import scipy.fft
 
 from .._checks import IGNORE_INDEX, to_numpy
 from ._format import prepare, top_label
+from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, frame
 
 __all__ = ["smce", "smce_from_confidence", "smece", "smece_from_confidence"]
 
@@ -407,6 +408,44 @@ def _smce_sum(p: np.ndarray, r: np.ndarray, max_moves: int | None = None) -> flo
     return float(best)
 
 
+@numba.njit(cache=True, nogil=True)
+def _smce_replicates(counts, p, r):  # pragma: no cover - compiled
+    """smCE of each resample: the sweep over the sorted rows drawn at least once, residual ``c_i r_i``
+    (a row drawn c times is c tied points: the sweep sums tie groups anyway). ``counts`` in the sorted
+    order of ``p``. (B,)."""
+    chunk = counts.shape[0]
+    n = p.shape[0]
+    out = np.empty(chunk)
+    q = np.empty(n)
+    w = np.empty(n)
+    for b in range(chunk):
+        m = 0
+        for j in range(n):
+            c = counts[b, j]
+            if c:
+                q[m] = p[j]
+                w[m] = c * r[j]
+                m += 1
+        best, _ = _smce_sweep(q[:m], w[:m], 32 * m + 100_000)
+        if best < 0.0:
+            best = _smce_sweep_tree(q[:m], w[:m])
+        out[b] = best / n
+    return out
+
+
+def _sorted_residuals(confidence: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(p, a - p)`` in frame order: the rows sorted by confidence once (the sweep sums ties: any order would do)."""
+    order = frame(confidence)
+    p = np.ascontiguousarray(confidence[order])
+    return p, np.ascontiguousarray(correct[order] - p)
+
+
+def _smce_statistic(confidence: np.ndarray, correct: np.ndarray):
+    """``counts -> (B,)`` smCE of each resample (counts in frame order)."""
+    p, r = _sorted_residuals(confidence, correct)
+    return lambda counts: _smce_replicates(counts, p, r)
+
+
 def _check_1d(x: Any, name: str) -> np.ndarray:
     x = to_numpy(x, name)
     if x.ndim != 1:
@@ -433,20 +472,24 @@ def _confidence_correct(confidence: Any, correct: Any) -> tuple[np.ndarray, np.n
     return confidence, correct
 
 
-def smce_from_confidence(confidence: Any, correct: Any) -> float:
+def smce_from_confidence(confidence: Any, correct: Any, *, ci: float | None = None, n_boot: int | None = None,
+                         seed: int = 0) -> float:
     """Exact smCE of confidences ``p`` (N,) in [0, 1] against outcomes ``a`` (N,) in [0, 1].
 
     ``max (1/N) sum_i w_i (a_i - p_i)`` over ``|w_i| <= 1``, ``|w_i - w_j| <= |p_i - p_j|``
-    (Błasiok et al. 2023, Def. 7.1), solved exactly in O(N log N).
+    (Błasiok et al. 2023, Def. 7.1), solved exactly in O(N log N). ``ci`` / ``n_boot`` / ``seed`` as
+    :func:`smce`.
     """
+    boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
     confidence, correct = _confidence_correct(confidence, correct)
-    order = np.argsort(confidence)  # ties are summed in the sweep, so stability is irrelevant
-    p = np.ascontiguousarray(confidence[order])
-    r = np.ascontiguousarray(correct[order] - p)
-    return _smce_sum(p, r) / p.shape[0]
+    value = _smce_sum(*_sorted_residuals(confidence, correct)) / confidence.shape[0]
+    if boot is None:
+        return value
+    return boot.interval(value, boot.replicates([_smce_statistic(confidence, correct)], confidence.shape[0])[0])
 
 
-def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX) -> float:
+def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX,
+         ci: float | None = None, n_boot: int | None = None, seed: int = 0) -> float:
     """Exact (Lipschitz) smooth calibration error of the top-label confidence, in [0, 1].
 
     ``smCE = sup_w (1/N) sum_i w(p_i) (a_i - p_i)`` over 1-Lipschitz ``w: [0,1] -> [-1,1]``
@@ -462,6 +505,9 @@ def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_ind
         target: (N,) integer labels; ``ignore_index`` rows are dropped.
         from_logits: ``None`` (default) detects probabilities (every value in [0, 1], rows
             summing to 1 within 1e-2), as :func:`hf_calibration.metrics.ece`; True/False win.
+        ci, n_boot, seed: a percentile bootstrap interval, as :func:`hf_calibration.metrics.ece`, but
+            ``n_boot`` defaults to 200: each resample costs one O(N) sweep over the rows sorted once
+            (about 2 ms at N = 1e5; see ``benchmarks/bootstrap_speed.py``).
 
     Example:
         >>> import numpy as np
@@ -470,8 +516,9 @@ def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_ind
         >>> round(smce(np.array([[0.8, 0.2], [0.4, 0.6]]), np.array([0, 1])), 6)  # probabilities, detected
         0.3
     """
+    check_bootstrap(ci, n_boot, seed)  # before any work
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
-    return smce_from_confidence(top.confidence, top.correct)
+    return smce_from_confidence(top.confidence, top.correct, ci=ci, n_boot=n_boot, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -488,22 +535,59 @@ def _grid_points(sigma: float) -> int:
     return max(2000, round(20 / sigma)) // 2 + 1
 
 
-def _deposit(f: np.ndarray, values: np.ndarray, m: int) -> np.ndarray:
-    """Linear-interpolation deposit of ``values`` at ``f`` onto m equispaced points of [0, 1]."""
+def _grid_position(f: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left grid point and interpolation fraction of each ``f`` on m equispaced points of [0, 1]."""
     x = f * (m - 1)
     idx = x.astype(np.int64).clip(0, m - 2)
-    frac = x - idx
-    return np.bincount(idx, (1 - frac) * values, minlength=m) + np.bincount(idx + 1, frac * values, minlength=m)
+    return idx, x - idx
 
 
-def _reflected_smooth(grid: np.ndarray, sigma: float) -> np.ndarray:
-    """Gaussian smoothing of gridded values (rows) with reflection at 0 and 1, unnormalised kernel."""
+@numba.njit(cache=True, nogil=True)
+def _deposit(idx, frac, residual, counts, m):  # pragma: no cover - compiled
+    """Linear-interpolation deposit of each sample's residual and unit mass onto m grid points, one
+    (2, m) grid per row of ``counts`` (sample i weighted by ``counts[r, i]``, as that many copies).
+    The left and right shares are summed separately in sample order, as two ``np.bincount`` would."""
+    rows, n = counts.shape
+    left = np.zeros((rows, 2, m))
+    right = np.zeros((rows, 2, m))
+    for r in range(rows):
+        for i in range(n):  # branch-free: a sample weighted 0 adds 0
+            c = np.float64(counts[r, i])
+            v = c * residual[i]
+            j = idx[i]
+            left[r, 0, j] += (1.0 - frac[i]) * v
+            right[r, 0, j + 1] += frac[i] * v
+            left[r, 1, j] += (1.0 - frac[i]) * c
+            right[r, 1, j + 1] += frac[i] * c
+    return left + right
+
+
+def _fft_length(m: int) -> int:
+    """Circular convolution length for a reflected grid of m points: 3m - 2 suffices (see ``_reflected_smooth``)."""
+    return scipy.fft.next_fast_len(3 * m - 2, real=True)
+
+
+def _reflected_spectrum(grid: np.ndarray) -> np.ndarray:
+    """Spectrum of gridded values (R, 2, m) reflected at 0 and 1 (length 3m - 2), zero-padded to ``_fft_length``."""
     m = grid.shape[-1]
+    ext = np.concatenate([grid[..., ::-1][..., :-1], grid, grid[..., ::-1][..., 1:]], axis=-1)
+    return scipy.fft.rfft(ext, n=_fft_length(m), axis=-1)
+
+
+def _reflected_smooth(spectrum: np.ndarray, sigma: np.ndarray, m: int) -> np.ndarray:
+    """Gaussian smoothing (unnormalised kernel on the m grid points, bandwidth ``sigma[r]`` for row r) of
+    gridded values given by their reflected spectrum, on the m grid points: (R, 2, m).
+
+    The linear convolution of the 3m - 2 reflected values with the m kernel values is wanted at indices
+    m - 1 + m // 2 onwards, m of them; a circular convolution of length L >= 3m - 2 folds index k + L
+    onto k only for k <= 4m - 4 - L <= m - 2, so those indices are exact.
+    """
     t = np.linspace(0, 1, m)
-    kernel = np.exp(-((t - 0.5) ** 2) / (2 * sigma**2)) / (np.sqrt(2 * np.pi) * sigma)
-    ext = np.concatenate([grid[:, ::-1][:, :-1], grid, grid[:, ::-1][:, 1:]], axis=1)
-    full = fftconvolve(ext, kernel[None, :], mode="valid", axes=1)
-    return full[:, m // 2 : m // 2 + m]
+    s = sigma[:, None]
+    kernel = np.exp(-((t - 0.5) ** 2) / (2 * s**2)) / (np.sqrt(2 * np.pi) * s)
+    full = scipy.fft.irfft(spectrum * scipy.fft.rfft(kernel, n=_fft_length(m), axis=-1)[:, None, :], n=_fft_length(m), axis=-1)
+    start = m - 1 + m // 2
+    return full[..., start : start + m]
 
 
 def _interpolate(t: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -514,64 +598,107 @@ def _interpolate(t: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 class _SmoothECE:
-    """smECE at any bandwidth for one sample, with the gridded deposits cached by grid size."""
+    """smECE at a bandwidth per row, for R weightings of one sample at once (vectorised over rows).
 
-    def __init__(self, f: np.ndarray, y: np.ndarray):
+    Row r weights sample i by ``counts[r, i]`` (a bootstrap resample's counts; default one row of ones,
+    the sample itself). Gridded deposits are cached by grid size and computed only for the rows that
+    need that size (as the spectra of their reflections: those do not depend on the bandwidth); each row's
+    value is exactly what that row alone would give.
+    """
+
+    _BATCH = 128  # rows per FFT batch: (128, 2, ~1.5k) complex products, a few MB
+
+    def __init__(self, f: np.ndarray, y: np.ndarray, counts: np.ndarray | None = None):
         self.f = f
         self.residual = f - y
-        self._grids: dict[int, np.ndarray] = {}
-        self._values: dict[float, float] = {}
+        self.counts = np.ones((1, f.shape[0]), dtype=np.int32) if counts is None else counts
+        self._spectra: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # m -> (spectra, rows computed)
 
-    def grid(self, m: int) -> np.ndarray:
-        if m not in self._grids:
-            self._grids[m] = np.stack([_deposit(self.f, self.residual, m), _deposit(self.f, np.ones_like(self.f), m)])
-        return self._grids[m]
+    @property
+    def rows(self) -> int:
+        return self.counts.shape[0]
 
-    def __call__(self, sigma: float) -> float:
-        if sigma not in self._values:
-            smoothed = _reflected_smooth(self.grid(_grid_points(sigma)), sigma)
-            t = np.linspace(0, 1, max(round(10 / sigma), _MESH_POINTS))
-            num, dens = _interpolate(t, smoothed)
-            dens = dens + _DENSITY_EPS
-            self._values[sigma] = float(np.sum(np.abs(num / dens) * dens) / np.sum(dens))
-        return self._values[sigma]
+    def spectrum(self, m: int, rows: np.ndarray) -> np.ndarray:
+        """The reflected spectrum of the (2, m) deposit of each of ``rows``, computed once per grid size."""
+        if m not in self._spectra:
+            self._spectra[m] = (np.empty((self.rows, 2, _fft_length(m) // 2 + 1), dtype=np.complex128),
+                                np.zeros(self.rows, dtype=bool))
+        spectra, done = self._spectra[m]
+        missing = rows[~done[rows]]
+        if missing.size:
+            idx, frac = _grid_position(self.f, m)
+            spectra[missing] = _reflected_spectrum(_deposit(idx, frac, self.residual, self.counts[missing], m))
+            done[missing] = True
+        return spectra[rows]
+
+    def __call__(self, sigma: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """smECE at bandwidth ``sigma[j]`` for row ``rows[j]``."""
+        out = np.empty(rows.shape[0])
+        points = np.array([_grid_points(s) for s in sigma])
+        for m in np.unique(points):
+            for chunk in np.array_split(np.flatnonzero(points == m), -(-np.count_nonzero(points == m) // self._BATCH)):
+                smoothed = _reflected_smooth(self.spectrum(int(m), rows[chunk]), sigma[chunk], int(m))
+                mesh = np.array([max(round(10 / s), _MESH_POINTS) for s in sigma[chunk]])
+                for length in np.unique(mesh):
+                    same = mesh == length
+                    num, dens = np.moveaxis(_interpolate(np.linspace(0, 1, length), smoothed[same]), 1, 0)
+                    dens = dens + _DENSITY_EPS
+                    out[chunk[same]] = np.sum(np.abs(num / dens) * dens, axis=-1) / np.sum(dens, axis=-1)
+        return out
 
 
-def _fixed_point_sigma(value) -> float:
-    """Bandwidth sigma with sigma ~= smECE_sigma (Błasiok & Nakkiran 2023, Sec. 4), by bisection.
+def _fixed_point_sigma(value: _SmoothECE) -> tuple[np.ndarray, np.ndarray]:
+    """Bandwidth sigma with sigma ~= smECE_sigma (Błasiok & Nakkiran 2023, Sec. 4), by bisection, for
+    every row of ``value`` at once; returns (sigma, smECE at sigma) per row.
 
     Same search as relplot: sigma = 1 if smECE_1 >= 1, else 10 halvings of [0, 1] keeping the
     upper end, where "sigma too small" means sigma < 1e-3 or sigma < smECE_sigma.
     """
-
-    def too_small(sigma: float) -> bool:
-        return sigma < _SIGMA_EPS or sigma < value(sigma)
-
-    if too_small(1.0):
-        return 1.0
-    hi, lo = 1.0, 0.0
+    rows = np.arange(value.rows)
+    at_hi = value(np.ones(value.rows), rows)  # smECE at the upper end, which is where the search ends
+    search = ~(at_hi > 1.0)  # too small at sigma = 1: sigma = 1
+    hi, lo = np.ones(value.rows), np.zeros(value.rows)
     for _ in range(_BISECTION_STEPS):
         mid = (hi + lo) / 2
-        if too_small(mid):
-            lo = mid
-        else:
-            hi = mid
-    return hi
+        small = search & (mid < _SIGMA_EPS)
+        ask = search & ~small
+        at_mid = np.full(value.rows, np.nan)
+        at_mid[ask] = value(mid[ask], rows[ask])
+        small |= ask & (mid < at_mid)
+        lo = np.where(small, mid, lo)
+        moved = search & ~small
+        hi = np.where(moved, mid, hi)
+        at_hi = np.where(moved, at_mid, at_hi)
+    return hi, at_hi
 
 
-def smece_from_confidence(confidence: Any, correct: Any, *, return_sigma: bool = False):
+def _smece_statistic(confidence: np.ndarray, correct: np.ndarray):
+    """``counts -> (B,)`` smECE of each resample (counts in frame order): deposits weighted by the counts,
+    every resample's own bandwidth search, all resamples of a block smoothed together."""
+    order = frame(confidence)
+    f, y = np.ascontiguousarray(confidence[order]), np.ascontiguousarray(correct[order])
+    return lambda counts: _fixed_point_sigma(_SmoothECE(f, y, counts))[1]
+
+
+def smece_from_confidence(confidence: Any, correct: Any, *, return_sigma: bool = False, ci: float | None = None,
+                          n_boot: int | None = None, seed: int = 0):
     """Kernel smooth ECE of confidences (N,) against outcomes (N,), both in [0, 1].
 
     Equals ``relplot.smECE(confidence, correct)``; with ``return_sigma=True`` returns
-    ``(smece, sigma)``, sigma being the fixed-point bandwidth.
+    ``(smece, sigma)``, sigma being the fixed-point bandwidth. ``ci`` / ``n_boot`` / ``seed`` as
+    :func:`smece` (each resample searches its own bandwidth).
     """
+    boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
     confidence, correct = _confidence_correct(confidence, correct)
-    value = _SmoothECE(confidence, correct)
-    sigma = _fixed_point_sigma(value)
-    return (value(sigma), sigma) if return_sigma else value(sigma)
+    sigma, result = (float(x[0]) for x in _fixed_point_sigma(_SmoothECE(confidence, correct)))
+    if boot is not None:
+        replicates = boot.replicates([_smece_statistic(confidence, correct)], confidence.shape[0])[0]
+        result = boot.interval(result, replicates)
+    return (result, sigma) if return_sigma else result
 
 
-def smece(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX) -> float:
+def smece(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX,
+          ci: float | None = None, n_boot: int | None = None, seed: int = 0) -> float:
     """Kernel smooth ECE (smECE, Błasiok & Nakkiran 2023) of the top-label confidence, in [0, 1].
 
     The residual ``p_i - a_i`` is smoothed with a reflected Gaussian kernel of bandwidth sigma
@@ -584,6 +711,10 @@ def smece(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_in
         target: (N,) integer labels; ``ignore_index`` rows are dropped.
         from_logits: ``None`` (default) detects probabilities (every value in [0, 1], rows
             summing to 1 within 1e-2), as :func:`hf_calibration.metrics.ece`; True/False win.
+        ci, n_boot, seed: a percentile bootstrap interval, as :func:`hf_calibration.metrics.ece`, but
+            ``n_boot`` defaults to 200: each resample runs its own bandwidth search (about 11 kernel
+            smoothings; see ``benchmarks/bootstrap_speed.py``). relplot's own band uses 100.
     """
+    check_bootstrap(ci, n_boot, seed)  # before any work
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
-    return smece_from_confidence(top.confidence, top.correct)
+    return smece_from_confidence(top.confidence, top.correct, ci=ci, n_boot=n_boot, seed=seed)

@@ -113,3 +113,43 @@ def test_out_is_written_only_when_asked_and_never_into_a_model_folder(capsys, np
     code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "model")
     assert code == 1 and "--out" in err and "is a model's folder (config.json, model.safetensors)" in err
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == before
+
+
+def test_diagrams_say_they_pool_the_folds_and_the_table_averages_them(capsys, npz_file, tmp_path, monkeypatch):
+    """The diagram's ECE is that of all held-out predictions pooled; the table's is the mean over folds. The
+    diagram's title says so and gives the table's number beside it."""
+    import hf_calibration.cli.compare as compare
+
+    path, z, y = npz_file
+    titles = {}
+    monkeypatch.setattr(compare, "save_diagram", lambda logits, labels, out, n_bins, title, **kw: titles.update({out.name: title}))
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "d")
+    assert code == 0, err
+    table = compare_calibrators(z, y, ["temperature_scaling"], cv=3, progress_bar=False)
+    for method in ("uncalibrated", "temperature_scaling"):
+        title = titles[f"reliability_{method}.png"]
+        assert "pooled" in title and method in title
+        assert f"{100 * table[method].mean('ece'):.2f} ± {100 * table[method].std('ece'):.2f} %" in title
+    assert "pooled" in out and "mean over folds" in out
+
+
+def test_paired_bootstrap_against_the_best(capsys, npz_file, tmp_path):
+    path, z, y = npz_file
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts,isotonic", "--cv", "3", "--json",
+                          "--out", tmp_path / "p", "--n-boot", "200")
+    assert code == 0, err
+    report = json.loads(out)
+    table = compare_calibrators(z, y, ["temperature_scaling", "isotonic"], cv=3, keep_predictions=True, progress_bar=False)
+    expected = table.paired_bootstrap("ece", n_boot=200)
+    assert report["paired"]["best"] == report["best"] == expected.best
+    for method, entry in report["paired"]["methods"].items():
+        assert entry["difference"]["low"] == pytest.approx(expected.difference[method].low, abs=1e-12)
+        assert entry["wins"] == pytest.approx(expected.wins[method])
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "q")
+    assert code == 0 and "Paired bootstrap against the best by ece" in out and "wins over" in out
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "q",
+                          "--overwrite", "--ci", "0")
+    assert code == 0 and "Paired bootstrap" not in out  # --ci 0 leaves it out
+    # a bad level is refused before anything is written
+    code, _, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--out", tmp_path / "r", "--ci", "95")
+    assert code == 1 and "--ci" in err and not (tmp_path / "r").exists()

@@ -15,12 +15,12 @@ from transformers import Trainer, TrainingArguments
 import hf_calibration
 from _models import digits, digits_dataset, tiny_vit
 from hf_calibration import list_metric_scripts, metric_path
-from hf_calibration.metrics import adaece, calibration_report, ece, smce
+from hf_calibration.metrics import adaece, calibration_report, debiased_ece, ece, smce
 
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("ece", "adaece", "smce", "calibration")
+NAMES = ("ece", "adaece", "smce", "calibration", "debiased_ece")
 
 # Hand-worked example shared with the scripts' docstrings.  Top-label confidences and correctness:
 #   row 0: 0.90 correct, row 1: 0.75 correct, row 2: 0.70 wrong (label 0), row 3: 0.65 wrong (label 1).
@@ -80,6 +80,10 @@ def test_hand_worked_values(metrics) -> None:
     assert report["calibration_adaece"] == pytest.approx(0.425, abs=1e-6)
     assert report["calibration_o_ece"] + report["calibration_u_ece"] == pytest.approx(report["calibration_ece"], abs=1e-12)
     assert report["calibration_smce"] == pytest.approx(0.258125, abs=1e-6)
+    # debiased L2, 2 equal-mass bins {0.65, 0.70} (conf 0.675, acc 0) and {0.75, 0.90} (conf 0.825, acc 1): no label
+    # variance in either, so sqrt((0.675^2 + 0.175^2) / 2)
+    expected = np.sqrt((0.675**2 + 0.175**2) / 2)
+    assert metrics["debiased_ece"].compute(**kw, n_bins=2)["debiased_ece"] == pytest.approx(expected, abs=1e-6)
 
 
 def _bare(name: str, logits, labels, **kw):
@@ -90,6 +94,8 @@ def _bare(name: str, logits, labels, **kw):
     if name == "smce":
         kw.pop("n_bins", None)
         return {"smce": smce(logits, labels, **kw)}
+    if name == "debiased_ece":
+        return {"debiased_ece": debiased_ece(logits, labels, **kw)}
     return {f"calibration_{key}": value for key, value in calibration_report(logits, labels, **kw).items()}
 
 
@@ -134,6 +140,25 @@ def test_script_docstring_examples(name: str, metrics) -> None:
     module = importlib.import_module(type(metrics[name]).__module__)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ci_gives_the_functions_interval(name: str, metrics) -> None:
+    logits, labels = _random_logits(seed=5)
+    got = metrics[name].compute(predictions=logits, references=labels, ci=0.9, n_boot=100, seed=2)
+    if name == "calibration":
+        report = calibration_report(logits, labels, ci=0.9, n_boot=100, seed=2)
+        expected = {f"calibration_{key}": value for key, value in report.items()}
+    else:
+        expected = _bare(name, logits, labels, ci=0.9, n_boot=100, seed=2)
+    for key, value in expected.items():
+        if key == "calibration_n":
+            continue
+        assert got[key] == pytest.approx(float(value), abs=1e-6)  # evaluate stores the predictions as float32
+        assert got[f"{key}_ci_low"] == pytest.approx(value.low, abs=1e-6)
+        assert got[f"{key}_ci_high"] == pytest.approx(value.high, abs=1e-6)
+    plain = metrics[name].compute(predictions=logits, references=labels)
+    assert not any(key.endswith(("_ci_low", "_ci_high")) for key in plain)
 
 
 def test_bad_input_is_reported(metrics) -> None:

@@ -366,3 +366,51 @@ def test_even_batches_padding_by_hand(monkeypatch):
     from transformers import EvalPrediction
 
     assert trainer_side(EvalPrediction(predictions=logits, label_ids=labels))["n"] == 50
+
+
+# ----------------------------------------------------------------------------- bootstrap intervals
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_intervals_equal_the_batch_reports(as_torch, tmp_path):
+    """ci=: the same resamples of the same rows as calibration_report(ci=...) on the concatenated batches, so the
+    same intervals (classwise ECE aside: it stays a bare value, the rows' K probabilities are not kept)."""
+    logits, labels = _data(n=2000, dtype=np.float64, ignored_every=13)
+    kwargs = dict(ci=0.9, n_boot=150, seed=1, confidence_dtype="float64")
+    feed = (lambda a: torch.from_numpy(a)) if as_torch else (lambda a: a)
+    acc = CalibrationAccumulator(**kwargs)
+    for rows in _batches(len(labels)):
+        acc.update(feed(logits[rows]), feed(labels[rows]))
+    got = acc.compute()
+    want = calibration_report(logits, labels, ci=0.9, n_boot=150, seed=1)
+    for key in ("accuracy", "ece", "adaece", "mce", "o_ece", "u_ece", "smce", "smece", "brier", "nll"):
+        for part in ("low", "high"):
+            assert getattr(got[key], part) == pytest.approx(getattr(want[key], part), abs=1e-12), (key, part)
+        assert float(got[key]) == pytest.approx(float(want[key]), abs=1e-12)
+    assert type(got.classwise_ece) is float and got.classwise_ece == pytest.approx(want.classwise_ece, abs=1e-12)
+    # the kept rows travel through state_dict and merge
+    path = tmp_path / "state.pt"
+    torch.save(acc.state_dict(), path)
+    restored = CalibrationAccumulator(**kwargs).load_state_dict(torch.load(path))
+    assert restored.compute().nll.high == got.nll.high
+    first, second = CalibrationAccumulator(**kwargs), CalibrationAccumulator(**kwargs)
+    first.update(logits[:900], labels[:900])
+    second.update(logits[900:], labels[900:])
+    assert first.merge(second).compute().brier.low == pytest.approx(got.brier.low, abs=1e-12)
+    with pytest.raises(ValueError, match="_boot"):
+        CalibrationAccumulator(**kwargs).merge(CalibrationAccumulator(confidence_dtype="float64"))
+
+
+def test_intervals_reach_the_trainer_as_flat_keys():
+    logits, labels = _data(n=500)
+
+    class EvalPrediction:
+        predictions, label_ids = logits, labels
+
+    out = CalibrationAccumulator(ci=0.95, n_boot=100)(EvalPrediction())
+    want = calibration_report(logits, labels, ci=0.95, n_boot=100)
+    assert out["ece"] == pytest.approx(float(want.ece), abs=1e-6)
+    assert out["ece_ci_low"] == pytest.approx(want.ece.low, abs=1e-6) and out["nll_ci_high"] == pytest.approx(want.nll.high, abs=1e-6)
+    assert "classwise_ece_ci_low" not in out and "ece_ci_low" not in CalibrationAccumulator()(EvalPrediction())
+    with pytest.raises(ValueError, match="`ci`"):
+        CalibrationAccumulator(ci=1.5)

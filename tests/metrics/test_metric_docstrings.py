@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["adaptive", "binning", "ece", "reliability", "report", "scores", "smooth"]
+MODULES = ["adaptive", "binning", "bootstrap", "debiased", "ece", "reliability", "report", "scores", "smooth"]
 
 
 @pytest.mark.parametrize("name", MODULES)

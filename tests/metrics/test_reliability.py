@@ -82,7 +82,7 @@ def _check_panel(rel_ax, count_ax, confidence, correct, n_bins=15):
             assert gap[b] == pytest.approx(mean_conf - mean_acc, abs=1e-12)
         else:
             assert acc[b] == 0 and gap[b] == 0
-    assert f"ECE = {100 * ref.loop_ece(confidence, correct, n_bins):.2f}%" in _text(rel_ax)
+    assert f"ECE = {100 * ref.loop_ece(confidence, correct, n_bins):.2f} %" in _text(rel_ax)
     assert f"N = {len(confidence)}" in _text(rel_ax)
 
 
@@ -193,3 +193,128 @@ def test_bad_margin_groups(bad, err):
     logits, target = _case()
     with pytest.raises(err, match="margin_groups"):
         reliability_diagram(logits, target, margin_groups=bad)
+
+
+# ------------------------------------------------------------------ as a person reads them
+
+def _render(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer(), np.asarray(canvas.buffer_rgba())[..., :3].astype(float)
+
+
+def _legend(fig, ax):
+    legend = fig.legends[0] if fig.legends else ax.get_legend()
+    return {text.get_text(): handle for text, handle in zip(legend.get_texts(), legend.legend_handles)}
+
+
+def _binary(confidence, correct):
+    """Two-class probabilities whose top label has these confidences (>= 0.5) and correctness."""
+    confidence = np.asarray(confidence, dtype=np.float64)
+    probs = np.stack([confidence, 1 - confidence], axis=1)
+    return probs, np.where(np.asarray(correct, dtype=bool), 0, 1)
+
+
+def _mixed_case():
+    """Bin (0.5, 0.6] under-confident (conf 0.55, all right), (0.9, 1.0] over-confident (conf 0.95, 60 % right),
+    (0.7, 0.8] holding only 2 samples."""
+    conf = [0.55] * 200 + [0.95] * 300 + [0.75] * 2
+    correct = [1] * 200 + [1] * 180 + [0] * 120 + [1, 0]
+    return _binary(conf, correct)
+
+
+def test_summary_label_is_clear_of_the_bars():
+    rng = np.random.default_rng(0)
+    confidence = rng.uniform(0.5, 1.0, 3000)  # every bin from 0.5 up holds a tall bar
+    probs, labels = _binary(confidence, rng.random(3000) < confidence - 0.05)
+    fig = reliability_diagram(probs, labels)
+    renderer, _ = _render(fig)
+    ((rel_ax, _),) = _panels(fig)
+    label = next(t for t in rel_ax.texts if "ECE" in t.get_text())
+    box = label.get_window_extent(renderer)
+    bars = [p for p in rel_ax.patches if p.get_height() != 0]
+    assert bars and not any(box.overlaps(p.get_window_extent(renderer)) for p in bars)
+
+
+def test_gap_colours_on_screen_are_the_legend_colours():
+    """What the eye sees in an under- and an over-confident gap (the median rendered pixel inside it) is the
+    colour of the legend entry that names it."""
+    probs, labels = _mixed_case()
+    fig = reliability_diagram(probs, labels, 10)
+    ((rel_ax, _),) = _panels(fig)
+    renderer, pixels = _render(fig)
+    handles = _legend(fig, rel_ax)
+    gaps = next(c for c in rel_ax.containers if c.get_label() == "gap").patches
+    height = pixels.shape[0]
+    for kind, b in (("under", 5), ("over", 9)):
+        box = gaps[b].get_window_extent(renderer)
+        inside = pixels[int(height - box.y1) + 3 : int(height - box.y0) - 3, int(box.x0) + 3 : int(box.x1) - 3]
+        seen = np.median(inside.reshape(-1, 3), axis=0)
+        handle = next((h for label, h in handles.items() if kind in label), handles.get("gap"))
+        r, g, bl, alpha = handle.get_facecolor()
+        shown = 255 * (alpha * np.array([r, g, bl]) + (1 - alpha))  # the legend's swatch over its white background
+        assert np.abs(seen - shown).max() < 12, (kind, seen, shown)
+
+
+def test_count_panel_log_scale_and_thin_bins_marked():
+    probs, labels = _mixed_case()
+    fig = reliability_diagram(probs, labels, 10, count_scale="log")
+    ((rel_ax, count_ax),) = _panels(fig)
+    assert count_ax.get_yscale() == "log" and count_ax.get_ylim()[0] < 1  # a bin of 1 sample is a visible bar
+    assert _panels(reliability_diagram(probs, labels, 10))[0][1].get_yscale() == "linear"
+    # the bin (0.7, 0.8] holds 2 samples: its count is written in the count panel, its bars are faded
+    notes = [t for t in count_ax.texts if t.get_text() == "2"]
+    assert len(notes) == 1 and notes[0].xy[0] == pytest.approx(0.75)
+    bars = next(c for c in rel_ax.containers if c.get_label() == "accuracy").patches
+    assert bars[7].get_alpha() is not None and bars[7].get_alpha() < 1
+    assert bars[5].get_alpha() in (None, 1.0)  # 200 samples: drawn as usual
+    assert any("fewer than 10" in label for label in _legend(fig, rel_ax))
+    assert not [t for t in _panels(reliability_diagram(probs, labels, 10, min_count=0))[0][1].texts]
+    with pytest.raises(ValueError, match="count_scale"):
+        reliability_diagram(probs, labels, count_scale="symlog")
+
+
+@pytest.mark.parametrize("layout", ["single", "pair", "margin_groups"])
+def test_titles_and_legend_stay_inside_the_figure(layout):
+    title = "/home/someone/experiments/cifar10/" * 3 + "logits.npz[val]: temperature_scaling (held-out folds)"
+    logits, target = _case()
+    kwargs = {"single": {}, "pair": {"calibrated": logits / 2}, "margin_groups": {"margin_groups": 3}}[layout]
+    fig = reliability_diagram(logits, target, title=title, **kwargs)
+    renderer, _ = _render(fig)
+    width, height = fig.bbox.width, fig.bbox.height
+    texts = [a.title for a in fig.axes if a.get_title()] + ([fig._suptitle] if fig._suptitle else []) + list(fig.legends)
+    assert any(t.get_text().replace("\n", "").replace(" ", "") == title.replace(" ", "") for t in texts if hasattr(t, "get_text"))
+    for artist in texts:
+        box = artist.get_window_extent(renderer)
+        assert box.x0 >= -1 and box.x1 <= width + 1 and box.y0 >= -1 and box.y1 <= height + 1, (artist, box, width, height)
+
+
+def test_per_bin_interval_is_the_wilson_interval():
+    from scipy.stats import binomtest
+
+    from hf_calibration.metrics.reliability import wilson_interval
+
+    for k, n in [(7, 10), (0, 3), (3, 3), (450, 1000)]:
+        low, high = wilson_interval(np.array([n]), np.array([k / n]), 0.9)
+        expected = binomtest(k, n).proportion_ci(confidence_level=0.9, method="wilson")
+        assert (low[0], high[0]) == pytest.approx((expected.low, expected.high), abs=1e-12)
+    probs, labels = _mixed_case()
+    table = reliability_table(probs, labels, 10, ci=0.95)
+    expected = binomtest(180, 300).proportion_ci(confidence_level=0.95, method="wilson")
+    assert (table.accuracy_low[9], table.accuracy_high[9]) == pytest.approx((expected.low, expected.high), abs=1e-12)
+    assert "acc low" in str(table) and table.to_dict()["accuracy_high"][9] == table.accuracy_high[9]
+    assert reliability_table(probs, labels, 10).accuracy_low is None  # the default table is unchanged
+    # the diagram draws exactly these intervals as error bars, and the ECE with its bootstrap interval
+    fig = reliability_diagram(probs, labels, 10)
+    ((rel_ax, _),) = _panels(fig)
+    (bars,) = [c for c in rel_ax.containers if c.get_label() == "interval"]
+    segments = bars.lines[2][0].get_segments()
+    filled = np.flatnonzero(table.count > 0)
+    ends = {round(float(seg[0][0]), 6): (seg[0][1], seg[1][1]) for seg in segments}
+    for b in filled:
+        lo, hi = ends[round(float((table.lower[b] + table.upper[b]) / 2), 6)]
+        assert (lo, hi) == pytest.approx((table.accuracy_low[b], table.accuracy_high[b]), abs=1e-12)
+    value = ece(probs, labels, 10, ci=0.95)
+    assert f"ECE = {value.format(100, 2, ' %')}" in _text(rel_ax)

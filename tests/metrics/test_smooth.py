@@ -167,7 +167,7 @@ def test_smece_at_fixed_bandwidth_equals_relplot(sigma: float) -> None:
     rng = np.random.default_rng(7)
     p = rng.uniform(size=5000)
     a = (rng.uniform(size=5000) < p).astype(np.float64)
-    assert _SmoothECE(p, a)(sigma) == pytest.approx(relplot.smECE_sigma(p, a, sigma), abs=1e-9)
+    assert _SmoothECE(p, a)(np.array([sigma]), np.array([0]))[0] == pytest.approx(relplot.smECE_sigma(p, a, sigma), abs=1e-9)
 
 
 def test_smece_from_logits_equals_relplot() -> None:

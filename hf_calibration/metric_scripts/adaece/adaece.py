@@ -3,6 +3,7 @@
 import datasets
 import evaluate
 import numpy as np
+from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import adaece
 
 _DESCRIPTION = """
@@ -25,9 +26,14 @@ Args:
         and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
         probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
         explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
+    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a percentile bootstrap interval
+        (adaece_ci_low, adaece_ci_high), resampling the examples.
+    n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000).
+    seed (`int`, defaults to 0): seed of the resamples.
 
 Returns:
     adaece (`float`): adaptive calibration error, a fraction in [0, 1].
+    adaece_ci_low, adaece_ci_high (`float`): with `ci`, the ends of the bootstrap interval.
 
 Examples:
     >>> import evaluate
@@ -68,6 +74,7 @@ class AdaECE(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2002.09437"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=None):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0):
         preds = np.asarray(predictions, dtype=np.float32)
-        return {"adaece": adaece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits)}
+        value = adaece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
+        return flat_intervals({"adaece": value})

@@ -3,6 +3,7 @@
 import datasets
 import evaluate
 import numpy as np
+from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import calibration_report
 
 KEY_PREFIX = "calibration_"  # distinct from the single metrics' keys (`ece`, `adaece`, `smce`) under evaluate.combine
@@ -24,6 +25,10 @@ Args:
         and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
         probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
         explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
+    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a percentile bootstrap interval
+        (calibration_<metric>_ci_low, calibration_<metric>_ci_high), resampling the examples.
+    n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000; 200 for smCE and smECE).
+    seed (`int`, defaults to 0): seed of the resamples.
 
 Returns:
     Every key starts with `calibration_`, so the report combines cleanly with the single metrics
@@ -33,6 +38,7 @@ Returns:
     calibration_o_ece, calibration_u_ece, calibration_smce, calibration_smece (`float`): fractions in [0, 1].
     calibration_brier (`float`): multiclass Brier score (sum over classes, mean over examples), in [0, 2].
     calibration_nll (`float`): mean negative log-likelihood of the true class.
+    With `ci`, every metric also has `<key>_ci_low` and `<key>_ci_high` (`float`), the ends of its bootstrap interval.
 
 Examples:
     >>> import evaluate
@@ -79,7 +85,8 @@ class Calibration(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1706.04599", "https://arxiv.org/abs/2211.16886"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=None):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0):
         preds = np.asarray(predictions, dtype=np.float32)
-        report = calibration_report(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits)
-        return {f"{KEY_PREFIX}{key}": value for key, value in report.items()}
+        report = calibration_report(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits,
+                                    ci=ci, n_boot=n_boot, seed=seed)
+        return flat_intervals({f"{KEY_PREFIX}{key}": value for key, value in report.items()})

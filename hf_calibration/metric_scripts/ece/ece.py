@@ -3,6 +3,7 @@
 import datasets
 import evaluate
 import numpy as np
+from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import ece
 
 _DESCRIPTION = """
@@ -24,9 +25,14 @@ Args:
         and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
         probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
         explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
+    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a percentile bootstrap interval
+        (ece_ci_low, ece_ci_high), resampling the examples.
+    n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000).
+    seed (`int`, defaults to 0): seed of the resamples.
 
 Returns:
     ece (`float`): expected calibration error, a fraction in [0, 1] (multiply by 100 for the papers' percent).
+    ece_ci_low, ece_ci_high (`float`): with `ci`, the ends of the bootstrap interval.
 
 Examples:
     >>> import evaluate
@@ -68,6 +74,7 @@ class ECE(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1706.04599"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=None):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0):
         preds = np.asarray(predictions, dtype=np.float32)
-        return {"ece": ece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits)}
+        value = ece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
+        return flat_intervals({"ece": value})

@@ -3,6 +3,7 @@
 import datasets
 import evaluate
 import numpy as np
+from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import smce
 
 _DESCRIPTION = """
@@ -22,9 +23,14 @@ Args:
         and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
         probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
         explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
+    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a percentile bootstrap interval
+        (smce_ci_low, smce_ci_high), resampling the examples.
+    n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 200).
+    seed (`int`, defaults to 0): seed of the resamples.
 
 Returns:
     smce (`float`): smooth calibration error, a fraction in [0, 1].
+    smce_ci_low, smce_ci_high (`float`): with `ci`, the ends of the bootstrap interval.
 
 Examples:
     >>> import evaluate
@@ -59,6 +65,7 @@ class SmCE(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2211.16886"],
         )
 
-    def _compute(self, predictions, references, from_logits=None):
+    def _compute(self, predictions, references, from_logits=None, ci=None, n_boot=None, seed=0):
         preds = np.asarray(predictions, dtype=np.float32)
-        return {"smce": smce(preds, np.asarray(references, dtype=np.int64), from_logits=from_logits)}
+        value = smce(preds, np.asarray(references, dtype=np.int64), from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
+        return flat_intervals({"smce": value})

@@ -1,0 +1,109 @@
+"""Prediction sets in an image-classification ``pipeline``'s results: ``ConformalPredictor.attach(pipe)``.
+
+The pipeline's forward is wrapped (on that pipeline object only; the model is untouched outside its calls): a forward
+hook placed before any other reads the model's own logits, and the batch's sets are computed from them there, through
+the predictor's calibrator if it has one, exactly as ``predict_sets`` does. A calibrator attached to the model
+(``Calibrator.attach``) changes the scores the pipeline prints, not the sets: fit the predictor with
+``calibrator=...`` to combine them. Then each result row gets ``"in_set"`` (bool), and the rows are the ``top_k`` most
+probable classes plus every member of the set ranked beyond them, in the pipeline's usual order, so
+``[r["label"] for r in pipe(image) if r["in_set"]]`` is the whole set.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_ATTR = "_hf_calibration_conformal"  # on the pipeline: the attached predictor
+_SETS_KEY = "prediction_set"  # in the model outputs, between the pipeline's forward and its postprocess
+
+
+def _logits_of(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = output.get("logits") if isinstance(output, dict) else None
+    if logits is None and isinstance(output, tuple):
+        logits = next((t for t in output if isinstance(t, torch.Tensor) and t.ndim == 2 and t.is_floating_point()), None)
+    if logits is None:
+        raise ValueError("The model's output holds no (N, K) logits to build prediction sets from.")
+    return logits
+
+
+def _check_pipeline(pipe: Any):
+    transformers = sys.modules.get("transformers")  # a pipeline object means transformers is already imported
+    if transformers is None or not isinstance(pipe, transformers.ImageClassificationPipeline):
+        raise TypeError(f"Expected argument `pipe` to be an image-classification transformers pipeline, but got {type(pipe).__name__}.")
+    return pipe
+
+
+def attach(predictor, pipe: Any) -> Any:
+    """Make ``pipe``'s results carry ``predictor``'s sets (see the module docstring); returns ``pipe``."""
+    from ..calibrators.attach import attached_calibrator
+
+    _check_pipeline(pipe)
+    predictor._check_fitted()
+    if predictor.__dict__.get("_attached_to") is not None:
+        raise RuntimeError("This ConformalPredictor is already attached to a pipeline; call detach() first.")
+    if pipe.__dict__.get(_ATTR) is not None:
+        raise ValueError("Expected argument `pipe` to have no ConformalPredictor attached, but one is; detach it first.")
+    model = pipe.model
+    num_labels = int(model.config.num_labels)
+    if num_labels != predictor.num_classes:
+        raise ValueError(f"Expected a pipeline whose model has {predictor.num_classes} classes (the predictor's), but it has {num_labels}.")
+    labels = [model.config.id2label[i] for i in range(num_labels)]
+    if len(set(labels)) != num_labels:
+        raise ValueError("Expected the model's id2label to name each class once: the pipeline's rows are matched to classes by label.")
+    index_of = {label: i for i, label in enumerate(labels)}
+    if attached_calibrator(model) is not None:
+        logger.warning(
+            "A calibrator is attached to the pipeline's model: it calibrates the printed scores, while the prediction sets "
+            "are computed from the model's own logits%s, as the predictor was fitted.",
+            " through the predictor's calibrator" if predictor.calibrator is not None else "",
+        )
+    forward, postprocess = pipe._forward, pipe.postprocess
+    default_top_k = inspect.signature(postprocess).parameters["top_k"].default
+
+    def _forward(model_inputs, **kwargs):
+        captured = []
+        handle = model.register_forward_hook(lambda module, args, output: captured.append(_logits_of(output)), prepend=True)
+        try:
+            outputs = forward(model_inputs, **kwargs)
+        finally:
+            handle.remove()
+        if not captured:
+            raise RuntimeError("The pipeline's forward did not run its model: no logits to build prediction sets from.")
+        outputs[_SETS_KEY] = predictor.predict_sets(captured[-1].detach(), from_logits=True)
+        return outputs
+
+    def _postprocess(model_outputs, **kwargs):
+        in_set = model_outputs[_SETS_KEY][0].tolist()  # one image: the pipeline unbatches before postprocess
+        top_k = kwargs.pop("top_k", default_top_k)
+        rows = postprocess(model_outputs, top_k=num_labels, **kwargs)  # every class, by decreasing score
+        out = []
+        for rank, row in enumerate(rows):
+            member = in_set[index_of[row["label"]]]
+            if rank < top_k or member:
+                out.append({**row, "in_set": member})
+        return out
+
+    pipe._forward, pipe.postprocess = _forward, _postprocess  # instance attributes shadow the class's methods
+    pipe.__dict__[_ATTR] = predictor
+    predictor.__dict__["_attached_to"] = pipe
+    return pipe
+
+
+def detach(predictor) -> Any:
+    """Restore the pipeline ``attach`` changed; returns it."""
+    pipe = predictor.__dict__.get("_attached_to")
+    if pipe is None:
+        raise RuntimeError("This ConformalPredictor is not attached to any pipeline: nothing to detach.")
+    for name in ("_forward", "postprocess", _ATTR):
+        pipe.__dict__.pop(name, None)
+    predictor.__dict__["_attached_to"] = None
+    return pipe

@@ -1,0 +1,89 @@
+"""Conformity scores of every class: THR (LAC), APS and RAPS; a class is in the set when its score is <= the threshold.
+
+With ``p`` a row of probabilities, ``r(y)`` the rank of class ``y`` once the row is sorted in decreasing order
+(1 = most probable) and ``p_(j)`` the ``j``-th largest probability:
+
+* ``thr`` (LAC; Sadinle, Lei & Wasserman 2019): ``s(x, y) = 1 - p_y``.
+* ``aps`` (Romano, Sesia & Candès 2020, as written in Angelopoulos et al. 2021, Algorithm 2 with lambda = 0):
+  ``s(x, y) = sum_{j <= r(y)} p_(j) - u * p_(r(y))``.
+* ``raps`` (Angelopoulos, Bates, Malik & Jordan 2021, Algorithms 2-3):
+  ``s(x, y) = sum_{j <= r(y)} p_(j) - u * p_(r(y)) + lambda * max(r(y) - k_reg, 0)``.
+
+``u`` is one Uniform(0, 1) draw per sample (``None``: the non-randomised score, ``u = 0``). As in the paper,
+it scales the class's own probability only, never the penalty, and one draw serves every class of a row, so
+the scores of a row never decrease with the rank and an APS / RAPS set is always the ``L`` most probable classes:
+the paper's randomised Algorithm 3 (``L`` classes, the ``L``-th kept when ``U < V``) is ``{y : s(x, y; u) <= tau}``
+with ``U = 1 - u``.
+(TorchCP draws one ``u`` per class at prediction time, so its randomised sets need not be a top-``L`` prefix.)
+
+Tied probabilities are ranked by class index (a stable sort), so equal inputs always give equal sets.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Method = Literal["thr", "aps", "raps"]
+METHODS: tuple[str, ...] = ("thr", "aps", "raps")
+
+
+def rank_penalty(num_classes: int, k_reg: int, penalty: float, *, dtype=torch.float64, device=None) -> torch.Tensor:
+    """RAPS's regulariser by rank: ``lambda * max(j - k_reg, 0)`` for ranks ``j = 1..K`` (a (K,) tensor)."""
+    ranks = torch.arange(1, num_classes + 1, dtype=dtype, device=device)
+    return penalty * (ranks - k_reg).clamp_min(0)
+
+
+def ranked_scores(ordered: torch.Tensor, u: torch.Tensor | None = None, *, k_reg: int = 0, penalty: float = 0.0) -> torch.Tensor:
+    """APS / RAPS scores of the ranks, from probabilities already sorted in decreasing order along each row: entry
+    ``(i, j)`` is the score of the class of rank ``j + 1`` (non-decreasing along each row)."""
+    scores = torch.cumsum(ordered, dim=1)
+    if u is not None:
+        scores = scores - u[:, None] * ordered
+    if penalty:
+        scores = scores + rank_penalty(ordered.shape[1], k_reg, penalty, dtype=ordered.dtype, device=ordered.device)
+    return scores
+
+
+def sort_probabilities(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ordered, order)``: each row in decreasing order, ties by class index, and the class of each rank."""
+    return torch.sort(probs, dim=1, descending=True, stable=True)
+
+
+def conformity_scores(
+    probs: torch.Tensor, method: Method, u: torch.Tensor | None = None, *, k_reg: int = 0, penalty: float = 0.0
+) -> torch.Tensor:
+    """The (N, K) score of every class for (N, K) probabilities (float64 recommended), on their device.
+
+    Args:
+        probs: rows of class probabilities.
+        method: ``"thr"``, ``"aps"`` or ``"raps"`` (``aps`` is ``raps`` with ``penalty = 0``).
+        u: (N,) uniform draws in [0, 1] for the randomised APS / RAPS score; None for the non-randomised one.
+        k_reg, penalty: RAPS's ``k_reg`` and ``lambda`` (ignored unless ``method == "raps"``).
+    """
+    if method == "thr":
+        return torch.rsub(probs, 1.0)
+    if method not in METHODS:
+        raise ValueError(f"Expected argument `method` to be one of {list(METHODS)}, but got {method!r}.")
+    ordered, order = sort_probabilities(probs)
+    ranked = ranked_scores(ordered, u, k_reg=k_reg, penalty=penalty if method == "raps" else 0.0)
+    return torch.empty_like(ranked).scatter_(1, order, ranked)
+
+
+def label_ranks(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The 1-based rank of each row's label among its classes (ties ranked by class index, as in the scores)."""
+    order = sort_probabilities(probs)[1]
+    return (order == labels[:, None]).int().argmax(dim=1) + 1
+
+
+def sets_from_scores(scores: torch.Tensor, q_hat: float, *, allow_empty: bool = False) -> torch.Tensor:
+    """The (N, K) boolean sets ``{y : s(x, y) <= q_hat}``; with ``allow_empty=False`` an empty set gets its
+    lowest-score class (the most probable one), as the paper's code does by default (``allow_zero_sets=False``)."""
+    sets = scores <= q_hat
+    if not allow_empty:
+        empty = ~sets.any(dim=1)
+        if bool(empty.any()):
+            rows = empty.nonzero()[:, 0]
+            sets[rows, scores[rows].argmin(dim=1)] = True
+    return sets

@@ -1,0 +1,113 @@
+"""attach(pipeline): every image-classification result carries its prediction set; detach restores the pipeline."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from _conformal_data import synthetic
+from _models import digits, make_model
+
+from hf_calibration.calibrators import TemperatureScaling
+from hf_calibration.conformal import ConformalPredictor
+
+
+def _pipeline(name="vit", **kwargs):
+    from PIL import Image
+    from transformers import ViTImageProcessor, pipeline
+
+    model = make_model(name, num_channels=3, image_size=8).eval()
+    processor = ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    x, _ = digits(slice(0, 6))
+    images = [Image.fromarray((255 * x[i, 0].numpy()).astype(np.uint8)).convert("RGB") for i in range(6)]
+    pipe = pipeline("image-classification", model=model, image_processor=processor, device="cpu", **kwargs)
+    with torch.no_grad():  # the model's own logits on the processed images, computed without the pipeline
+        logits = model(pixel_values=processor(images, return_tensors="pt")["pixel_values"]).logits
+    return pipe, images, logits
+
+
+def _fit_data():
+    """Logits as flat as the random tiny models' and labels at random: the sets hold most classes."""
+    rng = np.random.default_rng(2)
+    return rng.normal(scale=0.05, size=(1000, 10)).astype(np.float32), rng.integers(0, 10, 1000)
+
+
+def _predictor(method="raps", **kwargs):
+    return ConformalPredictor(method, allow_empty=True, **kwargs).fit(*_fit_data(), alpha=0.4)
+
+
+@pytest.mark.parametrize("name", ["vit", "resnet"])
+def test_results_carry_the_prediction_set(name):
+    pipe, images, logits = _pipeline(name)
+    plain = pipe(images, top_k=3)
+    predictor = _predictor()
+    assert predictor.attach(pipe) is pipe
+    results = pipe(images, top_k=3)
+    predictor.fit(*_fit_data(), alpha=0.4)  # restarts the prediction stream: the same draws as the pipeline's call
+    expected = predictor.predict_sets(logits)
+    labels = pipe.model.config.id2label
+    for i, rows in enumerate(results):
+        got = {r["label"] for r in rows if r["in_set"]}
+        assert got == {labels[k] for k in np.flatnonzero(expected[i].numpy())}
+        assert [r["label"] for r in rows[:3]] == [r["label"] for r in plain[i]]  # the top 3 rows as before
+        assert all(r["in_set"] for r in rows[3:])  # more rows only for set members beyond top_k
+        assert [r["score"] for r in rows[:3]] == [r["score"] for r in plain[i]]
+    assert any(len(rows) > 3 for rows in results)  # some set is larger than top_k
+    assert predictor.detach() is pipe
+    assert pipe(images, top_k=3) == plain
+
+
+def test_batched_pipeline_and_one_image():
+    pipe, images, logits = _pipeline(batch_size=4)
+    predictor = _predictor("thr")
+    predictor.attach(pipe)
+    expected = predictor.predict_sets(logits)  # THR is not randomised
+    results = pipe(images)
+    single = pipe(images[0])
+    for i, rows in enumerate(results):
+        assert {r["label"] for r in rows if r["in_set"]} == {pipe.model.config.id2label[k] for k in np.flatnonzero(expected[i].numpy())}
+    assert single == results[0]
+    predictor.detach()
+
+
+def test_sets_come_from_the_models_own_logits_when_a_calibrator_is_attached(caplog):
+    pipe, images, logits = _pipeline()
+    z, y = _fit_data()
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    predictor = _predictor("thr")
+    ts.attach(pipe.model)
+    with caplog.at_level(logging.WARNING, logger="hf_calibration"):
+        predictor.attach(pipe)
+    assert "calibrator is attached" in caplog.text
+    results = pipe(images, top_k=10)
+    expected = predictor.predict_sets(logits)
+    calibrated = torch.softmax(ts(logits), 1)
+    for i, rows in enumerate(results):
+        assert {r["label"] for r in rows if r["in_set"]} == {pipe.model.config.id2label[k] for k in np.flatnonzero(expected[i].numpy())}
+        for r in rows:  # the printed scores are the calibrated ones
+            k = int(pipe.model.config.label2id[r["label"]])
+            assert r["score"] == pytest.approx(calibrated[i, k].item(), abs=1e-5)
+    predictor.detach()
+    ts.detach()
+
+
+def test_attach_refusals():
+    pipe, _, _ = _pipeline()
+    with pytest.raises(TypeError, match="image-classification transformers pipeline"):
+        _predictor().attach(pipe.model)
+    z, y = synthetic(500, 4, seed=1)
+    with pytest.raises(ValueError, match="4 classes"):
+        ConformalPredictor("thr").fit(z, y).attach(pipe)
+    with pytest.raises(Exception, match="not fitted"):
+        ConformalPredictor("thr").attach(pipe)
+    predictor = _predictor()
+    predictor.attach(pipe)
+    with pytest.raises(RuntimeError, match="already attached"):
+        predictor.attach(pipe)
+    with pytest.raises(ValueError, match="one is; detach it first"):
+        _predictor().attach(pipe)
+    predictor.detach()
+    with pytest.raises(RuntimeError, match="not attached"):
+        predictor.detach()

@@ -1,0 +1,122 @@
+"""debiased_ece against the reference implementation (uncertainty-calibration) on the shared logits, the
+exact L1 correction against the reference's Monte Carlo one, and against hand-worked numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import _metric_reference as ref
+from hf_calibration.metrics import debiased_ece
+
+calibration = pytest.importorskip("calibration")  # pip install uncertainty-calibration (the test extra)
+
+LOGITS = sorted((Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "logits").glob("*.npz"))
+needs_shared = pytest.mark.skipif(not LOGITS, reason="../shared/data/logits is not here (a user's clone)")
+
+
+def _test_probs(path):
+    data = np.load(path)
+    return ref.softmax(data["logits_test"]), data["labels_test"]
+
+
+@needs_shared
+@pytest.mark.parametrize("path", LOGITS, ids=lambda p: p.stem)
+def test_equals_uncertainty_calibration_on_the_shared_logits(path):
+    probs, labels = _test_probs(path)
+    assert not calibration.utils.is_discrete(probs)  # the reference takes its equal-mass (scaling) path
+    assert debiased_ece(probs, labels) == pytest.approx(calibration.get_top_calibration_error(probs, labels, 2, debias=True), abs=1e-9)
+    assert debiased_ece(probs, labels, mode="marginal") == pytest.approx(
+        calibration.get_calibration_error(probs, labels, 2, debias=True, mode="marginal"), abs=1e-9)
+    # L1: the reference draws 1,000 normal samples from numpy's global stream; the same draws here
+    np.random.seed(7)
+    reference = calibration.get_top_calibration_error(probs, labels, 1, debias=True)
+    assert debiased_ece(probs, labels, p=1, mc_samples=1000, mc_seed=7) == pytest.approx(reference, abs=1e-9)
+    # the exact correction is the limit of those draws: within their Monte Carlo error
+    assert debiased_ece(probs, labels, p=1) == pytest.approx(reference, abs=1e-3)
+
+
+@needs_shared
+def test_marginal_l1_and_logits_input():
+    probs, labels = _test_probs(next(p for p in LOGITS if "lenet-5-cifar-10" in p.name))
+    np.random.seed(3)
+    reference = calibration.get_calibration_error(probs, labels, 1, debias=True, mode="marginal")
+    assert debiased_ece(probs, labels, p=1, mode="marginal", mc_samples=1000, mc_seed=3) == pytest.approx(reference, abs=1e-9)
+    logits = np.load(next(p for p in LOGITS if "lenet-5-cifar-10" in p.name))["logits_test"].astype(np.float64)
+    assert debiased_ece(logits, labels) == pytest.approx(debiased_ece(probs, labels), abs=1e-12)  # logits detected
+
+
+def test_distinct_binning_equals_the_reference_binning_estimator():
+    """Outputs of a binning calibrator (few distinct values): the reference's get_binning_ce path."""
+    rng = np.random.default_rng(0)
+    levels = np.array([0.55, 0.6, 0.7, 0.8, 0.9, 0.95])
+    p = rng.choice(levels, 3000)
+    probs = np.stack([p, 1 - p], axis=1)
+    labels = np.where(rng.random(3000) < p - 0.05, 0, 1)
+    assert calibration.utils.is_discrete(probs)
+    for power in (2, 1):
+        np.random.seed(11)
+        reference = calibration.get_top_calibration_error(probs, labels, power, debias=True)  # picks the distinct path itself
+        mc = {"mc_samples": 1000, "mc_seed": 11} if power == 1 else {}
+        assert debiased_ece(probs, labels, p=power, binning="distinct", **mc) == pytest.approx(reference, abs=1e-9)
+
+
+def test_hand_worked():
+    # confidences 0.65, 0.7 | 0.8, 0.9 (2 equal-mass bins, edge 0.75), labels right 1 0 | 1 1
+    probs = np.array([[0.35, 0.65], [0.7, 0.3], [0.8, 0.2], [0.9, 0.1]])
+    labels = np.array([1, 1, 0, 0])
+    # bin 1: conf 0.675, acc 0.5, n 2: 0.175^2 - 0.25 / 1 < 0; bin 2: conf 0.85, acc 1: 0.15^2
+    expected_sq = 0.5 * (0.175**2 - 0.25) + 0.5 * 0.15**2
+    assert debiased_ece(probs, labels, 2) == pytest.approx(np.sqrt(max(expected_sq, 0.0)), abs=1e-12)
+    # L1: bin 1 d = -0.175, s = sqrt(0.25 / 2); E|N(d, s^2)| in closed form; bin 2 has s = 0
+    d, s = -0.175, np.sqrt(0.125)
+    from scipy.stats import norm
+
+    folded = s * np.sqrt(2 / np.pi) * np.exp(-d * d / (2 * s * s)) + d * (1 - 2 * norm.cdf(-d / s))
+    expected = 2 * (0.5 * 0.175 + 0.5 * 0.15) - (0.5 * folded + 0.5 * 0.15)
+    assert debiased_ece(probs, labels, 2, p=1) == pytest.approx(expected, abs=1e-12)
+
+
+def test_debiasing_removes_the_plug_in_bias_of_a_calibrated_model():
+    """200 draws of a calibrated model (true L2 error 0): the reference's plug-in (debias=False) squared error
+    averages the bins' label variance; the debiased one is never above it and averages far lower."""
+    rng = np.random.default_rng(1)
+    debiased, plug_in = [], []
+    for _ in range(200):
+        p = rng.uniform(0.5, 1.0, 600)
+        probs = np.stack([p, 1 - p], axis=1)
+        labels = (rng.random(600) >= p).astype(int)
+        debiased.append(debiased_ece(probs, labels, 5))
+        plug_in.append(calibration.get_top_calibration_error(probs, labels, 2, debias=False))
+        assert debiased[-1] <= plug_in[-1] + 1e-12
+    assert np.mean(np.square(plug_in)) > 3 * np.mean(np.square(debiased))
+
+
+@pytest.mark.parametrize("kwargs,err,word", [
+    ({"p": 3}, ValueError, "`p`"), ({"mode": "classwise"}, ValueError, "`mode`"), ({"binning": "uniform"}, ValueError, "`binning`"),
+    ({"p": 2, "mc_samples": 100}, ValueError, "`mc_samples`"), ({"p": 1, "mc_samples": 100, "ci": 0.9}, ValueError, "`mc_samples`"),
+    ({"n_bins": 0}, ValueError, "`n_bins`"), ({"ci": 2.0}, ValueError, "`ci`"),
+])
+def test_bad_arguments(kwargs, err, word):
+    probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
+    with pytest.raises(err, match=word):
+        debiased_ece(probs, np.array([0, 1, 1, 1]), **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["top-label", "marginal"])
+def test_interval_is_the_percentile_of_the_estimate_on_each_resample(mode):
+    """End to end: the interval's ends are the percentiles of debiased_ece on the explicitly resampled rows (the
+    counts are over the rows sorted by top-label confidence; every class of the marginal form sees the same rows)."""
+    from hf_calibration.metrics.bootstrap import check_bootstrap, frame
+
+    rng = np.random.default_rng(4)
+    logits = np.round(2 * rng.standard_normal((700, 4)), 1)
+    labels = rng.integers(0, 4, 700)
+    value = debiased_ece(logits, labels, 10, mode=mode, ci=0.9, n_boot=12, seed=5)
+    order = frame(ref.softmax(logits).max(1))
+    counts = np.concatenate(list(check_bootstrap(0.9, 12, 5)._blocks(700)))
+    resampled = [debiased_ece(logits[order[np.repeat(np.arange(700), c)]], labels[order[np.repeat(np.arange(700), c)]], 10, mode=mode)
+                 for c in counts]
+    assert (value.low, value.high) == pytest.approx(tuple(np.quantile(resampled, [0.05, 0.95])), abs=1e-12)
