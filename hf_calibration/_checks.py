@@ -162,7 +162,7 @@ def row_sum_tolerance(dtype: np.dtype) -> float:
 PROBABILITY_DETECTION_TOLERANCE = 1e-2  # float16 / bfloat16 softmax rows, even stored as float32, sum to 1 within this
 
 
-CHANCE_RATIO = 10  # logits in [0, 1]^K sum to 1 +- 1e-2 by chance for a few percent of such rows, far below 1 in 10
+CHANCE_RATIO = 5  # logits in [0, 1]^K sum to 1 +- 1e-2 by chance for a few percent of such rows, well below 1 in 5
 
 
 def _count_rows(preds: Any, *, stop_at_other: bool = False):
@@ -176,10 +176,11 @@ def _count_rows(preds: Any, *, stop_at_other: bool = False):
             low, high = torch.aminmax(preds, dim=1)
             boxed = (low >= 0) & (high <= 1)
             simplex = boxed & ((preds.sum(dim=1, dtype=torch.float64) - 1).abs() <= PROBABILITY_DETECTION_TOLERANCE)
-            hot = simplex & ((preds == 0) | (preds == 1)).all(dim=1)
-            prob = simplex & ~hot
+            quarters = preds.double() * 4
+            coarse = simplex & (quarters == quarters.floor()).all(dim=1)
+            prob = simplex & ~coarse
             first = [int(rows[0, 0]) if rows.numel() else -1 for rows in (prob.nonzero(), (~simplex).nonzero())]
-            return RowCounts(int(prob.sum()), int(hot.sum()), int((boxed & ~simplex).sum()), *first)
+            return RowCounts(int(prob.sum()), int(coarse.sum()), int((boxed & ~simplex).sum()), *first)
         preds = (preds.float() if preds.dtype == torch.bfloat16 else preds).numpy()
     return count_rows(preds, PROBABILITY_DETECTION_TOLERANCE, stop_at_other=stop_at_other)
 
@@ -206,20 +207,21 @@ def looks_like_probabilities(preds: Any, name: str = "preds") -> bool:
     reported by the finiteness check later). Some rows probability vectors and others not, wherever they are,
     raise ``ValueError``: such an array is neither (probabilities with a malformed row, or logits and
     probabilities concatenated), and guessing would give a silently wrong number. Two exceptions, where logits look
-    like probabilities by chance: one-hot rows (exact 0s and a 1, as in hand-written logits ``[0.0, 1.0]``) read as
-    either and are no evidence beside other rows; and small logits (all in [0, 1], as with K = 2 or 3 and logits near
-    0) sum to 1 within 1e-2 in a few percent of such rows, so probability-looking rows at most 1/10 as many as the
-    other rows in [0, 1]^K are taken for logits.
+    like probabilities by chance: coarse rows (exact quarters: one-hot rows, ``[0.5, 0.5]``, as hand-written or
+    rounded logits have) read either way and are no evidence beside other rows; and small logits (all in [0, 1], as
+    with K = 2 or 3 and logits near 0) sum to 1 within 1e-2 in a few percent of such rows, so probability rows that
+    are fewer than the other rows and at most 1 + 1/5 of the other rows in [0, 1]^K are taken for logits.
     """
     if preds.ndim != 2 or preds.shape[0] == 0:
         return False
     counts = _count_rows(preds)
     if counts.first_other < 0:
-        return True  # every row a probability vector (one-hot rows included)
-    if counts.probability * CHANCE_RATIO <= counts.boxed_other:
-        return False  # none beside other rows (one-hot rows read as logits), or as few as chance gives
+        return True  # every row a probability vector (coarse rows included)
+    others = preds.shape[0] - counts.probability - counts.coarse
+    if counts.probability == 0 or (counts.probability < others and counts.probability <= 1 + counts.boxed_other / CHANCE_RATIO):
+        return False  # logits: beside them, coarse rows read as logits, and as few probability rows as chance gives
     raise ValueError(
-        f"Expected `{name}` to hold either logits or probabilities, but {counts.probability + counts.one_hot} of its {preds.shape[0]} rows "
+        f"Expected `{name}` to hold either logits or probabilities, but {counts.probability + counts.coarse} of its {preds.shape[0]} rows "
         f"are probability vectors (values in [0, 1] summing to 1 within {PROBABILITY_DETECTION_TOLERANCE:g}; row "
         f"{counts.first_probability} is one) and row {counts.first_other} is not (it {_describe_row(preds, counts.first_other, name)}). "
         "Pass `from_logits=True` or `False` explicitly (False: every row must then be a probability vector)."

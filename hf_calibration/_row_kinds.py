@@ -1,8 +1,9 @@
 """Logits or probabilities: which rows of an (N, K) array are probability vectors, in one compiled pass.
 
 A row is a probability vector when every value is in [0, 1] (NaN is not) and the row sums to 1 within a
-tolerance. :func:`count_rows` counts them (one-hot rows apart: exact 0s and a 1 read as well as logits, such as a
-hand-written ``[0.0, 1.0]``), and the other rows whose values all lie in [0, 1], with the first row of each kind. It looks at every row, but leaves a row at its first value outside [0, 1] — for logits nearly always
+tolerance. :func:`count_rows` counts them (coarse rows apart: exact quarters, such as one-hot rows or ``[0.5, 0.5]``,
+read as well as hand-written or rounded logits), and the other rows whose values all lie in [0, 1], with the first
+row of each kind. It looks at every row, but leaves a row at its first value outside [0, 1] — for logits nearly always
 the row's first value, so the pass reads one value a row, not the whole array. Probability rows are read whole (their sum is needed), 16 values at a time so that each
 block's checks and sum vectorise. (Measured at N = 1e6, K = 100 float32: 0.02 s over logits, 0.08 s over
 probabilities, against ~0.5 s for ``ece`` itself.)
@@ -26,9 +27,9 @@ _CONVERT_ROWS_ELEMENTS = 1 << 18  # rows converted at a time for dtypes the kern
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})  # pragma: no cover - compiled
 def _count_rows(x, tol, stop_at_other, offset, counts):
-    """Add to ``counts`` = [probability rows (one-hot ones aside), one-hot rows, other rows in [0, 1]^K, first
-    probability row (one-hot aside), first other row] (row indices + ``offset``; -1 while not seen) over the rows of
-    ``x``. Returns True when it stopped early."""
+    """Add to ``counts`` = [probability rows (coarse ones aside), coarse probability rows (exact quarters: one-hot,
+    [0.5, 0.5], ...), other rows in [0, 1]^K, first probability row (coarse aside), first other row] (row indices +
+    ``offset``; -1 while not seen) over the rows of ``x``. Returns True when it stopped early."""
     n, k = x.shape
     for i in range(n):
         first = np.float64(x[i, 0])
@@ -45,14 +46,13 @@ def _count_rows(x, tol, stop_at_other, offset, counts):
                     inside = False
                     break
         if inside and abs(s - 1.0) <= tol:
-            one_hot = low == 0.0 and high == 1.0  # then (rarely) read the row again: only 0s and 1s?
-            if one_hot:
-                for j in range(k):
-                    v = x[i, j]
-                    if v != 0.0 and v != 1.0:
-                        one_hot = False
-                        break
-            if one_hot:
+            coarse = True  # only exact quarters (0, 0.25, 0.5, 0.75, 1)? a softmax row fails at its first value
+            for j in range(k):
+                q = np.float64(x[i, j]) * 4.0
+                if q != np.floor(q):
+                    coarse = False
+                    break
+            if coarse:
                 counts[1] += 1
             else:
                 counts[0] += 1
@@ -69,10 +69,10 @@ def _count_rows(x, tol, stop_at_other, offset, counts):
 
 
 class RowCounts(NamedTuple):
-    probability: int  # rows that are probability vectors, one-hot rows aside
-    one_hot: int  # rows of exact 0s and a 1: probability vectors, and as plausible logits
+    probability: int  # rows that are probability vectors, coarse rows aside
+    coarse: int  # probability vectors of exact quarters (one-hot, [0.5, 0.5]): as plausible as rounded logits
     boxed_other: int  # other rows with every value in [0, 1] (their sum is away from 1)
-    first_probability: int  # -1: none (one-hot rows aside)
+    first_probability: int  # -1: none (coarse rows aside)
     first_other: int  # -1: none
 
 

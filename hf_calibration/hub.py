@@ -41,7 +41,7 @@ WEIGHTS_NAME = "model.safetensors"
 
 CARD_NAME = "README.md"
 FALLBACK_CARD_NAME = "README.hf_calibration.md"  # the card's name when a user's README.md is in the folder
-CALIBRATOR_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, FALLBACK_CARD_NAME)  # what a save may write (Hub downloads)
+CALIBRATOR_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME)  # what a Hub download of a checkpoint fetches
 FILES_RECORD = "files"  # config.json key: {file name: SHA-256} of the other files the package wrote beside it
 # files of a model checkpoint that a calibrator saved in the same folder would clobber or be confused with
 _MODEL_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf")

@@ -150,6 +150,8 @@ def diagram_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=())
     from matplotlib.backend_bases import FigureCanvasBase
 
     path = Path(path)
+    if any(_same_file(path, source) for source in inputs):
+        raise CLIError(f"{what} {path} is one of this command's input files; write to another file.")
     fmt = path.suffix[1:].lower()
     if not fmt:
         path = path.with_name(path.name + ".png")
