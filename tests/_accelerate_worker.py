@@ -45,6 +45,8 @@ def main(out: Path) -> None:
         result[even] = {"rows_seen": seen, "rows_kept": acc.n, "report": acc.sync().compute().to_dict(),
                         "world_size": accelerator.num_processes}
     torch.save(result, out / f"rank{os.environ['RANK']}.pt")
+    torch.distributed.barrier()  # neither process leaves while the other still talks to it (gloo aborts then)
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
