@@ -185,3 +185,5 @@ def test_out_refuses_a_model_folder_and_a_test_split_used_for_fitting_warns(caps
     assert "--val-split test is the evaluated --split test: the calibrators are fitted on the very samples" in err
     assert main([*base, "--val-split", "validation", "--split", "test"]) == 1
     assert "fitted on the very samples" not in capsys.readouterr().err
+    assert main([*base, "--ood-dataset", "./no-ood-folder"]) == 1  # named by its own flag, not --dataset
+    assert "Expected --ood-dataset to be a folder or a Hub dataset id" in capsys.readouterr().err
