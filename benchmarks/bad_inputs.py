@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -50,6 +51,11 @@ from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, load
 
 ERROR, CORRECT, BAD = "clear error", "correct", "SILENT WRONG / crash"
 
+# The issue-23 items (third sweep) each builder's calls cover.
+ISSUE_23_ITEMS = {"detection_cases": "1", "per_class_cases": "2", "image_cases": "3, 12", "cache_cases": "4",
+                  "user_file_cases": "5, 6, 7, 12", "accumulator_cases": "8, 12, 13", "model_route_cases": "7, 10, 11",
+                  "smaller_cases": "12"}
+
 # Which branch of the round-2 work owns the behaviour an area's cases probe (the lead re-runs after merging).
 AREA_OWNER = {"metrics": "metrics", "losses": "losses", "calibrators": "calibrators / CLI", "CLI": "calibrators / CLI"}
 
@@ -64,6 +70,7 @@ class Case:
     reference: Callable[[], Any] | None = None  # the right value, computed independently; None: only an error is right
     atol: float = 1e-9
     untouched: Callable[[], bool] | None = None  # after the call: the user's files are as they were
+    source: str = ""  # the function that built it (filled by run)
 
 
 # ----------------------------------------------------------------------------- independent references (numpy, float64)
@@ -567,7 +574,7 @@ def cli_cases(tmp: Path) -> list[Case]:
     (tmp / "bad.npz").write_bytes(b"not a zip")
     add(Case("corrupted / tampered checkpoints", "CLI", "report (corrupted .npz)", lambda: cli("report", "--logits", tmp / "bad.npz"), ("bad.npz",)))
     add(Case("Hub and attach", "CLI", "fit --push-to-hub offline", lambda: cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", tmp / "c_push", "--push-to-hub", "me/ts"), ("unreachable",), untouched=lambda: (tmp / "c_push" / "model.safetensors").is_file()))
-    add(Case("Hub and attach", "CLI", "fit --push-to-hub --dry-run: files written", lambda: sorted(p.name for p in Path(cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", tmp / "c_dry", "--push-to-hub", "me/ts", "--dry-run").split(" are in ")[-1].strip()).iterdir()), reference=lambda: ["README.md", "config.json", "model.safetensors"]))
+    add(Case("Hub and attach", "CLI", "fit --push-to-hub --dry-run: files listed", lambda: re.findall(r"([\w.]+) \([\d,]+ bytes\)", cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", tmp / "c_dry", "--push-to-hub", "me/ts", "--dry-run")), reference=lambda: ["README.md", "config.json", "model.safetensors"]))
     return cases
 
 
@@ -738,6 +745,611 @@ def new_surface_cases(tmp: Path) -> list[Case]:
     return cases
 
 
+# ----------------------------------------------------------------------------- the third sweep (issue 23): every row decides, per-class
+# maps, images, the logits cache, users' files, the order of checks, the model route, processes, smaller holes
+
+
+def cli_err(*argv) -> tuple[str, str]:
+    """``cli`` that also returns stderr on success (warnings a command prints while it works)."""
+    from hf_calibration.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exit_info:
+            code = exit_info.code
+    lines = err.getvalue().strip().splitlines()
+    if code == 0:
+        return out.getvalue(), err.getvalue()
+    if code in (1, 2) and lines and "Traceback" not in err.getvalue():
+        raise ValueError(lines[-1])
+    raise RuntimeError(f"exit {code}, stderr: {' / '.join(lines[-3:])}")
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} if folder.exists() else {}
+
+
+def _unchanged(folder: Path) -> Callable[[], bool]:
+    """A check that ``folder`` (files and all) is as it is now."""
+    before = _snapshot(folder)
+    return lambda: _snapshot(folder) == before
+
+
+# the issue's data: softmax of N(0, 3) logits, 5000 rows, so a defect can sit before or after row 4096
+Z5 = np.random.default_rng(0).normal(size=(5000, 5)) * 3
+Y5 = Z5.argmax(1)
+P5 = softmax(Z5)
+DEFECTS = {"row x 1.02": lambda r: r * 1.02, "a value -1e-9": lambda r: np.r_[-1e-9, r[1:]], "a value 1 + 1e-7": lambda r: np.r_[1 + 1e-7, r[1:]]}
+
+
+def _malformed(row: int, defect: str) -> np.ndarray:
+    bad = P5.copy()
+    bad[row] = DEFECTS[defect](bad[row])
+    return bad
+
+
+MIXED = {"probabilities then logits": np.vstack([P5[:100], np.log(P5[100:]) + 2.0]),
+         "logits then probabilities": np.vstack([np.log(P5[:100]) + 2.0, P5[100:]])}
+
+
+def detection_cases(tmp: Path) -> list[Case]:
+    """Item 1: a malformed probability row anywhere, probability rows mixed with logit rows, chance rows in small logits."""
+    from hf_calibration import CalibrationAccumulator
+    from hf_calibration.calibrators import create_calibrator, list_calibrators
+    from hf_calibration.metrics import aurc, ood_metrics
+
+    m = metrics
+    cases: list[Case] = []
+    add = cases.append
+    fns = {name: getattr(m, name) for name in ("ece", "mce", "adaece", "classwise_ece", "brier", "nll", "smce", "smece",
+                                               "calibration_report", "reliability_table")}
+    for row in (5, 4500):
+        for defect in DEFECTS:
+            bad = _malformed(row, defect)
+            for name, fn in fns.items():
+                add(Case("probabilities vs logits", "metrics", f"{name}(probabilities, {defect} in row {row})",
+                         lambda fn=fn, bad=bad: fn(bad, Y5), ("preds", f"row {row} is not")))
+            add(Case("probabilities vs logits", "metrics", f"ece(torch probabilities, {defect} in row {row})",
+                     lambda bad=bad: m.ece(torch.from_numpy(bad), torch.from_numpy(Y5)), ("preds", f"row {row} is not")))
+            add(Case("probabilities vs logits", "metrics", f"ece(probabilities, {defect} in row {row}, from_logits=False)",
+                     lambda bad=bad: m.ece(bad, Y5, from_logits=False), ("preds", f"row {row}", "from_logits=False")))
+            add(Case("probabilities vs logits", "metrics", f"CalibrationAccumulator.update({defect} in row {row})",
+                     lambda bad=bad: CalibrationAccumulator().update(bad, Y5), ("preds", f"row {row} is not")))
+            add(Case("probabilities vs logits", "metrics", f"aurc({defect} in row {row})", lambda bad=bad: aurc(bad, Y5), ("preds", f"row {row} is not")))
+            add(Case("probabilities vs logits", "metrics", f"ood_metrics(in = {defect} in row {row})",
+                     lambda bad=bad: ood_metrics(bad, P5[:300], "msp"), ("in_logits", "preds", f"row {row} is not")))
+    for order, mixed in MIXED.items():
+        for name, fn in fns.items():
+            add(Case("probabilities vs logits", "metrics", f"{name}({order})", lambda fn=fn, mixed=mixed: fn(mixed, Y5), ("preds", "row 100", "row 0")))
+    z_small = np.random.default_rng(5).uniform(0.0, 1.0, size=(4000, 2))  # K = 2 logits in [0, 1]: ~2 % of rows sum to 1 by chance
+    y_small = np.random.default_rng(6).integers(0, 2, 4000)
+    for name, ref in (("ece", ref_ece), ("brier", ref_brier), ("nll", ref_nll)):
+        add(Case("probabilities vs logits", "metrics", f"{name}(small K = 2 logits, some rows in the simplex by chance)",
+                 lambda name=name: getattr(m, name)(z_small, y_small), reference=lambda ref=ref: ref(softmax(z_small), y_small)))
+
+    bad = _malformed(4500, "row x 1.02")
+    for kind in list_calibrators():
+        kw = {"max_steps": 100} if kind == "smart" else {}
+        fitted = create_calibrator(kind, **kw).fit(Z5[:600], Y5[:600], progress_bar=False)
+        add(Case("probabilities vs logits", "calibrators", f"{kind}.predict_proba(probabilities, row 4500 x 1.02)",
+                 lambda fitted=fitted: fitted.predict_proba(bad), ("logits", "row 4500 is not")))
+        add(Case("probabilities vs logits", "calibrators", f"{kind}(probabilities then logits)",
+                 lambda fitted=fitted: fitted(MIXED["probabilities then logits"]), ("logits", "row 100 is not")))
+        add(Case("probabilities vs logits", "calibrators", f"{kind}.fit(probabilities, row 5 x 1.02)",
+                 lambda kind=kind, kw=kw: create_calibrator(kind, **kw).fit(_malformed(5, "row x 1.02"), Y5, progress_bar=False), ("logits", "row 5 is not")))
+
+    def evaluate_two_batches(name, first, second):
+        import evaluate
+
+        from hf_calibration import metric_path
+
+        metric = evaluate.load(metric_path(name))
+        metric.add_batch(predictions=first, references=Y5[:100])
+        metric.add_batch(predictions=second, references=Y5[100:300])
+        return metric.compute()
+
+    logits5 = np.log(P5) + 2.0
+    for name in ("ece", "adaece", "smce", "calibration"):
+        add(Case("probabilities vs logits", "metrics", f"evaluate {name}: add_batch(probabilities) then add_batch(logits)",
+                 lambda name=name: evaluate_two_batches(name, P5[:100], logits5[100:300]), ("preds", "row 100 is not")))
+    np.savez(tmp / "mixed.npz", logits=MIXED["probabilities then logits"], labels=Y5)
+    np.savez(tmp / "malformed.npz", logits=bad, labels=Y5)
+    for source in ("mixed", "malformed"):
+        for command in (["report"], ["fit", "--method", "ts", "--out", tmp / f"cal_{source}"], ["compare", "--methods", "ts", "--cv", "3"]):
+            add(Case("probabilities vs logits", "CLI", f"{command[0]} --logits <{source} rows>",
+                     lambda command=command, source=source: cli(command[0], "--logits", tmp / f"{source}.npz", *command[1:]),
+                     ("--from-logits", "--probs"), untouched=lambda source=source: not (tmp / f"cal_{source}").exists()))
+    return cases
+
+
+def per_class_cases(tmp: Path) -> list[Case]:
+    """Item 2: per-class maps refuse another K; a single top-label map serves any K."""
+    from hf_calibration.calibrators import HistogramBinning, OneVsRestIsotonicRegression
+
+    cases: list[Case] = []
+    add = cases.append
+    for name, make in (("isotonic_ovr", OneVsRestIsotonicRegression), ("histogram_binning(per_class=True)", lambda: HistogramBinning(points_per_bin=10))):
+        fitted = make().fit(Z, Y, progress_bar=False)
+        fitted.save_pretrained(tmp / name)
+        loaded = load_calibrator(tmp / name)
+        for k in (3, 8):
+            other = make_data(50, k, seed=k)[0]
+            for where, cal in (("fitted", fitted), ("loaded", loaded)):
+                for call in ("forward", "predict_proba"):
+                    fn = cal if call == "forward" else cal.predict_proba
+                    add(Case("rank / shape", "calibrators", f"{name} ({where}, K = 5) {call}(K = {k})", lambda fn=fn, other=other: fn(other), ("logits", "K = 5")))
+    single = HistogramBinning(per_class=False, binning="equal_width", n_bins=10).fit(Z, Y, progress_bar=False)
+    other = make_data(50, 8, seed=8)[0]
+    add(Case("rank / shape", "calibrators", "histogram_binning(per_class=False) on K = 8: argmax kept",
+             lambda: single(other).argmax(1).numpy(), reference=lambda: other.argmax(1)))
+    return cases
+
+
+def image_cases(tmp: Path) -> list[Case]:
+    """Item 3 and item 12's seed: images of more than 8 bits, seeds beyond RandomState's range."""
+    try:
+        from PIL import Image
+
+        from hf_calibration.shift import corrupt, corruption_transform
+    except ImportError:  # the shift extra is not installed
+        return []
+    cases: list[Case] = []
+    add = cases.append
+    ramp = np.tile(np.linspace(0, 1, 64), (64, 1))
+    images = {"I;16 (uint16 ramp)": Image.fromarray((ramp * 65535).astype(np.uint16)),
+              "I (int32 ramp)": Image.fromarray((ramp * 65535).astype(np.int32)),
+              "F (float ramp in [0, 1])": Image.fromarray(ramp.astype(np.float32))}
+    for label, image in images.items():
+        for name in ("contrast", "gaussian_noise", "fog"):
+            add(Case("dtype", "shift", f"corrupt({label}, {name})", lambda image=image, name=name: corrupt(image, name, 2), ("image", image.mode)))
+        add(Case("dtype", "shift", f"corruption_transform(contrast) on {label}",
+                 lambda image=image: corruption_transform("contrast", 2)({"image": [image]}), ("image", image.mode)))
+    eight = Image.fromarray((ramp * 255).astype(np.uint8))
+    add(Case("dtype", "shift", "corrupt(8-bit L ramp, brightness 1): mode and size kept",
+             lambda: (corrupt(eight, "brightness", 1).mode, corrupt(eight, "brightness", 1).size), reference=lambda: ("L", (64, 64))))
+    for seed in (2**32, 2**40):
+        add(Case("hyper-parameters", "shift", f"corrupt(seed={seed})", lambda seed=seed: corrupt(eight, "gaussian_noise", 1, seed=seed), ("seed",)))
+        add(Case("hyper-parameters", "shift", f"corruption_transform(seed={seed})", lambda seed=seed: corruption_transform("fog", 1, seed=seed), ("seed",)))
+    add(Case("hyper-parameters", "shift", "corrupt(seed=2**32 - 1): runs", lambda: corrupt(eight, "gaussian_noise", 1, seed=2**32 - 1).size, reference=lambda: (64, 64)))
+    return cases
+
+
+def _saved_route(tmp: Path) -> tuple[Path, Path]:
+    """A tiny ViT folder (with its image processor) and a save_to_disk dataset of 8 x 8 RGB images (60 validation, 24 test
+    validation splits, an unlabelled `nolabels` dataset beside it)."""
+    import datasets
+    from PIL import Image
+    from transformers import ViTImageProcessor
+
+    model = tmp / "vit"
+    if not model.exists():
+        tiny_vit().save_pretrained(model)
+        ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(model)
+        rng = np.random.default_rng(0)
+        features = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=K)})
+        splits = {}
+        for split, n in (("validation", 60), ("test", 24)):  # SMART fits on 50 samples at least
+            images = [Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)) for _ in range(n)]
+            splits[split] = datasets.Dataset.from_dict({"img": images, "label": list(rng.integers(0, K, n))}, features=features)
+        datasets.DatasetDict(splits).save_to_disk(str(tmp / "data"))
+        unlabelled = splits["test"].map(lambda row: {"label": -1})
+        datasets.DatasetDict({"test": unlabelled}).save_to_disk(str(tmp / "nolabels"))
+    return model, tmp / "data"
+
+
+def cache_cases(tmp: Path) -> list[Case]:
+    """Item 4: a forward hook, a plain callable processor: never served logits keyed without them."""
+    from transformers import ViTImageProcessor
+
+    from hf_calibration import predict_logits
+    from hf_calibration.logits_cache import cache_key
+    from hf_calibration.data import load_image_dataset
+
+    cases: list[Case] = []
+    add = cases.append
+    model_dir, data_dir = _saved_route(tmp)
+    processor = ViTImageProcessor.from_pretrained(model_dir)
+
+    def hooked_run(where: str):
+        from transformers import AutoModelForImageClassification
+
+        model = AutoModelForImageClassification.from_pretrained(model_dir)
+        cache = tmp / f"cache_{where}"
+        predict_logits(model, str(data_dir), processor, split="test", cache_dir=cache, progress=False)
+        shift = torch.arange(float(K))
+        module = {"model": model, "classifier": model.classifier}[where]
+        if where == "model":
+            module.register_forward_hook(lambda mod, args, output: output.__setitem__("logits", output["logits"] + shift) or output)
+        else:
+            module.register_forward_hook(lambda mod, args, output: output + shift)
+        logits, _ = predict_logits(model, str(data_dir), processor, split="test", cache_dir=cache, progress=False)
+        return logits
+
+    def hooked_reference(where: str):
+        from transformers import AutoModelForImageClassification
+
+        model = AutoModelForImageClassification.from_pretrained(model_dir).eval()
+        data = load_image_dataset(str(data_dir), "test")
+        with torch.no_grad():
+            pixels = processor(images=[im.convert("RGB") for im in data["img"]], return_tensors="pt")["pixel_values"]
+            return (model(pixel_values=pixels).logits + torch.arange(float(K))).numpy()
+
+    for where in ("model", "classifier"):
+        add(Case("logits cache", "inference", f"predict_logits after a forward hook on the {where} (cached before): the hooked logits",
+                 lambda where=where: hooked_run(where), reference=lambda: hooked_reference("model"), atol=1e-5))
+    data = load_image_dataset(str(data_dir), "test")
+    for label, proc in (("a lambda", lambda images, return_tensors: None), ("a string", "P"), ("a callable object", type("Proc", (), {"__call__": lambda self, **kw: None})())):
+        add(Case("logits cache", "inference", f"cache_key with {label} as the processor: not keyed",
+                 lambda proc=proc: cache_key(tiny_vit(), proc, data, split="test", image_column="img", label_column="label", image_mode="RGB")[0] is None,
+                 reference=lambda: True))
+    return cases
+
+
+def user_file_cases(tmp: Path) -> list[Case]:
+    """Items 5, 6, 7 and item 12's dry runs and compare: only files the package wrote are replaced, checks come first."""
+    import tempfile as tempfile_module
+
+    cases: list[Case] = []
+    add = cases.append
+    ts = TemperatureScaling().fit(Z, Y, progress_bar=False)
+    smart = SMARTCalibrator(max_steps=50).fit(Z, Y, progress_bar=False)
+    readme = b"# my project\n"
+
+    def with_readme(name: str) -> Path:
+        folder = tmp / name
+        folder.mkdir()
+        (folder / "README.md").write_bytes(readme)
+        (folder / "notes.txt").write_bytes(b"mine")
+        return folder
+
+    def users_files_kept(folder: Path) -> Callable[[], bool]:
+        return lambda: (folder / "README.md").read_bytes() == readme and (folder / "notes.txt").read_bytes() == b"mine"
+
+    for first, second in ((ts, ts), (smart, ts), (ts, smart)):
+        folder = with_readme(f"readme_{first.kind}_{second.kind}")
+
+        def twice(folder=folder, first=first, second=second):
+            first.save_pretrained(folder, overwrite=True)
+            second.save_pretrained(folder, overwrite=True)
+            card = (folder / "README.hf_calibration.md").read_text()
+            return f"{type(second).__name__} calibrator" in card and load_calibrator(folder).kind == second.kind
+
+        add(Case("existing output files", "calibrators", f"{first.kind} then {second.kind} saved (overwrite) beside the user's README.md",
+                 twice, reference=lambda: True, untouched=users_files_kept(folder)))
+    edited = tmp / "edited_card"
+    ts.save_pretrained(edited)
+    (edited / "README.md").write_bytes(readme)  # the card, edited by hand: the user's now
+    (edited / "notes.txt").write_bytes(b"mine")
+    add(Case("existing output files", "calibrators", "save (overwrite) over a card the user edited: kept",
+             lambda: ts.save_pretrained(edited, overwrite=True) or (edited / "README.hf_calibration.md").is_file(), reference=lambda: True,
+             untouched=users_files_kept(edited)))
+    foreign = tmp / "foreign_weights"
+    ts.save_pretrained(foreign)
+    (foreign / "model.safetensors").write_bytes(b"someone else's weights")
+    add(Case("existing output files", "calibrators", "save (overwrite) over weights that changed since: refused",
+             lambda: ts.save_pretrained(foreign, overwrite=True), ("model.safetensors", "did not write"), untouched=_unchanged(foreign)))
+    both = with_readme("both_cards")
+    (both / "README.hf_calibration.md").write_bytes(b"also mine")
+    add(Case("existing output files", "calibrators", "save (overwrite) where both card names are the user's: refused",
+             lambda: ts.save_pretrained(both, overwrite=True), ("README.md", "README.hf_calibration.md"), untouched=_unchanged(both)))
+    legacy = tmp / "legacy"
+    ts.save_pretrained(legacy)
+    config = json.loads((legacy / "config.json").read_text())
+    config.pop("files", None)  # a save from before the record
+    (legacy / "config.json").write_text(json.dumps(config))
+    card = (legacy / "README.md").read_bytes()
+    add(Case("existing output files", "calibrators", "save (overwrite) over a save without a file record: its README.md kept",
+             lambda: ts.save_pretrained(legacy, overwrite=True) or load_calibrator(legacy).fitted_temperature, reference=lambda: ts.fitted_temperature,
+             atol=0, untouched=lambda: (legacy / "README.md").read_bytes() == card))
+    np.savez(tmp / "split.npz", logits_val=Z32[:300], labels_val=Y[:300], logits_test=Z32[300:], labels_test=Y[300:])
+    for command in ("fit", "fit again"):
+        folder = tmp / "cli_readme" if command == "fit again" else with_readme("cli_readme")
+        add(Case("existing output files", "CLI", f"{command} --out <folder with the user's README.md> --overwrite",
+                 lambda folder=folder: "README.hf_calibration.md instead" in cli_err("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", folder, "--overwrite")[1],
+                 reference=lambda: True, untouched=users_files_kept(folder)))
+
+    # --diagram NAME without an extension: NAME.png, as matplotlib writes it
+    figures = tmp / "figures"
+    figures.mkdir()
+    (figures / "fig.png").write_bytes(b"the user's figure")
+    ts.save_pretrained(tmp / "ts_cal")
+    for command in (["report"], ["apply", "--calibrator", tmp / "ts_cal"]):
+        add(Case("existing output files", "CLI", f"{command[0]} --diagram fig (fig.png exists)",
+                 lambda command=command: cli(command[0], *command[1:], "--logits", tmp / "split.npz", "--diagram", figures / "fig"),
+                 ("--diagram", "fig.png", "--overwrite"),
+                 untouched=lambda: (figures / "fig.png").read_bytes() == b"the user's figure" and not (figures / "fig").exists()))
+        add(Case("existing output files", "CLI", f"{command[0]} --diagram new: prints new.png, writes new.png",
+                 lambda command=command: (f"reliability diagram: {figures / (command[0] + '_new.png')}" in cli(command[0], *command[1:], "--logits", tmp / "split.npz", "--diagram", figures / (command[0] + "_new")),
+                                          (figures / (command[0] + "_new.png")).is_file(), (figures / (command[0] + "_new")).exists()),
+                 reference=lambda: (True, True, False)))
+        add(Case("existing output files", "CLI", f"{command[0]} --diagram fig.v2 (no such format)",
+                 lambda command=command: cli(command[0], *command[1:], "--logits", tmp / "split.npz", "--diagram", figures / "fig.v2"), ("--diagram", ".v2")))
+
+    # every argument is checked before anything is written; model folders refused everywhere
+    model = tiny_model_folder(tmp / "model")
+    for push, flag in ((["--push-to-hub", "bad id!!", "--dry-run"], "--push-to-hub"), (["--push-to-hub", "a/b/c"], "--push-to-hub"),
+                       (["--push-to-hub", "me/ts", "--path-in-repo", "/", "--dry-run"], "--path-in-repo")):
+        out = tmp / f"never_{len(cases)}"
+        add(Case("existing output files", "CLI", f"fit --out DIR {' '.join(push)}: nothing written",
+                 lambda push=push, out=out: cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", out, *push), (flag,),
+                 untouched=lambda out=out: not out.exists()))
+    add(Case("existing output files", "CLI", "compare --out <a model's folder>",
+             lambda: cli("compare", "--logits", tmp / "split.npz", "--methods", "ts", "--cv", "3", "--out", model), ("--out", "model's folder"),
+             untouched=_unchanged(model)))
+    cwd = tmp / "compare_cwd"
+    cwd.mkdir()
+
+    def compare_in(folder: Path):
+        here = os.getcwd()
+        os.chdir(folder)
+        try:
+            return "best by ece" in cli("compare", "--logits", tmp / "split.npz", "--methods", "ts", "--cv", "3")
+        finally:
+            os.chdir(here)
+
+    add(Case("existing output files", "CLI", "compare without --out writes nothing", lambda: compare_in(cwd), reference=lambda: True,
+             untouched=lambda: list(cwd.iterdir()) == []))
+    push_root = Path(tempfile_module.gettempdir())
+
+    def dry_run_leftovers():
+        before = set(push_root.glob("hf_calibration_push_*"))
+        cli("fit", "--logits", tmp / "split.npz", "--method", "ts", "--out", tmp / "dry", "--push-to-hub", "me/ts", "--dry-run")
+        return sorted(str(p) for p in set(push_root.glob("hf_calibration_push_*")) - before)
+
+    add(Case("existing output files", "CLI", "fit --push-to-hub --dry-run: no temporary folder left", dry_run_leftovers, reference=lambda: []))
+    return cases
+
+
+def accumulator_cases(tmp: Path) -> list[Case]:
+    """Items 8, 12 (a failed first batch) and 13 (accelerate's even_batches): the accumulator."""
+    import subprocess
+    import types
+
+    from hf_calibration import CalibrationAccumulator
+
+    cases: list[Case] = []
+    add = cases.append
+    z16 = Z.astype(np.float16)
+    p16 = softmax(z16)
+
+    def stream(preds, labels, batches=5, **kw):
+        acc = CalibrationAccumulator(confidence_dtype="float64", **kw)
+        for rows in np.array_split(np.arange(len(labels)), batches):
+            acc.update(preds[rows], labels[rows])
+        return acc.compute()
+
+    for label, preds in (("float16 numpy logits", z16), ("CPU torch.half logits", torch.from_numpy(z16)),
+                         ("float16 numpy probabilities", P.astype(np.float16))):
+        ref_p = p16 if "logits" in label else P.astype(np.float16).astype(np.float64)
+        add(Case("dtype", "metrics", f"CalibrationAccumulator.update({label}).ece", lambda preds=preds: stream(preds, Y).ece,
+                 reference=lambda ref_p=ref_p: ref_ece(ref_p, Y), atol=1e-9))
+        add(Case("dtype", "metrics", f"CalibrationAccumulator.update({label}).brier", lambda preds=preds: stream(preds, Y).brier,
+                 reference=lambda ref_p=ref_p: ref_brier(ref_p, Y), atol=1e-6))
+        add(Case("dtype", "metrics", f"CalibrationAccumulator.update({label}).nll", lambda preds=preds: stream(preds, Y).nll,
+                 reference=lambda ref_p=ref_p: ref_nll(ref_p, Y), atol=1e-6))
+
+    def after_failed_first(bad_preds, bad_labels):
+        acc = CalibrationAccumulator(confidence_dtype="float64")
+        try:
+            acc.update(bad_preds, bad_labels)
+        except (ValueError, TypeError):
+            pass
+        return acc.update(Z, Y).compute().ece
+
+    for label, bad in (("K = 4 with label 4", (Z[:, :4], Y)), ("NaN logits", (np.where(np.arange(K) == 0, np.nan, Z), Y)),
+                       ("float labels", (Z[:, :3], Y.astype(float))), ("malformed probabilities", (_malformed(5, "row x 1.02")[:, :4], Y5))):
+        add(Case("rank / shape", "metrics", f"CalibrationAccumulator: a failed first batch ({label}), then a good one",
+                 lambda bad=bad: after_failed_first(*bad), reference=lambda: ref_ece(P, Y)))
+
+    # even_batches: accelerate's GradientState, as one process of two sees it on the last round (397 samples, batches of 50)
+    loader = types.SimpleNamespace(batch_sampler=types.SimpleNamespace(even_batches=True), total_batch_size=100,
+                                   end_of_dataloader=True, remainder=97)
+
+    def as_rank(rank: int, call: Callable[[], Any]):
+        class GradientState:
+            _shared_state = {"ready": True}
+            in_dataloader, active_dataloader = True, loader
+            end_of_dataloader = property(lambda self: loader.end_of_dataloader)
+            remainder = property(lambda self: loader.remainder)
+
+        class PartialState:
+            num_processes, process_index = 2, rank
+
+        saved = sys.modules.get("accelerate.state")
+        sys.modules["accelerate.state"] = types.SimpleNamespace(GradientState=GradientState, PartialState=PartialState)
+        try:
+            return call()
+        finally:
+            if saved is None:
+                sys.modules.pop("accelerate.state", None)
+            else:
+                sys.modules["accelerate.state"] = saved
+
+    for rank, true_rows in ((0, 50), (1, 47)):
+        add(Case("processes", "metrics", f"even_batches: rank {rank}'s last batch of 50 ({true_rows} true rows)",
+                 lambda rank=rank: as_rank(rank, lambda: CalibrationAccumulator(confidence_dtype="float64").update(Z[:50], Y[:50]).compute().ece),
+                 reference=lambda true_rows=true_rows: ref_ece(P[:true_rows], Y[:true_rows])))
+    add(Case("processes", "metrics", "even_batches: a batch that is not the loader's (49 rows) warns, counts all",
+             lambda: as_rank(1, lambda: _warns(lambda: CalibrationAccumulator().update(Z[:49], Y[:49]).n)), reference=lambda: (49, True)))
+    add(Case("processes", "metrics", "even_batches: the Trainer's gathered predictions are kept whole",
+             lambda: as_rank(1, lambda: CalibrationAccumulator()(types.SimpleNamespace(predictions=Z[:50], label_ids=Y[:50]))["n"]), reference=lambda: 50))
+    worker = ROOT / "tests" / "_accelerate_worker.py"
+    if worker.is_file() and torch.distributed.is_available():
+        def two_processes():
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+            out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                                  "--master_port", str(port), str(worker), str(tmp)], env=env, capture_output=True, text=True, timeout=600)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "torchrun failed")
+            ranks = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+            return np.array([(r[True]["report"]["n"], r[True]["report"]["ece"]) for r in ranks])
+
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _accelerate_worker import data as worker_data
+
+        zw, yw = worker_data()
+        add(Case("processes", "metrics", "torchrun, 2 processes, accelerate even_batches=True, 397 samples: synced n and ECE",
+                 two_processes, reference=lambda: np.array([(397, ref_ece(softmax(zw), yw))] * 2), atol=1e-7))  # float32 logits: float32 exp
+    return cases
+
+
+def _warns(call: Callable[[], Any]) -> tuple[Any, bool]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = call()
+    return value, any(issubclass(w.category, UserWarning) for w in caught)
+
+
+def model_route_cases(tmp: Path) -> list[Case]:
+    """Items 10, 11 and 7 (shift --out): the model + dataset route names the flag and the cause."""
+    cases: list[Case] = []
+    add = cases.append
+    model, data = _saved_route(tmp)
+    route = ["--model", model, "--dataset", data, "--split", "test", "--no-cache", "--batch-size", "8"]
+    for argv, names in (
+        (["--model", "./nomodel", "--dataset", data, "--split", "test"], ("--model", "./nomodel")),
+        (["--model", model, "--dataset", "./nodata"], ("--dataset", "./nodata")),
+        (["--model", "no/such/model", "--dataset", data], ("--model",)),
+        ([*route, "--image-column", "label"], ("--image-column", "label")),
+        (["--model", model, "--dataset", tmp / "nolabels", "--no-cache"], ("--dataset", "no labels")),
+        ([*route, "--device", "tpu"], ("--device", "tpu")),
+        ([*route, "--device", "cuda:7"], ("--device",)),
+        ([*route, "--split", "train"], ("--split", "train")),
+        ([*route, "--label-column", "img"], ("--label-column", "img")),
+    ):
+        add(Case("model + dataset route", "CLI", f"report {' '.join(str(a) for a in argv if str(a).startswith('-') or str(a).startswith('./') or a in ('tpu', 'cuda:7', 'label', 'train', 'img', 'no/such/model'))}",
+                 lambda argv=argv: cli("report", *argv), names))
+    unwritable = Path("/proc/nope") if Path("/proc/self").is_dir() else None
+    if unwritable is not None:
+        for command, names in ((["fit", *route, "--method", "ts", "--out", unwritable / "cal"], ("--out",)),
+                               (["report", *route, "--diagram", unwritable / "d.png"], ("--diagram",)),
+                               (["apply", "--calibrator", tmp / "ts_route", "--logits", tmp / "route.npz", "--save-logits", unwritable / "c.npz"], ("--save-logits",))):
+            if command[0] == "apply" and not (tmp / "ts_route").exists():
+                TemperatureScaling().fit(Z, Y, progress_bar=False).save_pretrained(tmp / "ts_route")
+                np.savez(tmp / "route.npz", logits=Z32, labels=Y)
+            add(Case("model + dataset route", "CLI", f"{command[0]} {names[0]} <not writable>", lambda command=command: cli(*command), names))
+    # shift --calibrator: the spelling decides; duplicates and unknown names are refused before the model runs
+    work = tmp / "shift_cwd"
+    work.mkdir()
+    TemperatureScaling().fit(Z, Y, progress_bar=False).save_pretrained(work / "smart")  # a folder named like a method
+
+    def shift(*argv, stderr=False):
+        here = os.getcwd()
+        os.chdir(work)
+        try:
+            out, err = cli_err("shift", *route, "--corruptions", "contrast", "--severities", "1", "--json", *argv)
+            return (json.loads(out)["methods"], err) if stderr else json.loads(out)["methods"]
+        finally:
+            os.chdir(here)
+
+    add(Case("model + dataset route", "CLI", "shift --calibrator temperature_scaling smart ./smart (a folder smart here)",
+             lambda: shift("--val-split", "validation", "--calibrator", "temperature_scaling", "smart", "./smart"),
+             reference=lambda: ["uncalibrated", "temperature_scaling", "smart", "./smart"]))
+    add(Case("model + dataset route", "CLI", "shift --calibrator smart (a folder smart here): the method, and a warning",
+             lambda: (lambda r: (r[0], "write ./smart" in r[1]))(shift("--val-split", "validation", "--calibrator", "smart", stderr=True)),
+             reference=lambda: (["uncalibrated", "smart"], True)))
+    for calibrators, names in ((["ts", "temperature_scaling"], ("--calibrator", "same method")), (["smart", "SMART"], ("--calibrator", "same method")),
+                               (["platt"], ("--calibrator", "platt")), (["./nothing"], ("--calibrator", "./nothing")),
+                               (["./smart", str(work / "smart")], ("--calibrator", "same folder"))):
+        add(Case("model + dataset route", "CLI", f"shift --calibrator {' '.join(calibrators)}", lambda calibrators=calibrators: shift("--calibrator", *calibrators), names))
+    add(Case("model + dataset route", "CLI", "shift --val-split test --split test: warns",
+             lambda: "fitted on the very samples" in shift("--val-split", "test", "--calibrator", "ts", stderr=True)[1], reference=lambda: True))
+    add(Case("existing output files", "CLI", "shift --out <a model's folder>", lambda: shift("--out", model), ("--out", "model's folder"),
+             untouched=_unchanged(model)))
+    return cases
+
+
+def smaller_cases(tmp: Path) -> list[Case]:
+    """Item 12: checkpoints re-saved in a narrower float, tampered maps and MaC-Cal heads, seeds."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_calibration.calibrators import create_calibrator, list_calibrators
+
+    cases: list[Case] = []
+    add = cases.append
+    ts = TemperatureScaling().fit(Z, Y, progress_bar=False)
+    ts.save_pretrained(tmp / "ts")
+
+    def resaved(dtype, nudge=False):
+        folder = tmp / f"ts_{dtype}_{nudge}"
+        shutil.copytree(tmp / "ts", folder)
+        tensors = load_file(folder / "model.safetensors")
+        stored = tensors["log_temperature"].to(dtype)
+        if nudge:
+            stored = torch.nextafter(stored, torch.tensor(10.0, dtype=dtype))
+        save_file({"log_temperature": stored}, folder / "model.safetensors", metadata={"format": "pt", "calibrator": "temperature_scaling"})
+        return folder, float(stored)
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        folder, stored = resaved(dtype)
+        add(Case("corrupted / tampered checkpoints", "calibrators", f"TS re-saved in {str(dtype).split('.')[1]}: loads, T as stored",
+                 lambda folder=folder: load_calibrator(folder).fitted_temperature, reference=lambda stored=stored: math.exp(stored), atol=1e-12))
+        folder, _ = resaved(dtype, nudge=True)
+        add(Case("corrupted / tampered checkpoints", "calibrators", f"TS re-saved in {str(dtype).split('.')[1]}, one step off: refused",
+                 lambda folder=folder: load_calibrator(folder), ("do not match",)))
+    for kind in ("isotonic", "isotonic_ovr", "histogram_binning", "spline"):
+        create_calibrator(kind).fit(Z, Y, progress_bar=False).save_pretrained(tmp / kind)
+        for name, value in (("maps.values", 1.5), ("maps.values", -0.25), ("maps.knots", 1.5), ("maps.knots", -0.5)):
+            folder = tmp / f"{kind}_{name}_{value}"
+            shutil.copytree(tmp / kind, folder)
+            tensors = load_file(folder / "model.safetensors")
+            index = 0 if (name, value) != ("maps.knots", 1.5) else len(tensors[name]) - 1  # the order of the knots kept
+            tensors[name][index] = value
+            save_file(tensors, folder / "model.safetensors", metadata={"format": "pt", "calibrator": kind})
+            add(Case("corrupted / tampered checkpoints", "calibrators", f"{kind}: {name}[{index}] = {value}",
+                     lambda folder=folder: load_calibrator(folder), ("outside [0, 1]", name.split(".")[1])))
+        add(Case("corrupted / tampered checkpoints", "calibrators", f"{kind}: untouched checkpoint loads, same probabilities",
+                 lambda kind=kind: load_calibrator(tmp / kind).predict_proba(Z).numpy(),
+                 reference=lambda kind=kind: create_calibrator(kind).fit(Z, Y, progress_bar=False).predict_proba(Z).numpy(), atol=0))
+    maccal = _maccal_folder(tmp / "maccal")
+    if maccal is not None:
+        from transformers import AutoModelForImageClassification
+
+        from hf_calibration.maccal import load_maccal_model
+
+        head = json.loads((maccal / "config.json").read_text())["maccal_head"]["path"]
+        for value in (float("nan"), float("inf")):
+            folder = tmp / f"maccal_{value}"
+            shutil.copytree(maccal, folder)
+            tensors = load_file(folder / "model.safetensors")
+            name = next(k for k in sorted(tensors) if k.startswith(head + ".") and tensors[k].is_floating_point())
+            tensors[name].view(-1)[0] = value
+            save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+            for loader in (load_maccal_model, AutoModelForImageClassification.from_pretrained):
+                add(Case("corrupted / tampered checkpoints", "maccal", f"MaC-Cal head {name} = {value}: {loader.__name__}",
+                         lambda loader=loader, folder=folder: loader(folder), ("MaC-Cal head", "NaN or inf")))
+    import inspect
+
+    from hf_calibration.calibrators._registry import get_calibrator_class
+
+    for kind in list_calibrators():
+        cls = get_calibrator_class(kind)
+        if "seed" not in inspect.signature(cls).parameters:
+            continue
+        for seed in (-1, -(2**63), 2**64):
+            add(Case("hyper-parameters", "calibrators", f"{cls.__name__}(seed={seed})", lambda cls=cls, seed=seed: cls(seed=seed), ("seed",)))
+    return cases
+
+
+def _maccal_folder(folder: Path) -> Path | None:
+    """A tiny ViT after a one-epoch MaC-Cal stage on random features, saved (None when the stage cannot run here)."""
+    from hf_calibration.maccal import MaCCalConfig, maccal_stage
+
+    model = tiny_vit()
+    g = torch.Generator().manual_seed(0)
+    features, labels = torch.randn(64, model.config.hidden_size, generator=g), torch.randint(0, K, (64,), generator=g)
+    maccal_stage(model, features=(features, labels), config=MaCCalConfig(epochs=1, batch_size=32, progress=False))
+    model.save_pretrained(folder)
+    return folder
+
+
 def classify(case: Case) -> tuple[str, str]:
     from hf_calibration.hub import HubUnreachableError
 
@@ -800,10 +1412,12 @@ def run(verbose: bool) -> tuple[list[tuple[Case, str, str]], float]:
     with tempfile.TemporaryDirectory(prefix="bad_inputs_") as tmpdir:
         tmp = Path(tmpdir)
         for build in (metric_cases, calibrator_cases, registry_cases, checkpoint_cases, output_cases, cli_cases, hub_cases,
-                      loss_cases, new_surface_cases):
+                      loss_cases, new_surface_cases, detection_cases, per_class_cases, image_cases, cache_cases, user_file_cases,
+                      accumulator_cases, model_route_cases, smaller_cases):
             sub = tmp / build.__name__
             sub.mkdir()
             for case in build(sub):
+                case.source = build.__name__
                 outcome, detail = classify(case)
                 results.append((case, outcome, detail))
                 if verbose or outcome == BAD:
@@ -856,11 +1470,22 @@ def write_markdown(results, seconds: float, note: str = "") -> str:
         "",
         *([note, ""] if note else []),
     ]
+    per_source: dict[str, list[str]] = {}
+    for case, outcome, _ in results:
+        per_source.setdefault(case.source, []).append(outcome)
+    third = [f"`{name}` (item{'s' if ',' in items else ''} {items}): {len(per_source.get(name, []))} calls, "
+             f"{per_source.get(name, []).count(BAD)} wrong" for name, items in ISSUE_23_ITEMS.items()]
+    text += ["Calls of the third sweep (issue 23), by the items they probe: " + "; ".join(third) + ".", ""]
+    guarded = [(c, o) for c, o, _ in results if c.untouched is not None]
+    touched = [c for c, o, d in results if o == BAD and "user's file changed" in d]
     if bad:
         text += [f"Not yet right ({len(bad)}; by area: {', '.join(f'{a} {n}' for a, n in sorted(by_area.items()))}):", ""]
         text += [f"- {c.category} / {c.area}: {c.name} — {d}" for c, d in bad]
     else:
         text.append("No call gave a silent wrong number or a crash.")
+    text += ["", f"{len(guarded)} calls also check, after the call, that the user's files around them (a README.md, notes, "
+             "figures, a model's folder, the input files) are byte for byte as before, or that nothing was created: "
+             + ("none touched a user's file." if not touched else f"{len(touched)} did (listed above).")]
     return "\n".join(text) + "\n"
 
 

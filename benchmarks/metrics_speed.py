@@ -4,6 +4,11 @@ Run from the repository root (about 3-4 minutes on 2 CPU cores, ~13 GB of RAM at
 
     python benchmarks/metrics_speed.py            # N = 1e6 x K = 1000 and N = 1e5 x K = 10
     python benchmarks/metrics_speed.py --quick    # N = 2e5 x K = 1000 instead of 1e6 (less memory)
+    python benchmarks/metrics_speed.py --baseline ../other-checkout --cases 1e6x100,1e5x10   # before / after
+
+``--baseline DIR`` times this checkout's metrics against the ``hf_calibration`` of another checkout (the same
+float32 logits and their softmax, children alternating ``--rounds`` times) and writes
+benchmarks/results/metrics_speed_baseline.md instead.
 
 Every measurement runs in its own child process on the same float32 logits (saved once to a
 temporary .npy), so peak memory is that process's own high-water mark (``ru_maxrss``) above
@@ -40,6 +45,8 @@ def _ours(metric):
     from hf_calibration import metrics
 
     fn = getattr(metrics, metric)
+    if metric == "calibration_report":  # every metric of the report; its ECE is the value shown
+        return lambda z, y: fn(z, y, N_BINS).ece
     return lambda z, y: fn(z, y, N_BINS)
 
 
@@ -124,10 +131,36 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def _detection_share(spec: dict) -> dict:
+    """In one process: the every-row detection alone against the ECE call that runs it (best of interleaved repeats)."""
+    from hf_calibration._checks import looks_like_probabilities
+    from hf_calibration.metrics import ece
+
+    z, y = np.load(spec["logits"]), np.load(spec["labels"])
+    if spec.get("softmax"):
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        z /= z.sum(axis=1, keepdims=True)
+    looks_like_probabilities(z[:8])  # compile / load the kernel outside the timing
+    detect, metric = [], []
+    for _ in range(spec["repeats"]):
+        start = time.perf_counter()
+        looks_like_probabilities(z)
+        detect.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        ece(z, y, N_BINS)
+        metric.append(time.perf_counter() - start)
+    return {"detect": min(detect), "ece": min(metric)}
+
+
 def _child(spec: dict) -> dict:
+    if spec["kind"] == "detect":
+        return _detection_share(spec)
     if spec["kind"] == "logits":
         z = np.load(spec["logits"])
         y = np.load(spec["labels"])
+        if spec.get("softmax"):  # the same predictions as probabilities (float32, as a user's softmax gives them)
+            z = np.exp(z - z.max(axis=1, keepdims=True))
+            z /= z.sum(axis=1, keepdims=True)
         args = (z, y)
         impl = spec["impl"]
         fn = {
@@ -175,8 +208,12 @@ def _run_child(spec: dict) -> dict:
         need = input_mb * (1.0 + _EXTRA_MEMORY[spec["impl"]]) * 1.2
         if need > _available_mb():
             return {"error": f"skipped: needs ~{need / 1024:.1f} GiB, {_available_mb() / 1024:.1f} GiB available"}
+    env = None
+    if spec.get("pythonpath"):  # another checkout's package (the --baseline run)
+        env = {**os.environ, "PYTHONPATH": spec["pythonpath"]}
     out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, check=False
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], capture_output=True, text=True, check=False, env=env,
+        cwd=spec.get("pythonpath"),
     )
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
@@ -234,13 +271,84 @@ def _versions() -> str:
     return ", ".join(out)
 
 
+def _parse_cases(text: str) -> list[tuple[int, int]]:
+    """``"1e6x100,1e5x10"`` → [(1000000, 100), (100000, 10)]."""
+    return [(int(float(n)), int(float(k))) for n, k in (case.lower().split("x") for case in text.split(","))]
+
+
+def _baseline(args) -> None:
+    """This checkout's ece / calibration_report against another checkout's, on logits and on their softmax."""
+    here = str(Path(__file__).resolve().parents[1])
+    checkouts = {"baseline": str(Path(args.baseline).resolve()), "this checkout": here}
+    rows, shares = [], []
+    with tempfile.TemporaryDirectory(prefix="metrics_speed_") as tmp:
+        for n, k in _parse_cases(args.cases):
+            z_path, y_path = _write_logits(Path(tmp), n, k, seed=k)
+            repeats = 5 if n * k <= 10_000_000 else 2
+            for metric in ("ece", "calibration_report"):
+                for softmax in (False, True):
+                    times: dict[str, list[float]] = {name: [] for name in checkouts}
+                    values: dict[str, float] = {}
+                    for r in range(args.rounds):
+                        order = list(checkouts) if r % 2 == 0 else list(checkouts)[::-1]
+                        for name in order:
+                            spec = {"kind": "logits", "logits": z_path, "labels": y_path, "impl": "ours", "metric": metric,
+                                    "softmax": softmax, "repeats": repeats, "warmup": True, "pythonpath": checkouts[name]}
+                            res = _run_child(spec)
+                            if "error" in res:
+                                raise RuntimeError(f"{name}: {res['error']}")
+                            times[name].append(res["time"])
+                            values[name] = res["value"]
+                    ratios = [b / a for a, b in zip(times["this checkout"], times["baseline"])]
+                    rows.append((f"N={n:.0e}, K={k}".replace("e+0", "e"), metric, "probabilities" if softmax else "logits",
+                                 float(np.median(times["baseline"])), float(np.median(times["this checkout"])),
+                                 float(np.median(ratios)), values["baseline"], values["this checkout"]))
+                    print(rows[-1], flush=True)
+            for softmax in (False, True):
+                res = _run_child({"kind": "detect", "logits": z_path, "labels": y_path, "softmax": softmax, "repeats": 2 * repeats,
+                                  "pythonpath": here, "impl": "ours"})
+                shares.append((f"N={n:.0e}, K={k}".replace("e+0", "e"), "probabilities" if softmax else "logits", res))
+    lines = [
+        "## Metrics speed against a baseline checkout (`benchmarks/metrics_speed.py --baseline`)",
+        "",
+        f"- machine: {_machine()}",
+        f"- command: `python benchmarks/metrics_speed.py --baseline <checkout> --cases {args.cases} --rounds {args.rounds}`",
+        "- float32 logits (and their float32 softmax), each measurement its own process, the two checkouts alternating "
+        f"over {args.rounds} rounds; time = median over rounds of the best of the repeats; `baseline / this` = median of "
+        "the per-round ratios (above 1: this checkout is faster).",
+        "",
+        "| case | metric | input | baseline (s) | this checkout (s) | baseline / this | value (baseline) | value (this) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for case, metric, kind, base, ours, ratio, v_base, v_ours in rows:
+        lines.append(f"| {case} | {metric} | {kind} | {base:.4f} | {ours:.4f} | {ratio:.2f} | {v_base:.6f} | {v_ours:.6f} |")
+    lines += ["", "This checkout's logits-or-probabilities detection (every row, `looks_like_probabilities`) alone, against "
+              "the `ece` call that runs it, in one process (best of interleaved repeats):", "",
+              "| case | input | detection (s) | ece (s) | detection / ece |", "|---|---|---:|---:|---:|"]
+    for case, kind, res in shares:
+        if "error" in res:
+            lines.append(f"| {case} | {kind} | failed: {res['error'][:80]} | | |")
+        else:
+            lines.append(f"| {case} | {kind} | {res['detect']:.4f} | {res['ece']:.4f} | {res['detect'] / res['ece']:.1%} |")
+    text = "\n".join(lines) + "\n"
+    out = RESULTS.parent / "metrics_speed_baseline.md"
+    out.write_text(text)
+    print(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 2e5 instead of 1e6 for the K = 1000 case")
+    parser.add_argument("--baseline", metavar="DIR", help="time this checkout against the hf_calibration in DIR instead")
+    parser.add_argument("--cases", default="1e6x100,1e5x10", help="with --baseline: N x K cases (default 1e6x100,1e5x10)")
+    parser.add_argument("--rounds", type=int, default=5, help="with --baseline: alternating rounds (default 5)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
+        return
+    if args.baseline:
+        _baseline(args)
         return
 
     import torch

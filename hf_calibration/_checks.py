@@ -49,6 +49,16 @@ def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
     return int(value)
 
 
+def check_seed(value: Any, name: str = "seed", limit: int = 2**64) -> int:
+    """A seed in [0, ``limit``): torch's generators take [0, 2**64), numpy's RandomState [0, 2**32). Negative seeds are
+    refused everywhere (torch would map -1 to 2**64 - 1: two spellings of one stream)."""
+    value = check_int(value, name, minimum=0)
+    if value >= limit:
+        bound = {2**64: "2**64", 2**32: "2**32"}.get(limit, str(limit))
+        raise ValueError(f"Expected argument `{name}` to be an integer in [0, {bound} - 1], but got {value}.")
+    return value
+
+
 def check_float(
     value: Any,
     name: str,
@@ -76,6 +86,24 @@ def check_choice(value: Any, name: str, choices) -> str:
     if value not in choices:
         raise ValueError(f"Expected argument `{name}` to be one of {sorted(choices)}, but got {value!r}.")
     return value
+
+
+def check_folder_or_hub_id(name_or_path: Any, name: str, kind: str = "model") -> None:
+    """``name_or_path`` is an existing folder or could be a Hub ``kind`` id (``name`` or ``owner/name``); else a
+    ``ValueError`` naming the argument (a missing ``./folder`` must not read as a malformed Hub id)."""
+    import os
+
+    if os.path.isdir(name_or_path):
+        return
+    if os.path.exists(name_or_path):
+        raise ValueError(f"Expected argument `{name}` to be a folder or a Hub {kind} id, but {str(name_or_path)!r} is a file.")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(str(name_or_path))
+    except HFValidationError:
+        raise ValueError(f"Expected argument `{name}` to be a folder or a Hub {kind} id ('owner/name'), but there is no "
+                         f"folder {str(name_or_path)!r} (and it cannot be a Hub id).") from None
 
 
 def check_classification_shapes(preds: Any, target: Any, preds_name: str = "preds", target_name: str = "target") -> None:
@@ -132,46 +160,72 @@ def row_sum_tolerance(dtype: np.dtype) -> float:
 # ----------------------------------------------------------------------------- logits or probabilities?
 
 PROBABILITY_DETECTION_TOLERANCE = 1e-2  # float16 / bfloat16 softmax rows, even stored as float32, sum to 1 within this
-_DETECTION_CHUNK_ROWS = 4096
 
 
-def _probability_rows(chunk: Any) -> bool:
-    """Every value of ``chunk`` in [0, 1] and every row summing to 1 within the detection tolerance."""
-    if isinstance(chunk, torch.Tensor):
-        chunk = chunk.detach()
-        sums = chunk.sum(dim=1, dtype=torch.float64)
-        return bool((chunk.min() >= 0) & (chunk.max() <= 1) & ((sums - 1).abs().max() <= PROBABILITY_DETECTION_TOLERANCE))
-    sums = chunk.sum(axis=1, dtype=np.float64)
-    return bool(chunk.min() >= 0 and chunk.max() <= 1 and np.abs(sums - 1).max() <= PROBABILITY_DETECTION_TOLERANCE)
+CHANCE_RATIO = 5  # logits in [0, 1]^K sum to 1 +- 1e-2 by chance for a few percent of such rows, well below 1 in 5
 
 
-def _leading_rows_are_probabilities(preds: Any) -> bool:
-    """The first 4,096 rows are probability vectors; the first row alone decides for logits (nearly all fail on
-    it), so logits cost one row's look, not three passes over 4,096 rows (half a calibrator's forward at K = 1000)."""
-    return _probability_rows(preds[:1]) and _probability_rows(preds[:_DETECTION_CHUNK_ROWS])
+def _count_rows(preds: Any, *, stop_at_other: bool = False):
+    """:class:`hf_calibration._row_kinds.RowCounts` of the (N, K) ``preds``. Numpy arrays and CPU tensors are read in
+    place by the compiled scan; tensors on another device are counted there (min, max and sum per row)."""
+    from ._row_kinds import RowCounts, count_rows
+
+    if isinstance(preds, torch.Tensor):
+        preds = preds.detach()
+        if preds.device.type != "cpu":
+            low, high = torch.aminmax(preds, dim=1)
+            boxed = (low >= 0) & (high <= 1)
+            simplex = boxed & ((preds.sum(dim=1, dtype=torch.float64) - 1).abs() <= PROBABILITY_DETECTION_TOLERANCE)
+            quarters = preds.double() * 4
+            coarse = simplex & (quarters == quarters.floor()).all(dim=1)
+            prob = simplex & ~coarse
+            first = [int(rows[0, 0]) if rows.numel() else -1 for rows in (prob.nonzero(), (~simplex).nonzero())]
+            return RowCounts(int(prob.sum()), int(coarse.sum()), int((boxed & ~simplex).sum()), *first)
+        preds = (preds.float() if preds.dtype == torch.bfloat16 else preds).numpy()
+    return count_rows(preds, PROBABILITY_DETECTION_TOLERANCE, stop_at_other=stop_at_other)
 
 
-def looks_like_probabilities(preds: Any) -> bool:
+def _describe_row(preds: Any, row: int, name: str) -> str:
+    """Why row ``row`` is not a probability vector: its range or its sum (a non-finite row raises the finiteness error)."""
+    values = to_numpy(preds[row : row + 1], name)[0].astype(np.float64)
+    if not np.isfinite(values).all():
+        raise ValueError(f"Expected `{name}` to be finite, but row {row} contains NaN or inf.")
+    with np.errstate(over="ignore"):
+        low, high, total = values.min(), values.max(), values.sum()
+    if not low >= 0:
+        return f"holds {float(low)!r}"
+    if not high <= 1:
+        return f"holds {float(high)!r}"
+    return f"sums to {float(total)!r}"
+
+
+def looks_like_probabilities(preds: Any, name: str = "preds") -> bool:
     """True when every row of the (N, K) ``preds`` is a probability vector (values in [0, 1], sum 1 ± 1e-2).
 
-    Decides for the whole array. It reads only the first 4,096 rows when those already hold a value
-    outside [0, 1] or a row sum away from 1 (real logits nearly always do), so logits cost almost nothing.
-    Non-finite values are not probabilities (they are reported by the finiteness check later).
-    Raises ``ValueError`` when the first rows are probability vectors and a later row is not: such an
-    array is neither, and guessing would give a silently wrong number.
+    Every row is looked at, in one compiled pass that leaves a logit row at its first value outside [0, 1]
+    (for logits a small fraction of the array is read). Non-finite values are not probabilities (they are
+    reported by the finiteness check later). Some rows probability vectors and others not, wherever they are,
+    raise ``ValueError``: such an array is neither (probabilities with a malformed row, or logits and
+    probabilities concatenated), and guessing would give a silently wrong number. Two exceptions, where logits look
+    like probabilities by chance: coarse rows (exact quarters: one-hot rows, ``[0.5, 0.5]``, as hand-written or
+    rounded logits have) read either way and are no evidence beside other rows; and small logits (all in [0, 1], as
+    with K = 2 or 3 and logits near 0) sum to 1 within 1e-2 in a few percent of such rows, so probability rows that
+    are fewer than the other rows and at most 1 + 1/5 of the other rows in [0, 1]^K are taken for logits.
     """
-    n = preds.shape[0]
-    if n == 0 or preds.ndim != 2:
+    if preds.ndim != 2 or preds.shape[0] == 0:
         return False
-    if not _leading_rows_are_probabilities(preds):
-        return False
-    for start in range(_DETECTION_CHUNK_ROWS, n, 1 << 16):
-        if not _probability_rows(preds[start : start + (1 << 16)]):
-            raise ValueError(
-                "Expected `preds` to hold either logits or probabilities, but its first rows are probability vectors "
-                f"(in [0, 1], summing to 1) and a row after {start} is not. Pass `from_logits=True` or `False` explicitly."
-            )
-    return True
+    counts = _count_rows(preds)
+    if counts.first_other < 0:
+        return True  # every row a probability vector (coarse rows included)
+    others = preds.shape[0] - counts.probability - counts.coarse
+    if counts.probability == 0 or (counts.probability < others and counts.probability <= 1 + counts.boxed_other / CHANCE_RATIO):
+        return False  # logits: beside them, coarse rows read as logits, and as few probability rows as chance gives
+    raise ValueError(
+        f"Expected `{name}` to hold either logits or probabilities, but {counts.probability + counts.coarse} of its {preds.shape[0]} rows "
+        f"are probability vectors (values in [0, 1] summing to 1 within {PROBABILITY_DETECTION_TOLERANCE:g}; row "
+        f"{counts.first_probability} is one) and row {counts.first_other} is not (it {_describe_row(preds, counts.first_other, name)}). "
+        "Pass `from_logits=True` or `False` explicitly (False: every row must then be a probability vector)."
+    )
 
 
 def resolve_from_logits(preds: Any, from_logits: bool | None, name: str = "preds") -> bool:
@@ -181,10 +235,10 @@ def resolve_from_logits(preds: Any, from_logits: bool | None, name: str = "preds
     almost uniform distribution, and every confidence computed from it is wrong.
     """
     if from_logits is None:
-        return not looks_like_probabilities(preds)
+        return not looks_like_probabilities(preds, name)
     if not isinstance(from_logits, bool):
         raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
-    if from_logits and preds.ndim == 2 and preds.shape[0] and _leading_rows_are_probabilities(preds):
+    if from_logits and preds.ndim == 2 and preds.shape[0] and _count_rows(preds, stop_at_other=True).first_other < 0:
         import warnings
 
         warnings.warn(

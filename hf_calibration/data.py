@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ._checks import check_folder_or_hub_id
+
 __all__ = ["find_image_column", "find_label_column", "load_image_dataset", "select_split"]
 
 LABEL_NAMES = ("label", "labels")
@@ -90,8 +92,7 @@ def load_image_dataset(
         if config_name is not None:
             raise ValueError(f"Expected no `config_name` for the image folder {str(folder)!r}, but got {config_name!r}.")
         return _pick(datasets.load_dataset("imagefolder", data_dir=str(folder), **load_kwargs), split, default_split, str(folder))
-    if os.path.exists(folder):
-        raise ValueError(f"Expected argument `dataset` to be a folder or a Hub dataset id, but {str(folder)!r} is a file.")
+    check_folder_or_hub_id(path_or_name, "dataset", "dataset")
     name = str(path_or_name)
     if split is None:  # ask the Hub which splits there are before downloading one
         names = datasets.get_dataset_split_names(name, config_name, revision=revision, **load_kwargs)
@@ -131,6 +132,9 @@ def find_image_column(features, image_column: str | None = None) -> str:
     if image_column is not None:
         if image_column not in features:
             raise ValueError(f"Expected argument `image_column` to name a column, but got {image_column!r}; the columns are {_describe(features)}.")
+        if isinstance(features[image_column], (datasets.ClassLabel, datasets.Value)):  # numbers or strings: no pixels
+            raise ValueError(f"Expected argument `image_column` to name a column of images, but {image_column!r} holds "
+                             f"{type(features[image_column]).__name__} values; the columns are {_describe(features)}.")
         return image_column
     found = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
     if len(found) == 1:

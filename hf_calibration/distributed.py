@@ -19,6 +19,7 @@ import torch
 
 __all__ = [
     "accelerate_disagrees",
+    "even_batches_padding",
     "all_gather_object",
     "all_gather_rows",
     "all_reduce_sum",
@@ -83,6 +84,41 @@ def accelerate_disagrees() -> str | None:
         return None
     return (f"accelerate reports {accelerate_processes} process(es) but torch.distributed holds {world}: a DataLoader "
             "prepared by that Accelerator was not split between the processes")
+
+
+def even_batches_padding(n: int) -> int | None:
+    """How many of the last ``n`` rows of this process's current batch are accelerate's ``even_batches`` padding.
+
+    Under ``even_batches=True`` (accelerate's default) a prepared DataLoader completes the last round of batches with
+    samples from the start of the dataset, so that every process gets a full batch. Like
+    ``Accelerator.gather_for_metrics``, the true rows are read off the ``GradientState``: on the last batch
+    (``end_of_dataloader``), ``remainder`` = dataset length mod the batch size over all processes, and the rows
+    gathered in rank order are true up to ``remainder``, so process ``r``'s ``n``-row batch holds
+    ``min(n, max(0, remainder - r n))`` true rows. Returns 0 when nothing is padded (no accelerate state, not the last
+    batch, ``even_batches=False``, no remainder), None when padding may be there but cannot be located (a dataset
+    without a length, or a batch of another size than the loader's: not the batch the loader gave). Only consulted
+    when accelerate's state already exists; never creates it.
+    """
+    state_module = sys.modules.get("accelerate.state")
+    if state_module is None or not getattr(state_module.GradientState, "_shared_state", None):
+        return 0
+    gradient_state = state_module.GradientState()
+    if not gradient_state.in_dataloader or not gradient_state.end_of_dataloader:
+        return 0
+    loader = gradient_state.active_dataloader
+    sampler = getattr(loader, "batch_sampler", None)
+    if not getattr(sampler, "even_batches", getattr(loader, "even_batches", False)):
+        return 0
+    state = state_module.PartialState()
+    if state.num_processes <= 1:
+        return 0
+    remainder = gradient_state.remainder
+    if remainder == 0:
+        return 0
+    per_process = getattr(loader, "total_batch_size", 0) // state.num_processes
+    if remainder < 0 or n != per_process:
+        return None
+    return n - min(n, max(0, remainder - state.process_index * n))
 
 
 def shard_range(n: int, rank: int, world_size: int) -> range:

@@ -15,24 +15,34 @@ Publishing a model and its calibrator together, and loading both back::
 
 (``save_pretrained(folder / "calibrator")`` next to ``model.save_pretrained(folder)`` is the local equivalent.)
 
-Files a user owns: saving never replaces a file the call did not create. ``check_save_folder`` refuses a
-non-empty folder unless asked to overwrite a calibrator saved there, and refuses a model's folder (a
-``config.json`` that is not a calibrator's, or weights beside no calibrator config) even then.
+Files a user owns: only files this package wrote are ever replaced or removed. Each save records, in its
+``config.json`` under ``files``, the SHA-256 of every other file it wrote (the weights, the card); a file counts as
+the package's only while its content is still what was recorded (a card the user edited is theirs). ``plan_save``
+refuses a non-empty folder unless asked to overwrite a save there, refuses a model's folder (a ``config.json`` that
+is not the package's, or weights beside none) even then, and never puts the card over a user's ``README.md``: it
+goes to ``README.hf_calibration.md`` instead, and a warning says so. Saves made before the record existed (no
+``files``) own their ``config.json`` and their weights (safetensors metadata naming the calibrator), not the card.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 CARD_NAME = "README.md"
-CALIBRATOR_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME)  # what save_pretrained writes, and replaces with overwrite
+FALLBACK_CARD_NAME = "README.hf_calibration.md"  # the card's name when a user's README.md is in the folder
+CALIBRATOR_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME)  # what a Hub download of a checkpoint fetches
+FILES_RECORD = "files"  # config.json key: {file name: SHA-256} of the other files the package wrote beside it
 # files of a model checkpoint that a calibrator saved in the same folder would clobber or be confused with
 _MODEL_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf")
 
@@ -124,13 +134,130 @@ def unreachable_reason(err: BaseException) -> str | None:
     return None
 
 
+PACKAGE_KINDS = ("calibrator", "conformal")  # config.json / safetensors metadata fields naming what the package saved
+
+
 def _calibrator_config(folder: Path) -> dict | None:
-    """The folder's config.json if it is a calibrator's (has a ``calibrator`` field), else None."""
+    """The folder's config.json if this package wrote it (a ``calibrator`` or ``conformal`` field, or a ``files``
+    record beside the ``hf_calibration_version`` every save writes), else None."""
     try:
         config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
         return None
-    return config if isinstance(config, dict) and isinstance(config.get("calibrator"), str) else None
+    if not isinstance(config, dict):
+        return None
+    recorded = isinstance(config.get(FILES_RECORD), dict) and "hf_calibration_version" in config
+    return config if recorded or any(isinstance(config.get(kind), str) for kind in PACKAGE_KINDS) else None
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _legacy_weights(path: Path) -> bool:
+    """Weights written before the ``files`` record: safetensors whose metadata names a calibrator or predictor kind."""
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        return any(isinstance(metadata.get(kind), str) for kind in PACKAGE_KINDS)
+    except Exception:  # noqa: BLE001 - unreadable: not provably ours
+        return False
+
+
+def owned_files(folder: str | os.PathLike) -> list[str]:
+    """The files in ``folder`` that this package wrote and that are unchanged since: its ``config.json``, and each file
+    recorded there whose content still has the recorded SHA-256 (for saves older than the record: the weights)."""
+    folder = Path(folder)
+    config = _calibrator_config(folder)
+    if config is None:
+        return []
+    owned = [CONFIG_NAME]
+    record = config.get(FILES_RECORD)
+    if isinstance(record, dict):
+        for name, digest in record.items():
+            path = folder / str(name)
+            if Path(str(name)).name == str(name) and name != CONFIG_NAME and path.is_file() and file_digest(path) == digest:
+                owned.append(str(name))
+    elif (folder / WEIGHTS_NAME).is_file() and _legacy_weights(folder / WEIGHTS_NAME):
+        owned.append(WEIGHTS_NAME)
+    return owned
+
+
+def model_files(folder: str | os.PathLike) -> list[str]:
+    """The files that make ``folder`` a model's (a ``config.json`` this package did not write, weights, a weight index),
+    or [] (no folder, or one this package saved in)."""
+    folder = Path(folder)
+    if not folder.is_dir() or _calibrator_config(folder) is not None:
+        return []
+    entries = sorted(p.name for p in folder.iterdir())
+    return [e for e in entries if e == CONFIG_NAME or e.endswith(_MODEL_WEIGHT_SUFFIXES) or e.endswith(".index.json")]
+
+
+class SavePlan(NamedTuple):
+    """What a save into a folder does: the package's earlier files it replaces, and the name its card gets."""
+
+    replace: tuple[str, ...]  # files of an earlier save by this package (removed first: no stale card lingers)
+    card: str  # README.md, or FALLBACK_CARD_NAME beside a user's README.md
+
+
+def plan_save(
+    folder: str | os.PathLike,
+    *,
+    overwrite: bool,
+    what: str = "argument `save_directory`",
+    overwrite_flag: str = "overwrite=True",
+    writes: tuple[str, ...] = (CONFIG_NAME, WEIGHTS_NAME),
+    subfolder: str = "calibrator",
+) -> SavePlan:
+    """Check that the package may save ``writes`` and a card in ``folder``, before anything is written.
+
+    Allowed: a new or empty folder; with ``overwrite``, a folder holding an earlier save by this package or files that
+    are not a model's. Refused (``ValueError``; ``what`` and ``overwrite_flag`` name the argument and the switch): a
+    model's folder always (save in its ``subfolder`` instead, ``calibrator/`` by default); any other non-empty folder without
+    ``overwrite``; a file at one of the names in ``writes`` that the package did not write; a user's file under both
+    card names. A user's README.md is kept: the card goes to ``FALLBACK_CARD_NAME`` (the save warns).
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"Expected {what} to be a folder, but {str(folder)!r} is a file.")
+    entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if not entries:
+        return SavePlan((), CARD_NAME)
+    ours = _calibrator_config(folder) is not None
+    found = model_files(folder)
+    if found:
+        raise ValueError(
+            f"Expected {what} to be a new folder or one holding a calibrator, but {str(folder)!r} holds a "
+            f"model's files ({', '.join(found[:3])}), which are never replaced: save it in "
+            f"{str(folder / subfolder)!r} instead."
+        )
+    if not overwrite:
+        held = "a calibrator" if ours else f"{len(entries)} file(s) ({', '.join(entries[:3])})"
+        raise ValueError(
+            f"Expected {what} to be a new or empty folder, but {str(folder)!r} holds {held}; "
+            f"pass {overwrite_flag} to replace the calibrator there."
+        )
+    owned = owned_files(folder)
+    theirs = [name for name in writes if (folder / name).exists() and name not in owned]
+    if theirs:
+        raise ValueError(
+            f"Expected {what} to hold no file of the same name as the calibrator's, but {str(folder)!r} holds "
+            f"{', '.join(theirs)}, which hf_calibration did not write (or which changed since): it is never replaced."
+        )
+    card = next((name for name in (CARD_NAME, FALLBACK_CARD_NAME) if not (folder / name).exists() or name in owned), None)
+    if card is None:
+        raise ValueError(
+            f"Expected {what} to leave room for the model card, but {str(folder)!r} holds both {CARD_NAME} and "
+            f"{FALLBACK_CARD_NAME}, which hf_calibration did not write: they are never replaced."
+        )
+    return SavePlan(tuple(owned), card)
 
 
 def check_save_folder(
@@ -141,41 +268,64 @@ def check_save_folder(
     overwrite_flag: str = "overwrite=True",
     subfolder: str = "calibrator",
 ) -> bool:
-    """Check that a calibrator may be saved in ``folder``; returns whether a calibrator is already there.
+    """``plan_save``'s checks alone; returns whether an earlier save by this package is there."""
+    return bool(plan_save(folder, overwrite=overwrite, what=what, overwrite_flag=overwrite_flag, subfolder=subfolder).replace)
 
-    Allowed: a new or empty folder; with ``overwrite``, a folder holding a calibrator (replaced whole, card
-    included) or other files that are not a model's. Refused (``ValueError``; ``what`` and ``overwrite_flag`` name
-    the argument and the switch in the message): anything else; a model's folder always (save the calibrator in
-    its ``calibrator/`` subfolder instead; ``subfolder`` names the one the message suggests).
-    """
+
+def remove_owned_files(folder: str | os.PathLike, names: tuple[str, ...]) -> None:
+    """Delete the files ``plan_save`` listed as the package's own (and nothing else)."""
+    for name in names:
+        (Path(folder) / name).unlink(missing_ok=True)
+
+
+def record_files(folder: str | os.PathLike, names: tuple[str, ...]) -> None:
+    """Record in ``folder``'s config.json (written by this save) the SHA-256 of each of ``names`` it wrote."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"Expected {what} to be a folder, but {str(folder)!r} is a file.")
-    entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-    if not entries:
-        return False
-    calibrator = _calibrator_config(folder) is not None
-    if not calibrator:
-        model_files = [e for e in entries if e == CONFIG_NAME or e.endswith(_MODEL_WEIGHT_SUFFIXES) or e.endswith(".index.json")]
-        if model_files:
-            raise ValueError(
-                f"Expected {what} to be a new folder or one holding a calibrator, but {str(folder)!r} holds a "
-                f"model's files ({', '.join(model_files[:3])}), which are never replaced: save it in "
-                f"{str(folder / subfolder)!r} instead."
-            )
-    if not overwrite:
-        held = "a calibrator" if calibrator else f"{len(entries)} file(s) ({', '.join(entries[:3])})"
-        raise ValueError(
-            f"Expected {what} to be a new or empty folder, but {str(folder)!r} holds {held}; "
-            f"pass {overwrite_flag} to replace the calibrator there."
-        )
-    return calibrator
+    config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
+    config[FILES_RECORD] = {name: file_digest(folder / name) for name in names if (folder / name).is_file()}
+    (folder / CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
 
 
-def remove_calibrator_files(folder: Path) -> None:
-    """Delete the files ``save_pretrained`` writes (so an overwrite leaves no stale model card)."""
-    for file in CALIBRATOR_FILES:
-        (folder / file).unlink(missing_ok=True)
+def warn_user_card_kept(folder: str | os.PathLike, card: str) -> None:
+    if card != CARD_NAME:
+        logger.warning("%s holds a README.md that hf_calibration did not write: it is kept, and the model card is "
+                       "written to %s instead.", folder, card)
+
+
+def save_recorded(module: Any, folder: str | os.PathLike, save, *, overwrite: bool, card_kwargs: dict | None = None,
+                  subfolder: str = "calibrator") -> Any:
+    """Save ``module`` (a ``PyTorchModelHubMixin``) into ``folder`` by ``save()`` (the mixin's ``save_pretrained``)
+    under the rules of ``plan_save``: the package's earlier files there are removed first, the card goes beside a
+    user's README.md, and the files written are recorded. Returns what ``save()`` returns."""
+    folder = Path(folder)
+    plan = plan_save(folder, overwrite=overwrite, subfolder=subfolder)
+    remove_owned_files(folder, plan.replace)
+    warn_user_card_kept(folder, plan.card)
+    result = save()  # the mixin writes the card as README.md only where no README.md is left
+    if plan.card != CARD_NAME:
+        module.generate_model_card(**(card_kwargs or {})).save(folder / plan.card)
+    record_files(folder, (WEIGHTS_NAME, plan.card))
+    return result
+
+
+def check_repo_id(repo_id: Any, what: str = "argument `repo_id`") -> str:
+    """A Hub repo id such as ``owner/name`` (``TypeError`` / ``ValueError`` naming ``what`` otherwise)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(repo_id, str):
+        raise TypeError(f"Expected {what} to be a str such as 'owner/name', but got {repo_id!r}.")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"Expected {what} to be a Hub repo id such as 'owner/name', but got {repo_id!r}: {err}") from None
+    return repo_id
+
+
+def check_path_in_repo(path_in_repo: Any, what: str = "argument `path_in_repo`") -> str | None:
+    """None, or a non-empty folder name inside a repo."""
+    if path_in_repo is not None and (not isinstance(path_in_repo, str) or not path_in_repo.strip("/")):
+        raise ValueError(f"Expected {what} to be a non-empty folder name or None, but got {path_in_repo!r}.")
+    return path_in_repo
 
 
 DOWNLOAD_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_int
+from ._checks import check_folder_or_hub_id, check_int
 from . import distributed
 from .data import find_image_column, find_label_column, load_image_dataset
 from .logits_cache import cache_key, load_cached, save_cached
@@ -122,6 +122,22 @@ def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, 
     return torch.cat(out) if out else torch.empty((0, num_labels), dtype=torch.float32)
 
 
+def check_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device`` this machine has (``ValueError`` naming the argument otherwise)."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"Expected argument `device` to be a device such as 'cpu', 'cuda', 'cuda:1' or 'mps', but got {device!r}.") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available.get(device.type, True):
+        raise ValueError(f"Expected argument `device` to be a device this machine has, but got {str(device)!r} "
+                         f"({device.type} is not available here).")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"Expected argument `device` to be a device this machine has, but got {str(device)!r} "
+                         f"({torch.cuda.device_count()} CUDA device(s)).")
+    return device
+
+
 def predict_logits(
     model: str | os.PathLike | nn.Module,
     dataset: Any,
@@ -175,6 +191,10 @@ def predict_logits(
         SMARTCalibrator().fit(logits, labels)
     """
     batch_size = check_int(batch_size, "batch_size", minimum=1)
+    if isinstance(model, (str, os.PathLike)):
+        check_folder_or_hub_id(model, "model")
+    if device is not None:
+        device = check_device(device)
     if max_samples is not None:
         max_samples = check_int(max_samples, "max_samples", minimum=1)
     if num_workers is not None:
@@ -202,7 +222,7 @@ def predict_logits(
         key, description = cache_key(model, processor, data, split=data.split, image_column=image_column,
                                      label_column=label_column, image_mode=mode)
         if key is None:
-            logger.warning("the dataset has no fingerprint: its logits are not cached")
+            logger.warning("the logits are not cached: %s", description["not_cached"])
         else:
             cached = load_cached(cache_dir, key)
             misses = distributed.all_reduce_sum(torch.tensor([0 if cached is not None else 1]))
@@ -211,7 +231,7 @@ def predict_logits(
                 return cached
 
     if device is not None:
-        device = torch.device(device)
+        pass
     elif given_object:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
     else:

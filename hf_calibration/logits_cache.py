@@ -10,6 +10,10 @@ The key is a hash of everything the logits depend on:
 * the preprocessing: the image processor's configuration, the image and label columns, the colour
   mode images are converted to, and the version of this cache format.
 
+What a key cannot describe is not cached (a warning says why): a forward hook on the model other than an attached
+calibrator's, a ``forward`` replaced on the instance, an image processor without ``to_dict()`` (a plain callable,
+whose ``repr`` does not change with its code), a dataset without fingerprint.
+
 Beside each ``<key>.npz`` (``logits``, ``labels``) a ``<key>.json`` says in words what it holds.
 Writes go to a temporary file renamed into place, so a crashed run never leaves a half-written entry.
 """
@@ -28,7 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["CACHE_FORMAT_VERSION", "cache_key", "default_cache_dir", "load_cached", "model_fingerprint", "save_cached"]
+__all__ = ["CACHE_FORMAT_VERSION", "cache_key", "default_cache_dir", "load_cached", "model_fingerprint", "save_cached",
+           "uncacheable_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,29 +76,67 @@ def model_fingerprint(model: nn.Module) -> dict[str, Any]:
     return out
 
 
-def _processor_config(processor: Any) -> Any:
-    if hasattr(processor, "to_dict"):
-        return processor.to_dict()
-    return repr(processor)  # a plain callable: its repr is the best we have
+def _foreign_hooks(model: nn.Module) -> list[str]:
+    """Forward hooks and pre-hooks that can change the model's outputs and that the key cannot describe: any on the
+    model or a submodule (the attached calibrator's own hook excepted: the calibrator is keyed by its weights), on the
+    attached calibrator, or registered globally; and a ``forward`` replaced on the instance."""
+    from torch.nn.modules import module as torch_module
+
+    from .calibrators.attach import _ATTR
+
+    attachment = model.__dict__.get(_ATTR)
+    own = {attachment[0].id} if attachment is not None else set()
+    modules = [("", m) for m in model.modules()] + ([("calibrator ", attachment[1])] if attachment is not None else [])
+    found = []
+    for prefix, module in modules:
+        where = prefix + type(module).__name__
+        if "forward" in module.__dict__:
+            found.append(f"{where}.forward replaced on the instance")
+        hooks = [h for i, h in module._forward_hooks.items() if not (module is model and i in own)]
+        for hook in [*module._forward_pre_hooks.values(), *hooks]:
+            found.append(f"{getattr(hook, '__qualname__', type(hook).__name__)} on {where}")
+    for hook in [*torch_module._global_forward_pre_hooks.values(), *torch_module._global_forward_hooks.values()]:
+        found.append(f"{getattr(hook, '__qualname__', type(hook).__name__)} (global)")
+    return found
+
+
+def uncacheable_reason(model: nn.Module, processor: Any) -> str | None:
+    """Why the logits of ``model`` through ``processor`` cannot be keyed (so must not be cached), or None.
+
+    A key can only hold what can be described: weights, config, an attached calibrator, an image processor's
+    ``to_dict()``. A forward hook (or pre-hook) may rewrite the logits in ways no key sees, and a plain callable
+    processor has only its ``repr``, which does not change when its code or state does.
+    """
+    hooks = _foreign_hooks(model)
+    if hooks:
+        return f"the model has forward hooks the cache cannot key ({'; '.join(hooks[:3])}{'; ...' if len(hooks) > 3 else ''})"
+    if not callable(getattr(processor, "to_dict", None)):
+        return (f"the image processor is a {type(processor).__name__} without to_dict(), whose settings the cache cannot "
+                "key (pass a transformers image processor to cache)")
+    return None
 
 
 def cache_key(model: nn.Module, processor: Any, dataset, *, split: str | None, image_column: str, label_column: str,
               image_mode: str | None) -> tuple[str, dict[str, Any]]:
-    """``(hex key, description)`` for a model run over a dataset; ``None`` key when the dataset has no fingerprint."""
+    """``(hex key, description)`` for a model run over a dataset; a ``None`` key when the run cannot be keyed
+    (``description["not_cached"]`` says why: a dataset without fingerprint, see also :func:`uncacheable_reason`)."""
     fingerprint = getattr(dataset, "_fingerprint", None)
+    reason = uncacheable_reason(model, processor)
+    if reason is not None:
+        return None, {"not_cached": reason}
     description = {
         "format": CACHE_FORMAT_VERSION,
         "model": model_fingerprint(model),
         "dataset": {"fingerprint": fingerprint, "split": None if split is None else str(split), "num_rows": len(dataset)},
         "preprocessing": {
-            "image_processor": _processor_config(processor),
+            "image_processor": processor.to_dict(),
             "image_column": image_column,
             "label_column": label_column,
             "image_mode": image_mode,
         },
     }
     if fingerprint is None:
-        return None, description
+        return None, {**description, "not_cached": "the dataset has no fingerprint"}
     blob = json.dumps(description, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:40], description
 

@@ -208,6 +208,24 @@ def test_report_detects_probabilities_and_from_logits_overrides(capsys, tmp_path
     assert exit_info.value.code == 2
 
 
+
+@pytest.mark.parametrize("command", ["report", "fit"])
+def test_a_file_mixing_probability_and_logit_rows_is_refused(capsys, tmp_path, synthetic, command):
+    # issue 23 item 1: probabilities with one malformed row (or followed by logits) were read as logits
+    logits, labels = synthetic
+    probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
+    malformed = probs.copy()
+    malformed[5] *= 1.02
+    mixed = np.vstack([probs[:100], logits[100:]])
+    extra = ["--method", "ts", "--out", tmp_path / "cal"] if command == "fit" else []
+    for name, preds in (("malformed", malformed), ("mixed", mixed)):
+        np.savez(tmp_path / f"{name}.npz", logits=preds, labels=labels)
+        code, out, err = _run(capsys, command, "--logits", tmp_path / f"{name}.npz", *extra)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert "either logits or probabilities" in err and f"row {5 if name == 'malformed' else 100} is not" in err
+        assert "--probs" in err and "--from-logits" in err  # the command line's own switches
+    assert not (tmp_path / "cal").exists()
+
 # ----------------------------------------------------------------------------- fit / apply
 
 
@@ -587,12 +605,73 @@ def test_push_dry_run_builds_the_upload_folder(capsys, npz_file, tmp_path, monke
             raise AssertionError("a dry run must not create an HfApi client")
 
     monkeypatch.setattr(huggingface_hub, "HfApi", NoNetwork)
+    import tempfile
+
+    leftovers = set(Path(tempfile.gettempdir()).glob("hf_calibration_push_*"))
     code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "ts",
                           "--push-to-hub", "me/vit", "--path-in-repo", "calibrator", "--dry-run")
     assert code == 0, err
-    folder = Path(re.search(r"are in (\S+)", out).group(1))
-    assert "https://huggingface.co/me/vit/tree/main/calibrator" in out and folder.name == "calibrator"
-    assert {p.name for p in folder.iterdir()} == {"README.md", "config.json", "model.safetensors"}
-    assert (folder / "README.md").read_text() == (tmp_path / "ts" / "README.md").read_text()
+    listed = re.search(r"https://huggingface.co/me/vit/tree/main/calibrator would receive (.*)", out).group(1)
+    assert re.findall(r"([\w.]+) \([\d,]+ bytes\)", listed) == ["README.md", "config.json", "model.safetensors"]
+    sizes = dict(re.findall(r"([\w.]+) \(([\d,]+) bytes\)", listed))
+    assert int(sizes["model.safetensors"].replace(",", "")) == (tmp_path / "ts" / "model.safetensors").stat().st_size
+    # issue 23 item 12: the temporary upload folder is not left behind
+    assert set(Path(tempfile.gettempdir()).glob("hf_calibration_push_*")) == leftovers
     code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "x", "--dry-run")
     assert code == 1 and "apply to --push-to-hub only" in err
+
+
+
+# ----------------------------------------------------------------------------- issue 23: files, and checks before writing
+
+
+def test_diagram_without_an_extension_is_the_png_matplotlib_writes(capsys, npz_file, tmp_path):
+    # issue 23 item 6: the check looked at NAME while matplotlib wrote NAME.png, replacing it without --overwrite
+    (tmp_path / "fig.png").write_bytes(b"the user's figure")
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", tmp_path / "fig")
+    assert code == 1 and f"--diagram {tmp_path / 'fig.png'} exists; pass --overwrite" in err
+    assert (tmp_path / "fig.png").read_bytes() == b"the user's figure" and not (tmp_path / "fig").exists()
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", tmp_path / "new")
+    assert code == 0, err
+    assert f"reliability diagram: {tmp_path / 'new.png'}" in out
+    assert (tmp_path / "new.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "new").exists()
+    code, out, err = _run(capsys, "report", "--logits", npz_file, "--diagram", tmp_path / "fig.v2")
+    assert code == 1 and "matplotlib cannot write .v2 files; give one of" in err and ".pdf" in err
+
+
+def test_push_arguments_are_checked_before_the_folder_is_written(capsys, npz_file, tmp_path):
+    # issue 23 item 7: `fit --out DIR --push-to-hub "bad id!!" --dry-run` wrote DIR and then exited 1
+    for extra, flag in ((["--push-to-hub", "bad id!!", "--dry-run"], "--push-to-hub"),
+                        (["--push-to-hub", "me/ts", "--path-in-repo", "/", "--dry-run"], "--path-in-repo")):
+        code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "cal", *extra)
+        assert code == 1 and f"Expected {flag} to be" in err and err.count("\n") == 1, err
+        assert not (tmp_path / "cal").exists()
+
+
+def test_fit_out_beside_a_users_readme_keeps_it(capsys, npz_file, tmp_path):
+    # issue 23 item 5, from the command line: `fit --out . --overwrite` in a folder with the user's README.md
+    (tmp_path / "README.md").write_text("# my experiments\n")
+    for _ in range(2):
+        code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path, "--overwrite")
+        assert code == 0, err
+        assert (tmp_path / "README.md").read_text() == "# my experiments\n"
+        assert "the model card is written to README.hf_calibration.md instead" in err
+        assert "TemperatureScaling calibrator" in (tmp_path / "README.hf_calibration.md").read_text()
+
+
+def test_an_output_that_cannot_be_written_names_its_option(capsys, npz_file, tmp_path, monkeypatch):
+    # issue 23 item 10: "[Errno 2] No such file or directory" without the option
+    import hf_calibration.cli._common as common
+
+    if Path("/proc/self").is_dir():  # a virtual file system: no folder can be made there, whatever the permissions say
+        code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", "/proc/nope/cal")
+        assert code == 1 and "--out /proc/nope/cal is not writable" in err, err
+
+    def unwritable(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(common.tempfile, "mkdtemp", unwritable)  # what a read-only or virtual file system answers
+    for argv, flag in ((["fit", "--method", "ts", "--out", tmp_path / "cal"], "--out"),
+                       (["report", "--diagram", tmp_path / "d.png"], "--diagram")):
+        code, out, err = _run(capsys, argv[0], "--logits", npz_file, *argv[1:])
+        assert code == 1 and f"{flag} {argv[-1]} is not writable (No such file or directory" in err, err

@@ -148,7 +148,7 @@ def test_bad_model_route_input_is_one_line(capsys, root, tmp_path):
     base = ["report", "--model", root / "vit", "--dataset", root / "saved", "--no-cache"]
     for extra, message in (
         (["--split", "train"], "it has ['test', 'validation']"),
-        (["--split", "test", "--label-column", "nope"], "`label_column`"),
+        (["--split", "test", "--label-column", "nope"], "Expected --label-column to name"),
         (["--split", "test", "--batch-size", "0"], "--batch-size must be at least 1"),
         (["--split", "test", "--calibrator", tmp_path / "none"], "no such folder"),
     ):
@@ -191,3 +191,29 @@ def test_compare_on_a_model_and_a_dataset(capsys, root, tmp_path):
         for metric in ("accuracy_change", "ece", "adaece", "nll"):
             assert got["table"][method][metric]["mean"] == pytest.approx(want[method][metric]["mean"], abs=1e-5), (method, metric)
     assert (tmp_path / "diagrams" / "reliability_temperature_scaling.png").is_file()
+
+
+
+def test_every_model_route_error_names_the_flag_and_the_cause(capsys, root, tmp_path, monkeypatch):
+    # issue 23 item 10: Hub repo-id errors for missing folders, a transformers message for a label column given as the
+    # image column, a bad class index for an unlabelled split, torch's message for --device tpu
+    import datasets
+
+    unlabelled = datasets.load_from_disk(str(root / "saved"))["test"].map(lambda row: {"digit": -1})
+    datasets.DatasetDict({"test": unlabelled}).save_to_disk(str(tmp_path / "unlabelled"))
+    capsys.readouterr()  # the map's progress bar
+    monkeypatch.setattr(inference, "_run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model ran")))
+    monkeypatch.chdir(tmp_path)
+    model, saved = ["--model", str(root / "vit")], ["--dataset", str(root / "saved"), "--split", "test"]
+    for argv, message in (
+        (["--model", "./nomodel", *saved], "Expected --model to be a folder or a Hub model id ('owner/name'), but there is no folder './nomodel'"),
+        ([*model, "--dataset", "./nodata"], "Expected --dataset to be a folder or a Hub dataset id ('owner/name'), but there is no folder './nodata'"),
+        ([*model, *saved, "--image-column", "digit"], "Expected --image-column to name a column of images, but 'digit' holds ClassLabel values"),
+        ([*model, "--dataset", str(tmp_path / "unlabelled")], "split 'test' has no labels (its 'digit' column is -1 there, an unlabelled split); choose a labelled one with --split"),
+        ([*model, *saved, "--device", "tpu"], "Expected --device to be a device such as 'cpu', 'cuda', 'cuda:1' or 'mps', but got 'tpu'"),
+    ):
+        code, out, err = _run(capsys, "report", *argv, "--no-cache")
+        assert code == 1 and err.count("\n") == 1 and message in err and "the model ran" not in err, (argv, err)
+    if not torch.cuda.is_available():
+        code, out, err = _run(capsys, "report", *model, *saved, "--device", "cuda", "--no-cache")
+        assert code == 1 and "--device to be a device this machine has, but got 'cuda' (cuda is not available here)" in err

@@ -105,6 +105,27 @@ def test_the_cache_serves_a_second_run_and_recomputes_a_changed_model(root, tmp_
     assert len(list(cache.glob("*.npz"))) == 3
 
 
+
+def test_a_hook_that_rewrites_the_logits_is_never_served_cached_logits(root, tmp_path, caplog):
+    # issue 23 item 4: the cache key ignored forward hooks other than an attached calibrator's
+    from transformers import AutoModelForImageClassification
+
+    model = AutoModelForImageClassification.from_pretrained(root / "vit")
+    cache = tmp_path / "cache"
+    plain, _ = predict_logits(model, str(root / "saved"), split="test", cache_dir=cache, progress=False)
+    assert len(list(cache.glob("*.npz"))) == 1
+
+    def shift(module, args, output):
+        output["logits"] = output["logits"] + torch.arange(10.0)
+        return output
+
+    model.register_forward_hook(shift)
+    with caplog.at_level("WARNING", logger="hf_calibration"):
+        hooked, _ = predict_logits(model, str(root / "saved"), split="test", cache_dir=cache, progress=False)
+    np.testing.assert_allclose(hooked - plain, np.tile(np.arange(10.0), (plain.shape[0], 1)), rtol=0, atol=1e-5)
+    assert "not cached" in caplog.text and "shift" in caplog.text
+    assert len(list(cache.glob("*.npz"))) == 1  # nothing written under a key that does not describe the hook
+
 def test_labels_follow_the_model_class_names(root, tmp_path):
     """A model whose id2label lists the dataset's classes in another order gets labels in its own indices."""
     model = make_model("vit", seed=0, num_channels=3)

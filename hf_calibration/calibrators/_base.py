@@ -433,9 +433,12 @@ class Calibrator(
     def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
         """Write ``model.safetensors``, ``config.json`` and the model card ``README.md`` into ``save_directory``.
 
-        The folder must be new or empty; ``overwrite=True`` replaces a calibrator saved there (all three files, so
-        the card always describes these weights). A model's folder is refused even then: save the calibrator in its
-        ``calibrator/`` subfolder. Other keyword arguments are ``PyTorchModelHubMixin.save_pretrained``'s.
+        The folder must be new or empty; ``overwrite=True`` replaces a calibrator saved there (every file that save
+        wrote, so the card always describes these weights) and allows other files beside it, which are never touched:
+        a ``README.md`` the package did not write (or that was edited since) is kept, and the card goes to
+        ``README.hf_calibration.md`` (a warning says so). A model's folder is refused even then: save the calibrator in
+        its ``calibrator/`` subfolder. The files written are recorded, with their SHA-256, in ``config.json``
+        (``files``). Other keyword arguments are ``PyTorchModelHubMixin.save_pretrained``'s.
         """
         from pathlib import Path
 
@@ -443,9 +446,8 @@ class Calibrator(
         if not isinstance(overwrite, bool):
             raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
         folder = Path(save_directory)
-        if hub.check_save_folder(folder, overwrite=overwrite):
-            hub.remove_calibrator_files(folder)  # the mixin never replaces an existing README.md
-        return super().save_pretrained(folder, **kwargs)
+        return hub.save_recorded(self, folder, lambda: super(Calibrator, self).save_pretrained(folder, **kwargs),
+                                 overwrite=overwrite, card_kwargs=kwargs.get("model_card_kwargs"))
 
     def push_to_hub(
         self,
@@ -465,8 +467,8 @@ class Calibrator(
         Args:
             repo_id: ``owner/name`` (created if needed).
             path_in_repo: a subfolder of the repo, e.g. ``"calibrator"`` beside a model at the repo root.
-            dry_run: build the exact folder that would be uploaded, card included, in a new local folder and upload
-                nothing; returns that folder's path.
+            dry_run: build the exact folder that would be uploaded, card included, in a new temporary folder and
+                upload nothing; returns that folder's path (the folder is removed when the process exits).
             commit_message, private, token, branch, create_pr: as in ``huggingface_hub.HfApi.upload_folder`` /
                 ``create_repo``.
             model_card_kwargs: extra values for the card template.
@@ -474,23 +476,18 @@ class Calibrator(
         Raises ``HubUnreachableError`` (a ``ConnectionError``) with one sentence when the Hub cannot be reached
         (offline mode, no network); the folder that was to be uploaded is kept and named in the message.
         """
+        import atexit
         import shutil
         import tempfile
         from pathlib import Path
 
         self._check_fitted()
-        from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-        if not isinstance(repo_id, str):
-            raise TypeError(f"Expected argument `repo_id` to be a str such as 'owner/name', but got {repo_id!r}.")
-        try:
-            validate_repo_id(repo_id)
-        except HFValidationError as err:
-            raise ValueError(f"Expected argument `repo_id` to be a Hub repo id such as 'owner/name', but got {repo_id!r}: {err}") from None
-        if path_in_repo is not None and (not isinstance(path_in_repo, str) or not path_in_repo.strip("/")):
-            raise ValueError(f"Expected argument `path_in_repo` to be a non-empty folder name or None, but got {path_in_repo!r}.")
+        hub.check_repo_id(repo_id)
+        hub.check_path_in_repo(path_in_repo)
         root = Path(tempfile.mkdtemp(prefix="hf_calibration_push_"))
         folder = root / path_in_repo.strip("/") if path_in_repo else root
+        if dry_run:  # the caller reads it; it goes when the process ends, never left behind
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
         self.save_pretrained(folder, model_card_kwargs=model_card_kwargs)
         where = f"https://huggingface.co/{repo_id}" + (f"/tree/main/{path_in_repo.strip('/')}" if path_in_repo else "")
         if dry_run:

@@ -5,8 +5,8 @@ between knots) all calibrate a probability ``x`` in [0, 1] with a map that is kn
 of points, one map per group (one group for a top-label map; one per predicted class or per class for the
 per-class variants). ``PiecewiseMaps`` keeps them in three buffers,
 
-    knots   (total,)   float64   group g's knots are knots[offsets[g] : offsets[g + 1]], increasing
-    values  (total,)   float64   the map's value at (linear) or on the bin ending at (step) each knot
+    knots   (total,)   float64   group g's knots are knots[offsets[g] : offsets[g + 1]], increasing, in [0, 1]
+    values  (total,)   float64   the map's value at (linear) or on the bin ending at (step) each knot, in [0, 1]
     offsets (G + 1,)   int64
 
 so that a checkpoint is three tensors whatever the fit set was. A group with no knots is the identity.
@@ -18,7 +18,7 @@ Loading resizes the buffers to the checkpoint's shapes (a fitted calibrator's si
 choose: each fits its own criterion (bin frequencies, the isotonic least-squares fit, a least-squares spline),
 named by ``default_objective`` and recorded in the card; ``fit(objective=None)`` (or that name) fits it and
 any other objective is a ``ValueError``. A loaded checkpoint whose maps are inconsistent (offsets that do not
-index the knots, knots out of order) is refused.
+index the knots, knots out of order, knots or values outside [0, 1]) is refused.
 """
 
 from __future__ import annotations
@@ -41,6 +41,22 @@ def step_lookup(x: np.ndarray, upper_edges: np.ndarray, values: np.ndarray) -> n
 def linear_interp(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
     """Linear between increasing knots ``xp``, constant beyond the ends (``np.interp``)."""
     return np.interp(x, xp, fp)
+
+
+def clip_linear_map(xp: np.ndarray, fp: np.ndarray, low: float = 0.0, high: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Knots of ``clip(interp(x, xp, fp), low, high)`` itself: the values clipped, and a knot added where a segment
+    crosses ``low`` or ``high``, so that interpolating the result gives the clipped map at every ``x``."""
+    xp, fp = np.asarray(xp, np.float64), np.asarray(fp, np.float64)
+    x0, x1, v0, v1 = xp[:-1], xp[1:], fp[:-1], fp[1:]
+    points = [(xp, fp)]
+    for bound in (low, high):
+        crossing = (v0 - bound) * (v1 - bound) < 0  # strictly on both sides
+        t = (bound - v0[crossing]) / (v1[crossing] - v0[crossing])
+        points.append((x0[crossing] + t * (x1[crossing] - x0[crossing]), np.full(int(crossing.sum()), bound)))
+    x = np.concatenate([p[0] for p in points])
+    v = np.concatenate([p[1] for p in points])
+    order = np.argsort(x, kind="stable")
+    return x[order], np.clip(v[order], low, high)
 
 
 class PiecewiseMaps(nn.Module):
@@ -82,7 +98,7 @@ class PiecewiseMaps(nn.Module):
         return out
 
     def evaluate_group(self, x: np.ndarray, g: int, *, step: bool) -> np.ndarray:
-        """Group ``g``'s map at ``x`` (float64); the identity for an empty group or one never fitted (K changed)."""
+        """Group ``g``'s map at ``x`` (float64); the identity for an empty group or one past the last."""
         if g >= self.num_groups or int(self.offsets[g + 1]) == int(self.offsets[g]):
             return x.copy()
         knots, values = (t.detach().cpu().numpy() for t in self.group(g))
@@ -100,6 +116,10 @@ class PiecewiseMaps(nn.Module):
         inside[(starts[(starts > 0) & (starts < n)] - 1)] = False  # no order between one group's last knot and the next's first
         if bool((self.knots[1:] < self.knots[:-1])[inside].any()):
             return "a group's knots are not increasing"
+        for name, tensor in (("knots", self.knots), ("values", self.values)):  # probabilities, both
+            outside = (tensor < 0) | (tensor > 1)
+            if bool(outside.any()):
+                return f"{name} hold {float(tensor[outside][0])!r}, outside [0, 1]"
         return None
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
@@ -119,6 +139,15 @@ class PiecewiseCalibrator(Calibrator):
     objectives: ClassVar[tuple[str, ...]] = ()
     shift_invariant = True
     criterion: ClassVar[str] = ""  # for the card and error messages: what the fit computes
+    per_class_maps: bool = False  # one map per class index: logits with another K are refused
+
+    def _check_logits(self, logits: Any) -> torch.Tensor:
+        z = super()._check_logits(logits)
+        if self.per_class_maps and self.is_fitted:
+            k = self.fit_info_.get("num_classes", self.maps.num_groups)  # maps beyond K (a pooled one) are not classes
+            if z.shape[1] != k:
+                raise ValueError(f"Expected `logits` to have K = {k} classes (one map per class), but got K = {z.shape[1]}.")
+        return z
 
     def _resolve_objective(self, objective: str | None, objective_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         name = type(self).__name__

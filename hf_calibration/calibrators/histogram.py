@@ -104,6 +104,10 @@ class HistogramBinning(
         self.per_class = per_class
         self.maps = PiecewiseMaps()
 
+    @property
+    def per_class_maps(self) -> bool:
+        return self.per_class
+
     def _bins_for(self, n: int) -> int:
         bins = n // self.points_per_bin if self.n_bins is None else self.n_bins
         return min(bins, n) if self.binning == "equal_mass" else bins

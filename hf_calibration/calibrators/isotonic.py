@@ -101,6 +101,7 @@ class OneVsRestIsotonicRegression(
     criterion = "one non-decreasing least-squares fit of [y = k] on p_k per class k (PAV)"
     paper_citation = CITATION
     preserves_argmax = False
+    per_class_maps = True
 
     def __init__(self):
         super().__init__()

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_float, check_int
+from .._checks import check_float, check_int, check_seed
 from ._lbfgs import l2_penalty, minimize
 from ._partition import LogPartitionTable
 from ._registry import register_calibrator
@@ -103,7 +103,7 @@ class ParameterizedTemperatureScaling(
         self.clip = check_float(clip, "clip", minimum=0, min_inclusive=False)
         self.weight_decay = check_float(weight_decay, "weight_decay", minimum=0)
         self.max_iter = check_int(max_iter, "max_iter", minimum=1)
-        self.seed = check_int(seed, "seed", minimum=0)
+        self.seed = check_seed(seed)
         sizes = [self.top_k] + [self.hidden_size] * self.hidden_layers + [1]
         self.layers = nn.ModuleList(nn.Linear(a, b, dtype=torch.float64) for a, b in zip(sizes[:-1], sizes[1:]))
         self._reset()

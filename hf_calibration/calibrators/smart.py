@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_float, check_int
+from .._checks import check_float, check_int, check_seed
 from . import _apply
 from ._optim import adam_early_stopping
 from ._partition import GRID, LogPartitionTable
@@ -70,7 +70,8 @@ class SMARTCalibrator(
         max_steps: Adam steps at most (2000).
         patience: early stopping: stop after this many steps without lowering the best objective by
             1e-6 relative; the best weights (a deep copy) are restored.
-        seed: seed of the MLP's initialisation (torch's seed range, [-2**63, 2**64)).
+        seed: seed of the MLP's initialisation, in [0, 2**64) (torch's range; negative seeds are refused, as
+            everywhere in the package).
 
     Example:
         >>> import torch
@@ -103,9 +104,7 @@ class SMARTCalibrator(
         self.lr = check_float(lr, "lr", minimum=0, min_inclusive=False)
         self.max_steps = check_int(max_steps, "max_steps", minimum=1)
         self.patience = check_int(patience, "patience", minimum=1)
-        self.seed = check_int(seed, "seed")
-        if not -(2**63) <= self.seed < 2**64:
-            raise ValueError(f"Expected argument `seed` to be an integer in [-2**63, 2**64) (torch's seed range), but got {self.seed}.")
+        self.seed = check_seed(seed)
         self.hidden = nn.Linear(1, self.hidden_size, dtype=torch.float64)
         self.output = nn.Linear(self.hidden_size, 1, dtype=torch.float64)
         self.register_buffer("margin_mean", torch.zeros((), dtype=torch.float64))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
-from ._piecewise import PiecewiseMaps
+from ._piecewise import PiecewiseMaps, clip_linear_map
 from ._registry import register_calibrator
 from ._toplabel import TopLabelCalibrator
 
@@ -82,7 +82,8 @@ class SplineCalibration(
     def _fit_confidence(self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int) -> dict[str, Any]:
         if confidence.size < self.knots:
             raise ValueError(f"Expected at least `knots` = {self.knots} labelled samples to fit the spline, but got {confidence.size}.")
-        self.maps.set([ks_spline_map(confidence, correct, self.knots)])
+        # stored as applied (clipped to [0, 1], a knot where it reaches a bound): every stored value is a probability
+        self.maps.set([clip_linear_map(*ks_spline_map(confidence, correct, self.knots))])
         return {"points": int(self.maps.knots.numel())}
 
     def _map_confidence(self, confidence: np.ndarray, top: np.ndarray) -> np.ndarray:

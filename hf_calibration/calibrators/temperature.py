@@ -20,6 +20,17 @@ from .objectives import get_objective
 T_MIN, T_MAX = 0.05, 100.0  # the fitted temperature is kept in this range (all-correct fit sets drive T to 0)
 
 
+def _same_at_stored_precision(log_t: float, recorded: float) -> bool:
+    """``log_t`` (as loaded, float64) is the log of the recorded temperature, as stored in float64 or rounded to a
+    narrower float (a checkpoint whose weights were re-saved in float32 / bfloat16 / float16 is the same fit)."""
+    if math.isclose(math.exp(log_t), recorded, rel_tol=1e-12):
+        return True
+    if not recorded > 0:
+        return False
+    exact = torch.tensor(math.log(recorded), dtype=torch.float64)
+    return any(float(exact.to(dtype)) == log_t for dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
 @register_calibrator
 class TemperatureScaling(
     TemperatureCalibrator,
@@ -75,10 +86,10 @@ class TemperatureScaling(
                 f"[log {T_MIN}, log {T_MAX}], the range a fit keeps it in (it would be clamped to T = {math.exp(min(max(t, math.log(T_MIN)), math.log(T_MAX))):.4g})."
             )
         recorded = (self.fit_info_ or {}).get("temperature")
-        if isinstance(recorded, float) and not math.isclose(math.exp(t), recorded, rel_tol=1e-12):
+        if isinstance(recorded, float) and not _same_at_stored_precision(t, recorded):
             raise ValueError(
-                f"The calibrator weights {where!r} do not match their config: log_temperature gives T = {math.exp(t):.6g}, "
-                f"the fit record says T = {recorded:.6g} (one of the files was edited or replaced)."
+                f"The calibrator weights {where!r} do not match their config: log_temperature gives T = {math.exp(t)!r}, "
+                f"the fit record says T = {recorded!r} (one of the files was edited or replaced)."
             )
 
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:

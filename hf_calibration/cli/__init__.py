@@ -32,6 +32,12 @@ from ._common import PROG, CLIError, Parser, load_calibrator
 __all__ = ["COMMANDS", "PROG", "CLIError", "build_parser", "load_calibrator", "main"]
 
 COMMANDS = ("report", "fit", "apply", "compare", "conformal", "shift", "demo", "push_metrics")  # subcommand modules, in --help order
+# a library error's advice and argument names are the API's; the command line's switches replace them
+_API_ADVICE = {"Pass `from_logits=True` or `False` explicitly (False: every row must then be a probability vector).":
+               "Pass --from-logits or --probs (then every row must be a probability vector)."}
+_API_FLAGS = {"model": "--model", "dataset": "--dataset", "ood_dataset": "--ood-dataset", "split": "--split", "image_column": "--image-column",
+              "label_column": "--label-column", "device": "--device", "max_samples": "--max-samples",
+              "batch_size": "--batch-size", "num_workers": "--num-workers", "config_name": "--config", "revision": "--revision"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.traceback:
             raise
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        for api, flags in _API_ADVICE.items():  # library advice in the command line's words
+            message = message.replace(api, flags)
+        for name, flag in _API_FLAGS.items():
+            message = message.replace(f"argument `{name}`", flag).replace(f"`{name}`", flag)
         if not isinstance(err, (CLIError, ValueError, TypeError, OSError)):
             message = f"{type(err).__name__}: {message} (rerun with --traceback for details)"
         print(f"{prefix} {message}", file=sys.stderr)

@@ -8,6 +8,7 @@ the command's inputs always; nothing is created before the command's work has su
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -72,14 +73,28 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def _check_creatable(path: Path, what: str) -> None:
+def _check_creatable(path: Path, what: str, shown: Path | None = None) -> None:
     """Files can be written in the folder ``path`` (which may not exist yet): its nearest existing ancestor is a
-    writable folder."""
+    writable folder. ``shown``: the output named in the message (default ``path``)."""
+    shown = path if shown is None else shown
     ancestor = _nearest_existing(path)
     if not ancestor.is_dir():
-        raise CLIError(f"{what} {path} is not writable ({ancestor} is a file, not a folder).")
+        raise CLIError(f"{what} {shown} is not writable ({ancestor} is a file, not a folder).")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise CLIError(f"{what} {path} is not writable (no write permission in {ancestor}).")
+        raise CLIError(f"{what} {shown} is not writable (no write permission in {ancestor}).")
+    try:  # permission bits do not tell everything (root, read-only or virtual file systems): try, leave nothing
+        os.rmdir(tempfile.mkdtemp(dir=ancestor, prefix=".write_test_"))
+    except OSError as err:
+        raise CLIError(f"{what} {shown} is not writable ({err.strerror or err} in {ancestor}).") from None
+
+
+@contextlib.contextmanager
+def writing(what: str, path: str | os.PathLike):
+    """An output that still cannot be written when the command gets to it: one line naming the option."""
+    try:
+        yield
+    except OSError as err:
+        raise CLIError(f"{what} {path} could not be written ({err.strerror or err}).") from None
 
 
 def _same_file(a: Path, b: str | os.PathLike | None) -> bool:
@@ -99,6 +114,22 @@ def new_folder(path: str | os.PathLike, what: str, overwrite: bool) -> Path:
     return folder
 
 
+def output_folder(path: str | os.PathLike, what: str) -> Path:
+    """A folder for a command's outputs (diagrams, reports): not a file, never a model's folder, creatable; it is
+    created only when the first output is written."""
+    from ..hub import model_files
+
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise CLIError(f"{what} {folder} exists and is not a folder.")
+    found = model_files(folder)
+    if found:
+        raise CLIError(f"{what} {folder} is a model's folder ({', '.join(found[:3])}): write the outputs in another "
+                       f"folder (a subfolder such as {folder / 'calibration'} is fine).")
+    _check_creatable(folder, what)
+    return folder
+
+
 def new_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=()) -> Path:
     """An output file: absent, or replaced with ``--overwrite``; never one of the command's ``inputs``."""
     path = Path(path)
@@ -108,8 +139,26 @@ def new_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=()) -> 
         raise CLIError(f"{what} {path} is one of this command's input files; write to another file.")
     if path.exists() and not overwrite:
         raise CLIError(f"{what} {path} exists; pass --overwrite to replace it, or choose another name.")
-    _check_creatable(path.parent, what)
+    _check_creatable(path.parent, what, shown=path)
     return path
+
+
+def diagram_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=()) -> Path:
+    """A figure file as ``new_file`` checks it, named as matplotlib will write it: without an extension it gets
+    ``.png`` (matplotlib appends it), so the file checked, written and printed is the same; an extension matplotlib
+    cannot write is refused."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    if any(_same_file(path, source) for source in inputs):
+        raise CLIError(f"{what} {path} is one of this command's input files; write to another file.")
+    fmt = path.suffix[1:].lower()
+    if not fmt:
+        path = path.with_name(path.name + ".png")
+    elif fmt not in FigureCanvasBase.get_supported_filetypes():
+        kinds = ", ".join(f".{k}" for k in sorted(FigureCanvasBase.get_supported_filetypes()))
+        raise CLIError(f"{what} {path}: matplotlib cannot write .{fmt} files; give one of {kinds}.")
+    return new_file(path, what, overwrite, inputs)
 
 
 def load_data(args, default_split: str):
@@ -121,7 +170,7 @@ def load_data(args, default_split: str):
 def save_diagram(
     logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None, *,
     from_logits: bool | None = None, calibrated=None, names: tuple[str, str] = ("uncalibrated", "calibrated"),
-    ci: float | None = 0.95, n_boot: int | None = None,
+    ci: float | None = 0.95, n_boot: int | None = None, what: str = "--diagram",
 ) -> None:
     """The reliability diagram (with counts; a before / after pair when ``calibrated`` is given) as a PNG.
 
@@ -132,8 +181,9 @@ def save_diagram(
 
     fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
                               title=title, from_logits=from_logits, ci=0.95 if ci is None else ci, n_boot=n_boot)
-    path.parent.mkdir(parents=True, exist_ok=True)  # new_file checked that it can be created
-    fig.savefig(path, dpi=120)
+    with writing(what, path):
+        path.parent.mkdir(parents=True, exist_ok=True)  # new_file checked that it can be created
+        fig.savefig(path, dpi=120)
 
 
 def json_ready(report) -> dict:
@@ -169,13 +219,13 @@ def from_logits_of(args, logits) -> bool:
     return resolve_from_logits(logits, args.from_logits, "logits")
 
 
-def method_kind(method: str) -> str:
+def method_kind(method: str, flag: str = "--method") -> str:
     from ..calibrators import list_calibrators
 
     kinds = list_calibrators()
     kind = _METHOD_ALIASES.get(method.lower(), method.lower())
     if kind not in kinds:
-        raise CLIError(f"unknown --method {method!r}; choose one of: ts, {', '.join(k for k in kinds)}.")
+        raise CLIError(f"unknown {flag} {method!r}; choose one of: ts, {', '.join(k for k in kinds)}.")
     return kind
 
 

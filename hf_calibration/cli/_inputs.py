@@ -96,11 +96,16 @@ def _load(args, default_split: str) -> Inputs:
     if args.num_workers is not None and args.num_workers < 0:
         raise CLIError(f"--num-workers must be at least 0, but got {args.num_workers}.")
 
-    from ..data import load_image_dataset
-    from ..inference import predict_logits
+    from .._checks import check_folder_or_hub_id
+    from ..data import find_label_column, load_image_dataset
+    from ..inference import check_device, predict_logits
     from ..logits_cache import default_cache_dir
 
+    check_folder_or_hub_id(args.model, "model")  # both named before anything is loaded
+    if args.device is not None:
+        check_device(args.device)
     dataset = load_image_dataset(args.dataset, args.split, config_name=args.config, default_split=default_split)
+    _check_labelled(dataset, find_label_column(dataset.features, args.label_column), args)
     cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
     logits, labels = predict_logits(
         args.model, dataset, batch_size=args.batch_size, image_column=args.image_column, label_column=args.label_column,
@@ -110,6 +115,19 @@ def _load(args, default_split: str) -> Inputs:
     split = None if dataset.split is None else str(dataset.split)
     source = f"{args.model} on {args.dataset}" + (f"[{split}]" if split else "")
     return Inputs(logits, labels, source, str(args.model), str(args.dataset), split)
+
+
+def _check_labelled(dataset, column: str, args) -> None:
+    """The rows the command reads have labels: an unlabelled split (a competition's test split: -1 throughout, or
+    partly) is named as such before the model runs, not reported later as a bad class index."""
+    rows = dataset if args.max_samples is None else dataset.select(range(min(args.max_samples, len(dataset))))
+    labels = np.asarray(rows.with_format("numpy", columns=[column])[column])
+    missing = int((labels < 0).sum())
+    if missing:
+        split = f"split {str(dataset.split)!r}" if dataset.split is not None else "the split"
+        what = "has no labels" if missing == len(labels) else f"has {missing} of {len(labels)} rows without a label"
+        raise CLIError(f"--dataset {args.dataset}: {split} {what} (its {column!r} column is {int(labels.min())} there, "
+                       "an unlabelled split); choose a labelled one with --split.")
 
 
 def card_kwargs(data: Inputs, push_to: str | None = None, saved_to: str | None = None, path_in_repo: str | None = "calibrator") -> dict[str, str] | None:

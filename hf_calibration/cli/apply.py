@@ -9,6 +9,7 @@ from ._common import (
     add_input_kind_option,
     add_option,
     calibrated_logits,
+    diagram_file,
     dump_json,
     from_logits_of,
     json_ready,
@@ -19,6 +20,7 @@ from ._common import (
     positive_int,
     save_diagram,
     temperature_summary,
+    writing,
 )
 
 
@@ -43,7 +45,7 @@ def run(args) -> int:
     from ..metrics import calibration_report, format_reports
 
     inputs = (args.logits, args.labels)
-    diagram = new_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None
+    diagram = diagram_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None
     save_to = new_file(npz_path(args.save_logits), "--save-logits", args.overwrite, inputs) if args.save_logits else None
     if diagram is not None and diagram == save_to:
         raise CLIError(f"--diagram and --save-logits name the same file {diagram}.")
@@ -60,7 +62,8 @@ def run(args) -> int:
         save_diagram(data.logits, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups,
                      from_logits=from_logits, calibrated=after, names=("uncalibrated", name))
     if save_to is not None:
-        save_to = save_logits(save_to, after, data.labels, overwrite=args.overwrite)
+        with writing("--save-logits", save_to):
+            save_to = save_logits(save_to, after, data.labels, overwrite=args.overwrite)
     if args.json:
         print(dump_json({"source": data.source, "calibrator": str(args.calibrator), "inputs": "logits" if from_logits else "probabilities",
                          **({"calibrated_logits": str(save_to)} if save_to is not None else {}),

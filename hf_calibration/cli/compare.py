@@ -16,8 +16,8 @@ from ._common import (
     from_logits_of,
     method_kind,
     new_file,
+    output_folder,
     save_diagram,
-    writable_dir,
 )
 from ._inputs import add_input_options, load_inputs
 
@@ -68,14 +68,14 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                        description="Split the calibration set into stratified folds, fit each calibrator on the others "
                                    "and score it on the held-out fold (accuracy change, ECE, AdaECE, smCE, NLL, Brier, "
                                    "fit time; mean ± std over folds). Only the given split is used. Candidates that cannot "
-                                   "win are stopped early (--no-race runs them all). Writes one reliability diagram per "
-                                   "method from its held-out (out-of-fold) predictions.")
+                                   "win are stopped early (--no-race runs them all). With --out, writes one reliability "
+                                   "diagram per method from its held-out (out-of-fold) predictions.")
     add_input_options(p, "which `logits_<split>` is the calibration set (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
     add_selection_options(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the folds and the first fit seed (default 0)")
-    p.add_argument("--out", metavar="DIR", default="calibrator_comparison",
-                   help="folder for the reliability diagrams, reliability_<method>.png (default ./calibrator_comparison)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="write one reliability diagram per method here, reliability_<method>.png (default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace diagrams already in --out")
     p.add_argument("--json", action="store_true", help="print the table as JSON (fractions, not percent)")
     add_paired_options(p)
@@ -123,10 +123,11 @@ def run(args) -> int:
 
     methods = parse_methods(args.methods)
     check_paired_options(args)
-    out = writable_dir(args.out, "--out")
     names = [UNCALIBRATED] + method_names(methods)
-    # checked before the long part: never replaces a file without --overwrite
-    paths = {name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits]) for name in names}
+    paths = {}
+    if args.out is not None:  # checked before the long part: never a model's folder, never a file without --overwrite
+        out = output_folder(args.out, "--out")
+        paths = {name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits]) for name in names}
     data = load_inputs(args, default_split="val")
     table = compare_calibrators(data.logits, data.labels, methods, cv=args.cv, seed=args.seed, metric=args.metric,
                                 race=not args.no_race, fit_seeds=args.fit_seeds, n_bins=args.n_bins, from_logits=from_logits_of(args, data.logits), keep_predictions=True,
@@ -137,7 +138,7 @@ def run(args) -> int:
         keep = ~(logits != logits).any(axis=1)  # rows of folds where the method failed or was stopped are NaN
         if keep.any():
             save_diagram(logits[keep], table.labels[keep], path, args.n_bins, diagram_title(data.source, name, table),
-                         from_logits=True)  # calibrated logits / log-probabilities, whatever the file held
+                         from_logits=True, what="--out")  # calibrated logits / log-probabilities, whatever the file held
             written[name] = str(path)
     try:
         best = table.best(args.metric)
@@ -155,6 +156,7 @@ def run(args) -> int:
         if paired is not None:
             print()
             print(paired)
-        print(f"reliability diagrams: {Path(out)}/reliability_<method>.png ({len(written)} written; each pools the "
-              "held-out predictions of all folds, so its ECE is the pooled one, not the table's mean over folds)")
+        if paths:
+            print(f"reliability diagrams: {Path(args.out)}/reliability_<method>.png ({len(written)} written; each pools the "
+                  "held-out predictions of all folds, so its ECE is the pooled one, not the table's mean over folds)")
     return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+from pathlib import Path
 
 from ._common import (
     OBJECTIVES,
@@ -17,6 +19,7 @@ from ._common import (
     new_folder,
     temperature_summary,
     to_tensor,
+    writing,
 )
 from ._inputs import add_input_options, card_kwargs, load_inputs
 from .compare import add_selection_options, fit_auto
@@ -46,7 +49,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                     "the default with --model)")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
     add_option(p, "dry_run", action="store_true",
-               help="with --push-to-hub: build the exact folder and card that would be uploaded, upload nothing")
+               help="with --push-to-hub: build the exact folder and card that would be uploaded, list its files, upload nothing")
     p.add_argument("--json", action="store_true", help="print the fit-set reports as JSON")
     p.set_defaults(func=run)
 
@@ -62,6 +65,14 @@ def run(args) -> int:
         raise CLIError(f"--seed applies to seeded methods only (smart, ...): {kind} is deterministic.")
     if not args.push_to_hub and (args.dry_run or args.path_in_repo or args.private):
         raise CLIError("--dry-run, --path-in-repo and --private apply to --push-to-hub only.")
+    if args.push_to_hub:  # every argument is checked before anything is written
+        from ..hub import check_path_in_repo, check_repo_id
+
+        try:
+            check_repo_id(args.push_to_hub, "--push-to-hub")
+            check_path_in_repo(args.path_in_repo, "--path-in-repo")
+        except (TypeError, ValueError) as err:
+            raise CLIError(str(err)) from None
     out = new_folder(args.out, "--out", args.overwrite)  # checked now, written only once the fit has succeeded
     data = load_inputs(args, default_split="val")
     if data.model is not None and args.push_to_hub and args.path_in_repo is None:
@@ -74,7 +85,8 @@ def run(args) -> int:
         calibrator = create_calibrator(kind, **({} if args.seed is None else {"seed": args.seed}))
         fit_kwargs = {} if args.objective is None else {"objective": args.objective}
         calibrator.fit(to_tensor(data.logits), to_tensor(data.labels), from_logits=from_logits, progress_bar=not args.json, **fit_kwargs)
-    calibrator.save_pretrained(out, overwrite=args.overwrite, model_card_kwargs=card_kwargs(data, saved_to=str(out)))
+    with writing("--out", out):
+        calibrator.save_pretrained(out, overwrite=args.overwrite, model_card_kwargs=card_kwargs(data, saved_to=str(out)))
     after = calibrated_logits(calibrator, data.logits, from_logits)
     reports = {
         "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
@@ -97,7 +109,7 @@ def run(args) -> int:
     print(format_reports(reports))
     print(f"saved to {out}")
     if pushed:
-        print(f"dry run: nothing uploaded; the files for {pushed['repo_url']} are in {pushed['dry_run_folder']}"
+        print(f"dry run: nothing uploaded; {pushed['repo_url']} would receive {', '.join(pushed['dry_run_files'])}"
               if args.dry_run else f"pushed to {pushed['repo_url']}")
     return 0
 
@@ -112,4 +124,12 @@ def _push(calibrator, args, out, card: dict | None) -> dict:
     except HubUnreachableError as err:
         raise CLIError(f"the Hugging Face Hub is unreachable ({err.reason}): nothing was pushed to {args.push_to_hub}; "
                        f"the calibrator is saved in {out}.") from None
-    return {"repo_url": repo_url, **({"dry_run_folder": result} if args.dry_run else {"commit_url": str(result)})}
+    if not args.dry_run:
+        return {"repo_url": repo_url, "commit_url": str(result)}
+    folder = Path(result)  # the temporary upload folder: listed, then removed (nothing is left behind)
+    files = [f"{p.name} ({p.stat().st_size:,} bytes)" for p in sorted(folder.iterdir()) if p.is_file()]
+    root = folder
+    for _ in Path(args.path_in_repo.strip("/")).parts if args.path_in_repo else ():
+        root = root.parent
+    shutil.rmtree(root, ignore_errors=True)
+    return {"repo_url": repo_url, "dry_run_files": files}

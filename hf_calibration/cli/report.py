@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import CLIError, add_input_kind_option, add_option, dump_json, json_ready, new_file, save_diagram
+from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_ready, save_diagram
 from ._inputs import add_input_options, load_inputs
 
 
@@ -37,7 +37,7 @@ def run(args) -> int:
     except (TypeError, ValueError) as err:
         raise CLIError(f"--ci / --n-boot: {err}") from None
     inputs = [path for path in (getattr(args, "logits", None), getattr(args, "labels", None)) if path]
-    diagram = new_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None
+    diagram = diagram_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None
     data = load_inputs(args, default_split="test", apply_calibrator=True)
     report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits, ci=args.ci, n_boot=args.n_boot)
     if diagram is not None:  # the same input rule as the table (an explicit flag, else the table's detection)

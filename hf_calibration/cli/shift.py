@@ -4,8 +4,10 @@
                          [--severities 1-5] [--ood-dataset D2] [--out DIR] [--json]
 
 Each ``--calibrator`` is a method name (``ts``, ``smart``, ...: fitted on the clean ``--val-split``) or a folder
-written by ``hf-calibration fit`` / ``save_pretrained`` (used as it is, its rows labelled by the folder); a name
-that is both (a folder ``ts`` in the working directory) is refused rather than guessed. Prints the table of
+written by ``hf-calibration fit`` / ``save_pretrained`` (used as it is, its rows labelled by the folder). The spelling
+decides: a path (``./smart``, ``runs/smart``, ``/abs/smart``) is a folder; a bare method name is the method, even with
+a folder of that name here (a warning names the folder and its spelling); any other bare name is a folder. Two
+spellings of one method (``ts`` and ``temperature_scaling``), or of one folder, are refused. Prints the table of
 :class:`hf_calibration.shift.ShiftReport`; ``--out DIR`` also writes ``shift_report.json``, ``shift_report.txt``
 and ``ece_vs_severity.png`` (an existing one only with ``--overwrite``). Logits go through the logits cache, one entry per corruption × severity.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, add_option, load_calibrator, method_kind, new_file, writable_dir
+from ._common import CLIError, add_option, load_calibrator, method_kind, new_file, output_folder
 from ._inputs import add_input_options
 
 
@@ -49,12 +51,55 @@ def _corruptions(text: str) -> list[str]:
     return values
 
 
-def _is_method_name(text: str) -> bool:
+def _looks_like_a_path(text: str) -> bool:
+    return text.startswith((".", "~", "/", "\\")) or "/" in text or "\\" in text or Path(text).is_absolute()
+
+
+def _calibrators(items: list[str]) -> dict:
+    """``--calibrator`` items → {row label: method kind, or loaded calibrator} (see the module docstring)."""
+    import logging
+    import os
+
+    from ..calibrators import list_calibrators
+
+    logger = logging.getLogger("hf_calibration.cli")
+    seen: dict[str, str] = {}  # method kind or real folder path -> the item that named it
+    calibrators = {}
+    for item in items:
+        path = Path(item).expanduser()
+        bare_method = not _looks_like_a_path(item) and _method_or_none(item) is not None
+        if bare_method:
+            kind = _method_or_none(item)
+            if path.is_dir():
+                logger.warning("--calibrator %s: the %s method, fitted on --val-split; a folder %s is here too: write "
+                               "./%s to use the saved calibrator.", item, kind, item, item)
+            key, label = kind, item.lower()
+        elif path.is_dir():
+            key, label = os.path.realpath(path), item
+        elif _looks_like_a_path(item):
+            raise CLIError(f"--calibrator {item!r}: no such folder (give the folder written by `hf-calibration fit` or "
+                           "save_pretrained).")
+        else:
+            raise CLIError(f"--calibrator {item!r} is neither a method name (ts, {', '.join(list_calibrators())}) nor a "
+                           "folder here.")
+        if key in seen:
+            raise CLIError(f"--calibrator {item!r} and {seen[key]!r} name the same "
+                           f"{'method' if bare_method else 'folder'}: give it once.")
+        seen[key] = item
+        calibrators[label] = label if bare_method else load_calibrator(item)
+    return calibrators
+
+
+def _method_or_none(text: str) -> str | None:
     try:
-        method_kind(text)
+        return method_kind(text, "--calibrator")
     except CLIError:
-        return False
-    return True
+        return None
+
+
+def _same_split(a: str, b: str) -> bool:
+    alias = {"val": "validation", "valid": "validation", "dev": "validation"}
+    return alias.get(a.lower(), a.lower()) == alias.get(b.lower(), b.lower())
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -89,26 +134,28 @@ def run(args) -> int:
     if args.model is None or args.dataset is None:
         raise CLIError(f"missing {'--dataset' if args.model is not None else '--model'}")
     outputs = None
-    if args.out:  # checked before any model runs: the files are new, or --overwrite replaces them
-        folder = writable_dir(args.out, "--out")
+    if args.out:  # checked before any model runs: never a model's folder; the files are new, or --overwrite replaces them
+        folder = output_folder(args.out, "--out")
         outputs = [new_file(folder / name, "--out file", args.overwrite) for name in OUTPUTS]
-    calibrators = {}  # row label -> method name or loaded calibrator: a folder is labelled by its path
-    for item in args.calibrator:
-        saved = Path(item).is_dir()
-        if saved and _is_method_name(item):  # `fit --out ts` makes a folder called ts
-            raise CLIError(f"--calibrator {item!r} is both a method name and a folder here: write "
-                           f"'./{item}' for the saved calibrator, or {method_kind(item)!r} for the method.")
-        label = item if saved else item.lower()
-        if label in calibrators:
-            raise CLIError(f"--calibrator {item!r} is given twice.")
-        if not saved:
-            method_kind(item)  # a clear error for an unknown name
-        calibrators[label] = load_calibrator(item) if saved else label
+    from .._checks import check_folder_or_hub_id
+
+    check_folder_or_hub_id(args.model, "model")
+    check_folder_or_hub_id(args.dataset, "dataset", "dataset")
+    if args.ood_dataset is not None and not hasattr(args.ood_dataset, "features"):
+        check_folder_or_hub_id(args.ood_dataset, "ood_dataset", "dataset")
+    calibrators = _calibrators(args.calibrator)  # row label -> method kind or loaded calibrator
+    split = args.split or "test"
+    if any(isinstance(c, str) for c in calibrators.values()) and _same_split(args.val_split, split):
+        import logging
+
+        logging.getLogger("hf_calibration.cli").warning(
+            "--val-split %s is the evaluated --split %s: the calibrators are fitted on the very samples they are scored "
+            "on, so their numbers are optimistic (fit on a validation split).", args.val_split, split)
     for value, flag in ((args.max_samples, "--max-samples"), (args.batch_size, "--batch-size"), (args.n_bins, "--n-bins")):
         if value is not None and value < 1:
             raise CLIError(f"{flag} must be at least 1, but got {value}.")
     report = model_shift_report(
-        args.model, args.dataset, split=args.split or "test", val_split=args.val_split, calibrators=calibrators,
+        args.model, args.dataset, split=split, val_split=args.val_split, calibrators=calibrators,
         corruptions=args.corruptions or BENCHMARK_CORRUPTIONS, severities=args.severities,
         ood_dataset=args.ood_dataset, ood_split=args.ood_split, seed=args.seed, preset=args.preset,
         cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()), n_bins=args.n_bins,
@@ -119,6 +166,7 @@ def run(args) -> int:
     print(report.to_json() if args.json else report.table())
     if outputs is not None:
         json_path, text_path, plot_path = outputs
+        json_path.parent.mkdir(parents=True, exist_ok=True)
         report.to_json(str(json_path))
         text_path.write_text(report.table(full=True) + "\n")
         report.plot("ece").savefig(plot_path, dpi=120)

@@ -354,15 +354,15 @@ class ConformalPredictor(
         folder = Path(save_directory)
         held = check_save_folder(folder, overwrite=overwrite)
         sub = folder / CALIBRATOR_SUBFOLDER
-        if held is not None:  # a predictor or a calibrator saved there: replaced whole, card included
-            hub.remove_calibrator_files(folder)  # the same three file names
-            if held == "conformal" and hub._calibrator_config(sub) is not None:
-                hub.remove_calibrator_files(sub)
-                if not any(sub.iterdir()):
-                    sub.rmdir()
         if self.calibrator is not None and sub.exists():  # checked before anything is written
             hub.check_save_folder(sub, overwrite=overwrite, what=f"the calibrator's folder {str(sub)!r}")
-        out = super().save_pretrained(folder, **kwargs)
+        if held == "conformal" and self.calibrator is None and sub.is_dir():  # the earlier predictor's calibrator
+            hub.remove_owned_files(sub, tuple(hub.owned_files(sub)))  # only the files the package wrote there
+            if not any(sub.iterdir()):
+                sub.rmdir()
+        # a predictor or a calibrator saved there is replaced whole, card included; a user's files are never touched
+        out = hub.save_recorded(self, folder, lambda: super(ConformalPredictor, self).save_pretrained(folder, **kwargs),
+                                overwrite=overwrite, card_kwargs=kwargs.get("model_card_kwargs"), subfolder="conformal")
         if self.calibrator is not None:
             self.calibrator.save_pretrained(sub, overwrite=overwrite)
         return out

@@ -275,6 +275,9 @@ def load_maccal_model(path: str | os.PathLike, model_class=None, config=None, **
     weight = old.weight if isinstance(old, nn.Linear) else next(old.parameters())
     head = MaskedBottleneckHead(spec["in_features"], spec["hidden"], spec["num_labels"])
     head.load_state_dict(_checkpoint_tensors(path, prefix, hub_kwargs), strict=True)
+    for name, tensor in head.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"Checkpoint {path!r} is corrupted: the MaC-Cal head's {name} holds NaN or inf.")
     head.to(device=weight.device, dtype=weight.dtype).eval()
     install_head(model, head, spec["path"])
     model.eval()

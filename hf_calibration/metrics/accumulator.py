@@ -31,6 +31,7 @@ the CPU's to float32 precision (~1e-7), float64 logits to 1e-15.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable, NamedTuple
 
 import numba
@@ -133,7 +134,9 @@ def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: i
     classwise, brier, nll = None, 0.0, 0.0
     if with_probabilities:
         classwise = np.zeros((inputs.preds.shape[1], n_bins))
-        brier, nll = _probability_sums(np.ascontiguousarray(inputs.preds), inputs.target, inputs.from_logits,
+        preds = inputs.preds  # the compiled pass reads native float32 / float64 (float16 → float32 is exact)
+        work = np.float64 if preds.dtype.itemsize >= 8 else np.float32
+        brier, nll = _probability_sums(np.ascontiguousarray(preds, dtype=work), inputs.target, inputs.from_logits,
                                        uniform_edges(n_bins), classwise)
     scores = _row_scores(inputs) if with_scores else None
     return _Rows(top.confidence, top.correct, classwise, brier, nll, scores), inputs.from_logits
@@ -305,8 +308,9 @@ class CalibrationAccumulator:
             local, self._local = self._local, None
             self.__dict__.update(local)
 
-    def _settle(self, num_classes: int, from_logits: bool | None, what: str) -> None:
-        """Fix K and the resolved from_logits on first sight; later batches / states must agree (checked before any change)."""
+    def _settle(self, num_classes: int, from_logits: bool | None, what: str, *, check_only: bool = False) -> None:
+        """Fix K and the resolved from_logits on first sight; later batches / states must agree (checked before any
+        change). ``check_only``: check, fix nothing (a batch that may still fail)."""
         if self.num_classes is not None and num_classes != self.num_classes:
             raise ValueError(f"Expected {what} to have K = {self.num_classes} classes as before, but got K = {num_classes}.")
         if from_logits is not None and self.from_logits_ is not None and from_logits != self.from_logits_:
@@ -315,6 +319,8 @@ class CalibrationAccumulator:
                 f"Expected {what} to hold {seen} like the earlier batches, but it holds {now}; "
                 "pass `from_logits=True` or `False` to the accumulator if the detection is wrong."
             )
+        if check_only:
+            return
         if self.num_classes is None:
             self.num_classes = num_classes
             if self._with_probabilities:
@@ -351,9 +357,19 @@ class CalibrationAccumulator:
     def update(self, preds: Any, target: Any) -> "CalibrationAccumulator":
         """Add a batch: ``preds`` ``(n, K)`` logits or probabilities (torch on any device, or numpy), ``target`` ``(n,)``.
 
-        Rows whose label is ``ignore_index`` are skipped; a batch with no other rows (or no rows) adds nothing.
+        Rows whose label is ``ignore_index`` are skipped; a batch with no other rows (or no rows) adds nothing. In an
+        ``accelerate`` loop with ``even_batches=True`` (its default), the samples a process's last batch repeats to
+        even out the processes are dropped, as ``Accelerator.gather_for_metrics`` drops them
+        (:func:`hf_calibration.distributed.even_batches_padding`); where they cannot be located a warning says so once.
         """
+        return self._update(preds, target, loader_batch=True)
+
+    def _update(self, preds: Any, target: Any, *, loader_batch: bool) -> "CalibrationAccumulator":
+        """``update``; ``loader_batch``: the batch is this process's own from a DataLoader (not the Trainer's gathered
+        predictions, which accelerate has already trimmed)."""
         self._unsync()
+        if loader_batch:
+            preds, target = self._drop_even_batches_padding(preds, target)
         if _on_device(preds):
             target = torch.as_tensor(target, device=preds.device) if isinstance(target, torch.Tensor) else torch.as_tensor(to_numpy(target, "target"), device=preds.device)
         else:
@@ -361,8 +377,9 @@ class CalibrationAccumulator:
         if preds.ndim == 2 and target.ndim == 1 and preds.shape[0] == target.shape[0] == 0:
             return self
         check_classification_shapes(preds, target, "preds", "target")
-        self._settle(preds.shape[1], None, "`preds`")  # K first: a changed K would otherwise read as bad labels
+        self._settle(preds.shape[1], None, "`preds`", check_only=True)  # K first: a changed K would read as bad labels
         if self.ignore_index is not None and bool((target == self.ignore_index).all()):
+            self._settle(preds.shape[1], None, "`preds`")  # a valid batch with nothing to count (Trainer padding)
             return self
         compute_rows = _rows_torch if _on_device(preds) else _rows_numpy
         rows, from_logits = compute_rows(preds, target, self.from_logits, self.ignore_index, self.n_bins, self._with_probabilities,
@@ -370,6 +387,29 @@ class CalibrationAccumulator:
         self._settle(preds.shape[1], from_logits, "`preds`")
         self._add(rows)
         return self
+
+    def _drop_even_batches_padding(self, preds: Any, target: Any) -> tuple[Any, Any]:
+        from .. import distributed
+
+        n = getattr(preds, "shape", (0,))[0] if getattr(preds, "ndim", 0) else 0
+        if not n:
+            return preds, target
+        padding = distributed.even_batches_padding(n)
+        if padding is None:
+            if not self.__dict__.get("_warned_padding"):
+                self._warned_padding = True
+                warnings.warn(
+                    "CalibrationAccumulator.update under accelerate with even_batches=True: the last batch may repeat "
+                    "samples to even out the processes, and this one cannot be matched to the DataLoader's batches "
+                    f"(n = {n}), so any repeated sample is counted twice. Prepare the DataLoader with "
+                    "DataLoaderConfiguration(even_batches=False), or update with each batch as the loader gives it.",
+                    UserWarning, stacklevel=3,
+                )
+            return preds, target
+        if padding:
+            keep = n - padding
+            return preds[:keep], target[:keep]
+        return preds, target
 
     def merge(self, other: "CalibrationAccumulator") -> "CalibrationAccumulator":
         """Add ``other``'s samples to this accumulator (same settings required); ``other`` is unchanged."""
@@ -501,7 +541,7 @@ class CalibrationAccumulator:
         preds = eval_pred.predictions
         if isinstance(preds, (tuple, list)):  # output_hidden_states & co.: the logits come first
             preds = preds[0]
-        self.update(preds, eval_pred.label_ids)
+        self._update(preds, eval_pred.label_ids, loader_batch=False)  # the Trainer gathered and trimmed them already
         if not compute_result:
             return None
         report = self.compute()

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from .._checks import check_int
+from .._checks import check_int, check_seed
 from .parameters import BENCHMARK_CORRUPTIONS, EXTRA_CORRUPTIONS, FROST_SCALE, PRESETS, REFERENCE_SIZE
 
 CORRUPTIONS = BENCHMARK_CORRUPTIONS + EXTRA_CORRUPTIONS
@@ -36,6 +36,11 @@ def _check_preset(preset: Any) -> str | None:
     return preset
 
 
+# PIL modes of 8 bits a channel, which convert("RGB") keeps exactly; 16- and 32-bit integer and float modes ("I;16",
+# "I", "F") would be clipped to [0, 255] without a word (a uint16 ramp turns almost all white, [0, 1] floats black)
+_EIGHT_BIT_MODES = ("1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr")
+
+
 def _to_pil(image: Any) -> tuple[Image.Image, str]:
     """An RGB PIL image and the mode to give back (``"L"`` for greyscale input, else ``"RGB"``)."""
     if isinstance(image, np.ndarray):
@@ -47,9 +52,15 @@ def _to_pil(image: Any) -> tuple[Image.Image, str]:
         image = Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[2] == 1 else image)
     if not isinstance(image, Image.Image):
         raise TypeError(f"Expected `image` to be a PIL image or a numpy uint8 array, but got {type(image).__name__}.")
+    if image.mode not in _EIGHT_BIT_MODES:
+        raise ValueError(
+            f"Expected `image` to be an 8-bit image (mode L, RGB, RGBA, P, ...), but got mode {image.mode!r}, which "
+            "converting to RGB would clip to [0, 255]: scale it to 8 bits first (the corruptions' parameters are for "
+            "0-255 pixel values)."
+        )
     if min(image.size) < _MIN_SIDE:
         raise ValueError(f"Expected `image` to be at least {_MIN_SIDE} × {_MIN_SIDE} pixels, but got {image.size[0]} × {image.size[1]}.")
-    mode = "L" if image.mode in ("L", "1", "I", "I;16", "F") else "RGB"
+    mode = "L" if image.mode in ("L", "1") else "RGB"
     return image.convert("RGB"), mode
 
 
@@ -97,7 +108,7 @@ def corrupt(image: Any, name: str, severity: int, seed: int = 0, *, preset: str 
         ((32, 32), (127, 63, 31))
     """
     name, severity = _check_name(name), _check_severity(severity)
-    seed, preset = check_int(seed, "seed", minimum=0), _check_preset(preset)
+    seed, preset = check_seed(seed, limit=2**32), _check_preset(preset)
     pil, mode = _to_pil(image)
     out = Image.fromarray(_corrupt(pil, name, severity, np.random.RandomState(seed), preset))
     return out.convert(mode) if mode != "RGB" else out
@@ -132,7 +143,7 @@ def corruption_transform(
         ((32, 32), 0)
     """
     name, severity = _check_name(name), _check_severity(severity)
-    seed, preset = check_int(seed, "seed", minimum=0), _check_preset(preset)
+    seed, preset = check_seed(seed, limit=2**32), _check_preset(preset)
 
     def transform(batch: dict) -> dict:
         column = image_column or _find_image_column(batch)

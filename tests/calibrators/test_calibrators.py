@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import numpy as np
@@ -413,15 +414,18 @@ def test_smart_on_learnable_logits_does_not_fall_back(data, caplog):
     assert "fallback" not in smart.fit_info_ and smart.fit_info_["best_step"] > 0 and "flat" not in caplog.text
 
 
-@pytest.mark.parametrize("seed", [-(2**63), 0, 2**64 - 1])
-def test_smart_accepts_torch_seed_range(seed):
-    assert SMARTCalibrator(seed=seed).seed == seed
-
-
-@pytest.mark.parametrize("seed", [2**64, 2**70, -(2**63) - 1])
-def test_smart_seed_beyond_torch_range_is_a_clear_error(seed):
-    with pytest.raises(ValueError, match=r"argument `seed` to be an integer in \[-2\*\*63, 2\*\*64\)"):
-        SMARTCalibrator(seed=seed)
+@pytest.mark.parametrize("name", [n for n in list_calibrators() if "seed" in inspect.signature(get_calibrator_class(n)).parameters])
+def test_seeds_are_one_range_for_every_seeded_calibrator(name):
+    # issue 23 item 12: SMART took seed=-1 (torch maps it to 2**64 - 1) where PTS refused it
+    cls = get_calibrator_class(name)
+    for seed in (0, 2**64 - 1):
+        assert cls(seed=seed).seed == seed
+    for seed in (-1, -(2**63)):
+        with pytest.raises(ValueError, match=r"argument `seed` to be an integer >= 0"):
+            cls(seed=seed)
+    for seed in (2**64, 2**70):
+        with pytest.raises(ValueError, match=r"argument `seed` to be an integer in \[0, 2\*\*64 - 1\]"):
+            cls(seed=seed)
 
 
 @pytest.mark.parametrize("name", [n for n in list_calibrators() if "soft_ece" in get_calibrator_class(n).objectives])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -261,6 +262,23 @@ def test_tampered_checkpoints_are_refused(data, tmp_path):
     assert load_calibrator(ts).fitted_temperature == ts_model.fitted_temperature
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_temperature_resaved_in_a_narrower_float_still_loads(data, tmp_path, dtype):
+    # issue 23 item 12: re-saved as float32, refused with "T = 5.08982, the fit record says T = 5.08982"
+    z, y = data
+    ts_model = TemperatureScaling().fit(z, y, progress_bar=False)
+    ts = _save(ts_model, tmp_path / "ts")
+    stored = torch.tensor(np.log(ts_model.fitted_temperature), dtype=torch.float64).to(dtype)
+    narrow = _copy_with(ts, tmp_path / "narrow", tensors={"log_temperature": stored})
+    loaded = load_calibrator(narrow)
+    assert loaded.fitted_temperature == float(np.exp(float(stored)))  # what the file holds, read as is
+    assert loaded.fitted_temperature == pytest.approx(ts_model.fitted_temperature, rel=1e-2)
+    # one step of that float away is an edit, not a rounding
+    nudged = torch.nextafter(stored, torch.tensor(10.0, dtype=dtype))
+    with pytest.raises(ValueError, match="do not match their config"):
+        load_calibrator(_copy_with(ts, tmp_path / "nudged", tensors={"log_temperature": nudged}))
+
 def test_all_correct_fit_stores_the_bounded_temperature(tmp_path):
     from hf_calibration.calibrators.temperature import T_MIN
 
@@ -365,6 +383,53 @@ def test_overwrite_keeps_files_that_are_not_the_calibrators(data, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {"notes.txt", "config.json", "model.safetensors", "README.md"}
 
 
+
+def test_a_users_readme_is_never_replaced_or_deleted(data, tmp_path, caplog):
+    # issue 23 item 5: the first save kept the user's README.md and silently wrote no card; the second deleted it
+    z, y = data
+    smart = SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False)
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    (tmp_path / "README.md").write_text("# my project\n")
+    for calibrator, title in ((smart, "SMARTCalibrator calibrator"), (ts, "TemperatureScaling calibrator")):
+        with caplog.at_level("WARNING", logger="hf_calibration"):
+            calibrator.save_pretrained(tmp_path, overwrite=True)
+        assert (tmp_path / "README.md").read_text() == "# my project\n"
+        assert "README.md that hf_calibration did not write: it is kept" in caplog.text
+        card = (tmp_path / "README.hf_calibration.md").read_text()
+        assert title in card and card.count("calibrator |") == 1  # the card of the weights saved now
+        config = json.loads((tmp_path / "config.json").read_text())
+        assert sorted(config["files"]) == ["README.hf_calibration.md", "model.safetensors"]
+        assert all(config["files"][name] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in config["files"])
+        caplog.clear()
+    assert load_calibrator(tmp_path).fitted_temperature == ts.fitted_temperature
+    assert {p.name for p in tmp_path.iterdir()} == {"README.md", "README.hf_calibration.md", "config.json", "model.safetensors"}
+
+
+def test_only_the_files_a_save_wrote_are_replaced(data, tmp_path):
+    z, y = data
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    ts.save_pretrained(tmp_path / "a")
+    (tmp_path / "a" / "README.md").write_text("edited by hand\n")  # the card, edited since: the user's now
+    ts.save_pretrained(tmp_path / "a", overwrite=True)
+    assert (tmp_path / "a" / "README.md").read_text() == "edited by hand\n"
+    assert "TemperatureScaling calibrator" in (tmp_path / "a" / "README.hf_calibration.md").read_text()
+    # weights that changed since the save are not replaced: nothing is written
+    ts.save_pretrained(tmp_path / "b")
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"someone else's weights")
+    before = _snapshot(tmp_path / "b")
+    with pytest.raises(ValueError, match="holds model.safetensors, which hf_calibration did not write"):
+        ts.save_pretrained(tmp_path / "b", overwrite=True)
+    assert _snapshot(tmp_path / "b") == before
+    # a save from before the record (no `files`): its config and weights are the package's, its README.md is not
+    ts.save_pretrained(tmp_path / "c")
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    del config["files"]
+    (tmp_path / "c" / "config.json").write_text(json.dumps(config))
+    readme = (tmp_path / "c" / "README.md").read_bytes()
+    ts.save_pretrained(tmp_path / "c", overwrite=True)
+    assert (tmp_path / "c" / "README.md").read_bytes() == readme
+    assert load_calibrator(tmp_path / "c").fitted_temperature == ts.fitted_temperature
+
 # ----------------------------------------------------------------------------- push_to_hub: offline, dry run
 
 
@@ -408,6 +473,30 @@ def test_push_dry_run_builds_the_exact_folder_and_uploads_nothing(data, monkeypa
     with pytest.raises(ValueError, match="path_in_repo"):
         smart.push_to_hub("me/x", path_in_repo="/", dry_run=True)
 
+
+
+def test_a_dry_run_leaves_no_temporary_folder_behind(tmp_path):
+    # issue 23 item 12: every dry run left an hf_calibration_push_* folder in the temporary directory
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import numpy as np, os
+from hf_calibration.calibrators import TemperatureScaling
+rng = np.random.default_rng(0); y = rng.integers(0, 4, 200); z = 3 * rng.normal(size=(200, 4)) + 3 * np.eye(4)[y]
+folder = TemperatureScaling().fit(z, y, progress_bar=False).push_to_hub("me/ts", path_in_repo="calibrator", dry_run=True)
+print(folder, sorted(os.listdir(folder)))
+"""
+    import hf_calibration
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(hf_calibration.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder, files = out.stdout.strip().split(" ", 1)
+    assert folder.startswith(str(tmp_path)) and files == "['README.md', 'config.json', 'model.safetensors']"  # readable meanwhile
+    assert not Path(folder).exists() and list(tmp_path.glob("hf_calibration_push_*")) == []
 
 # ----------------------------------------------------------------------------- references on the card
 

@@ -98,6 +98,24 @@ def test_probabilities_that_are_not_are_refused(name):
         cal(torch.from_numpy(p), from_logits=True)
 
 
+
+@pytest.mark.parametrize("name", ["temperature_scaling", "smart", "isotonic"])
+def test_a_malformed_probability_row_is_refused_wherever_it_is(name):
+    # issue 23 item 1: a defect in the first 4,096 rows made predict_proba treat probabilities as logits, silently
+    z, y = _logits(4, 5000, 5)
+    cal = create_calibrator(name).fit(z[:600], y[:600], progress_bar=False)
+    p = _softmax(z)
+    for row in (5, 4500):
+        bad = p.copy()
+        bad[row] *= 1.02
+        for call in (cal.predict_proba, cal, lambda x: create_calibrator(name).fit(x, y, progress_bar=False)):
+            with pytest.raises(ValueError, match=rf"`logits` to hold either logits or probabilities.* row {row} is not"):
+                call(torch.from_numpy(bad))
+    mixed = np.vstack([p[:100], z[100:]])  # probabilities, then logits
+    with pytest.raises(ValueError, match="either logits or probabilities"):
+        cal.predict_proba(mixed)
+    np.testing.assert_allclose(cal.predict_proba(p).numpy(), cal.predict_proba(z).numpy(), atol=1e-6)
+
 @pytest.mark.parametrize("name", list_calibrators())
 def test_zero_probabilities_stay_finite(name):
     z, y = _logits(4, 300, 6)

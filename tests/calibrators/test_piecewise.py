@@ -9,7 +9,7 @@ import pytest
 import torch
 from _calibrator_data import overconfident
 
-from hf_calibration.calibrators import IsotonicRegression, load_calibrator
+from hf_calibration.calibrators import HistogramBinning, IsotonicRegression, OneVsRestIsotonicRegression, load_calibrator
 from hf_calibration.calibrators._piecewise import PiecewiseMaps
 
 
@@ -64,3 +64,47 @@ def test_inconsistent_checkpoints_are_refused(saved, edit, match):
     bad = _tamper(tmp_path / "iso", tmp_path / "bad", edit)
     with pytest.raises(ValueError, match=match):
         load_calibrator(bad)
+
+
+@pytest.mark.parametrize("kind", ["isotonic", "isotonic_ovr", "histogram_binning", "spline"])
+@pytest.mark.parametrize("name, value", [("maps.values", 1.5), ("maps.values", -0.25), ("maps.knots", 1.5)])
+def test_maps_outside_the_probabilities_are_refused(kind, name, value, tmp_path):
+    # issue 23 item 12: tampered values outside [0, 1] loaded without complaint
+    from safetensors.torch import load_file, save_file
+
+    from hf_calibration.calibrators import create_calibrator
+
+    z, y = overconfident(600, 5, seed=1)
+    create_calibrator(kind).fit(z, y, progress_bar=False).save_pretrained(tmp_path / "ok")
+    load_calibrator(tmp_path / "ok")  # as fitted: loads
+    shutil.copytree(tmp_path / "ok", tmp_path / "bad")
+    tensors = load_file(tmp_path / "bad" / "model.safetensors")
+    index = len(tensors[name]) - 1 if name == "maps.knots" else 0  # the last knot: the order stays increasing
+    tensors[name][index] = value
+    save_file(tensors, tmp_path / "bad" / "model.safetensors", metadata={"format": "pt", "calibrator": kind})
+    with pytest.raises(ValueError, match=rf"corrupted: {name.split('.')[1]} hold {value!r}, outside \[0, 1\]"):
+        load_calibrator(tmp_path / "bad")
+
+@pytest.mark.parametrize("make", [OneVsRestIsotonicRegression, lambda: HistogramBinning(points_per_bin=10),
+                                  lambda: HistogramBinning(points_per_bin=200)],
+                         ids=["isotonic_ovr", "histogram_binning per_class", "histogram_binning pooled rare classes"])
+def test_per_class_maps_refuse_another_number_of_classes(make, tmp_path):
+    # issue 23 item 2: class k's map was applied to whatever class k of K = 3 or K = 8 logits was, with a log line only
+    z, y = overconfident(600, 5, seed=3)
+    fitted = make().fit(z, y, progress_bar=False)
+    fitted.save_pretrained(tmp_path / "cal")
+    for calibrator in (fitted, load_calibrator(tmp_path / "cal")):
+        for k in (3, 8):
+            other, _ = overconfident(50, k, seed=4)
+            for call in (calibrator, calibrator.predict_proba):
+                with pytest.raises(ValueError, match=rf"K = 5 classes \(one map per class\), but got K = {k}"):
+                    call(other)
+        assert calibrator(z).shape == (600, 5)
+
+
+def test_one_top_label_map_serves_any_number_of_classes():
+    # per_class=False: a single map of the top confidence, whatever class is on top: any K is fine, argmax kept
+    z, y = overconfident(600, 5, seed=3)
+    hb = HistogramBinning(per_class=False, binning="equal_width", n_bins=10).fit(z, y, progress_bar=False)
+    other, _ = overconfident(50, 8, seed=4)
+    assert torch.equal(hb(other).argmax(1), torch.from_numpy(other).argmax(1))

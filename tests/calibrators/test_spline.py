@@ -53,8 +53,15 @@ def test_ties_in_the_fit_set_share_one_value():
     z = np.concatenate([z, np.tile(z[:1], (20, 1))])  # 21 identical rows
     y = np.concatenate([y, np.arange(20) % 5])
     spline = SplineCalibration().fit(z, y, progress_bar=False)
+    from hf_calibration.calibrators.spline import ks_spline_map
+
     knots, _ = spline.maps.group(0)
-    assert knots.numel() == len(np.unique(top_label_view(z)[2])) and bool((knots[1:] > knots[:-1]).all())
+    _, top, conf, _ = top_label_view(z)
+    raw_x, raw_v = ks_spline_map(conf, top == y, 6)
+    assert len(raw_x) == len(np.unique(conf))  # one value per distinct confidence
+    # stored clipped: plus one knot wherever the spline crosses 0 or 1
+    crossings = sum(int(((raw_v[:-1] - b) * (raw_v[1:] - b) < 0).sum()) for b in (0.0, 1.0))
+    assert knots.numel() == len(raw_x) + crossings and bool((knots[1:] > knots[:-1]).all())
 
 
 def test_knots_argument():
@@ -67,3 +74,27 @@ def test_knots_argument():
         SplineCalibration(knots=50).fit(z[:20], y[:20], progress_bar=False)
     with pytest.raises(ValueError, match="`objective`"):
         SplineCalibration().fit(z, y, objective="nll")
+
+
+
+def test_the_stored_map_is_the_applied_one_clipped_to_probabilities():
+    # issue 23 item 12: spline values left [0, 1] (clipped only when applied), so a tampered value could not be told
+    # from a fitted one; the map is now stored as applied and a loaded value outside [0, 1] is refused
+    from hf_calibration.calibrators._piecewise import clip_linear_map
+
+    xp, fp = np.array([0.0, 0.5, 0.8, 1.0]), np.array([-0.2, 0.4, 1.3, 0.9])  # by hand: crosses 0 at 1/6, 1 at 0.7 and 0.95
+    x, v = clip_linear_map(xp, fp)
+    np.testing.assert_allclose(x, [0.0, 1 / 6, 0.5, 0.7, 0.8, 0.95, 1.0], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(v, [0.0, 0.0, 0.4, 1.0, 1.0, 1.0, 0.9], rtol=0, atol=1e-15)
+    grid = np.linspace(-0.1, 1.1, 1201)
+    np.testing.assert_allclose(np.interp(grid, x, v), np.clip(np.interp(grid, xp, fp), 0, 1), rtol=0, atol=1e-15)
+    from hf_calibration.calibrators.spline import ks_spline_map
+
+    z, y = overconfident(600, 5, seed=0, scale=1.0)
+    _, top, conf, _ = top_label_view(z)
+    raw_x, raw_v = ks_spline_map(conf, top == y, 6)
+    assert raw_v.max() > 1.05  # the fitted spline passes 1 here
+    spline = SplineCalibration().fit(z, y, progress_bar=False)
+    knots, values = spline.maps.group(0)
+    assert float(values.min()) >= 0.0 and float(values.max()) <= 1.0
+    np.testing.assert_allclose(spline.maps.evaluate(grid, step=False), np.clip(np.interp(grid, raw_x, raw_v), 0, 1), rtol=0, atol=1e-12)

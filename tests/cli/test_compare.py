@@ -100,6 +100,22 @@ def test_fit_method_auto_chooses_among_the_given_methods(capsys, npz_file, tmp_p
     assert code == 1 and "unknown --method 'platt'" in err and not (tmp_path / "x").exists()
 
 
+def test_out_is_written_only_when_asked_and_never_into_a_model_folder(capsys, npz_file, tmp_path, monkeypatch):
+    # issue 23 item 12: compare wrote ./calibrator_comparison without being asked; item 7: --out took a model's folder
+    from _models import make_model
+
+    path, _, _ = npz_file
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3")
+    assert code == 0, err
+    assert list(tmp_path.iterdir()) == [] and "reliability diagrams" not in out
+    make_model("vit").save_pretrained(tmp_path / "model")
+    before = sorted(p.name for p in (tmp_path / "model").iterdir())
+    code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "model")
+    assert code == 1 and "--out" in err and "is a model's folder (config.json, model.safetensors)" in err
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == before
+
+
 def test_diagrams_say_they_pool_the_folds_and_the_table_averages_them(capsys, npz_file, tmp_path, monkeypatch):
     """The diagram's ECE is that of all held-out predictions pooled; the table's is the mean over folds. The
     diagram's title says so and gives the table's number beside it."""

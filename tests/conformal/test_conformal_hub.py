@@ -89,6 +89,19 @@ def test_files_a_user_owns(data, tmp_path):
     assert ConformalPredictor.from_pretrained(folder).method == "thr"
 
 
+
+def test_a_users_readme_beside_a_predictor_is_kept(data, tmp_path):
+    # issue 23 item 5, for the predictors saved with the same machinery: the first save kept the user's README.md and
+    # wrote no card, the second deleted it
+    z, y, _, _ = data
+    (tmp_path / "README.md").write_text("# my project\n")
+    for method in ("aps", "thr"):
+        ConformalPredictor(method).fit(z, y, calibrator=TemperatureScaling() if method == "aps" else None).save_pretrained(tmp_path, overwrite=True)
+        assert (tmp_path / "README.md").read_text() == "# my project\n"
+        assert method.upper() in (tmp_path / "README.hf_calibration.md").read_text()
+    assert ConformalPredictor.from_pretrained(tmp_path).method == "thr"
+    assert not (tmp_path / "calibrator").exists()  # the earlier predictor's calibrator: the package's files, removed
+
 def test_checkpoints_that_are_not_a_predictors(data, tmp_path):
     z, y, _, _ = data
     TemperatureScaling().fit(z, y, progress_bar=False).save_pretrained(tmp_path / "ts")

@@ -186,3 +186,23 @@ def test_loader_rejects_a_plain_checkpoint(tmp_path):
         load_maccal_model(tmp_path / "missing")
     with pytest.raises(TypeError, match="`path`"):
         load_maccal_model(3)
+
+
+def test_non_finite_head_weights_are_refused(vit_folder, tmp_path):
+    # issue 23 item 12: NaN MaC-Cal head weights loaded without complaint
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = vit_folder
+    head = json.loads((folder / "config.json").read_text())["maccal_head"]["path"]
+    for value in (float("nan"), float("inf")):
+        bad = tmp_path / f"bad-{value}"
+        shutil.copytree(folder, bad)
+        tensors = load_file(bad / "model.safetensors")
+        name = next(k for k in sorted(tensors) if k.startswith(head + ".") and tensors[k].is_floating_point())
+        tensors[name].view(-1)[0] = value
+        save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+        for load in (load_maccal_model, AutoModelForImageClassification.from_pretrained):
+            with pytest.raises(ValueError, match=r"is corrupted: the MaC-Cal head's .* holds NaN or inf"):
+                load(bad)

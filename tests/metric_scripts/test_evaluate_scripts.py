@@ -170,6 +170,24 @@ def test_bad_input_is_reported(metrics) -> None:
         metrics["smce"].compute(predictions=PROBS, references=[0, 1, 0, 2])  # label out of range
 
 
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batches_of_probabilities_then_logits_are_refused(name: str, metrics) -> None:
+    # issue 23 item 1: add_batch(probabilities) then add_batch(logits) was scored as logits, silently
+    logits, labels = _random_logits(n=200, seed=5)
+    probs = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
+    metric = metrics[name]
+    metric.add_batch(predictions=probs[:100], references=labels[:100])
+    metric.add_batch(predictions=logits[100:], references=labels[100:])
+    with pytest.raises(ValueError, match=r"either logits or probabilities.* row 100 is not"):
+        metric.compute()
+    metric.add_batch(predictions=probs[:100], references=labels[:100])  # the two kinds apart are fine
+    metric.add_batch(predictions=probs[100:], references=labels[100:])
+    expected = _bare(name, logits.astype(np.float64), labels)
+    got = metric.compute()
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+
 def test_combine_ece_and_adaece() -> None:
     combined = evaluate.combine([metric_path("ece"), metric_path("adaece")])
     logits, labels = _random_logits(seed=3)

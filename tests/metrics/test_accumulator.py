@@ -279,6 +279,95 @@ def test_a_batch_with_another_k_is_named_as_such_not_as_bad_labels():
     assert acc.n == 10
 
 
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_float16_batches_equal_the_batch_report(as_torch):
+    # issue 23 item 8: float16 (numpy, or CPU torch.half as a Trainer with fp16_full_eval passes) raised numba's
+    # NotImplementedError; calibration_report, the batch function, takes the same input
+    logits, labels = _data(n=600, dtype=np.float16, ignored_every=31)
+    if as_torch:
+        logits, labels = torch.from_numpy(logits), torch.from_numpy(labels)
+    want = calibration_report(logits, labels)
+    _assert_report(_stream(logits, labels, confidence_dtype="float64").compute(), want)
+    exact = calibration_report(np.asarray(logits, dtype=np.float64), np.asarray(labels))  # float16 → float64 is exact
+    _assert_report(_stream(logits, labels, confidence_dtype="float64").compute(), exact, tol=1e-6)
+
+
+def test_a_failed_first_batch_fixes_nothing():
+    # issue 23 item 12: a first update that raised still fixed K, so the next, good batch was refused
+    logits, labels = _data(n=100, k=7)
+    acc = CalibrationAccumulator(confidence_dtype="float64")
+    with pytest.raises(ValueError, match=r"class indices in \[0, 6\)"):
+        acc.update(logits[:, :6], labels)  # K = 6 with labels up to 6: refused
+    assert acc.num_classes is None and acc.n == 0
+    _assert_report(acc.update(logits, labels).compute(), calibration_report(logits, labels))
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_accelerate_even_batches_padding_is_dropped_on_two_processes(tmp_path):
+    # issue 23 item 13: with accelerate's default even_batches=True the last round repeats samples (n = 400 for 397)
+    from _accelerate_worker import data
+    from _torchrun import TESTS, run_torchrun
+
+    run_torchrun(TESTS / "_accelerate_worker.py", tmp_path, nproc=2, timeout=300)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    z, y = data()
+    want = calibration_report(z, y)
+    assert [r[True]["world_size"] for r in ranks] == [2, 2]
+    assert sum(r[True]["rows_seen"] for r in ranks) == 400  # accelerate repeated 3 samples...
+    assert sum(r[True]["rows_kept"] for r in ranks) == 397  # ...which the accumulator dropped
+    assert sum(r[False]["rows_seen"] for r in ranks) == 397
+    for rank in ranks:
+        for even in (True, False):
+            got = rank[even]["report"]
+            assert got["n"] == 397
+            for metric, value in want.to_dict().items():
+                assert got[metric] == pytest.approx(value, abs=1e-12, rel=0), (even, metric)
+
+
+def test_even_batches_padding_by_hand(monkeypatch):
+    # 397 samples, batches of 50 on 2 processes: the last round is 97 true rows, gathered in rank order (50 + 47)
+    import types
+
+    from hf_calibration.distributed import even_batches_padding
+
+    loader = types.SimpleNamespace(batch_sampler=types.SimpleNamespace(even_batches=True), total_batch_size=100,
+                                   end_of_dataloader=True, remainder=97)
+
+    def fake_state(rank, world=2):
+        class GradientState:
+            _shared_state = {"ready": True}
+            in_dataloader, active_dataloader = True, loader
+            end_of_dataloader = property(lambda self: loader.end_of_dataloader)
+            remainder = property(lambda self: loader.remainder)
+
+        class PartialState:
+            num_processes, process_index = world, rank
+
+        monkeypatch.setitem(sys.modules, "accelerate.state", types.SimpleNamespace(GradientState=GradientState, PartialState=PartialState))
+
+    fake_state(rank=0)
+    assert even_batches_padding(50) == 0
+    fake_state(rank=1)
+    assert even_batches_padding(50) == 3
+    assert even_batches_padding(49) is None  # not the loader's batch: cannot be located
+    loader.remainder = -1  # no dataset length
+    assert even_batches_padding(50) is None
+    loader.remainder, loader.end_of_dataloader = 97, False  # not the last batch
+    assert even_batches_padding(50) == 0
+    loader.end_of_dataloader, loader.batch_sampler.even_batches = True, False
+    assert even_batches_padding(50) == 0
+    loader.batch_sampler.even_batches = True
+    logits, labels = _data(n=50)
+    acc = CalibrationAccumulator(confidence_dtype="float64").update(logits, labels)  # rank 1's last batch: 47 true rows
+    _assert_report(acc.compute(), calibration_report(logits[:47], labels[:47]))
+    with pytest.warns(UserWarning, match="cannot be matched to the DataLoader's batches"):
+        CalibrationAccumulator().update(logits[:49], labels[:49])
+    trainer_side = CalibrationAccumulator(confidence_dtype="float64")  # gathered and trimmed by the Trainer: kept whole
+    from transformers import EvalPrediction
+
+    assert trainer_side(EvalPrediction(predictions=logits, label_ids=labels))["n"] == 50
+
+
 # ----------------------------------------------------------------------------- bootstrap intervals
 
 

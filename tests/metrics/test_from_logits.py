@@ -145,3 +145,85 @@ def test_cifar100_probabilities_give_the_torchmetrics_ece():
     assert resoftmaxed > 0.7
     with pytest.warns(UserWarning, match="looks like probabilities"):
         assert ece(probs, y, from_logits=True) == pytest.approx(resoftmaxed, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- every row decides (issue 23, item 1)
+
+
+def _softmax_case(n=5000, k=5, seed=0):
+    """The issue's example: softmax of N(0, 3) logits (scipy's softmax), labels = argmax."""
+    z = np.random.default_rng(seed).normal(size=(n, k)) * 3
+    return softmax(z, axis=1), z.argmax(1)
+
+
+DEFECTS = {"row x 1.02": lambda row: row * 1.02, "a value -1e-9": lambda row: np.r_[-1e-9, row[1:]],
+           "a value 1 + 1e-7": lambda row: np.r_[1 + 1e-7, row[1:]]}
+
+
+@pytest.mark.parametrize("defect", list(DEFECTS))
+@pytest.mark.parametrize("row", [0, 5, 4095, 4096, 4500, 4999])
+def test_a_malformed_probability_row_raises_wherever_it_is(defect, row):
+    # issue 23 item 1: a defect in the first 4,096 rows silently turned the array into "logits" (ECE 0.2568 -> 0.6685)
+    probs, target = _softmax_case()
+    bad = probs.copy()
+    bad[row] = DEFECTS[defect](bad[row])
+    message = rf"4999 of its 5000 rows are probability vectors .* row {row} is not"
+    for preds, name in ((bad, "preds"), (torch.from_numpy(bad), "preds")):
+        with pytest.raises(ValueError, match=message):
+            ece(preds, target)
+    with pytest.raises(ValueError, match=message):
+        calibration_report(bad, target)
+    assert ece(probs, target) == pytest.approx(0.2568, abs=5e-5)  # the clean array: the issue's number
+
+
+@pytest.mark.parametrize("order", ["probabilities first", "logits first"])
+def test_probability_rows_and_logit_rows_mixed_raise(order):
+    probs, target = _softmax_case()
+    logits = np.log(probs) + 2.0  # the same predictions as logits (softmax(log p + c) = p)
+    head, tail = (probs, logits) if order == "probabilities first" else (logits, probs)
+    mixed = np.vstack([head[:100], tail[100:]])
+    with pytest.raises(ValueError, match="either logits or probabilities"):
+        ece(mixed, target)
+    np.testing.assert_allclose(ece(logits, target), ece(probs, target), atol=1e-12)  # each half alone is fine
+
+
+def test_small_logits_that_look_like_probabilities_by_chance_stay_logits():
+    # K = 2 logits near 0.5: some rows fall in the simplex by chance (|z0 + z1 - 1| <= 1e-2), a few percent of the
+    # rows inside [0, 1]^2, below the 1 + 1/5 of them the rule allows, so the array is logits, as it was
+    rng = np.random.default_rng(5)
+    z = rng.uniform(0.0, 1.0, size=(4000, 2))
+    target = rng.integers(0, 2, 4000)
+    chance = np.abs(z.sum(1) - 1) <= 1e-2
+    assert 10 <= chance.sum() <= 400  # rows that alone would read as probabilities
+    assert ece(z, target) == ece(z, target, from_logits=True)
+    probs = softmax(z, axis=1)
+    assert ece(z, target) == pytest.approx(ece(probs, target, from_logits=False), abs=1e-12)
+
+
+def test_coarse_rows_read_as_logits_beside_logit_rows():
+    # exact quarters (one-hot, [0.5, 0.5]) are probability vectors and plausible hand-written or rounded logits:
+    # beside logit rows they are logits
+    logits, target = np.array([[2.0, 0.0], [0.0, 1.0], [1.0, 0.5], [0.5, 0.5]]), np.array([0, 1, 1, 0])
+    assert ece(logits, target) == ece(logits, target, from_logits=True)
+    rounded = np.round(np.random.default_rng(8).normal(size=(200, 2)) / 0.5) * 0.5  # many [0.5, 0.5] and [1, 0] rows
+    y = np.arange(200) % 2
+    assert ece(rounded, y) == ece(rounded, y, from_logits=True)
+    hard = np.eye(3)[[0, 2, 1, 1]]  # one-hot rows alone: probabilities (confidence 1)
+    assert ece(hard, np.array([0, 2, 0, 1])) == pytest.approx(0.25, abs=1e-15)
+    probs = softmax(_case(16, 300, 3, 2.0)[0], axis=1)
+    mixed = np.vstack([probs, np.eye(3)[[0, 1]], [[3.0, -1.0, 0.5]]])  # probabilities, one-hot, then a logit row
+    with pytest.raises(ValueError, match=r"302 of its 303 rows are probability vectors .* row 302 is not"):
+        ece(mixed, np.zeros(303, dtype=np.int64))
+
+
+
+def test_one_probability_row_among_few_small_logits_is_chance():
+    # hypothesis found it: 13 rows of N(0, 1) logits, K = 2, one of them [0.903, 0.094] sums to 0.997
+    z = np.array([[0.1257, -0.1321], [0.6404, 0.1049], [-0.5357, 0.3616], [1.3040, 0.9471], [-0.7037, -1.2654],
+                  [-0.6233, 0.0413], [-2.3250, -0.2188], [-1.2459, -0.7323], [-0.5443, -0.3163], [0.4116, 1.0425],
+                  [-0.1285, 1.3665], [-0.6652, 0.3515], [0.9035, 0.0940]])
+    target = np.array([0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1])
+    assert ece(z, target) == ece(z, target, from_logits=True)
+    pair = np.array([[0.9035, 0.0940], [0.6404, 0.1049]])  # but a half of probability rows is not chance
+    with pytest.raises(ValueError, match="either logits or probabilities"):
+        ece(pair, np.array([0, 1]))

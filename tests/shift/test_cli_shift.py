@@ -75,7 +75,8 @@ def test_bad_arguments(capsys, root, flag, value, message):
 
 def test_unknown_method_and_missing_split(capsys, root, tmp_path):
     base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path)]
-    assert main([*base, "--calibrator", "platt"]) == 1 and "unknown --method 'platt'" in capsys.readouterr().err
+    assert main([*base, "--calibrator", "platt"]) == 1
+    assert "--calibrator 'platt' is neither a method name (ts, " in capsys.readouterr().err  # issue 23 item 11: not "--method"
     assert main([*base, "--val-split", "train", "--corruptions", "fog", "--severities", "1"]) == 1
     assert "train" in capsys.readouterr().err
     assert main(["shift", "--logits", str(tmp_path / "z.npz")]) == 1 and "not --logits" in capsys.readouterr().err
@@ -147,9 +148,42 @@ def test_calibrator_lists_are_checked_before_the_model_runs(capsys, root, tmp_pa
     monkeypatch.setattr(inference, "_run", no_inference)
     monkeypatch.chdir(tmp_path)
     _saved_ts(tmp_path / "ts")  # what `hf-calibration fit ... --out ts` leaves behind
+    _saved_ts(tmp_path / "smart")
     base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path / "cache")]
+    # issue 23 item 11: the spelling decides (a path is a folder, a bare method name the method), so these reach the
+    # model (which raises here); the bare name beside a folder of that name says which it took
+    for calibrators in (["temperature_scaling", "smart", "./smart"], ["ts"], [str(tmp_path / "ts"), "ts"]):
+        assert main([*base, "--calibrator", *calibrators]) == 1
+        err = capsys.readouterr().err
+        assert "ran the model before checking the calibrators" in err, (calibrators, err)
     assert main([*base, "--calibrator", "ts"]) == 1
-    assert "both a method name and a folder here: write './ts' for the saved calibrator, or 'temperature_scaling'" in capsys.readouterr().err
-    assert main([*base, "--calibrator", "smart", "SMART"]) == 1 and "given twice" in capsys.readouterr().err
+    assert "--calibrator ts: the temperature_scaling method, fitted on --val-split; a folder ts is here too: write ./ts" in capsys.readouterr().err
+    for calibrators, message in ((["smart", "SMART"], "'SMART' and 'smart' name the same method"),
+                                 (["ts", "temperature_scaling"], "'temperature_scaling' and 'ts' name the same method"),
+                                 (["./ts", str(tmp_path / "ts")], "name the same folder"),
+                                 (["./nothing"], "--calibrator './nothing': no such folder")):
+        assert main([*base, "--calibrator", *calibrators]) == 1
+        assert message in capsys.readouterr().err, calibrators
     with pytest.raises(ValueError, match="appears twice"):
         model_shift_report(root / "vit", str(root / "saved"), val_split="validation", calibrators=["ts", "ts"])
+
+
+
+def test_out_refuses_a_model_folder_and_a_test_split_used_for_fitting_warns(capsys, root, tmp_path, monkeypatch):
+    # issue 23 items 7 and 11: shift --out took a model's folder; --val-split test --split test said nothing
+    from hf_calibration import inference
+
+    monkeypatch.setattr(inference, "_run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model ran")))
+    base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path / "cache"),
+            "--corruptions", "contrast", "--severities", "1"]
+    before = sorted(p.name for p in (root / "vit").iterdir())
+    assert main([*base, "--out", str(root / "vit")]) == 1
+    assert "--out" in (err := capsys.readouterr().err) and "is a model's folder" in err and "the model ran" not in err
+    assert sorted(p.name for p in (root / "vit").iterdir()) == before
+    assert main([*base, "--val-split", "test", "--split", "test"]) == 1  # the warning comes first, then the model runs
+    err = capsys.readouterr().err
+    assert "--val-split test is the evaluated --split test: the calibrators are fitted on the very samples" in err
+    assert main([*base, "--val-split", "validation", "--split", "test"]) == 1
+    assert "fitted on the very samples" not in capsys.readouterr().err
+    assert main([*base, "--ood-dataset", "./no-ood-folder"]) == 1  # named by its own flag, not --dataset
+    assert "Expected --ood-dataset to be a folder or a Hub dataset id" in capsys.readouterr().err

@@ -5,6 +5,8 @@ an independent implementation of the same scripts."""
 
 from __future__ import annotations
 
+import re
+
 from io import BytesIO
 
 import numpy as np
@@ -363,6 +365,7 @@ def test_greyscale_and_array_inputs():
         ({"severity": 2.0}, TypeError, "`severity`"),
         ({"severity": True}, TypeError, "`severity`"),
         ({"seed": -1}, ValueError, "`seed`"),
+        ({"seed": 2**32}, ValueError, r"`seed` to be an integer in \[0, 2\*\*32 - 1\]"),  # issue 23 item 12: numpy's own message
         ({"preset": "tiny"}, ValueError, "`preset`"),
     ],
 )
@@ -381,3 +384,22 @@ def test_bad_images():
         corrupt(np.zeros((4, 32, 3), np.uint8), "fog", 1)
 
 
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I", "F"])
+def test_images_of_more_than_8_bits_are_refused_not_clipped(mode):
+    # issue 23 item 3: a uint16 ramp came back 99.6 % white and an "F" image in [0, 1] as values 12-13
+    ramp = np.tile(np.linspace(0, 1, 64), (64, 1))
+    values = {"I;16": (ramp * 65535).astype(np.uint16), "I": (ramp * 65535).astype(np.int32), "F": ramp.astype(np.float32)}
+    image = Image.fromarray(values[mode], mode=mode if mode != "I;16" else None)
+    assert image.mode == mode
+    with pytest.raises(ValueError, match=rf"`image` to be an 8-bit image .* got mode '{re.escape(mode)}'"):
+        corrupt(image, "contrast", 1)
+    from hf_calibration.shift import corruption_transform
+
+    with pytest.raises(ValueError, match="8-bit image"):
+        corruption_transform("contrast", 1)({"image": [image]})
+    eight_bit = Image.fromarray((ramp * 255).astype(np.uint8))  # the same ramp in 8 bits is corrupted as before
+    assert corrupt(eight_bit, "contrast", 1).mode == "L"
+    with pytest.raises(ValueError, match="`seed`"):
+        corruption_transform("contrast", 1, seed=2**32)
