@@ -64,8 +64,14 @@ LOSSES: dict[str, tuple[str, dict, float]] = {
     # the official code's gate (it descends the loss), for comparison with the default (FeDLaSLoss's docstring)
     "FeDLaS-LS (descent gate)": ("fedlas_ls", {"base": 0.05, "beta": 4.0, "theta": 0.95, "gate_update": "descent"}, 0.0),
     "FeDLaS-MbLS (descent gate)": ("fedlas_mbls", {"base": 0.1, "beta": 0.5, "margin": 6.0, "theta": 0.95, "gate_update": "descent"}, 0.0),
+    # control: plain LS with FeDLaS-LS's average smoothing (its ascending gate gives r ≈ 1.10-1.18·α on the fitted
+    # samples, `--diagnose-fedlas`): does FeDLaS-LS add anything beyond a larger α?
+    "LS (matched α)": ("ls", {"alpha": 0.0575}, 0.0),
 }
-COMPARISONS = ("FeDLaS-LS (descent gate)", "FeDLaS-MbLS (descent gate)")  # run last, in the over-confident regime
+COMPARISONS = ("FeDLaS-LS (descent gate)", "FeDLaS-MbLS (descent gate)", "LS (matched α)")  # run last, in the over-confident regime
+# (FeDLaS variant, the loss it is compared with) in the claims
+CLAIMS = (("FeDLaS-LS", "LS"), ("FeDLaS-MbLS", "MbLS"), ("FeDLaS-LS (descent gate)", "LS"),
+          ("FeDLaS-MbLS (descent gate)", "MbLS"), ("FeDLaS-LS", "LS (matched α)"))
 LOSS_LABELS = {
     "CE": "CE",
     "LS": "LS (α = 0.05)",
@@ -76,6 +82,7 @@ LOSS_LABELS = {
     "Mixup": "Mixup (α = 1)",
     "FeDLaS-LS (descent gate)": "FeDLaS-LS, the official code's gate (descent)",
     "FeDLaS-MbLS (descent gate)": "FeDLaS-MbLS, the official code's gate (descent)",
+    "LS (matched α)": "LS (α = 0.0575, FeDLaS-LS's mean smoothing)",
 }
 MACCAL_LOSSES = ("CE", "Mixup")  # stage 2 runs on these stage-1 models
 REGIMES = {"overconfident": False, "wellfitted": True}  # regime → augmentation
@@ -425,7 +432,7 @@ def verdicts(records: list[dict]) -> list[str]:
     """The claims the benchmark checks, on the test split: FeDLaS vs its base loss, MaC-Cal vs its stage 1."""
     lines = []
     for regime in REGIMES:
-        for fed, base in (("FeDLaS-LS", "LS"), ("FeDLaS-MbLS", "MbLS"), *((c, c.split(" ")[0].replace("FeDLaS-", "")) for c in COMPARISONS)):
+        for fed, base in CLAIMS:
             a, b = _by_seed(records, regime, fed, "stage1"), _by_seed(records, regime, base, "stage1")
             seeds = sorted(set(a) & set(b))
             if not seeds:

@@ -202,7 +202,9 @@ class FeDLaSLoss(CalibrationLoss):
     Same run: ψ·sign(γ) rises to +0.11 to +0.20, r ≈ 1.10-1.18·α, 9.27 / 9.91 % (these seed-0 runs:
     ``training_cifar.py --diagnose-fedlas``). Over three seeds (the benchmark, test ECE): FeDLaS-LS 9.84 ± 0.27 %
     against LS 10.54 ± 0.13 % (the descending gate: 12.06 ± 0.85 %), FeDLaS-MbLS 9.95 ± 0.58 % against MbLS
-    10.16 ± 0.61 % (10.16 ± 0.84 %), lower on 3 of 3 seeds each. Where LS already pushes a model into
+    10.16 ± 0.61 % (10.16 ± 0.84 %), lower on 3 of 3 seeds each. Most of that is the larger average smoothing: plain
+    LS at FeDLaS-LS's mean weight (α = 0.0575) gives 10.09 ± 0.44 %, 0.25 points above FeDLaS-LS (lower on 2 of 3
+    seeds). Where LS already pushes a model into
     under-confidence (augmented data, a model that does not fit its training set) more smoothing is the wrong
     direction: there FeDLaS-LS 3.22 % against LS 2.49 %, FeDLaS-MbLS 2.03 % against MbLS 1.69 %;
     ``gate_update="descent"`` is the official code's gate.
