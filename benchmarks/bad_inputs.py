@@ -54,7 +54,7 @@ ERROR, CORRECT, BAD = "clear error", "correct", "SILENT WRONG / crash"
 # The issue-23 items (third sweep) each builder's calls cover.
 ISSUE_23_ITEMS = {"detection_cases": "1", "per_class_cases": "2", "image_cases": "3, 12", "cache_cases": "4",
                   "user_file_cases": "5, 6, 7, 12", "accumulator_cases": "8, 12, 13", "model_route_cases": "7, 10, 11",
-                  "smaller_cases": "12"}
+                  "smaller_cases": "12", "maccal_feature_cases": "9", "diagram_cases": "14", "demo_log_cases": "15"}
 
 # Which branch of the round-2 work owns the behaviour an area's cases probe (the lead re-runs after merging).
 AREA_OWNER = {"metrics": "metrics", "losses": "losses", "calibrators": "calibrators / CLI", "CLI": "calibrators / CLI"}
@@ -1338,6 +1338,86 @@ def smaller_cases(tmp: Path) -> list[Case]:
     return cases
 
 
+def maccal_feature_cases(tmp: Path) -> list[Case]:
+    """Item 9: ``maccal_stage(model, features=(X, Y))`` checks its input before the first epoch."""
+    from hf_calibration.maccal import MaCCalConfig, maccal_stage
+
+    model = tiny_vit()
+    d = model.config.hidden_size
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, d, generator=g), torch.randint(0, K, (64,), generator=g)
+    config = MaCCalConfig(epochs=1, batch_size=32, progress=False)
+
+    def stage(features):
+        return lambda: maccal_stage(tiny_vit(), features=features, config=config)
+
+    nan_x = x.clone()
+    nan_x[63, 0] = float("nan")
+    inf_x = x.clone()
+    inf_x[5, 3] = float("inf")
+    bad = [
+        ("a NaN feature in the last row", (nan_x, y), "features[0]"),
+        ("an inf feature", (inf_x, y), "features[0]"),
+        (f"a label = K = {K}", (x, torch.where(torch.arange(64) == 7, K, y)), "features[1]"),
+        ("a label of -1", (x, torch.where(torch.arange(64) == 7, -1, y)), "features[1]"),
+        ("64 features, 63 labels", (x, y[:63]), "features"),
+        ("float labels", (x, y.double() + 0.4), "features[1]"),
+        (f"features of width {d + 1}, not the head's {d}", (torch.randn(64, d + 1, generator=g), y), "features[0]"),
+        ("2-D labels", (x, y[:, None]), "features[1]"),
+        ("not a pair", (x,), "features"),
+    ]
+    return [Case("labels" if "label" in name else "NaN / inf" if "NaN" in name or "inf" in name else "rank / shape",
+                 "maccal", f"maccal_stage(features=...): {name}", stage(features), (expect,)) for name, features, expect in bad]
+
+
+def diagram_cases(tmp: Path) -> list[Case]:
+    """Item 14: the diagram's options are checked, and its per-bin intervals are Wilson's (scipy)."""
+    from scipy.stats import binomtest
+
+    p = softmax(Z)
+    cases = [
+        Case("hyper-parameters", "metrics", "reliability_diagram(count_scale='logarithmic')",
+             lambda: metrics.reliability_diagram(Z, Y, count_scale="logarithmic"), ("count_scale",)),
+        Case("hyper-parameters", "metrics", "reliability_diagram(min_count=-1)",
+             lambda: metrics.reliability_diagram(Z, Y, min_count=-1), ("min_count",)),
+        Case("hyper-parameters", "metrics", "reliability_table(ci=95)", lambda: metrics.reliability_table(Z, Y, 15, ci=95), ("ci",)),
+    ]
+    conf, hit = p.max(1), (p.argmax(1) == Y)
+    index = _bins(conf, 15)
+
+    def wilson():
+        out = []
+        for b in range(15):
+            n = int((index == b).sum())
+            if n:
+                interval = binomtest(int(hit[index == b].sum()), n).proportion_ci(0.95, method="wilson")
+                out.append([interval.low, interval.high])
+        return np.array(out)
+
+    def ours():
+        table = metrics.reliability_table(Z, Y, 15, ci=0.95)
+        keep = np.asarray(table.count) > 0
+        return np.stack([np.asarray(table.accuracy_low)[keep], np.asarray(table.accuracy_high)[keep]], axis=1)
+
+    cases.append(Case("extreme values", "metrics", "reliability_table(ci=0.95): per-bin Wilson intervals (scipy binomtest)",
+                      ours, reference=wilson, atol=1e-9))
+    return cases
+
+
+def demo_log_cases(tmp: Path) -> list[Case]:
+    """Item 15: the demo run with stderr that is not a terminal writes no progress-bar frames (no carriage returns)."""
+    from hf_calibration.demo import DemoConfig, run_demo
+
+    def frames() -> int:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            run_demo(DemoConfig(output_dir=str(tmp / "demo"), epochs=2, train_size=100, calibration_size=60, test_size=80,
+                                maccal_epochs=2, pipeline_images=2, progress=True))
+        return err.getvalue().count("\r")
+
+    return [Case("processes", "CLI", "demo with stderr not a terminal: carriage-return frames written", frames, reference=lambda: 0)]
+
+
 def _maccal_folder(folder: Path) -> Path | None:
     """A tiny ViT after a one-epoch MaC-Cal stage on random features, saved (None when the stage cannot run here)."""
     from hf_calibration.maccal import MaCCalConfig, maccal_stage
@@ -1413,7 +1493,7 @@ def run(verbose: bool) -> tuple[list[tuple[Case, str, str]], float]:
         tmp = Path(tmpdir)
         for build in (metric_cases, calibrator_cases, registry_cases, checkpoint_cases, output_cases, cli_cases, hub_cases,
                       loss_cases, new_surface_cases, detection_cases, per_class_cases, image_cases, cache_cases, user_file_cases,
-                      accumulator_cases, model_route_cases, smaller_cases):
+                      accumulator_cases, model_route_cases, smaller_cases, maccal_feature_cases, diagram_cases, demo_log_cases):
             sub = tmp / build.__name__
             sub.mkdir()
             for case in build(sub):
