@@ -27,7 +27,7 @@ import torch
 
 from ._lbfgs import LBFGSResult, Preconditioner, QuadraticPenalty, minimize
 from ._threads import ThreadCountChooser, torch_single_threaded
-from ._vmath import exp_into, max_of, sum_of
+from ._vmath import exp_into, exp_into_f32, max_of, sum_of
 
 
 CHUNK = 256  # rows per parallel task of the vector-scaling kernel: fixed, so its sums do not depend on the threads
@@ -151,6 +151,41 @@ def _softmax_residual(s, labels, with_grad):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
+def _softmax_residual_f32(s, labels, with_grad):  # pragma: no cover - compiled
+    """``_softmax_residual`` with the softmax in float32 (``s`` float32): the row max, ``exp`` and the row sum in float32,
+    eight lanes to a vector (2x faster), each row's NLL and the column sums of ``P - Y`` added in float64. The NLL
+    moves by float32 rounding (~1e-7 relative), as the float32 products already make it; fixed chunks summed in
+    order, so the result does not depend on the number of threads."""
+    n, k = s.shape
+    n_chunks = (n + CHUNK - 1) // CHUNK
+    part_loss = np.zeros(n_chunks)
+    part_sum = np.zeros((n_chunks, k))
+    for c in numba.prange(n_chunks):
+        shifted, e, bits = np.empty(k, np.float32), np.empty(k, np.float32), np.empty(k, np.float32)
+        acc = part_sum[c]
+        loss = 0.0
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            row = s[i]
+            top = max_of(row)
+            for j in range(k):
+                shifted[j] = row[j] - top
+            exp_into_f32(shifted, e, bits)
+            total = sum_of(e)
+            y = labels[i]
+            loss += math.log(total) - np.float64(shifted[y])
+            if with_grad:
+                inv = np.float32(1.0 / total)
+                for j in range(k):
+                    p = e[j] * inv
+                    row[j] = p
+                    acc[j] += p
+                row[y] -= np.float32(1.0)
+                acc[y] -= 1.0
+        part_loss[c] = loss
+    return part_loss.sum() / n, _sum_chunks(part_sum)
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"contract"})
 def _softmax_curvature(s, f):  # pragma: no cover - compiled
     """For the scores ``s`` (N, K) and features ``f`` (N, K): ``s`` overwritten in place by ``v = p (1 - p)``,
     ``p = softmax(s_i)``, and ``(sum_i v_ij f_ij, sum_i v_ij)`` returned, shape (2, K), fixed chunks in order."""
@@ -205,12 +240,16 @@ class AffineNLL:
     autograd: one GEMM each way for a full matrix (in ``products``' dtype), one fused compiled pass for vector scaling.
     """
 
-    def __init__(self, features: torch.Tensor, labels: torch.Tensor, diagonal: bool = False, products: torch.dtype = torch.float64):
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, diagonal: bool = False, products: torch.dtype = torch.float64,
+                 softmax: torch.dtype = torch.float64):
         self.features, self.labels, self.k, self.diagonal = features, labels.long(), features.shape[1], diagonal
         self._z, self._y = features.numpy(), self.labels.numpy()
         if products not in (torch.float32, torch.float64):
             raise ValueError(f"Expected argument `products` to be torch.float32 or torch.float64, but got {products!r}.")
-        self.products = products  # the dtype of the full matrix's two products (the softmax pass is float64 either way)
+        if softmax not in (torch.float32, torch.float64) or (softmax == torch.float32 and products != torch.float32):
+            raise ValueError(f"Expected argument `softmax` to be torch.float64, or torch.float32 with float32 `products`, but got {softmax!r}.")
+        self.products = products  # the dtype of the full matrix's two products
+        self._residual = _softmax_residual_f32 if softmax == torch.float32 else _softmax_residual  # its softmax pass
         # the full matrix's product operand (vector scaling's kernel reads float32 or float64 features as they are)
         self._f = features if diagonal or products == features.dtype else features.to(products)
         self._f_squared: torch.Tensor | None = None
@@ -251,7 +290,7 @@ class AffineNLL:
             return float(value), (torch.from_numpy(grad) if with_grad else None)
         w, b = x[: k * k].view(k, k), x[k * k :]
         s = torch.addmm(b.to(self.products), self._f, w.t().to(self.products))
-        value, column_sums = self._on_torch_threads(_softmax_residual, s.numpy(), self._y, with_grad)  # s becomes P - Y
+        value, column_sums = self._on_torch_threads(self._residual, s.numpy(), self._y, with_grad)  # s becomes P - Y
         if not with_grad:
             return float(value), None
         grad_w = (s.t() @ self._f).to(torch.float64).reshape(-1)
@@ -329,33 +368,61 @@ def affine_curvature(nll: AffineNLL, x: torch.Tensor, blocks: bool = False) -> A
         return AffineCurvature(torch.diagonal(weights).clone(), sums[0], sums[1], weights)
 
 
-def _apply_blocks(blocks: np.ndarray, vec: torch.Tensor) -> torch.Tensor:
-    """``[W, b] -> [A_j [W_j., b_j] for each class j]`` for the flat parameters ``[W (K * K), b (K)]`` (numpy's batched
-    matmul: a batch of K small matrix-vector products ran 4x faster than torch's ``bmm``)."""
+@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+def _blocks_solve(factor, vec, reverse):  # pragma: no cover - compiled
+    """For each class j, its parameters ``t = [W_j. (K), b_j]`` of the flat ``vec = [W (K * K), b (K)]``, solved by
+    the upper-triangular ``factor[j]`` ((K, K + 1, K + 1)) transposed: ``F^T h = t``, first unknown first, each step an
+    axpy with the rest of a row of ``F`` (so it vectorises); ``reverse`` reads and writes ``t`` last coordinate first.
+    With ``F = U`` that is ``U^-T t``; with ``F`` = the lower factor ``L = U^T`` flipped on both axes and ``reverse``, it
+    is ``U^-1 t`` (a back substitution written as a forward one: run backwards, the same loop was 2x slower). The sums
+    are float64 whatever the factor's dtype."""
+    k = factor.shape[0]
+    out = np.empty(vec.shape[0])
+    for j in numba.prange(k):
+        t = np.empty(k + 1)
+        for m in range(k):
+            t[k - m if reverse else m] = vec[j * k + m]
+        t[0 if reverse else k] = vec[k * k + j]
+        for c in range(k + 1):
+            row = factor[j, c, c + 1 :]
+            h = t[c] / np.float64(factor[j, c, c])
+            t[c] = h
+            tail = t[c + 1 :]
+            for r in range(tail.shape[0]):
+                tail[r] -= np.float64(row[r]) * h
+        for m in range(k):
+            out[j * k + m] = t[k - m if reverse else m]
+        out[k * k + j] = t[0 if reverse else k]
+    return out
+
+
+def _blocks_apply(blocks: np.ndarray, vec: torch.Tensor) -> torch.Tensor:
+    """``[W, b] -> [A_j [W_j., b_j] for each class j]`` for the flat parameters ``[W (K * K), b (K)]``."""
     k = blocks.shape[0]
     rows = np.concatenate([vec[: k * k].numpy().reshape(k, k), vec[k * k :].numpy().reshape(k, 1)], 1)
     out = np.matmul(blocks, rows[:, :, None].astype(blocks.dtype, copy=False))[:, :, 0]
     return torch.from_numpy(np.concatenate([out[:, :k].reshape(-1), out[:, k]]).astype(np.float64, copy=False))
 
 
-class _BlockMap(torch.autograd.Function):
-    """Autograd node for ``_apply_blocks`` (its transpose on the way back)."""
+class _BlockSolve(torch.autograd.Function):
+    """Autograd node for ``x = U^-1 u``, class by class (``U^-T`` on the way back)."""
 
     @staticmethod
-    def forward(ctx, vec, blocks, blocks_t):
-        ctx.blocks_t = blocks_t
-        return _apply_blocks(blocks, vec.detach())
+    def forward(ctx, u, upper, flipped):
+        ctx.upper = upper
+        return torch.from_numpy(_blocks_solve(flipped, u.detach().numpy(), True))
 
     @staticmethod
     def backward(ctx, grad_output):
-        return _apply_blocks(ctx.blocks_t, grad_output.contiguous()), None, None
+        return torch.from_numpy(_blocks_solve(ctx.upper, grad_output.contiguous().numpy(), False)), None, None
 
 
 def _block_preconditioner(k: int, blocks: torch.Tensor, pen: QuadraticPenalty, dtype: torch.dtype = torch.float64) -> Preconditioner:
     """``u_j = L_j^T theta_j`` for each class's ``theta_j = [W_j., b_j]``, ``L_j L_j^T`` = its block plus the penalty's
-    curvature (Cholesky; a relative 1e-9 jitter keeps it positive definite). ``dtype`` is that of the factors: float32
-    halves the memory traffic of the K matrix-vector products each evaluation makes (twice: forward and backward) and
-    the time to factor, for fits that stop at a float32 tolerance."""
+    curvature (Cholesky; a relative 1e-9 jitter keeps it positive definite); ``x = L^-T u`` by substitution, never an
+    explicit inverse (which cost more than the factorisation). ``dtype`` is that of the factors: float32 halves the
+    memory the K triangular solves of each evaluation read (twice: forward and backward) and the time to factor, for
+    fits that stop at a float32 tolerance. ``newton(g)`` is the model's inverse applied, ``(L L^T)^-1 g``."""
     with torch.no_grad():
         add = torch.full((k, k + 1), 2 * pen.off_diagonal, dtype=torch.float64)
         add[torch.arange(k), torch.arange(k)] = pen.diagonal_curvature()
@@ -366,17 +433,21 @@ def _block_preconditioner(k: int, blocks: torch.Tensor, pen: QuadraticPenalty, d
         saved = torch.diagonal(m, dim1=1, dim2=2).clone()
         torch.diagonal(m, dim1=1, dim2=2).copy_(diagonal)
         try:
-            upper = torch.linalg.cholesky(m).transpose(1, 2).contiguous()  # L^T
+            lower = torch.linalg.cholesky(m)
         finally:
             torch.diagonal(m, dim1=1, dim2=2).copy_(saved)
-        inverse = torch.linalg.solve_triangular(upper, torch.eye(k + 1, dtype=dtype).expand(k, k + 1, k + 1), upper=True)
-        upper, inverse = upper.numpy(), inverse.numpy()  # L^T, L^-T
-        inverse_t = np.ascontiguousarray(inverse.transpose(0, 2, 1))
+        upper = lower.transpose(1, 2).contiguous().numpy()  # L^T
+        flipped = lower.flip(1, 2).contiguous().numpy()  # L with rows and columns reversed: upper triangular
 
     def to_x(u: torch.Tensor) -> torch.Tensor:
-        return _BlockMap.apply(u, inverse, inverse_t) if u.requires_grad else _apply_blocks(inverse, u)
+        if u.requires_grad:
+            return _BlockSolve.apply(u, upper, flipped)
+        return torch.from_numpy(_blocks_solve(flipped, u.contiguous().numpy(), True))
 
-    return Preconditioner(to_x, lambda xx: _apply_blocks(upper, xx.detach()))
+    def newton(g: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(_blocks_solve(flipped, _blocks_solve(upper, g.detach().contiguous().numpy(), False), True))
+
+    return Preconditioner(to_x, lambda xx: _blocks_apply(upper, xx.detach()), newton)
 
 
 def affine_preconditioner(nll: AffineNLL, x: torch.Tensor, penalty: QuadraticPenalty | None = None,

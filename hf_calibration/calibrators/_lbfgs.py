@@ -42,6 +42,7 @@ class Preconditioner(NamedTuple):
 
     to_x: Callable[[torch.Tensor], torch.Tensor]
     to_u: Callable[[torch.Tensor], torch.Tensor]
+    newton: Callable[[torch.Tensor], torch.Tensor] | None = None  # g -> to_x(to_x^T(g)), the curvature model's inverse applied
 
 
 class LBFGSResult(NamedTuple):

@@ -229,7 +229,7 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
         evaluations)."""
         penalty = self._penalty(features.shape[1], reg_lambda, reg_mu)
         common = {"penalty": penalty, "blocks": True, "precondition": precondition, "progress_bar": progress_bar, "desc": type(self).__name__}
-        rough = fit_affine(AffineNLL(features, labels, products=CV_PRODUCTS), x0, max_iter=self.max_iter, tol=max(self.tol, CV_TOL),
+        rough = fit_affine(AffineNLL(features, labels, products=CV_PRODUCTS, softmax=CV_PRODUCTS), x0, max_iter=self.max_iter, tol=max(self.tol, CV_TOL),
                            rounds=1 if precondition is not None else 2, **common)
         if rough.iterations >= self.max_iter:
             return rough.x, rough.objective, rough.iterations, rough.evaluations
@@ -303,7 +303,7 @@ class _Search:
         self.owner, self.k, self.n = owner, features.shape[1], len(labels)
         splits = stratified_folds(labels.numpy(), owner.cv, owner.cv_seed)
         self.splits = splits
-        self.folds = [_Fold(AffineNLL(features[tr], labels[tr], products=CV_PRODUCTS), AffineNLL(features[va], labels[va]), len(va) / self.n)
+        self.folds = [_Fold(AffineNLL(features[tr], labels[tr], products=CV_PRODUCTS, softmax=CV_PRODUCTS), AffineNLL(features[va], labels[va]), len(va) / self.n)
                       for tr, va in splits]
         self.logits, self.labels = logits, labels.numpy()
         self.whole = AffineNLL(features, labels)
@@ -318,11 +318,25 @@ class _Search:
         self.evaluations = 0
 
     # ------------------------------------------------------------------ one candidate
-    def _nearest(self, lam: float, mu: float) -> list[torch.Tensor] | None:
+    def _nearest(self, lam: float, mu: float):
         if not self.solutions:
-            return None
+            return None, None
         return min(self.solutions.items(), key=lambda item: abs(math.log(max(item[0][0], 1e-300) / max(lam, 1e-300)))
-                   + abs(math.log(max(item[0][1], 1e-300) / max(mu, 1e-300))))[1]
+                   + abs(math.log(max(item[0][1], 1e-300) / max(mu, 1e-300))))
+
+    def _predicted(self, x: torch.Tensor, old, new, shared) -> torch.Tensor:
+        """One Newton step from the solution ``x`` for the penalty ``old`` to the one for ``new``: the new objective's
+        gradient at ``x`` is the penalties' difference's (the data part was ~0 with ``old``)."""
+        if shared is None or shared.newton is None:
+            return x
+        k = self.k
+        g = torch.empty_like(x)
+        w = x[: k * k].view(k, k)
+        gw = g[: k * k].view(k, k)
+        torch.mul(w, 2 * (new.off_diagonal - old.off_diagonal), out=gw)
+        gw.diagonal().zero_()
+        torch.mul(x[k * k :], 2 * (new.bias - old.bias), out=g[k * k :])
+        return x - shared.newton(g)
 
     def score(self, lam: float, mu: float) -> float:
         """The mean held-out NLL of (lam, mu) over the folds (each fit warm from the nearest candidate seen). A
@@ -332,16 +346,19 @@ class _Search:
         for row in self.table:
             if (row["reg_lambda"], row["reg_mu"]) == key:
                 return row["cv_nll"]
-        owner, starts = self.owner, self._nearest(lam, mu)
+        owner, (near, starts) = self.owner, self._nearest(lam, mu)
         penalty = owner._penalty(self.k, lam, mu)
         shared = self._preconditioner(lam, penalty)
+        if starts is not None:
+            old = owner._penalty(self.k, *near)
+            predicted = [self._predicted(x, old, penalty, shared) for x in starts]
         best = None if self.best is None else self.fold_scores[self.best]
         scores, solutions, evaluations = [], [], 0
         for f, fold in enumerate(self.folds):
             if starts is not None:
-                x0 = starts[f]
+                x0 = predicted[f]
                 if f > 0:  # the move fold 0 made from the same start predicts this fold's
-                    x0 = x0 + (solutions[0] - starts[0])
+                    x0 = x0 + (solutions[0] - predicted[0])
             else:  # the first candidate: from temperature scaling's fit on the same fold (W = I / T)
                 x0 = identity_parameters(self.k) / torch.cat([torch.full((self.k * self.k,), self.temperatures[f]), torch.ones(self.k)])
             result = fit_affine(fold.train, x0, penalty=penalty, max_iter=owner.max_iter, tol=max(owner.tol, CV_TOL), rounds=CV_ROUNDS,

@@ -18,8 +18,8 @@ its rows from the folds it ran and says why it stopped. On the seven shared file
 chooses, for each of the five metrics (at 95 % it stopped the eventual choice on 2 of 7 files).
 
 The default candidates (``DEFAULT_METHODS``) leave out the registered methods that cost the most: matrix and
-Dirichlet scaling (each fit runs its own 5-fold cross-validation of lambda: 3-8 s a fold at K = 100 on this
-project's 2-core machine), PTS (an MLP, 1-2 s a fold), CTS (a per-class grid search, 1.5 s a fold at K = 100, the
+Dirichlet scaling (each fit runs its own 5-fold cross-validation of lambda: 1.4-1.8 s a fold at K = 100 on this
+project's idle 2-core machine, 4-8 s a fold on a busy one), PTS (an MLP, 1-2 s a fold), CTS (a per-class grid search, 1.5 s a fold at K = 100, the
 worst NLL of the temperature family there; never chosen) and one-vs-rest isotonic regression (never chosen, and it
 can change the predicted class). Cross-validating every method on the seven shared benchmark files (5,000
 validation logits each, metric ECE, the rule of ``CalibratorComparison.best``), the full set chose matrix scaling

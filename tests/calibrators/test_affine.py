@@ -168,3 +168,33 @@ def test_vector_curvature_kernel_matches_numpy():
     v = p * (1 - p)
     expected = np.stack([(v * f * f).sum(0), (v * f).sum(0), v.sum(0)])
     np.testing.assert_allclose(_diagonal_curvature(f, w, b), expected, rtol=1e-12)
+
+
+def test_float32_softmax_stays_within_float32_rounding_of_numpy():
+    # the cross-validation folds' objective with the softmax pass in float32 too (max, exp and row sums)
+    f, y = _data(n=2000, k=30)
+    x = identity_parameters(30) + 0.05 * torch.from_numpy(np.random.default_rng(8).normal(size=30 * 31))
+    value, grad, _ = affine_objective(x.numpy(), f, y)
+    nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), products=torch.float32, softmax=torch.float32)
+    ours, ours_grad = nll.value_and_grad(x)
+    assert ours == pytest.approx(value, rel=1e-5)
+    np.testing.assert_allclose(ours_grad.numpy(), grad, rtol=0, atol=1e-5 * np.abs(grad).max())
+    with pytest.raises(ValueError, match="softmax"):  # a float32 softmax over float64 products would be a silent downcast
+        AffineNLL(torch.from_numpy(f), torch.from_numpy(y), softmax=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_block_preconditioner_newton_step_and_backward_match_dense_algebra(dtype):
+    # newton(g) = (L L^T)^-1 g and the autograd transpose of to_x, against the dense map built column by column
+    f, y = _data(n=300, k=5)
+    k, d = 5, 5 * 6
+    nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y))
+    x = identity_parameters(k) + 0.1 * torch.from_numpy(np.random.default_rng(9).normal(size=d))
+    p = affine_preconditioner(nll, x, odir_penalty(k, 2.0, 0.5, reg_diagonal=0.3), affine_curvature(nll, x, blocks=True), dtype)
+    dense = np.stack([p.to_x(torch.eye(d, dtype=torch.float64)[i]).numpy() for i in range(d)], 1)  # x = M u
+    g = torch.from_numpy(np.random.default_rng(10).normal(size=d))
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    np.testing.assert_allclose(p.newton(g).numpy(), dense @ dense.T @ g.numpy(), rtol=0, atol=tol * np.abs(dense @ dense.T @ g.numpy()).max())
+    u = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+    p.to_x(u).backward(g)
+    np.testing.assert_allclose(u.grad.numpy(), dense.T @ g.numpy(), rtol=0, atol=1e-12)

@@ -31,7 +31,9 @@ FAST = {"smart": {"max_steps": 300}, "histogram_binning": {"points_per_bin": 20}
 
 # SMS / SVS lower this set's ECE from 0.103 to 0.055 / 0.058, not to half: the authors' probmetrics 1.3 gives the same
 # (0.0548 / 0.0584); their smoothing towards the uniform distribution and NLL fit trade a little fit-set ECE away
-ECE_FACTOR = {"sms": 0.6, "svs": 0.6}
+# Dirichlet calibration's cross-validated NLL on these 600 samples is flat from lambda = 4,500 to 45,000 (equal to 5e-6,
+# below the float32 noise of its CV fits), where fit-set ECE is 0.049 or 0.054: either choice is right
+ECE_FACTOR = {"sms": 0.6, "svs": 0.6, "dirichlet": 0.55}
 
 
 def make(name, **kw):

@@ -67,3 +67,18 @@ def test_row_reductions_are_max_and_the_four_lane_sum(n):
         lanes[0] += x[j]
     assert sum_of(x) == (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
     assert sum_of(x) == pytest.approx(np.sum(x), rel=1e-14)
+
+
+def test_float32_exp_matches_numpy_to_float32_rounding():
+    from hf_calibration.calibrators._vmath import exp_into_f32
+
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.uniform(-87, 88, 20_000), rng.uniform(-1, 1, 20_000), [0.0, -87.0, 88.0]]).astype(np.float32)
+    out, bits = np.empty_like(x), np.empty_like(x)
+    exp_into_f32(x, out, bits)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=3e-7, atol=0)
+    out2 = np.empty(3, np.float32)
+    exp_into_f32(np.array([-1000.0, 1000.0, np.nan], np.float32), out2, np.empty(3, np.float32))  # clamped, NaN kept
+    np.testing.assert_allclose(out2[:2], np.exp([-87.0, 88.0]), rtol=3e-7)
+    assert np.isnan(out2[2])
