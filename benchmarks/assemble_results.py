@@ -19,6 +19,7 @@ SECTIONS = [
     ("calibrators.md", "calibrators.py"),
     ("calibrator_comparison.md", "calibrators.py --part comparison"),
     ("calibrator_fits.md", "calibrator_fits.py"),
+    ("calibrator_fits_cv_target.md", "calibrator_fits.py --sections cv-target --baseline <previous main>"),
     ("calibrator_selection.md", "calibrator_selection.py"),
     ("conformal.md", "conformal.py"),
     ("losses.md", "losses.py"),

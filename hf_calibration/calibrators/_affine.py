@@ -368,7 +368,7 @@ def affine_curvature(nll: AffineNLL, x: torch.Tensor, blocks: bool = False) -> A
         return AffineCurvature(torch.diagonal(weights).clone(), sums[0], sums[1], weights)
 
 
-@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+@numba.njit(cache=True, fastmath={"contract"})
 def _blocks_solve(factor, vec, reverse):  # pragma: no cover - compiled
     """For each class j, its parameters ``t = [W_j. (K), b_j]`` of the flat ``vec = [W (K * K), b (K)]``, solved by
     the upper-triangular ``factor[j]`` ((K, K + 1, K + 1)) transposed: ``F^T h = t``, first unknown first, each step an
@@ -378,7 +378,7 @@ def _blocks_solve(factor, vec, reverse):  # pragma: no cover - compiled
     are float64 whatever the factor's dtype."""
     k = factor.shape[0]
     out = np.empty(vec.shape[0])
-    for j in numba.prange(k):
+    for j in range(k):
         t = np.empty(k + 1)
         for m in range(k):
             t[k - m if reverse else m] = vec[j * k + m]
