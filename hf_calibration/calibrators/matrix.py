@@ -72,7 +72,7 @@ from .._checks import check_float, check_int
 from ._affine import AffineCurvature, AffineNLL, affine_curvature, affine_preconditioner, fit_affine, identity_parameters
 from ._base import logger
 from ._cv import stratified_folds
-from ._lbfgs import odir_penalty
+from ._lbfgs import Preconditioner, QuadraticPenalty, odir_penalty
 from ._per_class import PerClassCalibrator
 from ._registry import register_calibrator
 from ._threads import torch_single_threaded
@@ -318,15 +318,17 @@ class _Search:
         self.evaluations = 0
 
     # ------------------------------------------------------------------ one candidate
-    def _nearest(self, lam: float, mu: float):
+    def _nearest(self, lam: float, mu: float) -> tuple[tuple[float, float] | None, list[torch.Tensor] | None]:
+        """The solved candidate nearest to (lam, mu) in log scale: its (lam, mu) and its per-fold solutions."""
         if not self.solutions:
             return None, None
         return min(self.solutions.items(), key=lambda item: abs(math.log(max(item[0][0], 1e-300) / max(lam, 1e-300)))
                    + abs(math.log(max(item[0][1], 1e-300) / max(mu, 1e-300))))
 
-    def _predicted(self, x: torch.Tensor, old, new, shared) -> torch.Tensor:
+    def _predicted(self, x: torch.Tensor, old: QuadraticPenalty, new: QuadraticPenalty, shared: Preconditioner | None) -> torch.Tensor:
         """One Newton step from the solution ``x`` for the penalty ``old`` to the one for ``new``: the new objective's
-        gradient at ``x`` is the penalties' difference's (the data part was ~0 with ``old``)."""
+        gradient at ``x`` is the penalties' difference's (the data part was ~0 with ``old``; the diagonal's weight,
+        ``reg_diagonal``, is the same for both). Only a warm start: the fit that follows converges from where it lands."""
         if shared is None or shared.newton is None:
             return x
         k = self.k
