@@ -58,22 +58,22 @@ def run(args) -> int:
         "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
         name: calibration_report(after, data.labels, args.n_bins, from_logits=True),
     }
-    if diagram is not None:
-        save_diagram(data.logits, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups,
-                     from_logits=from_logits, calibrated=after, names=("uncalibrated", name))
-    if save_to is not None:
-        with writing("--save-logits", save_to):
-            save_to = save_logits(save_to, after, data.labels, overwrite=args.overwrite)
-    if args.json:
+    if args.json:  # the numbers first: a file that cannot be written never loses them
         print(dump_json({"source": data.source, "calibrator": str(args.calibrator), "inputs": "logits" if from_logits else "probabilities",
                          **({"calibrated_logits": str(save_to)} if save_to is not None else {}),
-                         "reports": {k: json_ready(v) for k, v in reports.items()}}))
+                         "reports": {k: json_ready(v) for k, v in reports.items()}}), flush=True)
     else:
         print(f"{data.source} (N = {data.logits.shape[0]}{'' if from_logits else ', probabilities'}), calibrator {args.calibrator}: "
               f"{temperature_summary(calibrator, data.logits, from_logits)}")
-        print(format_reports(reports))
-        if diagram is not None:
+        print(format_reports(reports), flush=True)
+    if diagram is not None:
+        save_diagram(data.logits, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups,
+                     from_logits=from_logits, calibrated=after, names=("uncalibrated", name))
+        if not args.json:
             print(f"reliability diagram: {diagram}")
-        if save_to is not None:
-            print(f"calibrated logits: {save_to}")
+    if save_to is not None:
+        with writing("--save-logits", save_to):
+            saved = save_logits(save_to, after, data.labels, overwrite=args.overwrite)
+        if not args.json:
+            print(f"calibrated logits: {saved}")
     return 0

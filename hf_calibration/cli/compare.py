@@ -6,6 +6,7 @@ Also home of the selection options that ``fit --method auto`` shares (``add_sele
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ._common import (
@@ -132,22 +133,21 @@ def run(args) -> int:
     table = compare_calibrators(data.logits, data.labels, methods, cv=args.cv, seed=args.seed, metric=args.metric,
                                 race=not args.no_race, fit_seeds=args.fit_seeds, n_bins=args.n_bins, from_logits=from_logits_of(args, data.logits), keep_predictions=True,
                                 progress_bar=not args.json)
-    written = {}
+    drawable = {}
     for name, path in paths.items():
         logits = table.predictions[name]
         keep = ~(logits != logits).any(axis=1)  # rows of folds where the method failed or was stopped are NaN
         if keep.any():
-            save_diagram(logits[keep], table.labels[keep], path, args.n_bins, diagram_title(data.source, name, table),
-                         from_logits=True, what="--out")  # calibrated logits / log-probabilities, whatever the file held
-            written[name] = str(path)
+            drawable[name] = (path, logits[keep], table.labels[keep])
     try:
         best = table.best(args.metric)
     except ValueError:
         best = None
     paired = paired_section(args, table)
-    if args.json:
+    if args.json:  # the table first: a diagram that cannot be written never loses the comparison
         print(dump_json({"source": data.source, "cv": args.cv, "seed": args.seed, "metric": args.metric, "best": best,
-                         "table": table.to_dict(), "paired": None if paired is None else paired.to_dict(), "diagrams": written}))
+                         "table": table.to_dict(), "paired": None if paired is None else paired.to_dict(),
+                         "diagrams": {name: str(path) for name, (path, _, _) in drawable.items()}}), flush=True)
     else:
         print(f"{data.source} (N = {data.logits.shape[0]}, K = {data.logits.shape[1]})")
         print(table)
@@ -156,7 +156,11 @@ def run(args) -> int:
         if paired is not None:
             print()
             print(paired)
-        if paths:
-            print(f"reliability diagrams: {Path(args.out)}/reliability_<method>.png ({len(written)} written; each pools the "
-                  "held-out predictions of all folds, so its ECE is the pooled one, not the table's mean over folds)")
+        sys.stdout.flush()
+    for name, (path, logits, labels) in drawable.items():
+        save_diagram(logits, labels, path, args.n_bins, diagram_title(data.source, name, table),
+                     from_logits=True, what="--out")  # calibrated logits / log-probabilities, whatever the file held
+    if paths and not args.json:
+        print(f"reliability diagrams: {Path(args.out)}/reliability_<method>.png ({len(drawable)} written; each pools the "
+              "held-out predictions of all folds, so its ECE is the pooled one, not the table's mean over folds)")
     return 0

@@ -30,14 +30,21 @@ _MARGIN_CHUNK_ELEMENTS = 1 << 20
 
 def wilson_interval(count: np.ndarray, accuracy: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     """Wilson score interval of a binomial proportion ``accuracy`` out of ``count`` trials, at ``level``:
-    ``(p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)``; NaN where ``count`` is 0."""
+    ``(p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)``; NaN where ``count`` is 0.
+
+    The ends always bracket the estimate exactly, ``low <= accuracy <= high``: mathematically the
+    interval of an all-wrong bin starts at 0 and that of an all-right bin ends at 1, but the formula's
+    rounding lands a few ulps past them (2.8e-17, 0.9999999999999999), which is an interval that
+    excludes its own estimate and a negative error bar in the diagram."""
     z = ndtri(0.5 + level / 2.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         n = np.asarray(count, dtype=np.float64)
         p = np.asarray(accuracy, dtype=np.float64)
         centre = (p + z * z / (2 * n)) / (1 + z * z / n)
         half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+        low = np.where(p <= 0.0, 0.0, np.minimum(centre - half, p))
+        high = np.where(p >= 1.0, 1.0, np.maximum(centre + half, p))
+    return np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
 
 
 @dataclass(frozen=True)

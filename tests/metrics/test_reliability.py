@@ -318,3 +318,65 @@ def test_per_bin_interval_is_the_wilson_interval():
         assert (lo, hi) == pytest.approx((table.accuracy_low[b], table.accuracy_high[b]), abs=1e-12)
     value = ece(probs, labels, 10, ci=0.95)
     assert f"ECE = {value.format(100, 2, ' %')}" in _text(rel_ax)
+
+
+# --- every table and diagram a user can draw: intervals bracket their estimate, error bars are never negative
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+
+@st.composite
+def _diagram_case(draw):
+    """Random (N, K) logits with all-right / all-wrong bins, exact ties and rounded rows, as the demo makes them."""
+    n = draw(st.integers(1, 60))
+    k = draw(st.integers(2, 6))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["continuous", "tied", "separable", "all_wrong"]))
+    logits = rng.normal(size=(n, k)) * draw(st.sampled_from([0.5, 2.0, 8.0]))
+    if kind == "tied":  # few distinct rows: every bin holds copies of one confidence
+        logits = logits[rng.integers(0, min(n, 3), n)].round(1)
+    target = rng.integers(0, k, n)
+    if kind == "separable":  # every prediction right
+        target = logits.argmax(1)
+    elif kind == "all_wrong":
+        target = (logits.argmax(1) + 1) % k
+    return logits, target, draw(st.integers(1, 20))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_diagram_case(), level=st.sampled_from([0.5, 0.9, 0.95, 0.99]))
+def test_table_intervals_bracket_their_estimate(case, level):
+    logits, target, n_bins = case
+    table = reliability_table(logits, target, n_bins, ci=level)
+    filled = table.count > 0
+    acc, low, high = table.accuracy[filled], table.accuracy_low[filled], table.accuracy_high[filled]
+    assert (low <= acc).all() and (acc <= high).all() and (low >= 0).all() and (high <= 1).all()
+    assert np.isnan(table.accuracy_low[~filled]).all()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_diagram_case(), layout=st.sampled_from(["single", "pair", "margin_groups"]))
+def test_every_diagram_draws(case, layout):
+    import matplotlib.pyplot as plt
+
+    logits, target, n_bins = case
+    kwargs = {"single": {}, "pair": {"calibrated": logits / 3}, "margin_groups": {"margin_groups": 2}}[layout]
+    fig = reliability_diagram(logits, target, n_bins, n_boot=50, **kwargs)
+    try:
+        fig.canvas.draw()
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("correct", [0, 1])
+@pytest.mark.parametrize("count", [7, 10, 13, 25, 118])
+def test_wilson_interval_of_an_all_right_or_all_wrong_bin_is_exact(count, correct):
+    from hf_calibration.metrics.reliability import wilson_interval
+
+    low, high = wilson_interval(np.array([count]), np.array([float(correct)]), 0.95)
+    assert (low[0] == 0.0) if correct == 0 else (high[0] == 1.0)
+    P = np.tile([[0.9, 0.1]], (count, 1))
+    fig = reliability_diagram(P, np.full(count, 1 - correct), n_boot=50)  # the issue's example crashed here
+    fig.canvas.draw()
