@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["DiskLogits", "open_logits", "as_disk_logits"]
+__all__ = ["DiskLogits", "LogitsWriter", "open_logits", "as_disk_logits"]
 
 _SAFETENSORS_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "I64": "<i8", "I32": "<i4"}
 
@@ -287,3 +287,139 @@ def _allocation_granularity() -> int:
     import mmap
 
     return mmap.ALLOCATIONGRANULARITY
+
+
+# ----------------------------------------------------------------------------- writing, a batch of rows at a time
+class LogitsWriter:
+    """Writes (N, K) float32 logits a batch of rows at a time to ``path`` (what ``predict_logits(output=...)`` uses):
+
+    * ``x.npy``: the logits, and the labels in ``x_labels.npy`` (read back with ``np.load(path, mmap_mode="r")``);
+    * ``x.safetensors``: tensors ``logits`` and ``labels`` in one file;
+    * any other path: a ``datasets`` dataset saved there (``save_to_disk``), columns ``logits`` (fixed-length float32
+      vectors) and ``label``.
+
+    The file is written under a temporary name and renamed when complete; nothing holds more than a batch in memory
+    (a dataset is first written to a temporary Arrow cache, then saved: twice the disk traffic).
+    """
+
+    def __init__(self, path: str | os.PathLike, num_rows: int, num_classes: int, labels: np.ndarray, *, overwrite: bool = False):
+        self.path = Path(path)
+        self.shape = (int(num_rows), int(num_classes))
+        self.labels = np.ascontiguousarray(labels, dtype=np.int64)
+        if self.labels.shape != (self.shape[0],):
+            raise ValueError(f"Expected {self.shape[0]} labels, but got shape {self.labels.shape}.")
+        self.kind = {".npy": "npy", ".safetensors": "safetensors"}.get(self.path.suffix.lower(), "dataset")
+        targets = [self.path] + ([self._labels_path()] if self.kind == "npy" else [])
+        for target in targets:
+            if target.exists() and not (target.is_dir() and not any(target.iterdir())) and not overwrite:
+                raise ValueError(f"Expected argument `output` to name a new file or folder, but {str(target)!r} exists; pass "
+                                 "overwrite=True to replace it.")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rows = 0
+        self._file = None
+        self._batches: list[np.ndarray] = []
+        if self.kind != "dataset":
+            self._partial = self.path.with_name(f".{self.path.name}.partial")
+            self._file = open(self._partial, "wb")
+            self._write_header()
+        else:
+            import tempfile
+
+            import datasets
+            import pyarrow as pa
+
+            self._queue: list[np.ndarray] = []
+            self._written = 0
+            self._cache = Path(tempfile.mkdtemp(prefix=".logits_", dir=self.path.parent))
+            features = datasets.Features({"logits": datasets.List(datasets.Value("float32"), length=self.shape[1]),
+                                          "label": datasets.Value("int64")})
+            self._schema = features.arrow_schema
+            self._arrow = pa.ipc.new_stream(str(self._cache / "data.arrow"), self._schema)
+
+    def _labels_path(self) -> Path:
+        return self.path.with_name(self.path.stem + "_labels.npy")
+
+    def _write_header(self) -> None:
+        n, k = self.shape
+        if self.kind == "npy":
+            header = {"descr": "<f4", "fortran_order": False, "shape": (n, k)}
+            np.lib.format.write_array_header_2_0(self._file, header) if n * k >= 2**32 else np.lib.format.write_array_header_1_0(self._file, header)
+            return
+        logits_bytes = n * k * 4
+        header = {"logits": {"dtype": "F32", "shape": [n, k], "data_offsets": [0, logits_bytes]},
+                  "labels": {"dtype": "I64", "shape": [n], "data_offsets": [logits_bytes, logits_bytes + n * 8]},
+                  "__metadata__": {"format": "np", "written_by": "hf_calibration.predict_logits"}}
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+        self._file.write(struct.pack("<Q", len(blob)))
+        self._file.write(blob)
+
+    def write(self, batch: np.ndarray) -> None:
+        """Append the next rows (``(b, K)``, any float dtype: stored as float32)."""
+        batch = np.ascontiguousarray(batch, dtype=np.dtype("<f4"))
+        if batch.ndim != 2 or batch.shape[1] != self.shape[1] or self.rows + batch.shape[0] > self.shape[0]:
+            raise ValueError(f"Expected batches of shape (b, {self.shape[1]}) adding up to {self.shape[0]} rows, but got "
+                             f"{batch.shape} after {self.rows} rows.")
+        if self._file is not None:
+            self._file.write(memoryview(batch.reshape(-1).view(np.uint8)))
+        else:
+            self._queue.append(batch.copy())
+            if sum(b.shape[0] for b in self._queue) >= 1000:
+                self._flush_queue()
+        self.rows += batch.shape[0]
+
+    def _flush_queue(self) -> None:
+        import pyarrow as pa
+
+        if not self._queue:
+            return
+        values = np.concatenate(self._queue)
+        start = self._written
+        column = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), self.shape[1])
+        table = pa.Table.from_arrays([column, pa.array(self.labels[start : start + values.shape[0]])], schema=self._schema)
+        self._arrow.write_table(table)
+        self._written += values.shape[0]
+        self._queue = []
+
+    def close(self):
+        """Finish the file (rename it into place) and return what reads it back: a memory-mapped array for ``.npy``, a
+        :class:`DiskLogits` otherwise."""
+        if self.rows != self.shape[0]:
+            raise ValueError(f"Expected {self.shape[0]} rows of logits, but {self.rows} were written.")
+        if self.kind != "dataset":
+            if self.kind == "safetensors":
+                self._file.write(memoryview(self.labels.astype("<i8").view(np.uint8)))
+            self._file.close()
+            if self.kind == "npy":
+                np.save(self._labels_path(), self.labels)
+            os.replace(self._partial, self.path)
+            if self.kind == "npy":
+                return np.load(self.path, mmap_mode="r")
+            return open_logits(self.path)
+        return self._close_dataset()
+
+    def _close_dataset(self) -> DiskLogits:
+        import shutil
+
+        self._flush_queue()
+        self._arrow.close()
+        import datasets
+
+        dataset = datasets.Dataset.from_file(str(self._cache / "data.arrow"))
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        dataset.save_to_disk(str(self.path))
+        del dataset
+        shutil.rmtree(self._cache, ignore_errors=True)
+        return open_logits(self.path)
+
+    def abort(self) -> None:
+        """Remove what was written (an error stopped the run)."""
+        import shutil
+
+        if self._file is not None:
+            self._file.close()
+            Path(self._partial).unlink(missing_ok=True)
+        else:
+            self._arrow.close()
+            shutil.rmtree(self._cache, ignore_errors=True)

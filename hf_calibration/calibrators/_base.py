@@ -84,6 +84,22 @@ def _next_up(x: torch.Tensor) -> torch.Tensor:
     return torch.nextafter(x, torch.full_like(x, float("inf")))
 
 
+LBFGS_VECTORS = 46  # parameter-sized float64 vectors of an LBFGS fit: 20 past steps and 20 gradient changes, and ~6 more
+
+
+def k_squared_memory(num_samples: int, num_classes: int) -> int:
+    """Bytes a fit with a full K x K matrix needs: ``LBFGS_VECTORS`` vectors of its K^2 + K float64 parameters, and three
+    float64 (N, K) arrays (features, scores, residuals)."""
+    parameters = num_classes * num_classes + num_classes
+    return 8 * (LBFGS_VECTORS * parameters + 3 * num_samples * num_classes)
+
+
+def k_squared_reason(num_samples: int, num_classes: int) -> str:
+    parameters = num_classes * num_classes + num_classes
+    return (f"K^2 + K = {parameters:,} float64 parameters, {parameters * 8 / 2**30:.2f} GiB each for the weights, the gradient and "
+            f"each of LBFGS's 40 stored steps, plus three N x K float64 arrays")
+
+
 def _available_memory() -> int:
     """Bytes of memory available to a new allocation now (psutil when installed, else the physical memory)."""
     try:
@@ -161,7 +177,7 @@ class Calibrator(
         """Fit on finite float32/float64 logits (row maxima at 0 unless ``shift_invariant``); returns fit_info entries.
         A class that fits in blocks implements ``_fit_rows`` instead, and this reads the array through it."""
         if self.fits_in_blocks:
-            return self._fit_rows(FitRows.prepared(logits), labels, objective, kw, progress_bar)
+            return self._fit_rows(_rows.as_rows(logits), labels, objective, kw, progress_bar)
         raise NotImplementedError
 
     def _fit_rows(self, rows: FitRows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict:
@@ -347,7 +363,7 @@ class Calibrator(
         self.__dict__["_warned_num_classes"] = set()
         depth = _FIT_DEPTH.set(_FIT_DEPTH.get() + 1)
         try:
-            if isinstance(z, FitRows):
+            if hasattr(z, "blocks"):  # FitRows / MappedRows
                 info = self._fit_rows(z, y, objective, kw, progress_bar)
             else:
                 info = self._fit(z, y, objective, kw, progress_bar)
@@ -411,7 +427,7 @@ class Calibrator(
         from ..metrics._format import TopLabel
         from ..metrics.ece import _ece_compute
 
-        rows = z if isinstance(z, FitRows) else FitRows.prepared(z)
+        rows = _rows.as_rows(z)
         n = rows.shape[0]
         views = [(np.empty(n), np.empty(n, dtype=np.int64)) for _ in range(2)]
         dtype = np.dtype(np.float32)

@@ -202,9 +202,9 @@ def _nll_derivatives_parallel(z, labels, beta, rows_per_chunk):  # pragma: no co
 def nll_derivatives(rows, labels: np.ndarray, beta: float) -> tuple[float, float, float]:
     """Exact mean NLL of ``softmax(beta * z)`` over ``rows`` (a ``FitRows`` or an (N, K) array) and its first and second
     derivatives in ``beta``, in float64: one pass, a block of rows at a time (blocks and chunks summed in order)."""
-    from ._rows import FitRows
+    from ._rows import as_rows
 
-    rows = rows if isinstance(rows, FitRows) else FitRows.prepared(np.ascontiguousarray(rows))
+    rows = as_rows(rows)
     n, k = rows.shape
     step = chunk_rows(k)
     total = np.zeros(3)
@@ -241,9 +241,7 @@ class LogPartitionTable:
     def from_rows(cls, rows, labels: np.ndarray) -> "LogPartitionTable":
         """The table of a ``FitRows`` (or an array), tabulated a block of rows at a time: no copy of the logits (the
         table itself is N x 226 float64: 90 MB at N = 50,000)."""
-        from ._rows import FitRows
-
-        if not isinstance(rows, FitRows):
+        if not hasattr(rows, "blocks"):
             return cls(rows, labels)
         n, k = rows.shape
         labels = np.ascontiguousarray(labels, dtype=np.int64)

@@ -237,27 +237,44 @@ class FitRows:
 class MappedRows:
     """The blocks of a ``FitRows`` passed through ``fn`` (block -> block of the same shape: SVS's features), for a fit
     that reads them many times: computed once and kept when the rows are in memory (one more array of the rows' size,
-    in the compute dtype), computed again at every pass when they are read from disk. The blocks are the same either
-    way, so the fits agree bit for bit."""
+    in ``dtype``, default the compute dtype), computed again at every pass when they are read from disk. The blocks are
+    the same either way, so the fits agree bit for bit. ``fn=None`` keeps the rows as they are (when they are computed:
+    ``z - max z``, a dtype change)."""
 
     ndim = 2
 
-    def __init__(self, rows: FitRows, fn=None, *, keep: bool | None = None):
-        self.rows, self.fn = rows, fn
-        self.shape, self.compute_dtype = rows.shape, rows.compute_dtype
+    def __init__(self, rows, fn=None, *, keep: bool | None = None, dtype=None):
+        self.base, self.fn = rows, fn
+        self.shape = rows.shape
+        self.compute_dtype = np.dtype(rows.compute_dtype if dtype is None else dtype)
+        self.in_memory = rows.in_memory
         keep = rows.in_memory and (fn is not None or rows.computed) if keep is None else keep
         self._kept: list[tuple[int, np.ndarray]] | None = None
         if keep:
             self._kept = [(start, self._map(block, copy=True)) for start, block in rows.blocks()]
 
+    computed = True
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
     def _map(self, block: np.ndarray, copy: bool) -> np.ndarray:
         if self.fn is None:
-            return np.array(block, copy=True) if copy else block
+            return np.array(block, dtype=self.compute_dtype, copy=True) if copy else block
         return np.ascontiguousarray(self.fn(block), dtype=self.compute_dtype)
 
     def blocks(self) -> Iterator[tuple[int, np.ndarray]]:
         if self._kept is not None:
             yield from self._kept
             return
-        for start, block in self.rows.blocks():
+        for start, block in self.base.blocks():
             yield start, self._map(block, copy=False)
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """The rows ``index`` (sorted) through ``fn``."""
+        return self._map(self.base.rows(index), copy=True)
+
+
+def as_rows(x):
+    """``x`` if it is read in blocks (``FitRows``, ``MappedRows``), else an (N, K) array as ``FitRows``."""
+    return x if hasattr(x, "blocks") else FitRows(np.ascontiguousarray(x))

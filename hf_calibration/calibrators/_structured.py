@@ -34,8 +34,9 @@ from .._parallel import run_pass
 from ._affine import AffineNLL, BlockDiagonalNLL, fit_affine, identity_parameters
 from ._lbfgs import QuadraticPenalty
 from ._partition import chunk_rows
+from ._base import k_squared_memory, k_squared_reason
 from ._per_class import PerClassCalibrator
-from ._rows import FitRows, MappedRows
+from ._rows import MappedRows, as_rows
 from ._threads import torch_single_threaded
 from ._vmath import exp_into, log_into, max_of, sum_of
 
@@ -142,9 +143,15 @@ class StructuredScaling(PerClassCalibrator):
                  chunk_rows(k))
         return out
 
+    def _memory_needed(self, num_samples: int, num_classes: int) -> int | None:
+        return None if self.diagonal else k_squared_memory(num_samples, num_classes)
+
+    def _memory_reason(self, num_samples: int, num_classes: int) -> str:
+        return k_squared_reason(num_samples, num_classes)
+
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
         if self.diagonal:
-            return self._fit_rows(FitRows.prepared(logits), labels, objective, kw, progress_bar)
+            return self._fit_rows(as_rows(logits), labels, objective, kw, progress_bar)
         return self._fit_matrix(logits, labels, objective, kw, progress_bar)
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)

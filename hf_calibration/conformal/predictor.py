@@ -36,8 +36,9 @@ from ..metrics._format import prepare
 from . import metrics as _metrics
 from .card import CONFORMAL_CARD_TEMPLATE, card_values
 from .quantile import check_alpha, check_enough_samples, conformal_quantile
+from ._kernels import label_scores, set_rows
 from .scores import METHODS, conformity_scores, sets_from_scores
-from .tuning import LAMBDA_GRID, choose_k_reg, choose_penalty
+from .tuning import LAMBDA_GRID, choose_k_reg_rows, choose_penalty_rows
 
 
 FORMAT_VERSION = 1
@@ -190,8 +191,9 @@ class ConformalPredictor(
             raise TypeError(f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}.")
         logits, labels = _labels_of(logits, labels)
         inputs = prepare(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
-        z = torch.from_numpy(native_array(inputs.preds))
-        y = torch.from_numpy(inputs.target)
+        z = _kernel_input(inputs.preds)
+        _check_rows(z, inputs.from_logits)
+        y = inputs.target
         n, k = z.shape
         if calibrator is not None and calibrator.is_fitted and calibrator.fit_info_.get("num_classes") not in (None, k):
             raise ValueError(f"Expected argument `calibrator` to be fitted on K = {k} classes, but it was fitted on {calibrator.fit_info_['num_classes']}.")
@@ -209,19 +211,24 @@ class ConformalPredictor(
             tune, cal = torch.arange(0), torch.arange(n)
         check_enough_samples(int(cal.numel()), alpha, "calibration samples" + (" after the tuning split" if tuned else ""))
 
-        with torch_single_threaded():  # small memory-bound passes: on a busy machine threads only stall (_threads.py)
-            return self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune, cal, tuned)
+        with torch_single_threaded():  # the kernels choose their own threads (by the machine's load)
+            return self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune.numpy(), cal.numpy(), tuned)
 
     def _fit(self, z, y, is_logits, alpha, calibrator, generator, tune, cal, tuned) -> "ConformalPredictor":
+        given = "logits" if is_logits else "probabilities"
         if calibrator is not None and not calibrator.is_fitted:
             calibrator.fit(z[tune], y[tune], from_logits=is_logits, progress_bar=False)
-        probs = _probabilities(z, is_logits, calibrator)
-        k_reg, penalty, tuning = self._resolve_raps(probs[tune], y[tune], alpha, generator)
-        u = self._draws(int(cal.numel()), generator, probs.device)
-        scores = self._scores(probs[cal], u, k_reg, penalty)
-        label_scores = scores[torch.arange(cal.numel()), y[cal]]
-        q_hat = conformal_quantile(label_scores, alpha)
-        sets = sets_from_scores(scores, q_hat, allow_empty=self.allow_empty)  # the calibration data's sets, same draws
+        if calibrator is not None:
+            z, is_logits = _calibrated(calibrator, z, is_logits), True
+        from_probs = not is_logits
+        k_reg, penalty, tuning = self._resolve_raps(z, tune, y[tune], alpha, generator, from_probs)
+        u = self._draws(int(cal.shape[0]), generator, "cpu")
+        u = None if u is None else u.numpy()
+        scores, _ = label_scores(z, y[cal], self.method, rows=cal, u=u, k_reg=k_reg, penalty=penalty, from_probs=from_probs)
+        q_hat = conformal_quantile(torch.from_numpy(scores), alpha)
+        # the calibration data's sets, same draws: their coverage and mean size for the record
+        _, sizes, covered = set_rows(z, self.method, q_hat, rows=cal, u=u, k_reg=k_reg, penalty=penalty, allow_empty=self.allow_empty,
+                                     from_probs=from_probs, labels=y[cal], masks=False)
         self.q_hat.fill_(q_hat)
         self.__dict__["calibrator_"] = calibrator
         self.fit_info_ = {
@@ -231,15 +238,15 @@ class ConformalPredictor(
             "allow_empty": self.allow_empty,
             "k_reg": k_reg if self.method == "raps" else None,
             "penalty": penalty if self.method == "raps" else None,
-            "input": "logits" if is_logits else "probabilities",
-            "num_samples": int(cal.numel()),
-            "num_tune": int(tune.numel()),
+            "input": given,
+            "num_samples": int(cal.shape[0]),
+            "num_tune": int(tune.shape[0]),
             "tuned": tuned,
             "num_classes": int(z.shape[1]),
-            "quantile_rank": check_enough_samples(int(cal.numel()), alpha),
+            "quantile_rank": check_enough_samples(int(cal.shape[0]), alpha),
             "q_hat": q_hat,
-            "coverage": _metrics.coverage(sets, y[cal]),
-            "mean_set_size": _metrics.set_size(sets),
+            "coverage": float(covered.mean()),
+            "mean_set_size": float(sizes.mean()),
             "calibrator": None
             if calibrator is None
             else {"kind": calibrator.kind, "fitted_on": "fitted on the tuning split" if any(t.startswith("fit the") for t in tuned) else "given fitted"},
@@ -248,16 +255,20 @@ class ConformalPredictor(
         self._reset_stream()
         return self
 
-    def _resolve_raps(self, probs: torch.Tensor, labels: torch.Tensor, alpha: float, generator: torch.Generator):
+    def _resolve_raps(self, z: np.ndarray, rows: np.ndarray, labels: np.ndarray, alpha: float, generator: torch.Generator, from_probs: bool):
         """``(k_reg, lambda, {lambda: tuning set size})`` for RAPS (``"auto"`` chosen on the tuning rows), zeros otherwise."""
         if self.method != "raps":
             return 0, 0.0, None
-        k_reg = choose_k_reg(probs, labels, alpha) if self.k_reg == AUTO else self.k_reg
+        if self.k_reg == AUTO:
+            k_reg = choose_k_reg_rows(label_scores(z, labels, "thr", rows=rows, from_probs=from_probs)[1], alpha)
+        else:
+            k_reg = self.k_reg
         if self.penalty != AUTO:
             return k_reg, self.penalty, None
-        u_calibrate = self._draws(probs.shape[0], generator, probs.device)
-        u_predict = self._draws(probs.shape[0], generator, probs.device)
-        penalty, sizes = choose_penalty(probs, labels, alpha, k_reg, u_calibrate, u_predict, allow_empty=self.allow_empty, grid=LAMBDA_GRID)
+        draws = [self._draws(rows.shape[0], generator, "cpu") for _ in range(2)]
+        u_calibrate, u_predict = (None if u is None else u.numpy() for u in draws)
+        penalty, sizes = choose_penalty_rows(z, rows, labels, alpha, k_reg, u_calibrate, u_predict, allow_empty=self.allow_empty,
+                                             from_probs=from_probs, grid=LAMBDA_GRID)
         return k_reg, penalty, {str(lam): size for lam, size in sizes.items()}
 
     # ------------------------------------------------------------------ predict
@@ -276,16 +287,23 @@ class ConformalPredictor(
             return self._predict_sets(logits, from_logits, generator)
 
     def _predict_sets(self, logits, from_logits, generator):
-        probs = self._probabilities(logits, from_logits)
         if isinstance(generator, int) and not isinstance(generator, bool):
             generator = _generator(generator)
         elif generator is None:
             generator = self.__dict__["_predict_generator"]
         elif not isinstance(generator, torch.Generator):
             raise TypeError(f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}.")
-        scores = self._scores(probs, self._draws(probs.shape[0], generator, probs.device), **self._params())
-        sets = sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
-        return sets.cpu().numpy() if isinstance(logits, np.ndarray) else sets
+        if isinstance(logits, torch.Tensor) and logits.device.type != "cpu":  # on its device, in torch
+            probs = self._probabilities(logits, from_logits)
+            scores = self._scores(probs, self._draws(probs.shape[0], generator, probs.device), **self._params())
+            return sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
+        z, is_logits = _checked(logits, from_logits, self.num_classes)
+        if self.calibrator is not None:
+            z, is_logits = _calibrated(self.calibrator, z, is_logits), True
+        u = self._draws(z.shape[0], generator, "cpu")
+        sets, _, _ = set_rows(z, self.method, float(self.q_hat), u=None if u is None else u.numpy(), allow_empty=self.allow_empty,
+                              from_probs=not is_logits, **self._params())
+        return sets if isinstance(logits, np.ndarray) else torch.from_numpy(sets)
 
     def forward(self, logits: Any, from_logits: bool | None = None):
         """``predict_sets(logits)``."""
@@ -433,6 +451,55 @@ class ConformalPredictor(
         predictor._reset_stream()
         predictor.eval()
         return predictor
+
+
+def _kernel_input(x: np.ndarray) -> np.ndarray:
+    """A C-ordered native float32 / float64 array the kernels read (float16 and others become float32, exactly)."""
+    x = native_array(x)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float32)
+    return np.ascontiguousarray(x)
+
+
+def _calibrated(calibrator: Calibrator, z: np.ndarray, is_logits: bool) -> np.ndarray:
+    """The calibrator's logits for ``z`` (numpy in, numpy out: one array of ``z``'s size)."""
+    with torch.no_grad():
+        return _kernel_input(calibrator(torch.from_numpy(z), from_logits=is_logits).numpy())
+
+
+def _checked(logits: Any, from_logits: bool | None, num_classes: int | None) -> tuple[np.ndarray, bool]:
+    """Checked CPU (N, K) input for the kernels, and whether it holds logits: shape, K, finite values, and for
+    probabilities the rule every entry point applies (values in [0, 1], rows summing to 1 within 1e-2)."""
+    z = as_tensor(logits, "logits")
+    if z.ndim != 2:
+        raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
+    if not z.is_floating_point():
+        raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
+    if num_classes is not None and z.shape[1] != num_classes:
+        raise ValueError(f"Expected `logits` to have K = {num_classes} classes (the predictor was fitted on {num_classes}), but got K = {z.shape[1]}.")
+    if z.shape[0] == 0:
+        raise ValueError("Expected `logits` to hold at least one row, but got N = 0.")
+    zn = _kernel_input((z.float() if z.dtype == torch.bfloat16 else z).detach().numpy())
+    is_logits = resolve_from_logits(zn, from_logits, "logits")
+    _check_rows(zn, is_logits)
+    return zn, is_logits
+
+
+def _check_rows(z: np.ndarray, is_logits: bool) -> None:
+    """Finite logits; probabilities by the rule every entry point applies (values in [0, 1], rows summing to 1 within
+    1e-2). One compiled pass."""
+    from ..calibrators._rows import first_non_finite
+    from ..metrics._format import _raise_row_error
+    from ..metrics._rowpass import top_label_pass
+
+    if is_logits:
+        bad = first_non_finite(z)
+        if bad >= 0:
+            raise ValueError(f"Expected `logits` to be finite, but row {bad} contains NaN or inf.")
+        return
+    found = top_label_pass(z, None, False, arrays=False)[3]
+    if found is not None:
+        _raise_row_error(z, found, "logits")
 
 
 def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator | None, num_classes: int | None = None) -> torch.Tensor:
