@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PYTHON = ("python", "py", "python3")
+SHELL = ("bash", "sh", "shell", "console")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>skip|shared-logits)\b\s*(?P<reason>.*?)\s*-->\s*$")
 
@@ -31,6 +32,11 @@ class Block:
 
 def python_blocks(page: Path) -> list[Block]:
     """The page's python blocks in order; other fences (bash, text, ...) are stepped over whole."""
+    return code_blocks(page, PYTHON)
+
+
+def code_blocks(page: Path, languages: tuple[str, ...]) -> list[Block]:
+    """The page's fenced blocks in one of ``languages``, in order; other fences are stepped over whole."""
     lines = Path(page).read_text(encoding="utf-8").splitlines()
     blocks, i = [], 0
     while i < len(lines):
@@ -50,7 +56,7 @@ def python_blocks(page: Path) -> list[Block]:
             j += 1
         if j == len(lines):
             raise ValueError(f"{page}:{i + 1}: a ``` fence that is never closed")
-        if language in PYTHON:
+        if language in languages:
             marker, reason = None, ""
             k = i - 1
             while k >= 0 and not lines[k].strip():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from _fake_hub import FakeHub
-from _markdown_blocks import Block, python_blocks
+from _markdown_blocks import SHELL, Block, code_blocks, python_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_LOGITS = ROOT / ".." / "shared" / "data" / "logits"  # beside the repo in this project; absent in a user's clone
@@ -185,3 +185,39 @@ def test_blocks_are_found_as_markdown_renders_them(tmp_path):
     page.write_text("```python\nx = 1\n")
     with pytest.raises(ValueError, match="never closed"):
         python_blocks(page)
+
+
+# ----------------------------------------------------------------------------- the command lines the pages show
+
+
+def _command_lines(page: Path):
+    """``(line, subcommand, rest)`` for each ``hf-calibration`` command of the page's shell blocks (continuations
+    joined, comments dropped, ``&&`` chains split)."""
+    for block in code_blocks(page, SHELL):
+        text = block.code.replace("\\\n", " ")
+        for offset, line in enumerate(text.splitlines()):
+            for part in line.split("#")[0].split("&&"):
+                words = part.split()
+                if words and words[0].endswith("hf-calibration") and len(words) > 1:
+                    yield block.line + offset, words[1], " ".join(words[2:])
+
+
+def test_every_command_line_option_the_pages_show_exists():
+    """A renamed or removed option of ``hf-calibration`` fails here, in the usage lines too (which do not run)."""
+    import argparse
+    import re
+
+    from hf_calibration.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    shown = 0
+    for page in PAGES:
+        for line, command, rest in _command_lines(page):
+            where = f"{page.relative_to(ROOT)}:{line}"
+            assert command in commands, f"{where}: no command `hf-calibration {command}`"
+            known = {o for a in commands[command]._actions for o in a.option_strings} | {"--traceback", "--verbose", "-v"}
+            for option in re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", rest):
+                assert option in known, f"{where}: `hf-calibration {command}` has no option {option}"
+            shown += 1
+    assert shown >= 20
