@@ -4,7 +4,10 @@ Works on any module whose forward returns a transformers ``ModelOutput`` with ``
 (ViT, Swin, ResNet, ``TimmWrapperForImageClassification``, ...), a tuple (``return_dict=False``: the first
 rank-2 floating tensor is the logits; a loss, rank 0, comes before it) or a bare logits tensor (timm).
 Pipelines call the model's forward, so ``pipeline("image-classification", model=model)`` scores are
-calibrated too, and ``attach(pipe)`` on a pipeline object attaches to ``pipe.model``. A loss the model computes
+calibrated too, and ``attach(pipe)`` on a pipeline object attaches to ``pipe.model``. When a tracer runs the model
+(``torch.compile``, ``torch.export``, the ONNX exporter), the hook calls ``Calibrator.graph_forward``, the same map in
+tensor operations only, so that the calibrator is part of the traced graph (no graph break); eager calls keep
+``forward``'s input checks. A loss the model computes
 from ``labels`` inside its forward stays the uncalibrated one. A calibrator whose ``preserves_argmax`` is False
 logs a warning when attached: the model's predicted classes may change.
 """
@@ -17,6 +20,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from . import _graph
 
 _ATTR = "_hf_calibration_attachment"  # on the model: (hook handle, calibrator)
 
@@ -70,6 +75,8 @@ def attach(calibrator: nn.Module, model: Any) -> Any:
     calibrator._check_fitted()
 
     def hook(module, args, output):
+        if _graph.tracing():  # compile / export: the branch-free map, traced into the model's graph
+            return _replace_logits(output, calibrator.graph_forward)
         return _replace_logits(output, lambda logits: calibrator(logits, from_logits=True))  # a model's outputs are logits
 
     handle = model.register_forward_hook(hook)

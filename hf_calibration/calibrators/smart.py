@@ -128,6 +128,10 @@ class SMARTCalibrator(
         hidden = torch.relu(m_hat * self.hidden.weight[:, 0] + self.hidden.bias)
         return nn.functional.softplus((hidden * self.output.weight[0]).sum(dim=1) + self.output.bias) + self.eps
 
+    def _graph_temperature(self, z: torch.Tensor) -> torch.Tensor:
+        # the fused kernel's T in torch (float64, as the kernel computes it), cast to z's dtype as the kernel does
+        return self.temperature_of_margin(logit_margin(z)).to(z.dtype)[:, None]
+
     def _check_state(self, where: str) -> None:
         std = float(self.margin_std)
         if not (math.isfinite(std) and std > 0):
