@@ -165,6 +165,14 @@ def attached_forward(model: nn.Module):
     return None if entry is None else entry.forward
 
 
+def uncalibrated_forward(model: nn.Module) -> Callable:
+    """``model``'s forward without its attached calibrator (its own forward when none is attached)."""
+    entry = model.__dict__.get(_ATTR)
+    if entry is None:
+        return model.forward
+    return entry.previous if entry.previous is not None else types.MethodType(type(model).forward, model)
+
+
 def observe_uncalibrated(model: nn.Module, observer: Callable[[Any], None]) -> Callable[[], None]:
     """Call ``observer(output)`` with the model's own output, before its attached calibrator, at each forward; returns
     the function that removes it. ``ValueError`` when no calibrator is attached (a forward hook sees that output)."""
