@@ -37,6 +37,13 @@ def next_up(x: torch.Tensor) -> torch.Tensor:
     return x + torch.clamp_min(x.abs() * info.eps, info.tiny)
 
 
+def constant(x: torch.Tensor, value: float) -> torch.Tensor:
+    """``value`` as a 0-d tensor of ``x``'s dtype and device. The ONNX exporter writes a Python float that meets a
+    float64 tensor (``clamp_max(p, 1 - 1e-12)``, ``t + 0.1``, also ``new_full``) as a float32 constant: 1 - 1e-12
+    became 1.0, and 0.1 0.10000000149; a tensor constant keeps its dtype."""
+    return torch.tensor(value, dtype=x.dtype, device=x.device)
+
+
 def one_hot_of(index: torch.Tensor, num_classes: int) -> torch.Tensor:
     """(N, K) boolean mask of ``index`` (N, 1) (a comparison, which every tracer and ONNX follow)."""
     return torch.arange(num_classes, device=index.device) == index
@@ -61,7 +68,7 @@ def rescale_top_label(is_top: torch.Tensor, floor: torch.Tensor, rest: torch.Ten
     """Log-probabilities with top probability ``new_confidence`` (clamped as ``_toplabel.rescale_top_label`` does)."""
     from ._toplabel import MAX_CONFIDENCE  # _toplabel imports the calibrators' base, which imports this module
 
-    p = torch.maximum(torch.clamp_max(new_confidence, MAX_CONFIDENCE), floor)
+    p = torch.maximum(torch.minimum(new_confidence, constant(new_confidence, MAX_CONFIDENCE)), floor)
     out = rest + torch.log1p(-p)[:, None]
     top_value = torch.maximum(torch.log(p), out.amax(dim=1))  # the top entry of `out` is -inf: the others' max
     return torch.where(is_top, top_value[:, None], out)

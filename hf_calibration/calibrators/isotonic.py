@@ -129,7 +129,7 @@ class OneVsRestIsotonicRegression(
     def _calibrate_graph(self, z: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(z.double(), dim=1)
         classes = torch.arange(z.shape[1], device=z.device).expand_as(probs)
-        calibrated = _graph.linear_interp(probs, classes, self.maps.graph_tables()).clamp_min(MIN_PROBABILITY)
+        calibrated = torch.maximum(_graph.linear_interp(probs, classes, self.maps.graph_tables()), _graph.constant(probs, MIN_PROBABILITY))
         return torch.log(calibrated / calibrated.sum(dim=1, keepdim=True)).to(z.dtype)
 
     def _card_description(self) -> str:

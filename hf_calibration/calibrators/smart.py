@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .._checks import check_float, check_int, check_seed
-from . import _apply
+from . import _apply, _graph
 from ._optim import adam_early_stopping
 from ._partition import GRID, LogPartitionTable
 from ._registry import register_calibrator
@@ -131,7 +131,8 @@ class SMARTCalibrator(
         # elementwise products and a row sum rather than matmuls: each row's T does not depend on the batch
         # it is computed in (BLAS kernels vary with the batch size), so block-wise and whole-tensor calls agree
         hidden = torch.relu(m_hat * self.hidden.weight[:, 0] + self.hidden.bias)
-        return softplus((hidden * self.output.weight[0]).sum(dim=1) + self.output.bias) + self.eps
+        out = softplus((hidden * self.output.weight[0]).sum(dim=1) + self.output.bias)
+        return out + _graph.constant(out, self.eps)  # a float64 tensor, not a Python float
 
     def _graph_temperature(self, z: torch.Tensor) -> torch.Tensor:
         # the fused kernel's T in torch (float64, as the kernel computes it), cast to z's dtype as the kernel does
