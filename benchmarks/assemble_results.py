@@ -31,6 +31,7 @@ SECTIONS = [
     ("training_cifar_fedlas_gate.md", "training_cifar.py --diagnose-fedlas --seeds 0"),
     ("bad_inputs.md", "bad_inputs.py"),
     ("shift.md", "shift.py"),
+    ("serving.md", "serving.py"),
 ]
 
 HEADER = """# Benchmark results
