@@ -253,6 +253,8 @@ def _fits(impl: str, n: int, k: int, budget_gb: float, rows: int | None = None) 
 
 def _measure(records, args, section, call, impl, n, k, *, source="memory", code="", repeats=None, label=None):
     rec = {"section": section, "call": call, "impl": label or impl, "n": n, "k": k, "source": source, "code": code}
+    if args.calls and call not in args.calls:
+        return
     if not args.force and any(_key(r) == _key(rec) for r in records):
         return
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--call", call, "--impl", impl, "--n", str(n),
@@ -540,6 +542,7 @@ def main() -> None:
     parser.add_argument("--memory-budget-gb", type=float, default=16.0)
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calls", nargs="*", help="measure only these calls of the sections (e.g. fit:svs ece)")
     parser.add_argument("--force", action="store_true", help="re-measure what scale.json already holds")
     parser.add_argument("--report", action="store_true", help="write scale.md and scale.png from scale.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
