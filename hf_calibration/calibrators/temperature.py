@@ -19,17 +19,24 @@ from .objectives import get_objective
 
 T_MIN, T_MAX = 0.05, 100.0  # the fitted temperature is kept in this range (all-correct fit sets drive T to 0)
 SUBSAMPLE_ROWS = 4096  # rows of the warm start's subsample
-NEWTON_TOL = 1e-10  # relative size of the last Newton step in beta
+NEWTON_TOL = 1e-10  # relative error left in beta: Newton's error after a step of relative size s is of order s ** 2
+SUBSAMPLE_TOL = 1e-6  # the subsample's optimum is only a starting point (it differs from the full one by ~1e-2)
 
 
 def _newton_beta(derivatives, beta: float, tol: float, max_iter: int) -> tuple[float, float, int]:
     """Safeguarded Newton on a convex function of ``beta`` in [1 / T_MAX, 1 / T_MIN]: ``derivatives(b)`` returns
-    ``(f, f', f'')``. Returns ``(beta, f(beta), evaluations)``; ``f`` at the last step is the quadratic model's value
-    (exact to the step's square, below 1e-18 at the tolerance)."""
+    ``(f, f', f'')``. Returns ``(beta, f(beta), evaluations)``; ``f`` at the last step is the quadratic model's value.
+
+    Stops when the Newton step is below ``sqrt(tol) * beta`` (quadratic convergence leaves an error of order the
+    step's square, ``tol``, after it: the step is taken, clipped to the bracket) or when the bracket is narrower than
+    ``tol * beta`` (a bisection, or a Newton step that lands on the optimum to rounding and so closes the bracket
+    from one side: the next step, aimed at that end, can only be rejected and bisected, so the step test alone never
+    fires)."""
     low, high = 1.0 / T_MAX, 1.0 / T_MIN
     a, b = low, high  # the bracket: f' < 0 left of the optimum, > 0 right of it (f' increases)
     tried_low = tried_high = False
     beta = min(max(beta, low), high)
+    step_tol = math.sqrt(tol)
     value = math.inf
     for evaluation in range(1, max_iter + 1):
         value, slope, curvature = derivatives(beta)
@@ -43,6 +50,12 @@ def _newton_beta(derivatives, beta: float, tol: float, max_iter: int) -> tuple[f
         if (slope < 0 and beta == high) or (slope > 0 and beta == low):
             return beta, value, evaluation  # the optimum lies beyond the temperature range: its end
         step = -slope / curvature if curvature > 0 and math.isfinite(curvature) else math.nan
+        if math.isfinite(step) and abs(step) <= step_tol * beta:
+            proposal = min(max(beta + step, a), b)
+            step = proposal - beta
+            return proposal, value + slope * step + 0.5 * curvature * step * step, evaluation
+        if b - a <= tol * beta:
+            return beta, value, evaluation
         proposal = beta + step
         if not (a < proposal < b):  # outside the bracket (or no curvature): try the range's end, else bisect
             if proposal >= b and b == high and not tried_high:
@@ -51,9 +64,6 @@ def _newton_beta(derivatives, beta: float, tol: float, max_iter: int) -> tuple[f
                 proposal = low
             else:
                 proposal = math.sqrt(a * b)
-            step = math.nan
-        if math.isfinite(step) and abs(step) <= tol * beta:
-            return proposal, value + slope * step + 0.5 * curvature * step * step, evaluation
         beta = proposal
     return beta, value, max_iter
 
@@ -199,7 +209,7 @@ class TemperatureScaling(
         if n > 2 * SUBSAMPLE_ROWS:
             index = np.linspace(0, n - 1, SUBSAMPLE_ROWS).round().astype(np.int64)
             sample, sample_labels = rows.rows(index), labels[index]
-            beta, _, _ = _newton_beta(lambda b: nll_derivatives(sample, sample_labels, b), 1.0, 1e-6, self.max_iter)
+            beta, _, _ = _newton_beta(lambda b: nll_derivatives(sample, sample_labels, b), 1.0, SUBSAMPLE_TOL, self.max_iter)
         beta, final, passes = _newton_beta(lambda b: nll_derivatives(rows, labels, b), beta, NEWTON_TOL, self.max_iter)
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
