@@ -462,7 +462,8 @@ def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | Non
 def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator | None, num_classes: int | None = None) -> torch.Tensor:
     """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one (a binary
     head's (N,) / (N, 1) logits are read as two softmax logits, ``_two_columns``)."""
-    logits, from_logits, _ = _two_columns(logits, from_logits)
+    if num_classes in (None, 2):  # a binary predictor reads a one-logit head's scores; another K keeps its rank check
+        logits, from_logits, _ = _two_columns(logits, from_logits)
     z = as_tensor(logits, "logits")
     if z.ndim != 2:
         raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
