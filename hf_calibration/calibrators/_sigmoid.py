@@ -332,9 +332,6 @@ class SigmoidCalibrator(Calibrator):
     def _card_description(self) -> str:
         return "It maps each label's logit of a sigmoid (binary or multi-label) head to a calibrated logit."
 
-    def temperature(self, *args: Any, **kwargs: Any):  # pragma: no cover - a softmax notion
-        raise AttributeError(f"{type(self).__name__} has no per-sample temperature (it calibrates sigmoid labels).")
-
     def extra_repr(self) -> str:
         return f"num_labels={self.num_labels}, task={self.task!r}, " + ("fitted" if self.is_fitted else "not fitted")
 
