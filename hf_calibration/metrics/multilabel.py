@@ -376,8 +376,8 @@ def _intervals(inputs: SigmoidInputs, names: Sequence[str], n_bins: int, boot: B
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a label absent from a resample: NaN, left out
                 macro_reps = np.nanmean(per_label_reps, axis=1)
-        label_intervals = [b.interval(float(v), per_label_reps[:, l]) if np.isfinite(v) else float("nan")
-                           for l, v in enumerate(per_label)]
+        label_intervals = [float("nan") if np.isnan(v) else b.interval(float(v), per_label_reps[:, l])
+                           for l, v in enumerate(per_label)]  # NaN: a label with no kept sample
         out[name] = (label_intervals, b.interval(macro, macro_reps), b.interval(micro, micro_reps))
 
     if binned:
