@@ -159,6 +159,9 @@ def prepare_sigmoid(
     if y.ndim == 1:
         y, mask = y[:, None], mask[:, None]
     z = preds.astype(np.float64, copy=False)
+    if task == "binary" and not mask.all():  # one label a sample: an ignored sample is dropped, as the multi-class path does
+        keep = mask[:, 0]
+        z, y, mask = z[keep], y[keep], mask[keep]
     _check_finite(z, preds_name)
     if two_softmax:  # a binary head of two softmax logits (or probabilities): the positive class is column 1
         is_logits = resolve_from_logits(z, from_logits, preds_name)

@@ -184,3 +184,12 @@ def test_bad_inputs():
         ece(np.where(z > 3, np.nan, z), y)
     with pytest.raises(ValueError, match=r"probabilities in \[0, 1\]"):
         ece(z, y, from_logits=False)
+
+
+def test_binary_ignored_samples_are_dropped():
+    z, y = _binary(n=400)
+    y = y.copy()
+    y[:25] = -100
+    assert ece(z, y) == pytest.approx(ece(z[25:], y[25:]), rel=1e-12)
+    value = adaece(z, y, ci=0.9, n_boot=20)  # an interval needs every kept sample: ignored ones are gone, not masked
+    assert float(value) == pytest.approx(adaece(z[25:], y[25:]), rel=1e-12)
