@@ -86,7 +86,8 @@ def _load_conformal(folder: Path, source: str):
                   "%s holds a %s/ predictor, but this hf_calibration has no %s module: prediction sets are not attached "
                   "(upgrade hf-calibration).", source, CONFORMAL_FOLDER, _CONFORMAL_MODULE)
         return None
-    return module.load_conformal_predictor(str(folder))
+    load = getattr(module, "load_conformal_predictor", None) or module.ConformalPredictor.from_pretrained  # any kind: THR / APS / RAPS, CRC
+    return load(str(folder))
 
 
 def _load_companions(source: str, revision: str | None, download: dict[str, Any]) -> tuple[Any, Any]:
