@@ -64,7 +64,7 @@ A post-hoc calibrator for an image classifier, saved with the `hf_calibration` l
 |---|---|
 | calibrator | `{{ kind }}` |
 | objective | `{{ objective }}` |
-| fit-set size | {{ num_samples }} samples, {{ num_classes }} classes |
+| fit-set size | {{ num_samples }} samples, {{ num_classes }} {{ class_word | default("classes") }} |
 | fit-set accuracy | {{ accuracy }} |
 | ECE before (fit set, 15 bins) | {{ ece_before }} |
 | ECE after (fit set, 15 bins) | {{ ece_after }} |

@@ -101,12 +101,6 @@ def task_of_model(model: Any) -> str | None:
     return task_of_config(_config_of(model))
 
 
-def num_labels_of(model: Any) -> int | None:
-    """``config.num_labels`` of a model or pipeline, or None."""
-    value = getattr(_config_of(model), "num_labels", None)
-    return value if isinstance(value, int) else None
-
-
 def _shape(x: Any) -> tuple[int, ...] | None:
     shape = getattr(x, "shape", None)
     if shape is None and isinstance(x, (list, tuple)):

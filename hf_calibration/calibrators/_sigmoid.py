@@ -177,7 +177,7 @@ class SigmoidCalibrator(Calibrator):
 
         logits, labels = _labels_of(logits, labels)
         task = self._resolve_fit_task(logits, labels, task)
-        z = self._check_sigmoid_logits(logits, task)
+        z = self._check_sigmoid_logits(logits)
         layout = _layout_of(tuple(z.shape), task)
         y = np.asarray(labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels)
         if task == "binary":
@@ -194,7 +194,7 @@ class SigmoidCalibrator(Calibrator):
                              f"{tuple(np.shape(labels))}.")
         return np.ascontiguousarray(zl), y, mask, task, layout, is_logits
 
-    def _check_sigmoid_logits(self, logits: Any, task: str | None) -> torch.Tensor:
+    def _check_sigmoid_logits(self, logits: Any) -> torch.Tensor:
         z = _inputs.as_tensor(logits, "logits")
         if not z.is_floating_point():
             raise TypeError(f"Expected `logits` to be a floating tensor, but got {z.dtype}.")
@@ -286,7 +286,7 @@ class SigmoidCalibrator(Calibrator):
     def forward(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
         """Calibrated logits: the input's shape, dtype and device (two softmax logits in, two out)."""
         self._check_fitted()
-        z = self._check_sigmoid_logits(logits, None)
+        z = self._check_sigmoid_logits(logits)
         layout = self._layout_for_call(z)
         cdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         is_logits = detect_from_logits(z, layout, from_logits)
@@ -324,7 +324,9 @@ class SigmoidCalibrator(Calibrator):
 
     def generate_model_card(self, *args, **kwargs):
         info = self.fit_info_ or {}
-        kwargs.setdefault("num_classes", f"{info.get('num_labels', 'n/a')} label(s), {info.get('task', 'sigmoid')} head")
+        kwargs.setdefault("num_classes", info.get("num_labels", "n/a"))
+        kwargs.setdefault("class_word", f"label(s) of a {info.get('task', 'sigmoid')} (sigmoid) head; ECE below: "
+                                        "the macro average over the labels")
         kwargs.setdefault("argmax_statement", "Each label's probability goes through its own monotone map: the ranking of the "
                           "images by a label's score is kept; which labels pass a 0.5 threshold may change.")
         return super().generate_model_card(*args, **kwargs)
