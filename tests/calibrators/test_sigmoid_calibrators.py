@@ -238,3 +238,18 @@ def test_auto_calibrator_leaves_a_calibrated_binary_head_alone():
     else:
         table = auto.comparison_
         assert table[auto.method_].mean("nll") <= table["uncalibrated"].mean("nll")
+
+
+def test_load_calibrator_checks_the_head(tmp_path):
+    from types import SimpleNamespace
+
+    from transformers import ViTConfig
+
+    z, y = _multilabel(seed=13)
+    PlattScaling().fit(z, y, progress_bar=False).save_pretrained(tmp_path / "p")
+    assert load_calibrator(tmp_path / "p", task="multilabel").kind == "platt"
+    with pytest.raises(ValueError, match="fitted for a multilabel head"):
+        load_calibrator(tmp_path / "p", task="multiclass")
+    softmax_model = SimpleNamespace(config=ViTConfig(num_labels=3, problem_type="single_label_classification"))
+    with pytest.raises(ValueError, match="problem_type='single_label_classification'"):
+        load_calibrator(tmp_path / "p", task=softmax_model)
