@@ -102,7 +102,7 @@ def test_sigmoid_calibrator_end_to_end(repo, images, tmp_path):
         got = np.array([scores[model.config.id2label[l]] for l in range(LABELS)])
         assert got == pytest.approx(expected[i], abs=1e-5)  # the pipeline runs in float32
     assert not np.allclose(expected.sum(axis=1), 1.0)  # independent sigmoids, not a softmax
-    assert classify._postprocess_params.get("function_to_apply") is not None
+    assert classify._postprocess_params["function_to_apply"].value == "sigmoid"  # said explicitly, from the head
 
 
 def test_binary_one_logit_head(tmp_path):
