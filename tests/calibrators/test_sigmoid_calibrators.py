@@ -253,3 +253,14 @@ def test_load_calibrator_checks_the_head(tmp_path):
     softmax_model = SimpleNamespace(config=ViTConfig(num_labels=3, problem_type="single_label_classification"))
     with pytest.raises(ValueError, match="problem_type='single_label_classification'"):
         load_calibrator(tmp_path / "p", task=softmax_model)
+
+
+def test_beta_on_a_head_without_signal_is_the_base_rate():
+    """Both coefficients negative in turn (logits of an untrained head): the map is the best constant, the base rate.
+    (Clamping the second coefficient without refitting c once left sigmoid(c) = 0.012 for a base rate of 0.35.)"""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=200) * 0.05
+    y = (rng.random(200) < 0.35).astype(int)
+    beta = BetaCalibration().fit(z, y, progress_bar=False)
+    assert float(beta.a.detach()[0]) == 0.0 and float(beta.b.detach()[0]) == 0.0
+    assert float(torch.sigmoid(beta.c.detach()[0])) == pytest.approx(y.mean(), abs=1e-6)
