@@ -298,6 +298,25 @@ class SigmoidCalibrator(Calibrator):
             g = g.clamp(-limit, limit)
         return from_label_logits(g, layout).to(z.dtype)
 
+    def graph_forward(self, logits: torch.Tensor) -> torch.Tensor:
+        """``forward`` for a tracer (``torch.compile``, ``torch.export``, the ONNX exporter): the same calibrated logits,
+        in the input's layout ((N,), (N, 1), two softmax logits (N, 2), or (N, L)), with tensor operations only and
+        without ``forward``'s checks on the values (the input is taken as logits, what a model returns). The layout is
+        read from the shape, which a tracer knows."""
+        self._check_fitted()
+        layout = _layout_of(tuple(logits.shape), self.task or self.fit_info_.get("task"))
+        cdtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        g = self._calibrate_graph_logits(to_label_logits(logits, layout, True, cdtype))
+        if logits.dtype != cdtype:  # fp16 / bf16 out: saturate rather than overflow
+            limit = torch.finfo(logits.dtype).max
+            g = g.clamp(-limit, limit)
+        return from_label_logits(g, layout).to(logits.dtype)
+
+    def _calibrate_graph_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """The map of :meth:`graph_forward` on ``(N, L)`` label logits; the default is ``_calibrate_logits``, right for the
+        maps that are plain tensor programs (Platt, temperature, beta)."""
+        return self._calibrate_logits(z)
+
     def predict_proba(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
         """Calibrated probabilities: ``sigmoid`` of ``forward`` (two softmax logits in: their softmax, ``(N, 2)``), float32
         (float64 for float64 input)."""

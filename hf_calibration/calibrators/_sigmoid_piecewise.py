@@ -52,17 +52,23 @@ class PiecewiseSigmoidCalibrator(SigmoidCalibrator):
                 self.counts[l] = len(k)
             self.floor.copy_(torch.from_numpy(0.5 / (np.asarray(fit_sizes, np.float64) + 1.0)))
 
-    def _map_probability(self, p: torch.Tensor) -> torch.Tensor:
-        """The calibrated probability of each ``(N, L)`` entry of ``p``, through its label's map."""
+    def _map_probability(self, p: torch.Tensor, graph: bool = False) -> torch.Tensor:
+        """The calibrated probability of each ``(N, L)`` entry of ``p``, through its label's map. ``graph``: the knot
+        positions by comparisons against each label's row of knots instead of ``searchsorted`` (which ONNX lacks), the
+        same index (padding knots lie beyond every probability: never counted), ``O(M)`` per value."""
         knots, values = self.knots.to(p), self.values.to(p)
         counts = self.counts.to(p.device)
         x = p.t().contiguous()  # (L, N): searchsorted searches each row of knots with the same row of x
         if self.step:  # bin e_{b-1} < p <= e_b: the number of inner upper edges strictly below p
-            index = torch.searchsorted(knots[:, :-1].contiguous(), x, right=False) if knots.shape[1] > 1 else torch.zeros_like(x, dtype=torch.long)
+            if graph:
+                inner = torch.arange(knots.shape[1], device=p.device)[None, :] < (counts - 1)[:, None]  # (L, M)
+                index = ((knots[:, None, :] < x[:, :, None]) & inner[:, None, :]).sum(dim=2)
+            else:
+                index = torch.searchsorted(knots[:, :-1].contiguous(), x, right=False) if knots.shape[1] > 1 else torch.zeros_like(x, dtype=torch.long)
             index = torch.minimum(index, (counts - 1).clamp_min(0)[:, None])
             out = torch.gather(values, 1, index)
         else:  # linear between knots, constant beyond the first and last
-            hi = torch.searchsorted(knots, x, right=True)
+            hi = (knots[:, None, :] <= x[:, :, None]).sum(dim=2) if graph else torch.searchsorted(knots, x, right=True)
             hi = torch.minimum(hi.clamp_min(1), (counts - 1).clamp_min(0)[:, None])
             lo = (hi - 1).clamp_min(0)
             k_lo, k_hi = torch.gather(knots, 1, lo), torch.gather(knots, 1, hi)
@@ -73,9 +79,12 @@ class PiecewiseSigmoidCalibrator(SigmoidCalibrator):
         floor = self.floor.to(p)[:, None]
         return torch.minimum(torch.maximum(out, floor), 1.0 - floor).t()
 
-    def _calibrate_logits(self, z: torch.Tensor) -> torch.Tensor:
-        q = self._map_probability(torch.sigmoid(z))
+    def _calibrate_logits(self, z: torch.Tensor, graph: bool = False) -> torch.Tensor:
+        q = self._map_probability(torch.sigmoid(z), graph)
         return torch.log(q) - torch.log1p(-q)
+
+    def _calibrate_graph_logits(self, z: torch.Tensor) -> torch.Tensor:
+        return self._calibrate_logits(z, graph=True)
 
     def _check_state(self, where: str) -> None:
         counts = self.counts
