@@ -29,6 +29,7 @@ SECTIONS = [
     ("training_cifar.md", "training_cifar.py"),
     ("training_cifar_maccal.md", "training_cifar.py --explore-maccal .data/features"),
     ("training_cifar_fedlas_gate.md", "training_cifar.py --diagnose-fedlas --seeds 0"),
+    ("multilabel.md", "multilabel.py"),
     ("bad_inputs.md", "bad_inputs.py"),
     ("shift.md", "shift.py"),
     ("serving.md", "serving.py"),

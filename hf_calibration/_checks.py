@@ -106,6 +106,14 @@ def check_folder_or_hub_id(name_or_path: Any, name: str, kind: str = "model") ->
                          f"folder {str(name_or_path)!r} (and it cannot be a Hub id).") from None
 
 
+MULTILABEL_HINT = (
+    " (N, L) 0/1 labels belong to a multi-label head (one sigmoid per label, config.problem_type="
+    "'multi_label_classification'), which this softmax path does not score: pass task='multilabel' to the metrics, "
+    "fit a sigmoid calibrator (platt, sigmoid_temperature_scaling, ...) and train with a multi-label loss "
+    "(BinaryCrossEntropyLoss, SigmoidFocalLoss, AsymmetricLoss)."
+)
+
+
 def check_classification_shapes(preds: Any, target: Any, preds_name: str = "preds", target_name: str = "target") -> None:
     """Rank, size, K >= 2 and dtype checks shared by metrics, losses and calibrators.
 
@@ -118,6 +126,7 @@ def check_classification_shapes(preds: Any, target: Any, preds_name: str = "pred
     if target.ndim != 1:
         raise ValueError(
             f"Expected `{target_name}` to have shape (N,) (rank 1), but got rank {target.ndim} with shape {tuple(target.shape)}."
+            + (MULTILABEL_HINT if target.ndim == 2 else "")
         )
     n, k = preds.shape
     if n == 0:

@@ -86,7 +86,8 @@ def _load_conformal(folder: Path, source: str):
                   "%s holds a %s/ predictor, but this hf_calibration has no %s module: prediction sets are not attached "
                   "(upgrade hf-calibration).", source, CONFORMAL_FOLDER, _CONFORMAL_MODULE)
         return None
-    return module.ConformalPredictor.from_pretrained(str(folder))
+    load = getattr(module, "load_conformal_predictor", None) or module.ConformalPredictor.from_pretrained  # any kind: THR / APS / RAPS, CRC
+    return load(str(folder))
 
 
 def _load_companions(source: str, revision: str | None, download: dict[str, Any]) -> tuple[Any, Any]:
@@ -151,7 +152,10 @@ def pipeline(
         image_processor: an image processor, or a folder / Hub id; default: the model's own.
         revision, token: for the model, its subfolders and its image processor.
         model_kwargs: passed to the model's ``from_pretrained`` (``dtype``, ``cache_dir``, ...).
-        **pipeline_kwargs: passed to ``transformers.pipeline`` (``device``, ``top_k``, ``batch_size``, ...).
+        **pipeline_kwargs: passed to ``transformers.pipeline`` (``device``, ``top_k``, ``batch_size``, ...). The scores'
+            ``function_to_apply`` follows the model's head (``config.problem_type``, :mod:`hf_calibration.tasks`):
+            ``"sigmoid"`` for a multi-label or one-logit binary head (each label's calibrated probability),
+            ``"softmax"`` otherwise, unless given here.
 
     Example::
 
@@ -170,6 +174,12 @@ def pipeline(
     if image_processor is None or isinstance(image_processor, (str, os.PathLike)):
         processor_kwargs = {k: model_kwargs[k] for k in _HUB_KWARGS if k in model_kwargs}
         image_processor = load_image_processor(source if image_processor is None else image_processor, revision, **processor_kwargs)
+    if "function_to_apply" not in pipeline_kwargs:
+        # the scores' activation follows the head (hf_calibration.tasks): a sigmoid per label for a multi-label or
+        # one-logit binary head, a softmax otherwise; said explicitly rather than left to the pipeline's own guess
+        from .tasks import head_of, task_of_model
+
+        pipeline_kwargs["function_to_apply"] = head_of(task_of_model(loaded) or "multiclass")
     pipe = transformers.pipeline(_TASK, model=loaded, image_processor=image_processor, **pipeline_kwargs)
     conformal = loaded.__dict__.get("conformal_predictor")
     if conformal is not None:

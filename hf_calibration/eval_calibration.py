@@ -35,6 +35,7 @@ CARD_METRICS = {"ece": "ECE", "nll": "NLL"}  # report key -> name on the card
 N_BINS = 15  # ECE's bins on the card (Guo et al.'s 15 equal-width bins)
 CI_LEVEL, N_BOOT = 0.95, 1000  # the card's intervals: percentile bootstrap over the eval rows
 DEFAULT_CALIBRATOR = "temperature_scaling"
+SIGMOID_DEFAULT_CALIBRATOR = "sigmoid_temperature_scaling"  # binary and multi-label heads
 _TASK = "image-classification"
 _SECTION = "## Calibration"  # the card section this module writes (replaced, never duplicated, on a new push)
 _UNCALIBRATED, _CROSS_FITTED = "uncalibrated", "-cross-fitted"  # the `config` of the model-index metrics written here
@@ -48,24 +49,33 @@ class MetricValue:
     interval: tuple[float, float] | None = None
 
 
-def _measure(logits: np.ndarray, labels: np.ndarray) -> dict[str, MetricValue]:
+def _measure(logits: np.ndarray, labels: np.ndarray, task: str | None = None) -> dict[str, MetricValue]:
     """The card's metrics of one set of logits, each with its 95 % percentile bootstrap interval (1,000 resamples of
-    the rows, seed 0): the only place that computes them."""
+    the rows, seed 0): the only place that computes them. A sigmoid head (``task``): macro averages over the labels."""
     from .metrics import ece, nll
 
+    extra = {} if task is None else {"task": task}
     functions = {"ece": lambda z, y, **kw: ece(z, y, N_BINS, **kw), "nll": nll}
-    values = {key: functions[key](logits, labels, from_logits=True, ci=CI_LEVEL, n_boot=N_BOOT, seed=0) for key in CARD_METRICS}
+    values = {key: functions[key](logits, labels, from_logits=True, ci=CI_LEVEL, n_boot=N_BOOT, seed=0, **extra) for key in CARD_METRICS}
     return {key: MetricValue(float(v), (float(v.low), float(v.high))) for key, v in values.items()}
 
 
-def resolve_calibrator(spec: Any):
-    """The unfitted calibrator ``calibrate_on_eval`` names: ``True`` (temperature scaling), a registered kind
-    (``"smart"``, ...) or a ``Calibrator`` instance (copied, so the instance given stays as it is)."""
+def resolve_calibrator(spec: Any, task: str | None = None):
+    """The unfitted calibrator ``calibrate_on_eval`` names: ``True`` (temperature scaling; a sigmoid head's for a binary
+    or multi-label ``task``), a registered kind (``"smart"``, ...) or a ``Calibrator`` instance (copied, so the instance
+    given stays as it is). A kind for another head than ``task``'s is a ``ValueError`` naming ``problem_type``."""
     from .calibrators import create_calibrator, list_calibrators
     from .calibrators._base import Calibrator
 
+    sigmoid = task in ("binary", "multilabel")
     if spec is True:
-        spec = DEFAULT_CALIBRATOR
+        spec = SIGMOID_DEFAULT_CALIBRATOR if sigmoid else DEFAULT_CALIBRATOR
+    if task is not None and isinstance(spec, (str, Calibrator)):
+        kind = spec if isinstance(spec, str) else spec.kind
+        if kind in list_calibrators() and kind not in list_calibrators(task):
+            raise ValueError(f"Expected argument `calibrate_on_eval` to name a calibrator for the model's {task} head "
+                             f"({list_calibrators(task)}), but {kind!r} calibrates a {'softmax' if sigmoid else 'sigmoid'} "
+                             "head (see the model's config.problem_type).")
     if isinstance(spec, str):
         if spec not in list_calibrators():
             raise ValueError(f"Expected argument `calibrate_on_eval` to be True, a calibrator instance or one of {list_calibrators()}, but got {spec!r}.")
@@ -99,6 +109,7 @@ class EvalCalibration:
     num_samples: int
     cv: int
     seed: int
+    task: str = "multiclass"
 
     @property
     def method(self) -> str:
@@ -150,7 +161,10 @@ class EvalCalibration:
             "```", "",
             "Without it, transformers loads the plain (uncalibrated) model from the same repo.", "",
             f"| evaluation split | uncalibrated | {self.method} |", "|---|---:|---:|", *rows, "",
-            f"ECE: {N_BINS} equal-width bins. Before: the model's logits; {after}.", "",
+            f"ECE: {N_BINS} equal-width bins" + (
+                "; a multi-label head's ECE and NLL (binary cross-entropy) are macro averages over its labels"
+                if self.task == "multilabel" else "; a binary head's: its probability against its 0/1 label"
+                if self.task == "binary" else "") + f". Before: the model's logits; {after}.", "",
         ])
 
     def add_to_model_card(self, readme: str | os.PathLike, *, model_name: str, repo_id: str | None = None, **dataset: Any) -> None:
@@ -202,7 +216,7 @@ def dataset_fields(dataset: Any, dataset_tags: Any = None, dataset_name: Any = N
 
 
 def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFAULT_CALIBRATOR, *, cv: int = 5,
-                         seed: int = 0) -> EvalCalibration:
+                         seed: int = 0, task: str | None = None) -> EvalCalibration:
     """Fit ``calibrator`` on an eval split and measure ECE / NLL before and after (cross-fitted, ``cv`` folds).
 
     Args:
@@ -211,13 +225,20 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
         labels: (N,) integer labels.
         calibrator: what :func:`resolve_calibrator` takes: ``True``, a registered kind, or a calibrator instance.
         cv: cross-fitting folds of the "after" numbers. seed: their split.
+        task: the head's kind (``hf_calibration.tasks``); None reads it from the shapes. A binary or multi-label head's
+            numbers are macro averages over its labels, and -100 leaves out one label of a sample.
     """
     from .calibrators import compare_calibrators
     from .calibrators._base import _labels_of
+    from .calibrators.selection import sigmoid_task_of
     from .metrics._format import prepare
 
-    template = resolve_calibrator(calibrator)
     logits, labels = _labels_of(logits, labels)
+    sigmoid = sigmoid_task_of(logits, labels, task)
+    template = resolve_calibrator(calibrator if sigmoid is None or calibrator != DEFAULT_CALIBRATOR else True,
+                                  sigmoid or "multiclass")
+    if sigmoid is not None:
+        return _fit_eval_sigmoid(np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid)
     inputs = prepare(logits, labels, from_logits=True, preds_name="logits", target_name="labels")  # drops -100 rows
     z, y = np.asarray(inputs.preds, dtype=np.float64), np.asarray(inputs.target)
     before = _measure(z, y)
@@ -240,10 +261,32 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
     return result
 
 
-def check_calibrate_on_eval(spec: Any, eval_dataset: Any) -> None:
-    """Fail before training, not after it: a calibrator spec that does not resolve, no single eval split, or one too
-    small to fit the calibrator on."""
-    template = resolve_calibrator(spec)
+def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str) -> EvalCalibration:
+    """``fit_eval_calibration`` for a binary or multi-label head."""
+    from .calibrators import compare_calibrators
+
+    before = _measure(z, y, task)
+    try:
+        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed, race=False,
+                                    fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True, progress_bar=False,
+                                    task=task)
+        crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
+    except ValueError as err:
+        crossfit, errors = None, str(err)
+    after = None
+    if crossfit is not None and np.isfinite(crossfit).all():
+        after = _measure(crossfit.reshape(z.shape) if crossfit.size == z.size else crossfit, y, task)
+    else:
+        logger.warning("calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
+                       "uncalibrated numbers only.", template.kind, len(y), errors)
+    fitted = template.fit(z, y, from_logits=True, progress_bar=False, task=task)
+    return EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, task=task)
+
+
+def check_calibrate_on_eval(spec: Any, eval_dataset: Any, task: str | None = None) -> None:
+    """Fail before training, not after it: a calibrator spec that does not resolve (or is for another head than
+    ``task``'s), no single eval split, or one too small to fit the calibrator on."""
+    template = resolve_calibrator(spec, task)
     if eval_dataset is None:
         raise ValueError("Expected an `eval_dataset` to fit the calibrator on, since `calibrate_on_eval` is set, but got None.")
     if isinstance(eval_dataset, dict):
@@ -265,7 +308,7 @@ class CalibrateOnEvalMixin:
         self.calibrate_on_eval = None if spec is None or spec is False else spec
         self.eval_calibration: EvalCalibration | None = None
         if self.calibrate_on_eval is not None:
-            check_calibrate_on_eval(self.calibrate_on_eval, self.eval_dataset)
+            check_calibrate_on_eval(self.calibrate_on_eval, self.eval_dataset, getattr(self, "head_task", None))
         if not isinstance(endpoint_handler, (bool, str)):
             raise TypeError(f"Expected argument `endpoint_handler` to be a bool or a requirement line (str), but got {endpoint_handler!r}.")
         if endpoint_handler is not False and self.calibrate_on_eval is None:
@@ -283,9 +326,11 @@ class CalibrateOnEvalMixin:
         changing the model. Every process must call it (``predict`` gathers the split)."""
         spec = True if self.calibrate_on_eval is None else self.calibrate_on_eval
         eval_dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        check_calibrate_on_eval(spec, eval_dataset)
+        task = getattr(self, "head_task", None)
+        check_calibrate_on_eval(spec, eval_dataset, task)
         prediction = self.predict(eval_dataset, metric_key_prefix="calibration")
-        self.eval_calibration = fit_eval_calibration(prediction, calibrator=spec, seed=self.args.seed)
+        self.eval_calibration = fit_eval_calibration(prediction, calibrator=resolve_calibrator(spec, task), seed=self.args.seed,
+                                                     task=task)
         return self.eval_calibration
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

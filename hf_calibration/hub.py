@@ -64,7 +64,7 @@ A post-hoc calibrator for an image classifier, saved with the `hf_calibration` l
 |---|---|
 | calibrator | `{{ kind }}` |
 | objective | `{{ objective }}` |
-| fit-set size | {{ num_samples }} samples, {{ num_classes }} classes |
+| fit-set size | {{ num_samples }} samples, {{ num_classes }} {{ class_word | default("classes") }} |
 | fit-set accuracy | {{ accuracy }} |
 | ECE before (fit set, 15 bins) | {{ ece_before }} |
 | ECE after (fit set, 15 bins) | {{ ece_after }} |
@@ -432,12 +432,15 @@ def _download(repo_id: str, name: str, subfolder: str | None, **kwargs: Any) -> 
     return Path(root) / prefix if prefix else Path(root)
 
 
-def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = None, **kwargs: Any):
+def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = None, task: str | None = None, **kwargs: Any):
     """Load any registered calibrator from a folder or Hub repo, choosing the class from its config's ``calibrator``.
 
     Args:
         name_or_path: local folder or Hub repo id.
         subfolder: the calibrator's folder inside it (e.g. ``"calibrator"`` in a model's repo).
+        task: the head the caller will use it on (``"multiclass"``, ``"binary"``, ``"multilabel"``, or a model,
+            whose ``config.problem_type`` says): a calibrator fitted for another kind of head is refused with a
+            ``ValueError`` naming ``problem_type``. None: no check (``attach`` checks the model anyway).
         **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
     """
     from .calibrators._registry import get_calibrator_class, list_calibrators
@@ -450,4 +453,15 @@ def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = 
             f"Expected the checkpoint's config to name a calibrator among {list_calibrators()} in its `calibrator` field, "
             f"but got {kind!r}: {str(folder)!r} is not an hf_calibration calibrator checkpoint."
         )
-    return get_calibrator_class(kind).from_pretrained(folder, **kwargs)
+    calibrator = get_calibrator_class(kind).from_pretrained(folder, **kwargs)
+    if task is not None:
+        from .tasks import check_task, compatible_head
+
+        fitted_for = (calibrator.fit_info_ or {}).get("task", "multiclass")
+        if isinstance(task, str):
+            if check_task(task) != fitted_for and not (fitted_for == "binary" and task == "multiclass"):
+                raise ValueError(f"Expected a calibrator for a {task} head, but {str(folder)!r} holds one fitted for a {fitted_for} "
+                                 "head (config.problem_type of the model it calibrates): it would give wrong scores there.")
+        else:  # a model: its config decides
+            compatible_head(fitted_for, task, num_labels=(calibrator.fit_info_ or {}).get("num_labels"))
+    return calibrator

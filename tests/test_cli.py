@@ -327,7 +327,7 @@ def _bad(tmp_path, synthetic, case):
     if case == "unwritable diagram":
         return ["report", "--logits", tmp_path / "ok.npz", "--diagram", blocker / "d.png"], "not a folder"
     if case == "bad method":
-        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "platt", "--out", tmp_path / "o"], "unknown --method 'platt'"
+        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "no_such_method", "--out", tmp_path / "o"], "unknown --method 'no_such_method'"
     if case == "seed for ts":
         return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--seed", "3", "--out", tmp_path / "o"], "--seed applies"
     if case == "calibrator folder missing":

@@ -248,6 +248,7 @@ class Calibrator(
         finally:
             _FIT_DEPTH.reset(depth)
         self.fit_info_ = {
+            "task": "multiclass",
             "objective": objective,
             "objective_options": kw,
             "input": "logits" if is_logits else "probabilities",
@@ -580,6 +581,12 @@ class Calibrator(
         fit = config.get("fit")
         if not isinstance(fit, dict):
             raise ValueError(f"The checkpoint in {str(where)!r} has no `fit` record in its config: it is corrupted or was never fitted.")
+        task = fit.get("task", "multiclass")  # checkpoints older than the record are multi-class
+        expected = ("binary", "multilabel") if getattr(cls, "_sigmoid_head", False) else ("multiclass",)
+        if task not in expected:
+            raise ValueError(
+                f"Expected a checkpoint fitted for a {' or '.join(expected)} head (the model's config.problem_type), but "
+                f"{str(where)!r} records task={task!r} in its config's fit.task: it is not a {cls.__name__} checkpoint.")
         for key, minimum in (("num_classes", 2), ("num_samples", 1)):
             value = fit.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):

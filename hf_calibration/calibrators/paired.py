@@ -29,9 +29,51 @@ __all__ = ["PairedBootstrap", "paired_bootstrap"]
 METRICS = ("ece", "adaece", "smce", "nll", "brier")  # the selection metrics of compare_calibrators
 
 
-def _scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int):
+def _sigmoid_scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int):
+    """``_scorer`` of a sigmoid head's pooled held-out (N, L) logits: the macro average over labels, on resamples of
+    the samples (every label of a sample together)."""
+    import warnings
+
+    from ..metrics.multilabel import _binned_statistic as binned, _score_statistic, _smooth_or_adaptive_statistic, _values
+    from ..metrics.multilabel import prepare_sigmoid
+
+    inputs = prepare_sigmoid(logits.reshape(logits.shape[0], -1), labels.reshape(labels.shape[0], -1), task="multilabel",
+                             from_logits=True, preds_name="predictions")
+    value = _values(inputs, metric, n_bins)[1]
+    rows = np.arange(inputs.probs.shape[0])
+    if metric in ("nll", "brier"):
+        scores, column = _score_statistic(inputs), 0 if metric == "brier" else 1
+
+        def statistic(counts):
+            sums = scores(counts)
+            with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return np.nanmean(sums[:, :, column] / sums[:, :, 2], axis=1)
+
+        return value, statistic
+    if metric == "ece":
+        per_label = [binned(*inputs.label(l), rows[inputs.mask[:, l]], n_bins) for l in range(inputs.num_labels)]
+        pick = lambda stat, counts: stat(counts)[:, 0]  # noqa: E731
+    else:
+        if not inputs.full:
+            raise ValueError(f"Expected no ignored labels for a paired bootstrap of {metric} (its bins are re-cut per label).")
+        per_label = [_smooth_or_adaptive_statistic(metric, inputs.probs[:, l], inputs.target[:, l], n_bins)
+                     for l in range(inputs.num_labels)]
+        pick = lambda stat, counts: stat(counts)  # noqa: E731
+
+    def statistic(counts):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmean(np.stack([pick(stat, counts) for stat in per_label], axis=1), axis=1)
+
+    return value, statistic
+
+
+def _scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int, task: str = "multiclass"):
     """``(pooled value, counts -> (B,) resampled values)`` of one method's pooled held-out logits; the counts are
     over the rows as given (every method's rows are the same samples), gathered into this method's frame."""
+    if task != "multiclass":
+        return _sigmoid_scorer(metric, logits, labels, n_bins)
     inputs = prepare(logits, labels, from_logits=True, ignore_index=None, preds_name="predictions")
     if metric in ("nll", "brier"):
         scores = _row_scores(inputs)[:, 0 if metric == "brier" else 1]
@@ -130,7 +172,8 @@ def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, bes
         raise ValueError(f"Expected the best method {best!r} to have a prediction for every row, but it failed on some fold.")
     methods = [best] + [m for m in complete if m != best]
     n_bins = table.n_bins
-    scorers = {m: _scorer(metric, complete[m], labels, n_bins) for m in methods}
+    task = getattr(table, "task", "multiclass")
+    scorers = {m: _scorer(metric, complete[m], labels, n_bins, task) for m in methods}
     replicates = dict(zip(methods, boot.replicates([s for _, s in scorers.values()], labels.shape[0])))
     pooled = {m: boot.interval(scorers[m][0], replicates[m]) for m in methods}
     difference = {m: boot.interval(scorers[m][0] - scorers[best][0], replicates[m] - replicates[best]) for m in methods}

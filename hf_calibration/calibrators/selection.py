@@ -70,6 +70,8 @@ COLUMNS: dict[str, tuple[str, bool]] = {
 SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")
 # the candidates of methods="default": see the module docstring (and benchmarks/RESULTS.md, "Choosing a calibrator")
 DEFAULT_METHODS = ("temperature_scaling", "vector_scaling", "ets", "smart", "spline", "histogram_binning", "isotonic")
+# a binary or multi-label (sigmoid) head: every sigmoid calibrator (each fit is a fraction of a second)
+SIGMOID_DEFAULT_METHODS = ("sigmoid_temperature_scaling", "platt", "beta", "sigmoid_isotonic", "sigmoid_histogram_binning")
 # one-sided paired t-test level of a racing stop: chosen on the seven shared files' validation folds, where 0.95 stopped
 # the eventual choice early on 2 of 7 files (two folds alike by chance) and 0.99 changed no choice for any metric
 RACE_CONFIDENCE = 0.99
@@ -81,10 +83,13 @@ def is_stochastic(method: str) -> bool:
     return "seed" in inspect.signature(get_calibrator_class(method)).parameters
 
 
-def _method_specs(methods: Any) -> dict[str, dict[str, Any]]:
-    """``"default"`` / ``"all"`` / a name / names / ``{name: constructor kwargs}`` -> ``{name: kwargs}`` (names checked)."""
+def _method_specs(methods: Any, task: str | None = "multiclass") -> dict[str, dict[str, Any]]:
+    """``"default"`` / ``"all"`` / a name / names / ``{name: constructor kwargs}`` -> ``{name: kwargs}`` (names checked
+    against the calibrators of ``task``'s head: softmax ones for ``"multiclass"``, sigmoid ones otherwise; None: any)."""
+    available = list_calibrators(task)
+    default = DEFAULT_METHODS if task == "multiclass" else SIGMOID_DEFAULT_METHODS
     if isinstance(methods, str):
-        groups = {"all": list_calibrators(), "default": [m for m in DEFAULT_METHODS if m in list_calibrators()]}
+        groups = {"all": available, "default": [m for m in default if m in available]}
         specs = {name: {} for name in groups.get(methods, [methods])}
     elif isinstance(methods, Mapping):
         specs = {}
@@ -99,8 +104,13 @@ def _method_specs(methods: Any) -> dict[str, dict[str, Any]]:
     if not specs:
         raise ValueError("Expected argument `methods` to name at least one calibrator, but got none.")
     for name in specs:
-        if name not in list_calibrators():
-            raise ValueError(f"Expected argument `methods` to hold names from {list_calibrators()} (or 'default' / 'all'), but got {name!r}.")
+        if name in list_calibrators() and name not in available:
+            head = "softmax" if task == "multiclass" else "sigmoid"
+            raise ValueError(f"Expected argument `methods` to name {head} calibrators for this {task} head ({available}), but "
+                             f"{name!r} calibrates a {'sigmoid' if head == 'softmax' else 'softmax'} head (see the model's "
+                             "config.problem_type, or pass task=).")
+        if name not in available:
+            raise ValueError(f"Expected argument `methods` to hold names from {available} (or 'default' / 'all'), but got {name!r}.")
     return specs
 
 
@@ -187,10 +197,11 @@ class CalibratorComparison:
 
     def __init__(self, scores: dict[str, MethodScores], *, cv: int, seed: int, n_bins: int, num_samples: int,
                  num_classes: int, predictions: dict[str, np.ndarray] | None = None, labels: np.ndarray | None = None,
-                 metric: str = "ece"):
+                 metric: str = "ece", task: str = "multiclass"):
         self.scores = scores
         self.cv, self.seed, self.n_bins = cv, seed, n_bins
         self.num_samples, self.num_classes = num_samples, num_classes
+        self.task = task
         self.predictions = predictions or {}
         self.labels = labels  # the labels of `predictions` (kept with them)
         self.metric = check_choice(metric, "metric", SELECTION_METRICS)
@@ -313,7 +324,11 @@ class CalibratorComparison:
         rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
         seeds = sorted({s.fit_seeds for s in self.scores.values() if s.fit_seeds > 1})
         lines = [
-            f"{self.cv}-fold cross-validation on the calibration set (N = {self.num_samples}, K = {self.num_classes}, "
+            f"{self.cv}-fold cross-validation on the calibration set (N = {self.num_samples}, "
+            + (f"K = {self.num_classes}, " if self.task == "multiclass" else
+               f"{self.task} head, L = {self.num_classes} label(s); ECE, AdaECE, smCE, NLL (binary cross-entropy), Brier and "
+               "accuracy at 0.5 are macro averages over the labels, ")
+            + 
             f"seed {self.seed}), scored on the held-out folds ({self.n_bins} bins): mean ± std over the folds each method ran"
             + (f"; seeded methods averaged over {seeds[0]} fit seeds" if seeds else "") + ".",
             "",
@@ -390,13 +405,38 @@ def _race(scores: dict[str, MethodScores], running: list[str], metric: str, done
     return stop
 
 
-def _identity_calibrator(logits: Any, labels: Any, from_logits: bool | None, reason: str):
-    """A temperature scaling fixed at T = 1 (the identity map) with the fit record of ``logits``, warning why."""
+def sigmoid_task_of(logits: Any, labels: Any, task: str | None) -> str | None:
+    """``"binary"`` / ``"multilabel"`` when the calibration data (or ``task``) is a sigmoid head's, None for a softmax one:
+    an explicit ``task`` wins; ``(N, L)`` labels with ``L > 1`` are multi-label; one logit column is binary (two softmax
+    logits are a softmax head unless ``task="binary"``)."""
+    from ..tasks import check_task
+
+    if task is not None:
+        return None if check_task(task) == "multiclass" else task
+    shape_y = tuple(np.shape(labels)) if labels is not None else ()
+    shape_z = tuple(getattr(logits, "shape", np.shape(logits)))
+    if len(shape_y) == 2 and shape_y[1] > 1:
+        return "multilabel"
+    if len(shape_z) == 1 or (len(shape_z) == 2 and shape_z[1] == 1):
+        return "binary"
+    return None
+
+
+def _identity_calibrator(logits: Any, labels: Any, from_logits: bool | None, reason: str, task: str | None = None):
+    """A temperature scaling fixed at T = 1 (the identity map) with the fit record of ``logits``, warning why (a sigmoid
+    head: ``SigmoidTemperatureScaling`` at T = 1)."""
     from .temperature import TemperatureScaling
 
+    if task is not None:
+        from .sigmoid_selection import sigmoid_identity
+
+        identity = sigmoid_identity(logits, labels, from_logits, task, reason)
+        warnings.warn(f"AutoCalibrator leaves every prediction uncalibrated (as the model gave them): {reason}.",
+                      UncalibratedWarning, stacklevel=3)
+        return identity
     identity = TemperatureScaling()
     z, y, is_logits = identity._fit_inputs(logits, labels, from_logits)
-    identity.fit_info_ = {"objective": "identity", "objective_options": {}, "input": "logits" if is_logits else "probabilities",
+    identity.fit_info_ = {"task": "multiclass", "objective": "identity", "objective_options": {}, "input": "logits" if is_logits else "probabilities",
                           "num_samples": int(z.shape[0]), "num_classes": int(z.shape[1]), "temperature": 1.0}
     identity.fit_info_.update(identity._fit_set_report(z, y)[0])
     identity.fit_info_["uncalibrated"] = {"classes": "all", "reason": reason}
@@ -419,6 +459,7 @@ def compare_calibrators(
     from_logits: bool | None = None,
     keep_predictions: bool = False,
     progress_bar: bool = True,
+    task: str | None = None,
 ) -> CalibratorComparison:
     """Cross-validate calibrators on the calibration set only (see the module docstring).
 
@@ -439,6 +480,10 @@ def compare_calibrators(
         keep_predictions: keep every method's out-of-fold calibrated logits (first fit seed) in
             ``table.predictions`` (N x K float64 each; rows of folds it failed on or did not run are NaN).
         progress_bar: a tqdm bar over methods x folds.
+        task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; None reads it from the shapes
+            (:func:`hf_calibration.tasks.resolve_task`). A binary or multi-label head compares the sigmoid calibrators
+            (``"default"``: ``SIGMOID_DEFAULT_METHODS``, every one of them), scored by the macro averages over labels
+            (:mod:`hf_calibration.calibrators.sigmoid_selection`).
 
     Returns:
         a ``CalibratorComparison``; its first row, ``"uncalibrated"``, is the model itself.
@@ -454,6 +499,14 @@ def compare_calibrators(
         >>> table["temperature_scaling"].mean("ece") < table["uncalibrated"].mean("ece")
         True
     """
+    logits, labels = _labels_of(logits, labels)
+    sigmoid = sigmoid_task_of(logits, labels, task)
+    if sigmoid is not None:
+        from .sigmoid_selection import compare_sigmoid_calibrators
+
+        return compare_sigmoid_calibrators(logits, labels, methods, cv, seed, metric=metric, race=race, fit_seeds=fit_seeds,
+                                           n_bins=n_bins, from_logits=from_logits, keep_predictions=keep_predictions,
+                                           progress_bar=progress_bar, task=sigmoid)
     specs = _method_specs(methods)
     cv = check_int(cv, "cv", minimum=2)
     seed = check_int(seed, "seed", minimum=0)
@@ -546,7 +599,7 @@ class AutoCalibrator:
         self.metric = check_choice(metric, "metric", SELECTION_METRICS)
         self.cv = check_int(cv, "cv", minimum=2)
         self.methods = methods
-        _method_specs(methods)  # bad names fail here, not after a long comparison
+        _method_specs(methods, None)  # bad names fail here, not after a long comparison (the head's kind: at fit)
         self.seed = check_int(seed, "seed", minimum=0)
         self.fit_seeds = check_int(fit_seeds, "fit_seeds", minimum=1)
         self.max_accuracy_drop = check_float(max_accuracy_drop, "max_accuracy_drop", minimum=0.0, maximum=1.0)
@@ -559,7 +612,8 @@ class AutoCalibrator:
         self.method_: str | None = None
         self.comparison_: CalibratorComparison | None = None
 
-    def fit(self, logits: Any, labels: Any = None, *, from_logits: bool | None = None, progress_bar: bool = True) -> "AutoCalibrator":
+    def fit(self, logits: Any, labels: Any = None, *, from_logits: bool | None = None, progress_bar: bool = True,
+            task: str | None = None) -> "AutoCalibrator":
         """Cross-validate the candidates on ``(logits, labels)``, then refit the best on all of it. Returns ``self``.
 
         ``logits`` may be probabilities (``from_logits=None`` detects them, as every calibrator does). When no
@@ -568,14 +622,15 @@ class AutoCalibrator:
         saves, loads and attaches as any calibrator), and an ``UncalibratedWarning`` says why.
         """
         logits, labels = _labels_of(logits, labels)
+        sigmoid = sigmoid_task_of(logits, labels, task)
         self.comparison_ = compare_calibrators(logits, labels, self.methods, self.cv, self.seed, metric=self.metric, race=self.race,
                                                fit_seeds=self.fit_seeds, n_bins=self.n_bins, from_logits=from_logits,
-                                               progress_bar=progress_bar)
+                                               progress_bar=progress_bar, task=task)
         excluded = self.comparison_.exclusions(self.metric, self.max_accuracy_drop)
         if all(name in excluded for name in self.comparison_.methods if name != UNCALIBRATED):
             self.method_ = UNCALIBRATED
             reason = "no candidate qualified (" + "; ".join(f"{name}: {why}" for name, why in excluded.items()) + ")"
-            calibrator = _identity_calibrator(logits, labels, from_logits, reason)
+            calibrator = _identity_calibrator(logits, labels, from_logits, reason, sigmoid)
         else:
             self.method_ = self.comparison_.best(self.metric, self.max_accuracy_drop, self.tie_break)
             kwargs = dict(self.comparison_[self.method_].kwargs)
@@ -583,7 +638,9 @@ class AutoCalibrator:
                 kwargs.setdefault("seed", self.seed)
             logger.info("AutoCalibrator: %s is the best by cross-validated %s; refitting it on all %d samples.",
                         self.method_, self.metric, self.comparison_.num_samples)
-            calibrator = create_calibrator(self.method_, **kwargs).fit(logits, labels, from_logits=from_logits, progress_bar=progress_bar)
+            extra = {} if sigmoid is None else {"task": sigmoid}
+            calibrator = create_calibrator(self.method_, **kwargs).fit(logits, labels, from_logits=from_logits,
+                                                                       progress_bar=progress_bar, **extra)
         calibrator.fit_info_["selection"] = self.selection()
         self.calibrator_ = calibrator
         return self

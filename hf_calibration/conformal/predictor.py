@@ -189,6 +189,7 @@ class ConformalPredictor(
         if calibrator is not None and not isinstance(calibrator, Calibrator):
             raise TypeError(f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}.")
         logits, labels = _labels_of(logits, labels)
+        logits, from_logits, one_logit = _two_columns(logits, from_logits)
         inputs = prepare(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
         z = torch.from_numpy(native_array(inputs.preds))
         y = torch.from_numpy(inputs.target)
@@ -210,7 +211,10 @@ class ConformalPredictor(
         check_enough_samples(int(cal.numel()), alpha, "calibration samples" + (" after the tuning split" if tuned else ""))
 
         with torch_single_threaded():  # small memory-bound passes: on a busy machine threads only stall (_threads.py)
-            return self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune, cal, tuned)
+            self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune, cal, tuned)
+        if one_logit:
+            self.fit_info_["task"] = "binary"  # one sigmoid logit z, read as the two softmax logits [0, z]
+        return self
 
     def _fit(self, z, y, is_logits, alpha, calibrator, generator, tune, cal, tuned) -> "ConformalPredictor":
         if calibrator is not None and not calibrator.is_fitted:
@@ -449,8 +453,31 @@ class ConformalPredictor(
         return predictor
 
 
+def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | None, bool]:
+    """A binary head's one logit per sample ((N,) or (N, 1)) as the two softmax logits ``[0, z]`` (or, for
+    probabilities, the rows ``[1 - p, p]``), whose softmax is ``[1 - sigmoid(z), sigmoid(z)]``: THR, APS and RAPS then
+    give sets of the two classes {0, 1}. Other input is returned as it is. Returns ``(input, from_logits, converted)``."""
+    shape = tuple(getattr(logits, "shape", np.shape(logits)))
+    if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
+        return logits, from_logits, False
+    from ..calibrators._sigmoid import detect_from_logits
+
+    z = as_tensor(logits if not isinstance(logits, (list, tuple)) else np.asarray(logits), "logits")
+    if not z.is_floating_point():
+        raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
+    z = z.reshape(-1)
+    is_logits = detect_from_logits(z, "vector", from_logits)
+    pair = torch.stack([torch.zeros_like(z), z], dim=1) if is_logits else torch.stack([1 - z, z], dim=1)
+    if isinstance(logits, np.ndarray):
+        pair = pair.numpy()
+    return pair, is_logits, True
+
+
 def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator | None, num_classes: int | None = None) -> torch.Tensor:
-    """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one."""
+    """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one (a binary
+    head's (N,) / (N, 1) logits are read as two softmax logits, ``_two_columns``)."""
+    if num_classes in (None, 2):  # a binary predictor reads a one-logit head's scores; another K keeps its rank check
+        logits, from_logits, _ = _two_columns(logits, from_logits)
     z = as_tensor(logits, "logits")
     if z.ndim != 2:
         raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
