@@ -224,12 +224,14 @@ class SMARTCalibrator(
             return {}
         self._set_flat_parameters(x)
         t = self.eps + excess
+        start = result.history[0]  # 0 where every fit sample is already right at confidence 1 (separable logits)
+        lowered = f"by only {100 * (start - result.best) / abs(start):.2g} %" if start else "by nothing: it is 0 from the start"
         logger.warning(
-            "SMART's fit lowered its objective by only %.2g %% (%.6g -> %.6g), and temperature scaling does at least as well "
+            "SMART's fit lowered its objective %s (%.6g -> %.6g), and temperature scaling does at least as well "
             "on it (%.6g): the objective is flat on these logits (typically a saturated softmax, confidences rounding to 0 "
             "or 1). Falling back to the constant temperature T = %.4g that temperature scaling fits by NLL "
             "(fit_info_['fallback']).",
-            100 * (result.history[0] - result.best) / abs(result.history[0]), result.history[0], result.best, at_ts, t,
+            lowered, start, result.best, at_ts, t,
         )
         return {"fallback": "temperature_scaling", "temperature": t, "best_objective": at_ts}
 
