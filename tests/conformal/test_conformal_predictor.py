@@ -238,6 +238,7 @@ def test_the_input_kind_of_the_fit_is_used_not_detected_per_call():
     taken for probabilities alone and for logits in a batch; the predictor now uses what it was fitted on."""
     z, y = synthetic(400, 2, seed=3)
     predictor = ConformalPredictor("thr", allow_empty=True).fit(z, y, alpha=0.1)
+    predictor.q_hat.fill_(0.509)  # a threshold between the two readings: 1 - q = 0.491 lies in (0.4874, 0.4938)
     row = np.array([[0.5078, 0.4828]], dtype=np.float32)
     batch = np.concatenate([row, z[:5]])
     q = float(predictor.q_hat)
@@ -245,7 +246,8 @@ def test_the_input_kind_of_the_fit_is_used_not_detected_per_call():
     with pytest.warns(UserWarning, match="fitted on logits: they are treated as logits"):
         alone = predictor.predict_sets(row)
     assert np.array_equal(alone, expected) and np.array_equal(predictor.predict_sets(batch)[:1], expected)
-    assert expected.sum() == 2  # both classes: the set a batch gave before, {0} alone
+    assert expected.sum() == 2  # both classes: the set a batch gave before, {0} alone (the row read as probabilities)
+    assert (softmax(np.log(row.astype(np.float64)), axis=1) >= 1 - q).sum() == 1
     assert np.array_equal(predictor.predict_sets(row, from_logits=False), softmax(np.log(row.astype(np.float64)), axis=1) >= 1 - q)
 
 
