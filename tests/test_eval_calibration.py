@@ -172,16 +172,25 @@ def test_calibrator_is_fitted_after_the_maccal_stage(tmp_path):
     trainer.train()
     z, y = _eval_logits(trainer)
     assert np.abs(z - seen.logits).max() > 0.1  # the stage changed the logits
-    assert _temperature(trainer.calibrator) == pytest.approx(_scipy_temperature(z, y), rel=1e-4)
+    calibration = trainer.eval_calibration
+    assert calibration.before["nll"].value == pytest.approx(_nll(z, y), abs=1e-6)  # measured on the final model
+    assert abs(_nll(z, y) - _nll(seen.logits, y)) > 1e-3
+    # fitted on the final model's logits; kept only if it qualifies by AutoCalibrator's rule (else T = 1, and said)
+    expected = _scipy_temperature(z, y) if calibration.reason is None else 1.0
+    assert _temperature(trainer.calibrator) == pytest.approx(expected, rel=1e-4)
 
 
 def test_a_calibrator_instance_is_copied_and_fitted(tmp_path):
     given = SMARTCalibrator(max_steps=30)
     trainer = _trainer(tmp_path, calibrate_on_eval=given, args={"max_steps": 5})
     trainer.train()
-    assert isinstance(trainer.calibrator, SMARTCalibrator) and trainer.calibrator is not given
-    assert trainer.calibrator.is_fitted and not given.is_fitted
-    assert trainer.calibrator._hub_mixin_config["max_steps"] == 30
+    assert trainer.calibrator is not given and trainer.calibrator.is_fitted and not given.is_fitted
+    assert trainer.eval_calibration.method == "smart"
+    if trainer.eval_calibration.reason is None:  # kept: the fitted copy, with the given settings
+        assert isinstance(trainer.calibrator, SMARTCalibrator)
+        assert trainer.calibrator._hub_mixin_config["max_steps"] == 30
+    else:  # after 5 steps SMART does not qualify by AutoCalibrator's rule: the identity is kept, and said
+        assert trainer.calibrator.is_identity and "smart did not qualify" in trainer.eval_calibration.reason
 
 
 def test_bad_calibrate_on_eval_fails_before_training(tmp_path):

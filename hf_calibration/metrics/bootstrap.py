@@ -20,7 +20,7 @@ The interval is the percentile bootstrap (Efron & Tibshirani 1993, ch. 13): the 
 point value is the metric of the data itself, never a bootstrap mean. What the interval covers is
 the population value *of the same estimator* (the binned ECE with these bins, ...): a plug-in
 calibration error is biased upwards, by about the noise of each bin, when the model is close to
-calibrated, and the interval inherits that bias (see the README, "How sure is this number?").
+calibrated, and the interval inherits that bias (docs/methods/metrics.md, "Bootstrap intervals").
 
 Resample ``b`` draws its rows from its own stream, splitmix64 seeded by
 ``numpy.random.SeedSequence(seed).generate_state(n_boot)[b]``, with Lemire's unbiased bounded
