@@ -22,6 +22,7 @@ SECTIONS = [
     ("calibrator_fits.md", "calibrator_fits.py"),
     ("calibrator_fits_cv_target.md", "calibrator_fits.py --sections cv-target --baseline <previous main>"),
     ("calibrator_selection.md", "calibrator_selection.py"),
+    ("small_sample_selection.md", "small_sample_selection.py"),
     ("conformal.md", "conformal.py"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),

@@ -70,6 +70,8 @@ def check_float(
 ) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"Expected argument `{name}` to be a real number, but got {value!r}.")
+    if isinstance(value, np.floating) and value.dtype.itemsize < 8:
+        value = float(str(value))  # the decimal a float32 prints as (0.95), not its binary value (0.949999988...)
     value = float(value)
     if not np.isfinite(value):
         raise ValueError(f"Expected argument `{name}` to be finite, but got {value}.")

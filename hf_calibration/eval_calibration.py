@@ -8,6 +8,12 @@ numbers that go on the model card are measured on that split
 * after: cross-fitted logits (``cv`` stratified folds, each sample calibrated by a calibrator fitted on the other
   folds), because the calibrator's score on the very samples it was fitted on flatters it.
 
+The calibrator is kept by the rule ``AutoCalibrator`` applies (``CalibratorComparison.decide``, metric ECE, the
+card's headline): its cross-fitted NLL must be significantly lower than the uncalibrated model's, and the uncalibrated
+model must not have a lower cross-fitted ECE beyond one standard error. Otherwise the model is left as it is: the
+saved calibrator is the identity (temperature scaling fixed at T = 1), an ``UncalibratedWarning`` and the card say
+why, and the card still shows the rejected calibrator's cross-fitted numbers.
+
 ``save_model`` writes the calibrator to ``calibrator/`` (so ``load_calibrated_model`` and
 ``hf_calibration.pipeline`` load it with the model) and ``push_to_hub`` uploads it; the model card gets the ECE and NLL
 before and after as ``model-index`` evaluation results (``huggingface_hub.EvalResult``), which the Hub shows on the
@@ -103,17 +109,20 @@ def _cell(key: str, value: MetricValue | None) -> str:
 class EvalCalibration:
     """A calibrator fitted on an eval split, and the split's metrics before and after (cross-fitted)."""
 
-    calibrator: Any
+    calibrator: Any  # the calibrator kept: the one fitted, or the identity when it did not qualify (``reason``)
     before: dict[str, MetricValue]
-    after: dict[str, MetricValue] | None  # None when a fold could not be fitted (too few samples)
+    after: dict[str, MetricValue] | None  # the fitted method's cross-fitted numbers; None when a fold could not be fitted
     num_samples: int
     cv: int
     seed: int
     task: str = "multiclass"
+    candidate: str | None = None  # the kind asked for (default: the calibrator's)
+    reason: str | None = None  # why the model is left uncalibrated (None: the calibrator was kept)
 
     @property
     def method(self) -> str:
-        return self.calibrator.kind
+        """The calibrator kind that was fitted and cross-fitted (kept unless ``reason`` says why not)."""
+        return self.candidate or self.calibrator.kind
 
     def save(self, folder: str | os.PathLike) -> Path:
         """Save the calibrator to ``folder/calibrator`` (replacing one saved there by an earlier call); returns that path."""
@@ -149,10 +158,16 @@ class EvalCalibration:
         after = (f"after: each sample calibrated by a `{self.method}` fitted on the other {self.cv - 1} of {self.cv} "
                  "stratified folds (cross-fitted), so the numbers are not measured on the data a calibrator was fitted on"
                  if self.after is not None else "after: not measured (a cross-fitting fold could not be fitted)")
+        if self.reason is None:
+            saved = (f"A `{self.method}` calibrator fitted on the {self.num_samples} samples of the evaluation split is saved in "
+                     f"`{CALIBRATOR_FOLDER}/`. With `pip install hf-calibration`, one call loads the model calibrated:")
+        else:
+            saved = (f"A `{self.method}` calibrator was fitted on the {self.num_samples} samples of the evaluation split, but not "
+                     f"kept: {self.reason}. `{CALIBRATOR_FOLDER}/` holds the identity (temperature scaling fixed at T = 1), so "
+                     "the loaded model gives the uncalibrated scores:")
         return "\n".join([
             _SECTION, "",
-            f"A `{self.method}` calibrator fitted on the {self.num_samples} samples of the evaluation split is saved in "
-            f"`{CALIBRATOR_FOLDER}/`. With `pip install hf-calibration`, one call loads the model calibrated:", "",
+            saved, "",
             "```python",
             "import hf_calibration",
             "",
@@ -217,7 +232,8 @@ def dataset_fields(dataset: Any, dataset_tags: Any = None, dataset_name: Any = N
 
 def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFAULT_CALIBRATOR, *, cv: int = 5,
                          seed: int = 0, task: str | None = None) -> EvalCalibration:
-    """Fit ``calibrator`` on an eval split and measure ECE / NLL before and after (cross-fitted, ``cv`` folds).
+    """Fit ``calibrator`` on an eval split and measure ECE / NLL before and after (cross-fitted, ``cv`` folds); keep it
+    only if it qualifies by ``AutoCalibrator``'s rule (module docstring), else keep the identity and warn.
 
     Args:
         logits: (N, K) eval-split logits, or the ``PredictionOutput`` of ``Trainer.predict`` (then ``labels`` may be
@@ -230,6 +246,8 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
     """
     from .calibrators import compare_calibrators
     from .calibrators._base import _labels_of
+    from .calibrators._held_out import held_out_checked
+    from .calibrators.selection import UNCALIBRATED, identity_calibrator
     from .calibrators.selection import sigmoid_task_of
     from .metrics._format import prepare
 
@@ -243,49 +261,100 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
     z, y = np.asarray(inputs.preds, dtype=np.float64), np.asarray(inputs.target)
     before = _measure(z, y)
     try:
-        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed,
+        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed, metric="ece",
                                     race=False, fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True, progress_bar=False)
         crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
+        chosen, reason = table.decide("ece")
     except ValueError as err:  # fewer samples than folds
         crossfit, errors = None, str(err)
+        chosen, reason = UNCALIBRATED, f"it could not be cross-fitted ({err})"
     after = None
     if crossfit is not None and np.isfinite(crossfit).all():
         after = _measure(crossfit, y)
     else:
         logger.warning("calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
                        "the uncalibrated numbers only.", template.kind, len(y), errors)
-    fitted = template.fit(z, y, from_logits=True, progress_bar=False)
-    result = EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed)
-    logger.info("calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)", template.kind, len(y),
-                _cell("ece", before["ece"]), _cell("ece", None if after is None else after["ece"]))
+    if chosen == UNCALIBRATED:
+        reason = f"{template.kind} did not qualify: {reason}"
+        fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval")
+    else:
+        with held_out_checked():  # the cross-fitting above is its held-out check
+            fitted = template.fit(z, y, from_logits=True, progress_bar=False)
+    result = EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, candidate=template.kind, reason=reason)
+    logger.info("calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s", template.kind, len(y),
+                _cell("ece", before["ece"]), _cell("ece", None if after is None else after["ece"]),
+                "" if reason is None else "; not kept, the model stays uncalibrated")
     return result
 
 
 def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str) -> EvalCalibration:
-    """``fit_eval_calibration`` for a binary or multi-label head."""
+    """``fit_eval_calibration`` for a binary or multi-label head, kept by the same rule."""
     from .calibrators import compare_calibrators
+    from .calibrators._held_out import held_out_checked
+    from .calibrators.selection import UNCALIBRATED, identity_calibrator
 
     before = _measure(z, y, task)
     try:
-        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed, race=False,
-                                    fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True, progress_bar=False,
-                                    task=task)
+        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed, metric="ece",
+                                    race=False, fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True,
+                                    progress_bar=False, task=task)
         crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
+        chosen, reason = table.decide("ece")
     except ValueError as err:
         crossfit, errors = None, str(err)
+        chosen, reason = UNCALIBRATED, f"it could not be cross-fitted ({err})"
     after = None
     if crossfit is not None and np.isfinite(crossfit).all():
         after = _measure(crossfit.reshape(z.shape) if crossfit.size == z.size else crossfit, y, task)
     else:
         logger.warning("calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
                        "uncalibrated numbers only.", template.kind, len(y), errors)
-    fitted = template.fit(z, y, from_logits=True, progress_bar=False, task=task)
-    return EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, task=task)
+    if chosen == UNCALIBRATED:
+        reason = f"{template.kind} did not qualify: {reason}"
+        fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval", task=task)
+    else:
+        with held_out_checked():  # the cross-fitting above is its held-out check
+            fitted = template.fit(z, y, from_logits=True, progress_bar=False, task=task)
+    return EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, task=task,
+                           candidate=template.kind, reason=reason)
 
 
-def check_calibrate_on_eval(spec: Any, eval_dataset: Any, task: str | None = None) -> None:
+IGNORE_INDEX = -100  # the label of a row the loss and the calibrator skip (transformers' convention)
+
+
+def _labelled_rows(dataset: Any, needed: int, label_names: tuple[str, ...]) -> int | None:
+    """How many rows of ``dataset`` carry a label other than -100, counted until ``needed`` are found (so a map-style
+    dataset of images is read only that far); None when its rows hold no label under ``label_names``."""
+    columns = getattr(dataset, "column_names", None)
+    if isinstance(columns, list):  # a datasets.Dataset: the label column alone, no image decoded
+        name = next((n for n in label_names if n in columns), None)
+        if name is None:
+            return None
+        plain = dataset.with_format(None) if hasattr(dataset, "with_format") else dataset  # no transform: no image decoded
+        return int(sum(1 for v in plain[name] if v is not None and np.any(np.asarray(v) != IGNORE_INDEX)))
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return None
+    count = 0
+    for i in range(len(dataset)):
+        row = dataset[i]
+        if not isinstance(row, dict):
+            return None
+        name = next((n for n in label_names if n in row), None)
+        if name is None:
+            return None
+        label = row[name]
+        value = np.asarray(label.detach().cpu() if hasattr(label, "detach") else label)
+        count += int(bool(np.any(value != IGNORE_INDEX)))  # a multi-label row: any label
+        if count >= needed:
+            break
+    return count
+
+
+def check_calibrate_on_eval(spec: Any, eval_dataset: Any, label_names: tuple[str, ...] = ("labels", "label"),
+                            task: str | None = None) -> None:
     """Fail before training, not after it: a calibrator spec that does not resolve (or is for another head than
-    ``task``'s), no single eval split, or one too small to fit the calibrator on."""
+    ``task``'s), no single eval split, or one too small to fit the calibrator on (its rows with a label other than
+    -100, which the fit counts)."""
     template = resolve_calibrator(spec, task)
     if eval_dataset is None:
         raise ValueError("Expected an `eval_dataset` to fit the calibrator on, since `calibrate_on_eval` is set, but got None.")
@@ -297,6 +366,11 @@ def check_calibrate_on_eval(spec: Any, eval_dataset: Any, task: str | None = Non
     if hasattr(eval_dataset, "__len__") and len(eval_dataset) < template.min_samples:
         raise ValueError(f"Expected an `eval_dataset` of at least {template.min_samples} samples to fit {type(template).__name__} "
                          f"on (`calibrate_on_eval`), but it holds {len(eval_dataset)}.")
+    labelled = _labelled_rows(eval_dataset, template.min_samples, label_names)
+    if labelled is not None and labelled < template.min_samples:
+        raise ValueError(f"Expected an `eval_dataset` with at least {template.min_samples} labelled samples to fit "
+                         f"{type(template).__name__} on (`calibrate_on_eval`), but only {labelled} of its {len(eval_dataset)} rows "
+                         f"have a label other than {IGNORE_INDEX}.")
 
 
 class CalibrateOnEvalMixin:
@@ -308,12 +382,17 @@ class CalibrateOnEvalMixin:
         self.calibrate_on_eval = None if spec is None or spec is False else spec
         self.eval_calibration: EvalCalibration | None = None
         if self.calibrate_on_eval is not None:
-            check_calibrate_on_eval(self.calibrate_on_eval, self.eval_dataset, getattr(self, "head_task", None))
+            check_calibrate_on_eval(self.calibrate_on_eval, self.eval_dataset, self._label_names(), getattr(self, "head_task", None))
         if not isinstance(endpoint_handler, (bool, str)):
             raise TypeError(f"Expected argument `endpoint_handler` to be a bool or a requirement line (str), but got {endpoint_handler!r}.")
         if endpoint_handler is not False and self.calibrate_on_eval is None:
             raise ValueError("Expected argument `calibrate_on_eval` with `endpoint_handler`: the handler serves the calibrated model.")
         self.endpoint_handler = endpoint_handler
+
+    def _label_names(self) -> tuple[str, ...]:
+        """The dataset fields that may hold a row's label: the Trainer's ``label_names``, then ``labels`` / ``label``."""
+        given = getattr(getattr(self, "args", None), "label_names", None) or []
+        return tuple(dict.fromkeys([*given, "labels", "label"]))
 
     @property
     def calibrator(self):
@@ -327,7 +406,7 @@ class CalibrateOnEvalMixin:
         spec = True if self.calibrate_on_eval is None else self.calibrate_on_eval
         eval_dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         task = getattr(self, "head_task", None)
-        check_calibrate_on_eval(spec, eval_dataset, task)
+        check_calibrate_on_eval(spec, eval_dataset, self._label_names(), task)
         prediction = self.predict(eval_dataset, metric_key_prefix="calibration")
         self.eval_calibration = fit_eval_calibration(prediction, calibrator=resolve_calibrator(spec, task), seed=self.args.seed,
                                                      task=task)

@@ -95,18 +95,26 @@ calibrator.detach()           # back to the original model, bit for bit
 """
 
 
-def read_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """The ``config.json`` of a local calibrator folder, with a clear error when it is missing or not JSON."""
+def read_config(folder: str | os.PathLike, what: str = "calibrator") -> dict[str, Any]:
+    """The ``config.json`` of a local checkpoint folder (``what``: the kind of checkpoint, for the messages), with a
+    clear error when it is missing or not JSON."""
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
-        raise ValueError(f"Expected a calibrator checkpoint with a {CONFIG_NAME} in {str(folder)!r}, but there is none.")
+        found = sorted(p.name for p in Path(folder).iterdir())[:3] if Path(folder).is_dir() else []
+        raise ValueError(f"Expected a {what} checkpoint with a {CONFIG_NAME} in {str(folder)!r}, but there is none"
+                         + (f" (it holds {', '.join(found)})." if found else "."))
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"The calibrator config {str(path)!r} is corrupted (not valid JSON): {err}") from None
+        raise ValueError(f"The {what} config {str(path)!r} is corrupted (not valid JSON): {err}") from None
     if not isinstance(config, dict):
-        raise ValueError(f"The calibrator config {str(path)!r} is corrupted: expected a JSON object, got {type(config).__name__}.")
+        raise ValueError(f"The {what} config {str(path)!r} is corrupted: expected a JSON object, got {type(config).__name__}.")
     return config
+
+
+def read_config_or_none(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The folder's ``config.json`` if it is a calibrator's or a conformal predictor's (one this package saved), else None."""
+    return _calibrator_config(Path(folder)) if Path(folder).is_dir() else None
 
 
 class HubUnreachableError(ConnectionError):
@@ -331,14 +339,16 @@ def check_path_in_repo(path_in_repo: Any, what: str = "argument `path_in_repo`")
 DOWNLOAD_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
 
 
-def open_checkpoint(name_or_path: str | os.PathLike, subfolder: str | None, kwargs: dict[str, Any], *, who: str) -> tuple[Path, dict, dict]:
+def open_checkpoint(name_or_path: str | os.PathLike, subfolder: str | None, kwargs: dict[str, Any], *, who: str,
+                    what: str = "calibrator") -> tuple[Path, dict, dict]:
     """``(folder, config, download options)`` of a checkpoint to load strictly: the download options (and ``strict``,
-    which must stay True; ``who`` names the class in that message) are popped from a ``from_pretrained``'s ``kwargs``."""
+    which must stay True; ``who`` names the class in that message) are popped from a ``from_pretrained``'s ``kwargs``;
+    ``what`` names the kind of checkpoint in the errors."""
     if kwargs.pop("strict", True) is not True:
         raise ValueError(f"{who} always load strictly: `strict=False` is not supported.")
     download = {k: kwargs.pop(k) for k in DOWNLOAD_OPTIONS if k in kwargs}
     folder = resolve_checkpoint(name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
-    return folder, read_config(folder), download
+    return folder, read_config(folder, what), download
 
 
 def load_weights(module: Any, folder: str | os.PathLike, *, what: str, map_location: str = "cpu") -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from ..hub import load_calibrator
 from ._base import Calibrator, NotFittedError, UncalibratedWarning
+from ._held_out import HeldOutWorseWarning
 from ._registry import create_calibrator, list_calibrators, register_calibrator
 from ._scaling import TemperatureCalibrator
 from ._sigmoid import SigmoidCalibrator
@@ -35,6 +36,7 @@ __all__ = [
     "ClassBasedTemperatureScaling",
     "DirichletCalibration",
     "EnsembleTemperatureScaling",
+    "HeldOutWorseWarning",
     "HistogramBinning",
     "IsotonicRegression",
     "MatrixScaling",

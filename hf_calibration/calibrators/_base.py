@@ -23,7 +23,7 @@ from torch import nn
 from .. import hub
 from .._checks import resolve_from_logits
 from ..metrics._format import prepare, top_label
-from . import _graph, _inputs
+from . import _graph, _held_out, _inputs
 from . import attach as _attach
 from ._threads import torch_single_threaded
 from .objectives import get_objective, objective_kwargs
@@ -106,6 +106,7 @@ class Calibrator(
     preserves_argmax: ClassVar[bool] = True
     shift_invariant: ClassVar[bool] = False
     paper_citation: ClassVar[str] = ""
+    held_out_check: ClassVar[bool] = False  # cross-fit the fit set after a fit and warn if that is worse (_held_out.py)
 
     def __init__(self) -> None:
         super().__init__()
@@ -147,6 +148,12 @@ class Calibrator(
     @property
     def is_fitted(self) -> bool:
         return self.fit_info_ is not None
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether it leaves every prediction as the model gave it (``fit_info_["uncalibrated"]`` covers all classes):
+        ``AutoCalibrator`` or ``calibrate_on_eval`` left the model as it was, or the fit moved nothing."""
+        return ((self.fit_info_ or {}).get("uncalibrated") or {}).get("classes") == "all"
 
     def _check_fitted(self) -> None:
         if not self.is_fitted:
@@ -233,11 +240,12 @@ class Calibrator(
         return self._fit_checked(z, y, objective, kw, progress_bar, is_logits=is_logits)
 
     def _fit_checked(self, z: np.ndarray, y: np.ndarray, objective: str, kw: dict, progress_bar: bool, *,
-                     is_logits: bool = True, report: bool = True) -> "Calibrator":
+                     is_logits: bool = True, report: bool = True, check_size: bool = True) -> "Calibrator":
         """``fit`` on inputs already checked and prepared as ``_fit_inputs`` returns them (finite float32/float64 logits
-        with their row maxima at 0, int64 labels). ``report=False`` skips the fit-set report and the identity check
-        (cross-validation scores each fit on its held-out fold instead)."""
-        if z.shape[0] < self.min_samples:
+        with their row maxima at 0, int64 labels). ``report=False`` skips the fit-set report, the identity check and
+        the held-out check (cross-validation scores each fit on its held-out fold instead); ``check_size=False``
+        allows fewer than ``min_samples`` (the held-out check's fits)."""
+        if check_size and z.shape[0] < self.min_samples:
             raise ValueError(f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {z.shape[0]}.")
         was_attached = self._attached_to
         self.fit_info_ = None
@@ -262,6 +270,8 @@ class Calibrator(
             unchanged, predicted, saturated = self._unchanged_classes(*views, z.shape[1])
             if unchanged and _FIT_DEPTH.get() == 0:
                 self._warn_uncalibrated(unchanged, predicted, saturated)
+            if _FIT_DEPTH.get() == 0 and _held_out.wanted(self, z.shape[0]):
+                self.fit_info_["held_out_check"] = _held_out.run(self, z, y, objective, kw)
         if was_attached is not None:
             logger.info("Refitted while attached: the model now uses the new fit.")
         return self

@@ -7,6 +7,11 @@ all folds are pooled (each sample scored by the fit that did not see it), the po
 (``hf_calibration.metrics.bootstrap``), and on *every* resample each method and the best are scored on
 the same rows: the difference ``method - best`` has a percentile interval, and the share of resamples in
 which the method scores lower says how often it would have won.
+
+That share is counted on the resampled differences shifted so that their median is the pooled difference. A binned
+metric's resamples are biased (a resample repeats rows: fewer distinct samples per bin), differently for each
+method, and counted as they are, a method with a positive (worse) pooled difference "won" 62 % of resamples: the
+table read as a contradiction. Centred, a positive difference never wins more than half of them.
 """
 
 from __future__ import annotations
@@ -97,7 +102,8 @@ class PairedBootstrap:
 
     ``pooled[m]``: method m's metric on all held-out predictions together, with its own interval.
     ``difference[m]``: ``pooled[m] - pooled[best]`` with the percentile interval of the paired differences.
-    ``wins[m]``: the share of resamples in which m scores strictly lower than ``best``.
+    ``wins[m]``: the share of resamples in which m scores strictly lower than ``best``, the resampled differences
+    shifted so that their median is the pooled difference (module docstring).
     """
 
     metric: str
@@ -121,14 +127,17 @@ class PairedBootstrap:
         lines = [
             f"Paired bootstrap against the best by {self.metric} ({self.best}): every held-out prediction pooled, "
             f"{any_value.n_boot} resamples of the rows, each method scored on the same rows "
-            f"({100 * any_value.level:g} % percentile intervals).",
+            f"({100 * any_value.level:g} % percentile intervals). Pooled values are not the table's means over folds, "
+            "which rank the methods: a binned metric of all predictions together is lower (more samples per bin). "
+            f"Δ > 0: worse than {self.best}. \"beats\": the share of resamples in which the method scores lower, counted "
+            "on the resampled differences centred on Δ (a binned metric's resamples are biased).",
             "",
-            f"| method | pooled {self.metric}{' (%)' if percent else ''} | Δ vs {self.best}{unit} | wins over {self.best} |",
+            f"| method | pooled {self.metric}{' (%)' if percent else ''} | Δ vs {self.best}{unit} | beats {self.best} in |",
             "|---|---:|---:|---:|",
         ]
         for method, value in self.pooled.items():
             diff = "—" if method == self.best else self.difference[method].format(scale, digits)
-            wins = "—" if method == self.best else f"{100 * self.wins[method]:.1f} %"
+            wins = "—" if method == self.best else f"{100 * self.wins[method]:.1f} % of resamples"
             lines.append(f"| {method} | {value.format(scale, digits)} | {diff} | {wins} |")
         if self.skipped:
             lines += ["", f"(not compared: {', '.join(self.skipped)}, which failed on some fold or were stopped early)"]
@@ -136,6 +145,13 @@ class PairedBootstrap:
 
     def __str__(self) -> str:
         return self.to_markdown()
+
+
+def _centred_share_below_zero(point: float, resampled: np.ndarray) -> float:
+    """The share of ``resampled`` differences below 0 once shifted so that their median is ``point``: never above one
+    half when ``point >= 0`` (module docstring)."""
+    resampled = np.asarray(resampled, dtype=np.float64)
+    return float(np.mean(resampled - np.median(resampled) + float(point) < 0))
 
 
 def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, best: str | None = None, ci: float = 0.95,
@@ -177,7 +193,7 @@ def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, bes
     replicates = dict(zip(methods, boot.replicates([s for _, s in scorers.values()], labels.shape[0])))
     pooled = {m: boot.interval(scorers[m][0], replicates[m]) for m in methods}
     difference = {m: boot.interval(scorers[m][0] - scorers[best][0], replicates[m] - replicates[best]) for m in methods}
-    wins = {m: float(np.mean(replicates[m] < replicates[best])) for m in methods}
+    wins = {m: _centred_share_below_zero(difference[m], replicates[m] - replicates[best]) for m in methods}
     order = [m for m in table.predictions if m in complete]  # the table's row order
     return PairedBootstrap(metric, best, {m: pooled[m] for m in order}, {m: difference[m] for m in order},
                            {m: wins[m] for m in order}, skipped)

@@ -204,7 +204,7 @@ def json_ready(report) -> dict:
     values, non_finite = {}, {}
     for key, value in report.to_dict().items():
         if isinstance(value, float) and not math.isfinite(value):
-            values[key], non_finite[key] = None, str(value)
+            values[key], non_finite[key] = None, str(float(value))  # the value alone (an interval prints its ends too)
         else:
             values[key] = value
     return {**values, "non_finite": non_finite} if non_finite else values
@@ -213,6 +213,35 @@ def json_ready(report) -> dict:
 def dump_json(obj) -> str:
     """Strict JSON (no NaN / Infinity tokens, which JSON does not have)."""
     return json.dumps(obj, indent=2, allow_nan=False)
+
+
+def json_intervals(intervals: dict, non_finite: dict) -> dict:
+    """A report's intervals (``{metric: MetricInterval}``) as strict JSON: an infinite or NaN end becomes null and is
+    named in ``non_finite`` (``{"nll.high": "inf"}``), as ``json_ready`` does for the values."""
+    out = {}
+    for key, v in intervals.items():
+        entry = {"low": v.low, "high": v.high, "level": v.level, "n_boot": v.n_boot}
+        for end in ("low", "high"):
+            if not math.isfinite(entry[end]):
+                non_finite[f"{key}.{end}"] = str(entry[end])
+                entry[end] = None
+        out[key] = entry
+    return out
+
+
+def dry_run_files(folder: str | os.PathLike, path_in_repo: str | None) -> list[str]:
+    """The files of a dry run's temporary upload folder (``push_to_hub(dry_run=True)`` returns it; ``path_in_repo``
+    nests it), as ``"name (size bytes)"`` with sub-folders' files by relative path; then the temporary folder is
+    removed, so that nothing is left behind and nothing printed names a folder that is gone."""
+    import shutil
+
+    folder = Path(folder)
+    files = [f"{p.relative_to(folder).as_posix()} ({p.stat().st_size:,} bytes)" for p in sorted(folder.rglob("*")) if p.is_file()]
+    root = folder
+    for _ in Path(path_in_repo.strip("/")).parts if path_in_repo else ():
+        root = root.parent
+    shutil.rmtree(root, ignore_errors=True)
+    return files
 
 
 def add_input_kind_option(p: argparse.ArgumentParser) -> None:

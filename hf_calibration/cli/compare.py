@@ -147,10 +147,7 @@ def run(args) -> int:
         keep = ~(logits != logits).reshape(logits.shape[0], -1).any(axis=1)  # folds where the method failed or stopped: NaN
         if keep.any():
             drawable[name] = (path, logits[keep], table.labels[keep])
-    try:
-        best = table.best(args.metric)
-    except ValueError:
-        best = None
+    best = table.best(args.metric)  # "uncalibrated" when no method qualifies (the table's text says why)
     paired = paired_section(args, table)
     if args.json:  # the table first: a diagram that cannot be written never loses the comparison
         print(dump_json({"source": data.source, "cv": args.cv, "seed": args.seed, "metric": args.metric, "best": best,
@@ -159,9 +156,7 @@ def run(args) -> int:
     else:
         size = f"K = {data.logits.shape[1]}" if task == "multiclass" else f"{task} head, L = {table.num_classes} label(s)"
         print(f"{data.source} (N = {data.logits.shape[0]}, {size})")
-        print(table)
-        rule = args.metric if args.metric == "nll" else f"{args.metric}, the lowest NLL within one standard error of the lowest {args.metric}"
-        print(f"best by {rule}: {best or 'none (every method failed, was stopped, or did worse than uncalibrated on NLL)'}")
+        print(table)  # the table's text ends with the rule and the pick, as print(table) shows them
         if paired is not None:
             print()
             print(paired)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 from ._common import (
@@ -12,6 +11,7 @@ from ._common import (
     add_input_kind_option,
     add_option,
     calibrated_logits,
+    dry_run_files,
     dump_json,
     from_logits_of,
     json_ready,
@@ -108,8 +108,7 @@ def run(args) -> int:
                          **({"selection": calibrator.selection()} if auto else {})}))
         return 0
     if auto:
-        print(calibrator.comparison_)
-        print(f"best by {args.metric}: {kind}")
+        print(calibrator.comparison_)  # ends with the rule and the pick
     objective = calibrator.fit_info_["objective"]
     what = "probabilities, as log(p)" if not from_logits else "logits"
     print(f"fitted {type(calibrator.calibrator_ if auto else calibrator).__name__} ({objective}) on {data.source} ({what}, N = {data.logits.shape[0]}): "
@@ -135,10 +134,4 @@ def _push(calibrator, args, out, card: dict | None) -> dict:
                        f"the calibrator is saved in {out}.") from None
     if not args.dry_run:
         return {"repo_url": repo_url, "commit_url": str(result)}
-    folder = Path(result)  # the temporary upload folder: listed, then removed (nothing is left behind)
-    files = [f"{p.name} ({p.stat().st_size:,} bytes)" for p in sorted(folder.iterdir()) if p.is_file()]
-    root = folder
-    for _ in Path(args.path_in_repo.strip("/")).parts if args.path_in_repo else ():
-        root = root.parent
-    shutil.rmtree(root, ignore_errors=True)
-    return {"repo_url": repo_url, "dry_run_files": files}
+    return {"repo_url": repo_url, "dry_run_files": dry_run_files(result, args.path_in_repo)}

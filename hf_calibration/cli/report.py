@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_ready, save_diagram
+from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_intervals, json_ready, save_diagram
 from ._inputs import add_input_options, load_inputs
 
 
@@ -44,10 +44,12 @@ def run(args) -> int:
                                 **({"task": data.task} if sigmoid else {}))
     kind = "logits" if report.from_logits else "probabilities"
     if args.json:  # the numbers first: a figure that cannot be written never loses them
-        intervals = {} if sigmoid else {key: {"low": v.low, "high": v.high, "level": v.level, "n_boot": v.n_boot}
-                                        for key, v in report.intervals().items()}
-        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": kind, **json_ready(report),
-                         **({"intervals": intervals} if intervals else {})}), flush=True)
+        values = json_ready(report)
+        non_finite = values.pop("non_finite", {})
+        intervals = {} if sigmoid else json_intervals(report.intervals(), non_finite)
+        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": kind, **values,
+                         **({"intervals": intervals} if intervals else {}), **({"non_finite": non_finite} if non_finite else {})}),
+              flush=True)
     else:
         size = f"L = {report.num_labels} label(s), {data.task} head" if sigmoid else f"K = {data.logits.shape[1]}"
         print(f"{data.source}: N = {report.n}, {size}, {kind}")

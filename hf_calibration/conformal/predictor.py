@@ -9,6 +9,15 @@ is at most ``q_hat``. Where this departs from the paper's reference code, and wh
   Algorithm 3 also keeps the class at which the cumulative mass crosses ``q_hat``; calibrated on the same scores, that
   set covers more than asked. Ours is the split-conformal set of that score (as TorchCP's), with the same guarantee;
   ``randomized=True`` (the default) is the paper's exactly.
+* The non-randomised APS / RAPS score of the last-ranked class is the whole mass, 1, for every image (exactly: the
+  cumulative sums are capped at 1), so those scores tie. Coverage is at least ``1 - alpha`` all the same, but the
+  ceiling ``1 - alpha + 1/(n+1)`` holds only without ties at the threshold: ``fit_info_["ties_at_threshold"]`` counts
+  the calibration scores equal to ``q_hat``, and the card states the ceiling only when there are none (at K = 2,
+  ``allow_empty=True``, alpha = 0.1, ties at 1 gave coverage 0.993 against a ceiling of 0.901). The randomised score
+  has no such ties.
+* ``predict_sets`` treats its input as the kind the predictor was fitted on (logits or probabilities) unless
+  ``from_logits`` says otherwise: detected per call, a single logits row such as ``[0.5078, 0.4828]`` reads as
+  probabilities, and the same row got another set alone than in a batch.
 * ``k_reg`` / ``lambda`` set to ``"auto"`` follow the paper's tuning (``tuning.py``) on a held-out fraction
   (``tune_fraction``, 0.3 as in the reference code) of the calibration data. An unfitted calibrator passed to ``fit`` is
   fitted on that same fraction, never on the samples that set ``q_hat`` (the paper fits Platt scaling on all of them,
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,13 +38,14 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from .. import hub
-from .._checks import check_choice, check_float, check_int, resolve_from_logits
+from .._checks import check_choice, check_float, check_int, looks_like_probabilities, resolve_from_logits
 from ..calibrators._base import Calibrator, NotFittedError, _labels_of
 from ..calibrators._inputs import as_tensor, log_probabilities, native_array
 from ..calibrators._threads import torch_single_threaded
 from ..metrics._format import prepare
 from . import metrics as _metrics
 from .card import CONFORMAL_CARD_TEMPLATE, card_values
+from .draws import input_draws
 from .quantile import check_alpha, check_enough_samples, conformal_quantile
 from .scores import METHODS, conformity_scores, sets_from_scores
 from .tuning import LAMBDA_GRID, choose_k_reg, choose_penalty
@@ -152,7 +163,7 @@ class ConformalPredictor(
 
     # ------------------------------------------------------------------ inputs
     def _probabilities(self, logits: Any, from_logits: bool | None) -> torch.Tensor:
-        return _probabilities(logits, from_logits, self.calibrator, self.num_classes)
+        return _probabilities(logits, from_logits, self.calibrator, self.num_classes, fitted=(self.fit_info_ or {}).get("input"))
 
     def _draws(self, n: int, generator: torch.Generator, device) -> torch.Tensor | None:
         """The randomised score's uniform draws (one per row), or None when the scores are not randomised."""
@@ -225,6 +236,13 @@ class ConformalPredictor(
         scores = self._scores(probs[cal], u, k_reg, penalty)
         label_scores = scores[torch.arange(cal.numel()), y[cal]]
         q_hat = conformal_quantile(label_scores, alpha)
+        ties = int((label_scores == q_hat).sum())  # 1: the threshold itself; more: the coverage ceiling does not hold
+        if ties > 1 and self.allow_empty:
+            warnings.warn(
+                f"{ties} of the {int(cal.numel())} calibration scores tie at the threshold q_hat = {q_hat:.6g}"
+                + (" (the non-randomised score of the last-ranked class is 1 for every image)" if q_hat == 1.0 and self.method != "thr" else "")
+                + ": coverage is still at least 1 - alpha, but the ceiling 1 - alpha + 1/(n+1) that allow_empty=True "
+                "aims at does not hold. randomized=True breaks the ties.", UserWarning, stacklevel=3)
         sets = sets_from_scores(scores, q_hat, allow_empty=self.allow_empty)  # the calibration data's sets, same draws
         self.q_hat.fill_(q_hat)
         self.__dict__["calibrator_"] = calibrator
@@ -242,6 +260,7 @@ class ConformalPredictor(
             "num_classes": int(z.shape[1]),
             "quantile_rank": check_enough_samples(int(cal.numel()), alpha),
             "q_hat": q_hat,
+            "ties_at_threshold": ties,
             "coverage": _metrics.coverage(sets, y[cal]),
             "mean_set_size": _metrics.set_size(sets),
             "calibrator": None
@@ -265,31 +284,56 @@ class ConformalPredictor(
         return k_reg, penalty, {str(lam): size for lam, size in sizes.items()}
 
     # ------------------------------------------------------------------ predict
-    def predict_sets(self, logits: Any, *, from_logits: bool | None = None, generator: torch.Generator | int | None = None):
-        """The prediction sets of (N, K) logits (or probabilities) as an (N, K) boolean mask: numpy for numpy input,
-        a torch tensor on the input's device for torch input.
+    def predict_sets(self, logits: Any, *, from_logits: bool | None = None, generator: torch.Generator | int | None = None,
+                     draws_from: Any = None):
+        """The prediction sets of (N, K) logits (or probabilities) as an (N, K) boolean mask: a torch tensor on the
+        input's device for torch input, numpy otherwise (numpy arrays, nested lists).
 
-        Randomised methods draw one uniform number per row from the predictor's stream (seeded by ``seed``, restarted
-        by ``fit`` and ``from_pretrained``), so a sequence of calls is reproducible; ``generator`` (a
-        ``torch.Generator`` or an int seed) draws from another instead.
+        ``from_logits``: None treats the input as the kind the predictor was fitted on (``fit_info_["input"]``; rows
+        that look like probabilities given to a predictor fitted on logits are treated as logits, with a warning);
+        True / False says which.
+
+        Randomised methods need one uniform draw per row. By default it comes from the predictor's stream (seeded by
+        ``seed``, restarted by ``fit`` and ``from_pretrained``), so a sequence of calls is reproducible, but the same
+        row gets a new draw on every call; ``generator`` (a ``torch.Generator`` or an int seed) draws from another
+        stream instead. ``draws_from`` derives each row's draw from the input instead (``draws.input_draws``, keyed by
+        ``seed``): ``"logits"`` (the rows given), or an (N, ...) tensor or array such as the images' pixel values, so
+        that one input gets one set, alone or in any batch, call after call (what ``attach`` does by default).
         """
         self._check_fitted()
         if isinstance(logits, torch.Tensor) and logits.device.type != "cpu":
-            return self._predict_sets(logits, from_logits, generator)
+            return self._predict_sets(logits, from_logits, generator, draws_from)
         with torch_single_threaded():  # see fit
-            return self._predict_sets(logits, from_logits, generator)
+            return self._predict_sets(logits, from_logits, generator, draws_from)
 
-    def _predict_sets(self, logits, from_logits, generator):
+    def _predict_sets(self, logits, from_logits, generator, draws_from=None):
         probs = self._probabilities(logits, from_logits)
+        u = self._prediction_draws(probs, logits, generator, draws_from)
+        scores = self._scores(probs, u, **self._params())
+        sets = sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
+        return sets if isinstance(logits, torch.Tensor) else sets.cpu().numpy()
+
+    def _prediction_draws(self, probs: torch.Tensor, logits: Any, generator: Any, draws_from: Any) -> torch.Tensor | None:
+        """The randomised score's draws at prediction (None when the scores are not randomised); see ``predict_sets``."""
+        if draws_from is not None:
+            if generator is not None:
+                raise ValueError("Expected at most one of arguments `generator` and `draws_from`, but got both.")
+            if isinstance(draws_from, str):
+                if draws_from != "logits":
+                    raise ValueError(f"Expected argument `draws_from` to be 'logits', an (N, ...) tensor or array, or None, but got {draws_from!r}.")
+                draws_from = as_tensor(logits, "logits") if isinstance(logits, (torch.Tensor, np.ndarray)) else torch.as_tensor(np.asarray(logits, dtype=np.float64))
+            elif not isinstance(draws_from, (torch.Tensor, np.ndarray)):
+                raise TypeError(f"Expected argument `draws_from` to be 'logits', a torch.Tensor or numpy array, or None, but got {type(draws_from).__name__}.")
+            if draws_from.shape[0] != probs.shape[0]:
+                raise ValueError(f"Expected argument `draws_from` to have one row per row of `logits` ({probs.shape[0]}), but got {draws_from.shape[0]}.")
+            return input_draws(draws_from, self.seed).to(probs.device) if self.randomized else None
         if isinstance(generator, int) and not isinstance(generator, bool):
             generator = _generator(generator)
         elif generator is None:
             generator = self.__dict__["_predict_generator"]
         elif not isinstance(generator, torch.Generator):
             raise TypeError(f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}.")
-        scores = self._scores(probs, self._draws(probs.shape[0], generator, probs.device), **self._params())
-        sets = sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
-        return sets.cpu().numpy() if isinstance(logits, np.ndarray) else sets
+        return self._draws(probs.shape[0], generator, probs.device)
 
     def draw_uniforms(self, n: int, *, generator: torch.Generator | int | None = None) -> torch.Tensor | None:
         """The (n,) float64 Uniform(0, 1) draws that ``predict_sets`` would use for its next ``n`` rows, taken from the
@@ -318,12 +362,16 @@ class ConformalPredictor(
         sets = self.predict_sets(logits, from_logits=from_logits)
         return {"coverage": _metrics.coverage(sets, labels), "mean_set_size": _metrics.set_size(sets)}
 
-    def attach(self, pipe: Any) -> Any:
+    def attach(self, pipe: Any, *, draws: str = "input") -> Any:
         """Make an image-classification ``pipeline``'s results carry their prediction sets (see ``pipeline.py``): each
-        row gets ``"in_set"``, and every class of the set is listed even beyond ``top_k``. Returns ``pipe``."""
+        row gets ``"in_set"``, and every class of the set is listed even beyond ``top_k``. Returns ``pipe``.
+
+        ``draws`` (randomised APS / RAPS): ``"input"`` (default) derives each image's draw from its pixel values, so
+        one image gets one set, alone or in a batch, call after call; ``"stream"`` draws from the predictor's random
+        stream, a new draw per image and call (as ``predict_sets`` does by default)."""
         from .pipeline import attach
 
-        return attach(self, pipe)
+        return attach(self, pipe, draws=draws)
 
     def detach(self) -> Any:
         """Undo ``attach``: the pipeline returns its usual results again. Returns the pipeline."""
@@ -344,7 +392,8 @@ class ConformalPredictor(
         save_model(
             self,
             str(save_directory / hub.WEIGHTS_NAME),
-            metadata={"format": "pt", "conformal": self.method, "format_version": str(FORMAT_VERSION)},
+            metadata={"format": "pt", "conformal": self.method, "format_version": str(FORMAT_VERSION),
+                      "settings": json.dumps(self._settings(), sort_keys=True)},
         )
         config = {
             **(self._hub_mixin_config or {}),
@@ -354,6 +403,11 @@ class ConformalPredictor(
             "fit": self.fit_info_,
         }
         (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
+
+    def _settings(self) -> dict[str, Any]:
+        """What decides the sets and what the card states: the constructor's arguments and the fit record. Saved in the
+        weights file's metadata too, so that a ``config.json`` edited after the save is refused at load."""
+        return json.loads(json.dumps({"init": dict(self._hub_mixin_config or {}), "fit": self.fit_info_}))
 
     def generate_model_card(self, *args, **kwargs):
         return super().generate_model_card(*args, **{**card_values(self), **kwargs})
@@ -404,19 +458,37 @@ class ConformalPredictor(
             subfolder: the predictor's folder inside it (e.g. ``"conformal"`` beside a model).
             **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
         """
-        folder, config, download = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors")
+        folder, config, download = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors",
+                                                       what="conformal predictor")
         cls._check_config(config, folder)
         predictor = super().from_pretrained(folder, **kwargs)
-        if config["fit"].get("calibrator"):
-            local = Path(folder) / CALIBRATOR_SUBFOLDER
-            if local.is_dir():
-                calibrator = hub.load_calibrator(local, map_location=kwargs.get("map_location", "cpu"))
-            else:  # a Hub repo: the calibrator's files are downloaded from its own subfolder
-                nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
-                calibrator = hub.load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
-            if calibrator.fit_info_.get("num_classes") not in (None, predictor.num_classes):
-                raise ValueError(f"The calibrator saved with the predictor in {str(folder)!r} was fitted on another number of classes.")
-            predictor.__dict__["calibrator_"] = calibrator
+        local = Path(folder) / CALIBRATOR_SUBFOLDER
+        recorded = config["fit"].get("calibrator")
+        is_local = Path(pretrained_model_name_or_path).is_dir()
+        if not recorded:
+            if hub.read_config_or_none(local) is not None:
+                raise ValueError(f"The conformal predictor in {str(folder)!r} records no calibrator (its config's fit.calibrator is "
+                                 f"null), but {str(local)!r} holds one: its config.json was edited after the save, or the "
+                                 "folders were mixed up. Save the predictor again.")
+            return predictor
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("kind"), str):
+            raise ValueError(f"The checkpoint in {str(folder)!r} is corrupted: its config's fit.calibrator is {recorded!r}.")
+        if is_local and not local.is_dir():
+            raise ValueError(f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator in "
+                             f"{str(local)!r}, but that folder is missing: the sets need it. Copy the whole folder, or save the "
+                             "predictor again.")
+        if local.is_dir():
+            calibrator = hub.load_calibrator(local, map_location=kwargs.get("map_location", "cpu"))
+        else:  # a Hub repo: the calibrator's files are downloaded from its own subfolder
+            nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
+            calibrator = hub.load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
+        if calibrator.kind != recorded["kind"]:
+            raise ValueError(f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator, but "
+                             f"{str(local)!r} holds a {calibrator.kind} one.")
+        if calibrator.fit_info_.get("num_classes") not in (None, predictor.num_classes):
+            raise ValueError(f"The calibrator saved with the predictor in {str(local)!r} was fitted on K = "
+                             f"{calibrator.fit_info_.get('num_classes')} classes, the predictor on K = {predictor.num_classes}.")
+        predictor.__dict__["calibrator_"] = calibrator
         return predictor
 
     @classmethod
@@ -448,9 +520,79 @@ class ConformalPredictor(
         if metadata.get("conformal") != predictor.method or not bool(torch.isfinite(predictor.q_hat)):
             raise ValueError(f"The weights in {path!r} do not belong to a fitted {predictor.method!r} ConformalPredictor.")
         predictor.fit_info_ = dict(config["fit"])
+        _check_settings(predictor, metadata.get("settings"), model_id)
         predictor._reset_stream()
         predictor.eval()
         return predictor
+
+
+def _first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:
+    """The first key path at which two JSON values differ (None: equal)."""
+    if isinstance(saved, dict) and isinstance(loaded, dict):
+        for key in sorted(set(saved) | set(loaded)):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in saved or key not in loaded:
+                return where
+            found = _first_difference(saved[key], loaded[key], where)
+            if found is not None:
+                return found
+        return None
+    return None if saved == loaded else path
+
+
+def _check_settings(predictor: "ConformalPredictor", settings: str | None, where: str) -> None:
+    """Refuse a ``config.json`` that says other than the weights it came with: the settings saved in the weights file's
+    metadata (saves since they were recorded), and always the threshold and the fit record's own consistency."""
+    info, config = predictor.fit_info_, f"{where}/{hub.CONFIG_NAME}"
+
+    def refuse(what: str) -> None:
+        raise ValueError(f"The conformal predictor's {config!r} does not match its weights ({what}): it was edited after the save "
+                         "or is corrupted. Save the predictor again rather than editing its config.")
+
+    if settings is not None:
+        try:
+            saved = json.loads(settings)
+        except ValueError:
+            refuse("the settings recorded in the weights file are not JSON")
+        found = _first_difference(saved, predictor._settings())
+        if found is not None:
+            refuse(f"{found} differs from what was saved")
+    if not isinstance(info.get("q_hat"), (int, float)) or float(info["q_hat"]) != float(predictor.q_hat):
+        refuse(f"fit.q_hat is {info.get('q_hat')!r}, the weights hold q_hat = {float(predictor.q_hat)!r}")
+    for name in ("method", "randomized", "allow_empty"):
+        if info.get(name) != getattr(predictor, name):
+            refuse(f"`{name}` is {getattr(predictor, name)!r} but fit.{name} is {info.get(name)!r}")
+    try:
+        alpha, n = check_alpha(info.get("alpha")), info.get("num_samples")
+        consistent = isinstance(n, int) and n >= 1 and check_enough_samples(n, alpha) == info.get("quantile_rank")
+    except (TypeError, ValueError):
+        consistent = False
+    if not consistent:
+        refuse(f"fit.alpha = {info.get('alpha')!r} with fit.num_samples = {info.get('num_samples')!r} does not give "
+               f"fit.quantile_rank = {info.get('quantile_rank')!r}")
+
+
+def _as_input(logits: Any) -> torch.Tensor:
+    """A tensor or array as it is; nested lists (which ``fit`` takes too) as a float64 array."""
+    if isinstance(logits, (torch.Tensor, np.ndarray)):
+        return as_tensor(logits, "logits")
+    if isinstance(logits, (list, tuple)):
+        try:
+            return torch.from_numpy(np.asarray(logits, dtype=np.float64))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"Expected `logits` to be an (N, K) array of numbers, but the list given is not one ({err}).") from None
+    raise TypeError(f"Expected `logits` to be a torch.Tensor, a numpy array or a nested list, but got {type(logits).__name__}.")
+
+
+def _input_kind(z: torch.Tensor, from_logits: bool | None, fitted: str | None) -> bool:
+    """Whether ``z`` holds logits: ``from_logits`` when given, else the kind the predictor was fitted on (``fitted``:
+    ``"logits"`` / ``"probabilities"``; None: detected). Never detected per call when a fit says which."""
+    if from_logits is not None or fitted is None:
+        return resolve_from_logits(z, from_logits, "logits")
+    if fitted == "logits" and looks_like_probabilities(z, "logits"):
+        warnings.warn("`logits` look like probabilities (rows in [0, 1] summing to 1), but the predictor was fitted on logits: "
+                      "they are treated as logits. Pass from_logits=False if they are probabilities.", UserWarning, stacklevel=5)
+    return fitted == "logits"
 
 
 def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | None, bool]:
@@ -473,12 +615,14 @@ def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | Non
     return pair, is_logits, True
 
 
-def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator | None, num_classes: int | None = None) -> torch.Tensor:
-    """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one (a binary
-    head's (N,) / (N, 1) logits are read as two softmax logits, ``_two_columns``)."""
+def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator | None, num_classes: int | None = None,
+                   fitted: str | None = None) -> torch.Tensor:
+    """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one; ``fitted``:
+    the input kind of the fit (see ``_input_kind``). A binary head's (N,) / (N, 1) logits are read as two softmax
+    logits (``_two_columns``)."""
     if num_classes in (None, 2):  # a binary predictor reads a one-logit head's scores; another K keeps its rank check
         logits, from_logits, _ = _two_columns(logits, from_logits)
-    z = as_tensor(logits, "logits")
+    z = _as_input(logits)
     if z.ndim != 2:
         raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
     if not z.is_floating_point():
@@ -491,7 +635,7 @@ def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator
         finite = torch.isfinite(z).all(dim=1)
         if not bool(finite.all()):
             raise ValueError(f"Expected `logits` to be finite, but row {int((~finite).nonzero()[0])} contains NaN or inf.")
-    is_logits = resolve_from_logits(z, from_logits, "logits")
+    is_logits = _input_kind(z, from_logits, fitted)
     if calibrator is not None:
         z, is_logits = calibrator(z, from_logits=is_logits), True
     if not is_logits:

@@ -451,9 +451,15 @@ class CalibrationAccumulator:
         """Add ``other``'s samples to this accumulator (same settings required); ``other`` is unchanged."""
         if not isinstance(other, CalibrationAccumulator):
             raise TypeError(f"Expected argument `other` to be a CalibrationAccumulator, but got {type(other).__name__}.")
-        for name in ("n_bins", "metrics", "confidence_dtype", "ignore_index", "_boot"):
+        for name in ("n_bins", "metrics", "confidence_dtype", "ignore_index"):
             if getattr(other, name) != getattr(self, name):
                 raise ValueError(f"Expected argument `other` to have {name} = {getattr(self, name)!r}, but got {getattr(other, name)!r}.")
+        if other._boot != self._boot:  # the constructor's ci / n_boot / seed, by their public names
+
+            def asked(boot):
+                return "no interval (ci=None)" if boot is None else f"ci={boot.level!r}, n_boot={boot.n_boot!r}, seed={boot.seed!r}"
+
+            raise ValueError(f"Expected argument `other` to have the same bootstrap settings, {asked(self._boot)}, but got {asked(other._boot)}.")
         if self._sigmoid is not None or other._sigmoid is not None:
             if (self.n and self._sigmoid is None) or (other.n and other._sigmoid is None):
                 raise ValueError("Expected argument `other` to hold the same kind of head (binary / multi-label or multi-class).")

@@ -428,6 +428,10 @@ def reliability_diagram(
                          "(task='binary' / 'multilabel').")
     states = [prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)]
     if calibrated is not None:
+        shapes = [tuple(x.shape) if hasattr(x, "shape") else np.shape(x) for x in (preds, calibrated)]
+        if shapes[1] != shapes[0]:  # before its labels are checked against its K, which would blame `target`
+            raise ValueError(f"Expected argument `calibrated` to have the shape of `preds` {shapes[0]} (the same samples, the "
+                             f"same classes), but got {shapes[1]}.")
         states.append(prepare(calibrated, target, from_logits=from_logits, ignore_index=ignore_index, preds_name="calibrated"))
         if isinstance(names, str) or len(names) != 2 or not all(isinstance(x, str) for x in names):
             raise ValueError(f"Expected argument `names` to be two strings (before, after), but got {names!r}.")

@@ -409,6 +409,31 @@ def test_smart_that_barely_moves_on_saturated_logits_falls_back_too(seed, scale,
     assert float(temps[0]) == pytest.approx(t_ref, rel=1e-4)
 
 
+def test_smart_on_separable_logits_falls_back_without_crashing(caplog):
+    """Issue 29 item 7: logits with the true class 50 above the rest make the objective exactly 0 from the start, and
+    the fallback's own warning divided by it (ZeroDivisionError at smart.py:232), which compare_calibrators and
+    AutoCalibrator showed as fold failures."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import log_softmax
+
+    from hf_calibration.calibrators import compare_calibrators
+    from hf_calibration.calibrators.temperature import T_MAX, T_MIN
+
+    z, y = overconfident(300, 5, seed=2)
+    z = z.astype(np.float64)
+    z[np.arange(300), y] += 50
+    with caplog.at_level(logging.WARNING):
+        smart = SMARTCalibrator().fit(z, y, progress_bar=False)
+    assert smart.history_[0] == 0.0 and smart.fit_info_["fallback"] == "temperature_scaling"
+    assert "by nothing: it is 0 from the start" in caplog.text
+    nll = lambda log_t: -log_softmax(z / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
+    t_ref = float(np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x))
+    # the objective is flat: any T <= 1 is optimal to rounding (NLL ~ e^-50); the fallback's is as good as scipy's
+    assert nll(np.log(smart.fit_info_["temperature"])) == pytest.approx(nll(np.log(t_ref)), abs=1e-12) and nll(np.log(t_ref)) < 1e-12
+    table = compare_calibrators(z, y, ["smart"], race=False, progress_bar=False)
+    assert table["smart"].errors == [] and len(table["smart"].fold_ids) == 5
+
+
 def test_smart_on_learnable_logits_does_not_fall_back(data, caplog):
     z, y = data
     with caplog.at_level(logging.WARNING):

@@ -147,7 +147,7 @@ def test_paired_bootstrap_against_the_best(capsys, npz_file, tmp_path):
         assert entry["difference"]["low"] == pytest.approx(expected.difference[method].low, abs=1e-12)
         assert entry["wins"] == pytest.approx(expected.wins[method])
     code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "q")
-    assert code == 0 and "Paired bootstrap against the best by ece" in out and "wins over" in out
+    assert code == 0 and "Paired bootstrap against the best by ece" in out and "beats" in out
     code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "q",
                           "--overwrite", "--ci", "0")
     assert code == 0 and "Paired bootstrap" not in out  # --ci 0 leaves it out
@@ -172,3 +172,13 @@ def test_default_candidates_racing_and_the_nll_column(capsys, npz_file, tmp_path
     assert code == 0, err
     table = json.loads(out)["table"]
     assert all(entry["folds_run"] == 3 and entry["stopped"] is None for entry in table.values())
+
+
+def test_print_table_shows_the_rule_and_the_pick(npz_file):
+    """Item 13: ``print(table)`` omitted the rule and the pick the CLI printed; the text now ends with both, and says
+    that the fold means rank while pooled values differ."""
+    _, z, y = npz_file
+    table = compare_calibrators(z, y, ["temperature_scaling", "isotonic"], cv=3, progress_bar=False)
+    text = str(table)
+    assert f"best by ece, the lowest NLL within one standard error of the lowest ece: {table.best()}" in text
+    assert "the columns are means over the folds, which rank the methods" in text
