@@ -55,6 +55,9 @@ ERROR, CORRECT, BAD = "clear error", "correct", "SILENT WRONG / crash"
 ISSUE_23_ITEMS = {"detection_cases": "1", "per_class_cases": "2", "image_cases": "3, 12", "cache_cases": "4",
                   "user_file_cases": "5, 6, 7, 12", "accumulator_cases": "8, 12, 13", "model_route_cases": "7, 10, 11",
                   "smaller_cases": "12", "maccal_feature_cases": "9", "diagram_cases": "14", "demo_log_cases": "15"}
+# The issue-29 items (fourth sweep, section 3) each builder's calls cover.
+ISSUE_29_ITEMS = {"small_sample_cases": "1, 2, 7", "conformal_cases": "3, 4, 5, 6, 11, 12", "loading_cases": "10, 11",
+                  "friction_cases": "8, 9, 11, 13, 14, 15"}
 
 # Which branch of the round-2 work owns the behaviour an area's cases probe (the lead re-runs after merging).
 AREA_OWNER = {"metrics": "metrics", "losses": "losses", "calibrators": "calibrators / CLI", "CLI": "calibrators / CLI"}
@@ -1418,6 +1421,320 @@ def demo_log_cases(tmp: Path) -> list[Case]:
     return [Case("processes", "CLI", "demo with stderr not a terminal: carriage-return frames written", frames, reference=lambda: 0)]
 
 
+# ----------------------------------------------------------------------------- the fourth sweep (issue 29)
+
+
+def _small_draws(k: int, n: int, seed: int, test_size: int = 20_000):
+    """The generator of ``benchmarks/small_sample_selection.py``: (calibration logits, labels, test logits, labels)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import small_sample_selection
+
+    _, z, y, zt, yt = small_sample_selection.configuration(k, n, seed, test_size)
+    return z, y, zt, yt
+
+
+def _test_nll(calibrator, zt, yt) -> float:
+    with torch.no_grad():
+        return ref_nll(softmax(calibrator(torch.from_numpy(zt), from_logits=True).double().numpy()), yt)
+
+
+def _warned(call: Callable[[], Any], category) -> bool:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return any(issubclass(w.category, category) for w in caught)
+
+
+def small_sample_cases(tmp: Path) -> list[Case]:
+    """Items 1, 2 and 7: small calibration sets never end worse than uncalibrated in silence; SMART on separable logits."""
+    from hf_calibration.calibrators import AutoCalibrator, HeldOutWorseWarning, SMARTCalibrator, compare_calibrators, create_calibrator
+    from hf_calibration.eval_calibration import fit_eval_calibration
+
+    cases: list[Case] = []
+    add = cases.append
+    # configurations where main's AutoCalibrator made the test NLL worse (benchmarks/results/small_sample_selection.md)
+    for k, n, seed in ((2, 20, 2), (2, 20, 4), (2, 20, 7), (2, 50, 3), (2, 50, 6), (10, 20, 7), (10, 50, 0)):
+        def no_worse(k=k, n=n, seed=seed):
+            z, y, zt, yt = _small_draws(k, n, seed)
+            return bool(_test_nll(AutoCalibrator().fit(z, y, progress_bar=False), zt, yt) <= ref_nll(softmax(zt), yt) + 1e-12)
+
+        add(Case("small calibration sets", "calibrators", f"AutoCalibrator, K = {k}, N = {n}, seed {seed}: test NLL no worse than uncalibrated",
+                 no_worse, reference=lambda: True))
+    for cls_name, k, n, seed in (("smart", 2, 200, 4), ("pts", 10, 50, 3), ("pts", 10, 50, 0)):
+        def warns_when_worse(cls_name=cls_name, k=k, n=n, seed=seed):
+            z, y, zt, yt = _small_draws(k, n, seed)
+            holder = {}
+            warned = _warned(lambda: holder.setdefault("c", create_calibrator(cls_name).fit(z, y, progress_bar=False)), HeldOutWorseWarning)
+            return warned == (_test_nll(holder["c"], zt, yt) > ref_nll(softmax(zt), yt))
+
+        add(Case("small calibration sets", "calibrators", f"{cls_name} alone, K = {k}, N = {n}, seed {seed}: warns exactly when the test NLL is worse",
+                 warns_when_worse, reference=lambda: True))
+    rng = np.random.default_rng(3)
+    yc = rng.integers(0, 2, 200)
+    zc = 2.2 * (rng.normal(size=(200, 2)) + 1.1 * np.eye(2)[yc])  # calibrated by construction
+
+    def eval_keeps_identity():
+        result = fit_eval_calibration(zc, yc, "smart")
+        return bool(result.calibrator.is_identity and result.reason is not None and "not kept" in result.card_section())
+
+    add(Case("small calibration sets", "CLI", "calibrate_on_eval='smart' on a calibrated model: the identity is kept, and said",
+             eval_keeps_identity, reference=lambda: True))
+    zs, ys = Z.copy(), Y.copy()
+    zs[np.arange(len(Y)), Y] += 50
+
+    def separable():
+        smart = SMARTCalibrator().fit(zs, ys, progress_bar=False)
+        table = compare_calibrators(zs, ys, ["smart"], race=False, progress_bar=False)
+        return smart.fit_info_.get("fallback"), len(table["smart"].errors)
+
+    add(Case("extreme values", "calibrators", "SMART on separable logits (true class + 50): fallback, no fold failure",
+             separable, reference=lambda: ("temperature_scaling", 0)))
+    return cases
+
+
+def conformal_cases(tmp: Path) -> list[Case]:
+    """Items 3, 4, 5, 6, 11 and 12: conformal prediction sets."""
+    from hf_calibration.calibrators import TemperatureScaling
+    from hf_calibration.conformal import ConformalPredictor
+
+    cases: list[Case] = []
+    add = cases.append
+    rng = np.random.default_rng(3)
+    y2 = rng.integers(0, 2, 400)
+    z2 = (3 * rng.normal(size=(400, 2)) + 4 * np.eye(2)[y2]).astype(np.float32)
+    thr = ConformalPredictor("thr", allow_empty=True).fit(z2, y2, alpha=0.1)
+    thr.q_hat.fill_(0.509)  # between the two readings of the row: as logits {0, 1}, as probabilities {0}
+    row = np.array([[0.5078, 0.4828]], dtype=np.float32)
+    add(Case("probabilities vs logits", "conformal", "predict_sets([[0.5078, 0.4828]]) alone, fitted on logits: the logits' set",
+             lambda: thr.predict_sets(row)[0].tolist(), reference=lambda: (softmax(row)[0] >= 1 - float(thr.q_hat)).tolist()))
+    add(Case("probabilities vs logits", "conformal", "predict_sets: the same row alone and in a batch of 6",
+             lambda: thr.predict_sets(row)[0].tolist() == thr.predict_sets(np.vstack([row, z2[:5]]))[0].tolist(), reference=lambda: True))
+    add(Case("rank / shape", "conformal", "predict_sets(nested list), as fit takes: the array's sets",
+             lambda: thr.predict_sets(z2[:5].tolist()).tolist(), reference=lambda: (softmax(z2[:5]) >= 1 - float(thr.q_hat)).tolist()))
+    # item 4: a tampered conformal/config.json
+    zc, yc = make_data(1200, 10, seed=2)
+    ConformalPredictor("aps", seed=1).fit(zc, yc, calibrator=TemperatureScaling()).save_pretrained(tmp / "cp")
+    for label, edit in (("fit.alpha 0.1 -> 0.2", lambda c: c["fit"].__setitem__("alpha", 0.2)),
+                        ("fit.q_hat edited", lambda c: c["fit"].__setitem__("q_hat", 0.5)),
+                        ("randomized: false", lambda c: c.__setitem__("randomized", False)),
+                        ("calibrator: null (calibrator/ kept)", lambda c: c["fit"].__setitem__("calibrator", None)),
+                        ("fit.coverage edited (shown in the card)", lambda c: c["fit"].__setitem__("coverage", 0.99))):
+        folder = tmp / f"cp_{len(cases)}"
+        shutil.copytree(tmp / "cp", folder)
+        config = json.loads((folder / "config.json").read_text())
+        edit(config)
+        (folder / "config.json").write_text(json.dumps(config))
+        add(Case("corrupted / tampered checkpoints", "conformal", f"ConformalPredictor.from_pretrained: config.json {label}",
+                 lambda folder=folder: ConformalPredictor.from_pretrained(folder), ("does not match its weights",)))
+    folder = tmp / "cp_nocal"
+    shutil.copytree(tmp / "cp", folder)
+    shutil.rmtree(folder / "calibrator")
+    add(Case("corrupted / tampered checkpoints", "conformal", "ConformalPredictor.from_pretrained: calibrator/ deleted",
+             lambda: ConformalPredictor.from_pretrained(folder), ("folder is missing", "calibrator")))
+    junk = tmp / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("x")
+    add(Case("corrupted / tampered checkpoints", "conformal", "ConformalPredictor.from_pretrained(a folder of junk)",
+             lambda: ConformalPredictor.from_pretrained(junk), ("conformal predictor checkpoint",)))
+    # item 5: ties at cumulative mass 1
+    yw = rng.integers(0, 2, 1000)
+    zw = (rng.normal(size=(1000, 2)) + np.eye(2)[yw]).astype(np.float32)
+
+    def ties():
+        from hf_calibration.conformal.card import card_values
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            predictor = ConformalPredictor("aps", randomized=False, allow_empty=True).fit(zw, yw, alpha=0.1)
+        return predictor.fit_info_["ties_at_threshold"], "does not hold here" in card_values(predictor)["guarantee"]
+
+    def ties_by_hand():
+        pw = softmax(zw)
+        scores = np.where(pw.argmax(1) == yw, pw.max(1), 1.0)
+        q = np.sort(scores)[math.ceil(1001 * 0.9) - 1]
+        return int((scores == q).sum()), True
+
+    add(Case("extreme values", "conformal", "non-randomised APS, K = 2, allow_empty: ties at q_hat counted, no ceiling claimed",
+             ties, reference=ties_by_hand))
+    # item 6: one image, one set
+    pipe, images = tiny_pipeline()
+    predictor = ConformalPredictor("raps", allow_empty=True, seed=2).fit(rng.normal(scale=0.05, size=(1000, K)).astype(np.float32),
+                                                                         rng.integers(0, K, 1000), alpha=0.4)
+    predictor.attach(pipe)
+    from PIL import Image
+
+    pictures = [Image.fromarray((255 * (images[i].permute(1, 2, 0).numpy().clip(-1, 1) + 1) / 2).astype(np.uint8)) for i in range(4)]
+
+    def sets(results):
+        return [sorted(r["label"] for r in rows if r["in_set"]) for rows in results]
+
+    add(Case("processes", "conformal", "pipeline: the same 4 images, two calls and one at a time: the same sets",
+             lambda: sets(pipe(pictures, top_k=1)) == sets(pipe(pictures, top_k=1)) == [sets([pipe(p, top_k=1)])[0] for p in pictures],
+             reference=lambda: True))
+    # item 12: conformal --dry-run
+    np.savez(tmp / "cp.npz", logits=zc, labels=yc)
+    before = set(Path(tempfile.gettempdir()).glob("hf_calibration_push_*"))
+
+    def dry_run():
+        out = cli("conformal", "--logits", tmp / "cp.npz", "--method", "thr", "--push-to-hub", "me/vit", "--dry-run")
+        left = set(Path(tempfile.gettempdir()).glob("hf_calibration_push_*")) - before
+        return "would receive README.md (" in out and "config.json (" in out and not left and str(tempfile.gettempdir()) not in out
+
+    add(Case("existing output files", "CLI", "conformal --dry-run: lists the files, prints no folder that is gone, leaves none",
+             dry_run, reference=lambda: True))
+    return cases
+
+
+def loading_cases(tmp: Path) -> list[Case]:
+    """Items 10 and 11: load_calibrated_model / pipeline name the folder or argument and the cause."""
+    from hf_calibration import load_calibrated_model, pipeline
+    from hf_calibration.calibrators import TemperatureScaling, VectorScaling
+
+    cases: list[Case] = []
+    add = cases.append
+    model = tiny_model_folder(tmp / "model")
+    z5, y5 = make_data(300, K + 2, seed=4)
+    TemperatureScaling().fit(Z, Y, progress_bar=False).save_pretrained(tmp / "ts_k")
+    for name, setup in (("calibrator/ without config.json", lambda f: (shutil.copytree(tmp / "ts_k", f / "calibrator"), (f / "calibrator" / "config.json").unlink())),
+                        ("a file named calibrator", lambda f: (f / "calibrator").write_text("x")),
+                        ("temperature scaling fitted for K + 2", lambda f: TemperatureScaling().fit(z5, y5, progress_bar=False).save_pretrained(f / "calibrator")),
+                        ("vector scaling fitted for K + 2", lambda f: VectorScaling().fit(z5, y5, progress_bar=False).save_pretrained(f / "calibrator"))):
+        folder = tmp / f"model_{len(cases)}"
+        shutil.copytree(model, folder)
+        setup(folder)
+        add(Case("Hub and attach", "calibrators", f"load_calibrated_model: {name}", lambda folder=folder: load_calibrated_model(folder),
+                 ("calibrator",), untouched=_unchanged(folder)))
+    add(Case("Hub and attach", "calibrators", "load_calibrated_model('./no/such/folder')", lambda: load_calibrated_model("./no/such/folder"), ("model",)))
+    add(Case("Hub and attach", "calibrators", "pipeline(model=<the weights file>)",
+             lambda: pipeline("image-classification", model=model / "model.safetensors"), ("model",)))
+    return cases
+
+
+def friction_cases(tmp: Path) -> list[Case]:
+    """Items 9, 11, 13, 14 and 15: the JSON report, merge, calibrated=, the compare table, exports, notices, options."""
+    import types
+
+    import hf_calibration
+    from hf_calibration import CalibrationAccumulator
+    from hf_calibration.calibrators import compare_calibrators
+
+    cases: list[Case] = []
+    add = cases.append
+    # item 8
+    def trainer_with(labels):
+        import datasets
+        from transformers import TrainingArguments
+
+        from hf_calibration import CalibrationTrainer
+
+        table = datasets.Dataset.from_dict({"pixel_values": np.zeros((len(labels), 3, 8, 8), np.float32).tolist(), "labels": labels})
+        args = TrainingArguments(output_dir=str(tmp / "trainer"), report_to=[], use_cpu=True, save_strategy="no", max_steps=1)
+        return CalibrationTrainer(model=tiny_vit(), args=args, train_dataset=table, eval_dataset=table, calibrate_on_eval=True)
+
+    add(Case("labels", "CLI", "CalibrationTrainer(calibrate_on_eval): 60 eval rows, 55 labelled -100 (before training)",
+             lambda: trainer_with([0, 1, 2, 3, 4] + [-100] * 55), ("labelled",)))
+    # item 9
+    p = P.copy()
+    p[0] = 0.0
+    p[0, (Y[0] + 1) % K] = 1.0  # the true class at probability 0: NLL inf
+    np.savez(tmp / "inf.npz", logits=p, labels=Y)
+
+    def json_inf():
+        data = json.loads(cli("report", "--logits", tmp / "inf.npz", "--probs", "--json", "--ci", "0.9", "--n-boot", "50"))
+        return data["nll"], data["intervals"]["nll"]["high"], data["non_finite"]["nll.high"]
+
+    add(Case("extreme values", "CLI", "report --json --ci with an infinite NLL: null ends, listed in non_finite",
+             json_inf, reference=lambda: (None, None, "inf")))
+    # item 11
+    add(Case("hyper-parameters", "metrics", "CalibrationAccumulator(ci=0.9).merge(no interval): names ci / n_boot / seed",
+             lambda: CalibrationAccumulator(ci=0.9, n_boot=50).merge(CalibrationAccumulator()), ("ci=",)))
+    for shape in ((len(Y), K - 1), (len(Y), K + 1)):
+        add(Case("rank / shape", "metrics", f"reliability_diagram(calibrated=<{shape}>) for (N, {K}) preds",
+                 lambda shape=shape: metrics.reliability_diagram(Z, Y, calibrated=np.zeros(shape)), ("calibrated",)))
+    # item 13
+    table = compare_calibrators(Z, Y, ["temperature_scaling", "isotonic"], cv=3, keep_predictions=True, progress_bar=False)
+    add(Case("hyper-parameters", "calibrators", "print(compare table): the rule and the pick", lambda: f"lowest ece: {table.best()}" in str(table),
+             reference=lambda: True))
+
+    def wins_agree():
+        paired = table.paired_bootstrap("ece", n_boot=200)
+        return all(paired.wins[m] <= 0.5 for m in paired.pooled if float(paired.difference[m]) > 0)
+
+    add(Case("hyper-parameters", "calibrators", "paired bootstrap: a worse pooled Δ never 'beats' the best in most resamples",
+             wins_agree, reference=lambda: True))
+    # item 14
+    add(Case("Hub and attach", "calibrators", "hf_calibration.attached_calibrator (named in the README)",
+             lambda: hf_calibration.attached_calibrator is hf_calibration.calibrators.attached_calibrator, reference=lambda: True))
+
+    def identity_notice():
+        from hf_calibration.calibrators.selection import identity_calibrator
+        from hf_calibration.conformal import ConformalPredictor
+
+        pipe, _ = tiny_pipeline()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            identity_calibrator(Z, Y, None, "nothing helped", who="test").attach(pipe.model)
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        log = logging.getLogger("hf_calibration")
+        log.addHandler(handler)
+        level = log.level
+        log.setLevel(logging.WARNING)
+        try:
+            ConformalPredictor("thr").fit(Z, Y).attach(pipe)
+        finally:
+            log.removeHandler(handler)
+            log.setLevel(level)
+        return [r.getMessage() for r in records if "calibrator is attached" in r.getMessage()]
+
+    add(Case("Hub and attach", "conformal", "conformal attach beside an identity calibrator (T = 1): no 'calibrator is attached' notice",
+             identity_notice, reference=lambda: []))
+    loader = types.SimpleNamespace(batch_sampler=types.SimpleNamespace(even_batches=True), total_batch_size=100, end_of_dataloader=True, remainder=97)
+
+    class GradientState:
+        _shared_state = {"ready": True}
+        in_dataloader, active_dataloader, end_of_dataloader, remainder = True, loader, True, 97
+
+    class PartialState:
+        num_processes, process_index = 2, 0
+
+    def slices_on_rank0():
+        saved = sys.modules.get("accelerate.state")
+        sys.modules["accelerate.state"] = types.SimpleNamespace(GradientState=GradientState, PartialState=PartialState)
+        try:
+            acc = CalibrationAccumulator(confidence_dtype="float64")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for i in range(0, 50, 20):
+                    acc.update(Z[i:min(i + 20, 50)], Y[i:min(i + 20, 50)])
+            warned = any("counted twice" in str(w.message) for w in caught)  # the issue's false positive, not any warning
+            return np.array([float(warned), acc.compute().ece])
+        finally:
+            if saved is None:
+                sys.modules.pop("accelerate.state", None)
+            else:
+                sys.modules["accelerate.state"] = saved
+
+    add(Case("processes", "metrics", "even_batches: rank 0's last batch (no repeats) fed in 3 slices: no warning, all rows",
+             slices_on_rank0, reference=lambda: np.array([0.0, ref_ece(P[:50], Y[:50])])))
+    # item 15
+    np.savez(tmp / "z.npz", logits=Z, labels=Y)
+    add(Case("hyper-parameters", "CLI", "report --n-boot 100 without --ci", lambda: cli("report", "--logits", tmp / "z.npz", "--n-boot", "100"),
+             ("n_boot", "--n-boot")))
+    add(Case("hyper-parameters", "metrics", "ece(ci=0.95, seed=2**64)", lambda: metrics.ece(Z, Y, ci=0.95, seed=2**64), ("seed",)))
+    add(Case("dtype", "metrics", "ece(ci=np.float32(0.95)).level", lambda: metrics.ece(Z, Y, ci=np.float32(0.95), n_boot=20).level,
+             reference=lambda: 0.95, atol=0))
+    spaces = tmp / "spaces"
+    cli("push-metrics", "--namespace", "org", "--dry-run", "--out", spaces, "--requirement", "hf-calibration==0.1.0", "--metrics", "ece")
+    card = spaces / "ece" / "README.md"
+    card.write_text(card.read_text() + "\nmy notes\n")
+    add(Case("existing output files", "CLI", "push-metrics --dry-run --overwrite over a README edited after the first dry run",
+             lambda: cli("push-metrics", "--namespace", "org", "--dry-run", "--out", spaces, "--requirement", "hf-calibration==0.1.0",
+                         "--metrics", "ece", "--overwrite"), ("README.md",), untouched=_unchanged(spaces)))
+    return cases
+
+
 def _maccal_folder(folder: Path) -> Path | None:
     """A tiny ViT after a one-epoch MaC-Cal stage on random features, saved (None when the stage cannot run here)."""
     from hf_calibration.maccal import MaCCalConfig, maccal_stage
@@ -1493,7 +1810,8 @@ def run(verbose: bool) -> tuple[list[tuple[Case, str, str]], float]:
         tmp = Path(tmpdir)
         for build in (metric_cases, calibrator_cases, registry_cases, checkpoint_cases, output_cases, cli_cases, hub_cases,
                       loss_cases, new_surface_cases, detection_cases, per_class_cases, image_cases, cache_cases, user_file_cases,
-                      accumulator_cases, model_route_cases, smaller_cases, maccal_feature_cases, diagram_cases, demo_log_cases):
+                      accumulator_cases, model_route_cases, smaller_cases, maccal_feature_cases, diagram_cases, demo_log_cases,
+                      small_sample_cases, conformal_cases, loading_cases, friction_cases):
             sub = tmp / build.__name__
             sub.mkdir()
             for case in build(sub):
@@ -1556,6 +1874,9 @@ def write_markdown(results, seconds: float, note: str = "") -> str:
     third = [f"`{name}` (item{'s' if ',' in items else ''} {items}): {len(per_source.get(name, []))} calls, "
              f"{per_source.get(name, []).count(BAD)} wrong" for name, items in ISSUE_23_ITEMS.items()]
     text += ["Calls of the third sweep (issue 23), by the items they probe: " + "; ".join(third) + ".", ""]
+    fourth = [f"`{name}` (item{'s' if ',' in items else ''} {items}): {len(per_source.get(name, []))} calls, "
+              f"{per_source.get(name, []).count(BAD)} wrong" for name, items in ISSUE_29_ITEMS.items()]
+    text += ["Calls of the fourth sweep (issue 29, section 3), by the items they probe: " + "; ".join(fourth) + ".", ""]
     guarded = [(c, o) for c, o, _ in results if c.untouched is not None]
     touched = [c for c, o, d in results if o == BAD and "user's file changed" in d]
     if bad:

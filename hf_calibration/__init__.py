@@ -19,6 +19,9 @@ _EXPORTS = {
     "metric_scripts": ["list_metric_scripts", "metric_path"],
     "losses": [
         "LOSS_MAPPING",
+        "AsymmetricLoss",
+        "BinaryCrossEntropyLoss",
+        "BinaryLabelSmoothingLoss",
         "CalibrationLoss",
         "CrossEntropyLoss",
         "FLSD53Loss",
@@ -26,25 +29,33 @@ _EXPORTS = {
         "FocalLoss",
         "LabelSmoothingLoss",
         "MbLSLoss",
+        "SigmoidFocalLoss",
         "get_loss",
     ],
     "calibrators": [
         "AutoCalibrator",
+        "BetaCalibration",
         "ClassBasedTemperatureScaling",
         "DirichletCalibration",
         "EnsembleTemperatureScaling",
+        "HeldOutWorseWarning",
         "HistogramBinning",
         "IsotonicRegression",
         "MatrixScaling",
         "OneVsRestIsotonicRegression",
         "ParameterizedTemperatureScaling",
+        "PlattScaling",
         "SMARTCalibrator",
+        "SigmoidHistogramBinning",
+        "SigmoidIsotonicRegression",
+        "SigmoidTemperatureScaling",
         "SplineCalibration",
         "StructuredMatrixScaling",
         "StructuredVectorScaling",
         "TemperatureScaling",
         "UncalibratedWarning",
         "VectorScaling",
+        "attached_calibrator",
         "compare_calibrators",
         "create_calibrator",
         "list_calibrators",
@@ -54,6 +65,7 @@ _EXPORTS = {
     "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
     "conformal": ["ConformalPredictor"],
     "inference": ["predict_logits"],
+    "tasks": ["resolve_task"],
     "calibrated_model": ["load_calibrated_model", "pipeline"],
     "serving": ["CalibratedClassifier", "export_onnx", "push_endpoint_handler", "write_endpoint_handler"],
     "metrics.accumulator": ["CalibrationAccumulator"],
@@ -85,21 +97,28 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from . import metrics
     from .calibrators import (
         AutoCalibrator,
+        BetaCalibration,
         ClassBasedTemperatureScaling,
         DirichletCalibration,
         EnsembleTemperatureScaling,
+        HeldOutWorseWarning,
         HistogramBinning,
         IsotonicRegression,
         MatrixScaling,
         OneVsRestIsotonicRegression,
         ParameterizedTemperatureScaling,
+        PlattScaling,
         SMARTCalibrator,
+        SigmoidHistogramBinning,
+        SigmoidIsotonicRegression,
+        SigmoidTemperatureScaling,
         SplineCalibration,
         StructuredMatrixScaling,
         StructuredVectorScaling,
         TemperatureScaling,
         UncalibratedWarning,
         VectorScaling,
+        attached_calibrator,
         compare_calibrators,
         create_calibrator,
         list_calibrators,
@@ -107,6 +126,9 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from .losses import (
         LOSS_MAPPING,
+        AsymmetricLoss,
+        BinaryCrossEntropyLoss,
+        BinaryLabelSmoothingLoss,
         CalibrationLoss,
         CrossEntropyLoss,
         FeDLaSLoss,
@@ -114,6 +136,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         FocalLoss,
         LabelSmoothingLoss,
         MbLSLoss,
+        SigmoidFocalLoss,
         get_loss,
     )
     from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
@@ -121,6 +144,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from .serving import CalibratedClassifier, export_onnx, push_endpoint_handler, write_endpoint_handler
     from .conformal import ConformalPredictor
     from .inference import predict_logits
+    from .tasks import resolve_task
     from .metric_scripts import list_metric_scripts, metric_path
     from .metrics.accumulator import CalibrationAccumulator
     from .trainer import CalibrationTrainer

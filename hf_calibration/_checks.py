@@ -70,6 +70,8 @@ def check_float(
 ) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"Expected argument `{name}` to be a real number, but got {value!r}.")
+    if isinstance(value, np.floating) and value.dtype.itemsize < 8:
+        value = float(str(value))  # the decimal a float32 prints as (0.95), not its binary value (0.949999988...)
     value = float(value)
     if not np.isfinite(value):
         raise ValueError(f"Expected argument `{name}` to be finite, but got {value}.")
@@ -106,6 +108,14 @@ def check_folder_or_hub_id(name_or_path: Any, name: str, kind: str = "model") ->
                          f"folder {str(name_or_path)!r} (and it cannot be a Hub id).") from None
 
 
+MULTILABEL_HINT = (
+    " (N, L) 0/1 labels belong to a multi-label head (one sigmoid per label, config.problem_type="
+    "'multi_label_classification'), which this softmax path does not score: pass task='multilabel' to the metrics, "
+    "fit a sigmoid calibrator (platt, sigmoid_temperature_scaling, ...) and train with a multi-label loss "
+    "(BinaryCrossEntropyLoss, SigmoidFocalLoss, AsymmetricLoss)."
+)
+
+
 def check_classification_shapes(preds: Any, target: Any, preds_name: str = "preds", target_name: str = "target") -> None:
     """Rank, size, K >= 2 and dtype checks shared by metrics, losses and calibrators.
 
@@ -118,6 +128,7 @@ def check_classification_shapes(preds: Any, target: Any, preds_name: str = "pred
     if target.ndim != 1:
         raise ValueError(
             f"Expected `{target_name}` to have shape (N,) (rank 1), but got rank {target.ndim} with shape {tuple(target.shape)}."
+            + (MULTILABEL_HINT if target.ndim == 2 else "")
         )
     n, k = preds.shape
     if n == 0:

@@ -27,6 +27,7 @@ from typing import Any
 from torch import nn
 
 from . import hub
+from ._checks import check_folder_or_hub_id
 from .model_loading import _HUB_KWARGS, _load_model, load_image_processor
 
 __all__ = ["CALIBRATOR_FOLDER", "CONFORMAL_FOLDER", "load_calibrated_model", "pipeline"]
@@ -48,10 +49,12 @@ def _say_once(source: str, what: str, level: int, message: str, *args: Any) -> N
 
 
 def _check_source(name_or_path: Any) -> str:
+    """A model folder or a Hub repo id; a file, or a path to no folder, is refused here (not deep in transformers)."""
     if isinstance(name_or_path, os.PathLike):
-        return os.fspath(name_or_path)
-    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        name_or_path = os.fspath(name_or_path)
+    elif not isinstance(name_or_path, str) or not name_or_path.strip():
         raise TypeError(f"Expected argument `model` to be a folder or a Hub repo id, but got {name_or_path!r}.")
+    check_folder_or_hub_id(name_or_path, "model")
     return name_or_path
 
 
@@ -86,23 +89,44 @@ def _load_conformal(folder: Path, source: str):
                   "%s holds a %s/ predictor, but this hf_calibration has no %s module: prediction sets are not attached "
                   "(upgrade hf-calibration).", source, CONFORMAL_FOLDER, _CONFORMAL_MODULE)
         return None
-    return module.ConformalPredictor.from_pretrained(str(folder))
+    load = getattr(module, "load_conformal_predictor", None) or module.ConformalPredictor.from_pretrained  # any kind: THR / APS / RAPS, CRC
+    return load(str(folder))
 
 
-def _load_companions(source: str, revision: str | None, download: dict[str, Any]) -> tuple[Any, Any]:
-    """``(calibrator or None, conformal predictor or None)`` from ``source``'s subfolders; says once what is missing."""
+def _companion_folder(root: Path, name: str) -> Path | None:
+    """``root / name`` when it holds something to load; None when absent or empty; a file there is refused."""
+    folder = root / name
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"Expected {str(folder)!r} to be a folder holding a saved {name} (or nothing there), but it is a file.")
+    return folder if folder.is_dir() and any(folder.iterdir()) else None
+
+
+def _check_classes(what: Any, folder: Path, num_classes: int | None, source: str) -> None:
+    fitted = (getattr(what, "fit_info_", None) or {}).get("num_classes")
+    if num_classes is not None and fitted is not None and fitted != num_classes:
+        raise ValueError(f"The {type(what).__name__} in {str(folder)!r} was fitted on K = {fitted} classes, but the model in "
+                         f"{source!r} has {num_classes} (config.num_labels): it belongs to another model.")
+
+
+def _load_companions(source: str, revision: str | None, download: dict[str, Any], num_classes: int | None = None) -> tuple[Any, Any]:
+    """``(calibrator or None, conformal predictor or None)`` from ``source``'s subfolders, each checked against the
+    model's ``num_classes``; says once what is missing. A subfolder that is a file, or holds files but no checkpoint,
+    raises ``ValueError`` naming it."""
     root = _companion_root(source, revision, download)
     if root is None:
         return None, None
-    calibrator_dir, conformal_dir = root / CALIBRATOR_FOLDER, root / CONFORMAL_FOLDER
-    calibrator = hub.load_calibrator(calibrator_dir) if (calibrator_dir / hub.CONFIG_NAME).is_file() else None
-    conformal = _load_conformal(conformal_dir, source) if conformal_dir.is_dir() and any(conformal_dir.iterdir()) else None
+    calibrator_dir, conformal_dir = _companion_folder(root, CALIBRATOR_FOLDER), _companion_folder(root, CONFORMAL_FOLDER)
+    calibrator = hub.load_calibrator(calibrator_dir) if calibrator_dir is not None else None
+    conformal = _load_conformal(conformal_dir, source) if conformal_dir is not None else None
     if calibrator is None:
         _say_once(source, "calibrator", logging.WARNING,
-                  "%s has no %s/ folder: loaded the plain, uncalibrated model (save a fitted calibrator in %s/ beside "
-                  "the model to load it calibrated).", source, CALIBRATOR_FOLDER, CALIBRATOR_FOLDER)
+                  "%s has no %s/ folder (or an empty one): loaded the plain, uncalibrated model (save a fitted calibrator in "
+                  "%s/ beside the model to load it calibrated).", source, CALIBRATOR_FOLDER, CALIBRATOR_FOLDER)
     else:
+        _check_classes(calibrator, calibrator_dir, num_classes, source)
         logger.info("%s: attached the %s calibrator from %s/", source, calibrator.kind, CALIBRATOR_FOLDER)
+    if conformal is not None:
+        _check_classes(conformal, conformal_dir, num_classes, source)
     return calibrator, conformal
 
 
@@ -125,7 +149,9 @@ def load_calibrated_model(name_or_path: str | os.PathLike, *, revision: str | No
     """
     source = _check_source(name_or_path)
     model = _load_model(source, revision, **kwargs).eval()
-    calibrator, conformal = _load_companions(source, revision, {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+    num_classes = getattr(getattr(model, "config", None), "num_labels", None)
+    calibrator, conformal = _load_companions(source, revision, {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs},
+                                             num_classes if isinstance(num_classes, int) else None)
     if calibrator is not None:
         calibrator.attach(model)
     model.__dict__["conformal_predictor"] = conformal  # plain attribute: not a submodule, never saved with the model
@@ -140,6 +166,7 @@ def pipeline(
     revision: str | None = None,
     token: str | bool | None = None,
     model_kwargs: dict[str, Any] | None = None,
+    conformal_draws: str = "input",
     **pipeline_kwargs: Any,
 ):
     """``transformers.pipeline("image-classification", model=...)`` whose scores are calibrated by the repo's
@@ -151,7 +178,14 @@ def pipeline(
         image_processor: an image processor, or a folder / Hub id; default: the model's own.
         revision, token: for the model, its subfolders and its image processor.
         model_kwargs: passed to the model's ``from_pretrained`` (``dtype``, ``cache_dir``, ...).
-        **pipeline_kwargs: passed to ``transformers.pipeline`` (``device``, ``top_k``, ``batch_size``, ...).
+        conformal_draws: with a randomised ``conformal/`` predictor (APS / RAPS), where each image's uniform draw comes
+            from: ``"input"`` (default: derived from the image's pixel values, so the same image gets the same set on
+            every call, alone or in a batch) or ``"stream"`` (the predictor's random stream: a new draw per image and
+            call). See ``ConformalPredictor.attach``.
+        **pipeline_kwargs: passed to ``transformers.pipeline`` (``device``, ``top_k``, ``batch_size``, ...). The scores'
+            ``function_to_apply`` follows the model's head (``config.problem_type``, :mod:`hf_calibration.tasks`):
+            ``"sigmoid"`` for a multi-label or one-logit binary head (each label's calibrated probability),
+            ``"softmax"`` otherwise, unless given here.
 
     Example::
 
@@ -162,6 +196,8 @@ def pipeline(
 
     if task != _TASK:
         raise ValueError(f"Expected argument `task` to be {_TASK!r} (calibrators act on class scores), but got {task!r}.")
+    if conformal_draws not in ("input", "stream"):
+        raise ValueError(f"Expected argument `conformal_draws` to be 'input' or 'stream', but got {conformal_draws!r}.")
     source = _check_source(model)
     model_kwargs = dict(model_kwargs or {})
     if token is not None:
@@ -170,8 +206,14 @@ def pipeline(
     if image_processor is None or isinstance(image_processor, (str, os.PathLike)):
         processor_kwargs = {k: model_kwargs[k] for k in _HUB_KWARGS if k in model_kwargs}
         image_processor = load_image_processor(source if image_processor is None else image_processor, revision, **processor_kwargs)
+    if "function_to_apply" not in pipeline_kwargs:
+        # the scores' activation follows the head (hf_calibration.tasks): a sigmoid per label for a multi-label or
+        # one-logit binary head, a softmax otherwise; said explicitly rather than left to the pipeline's own guess
+        from .tasks import head_of, task_of_model
+
+        pipeline_kwargs["function_to_apply"] = head_of(task_of_model(loaded) or "multiclass")
     pipe = transformers.pipeline(_TASK, model=loaded, image_processor=image_processor, **pipeline_kwargs)
     conformal = loaded.__dict__.get("conformal_predictor")
     if conformal is not None:
-        conformal.attach(pipe)
+        conformal.attach(pipe, draws=conformal_draws)
     return pipe

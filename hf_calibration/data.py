@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ._checks import check_folder_or_hub_id
 
 __all__ = ["find_image_column", "find_label_column", "load_image_dataset", "select_split"]
@@ -152,10 +154,74 @@ def _is_integer(feature) -> bool:
     )
 
 
-def find_label_column(features, label_column: str | None = None) -> str:
-    """The column holding the class indices: ``label_column`` if given (checked), else the one
-    ``datasets.ClassLabel`` column, else an integer column named ``label`` or ``labels``."""
+def _list_inner(feature):
+    """The item feature of a list column (``Sequence`` / ``List`` / ``LargeList``), or None."""
+    for attr in ("feature",):
+        inner = getattr(feature, attr, None)
+        if inner is not None and type(feature).__name__ in ("Sequence", "List", "LargeList"):
+            return inner
+    return None
+
+
+def _is_multilabel(feature) -> bool:
+    """A column a multi-label dataset labels with: a list of class indices (``Sequence(ClassLabel)``, a list of integers)
+    or a multi-hot vector (a list of numbers)."""
     import datasets
+
+    inner = _list_inner(feature)
+    return isinstance(inner, datasets.ClassLabel) or (isinstance(inner, datasets.Value) and inner.dtype.startswith(("int", "uint", "float", "bool")))
+
+
+def multi_hot_labels(data, column: str, num_labels: int) -> np.ndarray:
+    """``(N, L)`` int64 0/1 labels of a multi-label column: a list of present class indices per row (``Sequence(ClassLabel)``
+    or integers) or a multi-hot vector of length ``num_labels`` (-100 entries kept: ignored)."""
+    import datasets
+
+    feature = data.features[column]
+    inner = _list_inner(feature)
+    rows = data[column]
+    out = np.zeros((len(rows), num_labels), dtype=np.int64)
+    as_indices = isinstance(inner, datasets.ClassLabel) or (
+        isinstance(inner, datasets.Value) and inner.dtype.startswith(("int", "uint"))
+        and any(len(r) != num_labels for r in rows)
+    )
+    for i, row in enumerate(rows):
+        if as_indices:
+            for j in row:
+                if not 0 <= int(j) < num_labels:
+                    raise ValueError(f"Expected the {column!r} column to hold class indices in [0, {num_labels}) (the model's "
+                                     f"num_labels), but row {i} holds {j}.")
+                out[i, int(j)] = 1
+        else:
+            if len(row) != num_labels:
+                raise ValueError(f"Expected each multi-hot row of the {column!r} column to have the model's {num_labels} "
+                                 f"labels, but row {i} has {len(row)}.")
+            out[i] = np.asarray(row, dtype=np.float64).round().astype(np.int64)
+    return out
+
+
+def find_label_column(features, label_column: str | None = None, *, multilabel: bool = False) -> str:
+    """The column holding the class indices: ``label_column`` if given (checked), else the one
+    ``datasets.ClassLabel`` column, else an integer column named ``label`` or ``labels``. With ``multilabel``, the
+    column of a multi-label dataset: a list of class indices (``Sequence(ClassLabel)``) or a multi-hot vector, named by
+    ``label_column`` or found as the one such column (``labels`` / ``label`` first)."""
+    import datasets
+
+    if multilabel:
+        if label_column is not None:
+            if label_column not in features:
+                raise ValueError(f"Expected argument `label_column` to name a column, but got {label_column!r}; the columns are {_describe(features)}.")
+            if not _is_multilabel(features[label_column]):
+                raise ValueError(f"Expected argument `label_column` to name a multi-label column (a list of class indices, or a "
+                                 f"multi-hot vector) for a multi-label model, but {label_column!r} is {features[label_column]}.")
+            return label_column
+        found = [name for name, feature in features.items() if _is_multilabel(feature)]
+        named = [name for name in LABEL_NAMES if name in found]
+        if len(named) == 1 or len(found) == 1:
+            return named[0] if len(named) == 1 else found[0]
+        raise ValueError(f"Expected one multi-label column (a list of class indices, or a multi-hot vector) for a multi-label "
+                         f"model (config.problem_type='multi_label_classification'), but found {found or 'none'} among "
+                         f"{_describe(features)}; name it with `label_column`.")
 
     if label_column is not None:
         if label_column not in features:

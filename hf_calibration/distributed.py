@@ -95,9 +95,10 @@ def even_batches_padding(n: int) -> int | None:
     (``end_of_dataloader``), ``remainder`` = dataset length mod the batch size over all processes, and the rows
     gathered in rank order are true up to ``remainder``, so process ``r``'s ``n``-row batch holds
     ``min(n, max(0, remainder - r n))`` true rows. Returns 0 when nothing is padded (no accelerate state, not the last
-    batch, ``even_batches=False``, no remainder), None when padding may be there but cannot be located (a dataset
-    without a length, or a batch of another size than the loader's: not the batch the loader gave). Only consulted
-    when accelerate's state already exists; never creates it.
+    batch, ``even_batches=False``, no remainder, or this process's last batch holds true rows only, so that whatever
+    rows are fed, slices of that batch included, none is a repeat), None when padding may be there but cannot be
+    located (a dataset without a length, or rows of another size than the loader's batch on a process whose batch is
+    padded). Only consulted when accelerate's state already exists; never creates it.
     """
     state_module = sys.modules.get("accelerate.state")
     if state_module is None or not getattr(state_module.GradientState, "_shared_state", None):
@@ -116,9 +117,14 @@ def even_batches_padding(n: int) -> int | None:
     if remainder == 0:
         return 0
     per_process = getattr(loader, "total_batch_size", 0) // state.num_processes
-    if remainder < 0 or n != per_process:
+    if remainder < 0 or per_process <= 0:
         return None
-    return n - min(n, max(0, remainder - state.process_index * n))
+    true = min(per_process, max(0, remainder - state.process_index * per_process))
+    if true == per_process:  # this process got no repeats: nothing to drop, whatever rows are fed (slices included)
+        return 0
+    if n != per_process:
+        return None
+    return n - true
 
 
 def shard_range(n: int, rank: int, world_size: int) -> range:

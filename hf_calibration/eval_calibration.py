@@ -8,6 +8,12 @@ numbers that go on the model card are measured on that split
 * after: cross-fitted logits (``cv`` stratified folds, each sample calibrated by a calibrator fitted on the other
   folds), because the calibrator's score on the very samples it was fitted on flatters it.
 
+The calibrator is kept by the rule ``AutoCalibrator`` applies (``CalibratorComparison.decide``, metric ECE, the
+card's headline): its cross-fitted NLL must be significantly lower than the uncalibrated model's, and the uncalibrated
+model must not have a lower cross-fitted ECE beyond one standard error. Otherwise the model is left as it is: the
+saved calibrator is the identity (temperature scaling fixed at T = 1), an ``UncalibratedWarning`` and the card say
+why, and the card still shows the rejected calibrator's cross-fitted numbers.
+
 ``save_model`` writes the calibrator to ``calibrator/`` (so ``load_calibrated_model`` and
 ``hf_calibration.pipeline`` load it with the model) and ``push_to_hub`` uploads it; the model card gets the ECE and NLL
 before and after as ``model-index`` evaluation results (``huggingface_hub.EvalResult``), which the Hub shows on the
@@ -35,6 +41,7 @@ CARD_METRICS = {"ece": "ECE", "nll": "NLL"}  # report key -> name on the card
 N_BINS = 15  # ECE's bins on the card (Guo et al.'s 15 equal-width bins)
 CI_LEVEL, N_BOOT = 0.95, 1000  # the card's intervals: percentile bootstrap over the eval rows
 DEFAULT_CALIBRATOR = "temperature_scaling"
+SIGMOID_DEFAULT_CALIBRATOR = "sigmoid_temperature_scaling"  # binary and multi-label heads
 _TASK = "image-classification"
 _SECTION = "## Calibration"  # the card section this module writes (replaced, never duplicated, on a new push)
 _UNCALIBRATED, _CROSS_FITTED = "uncalibrated", "-cross-fitted"  # the `config` of the model-index metrics written here
@@ -48,24 +55,33 @@ class MetricValue:
     interval: tuple[float, float] | None = None
 
 
-def _measure(logits: np.ndarray, labels: np.ndarray) -> dict[str, MetricValue]:
+def _measure(logits: np.ndarray, labels: np.ndarray, task: str | None = None) -> dict[str, MetricValue]:
     """The card's metrics of one set of logits, each with its 95 % percentile bootstrap interval (1,000 resamples of
-    the rows, seed 0): the only place that computes them."""
+    the rows, seed 0): the only place that computes them. A sigmoid head (``task``): macro averages over the labels."""
     from .metrics import ece, nll
 
+    extra = {} if task is None else {"task": task}
     functions = {"ece": lambda z, y, **kw: ece(z, y, N_BINS, **kw), "nll": nll}
-    values = {key: functions[key](logits, labels, from_logits=True, ci=CI_LEVEL, n_boot=N_BOOT, seed=0) for key in CARD_METRICS}
+    values = {key: functions[key](logits, labels, from_logits=True, ci=CI_LEVEL, n_boot=N_BOOT, seed=0, **extra) for key in CARD_METRICS}
     return {key: MetricValue(float(v), (float(v.low), float(v.high))) for key, v in values.items()}
 
 
-def resolve_calibrator(spec: Any):
-    """The unfitted calibrator ``calibrate_on_eval`` names: ``True`` (temperature scaling), a registered kind
-    (``"smart"``, ...) or a ``Calibrator`` instance (copied, so the instance given stays as it is)."""
+def resolve_calibrator(spec: Any, task: str | None = None):
+    """The unfitted calibrator ``calibrate_on_eval`` names: ``True`` (temperature scaling; a sigmoid head's for a binary
+    or multi-label ``task``), a registered kind (``"smart"``, ...) or a ``Calibrator`` instance (copied, so the instance
+    given stays as it is). A kind for another head than ``task``'s is a ``ValueError`` naming ``problem_type``."""
     from .calibrators import create_calibrator, list_calibrators
     from .calibrators._base import Calibrator
 
+    sigmoid = task in ("binary", "multilabel")
     if spec is True:
-        spec = DEFAULT_CALIBRATOR
+        spec = SIGMOID_DEFAULT_CALIBRATOR if sigmoid else DEFAULT_CALIBRATOR
+    if task is not None and isinstance(spec, (str, Calibrator)):
+        kind = spec if isinstance(spec, str) else spec.kind
+        if kind in list_calibrators() and kind not in list_calibrators(task):
+            raise ValueError(f"Expected argument `calibrate_on_eval` to name a calibrator for the model's {task} head "
+                             f"({list_calibrators(task)}), but {kind!r} calibrates a {'softmax' if sigmoid else 'sigmoid'} "
+                             "head (see the model's config.problem_type).")
     if isinstance(spec, str):
         if spec not in list_calibrators():
             raise ValueError(f"Expected argument `calibrate_on_eval` to be True, a calibrator instance or one of {list_calibrators()}, but got {spec!r}.")
@@ -93,16 +109,20 @@ def _cell(key: str, value: MetricValue | None) -> str:
 class EvalCalibration:
     """A calibrator fitted on an eval split, and the split's metrics before and after (cross-fitted)."""
 
-    calibrator: Any
+    calibrator: Any  # the calibrator kept: the one fitted, or the identity when it did not qualify (``reason``)
     before: dict[str, MetricValue]
-    after: dict[str, MetricValue] | None  # None when a fold could not be fitted (too few samples)
+    after: dict[str, MetricValue] | None  # the fitted method's cross-fitted numbers; None when a fold could not be fitted
     num_samples: int
     cv: int
     seed: int
+    task: str = "multiclass"
+    candidate: str | None = None  # the kind asked for (default: the calibrator's)
+    reason: str | None = None  # why the model is left uncalibrated (None: the calibrator was kept)
 
     @property
     def method(self) -> str:
-        return self.calibrator.kind
+        """The calibrator kind that was fitted and cross-fitted (kept unless ``reason`` says why not)."""
+        return self.candidate or self.calibrator.kind
 
     def save(self, folder: str | os.PathLike) -> Path:
         """Save the calibrator to ``folder/calibrator`` (replacing one saved there by an earlier call); returns that path."""
@@ -138,10 +158,16 @@ class EvalCalibration:
         after = (f"after: each sample calibrated by a `{self.method}` fitted on the other {self.cv - 1} of {self.cv} "
                  "stratified folds (cross-fitted), so the numbers are not measured on the data a calibrator was fitted on"
                  if self.after is not None else "after: not measured (a cross-fitting fold could not be fitted)")
+        if self.reason is None:
+            saved = (f"A `{self.method}` calibrator fitted on the {self.num_samples} samples of the evaluation split is saved in "
+                     f"`{CALIBRATOR_FOLDER}/`. With `pip install hf-calibration`, one call loads the model calibrated:")
+        else:
+            saved = (f"A `{self.method}` calibrator was fitted on the {self.num_samples} samples of the evaluation split, but not "
+                     f"kept: {self.reason}. `{CALIBRATOR_FOLDER}/` holds the identity (temperature scaling fixed at T = 1), so "
+                     "the loaded model gives the uncalibrated scores:")
         return "\n".join([
             _SECTION, "",
-            f"A `{self.method}` calibrator fitted on the {self.num_samples} samples of the evaluation split is saved in "
-            f"`{CALIBRATOR_FOLDER}/`. With `pip install hf-calibration`, one call loads the model calibrated:", "",
+            saved, "",
             "```python",
             "import hf_calibration",
             "",
@@ -150,7 +176,10 @@ class EvalCalibration:
             "```", "",
             "Without it, transformers loads the plain (uncalibrated) model from the same repo.", "",
             f"| evaluation split | uncalibrated | {self.method} |", "|---|---:|---:|", *rows, "",
-            f"ECE: {N_BINS} equal-width bins. Before: the model's logits; {after}.", "",
+            f"ECE: {N_BINS} equal-width bins" + (
+                "; a multi-label head's ECE and NLL (binary cross-entropy) are macro averages over its labels"
+                if self.task == "multilabel" else "; a binary head's: its probability against its 0/1 label"
+                if self.task == "binary" else "") + f". Before: the model's logits; {after}.", "",
         ])
 
     def add_to_model_card(self, readme: str | os.PathLike, *, model_name: str, repo_id: str | None = None, **dataset: Any) -> None:
@@ -202,8 +231,9 @@ def dataset_fields(dataset: Any, dataset_tags: Any = None, dataset_name: Any = N
 
 
 def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFAULT_CALIBRATOR, *, cv: int = 5,
-                         seed: int = 0) -> EvalCalibration:
-    """Fit ``calibrator`` on an eval split and measure ECE / NLL before and after (cross-fitted, ``cv`` folds).
+                         seed: int = 0, task: str | None = None) -> EvalCalibration:
+    """Fit ``calibrator`` on an eval split and measure ECE / NLL before and after (cross-fitted, ``cv`` folds); keep it
+    only if it qualifies by ``AutoCalibrator``'s rule (module docstring), else keep the identity and warn.
 
     Args:
         logits: (N, K) eval-split logits, or the ``PredictionOutput`` of ``Trainer.predict`` (then ``labels`` may be
@@ -211,39 +241,121 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
         labels: (N,) integer labels.
         calibrator: what :func:`resolve_calibrator` takes: ``True``, a registered kind, or a calibrator instance.
         cv: cross-fitting folds of the "after" numbers. seed: their split.
+        task: the head's kind (``hf_calibration.tasks``); None reads it from the shapes. A binary or multi-label head's
+            numbers are macro averages over its labels, and -100 leaves out one label of a sample.
     """
     from .calibrators import compare_calibrators
     from .calibrators._base import _labels_of
+    from .calibrators._held_out import held_out_checked
+    from .calibrators.selection import UNCALIBRATED, identity_calibrator
+    from .calibrators.selection import sigmoid_task_of
     from .metrics._format import prepare
 
-    template = resolve_calibrator(calibrator)
     logits, labels = _labels_of(logits, labels)
+    sigmoid = sigmoid_task_of(logits, labels, task)
+    template = resolve_calibrator(calibrator if sigmoid is None or calibrator != DEFAULT_CALIBRATOR else True,
+                                  sigmoid or "multiclass")
+    if sigmoid is not None:
+        return _fit_eval_sigmoid(np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid)
     inputs = prepare(logits, labels, from_logits=True, preds_name="logits", target_name="labels")  # drops -100 rows
     z, y = np.asarray(inputs.preds, dtype=np.float64), np.asarray(inputs.target)
     before = _measure(z, y)
     try:
-        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed,
+        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed, metric="ece",
                                     race=False, fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True, progress_bar=False)
         crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
+        chosen, reason = table.decide("ece")
     except ValueError as err:  # fewer samples than folds
         crossfit, errors = None, str(err)
+        chosen, reason = UNCALIBRATED, f"it could not be cross-fitted ({err})"
     after = None
     if crossfit is not None and np.isfinite(crossfit).all():
         after = _measure(crossfit, y)
     else:
         logger.warning("calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
                        "the uncalibrated numbers only.", template.kind, len(y), errors)
-    fitted = template.fit(z, y, from_logits=True, progress_bar=False)
-    result = EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed)
-    logger.info("calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)", template.kind, len(y),
-                _cell("ece", before["ece"]), _cell("ece", None if after is None else after["ece"]))
+    if chosen == UNCALIBRATED:
+        reason = f"{template.kind} did not qualify: {reason}"
+        fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval")
+    else:
+        with held_out_checked():  # the cross-fitting above is its held-out check
+            fitted = template.fit(z, y, from_logits=True, progress_bar=False)
+    result = EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, candidate=template.kind, reason=reason)
+    logger.info("calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s", template.kind, len(y),
+                _cell("ece", before["ece"]), _cell("ece", None if after is None else after["ece"]),
+                "" if reason is None else "; not kept, the model stays uncalibrated")
     return result
 
 
-def check_calibrate_on_eval(spec: Any, eval_dataset: Any) -> None:
-    """Fail before training, not after it: a calibrator spec that does not resolve, no single eval split, or one too
-    small to fit the calibrator on."""
-    template = resolve_calibrator(spec)
+def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str) -> EvalCalibration:
+    """``fit_eval_calibration`` for a binary or multi-label head, kept by the same rule."""
+    from .calibrators import compare_calibrators
+    from .calibrators._held_out import held_out_checked
+    from .calibrators.selection import UNCALIBRATED, identity_calibrator
+
+    before = _measure(z, y, task)
+    try:
+        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed, metric="ece",
+                                    race=False, fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True,
+                                    progress_bar=False, task=task)
+        crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
+        chosen, reason = table.decide("ece")
+    except ValueError as err:
+        crossfit, errors = None, str(err)
+        chosen, reason = UNCALIBRATED, f"it could not be cross-fitted ({err})"
+    after = None
+    if crossfit is not None and np.isfinite(crossfit).all():
+        after = _measure(crossfit.reshape(z.shape) if crossfit.size == z.size else crossfit, y, task)
+    else:
+        logger.warning("calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
+                       "uncalibrated numbers only.", template.kind, len(y), errors)
+    if chosen == UNCALIBRATED:
+        reason = f"{template.kind} did not qualify: {reason}"
+        fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval", task=task)
+    else:
+        with held_out_checked():  # the cross-fitting above is its held-out check
+            fitted = template.fit(z, y, from_logits=True, progress_bar=False, task=task)
+    return EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, task=task,
+                           candidate=template.kind, reason=reason)
+
+
+IGNORE_INDEX = -100  # the label of a row the loss and the calibrator skip (transformers' convention)
+
+
+def _labelled_rows(dataset: Any, needed: int, label_names: tuple[str, ...]) -> int | None:
+    """How many rows of ``dataset`` carry a label other than -100, counted until ``needed`` are found (so a map-style
+    dataset of images is read only that far); None when its rows hold no label under ``label_names``."""
+    columns = getattr(dataset, "column_names", None)
+    if isinstance(columns, list):  # a datasets.Dataset: the label column alone, no image decoded
+        name = next((n for n in label_names if n in columns), None)
+        if name is None:
+            return None
+        plain = dataset.with_format(None) if hasattr(dataset, "with_format") else dataset  # no transform: no image decoded
+        return int(sum(1 for v in plain[name] if v is not None and np.any(np.asarray(v) != IGNORE_INDEX)))
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return None
+    count = 0
+    for i in range(len(dataset)):
+        row = dataset[i]
+        if not isinstance(row, dict):
+            return None
+        name = next((n for n in label_names if n in row), None)
+        if name is None:
+            return None
+        label = row[name]
+        value = np.asarray(label.detach().cpu() if hasattr(label, "detach") else label)
+        count += int(bool(np.any(value != IGNORE_INDEX)))  # a multi-label row: any label
+        if count >= needed:
+            break
+    return count
+
+
+def check_calibrate_on_eval(spec: Any, eval_dataset: Any, label_names: tuple[str, ...] = ("labels", "label"),
+                            task: str | None = None) -> None:
+    """Fail before training, not after it: a calibrator spec that does not resolve (or is for another head than
+    ``task``'s), no single eval split, or one too small to fit the calibrator on (its rows with a label other than
+    -100, which the fit counts)."""
+    template = resolve_calibrator(spec, task)
     if eval_dataset is None:
         raise ValueError("Expected an `eval_dataset` to fit the calibrator on, since `calibrate_on_eval` is set, but got None.")
     if isinstance(eval_dataset, dict):
@@ -254,6 +366,11 @@ def check_calibrate_on_eval(spec: Any, eval_dataset: Any) -> None:
     if hasattr(eval_dataset, "__len__") and len(eval_dataset) < template.min_samples:
         raise ValueError(f"Expected an `eval_dataset` of at least {template.min_samples} samples to fit {type(template).__name__} "
                          f"on (`calibrate_on_eval`), but it holds {len(eval_dataset)}.")
+    labelled = _labelled_rows(eval_dataset, template.min_samples, label_names)
+    if labelled is not None and labelled < template.min_samples:
+        raise ValueError(f"Expected an `eval_dataset` with at least {template.min_samples} labelled samples to fit "
+                         f"{type(template).__name__} on (`calibrate_on_eval`), but only {labelled} of its {len(eval_dataset)} rows "
+                         f"have a label other than {IGNORE_INDEX}.")
 
 
 class CalibrateOnEvalMixin:
@@ -265,12 +382,17 @@ class CalibrateOnEvalMixin:
         self.calibrate_on_eval = None if spec is None or spec is False else spec
         self.eval_calibration: EvalCalibration | None = None
         if self.calibrate_on_eval is not None:
-            check_calibrate_on_eval(self.calibrate_on_eval, self.eval_dataset)
+            check_calibrate_on_eval(self.calibrate_on_eval, self.eval_dataset, self._label_names(), getattr(self, "head_task", None))
         if not isinstance(endpoint_handler, (bool, str)):
             raise TypeError(f"Expected argument `endpoint_handler` to be a bool or a requirement line (str), but got {endpoint_handler!r}.")
         if endpoint_handler is not False and self.calibrate_on_eval is None:
             raise ValueError("Expected argument `calibrate_on_eval` with `endpoint_handler`: the handler serves the calibrated model.")
         self.endpoint_handler = endpoint_handler
+
+    def _label_names(self) -> tuple[str, ...]:
+        """The dataset fields that may hold a row's label: the Trainer's ``label_names``, then ``labels`` / ``label``."""
+        given = getattr(getattr(self, "args", None), "label_names", None) or []
+        return tuple(dict.fromkeys([*given, "labels", "label"]))
 
     @property
     def calibrator(self):
@@ -283,9 +405,11 @@ class CalibrateOnEvalMixin:
         changing the model. Every process must call it (``predict`` gathers the split)."""
         spec = True if self.calibrate_on_eval is None else self.calibrate_on_eval
         eval_dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        check_calibrate_on_eval(spec, eval_dataset)
+        task = getattr(self, "head_task", None)
+        check_calibrate_on_eval(spec, eval_dataset, self._label_names(), task)
         prediction = self.predict(eval_dataset, metric_key_prefix="calibration")
-        self.eval_calibration = fit_eval_calibration(prediction, calibrator=spec, seed=self.args.seed)
+        self.eval_calibration = fit_eval_calibration(prediction, calibrator=resolve_calibrator(spec, task), seed=self.args.seed,
+                                                     task=task)
         return self.eval_calibration
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

@@ -64,7 +64,7 @@ A post-hoc calibrator for an image classifier, saved with the `hf_calibration` l
 |---|---|
 | calibrator | `{{ kind }}` |
 | objective | `{{ objective }}` |
-| fit-set size | {{ num_samples }} samples, {{ num_classes }} classes |
+| fit-set size | {{ num_samples }} samples, {{ num_classes }} {{ class_word | default("classes") }} |
 | fit-set accuracy | {{ accuracy }} |
 | ECE before (fit set, 15 bins) | {{ ece_before }} |
 | ECE after (fit set, 15 bins) | {{ ece_after }} |
@@ -95,18 +95,26 @@ calibrator.detach()           # back to the original model, bit for bit
 """
 
 
-def read_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """The ``config.json`` of a local calibrator folder, with a clear error when it is missing or not JSON."""
+def read_config(folder: str | os.PathLike, what: str = "calibrator") -> dict[str, Any]:
+    """The ``config.json`` of a local checkpoint folder (``what``: the kind of checkpoint, for the messages), with a
+    clear error when it is missing or not JSON."""
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
-        raise ValueError(f"Expected a calibrator checkpoint with a {CONFIG_NAME} in {str(folder)!r}, but there is none.")
+        found = sorted(p.name for p in Path(folder).iterdir())[:3] if Path(folder).is_dir() else []
+        raise ValueError(f"Expected a {what} checkpoint with a {CONFIG_NAME} in {str(folder)!r}, but there is none"
+                         + (f" (it holds {', '.join(found)})." if found else "."))
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"The calibrator config {str(path)!r} is corrupted (not valid JSON): {err}") from None
+        raise ValueError(f"The {what} config {str(path)!r} is corrupted (not valid JSON): {err}") from None
     if not isinstance(config, dict):
-        raise ValueError(f"The calibrator config {str(path)!r} is corrupted: expected a JSON object, got {type(config).__name__}.")
+        raise ValueError(f"The {what} config {str(path)!r} is corrupted: expected a JSON object, got {type(config).__name__}.")
     return config
+
+
+def read_config_or_none(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The folder's ``config.json`` if it is a calibrator's or a conformal predictor's (one this package saved), else None."""
+    return _calibrator_config(Path(folder)) if Path(folder).is_dir() else None
 
 
 class HubUnreachableError(ConnectionError):
@@ -331,14 +339,16 @@ def check_path_in_repo(path_in_repo: Any, what: str = "argument `path_in_repo`")
 DOWNLOAD_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
 
 
-def open_checkpoint(name_or_path: str | os.PathLike, subfolder: str | None, kwargs: dict[str, Any], *, who: str) -> tuple[Path, dict, dict]:
+def open_checkpoint(name_or_path: str | os.PathLike, subfolder: str | None, kwargs: dict[str, Any], *, who: str,
+                    what: str = "calibrator") -> tuple[Path, dict, dict]:
     """``(folder, config, download options)`` of a checkpoint to load strictly: the download options (and ``strict``,
-    which must stay True; ``who`` names the class in that message) are popped from a ``from_pretrained``'s ``kwargs``."""
+    which must stay True; ``who`` names the class in that message) are popped from a ``from_pretrained``'s ``kwargs``;
+    ``what`` names the kind of checkpoint in the errors."""
     if kwargs.pop("strict", True) is not True:
         raise ValueError(f"{who} always load strictly: `strict=False` is not supported.")
     download = {k: kwargs.pop(k) for k in DOWNLOAD_OPTIONS if k in kwargs}
     folder = resolve_checkpoint(name_or_path, subfolder=subfolder, name="pretrained_model_name_or_path", **download)
-    return folder, read_config(folder), download
+    return folder, read_config(folder, what), download
 
 
 def load_weights(module: Any, folder: str | os.PathLike, *, what: str, map_location: str = "cpu") -> dict[str, str]:
@@ -432,12 +442,15 @@ def _download(repo_id: str, name: str, subfolder: str | None, **kwargs: Any) -> 
     return Path(root) / prefix if prefix else Path(root)
 
 
-def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = None, **kwargs: Any):
+def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = None, task: str | None = None, **kwargs: Any):
     """Load any registered calibrator from a folder or Hub repo, choosing the class from its config's ``calibrator``.
 
     Args:
         name_or_path: local folder or Hub repo id.
         subfolder: the calibrator's folder inside it (e.g. ``"calibrator"`` in a model's repo).
+        task: the head the caller will use it on (``"multiclass"``, ``"binary"``, ``"multilabel"``, or a model,
+            whose ``config.problem_type`` says): a calibrator fitted for another kind of head is refused with a
+            ``ValueError`` naming ``problem_type``. None: no check (``attach`` checks the model anyway).
         **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
     """
     from .calibrators._registry import get_calibrator_class, list_calibrators
@@ -450,4 +463,15 @@ def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = 
             f"Expected the checkpoint's config to name a calibrator among {list_calibrators()} in its `calibrator` field, "
             f"but got {kind!r}: {str(folder)!r} is not an hf_calibration calibrator checkpoint."
         )
-    return get_calibrator_class(kind).from_pretrained(folder, **kwargs)
+    calibrator = get_calibrator_class(kind).from_pretrained(folder, **kwargs)
+    if task is not None:
+        from .tasks import check_task, compatible_head
+
+        fitted_for = (calibrator.fit_info_ or {}).get("task", "multiclass")
+        if isinstance(task, str):
+            if check_task(task) != fitted_for and not (fitted_for == "binary" and task == "multiclass"):
+                raise ValueError(f"Expected a calibrator for a {task} head, but {str(folder)!r} holds one fitted for a {fitted_for} "
+                                 "head (config.problem_type of the model it calibrates): it would give wrong scores there.")
+        else:  # a model: its config decides
+            compatible_head(fitted_for, task, num_labels=(calibrator.fit_info_ or {}).get("num_labels"))
+    return calibrator

@@ -142,6 +142,24 @@ def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, 
     return out if out is not None else torch.empty((0, num_labels), dtype=torch.float32)
 
 
+def _task_of(model: Any, revision: str | None, task: str | None) -> str:
+    """The head's kind (``hf_calibration.tasks``) before the weights load: an explicit ``task``, else the config of the
+    model object or of the folder / Hub id (only ``config.json`` is read); a model without a config is multi-class."""
+    from .tasks import check_task, task_of_config, task_of_model
+
+    if task is not None:
+        return check_task(task)
+    if isinstance(model, nn.Module):
+        return task_of_model(model) or "multiclass"
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model, revision=revision)
+    except (OSError, ValueError, KeyError):  # no readable config: the model loader words that error
+        return "multiclass"
+    return task_of_config(config) or "multiclass"
+
+
 def check_device(device: Any) -> torch.device:
     """``device`` as a ``torch.device`` this machine has (``ValueError`` naming the argument otherwise)."""
     try:
@@ -177,6 +195,7 @@ def predict_logits(
     progress: bool = True,
     output: str | os.PathLike | None = None,
     overwrite: bool = False,
+    task: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run an image classifier over a dataset and return ``(logits, labels)`` in dataset order.
 
@@ -208,12 +227,16 @@ def predict_logits(
             fit from it directly (``hf_calibration.disk_logits``). Under several processes the shards are gathered first
             and the first process writes.
         overwrite: replace an existing ``output``.
+        task: the head's kind (``hf_calibration.tasks.resolve_task``); None reads the model's ``config.problem_type``.
+            A multi-label model's labels come from a list column (``Sequence(ClassLabel)`` of the classes present, or a
+            multi-hot vector) and are returned as ``(N, L)`` 0/1; a binary one-logit head's logits are ``(N, 1)``.
 
     Returns:
-        ``(logits, labels)``: float32 ``(N, K)`` and int64 ``(N,)`` numpy arrays, row ``i`` for dataset row
-        ``i``, identical on every process. With ``output``, ``logits`` reads the written file: a read-only memory-mapped
-        array for ``.npy``, a :class:`~hf_calibration.disk_logits.DiskLogits` otherwise. Labels are mapped onto the model's class indices when the
-        dataset's ``ClassLabel`` names are the model's ``id2label`` names in another order.
+        ``(logits, labels)``: float32 ``(N, K)`` and int64 ``(N,)`` numpy arrays (multi-label: ``(N, L)`` labels), row
+        ``i`` for dataset row ``i``, identical on every process. With ``output``, ``logits`` reads the written file: a
+        read-only memory-mapped array for ``.npy``, a :class:`~hf_calibration.disk_logits.DiskLogits` otherwise. Labels
+        are mapped onto the model's class indices when the dataset's ``ClassLabel`` names are the model's ``id2label``
+        names in another order.
 
     Example::
 
@@ -238,9 +261,11 @@ def predict_logits(
 
     data = load_image_dataset(dataset, split, config_name=config_name, revision=dataset_revision)
     image_column = find_image_column(data.features, image_column)
-    label_column = find_label_column(data.features, label_column)
+    task = _task_of(model, revision, task)
+    label_column = find_label_column(data.features, label_column, multilabel=task == "multilabel")
     if max_samples is not None and max_samples < len(data):
-        _warn_if_classes_are_missing(data, label_column, max_samples)
+        if task != "multilabel":
+            _warn_if_classes_are_missing(data, label_column, max_samples)
         data = data.select(range(max_samples))
     if len(data) == 0:
         raise ValueError("Expected a dataset with at least one row, but it is empty.")
@@ -249,7 +274,12 @@ def predict_logits(
     model, processor = load_image_classifier(model, image_processor, revision=revision)
     num_labels = int(getattr(getattr(model, "config", None), "num_labels", 0) or 0)
     mode = _image_mode(model, processor)
-    labels = _labels(data, label_column, model)
+    if task == "multilabel":
+        from .data import multi_hot_labels
+
+        labels = multi_hot_labels(data, label_column, num_labels)
+    else:
+        labels = _labels(data, label_column, model)
 
     key = None
     if cache_dir is not None:

@@ -1,6 +1,7 @@
 """Read and write saved logits: ``.npz`` / ``.pt`` / ``.safetensors`` files and ``.npy`` pairs.
 
-A logits file holds float logits ``(N, K)`` and integer labels ``(N,)``, either under the keys
+A logits file holds float logits ``(N, K)`` and integer labels ``(N,)`` (a binary head's one logit column, ``(N,)``, or a
+multi-label head's ``(N, L)`` logits with ``(N, L)`` 0/1 labels, too), either under the keys
 ``logits`` / ``labels`` or split into ``logits_<split>`` / ``labels_<split>`` (for example
 ``logits_val``, ``labels_val``, ``logits_test``, ``labels_test``: fit a calibrator on the val part,
 report on the test part). A ``.npy`` file holds the logits alone; its labels come from a second
@@ -32,8 +33,9 @@ class LogitsFileError(ValueError):
 
 class Logits(NamedTuple):
     logits: np.ndarray  # (N, K) floating
-    labels: np.ndarray  # (N,) int64
+    labels: np.ndarray  # (N,) int64; (N, L) 0/1 for a multi-label head
     source: str  # "file.npz" or "file.npz[test]", for messages and report titles
+    task: str = "multiclass"  # the head's kind (hf_calibration.tasks): "binary" / "multilabel" for a sigmoid head
 
 
 def _read_arrays(path: Path) -> dict[str, Any]:
@@ -95,6 +97,7 @@ def load_logits(
     labels_path: str | os.PathLike | None = None,
     default_split: str | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    task: str | None = None,
 ) -> Logits:
     """Load ``(logits, labels)`` from a file, checked.
 
@@ -106,6 +109,8 @@ def load_logits(
             a logits-only file.
         default_split: split used when ``split`` is None and the file has no plain keys.
         ignore_index: labels equal to it are allowed (and kept); others must lie in [0, K).
+        task: the head's kind, ``"multiclass"`` / ``"binary"`` / ``"multilabel"``; None reads it from the shapes
+            (``(N, L)`` 0/1 labels: multi-label; one logit column: binary), see :mod:`hf_calibration.tasks`.
 
     Returns:
         :class:`Logits` ``(logits, labels, source)``; logits keep their float dtype.
@@ -154,13 +159,22 @@ def load_logits(
     try:
         logits = to_numpy(logits, "logits")
         labels = to_numpy(labels, "labels")
-        check_classification_shapes(logits, labels, "logits", "labels")
-        check_labels_in_range(labels, logits.shape[1], "labels", ignore_index)
+        from .tasks import resolve_task
+
+        task = resolve_task(task, preds=logits, target=labels)
+        if task == "multiclass":
+            check_classification_shapes(logits, labels, "logits", "labels")
+            check_labels_in_range(labels, logits.shape[1], "labels", ignore_index)
+        else:  # a sigmoid head: one score column (binary) or (N, L) 0/1 labels (multi-label), checked as the metrics do
+            from .metrics.multilabel import prepare_sigmoid
+
+            prepare_sigmoid(logits, labels, task=task, from_logits=True, ignore_index=ignore_index,
+                            preds_name="logits", target_name="labels")
     except (ValueError, TypeError) as err:
         raise LogitsFileError(f"{source}: {err}") from None
     if not np.isfinite(logits).all():
         raise LogitsFileError(f"{source}: the logits contain NaN or inf.")
-    return Logits(logits, labels.astype(np.int64, copy=False), source)
+    return Logits(logits, labels.astype(np.int64, copy=False), source, task)
 
 
 def npz_path(path: str | os.PathLike) -> Path:
@@ -195,7 +209,10 @@ def save_logits(
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise ValueError(f"Expected split `{name}` to be a (logits, labels) pair, but got {type(pair).__name__}.")
         z, y = to_numpy(pair[0], "logits"), to_numpy(pair[1], "labels")
-        check_classification_shapes(z, y, "logits", "labels")
+        from .tasks import resolve_task
+
+        if resolve_task(preds=z, target=y) == "multiclass":  # a sigmoid head's arrays are checked when read back
+            check_classification_shapes(z, y, "logits", "labels")
         suffix = "" if name is None else f"_{name}"
         arrays[f"logits{suffix}"], arrays[f"labels{suffix}"] = z, y.astype(np.int64, copy=False)
     np.savez(target, **arrays)

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 DISTRIBUTION = "hf-calibration"
 REQUIREMENTS_NAME = "requirements.txt"
+RECORD_NAME = ".hf_calibration_spaces.json"  # in `out`, beside the folders: {"files": {"<name>/<path>": SHA-256}}
 _SKIPPED = ("__pycache__", ".pyc")  # never published
 
 
@@ -111,9 +112,21 @@ def space_files(name: str, requirement: str) -> dict[str, bytes]:
     return files
 
 
+def _recorded(out: Path) -> dict[str, str]:
+    """``{relative path: SHA-256}`` of the files an earlier call wrote in ``out`` ({} without a readable record)."""
+    try:
+        record = json.loads((out / RECORD_NAME).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def _check_out(out: Path, overwrite: bool) -> None:
     """Refuse to write where a user's files are: ``out`` must be new or empty; with ``overwrite``, it may hold Space
-    folders written by an earlier call (nothing but files such a folder holds), which are replaced."""
+    folders written by an earlier call, which are replaced, as long as every file in them is one that call wrote,
+    unchanged since (its SHA-256 is in the record ``RECORD_NAME``): a card edited after a dry run is never replaced."""
+    from .hub import file_digest
+
     if out.exists() and not out.is_dir():
         raise ValueError(f"Expected argument `out` to be a folder, but {str(out)!r} is a file.")
     entries = sorted(out.iterdir()) if out.is_dir() else []
@@ -123,7 +136,10 @@ def _check_out(out: Path, overwrite: bool) -> None:
         shown = ", ".join(p.name for p in entries[:3])
         raise ValueError(f"Expected argument `out` to be a new or empty folder, but {str(out)!r} holds {shown}; pass "
                          "overwrite=True (--overwrite) to replace the metric folders an earlier call wrote there.")
+    recorded = _recorded(out)
     for entry in entries:
+        if entry.name == RECORD_NAME and entry.is_file():
+            continue
         ours = entry.is_dir() and entry.name in list_metric_scripts()
         expected = set(space_files(entry.name, "x")) if ours else set()
         found = {p.relative_to(entry).as_posix() for p in entry.rglob("*") if p.is_file()} if ours else set()
@@ -132,6 +148,12 @@ def _check_out(out: Path, overwrite: bool) -> None:
             raise ValueError(f"Expected argument `out` to hold only metric folders written by an earlier call, but "
                              f"{str(out / (entry.name if not ours else entry.name + '/' + what))!r} is not one of their "
                              "files: it is never replaced; choose another folder.")
+        for relative in sorted(found):
+            key = f"{entry.name}/{relative}"
+            if recorded.get(key) != file_digest(entry / relative):
+                raise ValueError(f"Expected argument `out` to hold only files an earlier call wrote, unchanged, but "
+                                 f"{str(entry / relative)!r} " + ("was changed since it was written" if key in recorded else
+                                 "is not in that call's record") + ": it is never replaced; move it away or choose another folder.")
 
 
 def build_metric_spaces(out: str | os.PathLike, names: Sequence[str] | None = None, *, requirement: str | None = None,
@@ -150,15 +172,20 @@ def build_metric_spaces(out: str | os.PathLike, names: Sequence[str] | None = No
     requirement = _check_requirement(package_requirement() if requirement is None else requirement)
     out = Path(out)
     _check_out(out, overwrite)
-    folders = {}
+    from .hub import file_digest
+
+    folders, record = {}, _recorded(out)
     for name in names:
         folder = out / name
         if folder.exists():
             shutil.rmtree(folder)  # an earlier call's folder (checked above)
+        record = {key: digest for key, digest in record.items() if not key.startswith(f"{name}/")}
         for relative, content in space_files(name, requirement).items():
             (folder / relative).parent.mkdir(parents=True, exist_ok=True)
             (folder / relative).write_bytes(content)
+            record[f"{name}/{relative}"] = file_digest(folder / relative)
         folders[name] = folder
+    (out / RECORD_NAME).write_text(json.dumps({"files": record}, sort_keys=True, indent=2))
     return folders
 
 

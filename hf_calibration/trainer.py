@@ -82,6 +82,51 @@ def average_gradients(parameters: list[nn.Parameter]) -> None:
         offset += n
 
 
+def _head_task(model: Any) -> str | None:
+    """The model's head kind by its config (``hf_calibration.tasks``); None without a model or a config that names one."""
+    from .tasks import task_of_model
+
+    if model is None:
+        return None
+    try:
+        return task_of_model(model)
+    except ValueError:  # a regression head, or one logit without a problem type: the Trainer's own business
+        return None
+
+
+# softmax losses with a sigmoid counterpart: what to use on a multi-label / binary head instead
+_SIGMOID_COUNTERPART = {"CrossEntropyLoss": "BinaryCrossEntropyLoss", "LabelSmoothingLoss": "BinaryLabelSmoothingLoss",
+                        "FocalLoss": "SigmoidFocalLoss", "FLSD53Loss": "SigmoidFocalLoss"}
+
+
+def check_loss_for_head(loss: Any, task: str | None, model: Any = None) -> None:
+    """Refuse a softmax loss on a sigmoid (binary / multi-label) head and the reverse, naming ``problem_type``. MbLS and
+    FeDLaS are defined on the softmax by their papers (the gaps to the largest logit; a gate over softmax confidences):
+    they have no sigmoid form and are refused on a sigmoid head."""
+    from .losses import CalibrationLoss
+
+    if task is None or not isinstance(loss, CalibrationLoss):
+        return
+    problem_type = getattr(getattr(model, "config", None), "problem_type", None)
+    name = type(loss).__name__
+    sigmoid_loss = bool(getattr(loss, "sigmoid_head", False))
+    if task in ("binary", "multilabel") and not sigmoid_loss:
+        counterpart = _SIGMOID_COUNTERPART.get(name)
+        if counterpart is None:
+            why = (f"{name} is defined by its paper for a softmax head (MbLS penalises the gaps to the largest logit, FeDLaS "
+                   "gates label smoothing by a softmax over the logits), and has no sigmoid form")
+            fix = "use BinaryCrossEntropyLoss, SigmoidFocalLoss, BinaryLabelSmoothingLoss or AsymmetricLoss"
+        else:
+            why = f"{name} reads the logits as one softmax over classes"
+            fix = f"use {counterpart} (its sigmoid form), or AsymmetricLoss"
+        raise ValueError(f"Expected a loss for the model's {task} sigmoid head (config.problem_type={problem_type!r}), but {why}: "
+                         f"{fix}.")
+    if task == "multiclass" and sigmoid_loss:
+        raise ValueError(f"Expected a softmax loss for the model's multi-class head (config.problem_type={problem_type!r}), but "
+                         f"{name} treats every logit as its own sigmoid: use CrossEntropyLoss, FocalLoss, LabelSmoothingLoss, "
+                         "... (or set config.problem_type='multi_label_classification' if each image carries several labels).")
+
+
 class CalibrationLossCallback(TrainerCallback):
     """Clears the loss parameters' gradients after each optimizer step.
 
@@ -166,10 +211,12 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
         if head is not None and not isinstance(head, str):
             raise TypeError(f"Expected argument `head` to be a dotted attribute path (str), but got {head!r}.")
         self.mixup_alpha = check_float(mixup_alpha, "mixup_alpha", minimum=0.0)
+        self.head_task = _head_task(kwargs.get("model", args[0] if args else None))
         if self.mixup_alpha > 0 and loss is None:
-            from .losses import CrossEntropyLoss
+            from .losses import BinaryCrossEntropyLoss, CrossEntropyLoss
 
-            loss = CrossEntropyLoss()  # the model's own loss sees one label per sample: mix through ours
+            # the model's own loss sees one label per sample: mix through ours (the sigmoid head's own loss is BCE)
+            loss = BinaryCrossEntropyLoss() if self.head_task in ("binary", "multilabel") else CrossEntropyLoss()
         if isinstance(loss, type) and not issubclass(loss, nn.Module):
             raise TypeError(f"Expected argument `{name}` to be a loss instance or a loss class (an nn.Module), but got {loss!r}.")
         if loss is not None and not callable(loss):
@@ -199,10 +246,18 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
                 find_classifier_head(self.model, head)  # fail now, not at the first step, when there is no head
         if isinstance(self.calibration_loss, nn.Module):
             self._prepare_loss(self.calibration_loss)
+        if maccal is not None and self.head_task in ("binary", "multilabel"):
+            raise ValueError(
+                "Expected a softmax head for the MaC-Cal stage (`maccal=`), but the model's config.problem_type is "
+                f"{getattr(self.model.config, 'problem_type', None)!r} (a {self.head_task} sigmoid head): MaC-Cal's adaptive "
+                "retention is driven by the softmax confidence against the accuracy (Ni et al. 2025), which a sigmoid head "
+                "does not have. Train it without `maccal`, and calibrate it post hoc (calibrate_on_eval=True fits a sigmoid "
+                "temperature scaling).")
         self._init_calibrate_on_eval(calibrate_on_eval, endpoint_handler)
 
     def _prepare_loss(self, loss: nn.Module) -> None:
         """Fill the loss's ``num_classes`` from the model, seed its gate from ``args.seed``, put it on the device."""
+        check_loss_for_head(loss, self.head_task, self.model)
         if hasattr(loss, "set_num_classes"):
             num_labels = self._num_labels()
             if getattr(loss, "num_classes", None) is None:

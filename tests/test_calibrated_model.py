@@ -215,8 +215,8 @@ def test_conformal_predictor_is_loaded_and_attached_to_the_pipeline(repo, tmp_pa
             calls["path"] = Path(path)
             return cls()
 
-        def attach(self, pipe):
-            calls["attached"] = pipe
+        def attach(self, pipe, draws="input"):
+            calls["attached"], calls["draws"] = pipe, draws
             return pipe
 
     monkeypatch.setitem(sys.modules, "hf_calibration.conformal", types.SimpleNamespace(ConformalPredictor=ConformalPredictor))
@@ -224,7 +224,9 @@ def test_conformal_predictor_is_loaded_and_attached_to_the_pipeline(repo, tmp_pa
     assert isinstance(model.conformal_predictor, ConformalPredictor) and calls["path"] == both / "conformal"
     assert attached_calibrator(model) is not None
     classify = pipeline("image-classification", model=both)
-    assert calls["attached"] is classify
+    assert calls["attached"] is classify and calls["draws"] == "input"  # one image, one set, by default
+    pipeline("image-classification", model=both, conformal_draws="stream")
+    assert calls["draws"] == "stream"
 
 
 def test_conformal_folder_without_the_module_is_said_and_skipped(repo, tmp_path, monkeypatch, caplog):
@@ -269,3 +271,54 @@ def test_bad_arguments_name_themselves(repo):
         pipeline("image-classification", model=make_model("vit"))
     with pytest.raises(TypeError, match="`model`"):
         load_calibrated_model(None)
+
+
+# ----------------------------------------------------------------------------- issue 29 (fourth sweep)
+
+
+def test_a_calibrator_folder_that_is_not_one_is_named_not_skipped(repo, tmp_path, caplog):
+    """Item 10: a calibrator/ without config.json, or a file named calibrator, loaded the plain model with a warning
+    that said the folder did not exist."""
+    folder, _, _ = repo
+    partial = tmp_path / "partial"
+    shutil.copytree(folder, partial)
+    (partial / "calibrator" / "config.json").unlink()
+    with pytest.raises(ValueError, match=r"Expected a calibrator checkpoint with a config.json in '.*partial/calibrator', but there is none \(it holds"):
+        load_calibrated_model(partial)
+    a_file = tmp_path / "a_file"
+    shutil.copytree(folder, a_file, ignore=shutil.ignore_patterns("calibrator"))
+    (a_file / "calibrator").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"'.*a_file/calibrator' to be a folder .* but it is a file"):
+        pipeline("image-classification", model=a_file)
+    empty = tmp_path / "empty"
+    shutil.copytree(folder, empty, ignore=shutil.ignore_patterns("calibrator"))
+    (empty / "calibrator").mkdir()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert attached_calibrator(load_calibrated_model(empty)) is None  # nothing there: the plain model, as without it
+    assert "(or an empty one)" in caplog.text
+
+
+def test_a_calibrator_for_another_number_of_classes_is_refused_at_load(repo, tmp_path):
+    """Item 10: a calibrator fitted for another K loaded; vector scaling then failed at the first image without naming
+    the folder (temperature scaling only logged a line)."""
+    from hf_calibration.calibrators import VectorScaling
+
+    folder, _, _ = repo
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 5, (300,), generator=g)
+    z = 3 * torch.randn(300, 5, generator=g) + 3 * torch.nn.functional.one_hot(y, 5)
+    for calibrator in (TemperatureScaling().fit(z, y, progress_bar=False), VectorScaling().fit(z, y, progress_bar=False)):
+        other = tmp_path / calibrator.kind
+        shutil.copytree(folder, other, ignore=shutil.ignore_patterns("calibrator"))
+        calibrator.save_pretrained(other / "calibrator")
+        with pytest.raises(ValueError, match=rf"{type(calibrator).__name__} in '.*{calibrator.kind}/calibrator' was fitted on K = 5 classes, but the model .* has 10"):
+            load_calibrated_model(other)
+
+
+def test_a_missing_folder_or_a_file_is_named(repo, tmp_path):
+    """Item 11: a missing folder gave OSError "Repo id must be in the form..."; a file gave an UnpicklingError."""
+    folder, _, _ = repo
+    with pytest.raises(ValueError, match=r"`model` to be a folder or a Hub model id .* no folder '\./no/such/folder'"):
+        load_calibrated_model("./no/such/folder")
+    with pytest.raises(ValueError, match=r"`model` to be a folder or a Hub model id, but '.*model.safetensors' is a file"):
+        pipeline("image-classification", model=folder / "model.safetensors")

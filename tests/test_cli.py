@@ -105,6 +105,28 @@ def test_report_with_bootstrap_intervals(capsys, npz_file, synthetic):
     assert code == 1 and "--ci" in err
 
 
+def test_report_json_with_intervals_and_an_infinite_nll(capsys, tmp_path):
+    """Issue 29 item 9: --json --ci crashed on an infinite interval end ("Out of range float values are not JSON
+    compliant"); the ends are null and listed under non_finite, as the values are."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 200)
+    p = np.full((200, 3), 0.25)
+    p[np.arange(200), y] = 0.5
+    p[0] = [0.0, 0.5, 0.5] if y[0] == 0 else [0.5, 0.5, 0.0] if y[0] == 2 else [0.5, 0.0, 0.5]  # the true class at 0
+    path = tmp_path / "probs.npz"
+    np.savez(path, logits=p, labels=y)
+    code, out, err = _run(capsys, "report", "--logits", path, "--probs", "--json", "--ci", "0.9", "--n-boot", "100")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["nll"] is None and data["non_finite"]["nll"] == "inf" and data["non_finite"]["nll.high"] == "inf"
+    assert data["intervals"]["nll"]["high"] is None
+    from hf_calibration.metrics import ece
+
+    assert data["intervals"]["ece"]["high"] == pytest.approx(ece(p, y, from_logits=False, ci=0.9, n_boot=100).high, abs=1e-12)
+    code, _, err = _run(capsys, "report", "--logits", path, "--probs", "--n-boot", "100")  # item 15: not ignored silently
+    assert code == 1 and err.count("\n") == 1 and "n_boot" in err
+
+
 def test_report_reads_npy_pair_pt_and_plain_npz_alike(capsys, tmp_path, synthetic):
     logits, labels = synthetic
     np.save(tmp_path / "z.npy", logits)
@@ -327,7 +349,7 @@ def _bad(tmp_path, synthetic, case):
     if case == "unwritable diagram":
         return ["report", "--logits", tmp_path / "ok.npz", "--diagram", blocker / "d.png"], "not a folder"
     if case == "bad method":
-        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "platt", "--out", tmp_path / "o"], "unknown --method 'platt'"
+        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "no_such_method", "--out", tmp_path / "o"], "unknown --method 'no_such_method'"
     if case == "seed for ts":
         return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--seed", "3", "--out", tmp_path / "o"], "--seed applies"
     if case == "calibrator folder missing":

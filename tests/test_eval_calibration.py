@@ -172,16 +172,25 @@ def test_calibrator_is_fitted_after_the_maccal_stage(tmp_path):
     trainer.train()
     z, y = _eval_logits(trainer)
     assert np.abs(z - seen.logits).max() > 0.1  # the stage changed the logits
-    assert _temperature(trainer.calibrator) == pytest.approx(_scipy_temperature(z, y), rel=1e-4)
+    calibration = trainer.eval_calibration
+    assert calibration.before["nll"].value == pytest.approx(_nll(z, y), abs=1e-6)  # measured on the final model
+    assert abs(_nll(z, y) - _nll(seen.logits, y)) > 1e-3
+    # fitted on the final model's logits; kept only if it qualifies by AutoCalibrator's rule (else T = 1, and said)
+    expected = _scipy_temperature(z, y) if calibration.reason is None else 1.0
+    assert _temperature(trainer.calibrator) == pytest.approx(expected, rel=1e-4)
 
 
 def test_a_calibrator_instance_is_copied_and_fitted(tmp_path):
     given = SMARTCalibrator(max_steps=30)
     trainer = _trainer(tmp_path, calibrate_on_eval=given, args={"max_steps": 5})
     trainer.train()
-    assert isinstance(trainer.calibrator, SMARTCalibrator) and trainer.calibrator is not given
-    assert trainer.calibrator.is_fitted and not given.is_fitted
-    assert trainer.calibrator._hub_mixin_config["max_steps"] == 30
+    assert trainer.calibrator is not given and trainer.calibrator.is_fitted and not given.is_fitted
+    assert trainer.eval_calibration.method == "smart"
+    if trainer.eval_calibration.reason is None:  # kept: the fitted copy, with the given settings
+        assert isinstance(trainer.calibrator, SMARTCalibrator)
+        assert trainer.calibrator._hub_mixin_config["max_steps"] == 30
+    else:  # after 5 steps SMART does not qualify by AutoCalibrator's rule: the identity is kept, and said
+        assert trainer.calibrator.is_identity and "smart did not qualify" in trainer.eval_calibration.reason
 
 
 def test_bad_calibrate_on_eval_fails_before_training(tmp_path):
@@ -277,3 +286,78 @@ def test_card_numbers_carry_bootstrap_intervals(trained):
     reference = np.percentile(means, [2.5, 97.5])
     width = reference[1] - reference[0]
     assert np.allclose(before["nll"].interval, reference, atol=0.1 * width)
+
+
+# ----------------------------------------------------------------------------- issue 29 (fourth sweep)
+
+
+def test_a_calibrator_that_does_not_help_is_not_kept(tmp_path):
+    """Item 2: calibrate_on_eval kept a calibrator that made the cross-fitted NLL worse (SMART: 1.854 -> 1.866) without
+    a word. It now applies AutoCalibrator's rule: on a model calibrated by construction no gain is significant (scipy's
+    paired t-test on the per-sample cross-fitted NLL), so the identity is kept, with a warning and the card saying so."""
+    from scipy.special import log_softmax
+    from scipy.stats import ttest_rel
+
+    from hf_calibration.calibrators import UncalibratedWarning, compare_calibrators
+    from hf_calibration.eval_calibration import fit_eval_calibration
+
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 2, 200)
+    z = 2.2 * (rng.normal(size=(200, 2)) + 1.1 * np.eye(2)[y])  # softmax(z) is the Bayes posterior: nothing to fix
+    with pytest.warns(UncalibratedWarning, match="calibrate_on_eval leaves every prediction uncalibrated.*smart did not qualify"):
+        result = fit_eval_calibration(z, y, "smart")
+    table = compare_calibrators(z, y, ["smart"], cv=5, seed=0, race=False, keep_predictions=True, progress_bar=False)
+    held_out = {m: -log_softmax(table.predictions[m], axis=1)[np.arange(200), y] for m in ("uncalibrated", "smart")}
+    assert ttest_rel(held_out["uncalibrated"], held_out["smart"], alternative="greater").pvalue >= 0.05
+    assert result.after["nll"].value == pytest.approx(held_out["smart"].mean(), abs=1e-9)  # the rejected method's numbers
+    assert result.method == "smart" and result.reason is not None and result.calibrator.is_identity
+    np.testing.assert_allclose(result.calibrator(torch.from_numpy(z)).numpy(), z, rtol=0, atol=1e-12)
+    section = result.card_section()
+    assert "but not kept: smart did not qualify" in section and "holds the identity" in section
+    result.save(tmp_path)
+    from hf_calibration.calibrators import load_calibrator
+
+    assert load_calibrator(tmp_path / "calibrator").is_identity
+
+
+def test_the_uncalibrated_model_wins_where_its_ece_is_clearly_lower():
+    """Item 2 (TS: ECE 1.6 -> 3.8 %): the rule lets the uncalibrated model compete on the selection metric, so a
+    calibrator whose NLL gain is significant but whose held-out ECE is worse beyond one standard error is not kept."""
+    from scipy.stats import sem
+
+    from hf_calibration.calibrators.selection import CalibratorComparison, MethodScores
+
+    def scores(name, ece, nll):
+        s = MethodScores(name)
+        for fold, (e, n) in enumerate(zip(ece, nll)):
+            s.add_fold(fold, {**{c: 0.0 for c in s.folds}, "ece": e, "nll": n})
+        return s
+
+    uncal = scores("uncalibrated", [0.015, 0.017, 0.016], [0.90, 0.91, 0.92])
+    ts = scores("temperature_scaling", [0.036, 0.040, 0.038], [0.85, 0.86, 0.86])
+    table = CalibratorComparison({"uncalibrated": uncal, "temperature_scaling": ts}, cv=3, seed=0, n_bins=15, num_samples=300, num_classes=3)
+    gap = np.subtract(ts.folds["ece"], uncal.folds["ece"])
+    assert gap.mean() > sem(gap) and table.nll_gain_is_significant("temperature_scaling")
+    chosen, why = table.decide("ece")
+    assert chosen == "uncalibrated" and "lower than that of every qualifying candidate (temperature_scaling)" in why
+    assert table.decide("nll")[0] == "temperature_scaling"
+
+
+def test_labelled_rows_are_counted_before_training(tmp_path):
+    """Item 8: 60 eval rows of which 55 are labelled -100 trained fully, then failed ("got 5"); the check now counts the
+    labelled rows (the Trainer's datasets and datasets.Dataset columns alike) before any step."""
+    import datasets
+
+    eval_set = digits_dataset(slice(1200, 1260))
+    eval_set.labels = eval_set.labels.clone()
+    eval_set.labels[5:] = -100
+    with pytest.raises(ValueError, match="at least 10 labelled samples .* only 5 of its 60 rows have a label other than -100"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(TRAIN), eval_dataset=eval_set,
+                           calibrate_on_eval=True)
+    table = datasets.Dataset.from_dict({"x": list(range(60)), "label": [0, 1, 2, 3, 4] + [-100] * 55})
+    with pytest.raises(ValueError, match="only 5 of its 60 rows"):
+        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(TRAIN), eval_dataset=table,
+                           calibrate_on_eval=True)
+    eval_set.labels[5:15] = 3  # 15 labelled rows: enough for temperature scaling (10)
+    CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(TRAIN), eval_dataset=eval_set,
+                       calibrate_on_eval=True)

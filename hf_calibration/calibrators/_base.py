@@ -25,7 +25,7 @@ from .._checks import IGNORE_INDEX, check_classification_shapes, check_labels_in
 from ..disk_logits import DiskLogits, as_disk_logits
 from ..metrics._format import prepare, top_label
 from ..metrics._rowpass import top_label_pass
-from . import _graph, _inputs, _rows
+from . import _graph, _held_out, _inputs, _rows
 from . import attach as _attach
 from ._rows import FitRows
 from ._threads import torch_single_threaded
@@ -157,6 +157,7 @@ class Calibrator(
     # whether ``_fit_rows`` is implemented: the fit reads the logits a block of rows at a time (``_rows.FitRows``), so it
     # needs no (N, K) copy and also fits from disk (``hf_calibration.disk_logits``)
     fits_in_blocks: ClassVar[bool] = False
+    held_out_check: ClassVar[bool] = False  # cross-fit the fit set after a fit and warn if that is worse (_held_out.py)
 
     def __init__(self) -> None:
         super().__init__()
@@ -227,6 +228,12 @@ class Calibrator(
     @property
     def is_fitted(self) -> bool:
         return self.fit_info_ is not None
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether it leaves every prediction as the model gave it (``fit_info_["uncalibrated"]`` covers all classes):
+        ``AutoCalibrator`` or ``calibrate_on_eval`` left the model as it was, or the fit moved nothing."""
+        return ((self.fit_info_ or {}).get("uncalibrated") or {}).get("classes") == "all"
 
     def _check_fitted(self) -> None:
         if not self.is_fitted:
@@ -356,11 +363,12 @@ class Calibrator(
         return self._fit_checked(z, y, objective, kw, progress_bar, is_logits=is_logits)
 
     def _fit_checked(self, z: np.ndarray, y: np.ndarray, objective: str, kw: dict, progress_bar: bool, *,
-                     is_logits: bool = True, report: bool = True) -> "Calibrator":
+                     is_logits: bool = True, report: bool = True, check_size: bool = True) -> "Calibrator":
         """``fit`` on inputs already checked and prepared as ``_fit_inputs`` returns them (finite float32/float64 logits
-        with their row maxima at 0, int64 labels). ``report=False`` skips the fit-set report and the identity check
-        (cross-validation scores each fit on its held-out fold instead)."""
-        if z.shape[0] < self.min_samples:
+        with their row maxima at 0, int64 labels). ``report=False`` skips the fit-set report, the identity check and
+        the held-out check (cross-validation scores each fit on its held-out fold instead); ``check_size=False``
+        allows fewer than ``min_samples`` (the held-out check's fits)."""
+        if check_size and z.shape[0] < self.min_samples:
             raise ValueError(f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {z.shape[0]}.")
         self._check_memory(int(z.shape[0]), int(z.shape[1]))
         was_attached = self._attached_to
@@ -375,6 +383,7 @@ class Calibrator(
         finally:
             _FIT_DEPTH.reset(depth)
         self.fit_info_ = {
+            "task": "multiclass",
             "objective": objective,
             "objective_options": kw,
             "input": "logits" if is_logits else "probabilities",
@@ -388,6 +397,8 @@ class Calibrator(
             unchanged, predicted, saturated = self._unchanged_classes(*views, z.shape[1])
             if unchanged and _FIT_DEPTH.get() == 0:
                 self._warn_uncalibrated(unchanged, predicted, saturated)
+            if _FIT_DEPTH.get() == 0 and _held_out.wanted(self, z.shape[0]):
+                self.fit_info_["held_out_check"] = _held_out.run(self, z, y, objective, kw)
         if was_attached is not None:
             logger.info("Refitted while attached: the model now uses the new fit.")
         return self
@@ -737,6 +748,12 @@ class Calibrator(
         fit = config.get("fit")
         if not isinstance(fit, dict):
             raise ValueError(f"The checkpoint in {str(where)!r} has no `fit` record in its config: it is corrupted or was never fitted.")
+        task = fit.get("task", "multiclass")  # checkpoints older than the record are multi-class
+        expected = ("binary", "multilabel") if getattr(cls, "_sigmoid_head", False) else ("multiclass",)
+        if task not in expected:
+            raise ValueError(
+                f"Expected a checkpoint fitted for a {' or '.join(expected)} head (the model's config.problem_type), but "
+                f"{str(where)!r} records task={task!r} in its config's fit.task: it is not a {cls.__name__} checkpoint.")
         for key, minimum in (("num_classes", 2), ("num_samples", 1)):
             value = fit.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):

@@ -18,9 +18,15 @@ def register_calibrator(cls: type) -> type:
     return cls
 
 
-def list_calibrators() -> list[str]:
-    """Registered calibrator names, sorted."""
-    return sorted(_CALIBRATORS)
+def list_calibrators(task: str | None = None) -> list[str]:
+    """Registered calibrator names, sorted; ``task``: only those for that kind of head (``"multiclass"``: the softmax
+    calibrators; ``"binary"`` / ``"multilabel"``: the sigmoid ones)."""
+    if task is None:
+        return sorted(_CALIBRATORS)
+    from ..tasks import check_task
+
+    sigmoid = check_task(task) != "multiclass"
+    return sorted(name for name, cls in _CALIBRATORS.items() if bool(getattr(cls, "_sigmoid_head", False)) == sigmoid)
 
 
 def get_calibrator_class(name: str) -> type:

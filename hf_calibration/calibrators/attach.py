@@ -6,7 +6,9 @@ rank-2 floating tensor is the logits; a loss, rank 0, comes before it) or a bare
 Pipelines call the model's forward, so ``pipeline("image-classification", model=model)`` scores are
 calibrated too, and ``attach(pipe)`` on a pipeline object attaches to ``pipe.model``. A loss the model computes
 from ``labels`` inside its forward stays the uncalibrated one. A calibrator whose ``preserves_argmax`` is False
-logs a warning when attached: the model's predicted classes may change.
+logs a warning when attached: the model's predicted classes may change. A calibrator fitted for another kind of
+head than the model's (a softmax calibrator on a ``multi_label_classification`` model, a sigmoid one on a softmax
+model) is refused with a ``ValueError`` naming ``config.problem_type`` (:func:`hf_calibration.tasks.compatible_head`).
 
 The mechanism: ``attach`` sets ``forward`` on the model instance (a method wrapping the class's forward, or the
 instance forward another library set before, with its signature), and ``detach`` removes it. The calibration is then
@@ -118,6 +120,11 @@ def attach(calibrator: nn.Module, model: Any) -> Any:
             "is attached to it; detach it first."
         )
     calibrator._check_fitted()
+    from ..tasks import compatible_head
+
+    info = calibrator.fit_info_ or {}
+    compatible_head(info.get("task", "multiclass"), model, num_labels=info.get("num_labels"))
+
     previous = model.__dict__.get("forward")  # an instance forward set before (accelerate's hooks), or None
     entry = _Attachment(calibrator, previous)
     inner = type(model).forward if previous is None else previous
@@ -125,7 +132,10 @@ def attach(calibrator: nn.Module, model: Any) -> Any:
     model.__dict__[_ATTR] = entry  # plain attribute: not a submodule, not in the model's state_dict
     model.__dict__["forward"] = entry.forward
     calibrator.__dict__["_attached_to"] = model
-    if not getattr(calibrator, "preserves_argmax", True):
+    if not getattr(calibrator, "preserves_argmax", True) and info.get("task", "multiclass") != "multiclass":
+        logger.info("%s maps each label's logit on its own: which labels pass a 0.5 threshold may change once attached.",
+                    type(calibrator).__name__)
+    elif not getattr(calibrator, "preserves_argmax", True):
         logger.warning(
             "%s may change the predicted class of some inputs (preserves_argmax=False): once attached, the "
             "%s's predictions can differ from the uncalibrated model's.",

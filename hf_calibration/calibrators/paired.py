@@ -7,6 +7,11 @@ all folds are pooled (each sample scored by the fit that did not see it), the po
 (``hf_calibration.metrics.bootstrap``), and on *every* resample each method and the best are scored on
 the same rows: the difference ``method - best`` has a percentile interval, and the share of resamples in
 which the method scores lower says how often it would have won.
+
+That share is counted on the resampled differences shifted so that their median is the pooled difference. A binned
+metric's resamples are biased (a resample repeats rows: fewer distinct samples per bin), differently for each
+method, and counted as they are, a method with a positive (worse) pooled difference "won" 62 % of resamples: the
+table read as a contradiction. Centred, a positive difference never wins more than half of them.
 """
 
 from __future__ import annotations
@@ -29,9 +34,51 @@ __all__ = ["PairedBootstrap", "paired_bootstrap"]
 METRICS = ("ece", "adaece", "smce", "nll", "brier")  # the selection metrics of compare_calibrators
 
 
-def _scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int):
+def _sigmoid_scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int):
+    """``_scorer`` of a sigmoid head's pooled held-out (N, L) logits: the macro average over labels, on resamples of
+    the samples (every label of a sample together)."""
+    import warnings
+
+    from ..metrics.multilabel import _binned_statistic as binned, _score_statistic, _smooth_or_adaptive_statistic, _values
+    from ..metrics.multilabel import prepare_sigmoid
+
+    inputs = prepare_sigmoid(logits.reshape(logits.shape[0], -1), labels.reshape(labels.shape[0], -1), task="multilabel",
+                             from_logits=True, preds_name="predictions")
+    value = _values(inputs, metric, n_bins)[1]
+    rows = np.arange(inputs.probs.shape[0])
+    if metric in ("nll", "brier"):
+        scores, column = _score_statistic(inputs), 0 if metric == "brier" else 1
+
+        def statistic(counts):
+            sums = scores(counts)
+            with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return np.nanmean(sums[:, :, column] / sums[:, :, 2], axis=1)
+
+        return value, statistic
+    if metric == "ece":
+        per_label = [binned(*inputs.label(l), rows[inputs.mask[:, l]], n_bins) for l in range(inputs.num_labels)]
+        pick = lambda stat, counts: stat(counts)[:, 0]  # noqa: E731
+    else:
+        if not inputs.full:
+            raise ValueError(f"Expected no ignored labels for a paired bootstrap of {metric} (its bins are re-cut per label).")
+        per_label = [_smooth_or_adaptive_statistic(metric, inputs.probs[:, l], inputs.target[:, l], n_bins)
+                     for l in range(inputs.num_labels)]
+        pick = lambda stat, counts: stat(counts)  # noqa: E731
+
+    def statistic(counts):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmean(np.stack([pick(stat, counts) for stat in per_label], axis=1), axis=1)
+
+    return value, statistic
+
+
+def _scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int, task: str = "multiclass"):
     """``(pooled value, counts -> (B,) resampled values)`` of one method's pooled held-out logits; the counts are
     over the rows as given (every method's rows are the same samples), gathered into this method's frame."""
+    if task != "multiclass":
+        return _sigmoid_scorer(metric, logits, labels, n_bins)
     inputs = prepare(logits, labels, from_logits=True, ignore_index=None, preds_name="predictions")
     if metric in ("nll", "brier"):
         scores = _row_scores(inputs)[:, 0 if metric == "brier" else 1]
@@ -55,7 +102,8 @@ class PairedBootstrap:
 
     ``pooled[m]``: method m's metric on all held-out predictions together, with its own interval.
     ``difference[m]``: ``pooled[m] - pooled[best]`` with the percentile interval of the paired differences.
-    ``wins[m]``: the share of resamples in which m scores strictly lower than ``best``.
+    ``wins[m]``: the share of resamples in which m scores strictly lower than ``best``, the resampled differences
+    shifted so that their median is the pooled difference (module docstring).
     """
 
     metric: str
@@ -79,14 +127,17 @@ class PairedBootstrap:
         lines = [
             f"Paired bootstrap against the best by {self.metric} ({self.best}): every held-out prediction pooled, "
             f"{any_value.n_boot} resamples of the rows, each method scored on the same rows "
-            f"({100 * any_value.level:g} % percentile intervals).",
+            f"({100 * any_value.level:g} % percentile intervals). Pooled values are not the table's means over folds, "
+            "which rank the methods: a binned metric of all predictions together is lower (more samples per bin). "
+            f"Δ > 0: worse than {self.best}. \"beats\": the share of resamples in which the method scores lower, counted "
+            "on the resampled differences centred on Δ (a binned metric's resamples are biased).",
             "",
-            f"| method | pooled {self.metric}{' (%)' if percent else ''} | Δ vs {self.best}{unit} | wins over {self.best} |",
+            f"| method | pooled {self.metric}{' (%)' if percent else ''} | Δ vs {self.best}{unit} | beats {self.best} in |",
             "|---|---:|---:|---:|",
         ]
         for method, value in self.pooled.items():
             diff = "—" if method == self.best else self.difference[method].format(scale, digits)
-            wins = "—" if method == self.best else f"{100 * self.wins[method]:.1f} %"
+            wins = "—" if method == self.best else f"{100 * self.wins[method]:.1f} % of resamples"
             lines.append(f"| {method} | {value.format(scale, digits)} | {diff} | {wins} |")
         if self.skipped:
             lines += ["", f"(not compared: {', '.join(self.skipped)}, which failed on some fold or were stopped early)"]
@@ -94,6 +145,13 @@ class PairedBootstrap:
 
     def __str__(self) -> str:
         return self.to_markdown()
+
+
+def _centred_share_below_zero(point: float, resampled: np.ndarray) -> float:
+    """The share of ``resampled`` differences below 0 once shifted so that their median is ``point``: never above one
+    half when ``point >= 0`` (module docstring)."""
+    resampled = np.asarray(resampled, dtype=np.float64)
+    return float(np.mean(resampled - np.median(resampled) + float(point) < 0))
 
 
 def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, best: str | None = None, ci: float = 0.95,
@@ -130,11 +188,12 @@ def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, bes
         raise ValueError(f"Expected the best method {best!r} to have a prediction for every row, but it failed on some fold.")
     methods = [best] + [m for m in complete if m != best]
     n_bins = table.n_bins
-    scorers = {m: _scorer(metric, complete[m], labels, n_bins) for m in methods}
+    task = getattr(table, "task", "multiclass")
+    scorers = {m: _scorer(metric, complete[m], labels, n_bins, task) for m in methods}
     replicates = dict(zip(methods, boot.replicates([s for _, s in scorers.values()], labels.shape[0])))
     pooled = {m: boot.interval(scorers[m][0], replicates[m]) for m in methods}
     difference = {m: boot.interval(scorers[m][0] - scorers[best][0], replicates[m] - replicates[best]) for m in methods}
-    wins = {m: float(np.mean(replicates[m] < replicates[best])) for m in methods}
+    wins = {m: _centred_share_below_zero(difference[m], replicates[m] - replicates[best]) for m in methods}
     order = [m for m in table.predictions if m in complete]  # the table's row order
     return PairedBootstrap(metric, best, {m: pooled[m] for m in order}, {m: difference[m] for m in order},
                            {m: wins[m] for m in order}, skipped)

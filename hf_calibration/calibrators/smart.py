@@ -65,7 +65,9 @@ class SMARTCalibrator(
     """SMART: ``T(m)`` from the standardised logit margin through a 1-16-1 MLP (49 parameters).
 
     Needs at least ``min_samples = 50`` labelled samples (the smallest validation set the paper reports).
-    Fitting is deterministic given ``seed`` (the MLP's initialisation; the rest is full-batch).
+    Fitting is deterministic given ``seed`` (the MLP's initialisation; the rest is full-batch). A fit on at most 1,000
+    samples checks itself on held-out data (5 folds of the fit set) and warns (``HeldOutWorseWarning``) when it leaves
+    the held-out NLL worse than the uncalibrated model's (``_held_out.py``).
     Method: H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*
     (arXiv:2506.23492).
 
@@ -93,6 +95,7 @@ class SMARTCalibrator(
     kind = "smart"
     fits_in_blocks = True
     min_samples = 50
+    held_out_check = True  # tens of parameters, a non-convex fit: see _held_out.py
     default_objective = "charbonnier_soft_ece"
     paper_citation = "H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*, arXiv:2506.23492"
 
@@ -239,12 +242,14 @@ class SMARTCalibrator(
             return {}
         self._set_flat_parameters(x)
         t = self.eps + excess
+        start = result.history[0]  # 0 where every fit sample is already right at confidence 1 (separable logits)
+        lowered = f"by only {100 * (start - result.best) / abs(start):.2g} %" if start else "by nothing: it is 0 from the start"
         logger.warning(
-            "SMART's fit lowered its objective by only %.2g %% (%.6g -> %.6g), and temperature scaling does at least as well "
+            "SMART's fit lowered its objective %s (%.6g -> %.6g), and temperature scaling does at least as well "
             "on it (%.6g): the objective is flat on these logits (typically a saturated softmax, confidences rounding to 0 "
             "or 1). Falling back to the constant temperature T = %.4g that temperature scaling fits by NLL "
             "(fit_info_['fallback']).",
-            100 * (result.history[0] - result.best) / abs(result.history[0]), result.history[0], result.best, at_ts, t,
+            lowered, start, result.best, at_ts, t,
         )
         return {"fallback": "temperature_scaling", "temperature": t, "best_objective": at_ts}
 

@@ -164,13 +164,13 @@ def diagram_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=())
 def load_data(args, default_split: str):
     from ..logits_io import load_logits
 
-    return load_logits(args.logits, args.split, labels_path=args.labels, default_split=default_split)
+    return load_logits(args.logits, args.split, labels_path=args.labels, default_split=default_split, task=getattr(args, "task", None))
 
 
 def save_diagram(
     logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None, *,
     from_logits: bool | None = None, calibrated=None, names: tuple[str, str] = ("uncalibrated", "calibrated"),
-    ci: float | None = 0.95, n_boot: int | None = None, what: str = "--diagram",
+    ci: float | None = 0.95, n_boot: int | None = None, what: str = "--diagram", task: str | None = None,
 ) -> None:
     """The reliability diagram (with counts; a before / after pair when ``calibrated`` is given) as a PNG.
 
@@ -180,7 +180,8 @@ def save_diagram(
     from ..metrics import reliability_diagram
 
     fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
-                              title=title, from_logits=from_logits, ci=0.95 if ci is None else ci, n_boot=n_boot)
+                              title=title, from_logits=from_logits, ci=0.95 if ci is None else ci, n_boot=n_boot,
+                              task=None if task == "multiclass" else task)
     with writing(what, path):
         path.parent.mkdir(parents=True, exist_ok=True)  # new_file checked that it can be created
         fig.savefig(path, dpi=120)
@@ -189,10 +190,21 @@ def save_diagram(
 def json_ready(report) -> dict:
     """A report as strict JSON values: a NaN or infinite metric becomes null, and ``non_finite`` names it with its
     value as a string (``{"nll": "inf"}``; present only when some metric is not finite)."""
+    from ..metrics.multilabel import SigmoidCalibrationReport
+
+    if isinstance(report, SigmoidCalibrationReport):  # nested: macro / micro / per_label; a non-finite number is null
+        def clean(value):
+            if isinstance(value, dict):
+                return {k: clean(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [clean(v) for v in value]
+            return None if isinstance(value, float) and not math.isfinite(value) else value
+
+        return clean(report.to_dict())
     values, non_finite = {}, {}
     for key, value in report.to_dict().items():
         if isinstance(value, float) and not math.isfinite(value):
-            values[key], non_finite[key] = None, str(value)
+            values[key], non_finite[key] = None, str(float(value))  # the value alone (an interval prints its ends too)
         else:
             values[key] = value
     return {**values, "non_finite": non_finite} if non_finite else values
@@ -201,6 +213,35 @@ def json_ready(report) -> dict:
 def dump_json(obj) -> str:
     """Strict JSON (no NaN / Infinity tokens, which JSON does not have)."""
     return json.dumps(obj, indent=2, allow_nan=False)
+
+
+def json_intervals(intervals: dict, non_finite: dict) -> dict:
+    """A report's intervals (``{metric: MetricInterval}``) as strict JSON: an infinite or NaN end becomes null and is
+    named in ``non_finite`` (``{"nll.high": "inf"}``), as ``json_ready`` does for the values."""
+    out = {}
+    for key, v in intervals.items():
+        entry = {"low": v.low, "high": v.high, "level": v.level, "n_boot": v.n_boot}
+        for end in ("low", "high"):
+            if not math.isfinite(entry[end]):
+                non_finite[f"{key}.{end}"] = str(entry[end])
+                entry[end] = None
+        out[key] = entry
+    return out
+
+
+def dry_run_files(folder: str | os.PathLike, path_in_repo: str | None) -> list[str]:
+    """The files of a dry run's temporary upload folder (``push_to_hub(dry_run=True)`` returns it; ``path_in_repo``
+    nests it), as ``"name (size bytes)"`` with sub-folders' files by relative path; then the temporary folder is
+    removed, so that nothing is left behind and nothing printed names a folder that is gone."""
+    import shutil
+
+    folder = Path(folder)
+    files = [f"{p.relative_to(folder).as_posix()} ({p.stat().st_size:,} bytes)" for p in sorted(folder.rglob("*")) if p.is_file()]
+    root = folder
+    for _ in Path(path_in_repo.strip("/")).parts if path_in_repo else ():
+        root = root.parent
+    shutil.rmtree(root, ignore_errors=True)
+    return files
 
 
 def add_input_kind_option(p: argparse.ArgumentParser) -> None:
@@ -212,10 +253,15 @@ def add_input_kind_option(p: argparse.ArgumentParser) -> None:
                       help="the file holds logits, even if its rows look like probabilities")
 
 
-def from_logits_of(args, logits) -> bool:
-    """The input kind the command works with: ``--probs`` / ``--from-logits``, else detected on ``logits``."""
+def from_logits_of(args, logits, task: str = "multiclass") -> bool:
+    """The input kind the command works with: ``--probs`` / ``--from-logits``, else detected on ``logits`` (a sigmoid
+    head's: every value in [0, 1] is a probability, as the metrics decide)."""
     from .._checks import resolve_from_logits
 
+    if task in ("binary", "multilabel") and (logits.ndim == 1 or logits.shape[1] != 2 or task == "multilabel"):
+        if args.from_logits is not None:
+            return args.from_logits
+        return not bool(((logits >= 0) & (logits <= 1)).all())
     return resolve_from_logits(logits, args.from_logits, "logits")
 
 
@@ -260,6 +306,13 @@ def to_tensor(logits):
 def temperature_summary(calibrator, logits, from_logits: bool = True) -> str:
     import torch
 
+    if getattr(calibrator, "_sigmoid_head", False):  # a sigmoid head: one map per label
+        info = calibrator.fit_info_ or {}
+        what = f"{info.get('num_labels')} label(s) of a {info.get('task')} head"
+        if hasattr(calibrator, "fitted_temperature"):
+            t = calibrator.fitted_temperature
+            return f"{what}, T = " + (f"{t:.4f}" if isinstance(t, float) else ", ".join(f"{x:.4f}" for x in t))
+        return f"{what}, one map per label"
     if not hasattr(calibrator, "temperature"):  # not a temperature calibrator: nothing one number can say
         return f"{'keeps' if calibrator.preserves_argmax else 'may change'} the predicted classes"
     with torch.no_grad():
@@ -283,3 +336,7 @@ def logits_options(p: argparse.ArgumentParser, split_help: str, required: bool =
     p.add_argument("--labels", metavar="FILE", help="labels file (.npy) when --logits is a bare .npy array")
     p.add_argument("--split", help=split_help)
     add_option(p, "n_bins", type=positive_int, default=15, help="number of equal-width bins (default 15)")
+    p.add_argument("--task", choices=("multiclass", "binary", "multilabel"), default=None,
+                   help="the head's kind (default: the model's config.problem_type, else the arrays' shapes: (N, L) 0/1 "
+                        "labels are multi-label, one logit column binary); binary / multi-label heads get per-label, "
+                        "macro and pooled metrics and sigmoid calibrators")

@@ -24,6 +24,7 @@ class Inputs(NamedTuple):
     model: str | None = None  # --model, on the model route
     dataset: str | None = None  # --dataset, on the model route
     split: str | None = None  # the dataset split used, on the model route
+    task: str = "multiclass"  # the head's kind (hf_calibration.tasks)
 
 
 def add_input_options(p: argparse.ArgumentParser, split_help: str) -> None:
@@ -74,7 +75,7 @@ def load_inputs(args, default_split: str, apply_calibrator: bool = False) -> Inp
     if calibrator is None:
         return data
     kind = getattr(calibrator, "kind", type(calibrator).__name__)
-    calibrated = calibrated_logits(calibrator, data.logits, from_logits_of(args, data.logits))
+    calibrated = calibrated_logits(calibrator, data.logits, from_logits_of(args, data.logits, data.task))
     args.from_logits = True  # --probs / --from-logits described the input; what is returned now is logits
     return data._replace(logits=calibrated, source=f"{data.source} + {kind}")
 
@@ -85,7 +86,7 @@ def _load(args, default_split: str) -> Inputs:
         if model_route:
             _usage_error(args, "give either --logits, or --model with --dataset, not both")
         data = load_data(args, default_split)
-        return Inputs(data.logits, data.labels, data.source)
+        return Inputs(data.logits, data.labels, data.source, task=data.task)
     if args.model is None or args.dataset is None:
         missing = "--dataset" if args.model is not None else "--model" if args.dataset is not None else "--logits FILE, or --model M and --dataset D"
         _usage_error(args, f"missing {missing}")
@@ -105,16 +106,21 @@ def _load(args, default_split: str) -> Inputs:
     if args.device is not None:
         check_device(args.device)
     dataset = load_image_dataset(args.dataset, args.split, config_name=args.config, default_split=default_split)
-    _check_labelled(dataset, find_label_column(dataset.features, args.label_column), args)
+    from ..inference import _task_of
+
+    task = _task_of(args.model, args.revision, getattr(args, "task", None))
+    label_column = find_label_column(dataset.features, args.label_column, multilabel=task == "multilabel")
+    if task != "multilabel":
+        _check_labelled(dataset, label_column, args)
     cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
     logits, labels = predict_logits(
         args.model, dataset, batch_size=args.batch_size, image_column=args.image_column, label_column=args.label_column,
         max_samples=args.max_samples, cache_dir=cache_dir, revision=args.revision, device=args.device,
-        num_workers=args.num_workers,
+        num_workers=args.num_workers, task=task,
     )
     split = None if dataset.split is None else str(dataset.split)
     source = f"{args.model} on {args.dataset}" + (f"[{split}]" if split else "")
-    return Inputs(logits, labels, source, str(args.model), str(args.dataset), split)
+    return Inputs(logits, labels, source, str(args.model), str(args.dataset), split, task)
 
 
 def _check_labelled(dataset, column: str, args) -> None:

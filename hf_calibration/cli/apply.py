@@ -51,12 +51,18 @@ def run(args) -> int:
         raise CLIError(f"--diagram and --save-logits name the same file {diagram}.")
     calibrator = load_calibrator(args.calibrator)
     data = load_data(args, default_split="test")
-    from_logits = from_logits_of(args, data.logits)
+    task = data.task
+    fitted_for = (calibrator.fit_info_ or {}).get("task", "multiclass")
+    if (task == "multiclass") != (fitted_for == "multiclass"):
+        raise CLIError(f"--calibrator {args.calibrator} was fitted for a {fitted_for} head, but the logits are a {task} head's "
+                       "(see --task, or the model's config.problem_type).")
+    task_kw = {} if task == "multiclass" else {"task": task}
+    from_logits = from_logits_of(args, data.logits, task)
     after = calibrated_logits(calibrator, data.logits, from_logits)
     name = getattr(calibrator, "kind", type(calibrator).__name__)
     reports = {
-        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
-        name: calibration_report(after, data.labels, args.n_bins, from_logits=True),
+        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits, **task_kw),
+        name: calibration_report(after, data.labels, args.n_bins, from_logits=True, **task_kw),
     }
     if args.json:  # the numbers first: a file that cannot be written never loses them
         print(dump_json({"source": data.source, "calibrator": str(args.calibrator), "inputs": "logits" if from_logits else "probabilities",
@@ -68,7 +74,7 @@ def run(args) -> int:
         print(format_reports(reports), flush=True)
     if diagram is not None:
         save_diagram(data.logits, data.labels, diagram, args.n_bins, f"{data.source} + {name}", args.margin_groups,
-                     from_logits=from_logits, calibrated=after, names=("uncalibrated", name))
+                     from_logits=from_logits, calibrated=after, names=("uncalibrated", name), task=task)
         if not args.json:
             print(f"reliability diagram: {diagram}")
     if save_to is not None:

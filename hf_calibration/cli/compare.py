@@ -61,7 +61,8 @@ def fit_auto(args, data, from_logits: bool, progress_bar: bool):
         raise CLIError("--objective does not apply to --method auto: every candidate fits its own default objective.")
     auto = AutoCalibrator(metric=args.metric, cv=args.cv, methods=parse_methods(args.methods), seed=0 if args.seed is None else args.seed,
                           fit_seeds=args.fit_seeds, race=not args.no_race)
-    return auto.fit(data.logits, data.labels, from_logits=from_logits, progress_bar=progress_bar)
+    return auto.fit(data.logits, data.labels, from_logits=from_logits, progress_bar=progress_bar,
+                    task=getattr(data, "task", None))
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -120,46 +121,49 @@ def diagram_title(source: str, name: str, table) -> str:
 
 def run(args) -> int:
     from ..calibrators import compare_calibrators
-    from ..calibrators.selection import UNCALIBRATED, method_names
+    from ..calibrators.selection import UNCALIBRATED
+
+    from ..calibrators.selection import _method_specs
 
     methods = parse_methods(args.methods)
     check_paired_options(args)
-    names = [UNCALIBRATED] + method_names(methods)
-    paths = {}
-    if args.out is not None:  # checked before the long part: never a model's folder, never a file without --overwrite
-        out = output_folder(args.out, "--out")
-        paths = {name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits]) for name in names}
+    out = output_folder(args.out, "--out") if args.out is not None else None  # never a model's folder
     data = load_inputs(args, default_split="val")
+    task = data.task
+    try:
+        names = [UNCALIBRATED] + list(_method_specs(methods, task))
+    except (TypeError, ValueError) as err:
+        raise CLIError(f"--methods: {err}") from None
+    paths = {}
+    if out is not None:  # checked before the long part: never a file without --overwrite
+        paths = {name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits]) for name in names}
     table = compare_calibrators(data.logits, data.labels, methods, cv=args.cv, seed=args.seed, metric=args.metric,
-                                race=not args.no_race, fit_seeds=args.fit_seeds, n_bins=args.n_bins, from_logits=from_logits_of(args, data.logits), keep_predictions=True,
-                                progress_bar=not args.json)
+                                race=not args.no_race, fit_seeds=args.fit_seeds, n_bins=args.n_bins,
+                                from_logits=from_logits_of(args, data.logits, task), keep_predictions=True,
+                                progress_bar=not args.json, task=task)
     drawable = {}
     for name, path in paths.items():
         logits = table.predictions[name]
-        keep = ~(logits != logits).any(axis=1)  # rows of folds where the method failed or was stopped are NaN
+        keep = ~(logits != logits).reshape(logits.shape[0], -1).any(axis=1)  # folds where the method failed or stopped: NaN
         if keep.any():
             drawable[name] = (path, logits[keep], table.labels[keep])
-    try:
-        best = table.best(args.metric)
-    except ValueError:
-        best = None
+    best = table.best(args.metric)  # "uncalibrated" when no method qualifies (the table's text says why)
     paired = paired_section(args, table)
     if args.json:  # the table first: a diagram that cannot be written never loses the comparison
         print(dump_json({"source": data.source, "cv": args.cv, "seed": args.seed, "metric": args.metric, "best": best,
                          "table": table.to_dict(), "paired": None if paired is None else paired.to_dict(),
                          "diagrams": {name: str(path) for name, (path, _, _) in drawable.items()}}), flush=True)
     else:
-        print(f"{data.source} (N = {data.logits.shape[0]}, K = {data.logits.shape[1]})")
-        print(table)
-        rule = args.metric if args.metric == "nll" else f"{args.metric}, the lowest NLL within one standard error of the lowest {args.metric}"
-        print(f"best by {rule}: {best or 'none (every method failed, was stopped, or did worse than uncalibrated on NLL)'}")
+        size = f"K = {data.logits.shape[1]}" if task == "multiclass" else f"{task} head, L = {table.num_classes} label(s)"
+        print(f"{data.source} (N = {data.logits.shape[0]}, {size})")
+        print(table)  # the table's text ends with the rule and the pick, as print(table) shows them
         if paired is not None:
             print()
             print(paired)
         sys.stdout.flush()
     for name, (path, logits, labels) in drawable.items():
         save_diagram(logits, labels, path, args.n_bins, diagram_title(data.source, name, table),
-                     from_logits=True, what="--out")  # calibrated logits / log-probabilities, whatever the file held
+                     from_logits=True, what="--out", task=task)  # calibrated logits / log-probabilities, whatever the file held
     if paths and not args.json:
         print(f"reliability diagrams: {Path(args.out)}/reliability_<method>.png ({len(drawable)} written; each pools the "
               "held-out predictions of all folds, so its ECE is the pooled one, not the table's mean over folds)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, add_input_kind_option, add_option, dump_json, from_logits_of, method_kind, to_tensor
+from ._common import CLIError, add_input_kind_option, add_option, dry_run_files, dump_json, from_logits_of, method_kind, to_tensor
 from ._inputs import add_input_options, load_inputs
 
 
@@ -31,7 +31,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the predictor already saved in --out")
     add_option(p, "push_to_hub", metavar="REPO", default=None, help="also push the predictor to this Hub repo id")
     add_option(p, "path_in_repo", metavar="DIR", default="conformal", help="with --push-to-hub: the repo subfolder (default conformal)")
-    add_option(p, "dry_run", action="store_true", help="with --push-to-hub: build the exact folder that would be uploaded, upload nothing")
+    add_option(p, "dry_run", action="store_true", help="with --push-to-hub: build the exact files that would be uploaded, list them, upload nothing")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
 
@@ -92,7 +92,11 @@ def run(args) -> int:
         except HubUnreachableError as err:
             raise CLIError(f"the Hugging Face Hub is unreachable ({err.reason}): nothing was pushed to {args.push_to_hub}"
                            + (f"; the predictor is saved in {args.out}." if args.out else ".")) from None
-        result["dry_run_folder" if args.dry_run else "commit_url"] = str(pushed)
+        repo_url = f"https://huggingface.co/{args.push_to_hub}" + (f"/tree/main/{args.path_in_repo.strip('/')}" if args.path_in_repo else "")
+        if args.dry_run:  # listed, then the temporary folder is removed: nothing printed names a folder that is gone
+            result.update(repo_url=repo_url, dry_run_files=dry_run_files(pushed, args.path_in_repo))
+        else:
+            result["commit_url"] = str(pushed)
     if args.json:
         print(dump_json(result))
         return 0
@@ -109,5 +113,6 @@ def run(args) -> int:
     if args.out is not None:
         print(f"saved to {args.out}")
     if args.push_to_hub:
-        print(f"dry run: nothing uploaded; the files are in {result['dry_run_folder']}" if args.dry_run else f"pushed: {result['commit_url']}")
+        print(f"dry run: nothing uploaded; {result['repo_url']} would receive {', '.join(result['dry_run_files'])}"
+              if args.dry_run else f"pushed: {result['commit_url']}")
     return 0

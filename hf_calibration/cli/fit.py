@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 from ._common import (
@@ -12,6 +11,7 @@ from ._common import (
     add_input_kind_option,
     add_option,
     calibrated_logits,
+    dry_run_files,
     dump_json,
     from_logits_of,
     json_ready,
@@ -77,20 +77,29 @@ def run(args) -> int:
     data = load_inputs(args, default_split="val")
     if data.model is not None and args.push_to_hub and args.path_in_repo is None:
         args.path_in_repo = "calibrator"  # the model route pushes beside the model
-    from_logits = from_logits_of(args, data.logits)
+    from_logits = from_logits_of(args, data.logits, data.task)
+    sigmoid = data.task in ("binary", "multilabel")
+    task_kw = {"task": data.task} if sigmoid else {}
     if auto:  # cross-validate every calibrator, refit the best
         calibrator = fit_auto(args, data, from_logits, progress_bar=not args.json)
         kind = calibrator.method_ if calibrator.method_ != "uncalibrated" else "identity"  # no candidate qualified
     else:
         calibrator = create_calibrator(kind, **({} if args.seed is None else {"seed": args.seed}))
         fit_kwargs = {} if args.objective is None else {"objective": args.objective}
-        calibrator.fit(to_tensor(data.logits), to_tensor(data.labels), from_logits=from_logits, progress_bar=not args.json, **fit_kwargs)
+        if sigmoid != bool(getattr(calibrator, "_sigmoid_head", False)):
+            from ..calibrators import list_calibrators
+
+            raise CLIError(f"--method {kind} calibrates a {'sigmoid' if not sigmoid else 'softmax'} head, but the data are a "
+                           f"{data.task} head's (see --task, or the model's config.problem_type): choose one of "
+                           f"{', '.join(list_calibrators(data.task))}.")
+        calibrator.fit(to_tensor(data.logits), to_tensor(data.labels), from_logits=from_logits, progress_bar=not args.json,
+                       **fit_kwargs, **task_kw)
     with writing("--out", out):
         calibrator.save_pretrained(out, overwrite=args.overwrite, model_card_kwargs=card_kwargs(data, saved_to=str(out)))
     after = calibrated_logits(calibrator, data.logits, from_logits)
     reports = {
-        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits),
-        kind: calibration_report(after, data.labels, args.n_bins, from_logits=True),
+        "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits, **task_kw),
+        kind: calibration_report(after, data.labels, args.n_bins, from_logits=True, **task_kw),
     }
     pushed = _push(calibrator, args, out, card_kwargs(data, push_to=args.push_to_hub, path_in_repo=args.path_in_repo)) if args.push_to_hub else None
     if args.json:
@@ -99,8 +108,7 @@ def run(args) -> int:
                          **({"selection": calibrator.selection()} if auto else {})}))
         return 0
     if auto:
-        print(calibrator.comparison_)
-        print(f"best by {args.metric}: {kind}")
+        print(calibrator.comparison_)  # ends with the rule and the pick
     objective = calibrator.fit_info_["objective"]
     what = "probabilities, as log(p)" if not from_logits else "logits"
     print(f"fitted {type(calibrator.calibrator_ if auto else calibrator).__name__} ({objective}) on {data.source} ({what}, N = {data.logits.shape[0]}): "
@@ -126,10 +134,4 @@ def _push(calibrator, args, out, card: dict | None) -> dict:
                        f"the calibrator is saved in {out}.") from None
     if not args.dry_run:
         return {"repo_url": repo_url, "commit_url": str(result)}
-    folder = Path(result)  # the temporary upload folder: listed, then removed (nothing is left behind)
-    files = [f"{p.name} ({p.stat().st_size:,} bytes)" for p in sorted(folder.iterdir()) if p.is_file()]
-    root = folder
-    for _ in Path(args.path_in_repo.strip("/")).parts if args.path_in_repo else ():
-        root = root.parent
-    shutil.rmtree(root, ignore_errors=True)
-    return {"repo_url": repo_url, "dry_run_files": files}
+    return {"repo_url": repo_url, "dry_run_files": dry_run_files(result, args.path_in_repo)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_ready, save_diagram
+from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_intervals, json_ready, save_diagram
 from ._inputs import add_input_options, load_inputs
 
 
@@ -39,18 +39,26 @@ def run(args) -> int:
     inputs = [path for path in (getattr(args, "logits", None), getattr(args, "labels", None)) if path]
     diagram = diagram_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None
     data = load_inputs(args, default_split="test", apply_calibrator=True)
-    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits, ci=args.ci, n_boot=args.n_boot)
+    sigmoid = data.task in ("binary", "multilabel")
+    report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits, ci=args.ci, n_boot=args.n_boot,
+                                **({"task": data.task} if sigmoid else {}))
     kind = "logits" if report.from_logits else "probabilities"
     if args.json:  # the numbers first: a figure that cannot be written never loses them
-        intervals = {key: {"low": v.low, "high": v.high, "level": v.level, "n_boot": v.n_boot} for key, v in report.intervals().items()}
-        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": kind, **json_ready(report),
-                         **({"intervals": intervals} if intervals else {})}), flush=True)
+        values = json_ready(report)
+        non_finite = values.pop("non_finite", {})
+        intervals = {} if sigmoid else json_intervals(report.intervals(), non_finite)
+        print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": kind, **values,
+                         **({"intervals": intervals} if intervals else {}), **({"non_finite": non_finite} if non_finite else {})}),
+              flush=True)
     else:
-        print(f"{data.source}: N = {report.n}, K = {data.logits.shape[1]}, {kind}")
+        size = f"L = {report.num_labels} label(s), {data.task} head" if sigmoid else f"K = {data.logits.shape[1]}"
+        print(f"{data.source}: N = {report.n}, {size}, {kind}")
         print(report, flush=True)
+        if sigmoid and report.task == "multilabel":
+            print(report.per_label_table(), flush=True)
     if diagram is not None:  # the same input rule as the table (an explicit flag, else the table's detection)
         save_diagram(data.logits, data.labels, diagram, args.n_bins, data.source, args.margin_groups,
-                     from_logits=report.from_logits, ci=args.ci, n_boot=args.n_boot)
+                     from_logits=report.from_logits, ci=args.ci, n_boot=args.n_boot, task=data.task)
         if not args.json:
             print(f"reliability diagram: {diagram}")
     return 0

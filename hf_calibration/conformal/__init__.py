@@ -1,4 +1,5 @@
-"""Conformal prediction sets with a coverage guarantee: THR (LAC), APS and RAPS, saved and shared like the calibrators.
+"""Conformal prediction sets with a coverage guarantee: THR (LAC), APS and RAPS (multi-class and binary heads), and
+multi-label sets with a controlled false-negative rate (conformal risk control), saved and shared like the calibrators.
 
     from hf_calibration.conformal import ConformalPredictor, coverage, set_size
 
@@ -9,6 +10,7 @@
 """
 
 from .metrics import coverage, set_size, set_sizes
+from .multilabel import MultiLabelConformalPredictor, crc_threshold, false_negative_rate
 from .predictor import ConformalPredictor
 from .quantile import conformal_quantile, quantile_rank
 from .scores import METHODS, conformity_scores
@@ -18,6 +20,10 @@ __all__ = [
     "LAMBDA_GRID",
     "METHODS",
     "ConformalPredictor",
+    "MultiLabelConformalPredictor",
+    "crc_threshold",
+    "false_negative_rate",
+    "load_conformal_predictor",
     "choose_k_reg",
     "choose_penalty",
     "conformal_quantile",
@@ -27,3 +33,14 @@ __all__ = [
     "set_size",
     "set_sizes",
 ]
+
+
+def load_conformal_predictor(name_or_path, *, subfolder=None, **kwargs):
+    """Load a saved conformal predictor of either kind (``ConformalPredictor`` for THR / APS / RAPS,
+    ``MultiLabelConformalPredictor`` for conformal risk control), as its ``config.json`` says."""
+    from .. import hub
+
+    folder = hub.resolve_checkpoint(name_or_path, subfolder=subfolder, name="name_or_path",
+                                    **{k: kwargs[k] for k in hub.DOWNLOAD_OPTIONS if k in kwargs})
+    cls = MultiLabelConformalPredictor if hub.read_config(folder).get("conformal") == "crc" else ConformalPredictor
+    return cls.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k not in hub.DOWNLOAD_OPTIONS})

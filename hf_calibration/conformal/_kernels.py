@@ -107,6 +107,7 @@ def _label_score(p, y, method, u, k_reg, penalty, idx, keys):  # pragma: no cove
     for i in range(m):  # the cumulated sum in sorted order, as torch.cumsum adds the sorted row
         c += p[idx[i]]
     c += py
+    c = 1.0 if m + 1 == p.shape[0] else min(c, 1.0)  # capped at 1, exactly 1 at the last rank (scores.ranked_scores)
     score = c - u * py
     if method == RAPS:
         score = score + penalty * max(np.float64(m + 1) - k_reg, 0.0)
@@ -149,7 +150,7 @@ def _set_of_row(p, q, method, u, k_reg, penalty, allow_empty, out, idx, keys, ma
         for i in range(m):
             j = idx[i]
             c += p[j]
-            score = c - u * p[j]
+            score = (1.0 if i + 1 == k else min(c, 1.0)) - u * p[j]  # as scores.ranked_scores caps the cumulated mass
             if method == RAPS:
                 score = score + penalty * max(np.float64(i + 1) - k_reg, 0.0)
             if score <= q:

@@ -80,14 +80,19 @@ def _ordinal(k) -> str:
     return f"{k}{suffix}"
 
 
-def guarantee_statement(alpha: float, n: int, *, exact: bool) -> str:
-    """What the sets promise, in words: the split-conformal bound, and the upper one when it holds."""
+def guarantee_statement(alpha: float, n: int, *, exact: bool, ties: int | None = None) -> str:
+    """What the sets promise, in words: the split-conformal bound, and the upper one when it holds (``exact``: empty
+    sets kept; ``ties``: calibration scores equal to the threshold, the ceiling needing at most one; None: unknown)."""
     text = (
         f"For a new image drawn from the same distribution as the {n} calibration images (exchangeable with them), the "
         f"prediction set contains its true class with probability at least 1 - alpha = {1 - alpha:.4g}"
     )
-    if exact:
-        text += f", and at most 1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4g} when no two calibration scores tie"
+    if exact and ties is not None and ties > 1:
+        text += (f"; the ceiling 1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4g} does not hold here: {ties} calibration "
+                 "scores tie at the threshold (a randomised score breaks such ties)")
+    elif exact:
+        text += f", and at most 1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4g}" + (
+            " (no calibration scores tie at the threshold)" if ties is not None else " when no two calibration scores tie")
     else:
         text += " (it may exceed it: an empty set is given the most probable class)"
     return text + (
@@ -125,5 +130,5 @@ def card_values(predictor: Any) -> dict[str, Any]:
         "tuned_raps": any(t.startswith("choose") for t in info.get("tuned", [])),
         "calibrator": "none" if not calibrator else f"`{calibrator['kind']}` ({calibrator['fitted_on']}; saved in `calibrator/`)",
         "format_version": predictor.format_version,
-        "guarantee": guarantee_statement(alpha, n, exact=bool(info.get("allow_empty"))),
+        "guarantee": guarantee_statement(alpha, n, exact=bool(info.get("allow_empty")), ties=info.get("ties_at_threshold")),
     }

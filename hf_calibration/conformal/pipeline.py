@@ -8,6 +8,12 @@ the predictor's calibrator if it has one, exactly as ``predict_sets`` does. A ca
 ``calibrator=...`` to combine them. Then each result row gets ``"in_set"`` (bool), and the rows are the ``top_k`` most
 probable classes plus every member of the set ranked beyond them, in the pipeline's usual order, so
 ``[r["label"] for r in pipe(image) if r["in_set"]]`` is the whole set.
+
+A randomised predictor (APS / RAPS, the default) needs one uniform draw per image. By default (``draws="input"``)
+each image's draw is derived from its pixel values (``draws.input_draws``, keyed by the predictor's seed): a served
+model gives one answer per image, the same set on every call and whether the image comes alone or in a batch. With
+``draws="stream"`` the draws come from the predictor's random stream, as ``predict_sets`` takes them by default: a
+new draw per image and call, so the same image may get another set (3-6 of 20 images did, call to call).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -23,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 _ATTR = "_hf_calibration_conformal"  # on the pipeline: the attached predictor
 _SETS_KEY = "prediction_set"  # in the model outputs, between the pipeline's forward and its postprocess
+DRAWS = ("input", "stream")
 
 
 def _logits_of(output: Any) -> torch.Tensor:
@@ -43,10 +51,19 @@ def _check_pipeline(pipe: Any):
     return pipe
 
 
-def attach(predictor, pipe: Any) -> Any:
-    """Make ``pipe``'s results carry ``predictor``'s sets (see the module docstring); returns ``pipe``."""
+def _pixels(model_inputs: Any, n: int) -> torch.Tensor | None:
+    """The batch's pixel values (one row per image), what an image's draw is derived from; None if there are none."""
+    pixels = model_inputs.get("pixel_values") if isinstance(model_inputs, Mapping) else None  # a dict or a BatchFeature
+    return pixels if isinstance(pixels, torch.Tensor) and pixels.ndim >= 1 and pixels.shape[0] == n else None
+
+
+def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
+    """Make ``pipe``'s results carry ``predictor``'s sets (see the module docstring); returns ``pipe``. ``draws``:
+    ``"input"`` (each image's randomised draw derived from its pixel values, else from its logits) or ``"stream"``."""
     from ..calibrators.attach import attached_calibrator
 
+    if draws not in DRAWS:
+        raise ValueError(f"Expected argument `draws` to be one of {list(DRAWS)}, but got {draws!r}.")
     _check_pipeline(pipe)
     predictor._check_fitted()
     if predictor.__dict__.get("_attached_to") is not None:
@@ -61,7 +78,8 @@ def attach(predictor, pipe: Any) -> Any:
     if len(set(labels)) != num_labels:
         raise ValueError("Expected the model's id2label to name each class once: the pipeline's rows are matched to classes by label.")
     index_of = {label: i for i, label in enumerate(labels)}
-    if attached_calibrator(model) is not None:
+    attached = attached_calibrator(model)
+    if attached is not None and not attached.is_identity:  # an identity (left uncalibrated) changes nothing
         logger.warning(
             "A calibrator is attached to the pipeline's model: it calibrates the printed scores, while the prediction sets "
             "are computed from the model's own logits%s, as the predictor was fitted.",
@@ -84,7 +102,12 @@ def attach(predictor, pipe: Any) -> Any:
             remove()
         if not captured:
             raise RuntimeError("The pipeline's forward did not run its model: no logits to build prediction sets from.")
-        outputs[_SETS_KEY] = predictor.predict_sets(captured[-1].detach(), from_logits=True)
+        logits = captured[-1].detach()
+        source = None
+        if draws == "input":
+            source = _pixels(model_inputs, logits.shape[0])
+            source = "logits" if source is None else source
+        outputs[_SETS_KEY] = predictor.predict_sets(logits, from_logits=True, draws_from=source)
         return outputs
 
     def _postprocess(model_outputs, **kwargs):

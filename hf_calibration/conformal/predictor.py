@@ -9,6 +9,15 @@ is at most ``q_hat``. Where this departs from the paper's reference code, and wh
   Algorithm 3 also keeps the class at which the cumulative mass crosses ``q_hat``; calibrated on the same scores, that
   set covers more than asked. Ours is the split-conformal set of that score (as TorchCP's), with the same guarantee;
   ``randomized=True`` (the default) is the paper's exactly.
+* The non-randomised APS / RAPS score of the last-ranked class is the whole mass, 1, for every image (exactly: the
+  cumulative sums are capped at 1), so those scores tie. Coverage is at least ``1 - alpha`` all the same, but the
+  ceiling ``1 - alpha + 1/(n+1)`` holds only without ties at the threshold: ``fit_info_["ties_at_threshold"]`` counts
+  the calibration scores equal to ``q_hat``, and the card states the ceiling only when there are none (at K = 2,
+  ``allow_empty=True``, alpha = 0.1, ties at 1 gave coverage 0.993 against a ceiling of 0.901). The randomised score
+  has no such ties.
+* ``predict_sets`` treats its input as the kind the predictor was fitted on (logits or probabilities) unless
+  ``from_logits`` says otherwise: detected per call, a single logits row such as ``[0.5078, 0.4828]`` reads as
+  probabilities, and the same row got another set alone than in a batch.
 * ``k_reg`` / ``lambda`` set to ``"auto"`` follow the paper's tuning (``tuning.py``) on a held-out fraction
   (``tune_fraction``, 0.3 as in the reference code) of the calibration data. An unfitted calibrator passed to ``fit`` is
   fitted on that same fraction, never on the samples that set ``q_hat`` (the paper fits Platt scaling on all of them,
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,13 +38,14 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from .. import hub
-from .._checks import check_choice, check_float, check_int, resolve_from_logits
+from .._checks import check_choice, check_float, check_int, looks_like_probabilities, resolve_from_logits
 from ..calibrators._base import Calibrator, NotFittedError, _labels_of
 from ..calibrators._inputs import as_tensor, log_probabilities, native_array
 from ..calibrators._threads import torch_single_threaded
 from ..metrics._format import prepare
 from . import metrics as _metrics
 from .card import CONFORMAL_CARD_TEMPLATE, card_values
+from .draws import input_draws
 from .quantile import check_alpha, check_enough_samples, conformal_quantile
 from ._kernels import label_scores, set_rows
 from .scores import METHODS, conformity_scores, sets_from_scores
@@ -153,7 +164,7 @@ class ConformalPredictor(
 
     # ------------------------------------------------------------------ inputs
     def _probabilities(self, logits: Any, from_logits: bool | None) -> torch.Tensor:
-        return _probabilities(logits, from_logits, self.calibrator, self.num_classes)
+        return _probabilities(logits, from_logits, self.calibrator, self.num_classes, fitted=(self.fit_info_ or {}).get("input"))
 
     def _draws(self, n: int, generator: torch.Generator, device) -> torch.Tensor | None:
         """The randomised score's uniform draws (one per row), or None when the scores are not randomised."""
@@ -190,6 +201,7 @@ class ConformalPredictor(
         if calibrator is not None and not isinstance(calibrator, Calibrator):
             raise TypeError(f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}.")
         logits, labels = _labels_of(logits, labels)
+        logits, from_logits, one_logit = _two_columns(logits, from_logits)
         inputs = prepare(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
         z = _kernel_input(inputs.preds)
         _check_rows(z, inputs.from_logits)
@@ -212,7 +224,10 @@ class ConformalPredictor(
         check_enough_samples(int(cal.numel()), alpha, "calibration samples" + (" after the tuning split" if tuned else ""))
 
         with torch_single_threaded():  # the kernels choose their own threads (by the machine's load)
-            return self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune.numpy(), cal.numpy(), tuned)
+            self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune.numpy(), cal.numpy(), tuned)
+        if one_logit:
+            self.fit_info_["task"] = "binary"  # one sigmoid logit z, read as the two softmax logits [0, z]
+        return self
 
     def _fit(self, z, y, is_logits, alpha, calibrator, generator, tune, cal, tuned) -> "ConformalPredictor":
         given = "logits" if is_logits else "probabilities"
@@ -226,6 +241,13 @@ class ConformalPredictor(
         u = None if u is None else u.numpy()
         scores, _ = label_scores(z, y[cal], self.method, rows=cal, u=u, k_reg=k_reg, penalty=penalty, from_probs=from_probs)
         q_hat = conformal_quantile(torch.from_numpy(scores), alpha)
+        ties = int((scores == q_hat).sum())  # 1: the threshold itself; more: the coverage ceiling does not hold
+        if ties > 1 and self.allow_empty:
+            warnings.warn(
+                f"{ties} of the {int(cal.shape[0])} calibration scores tie at the threshold q_hat = {q_hat:.6g}"
+                + (" (the non-randomised score of the last-ranked class is 1 for every image)" if q_hat == 1.0 and self.method != "thr" else "")
+                + ": coverage is still at least 1 - alpha, but the ceiling 1 - alpha + 1/(n+1) that allow_empty=True "
+                "aims at does not hold. randomized=True breaks the ties.", UserWarning, stacklevel=3)
         # the calibration data's sets, same draws: their coverage and mean size for the record
         _, sizes, covered = set_rows(z, self.method, q_hat, rows=cal, u=u, k_reg=k_reg, penalty=penalty, allow_empty=self.allow_empty,
                                      from_probs=from_probs, labels=y[cal], masks=False)
@@ -245,6 +267,7 @@ class ConformalPredictor(
             "num_classes": int(z.shape[1]),
             "quantile_rank": check_enough_samples(int(cal.shape[0]), alpha),
             "q_hat": q_hat,
+            "ties_at_threshold": ties,
             "coverage": float(covered.mean()),
             "mean_set_size": float(sizes.mean()),
             "calibrator": None
@@ -272,38 +295,63 @@ class ConformalPredictor(
         return k_reg, penalty, {str(lam): size for lam, size in sizes.items()}
 
     # ------------------------------------------------------------------ predict
-    def predict_sets(self, logits: Any, *, from_logits: bool | None = None, generator: torch.Generator | int | None = None):
-        """The prediction sets of (N, K) logits (or probabilities) as an (N, K) boolean mask: numpy for numpy input,
-        a torch tensor on the input's device for torch input.
+    def predict_sets(self, logits: Any, *, from_logits: bool | None = None, generator: torch.Generator | int | None = None,
+                     draws_from: Any = None):
+        """The prediction sets of (N, K) logits (or probabilities) as an (N, K) boolean mask: a torch tensor on the
+        input's device for torch input, numpy otherwise (numpy arrays, nested lists).
 
-        Randomised methods draw one uniform number per row from the predictor's stream (seeded by ``seed``, restarted
-        by ``fit`` and ``from_pretrained``), so a sequence of calls is reproducible; ``generator`` (a
-        ``torch.Generator`` or an int seed) draws from another instead.
+        ``from_logits``: None treats the input as the kind the predictor was fitted on (``fit_info_["input"]``; rows
+        that look like probabilities given to a predictor fitted on logits are treated as logits, with a warning);
+        True / False says which.
+
+        Randomised methods need one uniform draw per row. By default it comes from the predictor's stream (seeded by
+        ``seed``, restarted by ``fit`` and ``from_pretrained``), so a sequence of calls is reproducible, but the same
+        row gets a new draw on every call; ``generator`` (a ``torch.Generator`` or an int seed) draws from another
+        stream instead. ``draws_from`` derives each row's draw from the input instead (``draws.input_draws``, keyed by
+        ``seed``): ``"logits"`` (the rows given), or an (N, ...) tensor or array such as the images' pixel values, so
+        that one input gets one set, alone or in any batch, call after call (what ``attach`` does by default).
         """
         self._check_fitted()
         if isinstance(logits, torch.Tensor) and logits.device.type != "cpu":
-            return self._predict_sets(logits, from_logits, generator)
+            return self._predict_sets(logits, from_logits, generator, draws_from)
         with torch_single_threaded():  # see fit
-            return self._predict_sets(logits, from_logits, generator)
+            return self._predict_sets(logits, from_logits, generator, draws_from)
 
-    def _predict_sets(self, logits, from_logits, generator):
+    def _predict_sets(self, logits, from_logits, generator, draws_from=None):
+        if isinstance(logits, torch.Tensor) and logits.device.type != "cpu":  # on its device, in torch
+            probs = self._probabilities(logits, from_logits)
+            u = self._prediction_draws(probs.shape[0], probs.device, logits, generator, draws_from)
+            scores = self._scores(probs, u, **self._params())
+            return sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
+        z, is_logits = _checked(logits, from_logits, self.num_classes, fitted=(self.fit_info_ or {}).get("input"))
+        u = self._prediction_draws(z.shape[0], torch.device("cpu"), logits, generator, draws_from)
+        if self.calibrator is not None:
+            z, is_logits = _calibrated(self.calibrator, z, is_logits), True
+        sets, _, _ = set_rows(z, self.method, float(self.q_hat), u=None if u is None else u.numpy(), allow_empty=self.allow_empty,
+                              from_probs=not is_logits, **self._params())
+        return torch.from_numpy(sets) if isinstance(logits, torch.Tensor) else sets
+
+    def _prediction_draws(self, n: int, device: Any, logits: Any, generator: Any, draws_from: Any) -> torch.Tensor | None:
+        """The randomised score's draws at prediction (None when the scores are not randomised); see ``predict_sets``."""
+        if draws_from is not None:
+            if generator is not None:
+                raise ValueError("Expected at most one of arguments `generator` and `draws_from`, but got both.")
+            if isinstance(draws_from, str):
+                if draws_from != "logits":
+                    raise ValueError(f"Expected argument `draws_from` to be 'logits', an (N, ...) tensor or array, or None, but got {draws_from!r}.")
+                draws_from = as_tensor(logits, "logits") if isinstance(logits, (torch.Tensor, np.ndarray)) else torch.as_tensor(np.asarray(logits, dtype=np.float64))
+            elif not isinstance(draws_from, (torch.Tensor, np.ndarray)):
+                raise TypeError(f"Expected argument `draws_from` to be 'logits', a torch.Tensor or numpy array, or None, but got {type(draws_from).__name__}.")
+            if draws_from.shape[0] != n:
+                raise ValueError(f"Expected argument `draws_from` to have one row per row of `logits` ({n}), but got {draws_from.shape[0]}.")
+            return input_draws(draws_from, self.seed).to(device) if self.randomized else None
         if isinstance(generator, int) and not isinstance(generator, bool):
             generator = _generator(generator)
         elif generator is None:
             generator = self.__dict__["_predict_generator"]
         elif not isinstance(generator, torch.Generator):
             raise TypeError(f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}.")
-        if isinstance(logits, torch.Tensor) and logits.device.type != "cpu":  # on its device, in torch
-            probs = self._probabilities(logits, from_logits)
-            scores = self._scores(probs, self._draws(probs.shape[0], generator, probs.device), **self._params())
-            return sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
-        z, is_logits = _checked(logits, from_logits, self.num_classes)
-        if self.calibrator is not None:
-            z, is_logits = _calibrated(self.calibrator, z, is_logits), True
-        u = self._draws(z.shape[0], generator, "cpu")
-        sets, _, _ = set_rows(z, self.method, float(self.q_hat), u=None if u is None else u.numpy(), allow_empty=self.allow_empty,
-                              from_probs=not is_logits, **self._params())
-        return sets if isinstance(logits, np.ndarray) else torch.from_numpy(sets)
+        return self._draws(n, generator, device)
 
     def draw_uniforms(self, n: int, *, generator: torch.Generator | int | None = None) -> torch.Tensor | None:
         """The (n,) float64 Uniform(0, 1) draws that ``predict_sets`` would use for its next ``n`` rows, taken from the
@@ -332,12 +380,16 @@ class ConformalPredictor(
         sets = self.predict_sets(logits, from_logits=from_logits)
         return {"coverage": _metrics.coverage(sets, labels), "mean_set_size": _metrics.set_size(sets)}
 
-    def attach(self, pipe: Any) -> Any:
+    def attach(self, pipe: Any, *, draws: str = "input") -> Any:
         """Make an image-classification ``pipeline``'s results carry their prediction sets (see ``pipeline.py``): each
-        row gets ``"in_set"``, and every class of the set is listed even beyond ``top_k``. Returns ``pipe``."""
+        row gets ``"in_set"``, and every class of the set is listed even beyond ``top_k``. Returns ``pipe``.
+
+        ``draws`` (randomised APS / RAPS): ``"input"`` (default) derives each image's draw from its pixel values, so
+        one image gets one set, alone or in a batch, call after call; ``"stream"`` draws from the predictor's random
+        stream, a new draw per image and call (as ``predict_sets`` does by default)."""
         from .pipeline import attach
 
-        return attach(self, pipe)
+        return attach(self, pipe, draws=draws)
 
     def detach(self) -> Any:
         """Undo ``attach``: the pipeline returns its usual results again. Returns the pipeline."""
@@ -358,7 +410,8 @@ class ConformalPredictor(
         save_model(
             self,
             str(save_directory / hub.WEIGHTS_NAME),
-            metadata={"format": "pt", "conformal": self.method, "format_version": str(FORMAT_VERSION)},
+            metadata={"format": "pt", "conformal": self.method, "format_version": str(FORMAT_VERSION),
+                      "settings": json.dumps(self._settings(), sort_keys=True)},
         )
         config = {
             **(self._hub_mixin_config or {}),
@@ -368,6 +421,11 @@ class ConformalPredictor(
             "fit": self.fit_info_,
         }
         (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
+
+    def _settings(self) -> dict[str, Any]:
+        """What decides the sets and what the card states: the constructor's arguments and the fit record. Saved in the
+        weights file's metadata too, so that a ``config.json`` edited after the save is refused at load."""
+        return json.loads(json.dumps({"init": dict(self._hub_mixin_config or {}), "fit": self.fit_info_}))
 
     def generate_model_card(self, *args, **kwargs):
         return super().generate_model_card(*args, **{**card_values(self), **kwargs})
@@ -418,19 +476,37 @@ class ConformalPredictor(
             subfolder: the predictor's folder inside it (e.g. ``"conformal"`` beside a model).
             **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
         """
-        folder, config, download = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors")
+        folder, config, download = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors",
+                                                       what="conformal predictor")
         cls._check_config(config, folder)
         predictor = super().from_pretrained(folder, **kwargs)
-        if config["fit"].get("calibrator"):
-            local = Path(folder) / CALIBRATOR_SUBFOLDER
-            if local.is_dir():
-                calibrator = hub.load_calibrator(local, map_location=kwargs.get("map_location", "cpu"))
-            else:  # a Hub repo: the calibrator's files are downloaded from its own subfolder
-                nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
-                calibrator = hub.load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
-            if calibrator.fit_info_.get("num_classes") not in (None, predictor.num_classes):
-                raise ValueError(f"The calibrator saved with the predictor in {str(folder)!r} was fitted on another number of classes.")
-            predictor.__dict__["calibrator_"] = calibrator
+        local = Path(folder) / CALIBRATOR_SUBFOLDER
+        recorded = config["fit"].get("calibrator")
+        is_local = Path(pretrained_model_name_or_path).is_dir()
+        if not recorded:
+            if hub.read_config_or_none(local) is not None:
+                raise ValueError(f"The conformal predictor in {str(folder)!r} records no calibrator (its config's fit.calibrator is "
+                                 f"null), but {str(local)!r} holds one: its config.json was edited after the save, or the "
+                                 "folders were mixed up. Save the predictor again.")
+            return predictor
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("kind"), str):
+            raise ValueError(f"The checkpoint in {str(folder)!r} is corrupted: its config's fit.calibrator is {recorded!r}.")
+        if is_local and not local.is_dir():
+            raise ValueError(f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator in "
+                             f"{str(local)!r}, but that folder is missing: the sets need it. Copy the whole folder, or save the "
+                             "predictor again.")
+        if local.is_dir():
+            calibrator = hub.load_calibrator(local, map_location=kwargs.get("map_location", "cpu"))
+        else:  # a Hub repo: the calibrator's files are downloaded from its own subfolder
+            nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
+            calibrator = hub.load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
+        if calibrator.kind != recorded["kind"]:
+            raise ValueError(f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator, but "
+                             f"{str(local)!r} holds a {calibrator.kind} one.")
+        if calibrator.fit_info_.get("num_classes") not in (None, predictor.num_classes):
+            raise ValueError(f"The calibrator saved with the predictor in {str(local)!r} was fitted on K = "
+                             f"{calibrator.fit_info_.get('num_classes')} classes, the predictor on K = {predictor.num_classes}.")
+        predictor.__dict__["calibrator_"] = calibrator
         return predictor
 
     @classmethod
@@ -462,6 +538,7 @@ class ConformalPredictor(
         if metadata.get("conformal") != predictor.method or not bool(torch.isfinite(predictor.q_hat)):
             raise ValueError(f"The weights in {path!r} do not belong to a fitted {predictor.method!r} ConformalPredictor.")
         predictor.fit_info_ = dict(config["fit"])
+        _check_settings(predictor, metadata.get("settings"), model_id)
         predictor._reset_stream()
         predictor.eval()
         return predictor
@@ -481,10 +558,13 @@ def _calibrated(calibrator: Calibrator, z: np.ndarray, is_logits: bool) -> np.nd
         return _kernel_input(calibrator(torch.from_numpy(z), from_logits=is_logits).numpy())
 
 
-def _checked(logits: Any, from_logits: bool | None, num_classes: int | None) -> tuple[np.ndarray, bool]:
-    """Checked CPU (N, K) input for the kernels, and whether it holds logits: shape, K, finite values, and for
-    probabilities the rule every entry point applies (values in [0, 1], rows summing to 1 within 1e-2)."""
-    z = as_tensor(logits, "logits")
+def _checked(logits: Any, from_logits: bool | None, num_classes: int | None, fitted: str | None = None) -> tuple[np.ndarray, bool]:
+    """Checked CPU (N, K) input for the kernels, and whether it holds logits (``_input_kind``; ``fitted``: the fit's
+    input kind): shape, K, finite values, and for probabilities the rule every entry point applies (values in [0, 1],
+    rows summing to 1 within 1e-2). A binary head's (N,) / (N, 1) logits are read as two softmax logits."""
+    if num_classes in (None, 2):
+        logits, from_logits, _ = _two_columns(logits, from_logits)
+    z = _as_input(logits)
     if z.ndim != 2:
         raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
     if not z.is_floating_point():
@@ -494,7 +574,7 @@ def _checked(logits: Any, from_logits: bool | None, num_classes: int | None) -> 
     if z.shape[0] == 0:
         raise ValueError("Expected `logits` to hold at least one row, but got N = 0.")
     zn = _kernel_input((z.float() if z.dtype == torch.bfloat16 else z).detach().numpy())
-    is_logits = resolve_from_logits(zn, from_logits, "logits")
+    is_logits = _input_kind(z, from_logits, fitted)
     _check_rows(zn, is_logits)
     return zn, is_logits
 
@@ -516,9 +596,103 @@ def _check_rows(z: np.ndarray, is_logits: bool) -> None:
         _raise_row_error(z, found, "logits")
 
 
-def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator | None, num_classes: int | None = None) -> torch.Tensor:
-    """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one."""
-    z = as_tensor(logits, "logits")
+def _first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:
+    """The first key path at which two JSON values differ (None: equal)."""
+    if isinstance(saved, dict) and isinstance(loaded, dict):
+        for key in sorted(set(saved) | set(loaded)):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in saved or key not in loaded:
+                return where
+            found = _first_difference(saved[key], loaded[key], where)
+            if found is not None:
+                return found
+        return None
+    return None if saved == loaded else path
+
+
+def _check_settings(predictor: "ConformalPredictor", settings: str | None, where: str) -> None:
+    """Refuse a ``config.json`` that says other than the weights it came with: the settings saved in the weights file's
+    metadata (saves since they were recorded), and always the threshold and the fit record's own consistency."""
+    info, config = predictor.fit_info_, f"{where}/{hub.CONFIG_NAME}"
+
+    def refuse(what: str) -> None:
+        raise ValueError(f"The conformal predictor's {config!r} does not match its weights ({what}): it was edited after the save "
+                         "or is corrupted. Save the predictor again rather than editing its config.")
+
+    if settings is not None:
+        try:
+            saved = json.loads(settings)
+        except ValueError:
+            refuse("the settings recorded in the weights file are not JSON")
+        found = _first_difference(saved, predictor._settings())
+        if found is not None:
+            refuse(f"{found} differs from what was saved")
+    if not isinstance(info.get("q_hat"), (int, float)) or float(info["q_hat"]) != float(predictor.q_hat):
+        refuse(f"fit.q_hat is {info.get('q_hat')!r}, the weights hold q_hat = {float(predictor.q_hat)!r}")
+    for name in ("method", "randomized", "allow_empty"):
+        if info.get(name) != getattr(predictor, name):
+            refuse(f"`{name}` is {getattr(predictor, name)!r} but fit.{name} is {info.get(name)!r}")
+    try:
+        alpha, n = check_alpha(info.get("alpha")), info.get("num_samples")
+        consistent = isinstance(n, int) and n >= 1 and check_enough_samples(n, alpha) == info.get("quantile_rank")
+    except (TypeError, ValueError):
+        consistent = False
+    if not consistent:
+        refuse(f"fit.alpha = {info.get('alpha')!r} with fit.num_samples = {info.get('num_samples')!r} does not give "
+               f"fit.quantile_rank = {info.get('quantile_rank')!r}")
+
+
+def _as_input(logits: Any) -> torch.Tensor:
+    """A tensor or array as it is; nested lists (which ``fit`` takes too) as a float64 array."""
+    if isinstance(logits, (torch.Tensor, np.ndarray)):
+        return as_tensor(logits, "logits")
+    if isinstance(logits, (list, tuple)):
+        try:
+            return torch.from_numpy(np.asarray(logits, dtype=np.float64))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"Expected `logits` to be an (N, K) array of numbers, but the list given is not one ({err}).") from None
+    raise TypeError(f"Expected `logits` to be a torch.Tensor, a numpy array or a nested list, but got {type(logits).__name__}.")
+
+
+def _input_kind(z: torch.Tensor, from_logits: bool | None, fitted: str | None) -> bool:
+    """Whether ``z`` holds logits: ``from_logits`` when given, else the kind the predictor was fitted on (``fitted``:
+    ``"logits"`` / ``"probabilities"``; None: detected). Never detected per call when a fit says which."""
+    if from_logits is not None or fitted is None:
+        return resolve_from_logits(z, from_logits, "logits")
+    if fitted == "logits" and looks_like_probabilities(z, "logits"):
+        warnings.warn("`logits` look like probabilities (rows in [0, 1] summing to 1), but the predictor was fitted on logits: "
+                      "they are treated as logits. Pass from_logits=False if they are probabilities.", UserWarning, stacklevel=5)
+    return fitted == "logits"
+
+
+def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | None, bool]:
+    """A binary head's one logit per sample ((N,) or (N, 1)) as the two softmax logits ``[0, z]`` (or, for
+    probabilities, the rows ``[1 - p, p]``), whose softmax is ``[1 - sigmoid(z), sigmoid(z)]``: THR, APS and RAPS then
+    give sets of the two classes {0, 1}. Other input is returned as it is. Returns ``(input, from_logits, converted)``."""
+    shape = tuple(getattr(logits, "shape", np.shape(logits)))
+    if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
+        return logits, from_logits, False
+    from ..calibrators._sigmoid import detect_from_logits
+
+    z = as_tensor(logits if not isinstance(logits, (list, tuple)) else np.asarray(logits), "logits")
+    if not z.is_floating_point():
+        raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
+    z = z.reshape(-1)
+    is_logits = detect_from_logits(z, "vector", from_logits)
+    pair = torch.stack([torch.zeros_like(z), z], dim=1) if is_logits else torch.stack([1 - z, z], dim=1)
+    if isinstance(logits, np.ndarray):
+        pair = pair.numpy()
+    return pair, is_logits, True
+
+
+def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator | None, num_classes: int | None = None,
+                   fitted: str | None = None) -> torch.Tensor:
+    """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one; ``fitted``:
+    the input kind of the fit (see ``_input_kind``). A binary head's (N,) / (N, 1) logits are read as two softmax
+    logits (``_two_columns``)."""
+    if num_classes in (None, 2):  # a binary predictor reads a one-logit head's scores; another K keeps its rank check
+        logits, from_logits, _ = _two_columns(logits, from_logits)
+    z = _as_input(logits)
     if z.ndim != 2:
         raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
     if not z.is_floating_point():
@@ -531,7 +705,7 @@ def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator
         finite = torch.isfinite(z).all(dim=1)
         if not bool(finite.all()):
             raise ValueError(f"Expected `logits` to be finite, but row {int((~finite).nonzero()[0])} contains NaN or inf.")
-    is_logits = resolve_from_logits(z, from_logits, "logits")
+    is_logits = _input_kind(z, from_logits, fitted)
     if calibrator is not None:
         z, is_logits = calibrator(z, from_logits=is_logits), True
     if not is_logits:

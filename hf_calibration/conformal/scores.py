@@ -37,8 +37,12 @@ def rank_penalty(num_classes: int, k_reg: int, penalty: float, *, dtype=torch.fl
 
 def ranked_scores(ordered: torch.Tensor, u: torch.Tensor | None = None, *, k_reg: int = 0, penalty: float = 0.0) -> torch.Tensor:
     """APS / RAPS scores of the ranks, from probabilities already sorted in decreasing order along each row: entry
-    ``(i, j)`` is the score of the class of rank ``j + 1`` (non-decreasing along each row)."""
-    scores = torch.cumsum(ordered, dim=1)
+    ``(i, j)`` is the score of the class of rank ``j + 1`` (non-decreasing along each row).
+
+    The cumulative mass is capped at 1, and is exactly 1 at the last rank: what it is, whatever the rounding of the
+    sums (so the non-randomised scores of a saturated tail tie exactly, as they do in exact arithmetic)."""
+    scores = torch.cumsum(ordered, dim=1).clamp_(max=1.0)
+    scores[:, -1] = 1.0
     if u is not None:
         scores = scores - u[:, None] * ordered
     if penalty:

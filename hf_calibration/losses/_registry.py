@@ -8,6 +8,7 @@ from .fedlas import FeDLaSLSLoss, FeDLaSMbLSLoss
 from .focal import FLSD53Loss, FocalLoss
 from .label_smoothing import LabelSmoothingLoss
 from .margin import MbLSLoss
+from .multilabel import AsymmetricLoss, BinaryCrossEntropyLoss, BinaryLabelSmoothingLoss, SigmoidFocalLoss
 
 LOSS_MAPPING = {
     "ce": CrossEntropyLoss,
@@ -17,6 +18,11 @@ LOSS_MAPPING = {
     "flsd53": FLSD53Loss,
     "fedlas_ls": FeDLaSLSLoss,
     "fedlas_mbls": FeDLaSMbLSLoss,
+    # sigmoid heads (binary, multi-label): losses.multilabel
+    "bce": BinaryCrossEntropyLoss,
+    "binary_ls": BinaryLabelSmoothingLoss,
+    "sigmoid_focal": SigmoidFocalLoss,
+    "asl": AsymmetricLoss,
 }
 
 
@@ -27,7 +33,8 @@ def list_losses() -> list[str]:
 def get_loss(name: str, **kwargs) -> CalibrationLoss:
     """Build a loss by name, e.g. ``get_loss("fedlas_mbls", num_classes=10, beta=1.0)``.
 
-    Names: ``ce``, ``ls``, ``mbls``, ``focal``, ``flsd53``, ``fedlas_ls``, ``fedlas_mbls``.
+    Names: ``ce``, ``ls``, ``mbls``, ``focal``, ``flsd53``, ``fedlas_ls``, ``fedlas_mbls`` (softmax heads); ``bce``,
+    ``binary_ls``, ``sigmoid_focal``, ``asl`` (sigmoid heads: binary, multi-label).
     """
     if not isinstance(name, str):
         raise TypeError(f"Expected argument `name` to be a loss name (str), but got {name!r}.")

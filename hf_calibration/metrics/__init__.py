@@ -4,7 +4,8 @@ from .accumulator import CalibrationAccumulator
 from .adaptive import adaece
 from .bootstrap import MetricInterval
 from .debiased import debiased_ece
-from .ece import ECESplit, classwise_ece, ece, ece_split, mce
+from .ece import ECESplit, classwise_ece, ece, ece_split, mce, rmsce
+from .multilabel import SigmoidCalibrationReport
 from .ood import ood_metrics, ood_metrics_from_scores, ood_scores
 from .reliability import ReliabilityTable, reliability_diagram, reliability_table
 from .report import CalibrationReport, calibration_report, format_reports
@@ -19,6 +20,7 @@ __all__ = [
     "MetricInterval",
     "ReliabilityTable",
     "RiskCoverage",
+    "SigmoidCalibrationReport",
     "adaece",
     "aurc",
     "brier",
@@ -38,6 +40,7 @@ __all__ = [
     "reliability_table",
     "risk_coverage_curve",
     "risk_coverage_plot",
+    "rmsce",
     "smce",
     "smece",
 ]

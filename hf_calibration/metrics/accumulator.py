@@ -216,6 +216,11 @@ class CalibrationAccumulator:
             per-sample state at all (memory independent of N); leaving out ``classwise_ece``, ``brier``
             and ``nll`` skips the full-probability pass. Metrics left out are None in the report.
         confidence_dtype: ``"float32"`` (5 bytes a sample) or ``"float64"`` (9 bytes, exact).
+        task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; None (default) reads it from the first batch's shapes
+            (:func:`hf_calibration.tasks.resolve_task`: ``(n, L)`` 0/1 targets are multi-label, one score column
+            binary). A sigmoid head's batches are accumulated per label (:mod:`hf_calibration.metrics.multilabel_accumulator`)
+            and ``compute()`` gives a ``SigmoidCalibrationReport``; in a Trainer the macro values are logged under the
+            metric's name and the pooled ones as ``<metric>_micro``.
         ci, n_boot, seed: percentile bootstrap intervals, as :func:`~hf_calibration.metrics.calibration_report`:
             ``compute()`` then gives :class:`~hf_calibration.metrics.MetricInterval` values and a Trainer gets
             ``<metric>_ci_low`` / ``<metric>_ci_high`` too. The accumulator then keeps every
@@ -248,8 +253,14 @@ class CalibrationAccumulator:
         ci: float | None = None,
         n_boot: int | None = None,
         seed: int = 0,
+        task: str | None = None,
     ):
         self.n_bins = _check_n_bins(n_bins)
+        if task is not None:
+            from ..tasks import check_task
+
+            check_task(task)
+        self.task = task
         if from_logits is not None and not isinstance(from_logits, bool):
             raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
         self.from_logits = from_logits
@@ -290,7 +301,25 @@ class CalibrationAccumulator:
         self._correct: list[np.ndarray] = []
         self._scores: list[np.ndarray] = []  # (n, 2) Brier / NLL terms per row, with ci
         self._local: dict[str, Any] | None = None  # this process's own state while a synced total is held
+        self._sigmoid = None  # a binary / multi-label head's state (metrics.multilabel_accumulator), once seen
         return self
+
+    def _sigmoid_for(self, preds: Any, target: Any):
+        """The sigmoid state when this batch (or ``task``) is a binary / multi-label head's, else None."""
+        from ..tasks import resolve_task
+
+        if self._sigmoid is not None:
+            return self._sigmoid
+        task = resolve_task(self.task, preds=preds, target=target)
+        if task == "multiclass":
+            return None
+        if self.n:
+            raise ValueError(f"Expected a multi-class batch like the earlier ones, but this one is a {task} head's.")
+        from .multilabel_accumulator import SigmoidState
+
+        self._sigmoid = SigmoidState(task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot,
+                                     self._smooth_boot)
+        return self._sigmoid
 
     def _snapshot(self) -> dict[str, Any]:
         return {
@@ -374,6 +403,13 @@ class CalibrationAccumulator:
             target = torch.as_tensor(target, device=preds.device) if isinstance(target, torch.Tensor) else torch.as_tensor(to_numpy(target, "target"), device=preds.device)
         else:
             preds, target = to_numpy(preds, "preds"), to_numpy(target, "target")
+        sigmoid = self._sigmoid_for(preds, target)
+        if sigmoid is not None:
+            if preds.shape[0]:
+                sigmoid.update(preds if not _on_device(preds) else preds.detach().cpu(),
+                               target if not isinstance(target, torch.Tensor) else target.cpu(), self.from_logits, self.ignore_index)
+                self.n, self.num_classes, self.from_logits_ = sigmoid.n, sigmoid.num_labels, sigmoid.from_logits
+            return self
         if preds.ndim == 2 and target.ndim == 1 and preds.shape[0] == target.shape[0] == 0:
             return self
         check_classification_shapes(preds, target, "preds", "target")
@@ -415,9 +451,28 @@ class CalibrationAccumulator:
         """Add ``other``'s samples to this accumulator (same settings required); ``other`` is unchanged."""
         if not isinstance(other, CalibrationAccumulator):
             raise TypeError(f"Expected argument `other` to be a CalibrationAccumulator, but got {type(other).__name__}.")
-        for name in ("n_bins", "metrics", "confidence_dtype", "ignore_index", "_boot"):
+        for name in ("n_bins", "metrics", "confidence_dtype", "ignore_index"):
             if getattr(other, name) != getattr(self, name):
                 raise ValueError(f"Expected argument `other` to have {name} = {getattr(self, name)!r}, but got {getattr(other, name)!r}.")
+        if other._boot != self._boot:  # the constructor's ci / n_boot / seed, by their public names
+
+            def asked(boot):
+                return "no interval (ci=None)" if boot is None else f"ci={boot.level!r}, n_boot={boot.n_boot!r}, seed={boot.seed!r}"
+
+            raise ValueError(f"Expected argument `other` to have the same bootstrap settings, {asked(self._boot)}, but got {asked(other._boot)}.")
+        if self._sigmoid is not None or other._sigmoid is not None:
+            if (self.n and self._sigmoid is None) or (other.n and other._sigmoid is None):
+                raise ValueError("Expected argument `other` to hold the same kind of head (binary / multi-label or multi-class).")
+            if self._sigmoid is None:
+                from .multilabel_accumulator import SigmoidState
+
+                self._sigmoid = SigmoidState(other._sigmoid.task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype],
+                                             self._boot, self._smooth_boot)
+            if other._sigmoid is not None:
+                self._unsync()
+                self._sigmoid.merge(other._sigmoid)
+                self.n, self.num_classes, self.from_logits_ = self._sigmoid.n, self._sigmoid.num_labels, self._sigmoid.from_logits
+            return self
         self._unsync()
         if other.num_classes is None:
             return self
@@ -444,6 +499,20 @@ class CalibrationAccumulator:
             raise RuntimeError(f"Cannot sync: {conflict}, so summing them would count samples several times. "
                                "Launch so that both agree (on CPUs: Accelerator(cpu=True) under torchrun), or shard yourself.")
         self._unsync()  # a repeated sync() starts again from this process's own samples: every process joins every collective
+        if self._sigmoid is not None or self.task in ("binary", "multilabel"):
+            if self._sigmoid is None:
+                from .multilabel_accumulator import SigmoidState
+
+                self._sigmoid = SigmoidState(self.task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot,
+                                             self._smooth_boot)
+            import copy
+
+            local = {"_sigmoid": copy.deepcopy(self._sigmoid), "n": self.n, "num_classes": self.num_classes,
+                     "from_logits_": self.from_logits_}
+            self._sigmoid.sync(distributed)
+            self.n, self.num_classes, self.from_logits_ = self._sigmoid.n, self._sigmoid.num_labels, self._sigmoid.from_logits
+            self._local = local  # a later update / sync() starts again from this process's own samples
+            return self
         headers = distributed.all_gather_object((self.num_classes, self.from_logits_))
         local = self._snapshot()
         for num_classes, from_logits in headers:  # every process checks the same list: all raise, or none
@@ -500,7 +569,10 @@ class CalibrationAccumulator:
         return {**values, **out}
 
     def compute(self) -> CalibrationReport:
-        """The metrics of every sample added so far (fractions; metrics left out are None)."""
+        """The metrics of every sample added so far (fractions; metrics left out are None). A binary or multi-label
+        head's batches give a :class:`~hf_calibration.metrics.SigmoidCalibrationReport` (per label, macro, pooled)."""
+        if self._sigmoid is not None:
+            return self._sigmoid.compute()
         if self.n == 0:
             raise ValueError("Expected at least one sample with a label other than ignore_index, but the accumulator is empty.")
         n, chosen = self.n, set(self.metrics)
@@ -546,11 +618,16 @@ class CalibrationAccumulator:
             return None
         report = self.compute()
         self.reset()
+        if not isinstance(report, CalibrationReport):  # a sigmoid head: macro values under the metric's name, pooled as _micro
+            values = {**report.macro, **{f"{key}_micro": value for key, value in report.micro.items()}}
+            return flat_intervals({key: value for key, value in values.items() if value is not None})
         return flat_intervals({key: value for key, value in report.to_dict().items() if value is not None})
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The state as CPU tensors (``torch.save`` / safetensors ready); ``load_state_dict`` restores it."""
+        if self._sigmoid is not None:
+            return {f"sigmoid_{key}": value for key, value in self._sigmoid.state_dict().items()}
         confidence, correct = self._pairs()
         k = -1 if self.num_classes is None else self.num_classes
         scores = {"scores": torch.from_numpy(self._score_rows().copy())} if self._with_scores else {}  # with ci only
@@ -571,6 +648,16 @@ class CalibrationAccumulator:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> "CalibrationAccumulator":
         """Restore a :meth:`state_dict` written by an accumulator with the same settings."""
+        if isinstance(state, dict) and "sigmoid_sums" in state:
+            from .multilabel_accumulator import SigmoidState
+
+            self.reset()
+            task = "multilabel" if int(state["sigmoid_task"]) else "binary"
+            self._sigmoid = SigmoidState(task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot,
+                                         self._smooth_boot)
+            self._sigmoid.load_state_dict({key[len("sigmoid_"):]: value for key, value in state.items()})
+            self.n, self.num_classes, self.from_logits_ = self._sigmoid.n, self._sigmoid.num_labels, self._sigmoid.from_logits
+            return self
         expected = set(self.state_dict())
         if not isinstance(state, dict) or set(state) != expected:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__

@@ -10,6 +10,7 @@ import numpy as np
 from .._checks import IGNORE_INDEX
 from ._format import prepare, top_label
 from .binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins, _run_sizes
+from .ece import _MULTICLASS, _maybe_sigmoid, _sigmoid_dispatch
 from .bootstrap import advance, check_bootstrap, frame
 
 
@@ -76,6 +77,8 @@ def adaece(
     ci: float | None = None,
     n_boot: int | None = None,
     seed: int = 0,
+    task: str | None = None,
+    average: str = "macro",
 ) -> float:
     """Adaptive ECE: ``sum_b |B_b|/N * |acc_b - conf_b|`` over equal-count bins.
 
@@ -98,7 +101,8 @@ def adaece(
     six-sample example where they differ.
 
     Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities;
-    ``ci`` / ``n_boot`` / ``seed`` give a bootstrap interval, the bins re-cut on every resample).
+    ``ci`` / ``n_boot`` / ``seed`` give a bootstrap interval, the bins re-cut on every resample; ``task`` / ``average``
+    for binary and multi-label heads, the equal-mass bins of each label's probability).
     Returns a fraction in [0, 1] (with ``ci``, a :class:`~hf_calibration.metrics.MetricInterval`).
 
     Example:
@@ -109,6 +113,10 @@ def adaece(
         >>> round(adaece(probs, labels), 12), round(ece(probs, labels), 12)
         (0.0, 0.0)
     """
+    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
+        sigmoid = _sigmoid_dispatch("adaece", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
+        if sigmoid is not _MULTICLASS:
+            return sigmoid
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))

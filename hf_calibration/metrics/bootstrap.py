@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import numba
 import numpy as np
 
-from .._checks import check_float, check_int
+from .._checks import check_float, check_int, check_seed
 
 __all__ = ["MetricInterval", "Bootstrap", "check_bootstrap", "flat_intervals", "frame", "reframed", "weighted_means"]
 
@@ -250,11 +250,15 @@ def check_bootstrap(ci: Any, n_boot: Any, seed: Any, *, default_n_boot: int = DE
     """Validate ``ci`` / ``n_boot`` / ``seed`` (before any work); None when no interval is asked for.
 
     ``ci`` is the confidence level in (0, 1) (0.95) or None; ``n_boot`` an integer >= 10 or None for the
-    metric's default; ``seed`` an integer >= 0.
+    metric's default (only with ``ci``); ``seed`` an integer in [0, 2**64).
     """
+    given = n_boot is not None
     n_boot = default_n_boot if n_boot is None else check_int(n_boot, "n_boot", minimum=10)
-    seed = check_int(seed, "seed", minimum=0)
+    seed = check_seed(seed)  # [0, 2**64), as every other seed of the package
     if ci is None:
+        if given:  # it would be ignored without a word
+            raise ValueError("Expected argument `ci` (a confidence level such as 0.95) since `n_boot` is given: `n_boot` is the "
+                             "number of resamples of the interval `ci` asks for, and without `ci` there is none.")
         return None
     if isinstance(ci, (int, float, np.floating, np.integer)) and not isinstance(ci, bool) and not 0.0 < float(ci) < 1.0:
         raise ValueError(f"Expected argument `ci` to be a confidence level in (0, 1) such as 0.95, or None, but got {ci!r}.")

@@ -144,6 +144,33 @@ def _top_label_interval(boot: Bootstrap, confidence: np.ndarray, correct: np.nda
     return boot.interval(value, replicates[:, column])
 
 
+_MULTICLASS = object()  # _sigmoid_dispatch's answer for a multi-class call: go on with the softmax path
+
+
+def _maybe_sigmoid(preds: Any, target: Any) -> bool:
+    """Whether the arrays' shapes could name a binary / multi-label head (a 2-D target, or one score column); a plain
+    attribute look, so the multi-class path pays nothing. Lists are looked at by converting them."""
+    target_shape = getattr(target, "shape", None)
+    preds_shape = getattr(preds, "shape", None)
+    if target_shape is None and isinstance(target, (list, tuple)):
+        target_shape = np.shape(target)
+    if preds_shape is None and isinstance(preds, (list, tuple)):
+        preds_shape = np.shape(preds)
+    t, p = len(target_shape or ()), tuple(preds_shape or ())
+    return t == 2 or len(p) == 1 or (len(p) == 2 and p[1] == 1)
+
+
+def _sigmoid_dispatch(name: str, preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed):
+    """A binary / multi-label head's ``name`` (:mod:`hf_calibration.metrics.multilabel`), or ``_MULTICLASS``."""
+    from .multilabel import sigmoid_metric, sigmoid_task
+
+    resolved = sigmoid_task(preds, target, task, average)
+    if resolved is None:
+        return _MULTICLASS
+    return sigmoid_metric(name, preds, target, n_bins, task=resolved, average=average, from_logits=from_logits,
+                          ignore_index=ignore_index, ci=ci, n_boot=n_boot, seed=seed)
+
+
 def ece(
     preds: Any,
     target: Any,
@@ -154,6 +181,8 @@ def ece(
     ci: float | None = None,
     n_boot: int | None = None,
     seed: int = 0,
+    task: str | None = None,
+    average: str = "macro",
 ) -> float:
     """Expected calibration error of the top label, equal-width bins (Guo et al. 2017, eq. 3).
 
@@ -177,6 +206,12 @@ def ece(
             :mod:`hf_calibration.metrics.bootstrap`.
         n_boot: number of resamples (default 1,000).
         seed: seed of the resamples (default 0): the same seed gives the same interval.
+        task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; None (default) reads it from the shapes
+            (:func:`hf_calibration.tasks.resolve_task`: ``(N, L)`` 0/1 targets are multi-label, one score column is
+            binary). Binary and multi-label heads are scored as torchmetrics' ``BinaryCalibrationError`` does (the
+            probability ``p`` against the 0/1 label, per label): see :mod:`hf_calibration.metrics.multilabel`.
+        average: multi-label only: ``"macro"`` (default, the mean of the per-label ECEs), ``"micro"`` (every
+            (sample, label) pair pooled) or ``"none"`` (the per-label values, an ``(L,)`` array).
 
     Returns:
         ECE as a fraction in [0, 1]; with ``ci``, a :class:`~hf_calibration.metrics.MetricInterval`:
@@ -197,6 +232,10 @@ def ece(
         >>> round(value, 3), round(value.low, 3), round(value.high, 3)
         (0.088, 0.069, 0.108)
     """
+    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
+        sigmoid = _sigmoid_dispatch("ece", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
+        if sigmoid is not _MULTICLASS:
+            return sigmoid
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
@@ -217,11 +256,17 @@ def mce(
     ci: float | None = None,
     n_boot: int | None = None,
     seed: int = 0,
+    task: str | None = None,
+    average: str = "macro",
 ) -> float:
     """Maximum calibration error: the largest ``|acc_b - conf_b|`` over non-empty equal-width bins
     (Guo et al. 2017, eq. 5). Arguments as :func:`ece` (``from_logits=None`` detects probabilities;
     ``ci`` adds a bootstrap interval: a maximum over bins is biased upwards on a resample, so read it
-    as rough)."""
+    as rough; ``task`` / ``average`` for binary and multi-label heads: torchmetrics' ``norm="max"``)."""
+    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
+        sigmoid = _sigmoid_dispatch("mce", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
+        if sigmoid is not _MULTICLASS:
+            return sigmoid
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
@@ -230,6 +275,49 @@ def mce(
     top = top_label(inputs)
     value = _mce_compute(top.confidence, top.correct, n_bins)
     return _top_label_interval(boot, top.confidence, top.correct, n_bins, 1, value)
+
+
+def rmsce(
+    preds: Any,
+    target: Any,
+    n_bins: int = 15,
+    *,
+    from_logits: bool | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
+    task: str | None = None,
+    average: str = "macro",
+) -> float:
+    """Root-mean-square calibration error: ``sqrt(sum_b |B_b|/N (acc_b - conf_b)^2)`` over the equal-width bins of
+    :func:`ece` (torchmetrics' ``norm="l2"``; Nixon et al. 2019). Arguments as :func:`ece`, binary and multi-label
+    heads included.
+
+    Example:
+        >>> import numpy as np
+        >>> probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7]])
+        >>> round(rmsce(probs, np.array([0, 1, 1]), n_bins=10), 4)  # bins 0.7, 0.8, 0.9: gaps 0.3, 0.8, 0.1
+        0.4967
+    """
+    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
+        sigmoid = _sigmoid_dispatch("rmsce", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
+        if sigmoid is not _MULTICLASS:
+            return sigmoid
+    from .multilabel import _binned_statistic as _weighted_binned
+
+    n_bins = _check_n_bins(n_bins)
+    boot = check_bootstrap(ci, n_boot, seed)
+    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
+    sums = _bin_sums(_uniform_bin_index(top.confidence, n_bins), top.confidence, top.correct, n_bins)
+    from .multilabel import _binned_from_sums
+
+    value = float(_binned_from_sums(sums.count, sums.confidence, sums.accuracy, "l2"))
+    if boot is None:
+        return value
+    n = top.confidence.shape[0]
+    statistic = _weighted_binned(top.confidence, top.correct, np.arange(n), n_bins)
+    return boot.interval(value, boot.replicates([statistic], n)[0][:, 2])
 
 
 def ece_split(

@@ -118,6 +118,8 @@ def reliability_table(
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
     ci: float | None = None,
+    task: str | None = None,
+    label: int | str = "pooled",
 ) -> ReliabilityTable:
     """Per-bin count, mean confidence, accuracy and gap of the top label (the numbers behind a
     reliability diagram; the same bins as :func:`hf_calibration.metrics.ece`). Arguments as
@@ -132,11 +134,46 @@ def reliability_table(
         >>> b = 8  # the bin (0.8, 0.9]: 7 right out of 10, and its 95 % Wilson interval
         >>> [round(float(x[b]), 4) for x in (table.accuracy, table.accuracy_low, table.accuracy_high)]
         [0.7, 0.3968, 0.8922]
+
+    A binary or multi-label head (``task``, or read from the shapes): the bins of each label's probability ``p``
+    against its 0/1 label (torchmetrics' ``BinaryCalibrationError``'s bins); ``label`` picks one label's table (an
+    index) or ``"pooled"`` (default: every (sample, label) pair; a binary head's only label).
     """
     n_bins = _check_n_bins(n_bins)
     level = _check_level(ci)
+    sigmoid = _sigmoid_inputs(preds, target, task, from_logits, ignore_index)
+    if sigmoid is not None:
+        p, y = _sigmoid_pairs(sigmoid, _check_label(label, sigmoid.num_labels))
+        return _reliability_table_compute(p, y, n_bins, level)
     top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
     return _reliability_table_compute(top.confidence, top.correct, n_bins, level)
+
+
+def _sigmoid_inputs(preds: Any, target: Any, task: str | None, from_logits, ignore_index, preds_name: str = "preds"):
+    """The :class:`~hf_calibration.metrics.multilabel.SigmoidInputs` of a binary / multi-label call; None for multi-class."""
+    from .ece import _maybe_sigmoid
+
+    if task is None and not _maybe_sigmoid(preds, target):
+        return None
+    from .multilabel import prepare_sigmoid, sigmoid_task
+
+    resolved = sigmoid_task(preds, target, task)
+    if resolved is None:
+        return None
+    return prepare_sigmoid(preds, target, task=resolved, from_logits=from_logits, ignore_index=ignore_index, preds_name=preds_name)
+
+
+def _check_label(label: Any, num_labels: int) -> int | str:
+    if label == "pooled":
+        return label
+    if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= int(label) < num_labels:
+        raise ValueError(f"Expected argument `label` to be 'pooled' or a label index in [0, {num_labels}), but got {label!r}.")
+    return int(label)
+
+
+def _sigmoid_pairs(inputs, label: int | str) -> tuple[np.ndarray, np.ndarray]:
+    """``(p, y)`` of one label's kept samples, or of every kept pair (``"pooled"``)."""
+    return inputs.pooled() if label == "pooled" else inputs.label(label)
 
 
 def _check_level(ci: Any) -> float | None:
@@ -310,6 +347,9 @@ def reliability_diagram(
     title: str | None = None,
     from_logits: bool | None = None,
     ignore_index: int | None = IGNORE_INDEX,
+    task: str | None = None,
+    labels: Sequence[int | str] | None = None,
+    label_names: Sequence[str] | None = None,
 ) -> Figure:
     """Reliability diagram of the top label: per-bin accuracy bars with their interval, the gap to
     the mean confidence, the diagonal, and under it the number of samples in each bin.
@@ -350,6 +390,13 @@ def reliability_diagram(
         from_logits: ``None`` (default) detects probabilities (every value in [0, 1], rows
             summing to 1 within 1e-2) in ``preds`` and ``calibrated`` separately; True/False
             applies to both. Others as :func:`hf_calibration.metrics.ece`.
+        task: ``"binary"`` / ``"multilabel"`` for a sigmoid head (None: read from the shapes, as
+            :func:`hf_calibration.metrics.ece`): each panel bins a label's probability against its 0/1 label
+            (x: predicted probability, y: observed frequency).
+        labels: the sigmoid head's panels, in order: label indices and ``"pooled"`` (every (sample, label) pair);
+            default ``"pooled"`` then every label when there are at most 8, ``"pooled"`` alone otherwise. A pair
+            (``calibrated``) puts ``preds`` in the first row and ``calibrated`` in the second.
+        label_names: names of the labels, for the panel titles.
 
     Returns:
         the matplotlib ``Figure`` (save it with ``fig.savefig(path)``).
@@ -364,8 +411,27 @@ def reliability_diagram(
     boot = check_bootstrap(ci, n_boot, seed)
     if title is not None and not isinstance(title, str):
         raise TypeError(f"Expected argument `title` to be a string or None, but got {type(title).__name__}.")
+    sigmoid = _sigmoid_inputs(preds, target, task, from_logits, ignore_index)
+    if sigmoid is not None:
+        if margin_groups is not None:
+            raise ValueError("Expected argument `margin_groups` to be None for a binary / multi-label head: a logit margin "
+                             "(top-1 minus top-2) belongs to a softmax head.")
+        states = [sigmoid]
+        if calibrated is not None:
+            states.append(_sigmoid_inputs(calibrated, target, sigmoid.task, from_logits, ignore_index, "calibrated"))
+            if isinstance(names, str) or len(names) != 2 or not all(isinstance(x, str) for x in names):
+                raise ValueError(f"Expected argument `names` to be two strings (before, after), but got {names!r}.")
+        return _sigmoid_diagram(states, labels, label_names, n_bins=n_bins, counts=counts, count_scale=count_scale,
+                                min_count=min_count, boot=boot, names=names, ax=ax, title=title)
+    if labels is not None or label_names is not None:
+        raise ValueError("Expected arguments `labels` / `label_names` only for a binary or multi-label head "
+                         "(task='binary' / 'multilabel').")
     states = [prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)]
     if calibrated is not None:
+        shapes = [tuple(x.shape) if hasattr(x, "shape") else np.shape(x) for x in (preds, calibrated)]
+        if shapes[1] != shapes[0]:  # before its labels are checked against its K, which would blame `target`
+            raise ValueError(f"Expected argument `calibrated` to have the shape of `preds` {shapes[0]} (the same samples, the "
+                             f"same classes), but got {shapes[1]}.")
         states.append(prepare(calibrated, target, from_logits=from_logits, ignore_index=ignore_index, preds_name="calibrated"))
         if isinstance(names, str) or len(names) != 2 or not all(isinstance(x, str) for x in names):
             raise ValueError(f"Expected argument `names` to be two strings (before, after), but got {names!r}.")
@@ -413,6 +479,61 @@ def reliability_diagram(
         extra_lines = max(t.count("\n") for t in titles)
         width, height = fig.get_size_inches()
         fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra_lines + 0.1) * rows)
+    else:
+        axes[0].legend(handles=handles, loc="upper left", fontsize=7)
+    return fig
+
+
+def _sigmoid_panels(labels: Any, num_labels: int, task: str) -> list[int | str]:
+    if task == "binary":
+        return ["pooled"]
+    if labels is None:
+        return ["pooled"] + (list(range(num_labels)) if num_labels <= 8 else [])
+    if isinstance(labels, (str, int, np.integer)):
+        labels = [labels]
+    panels = [_check_label(label, num_labels) for label in labels]
+    if not panels:
+        raise ValueError("Expected argument `labels` to name at least one panel ('pooled' or a label index), but got none.")
+    return panels
+
+
+def _sigmoid_diagram(states, labels, label_names, *, n_bins, counts, count_scale, min_count, boot, names, ax, title) -> Figure:
+    """The reliability diagram of a sigmoid head: one panel per label of ``labels`` (or pooled), one row per state."""
+    first = states[0]
+    panels = _sigmoid_panels(labels, first.num_labels, first.task)
+    if label_names is not None and len(label_names) != first.num_labels:
+        raise ValueError(f"Expected argument `label_names` to name the {first.num_labels} labels, but got {len(label_names)}.")
+
+    def panel_name(label):
+        if first.task == "binary":
+            return ""
+        if label == "pooled":
+            return f"pooled (micro): all {first.num_labels} labels"
+        return f"label {label}" + (f" ({label_names[label]})" if label_names is not None else "")
+
+    rows, cols = len(states), len(panels)
+    fig, axes, count_axes = _panel_axes(ax, rows, cols, counts)
+    single = rows == 1 and cols == 1
+    used: set[str] = set()
+    for i, (axis, cax) in enumerate(zip(axes, count_axes)):
+        state, label = states[i // cols], panels[i % cols]
+        p, y = _sigmoid_pairs(state, label)
+        table = _reliability_table_compute(p, y, n_bins, None if boot is None else boot.level)
+        parts = ([names[i // cols]] if rows == 2 else []) + ([panel_name(label)] if panel_name(label) else [])
+        ece_text = _ece_text(p, y, n_bins, boot) if table.n else ""
+        used |= _draw_reliability(axis, table, title if single else " · ".join(parts), cax, ece_text=ece_text,
+                                  min_count=min_count, count_scale=count_scale)
+        axis.set_ylabel("observed frequency")
+        (cax if cax is not None else axis).set_xlabel("predicted probability")
+    if title and not single:
+        fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
+    handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
+    if ax is None:
+        ncols = 1 if cols == 1 else 2
+        fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
+        width, height = fig.get_size_inches()
+        extra = max(a.get_title().count("\n") for a in axes)
+        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra + 0.1) * rows)
     else:
         axes[0].legend(handles=handles, loc="upper left", fontsize=7)
     return fig

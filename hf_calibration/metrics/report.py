@@ -9,7 +9,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .._checks import IGNORE_INDEX
+from .._checks import IGNORE_INDEX, check_choice
 from ._format import prepare, probability_chunks, top_label
 from .adaptive import _adaece_compute, _adaece_statistic
 from .binning import _check_n_bins
@@ -166,6 +166,8 @@ def calibration_report(
     ci: float | None = None,
     n_boot: int | None = None,
     seed: int = 0,
+    task: str | None = None,
+    label_names: Sequence[str] | None = None,
 ) -> CalibrationReport:
     """Accuracy, ECE, AdaECE, MCE, classwise ECE, O-/U-ECE, smCE, smECE, Brier and NLL in one call.
 
@@ -181,6 +183,12 @@ def calibration_report(
     200 unless ``n_boot`` is given, see :func:`hf_calibration.metrics.smce`), drawn from ``seed``.
     ``str(report)`` then prints ``3.21 % [2.40, 4.05]``.
 
+    A binary or multi-label head (``task="binary"`` / ``"multilabel"``, or read from the shapes: ``(N, L)`` 0/1
+    targets, one score column) gets a :class:`~hf_calibration.metrics.multilabel.SigmoidCalibrationReport` instead:
+    the same metrics per label (each label's probability against its 0/1 label, as torchmetrics'
+    ``BinaryCalibrationError``), macro-averaged and pooled (micro), RMSCE beside them, NLL as the binary
+    cross-entropy; ``label_names`` names the labels in its per-label table.
+
     Example:
         >>> import numpy as np
         >>> logits = np.array([[2.0, 0.0], [0.0, 1.0], [1.0, 0.5]])
@@ -188,6 +196,17 @@ def calibration_report(
         >>> round(report["accuracy"], 4), report.n
         (0.6667, 3)
     """
+    from .ece import _maybe_sigmoid
+
+    if task is not None or _maybe_sigmoid(preds, target):
+        from .multilabel import sigmoid_calibration_report, sigmoid_task
+
+        resolved = sigmoid_task(preds, target, task)
+        if resolved is not None:
+            return sigmoid_calibration_report(preds, target, n_bins, task=resolved, from_logits=from_logits, ignore_index=ignore_index,
+                                              ci=ci, n_boot=n_boot, seed=seed, label_names=label_names)
+    if label_names is not None:
+        raise ValueError("Expected argument `label_names` only for a multi-label or binary head (task='multilabel' / 'binary').")
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
     smooth_boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
@@ -224,12 +243,16 @@ def calibration_report(
     return CalibrationReport(n=n, **values, n_bins=n_bins, from_logits=inputs.from_logits)
 
 
-def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[str] | None = None) -> str:
+def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[str] | None = None, *,
+                   average: str = "macro") -> str:
     """Several methods side by side, one row each (the shape of the papers' tables).
 
     Args:
-        reports: method name → its :class:`CalibrationReport` (rows in this order).
+        reports: method name → its :class:`CalibrationReport` (rows in this order), or the
+            :class:`~hf_calibration.metrics.multilabel.SigmoidCalibrationReport` of a binary / multi-label head.
         columns: report keys to show; default accuracy, ECE, AdaECE, smCE, O-ECE, U-ECE.
+        average: for multi-label reports, ``"macro"`` (the mean over labels, default) or ``"micro"`` (pooled); the
+            table's last line says which.
 
     Returns:
         a Markdown table, percentages with two decimals (``3.21 [2.40, 4.05]`` for reports made with ``ci``).
@@ -240,12 +263,26 @@ def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[s
     unknown = [c for c in columns if c not in _LABELS]
     if unknown or not columns:
         raise ValueError(f"Expected argument `columns` to hold names from {list(_LABELS)}, but got {list(columns)}.")
+    from .multilabel import SigmoidCalibrationReport
+
+    check_choice(average, "average", ("macro", "micro"))
+    multilabel = any(isinstance(r, SigmoidCalibrationReport) and r.task == "multilabel" for r in reports.values())
+
+    def value(report, column):
+        if isinstance(report, SigmoidCalibrationReport):
+            return (report.micro if average == "micro" else report.macro)[column]
+        return report[column]
+
     header = ["method"] + [_header(c) for c in columns]
-    body = [[str(name)] + [_format_value(c, report[c]) for c in columns] for name, report in reports.items()]
+    body = [[str(name)] + [_format_value(c, value(report, c)) for c in columns] for name, report in reports.items()]
     widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
 
     rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), rule] + [line(row) for row in body])
+    lines = [line(header), rule] + [line(row) for row in body]
+    if multilabel:
+        lines += ["", "Multi-label: " + ("macro, the mean of the per-label values." if average == "macro"
+                                          else "pooled (micro), every (sample, label) pair as one binary problem.")]
+    return "\n".join(lines)

@@ -8,6 +8,7 @@ import numpy as np
 
 from .._checks import IGNORE_INDEX
 from ._format import Inputs, prepare, probability_chunks, top_label
+from .ece import _MULTICLASS, _maybe_sigmoid, _sigmoid_dispatch
 from .bootstrap import check_bootstrap, frame, weighted_means
 
 
@@ -49,6 +50,8 @@ def brier(
     ci: float | None = None,
     n_boot: int | None = None,
     seed: int = 0,
+    task: str | None = None,
+    average: str = "macro",
 ) -> float:
     """Multiclass Brier score (Brier 1950): ``mean_i sum_k (p_ik - [y_i == k])^2``, in [0, 2].
 
@@ -56,8 +59,14 @@ def brier(
     ``brier_score_loss`` for K > 2 gives the same number). Finite logits of any size (even near
     the float64 limit) are fine: the softmax subtracts the row maximum first. Arguments as
     :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities; ``ci`` resamples
-    each row's Brier term).
+    each row's Brier term). A binary or multi-label head (``task``, or read from the shapes) scores each label as
+    scikit-learn's ``brier_score_loss``, ``mean (p - y)^2``, averaged over labels by ``average``
+    (:mod:`hf_calibration.metrics.multilabel`).
     """
+    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
+        sigmoid = _sigmoid_dispatch("brier", preds, target, 15, task, average, from_logits, ignore_index, ci, n_boot, seed)
+        if sigmoid is not _MULTICLASS:
+            return sigmoid
     boot = check_bootstrap(ci, n_boot, seed)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     total = 0.0
@@ -76,6 +85,8 @@ def nll(
     ci: float | None = None,
     n_boot: int | None = None,
     seed: int = 0,
+    task: str | None = None,
+    average: str = "macro",
 ) -> float:
     """Mean negative log-likelihood of the true class, ``-mean_i log p_iy`` (nats).
 
@@ -84,8 +95,14 @@ def nll(
     then exceeds float64). From probabilities a true-class probability of exactly 0 gives
     ``inf`` (no clipping). Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None``
     detects probabilities; ``ci`` resamples each row's term, and a resample that draws an infinite
-    term is infinite).
+    term is infinite). A binary or multi-label head (``task``, or read from the shapes) gets the binary
+    cross-entropy ``-mean [y log p + (1 - y) log(1 - p)]`` per label, averaged by ``average``
+    (:mod:`hf_calibration.metrics.multilabel`).
     """
+    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
+        sigmoid = _sigmoid_dispatch("nll", preds, target, 15, task, average, from_logits, ignore_index, ci, n_boot, seed)
+        if sigmoid is not _MULTICLASS:
+            return sigmoid
     boot = check_bootstrap(ci, n_boot, seed)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     total = 0.0

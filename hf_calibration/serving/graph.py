@@ -4,7 +4,7 @@
 ``torch.compile`` can take as it is). Its forward computes, with tensor operations only:
 
 * ``logits``: the model's logits through ``calibrator.graph_forward`` (the model's own logits without a calibrator);
-* ``probabilities``: their softmax in the logits' dtype (float32 for a float32 model), what
+* ``probabilities``: their softmax (sigmoid heads: sigmoid) in the logits' dtype (float32 for a float32 model), what
   ``hf_calibration.pipeline`` reports as scores;
 * ``prediction_set`` (with a conformal predictor): the (N, K) boolean mask ``ConformalPredictor.predict_sets`` gives
   for the model's own logits: through the predictor's calibrator (if it has one), float64 softmax, the method's
@@ -12,10 +12,11 @@
   scores take one Uniform(0, 1) draw per image as a second input, ``u`` (float64, (N,)): the caller owns the
   randomness (``ConformalPredictor.draw_uniforms`` repeats the predictor's own stream).
 
-Probabilities come from the head's kind (``HEADS``): a softmax over classes for single-label classifiers. Sigmoid heads
-(binary with one logit, multi-label) fit here as one more entry: an independent sigmoid per logit, chosen from the
-calibrator's recorded task or ``config.problem_type``; they are not implemented yet, and such a model is refused by
-name.
+Probabilities come from the head's kind (``HEADS``, by :mod:`hf_calibration.tasks`' rule: the calibrator's recorded
+task, else ``config.problem_type``): a softmax over classes for single-label classifiers; an independent sigmoid per
+logit for multi-label heads and one-logit binary heads (what ``hf_calibration.pipeline`` passes as
+``function_to_apply``), a softmax over a binary head's two softmax logits. Prediction sets of sigmoid heads
+(multi-label conformal risk control) are not in the graph: a sigmoid head with a predictor is refused by name.
 """
 
 from __future__ import annotations
@@ -31,24 +32,42 @@ from ..conformal.scores import conformity_scores_graph, sets_from_scores_graph
 
 __all__ = ["CalibratedClassifier", "HEADS", "head_kind"]
 
-# head kind -> (logits -> probabilities). The one place a sigmoid head (binary one-logit, multi-label) is added:
-# "multi_label_classification": torch.sigmoid, and conformal sets per label (a threshold per label) beside it.
+
+def _binary(logits: torch.Tensor) -> torch.Tensor:
+    """A binary head's probabilities: the sigmoid of one logit ((N,) or (N, 1)), the softmax of two softmax logits."""
+    return torch.softmax(logits, dim=1) if logits.ndim == 2 and logits.shape[1] == 2 else torch.sigmoid(logits)
+
+
+# head kind -> (logits -> probabilities)
 HEADS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "single_label_classification": lambda logits: torch.softmax(logits, dim=1),
+    "multi_label_classification": torch.sigmoid,
+    "binary": _binary,
 }
+_KIND_OF_TASK = {"multiclass": "single_label_classification", "multilabel": "multi_label_classification", "binary": "binary"}
 
 
 def head_kind(model: nn.Module, calibrator: Calibrator | None = None) -> str:
-    """The head's kind: the calibrator's recorded task if it has one, else ``config.problem_type``, else single-label
-    (transformers' default for integer labels); a kind without an entry in ``HEADS`` is a ``ValueError``."""
-    task = ((calibrator.fit_info_ or {}).get("task") if calibrator is not None else None) or getattr(
-        getattr(model, "config", None), "problem_type", None) or "single_label_classification"
-    aliases = {"multiclass": "single_label_classification", "single_label": "single_label_classification"}
-    task = aliases.get(task, task)
-    if task not in HEADS:
-        raise ValueError(f"Expected a single-label (softmax) classifier, but its head is {task!r}: serving graphs for "
-                         f"that kind of head are not implemented (supported: {sorted(HEADS)}).")
-    return task
+    """The head's kind, a key of ``HEADS``: the calibrator's recorded task if it has one, else the model's
+    (``config.problem_type`` and ``num_labels``, :func:`hf_calibration.tasks.task_of_model`), else single-label
+    (transformers' default for integer labels). A calibrator fitted for another kind of head than the model's is a
+    ``ValueError`` naming ``problem_type`` (:func:`hf_calibration.tasks.compatible_head`)."""
+    from ..tasks import compatible_head, task_of_model
+
+    info = (calibrator.fit_info_ or {}) if calibrator is not None else {}
+    if calibrator is not None:
+        compatible_head(info.get("task", "multiclass"), model, num_labels=info.get("num_labels"))
+    task = info.get("task") or task_of_model(model) or "multiclass"
+    if task == "binary" and task_of_model(model) == "multiclass":  # a two-logit softmax head with a binary calibrator
+        return "binary"
+    return _KIND_OF_TASK[task]
+
+
+def _sigmoid_model(model: nn.Module, kind: str) -> bool:
+    """Whether the head's scores are sigmoids (multi-label, or binary with one logit), not a softmax over classes."""
+    from ..tasks import task_of_model
+
+    return kind == "multi_label_classification" or (kind == "binary" and task_of_model(model) != "multiclass")
 
 
 def model_logits(output: Any) -> torch.Tensor:
@@ -82,13 +101,18 @@ class CalibratedClassifier(nn.Module):
             if not isinstance(calibrator, Calibrator):
                 raise TypeError(f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}.")
             calibrator._check_fitted()
+        self.task = head_kind(model, calibrator)
+        if predictor is not None and _sigmoid_model(model, self.task):
+            raise ValueError(f"Expected no conformal predictor for a sigmoid head (config.problem_type="
+                             f"{getattr(getattr(model, 'config', None), 'problem_type', None)!r}, head {self.task!r}): prediction "
+                             "sets of one-logit binary and multi-label heads are not in the serving graph; export with "
+                             "conformal=None (the calibrated per-label probabilities are served).")
         if predictor is not None:
             from ..conformal import ConformalPredictor
 
             if not isinstance(predictor, ConformalPredictor):
                 raise TypeError(f"Expected argument `predictor` to be a ConformalPredictor or None, but got {type(predictor).__name__}.")
             predictor._check_fitted()
-        self.task = head_kind(model, calibrator)
         self.model, self.calibrator, self.predictor = model, calibrator, predictor
         self.set_calibrator = None if predictor is None else predictor.calibrator
         if predictor is not None:

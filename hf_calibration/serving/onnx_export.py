@@ -7,9 +7,11 @@ model's image processor returns; dynamic batch size), and ``u`` for randomised A
 metadata (``onnx.ModelProto.metadata_props``) records ``id2label``, the calibrator and the predictor (method, alpha,
 q_hat), so a server needs nothing else to label its answers.
 
-Every registered calibrator exports: the linear families, temperature-based ones (TS, SMART, PTS, CTS), ETS, and the
-piecewise maps (histogram binning, isotonic regression, splines) as comparisons against their knots
-(``calibrators/_graph.py``). A calibrator class that cannot says so in ``export_refusal`` and is refused by name before
+Every registered calibrator exports: the linear families, temperature-based ones (TS, SMART, PTS, CTS), ETS, the
+piecewise maps (histogram binning, isotonic regression, splines) as comparisons against their knots, and the sigmoid
+calibrators of binary and multi-label heads (Platt, temperature, beta, isotonic and histogram binning per label; the
+probabilities are then per-label sigmoids), each from ``graph_forward`` (``calibrators/_graph.py``). A calibrator class
+that cannot says so in ``export_refusal`` and is refused by name before
 anything is traced. The exported graph is checked against the PyTorch module with onnxruntime when it is installed
 (``verify=True``): the largest probability difference must stay below ``1e-5`` and the sets must be equal.
 """
@@ -102,6 +104,12 @@ def _resolve(model_or_folder: Any, calibrator: Any, conformal: Any) -> tuple[nn.
         calibrator = attached_calibrator(model)
     if conformal == "attached":
         conformal = model.__dict__.get("conformal_predictor")
+        from ..conformal import ConformalPredictor
+
+        if conformal is not None and not isinstance(conformal, ConformalPredictor):  # a multi-label risk-control predictor
+            logger.warning("The model's %s (prediction sets of a sigmoid head) is not exported: the graph serves the "
+                           "calibrated per-label probabilities.", type(conformal).__name__)
+            conformal = None
     elif conformal is False:
         conformal = None
     return model, calibrator, conformal, processor

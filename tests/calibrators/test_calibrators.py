@@ -45,7 +45,7 @@ def data():
     return overconfident(600, 10, seed=0)
 
 
-@pytest.fixture(scope="module", params=list_calibrators())
+@pytest.fixture(scope="module", params=list_calibrators("multiclass"))
 def fitted(request, data):
     z, y = data
     return make(request.param).fit(z, y, progress_bar=False)
@@ -55,7 +55,7 @@ def test_registry():
     from hf_calibration import calibrators
 
     assert list_calibrators() == sorted(list_calibrators())
-    assert {"histogram_binning", "isotonic", "isotonic_ovr", "smart", "spline", "temperature_scaling"} <= set(list_calibrators())
+    assert {"histogram_binning", "isotonic", "isotonic_ovr", "smart", "spline", "temperature_scaling"} <= set(list_calibrators("multiclass"))
     parametric = {
         "ets": calibrators.EnsembleTemperatureScaling,
         "vector_scaling": calibrators.VectorScaling,
@@ -71,7 +71,7 @@ def test_registry():
     assert isinstance(create_calibrator("smart"), SMARTCalibrator)
     assert isinstance(create_calibrator("temperature_scaling"), TemperatureScaling)
     with pytest.raises(ValueError, match="name"):
-        create_calibrator("platt")
+        create_calibrator("no_such_method")
     with pytest.raises(ValueError, match="already registered"):
 
         @register_calibrator
@@ -85,7 +85,7 @@ def test_smart_has_49_trainable_parameters():
     assert {"margin_mean", "margin_std"} <= set(smart.state_dict())
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_fit_returns_self_and_lowers_ece(name, data):
     from hf_calibration.metrics.ece import ece
 
@@ -142,7 +142,7 @@ def test_forward_before_fit_is_a_clear_error():
             cal.attach(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_bad_inputs_raise(name, data):
     z, y = data
     cal = make(name)
@@ -187,7 +187,7 @@ def test_minimum_samples_documented():
     assert TemperatureScaling.min_samples == 10 and "10" in TemperatureScaling.__doc__
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_ignore_index_rows_are_dropped(name, data):
     z, y = data
     y2 = y.copy()
@@ -198,7 +198,7 @@ def test_ignore_index_rows_are_dropped(name, data):
     torch.testing.assert_close(a(torch.from_numpy(z)), b(torch.from_numpy(z)), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_prediction_output_and_eval_prediction(name, data):
     z, y = data
     ref = make(name).fit(torch.from_numpy(z), torch.from_numpy(y), progress_bar=False)(torch.from_numpy(z))
@@ -210,7 +210,7 @@ def test_prediction_output_and_eval_prediction(name, data):
         assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_all_samples_correct(name, caplog):
     rng = np.random.default_rng(0)
     y = rng.integers(0, 5, 200)
@@ -228,7 +228,7 @@ def test_all_samples_correct(name, caplog):
         assert "bound" in caplog.text
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_tied_top_two_logits(name, data):
     z, y = data
     z = z.copy()
@@ -242,7 +242,7 @@ def test_tied_top_two_logits(name, data):
         assert (cal.temperature(zt) > 0).all()
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_huge_logits(name, data):
     z, y = data
     z = (z * 1e4 / np.abs(z).max()).astype(np.float32)  # |z| up to 1e4
@@ -409,6 +409,31 @@ def test_smart_that_barely_moves_on_saturated_logits_falls_back_too(seed, scale,
     assert float(temps[0]) == pytest.approx(t_ref, rel=1e-4)
 
 
+def test_smart_on_separable_logits_falls_back_without_crashing(caplog):
+    """Issue 29 item 7: logits with the true class 50 above the rest make the objective exactly 0 from the start, and
+    the fallback's own warning divided by it (ZeroDivisionError at smart.py:232), which compare_calibrators and
+    AutoCalibrator showed as fold failures."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import log_softmax
+
+    from hf_calibration.calibrators import compare_calibrators
+    from hf_calibration.calibrators.temperature import T_MAX, T_MIN
+
+    z, y = overconfident(300, 5, seed=2)
+    z = z.astype(np.float64)
+    z[np.arange(300), y] += 50
+    with caplog.at_level(logging.WARNING):
+        smart = SMARTCalibrator().fit(z, y, progress_bar=False)
+    assert smart.history_[0] == 0.0 and smart.fit_info_["fallback"] == "temperature_scaling"
+    assert "by nothing: it is 0 from the start" in caplog.text
+    nll = lambda log_t: -log_softmax(z / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
+    t_ref = float(np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x))
+    # the objective is flat: any T <= 1 is optimal to rounding (NLL ~ e^-50); the fallback's is as good as scipy's
+    assert nll(np.log(smart.fit_info_["temperature"])) == pytest.approx(nll(np.log(t_ref)), abs=1e-12) and nll(np.log(t_ref)) < 1e-12
+    table = compare_calibrators(z, y, ["smart"], race=False, progress_bar=False)
+    assert table["smart"].errors == [] and len(table["smart"].fold_ids) == 5
+
+
 def test_smart_on_learnable_logits_does_not_fall_back(data, caplog):
     z, y = data
     with caplog.at_level(logging.WARNING):
@@ -416,7 +441,7 @@ def test_smart_on_learnable_logits_does_not_fall_back(data, caplog):
     assert "fallback" not in smart.fit_info_ and smart.fit_info_["best_step"] > 0 and "flat" not in caplog.text
 
 
-@pytest.mark.parametrize("name", [n for n in list_calibrators() if "seed" in inspect.signature(get_calibrator_class(n)).parameters])
+@pytest.mark.parametrize("name", [n for n in list_calibrators("multiclass") if "seed" in inspect.signature(get_calibrator_class(n)).parameters])
 def test_seeds_are_one_range_for_every_seeded_calibrator(name):
     # issue 23 item 12: SMART took seed=-1 (torch maps it to 2**64 - 1) where PTS refused it
     cls = get_calibrator_class(name)
@@ -430,7 +455,7 @@ def test_seeds_are_one_range_for_every_seeded_calibrator(name):
             cls(seed=seed)
 
 
-@pytest.mark.parametrize("name", [n for n in list_calibrators() if "soft_ece" in get_calibrator_class(n).objectives])
+@pytest.mark.parametrize("name", [n for n in list_calibrators("multiclass") if "soft_ece" in get_calibrator_class(n).objectives])
 @pytest.mark.parametrize("sigma", [1e-300, 1e-160, 1e200, 0.0, -1.0])
 def test_soft_bin_width_out_of_range_is_a_clear_error(name, data, sigma):
     z, y = data
@@ -477,7 +502,7 @@ def _uniform_logits(n: int = 200, k: int = 5, seed: int = 0) -> tuple[np.ndarray
     return np.repeat(rng.normal(size=(n, 1)), k, axis=1).astype(np.float32), rng.integers(0, k, n)
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_a_fit_that_ends_as_the_identity_warns_and_says_why(name):
     """On uniform predictions the temperature family can only return them unchanged: each says so, once, with the
     reason in ``fit_info_``; every other calibrator changes them and stays silent. Whether they changed is measured
@@ -502,7 +527,7 @@ def test_a_fit_that_ends_as_the_identity_warns_and_says_why(name):
     assert (moved < 1e-12) == (name in expected_identity), moved
 
 
-@pytest.mark.parametrize("name", list_calibrators())
+@pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_no_identity_warning_on_a_model_that_needs_calibrating(name, data):
     import warnings
 

@@ -20,7 +20,7 @@ def data():
     return overconfident(400, 6, seed=2)
 
 
-@pytest.fixture(scope="module", params=list_calibrators())
+@pytest.fixture(scope="module", params=list_calibrators("multiclass"))
 def fitted(request, data):
     z, y = data
     kw = {"max_steps": 200} if request.param == "smart" else {}

@@ -59,9 +59,28 @@ def test_saved_calibrator_folder_and_push_dry_run(capsys, npz_file, tmp_path):
     code, out, err = _run(capsys, "conformal", "--logits", path, "--method", "thr", "--calibrator", tmp_path / "ts",
                           "--push-to-hub", "me/vit", "--dry-run", "--json")
     assert code == 0, err
-    folder = json.loads(out)["dry_run_folder"]
-    loaded = ConformalPredictor.from_pretrained(folder)
-    assert loaded.calibrator.fitted_temperature == ts.fitted_temperature and loaded.fit_info_["calibrator"]["fitted_on"] == "given fitted"
+    result = json.loads(out)
+    names = [entry.split(" (")[0] for entry in result["dry_run_files"]]
+    assert names == ["README.md", "calibrator/README.md", "calibrator/config.json", "calibrator/model.safetensors", "config.json",
+                     "model.safetensors"]
+    assert result["repo_url"] == "https://huggingface.co/me/vit/tree/main/conformal" and "dry_run_folder" not in result
+
+
+def test_dry_run_lists_what_would_be_uploaded_and_leaves_nothing(capsys, npz_file, tmp_path, monkeypatch):
+    """Item 12: --dry-run printed a temporary folder that was already deleted when the command exited; it now lists the
+    files (with their sizes, those of a save of the same predictor) and leaves no folder behind."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path, z, y = npz_file
+    code, out, err = _run(capsys, "conformal", "--logits", path, "--method", "thr", "--push-to-hub", "me/vit", "--dry-run")
+    assert code == 0, err
+    ConformalPredictor("thr").fit(z[:800], y[:800]).save_pretrained(tmp_path / "saved")
+    sizes = {p.name: p.stat().st_size for p in (tmp_path / "saved").iterdir()}
+    listed = ", ".join(f"{name} ({size:,} bytes)" for name, size in sorted(sizes.items()) if name != "README.md")
+    assert "would receive README.md (" in out and listed in out
+    assert list((tmp_path / "tmp").iterdir()) == []  # nothing left, and no path printed that points at nothing
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -61,8 +61,8 @@ def test_json_table_is_the_library_table_and_diagrams_are_written(capsys, npz_fi
 
 def test_bad_method_and_cv(capsys, npz_file, tmp_path):
     path, _, _ = npz_file
-    code, _, err = _run(capsys, "compare", "--logits", path, "--methods", "platt", "--out", tmp_path)
-    assert code == 1 and "unknown --method 'platt'" in err
+    code, _, err = _run(capsys, "compare", "--logits", path, "--methods", "no_such_method", "--out", tmp_path)
+    assert code == 1 and "unknown --method 'no_such_method'" in err
     code, _, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "1", "--out", tmp_path)
     assert code == 1 and "`cv`" in err
 
@@ -96,8 +96,8 @@ def test_fit_method_auto_chooses_among_the_given_methods(capsys, npz_file, tmp_p
     table = compare_calibrators(z, y, ["temperature_scaling", "spline", "histogram_binning"], cv=3, metric="smce", progress_bar=False)
     assert sorted(report["selection"]["table"]) == ["histogram_binning", "spline", "temperature_scaling", "uncalibrated"]
     assert report["method"] == table.best("smce")
-    code, _, err = _run(capsys, "fit", "--logits", path, "--method", "auto", "--methods", "platt", "--out", tmp_path / "x")
-    assert code == 1 and "unknown --method 'platt'" in err and not (tmp_path / "x").exists()
+    code, _, err = _run(capsys, "fit", "--logits", path, "--method", "auto", "--methods", "no_such_method", "--out", tmp_path / "x")
+    assert code == 1 and "unknown --method 'no_such_method'" in err and not (tmp_path / "x").exists()
 
 
 def test_out_is_written_only_when_asked_and_never_into_a_model_folder(capsys, npz_file, tmp_path, monkeypatch):
@@ -147,7 +147,7 @@ def test_paired_bootstrap_against_the_best(capsys, npz_file, tmp_path):
         assert entry["difference"]["low"] == pytest.approx(expected.difference[method].low, abs=1e-12)
         assert entry["wins"] == pytest.approx(expected.wins[method])
     code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "q")
-    assert code == 0 and "Paired bootstrap against the best by ece" in out and "wins over" in out
+    assert code == 0 and "Paired bootstrap against the best by ece" in out and "beats" in out
     code, out, err = _run(capsys, "compare", "--logits", path, "--methods", "ts", "--cv", "3", "--out", tmp_path / "q",
                           "--overwrite", "--ci", "0")
     assert code == 0 and "Paired bootstrap" not in out  # --ci 0 leaves it out
@@ -172,3 +172,13 @@ def test_default_candidates_racing_and_the_nll_column(capsys, npz_file, tmp_path
     assert code == 0, err
     table = json.loads(out)["table"]
     assert all(entry["folds_run"] == 3 and entry["stopped"] is None for entry in table.values())
+
+
+def test_print_table_shows_the_rule_and_the_pick(npz_file):
+    """Item 13: ``print(table)`` omitted the rule and the pick the CLI printed; the text now ends with both, and says
+    that the fold means rank while pooled values differ."""
+    _, z, y = npz_file
+    table = compare_calibrators(z, y, ["temperature_scaling", "isotonic"], cv=3, progress_bar=False)
+    text = str(table)
+    assert f"best by ece, the lowest NLL within one standard error of the lowest ece: {table.best()}" in text
+    assert "the columns are means over the folds, which rank the methods" in text

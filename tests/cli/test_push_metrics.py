@@ -22,7 +22,7 @@ def test_dry_run_writes_every_space_folder(capsys, tmp_path):
     code, out, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--dry-run", "--out", tmp_path / "spaces",
                           "--requirement", SPEC)
     assert code == 0, err
-    assert sorted(p.name for p in (tmp_path / "spaces").iterdir()) == list_metric_scripts()
+    assert sorted(p.name for p in (tmp_path / "spaces").iterdir() if p.is_dir()) == list_metric_scripts()
     for name in list_metric_scripts():
         assert f"someorg/{name}: {tmp_path / 'spaces' / name}" in out
         assert (tmp_path / "spaces" / name / "requirements.txt").read_text() == SPEC + "\n"
@@ -33,6 +33,21 @@ def test_dry_run_writes_every_space_folder(capsys, tmp_path):
     code, _, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--dry-run", "--out", tmp_path / "spaces",
                         "--requirement", SPEC, "--overwrite", "--metrics", "ece,smce")
     assert code == 0, err
+
+
+def test_overwrite_never_replaces_a_card_edited_after_the_dry_run(capsys, tmp_path):
+    """Item 15: --overwrite replaced a README.md edited after a dry run (calibrator saves keep edited cards)."""
+    out = tmp_path / "spaces"
+    argv = ["push-metrics", "--namespace", "someorg", "--dry-run", "--out", out, "--requirement", SPEC, "--metrics", "ece"]
+    assert _run(capsys, *argv)[0] == 0
+    card = out / "ece" / "README.md"
+    card.write_text(card.read_text() + "\nMy notes on this metric.\n")
+    edited = card.read_bytes()
+    code, _, err = _run(capsys, *argv, "--overwrite")
+    assert code == 1 and err.count("\n") == 1 and "ece/README.md' was changed since it was written" in err
+    assert card.read_bytes() == edited
+    card.unlink()  # moved away: the folder is the dry run's again, and is replaced
+    assert _run(capsys, *argv, "--overwrite")[0] == 0 and card.is_file() and card.read_bytes() != edited
 
 
 def test_push_prints_how_to_load_each_metric(capsys, monkeypatch):

@@ -204,3 +204,65 @@ def test_push_dry_run_and_offline(data, monkeypatch):
     with pytest.raises(Exception, match="not fitted"):
         ConformalPredictor("thr").push_to_hub("me/x", dry_run=True)
     assert torch.isnan(ConformalPredictor("thr").q_hat)
+
+
+# ----------------------------------------------------------------------------- issue 29 (fourth sweep)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda c: c["fit"].__setitem__("alpha", 0.2), "fit.alpha"),
+    (lambda c: c["fit"].__setitem__("q_hat", 0.5), "fit.q_hat"),
+    (lambda c: c.__setitem__("randomized", False), "init.randomized"),
+    (lambda c: c["fit"].__setitem__("coverage", 0.99), "fit.coverage"),
+    (lambda c: c["fit"].__setitem__("calibrator", None), "fit.calibrator"),
+])
+def test_a_tampered_config_is_refused(data, tmp_path, edit, field):
+    """Item 4: an edited config.json was trusted (alpha and q_hat shown in the card and repr, randomized=False changed
+    the sets, calibrator=null dropped calibrator/); its settings are now checked against the weights file's."""
+    z, y, zt, _ = data
+    predictor = ConformalPredictor("aps", seed=1).fit(z, y, calibrator=TemperatureScaling())
+    predictor.save_pretrained(tmp_path)
+    assert np.array_equal(ConformalPredictor.from_pretrained(tmp_path).predict_sets(zt, generator=0), predictor.predict_sets(zt, generator=0))
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json' does not match its weights \(" + field.replace(".", r"\.")):
+        ConformalPredictor.from_pretrained(tmp_path)
+
+
+def test_a_tampered_config_of_an_older_save_is_checked_for_consistency(data, tmp_path):
+    """Saves without the settings in their weights' metadata: the threshold and the fit record are still cross-checked."""
+    from safetensors.torch import load_file, save_file
+
+    z, y, _, _ = data
+    ConformalPredictor("aps", seed=1).fit(z, y).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt", "conformal": "aps", "format_version": "1"})
+    ConformalPredictor.from_pretrained(tmp_path)  # untouched: loads
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key, value, message in (("q_hat", 0.5, "fit.q_hat is 0.5"), ("alpha", 0.3, "fit.alpha = 0.3")):
+        edited = json.loads(json.dumps(config))
+        edited["fit"][key] = value
+        (tmp_path / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(ValueError, match=message):
+            ConformalPredictor.from_pretrained(tmp_path)
+    edited = json.loads(json.dumps(config))
+    edited["randomized"] = False
+    (tmp_path / "config.json").write_text(json.dumps(edited))
+    with pytest.raises(ValueError, match="`randomized` is False but fit.randomized is True"):
+        ConformalPredictor.from_pretrained(tmp_path)
+
+
+def test_missing_calibrator_folder_and_junk_are_named(data, tmp_path):
+    """Item 11: a deleted calibrator/ said "Expected argument `subfolder`..."; junk in a predictor's folder said
+    "Expected a calibrator checkpoint"."""
+    z, y, _, _ = data
+    ConformalPredictor("thr").fit(z, y, calibrator=TemperatureScaling()).save_pretrained(tmp_path / "saved")
+    shutil.rmtree(tmp_path / "saved" / "calibrator")
+    with pytest.raises(ValueError, match=r"temperature_scaling calibrator in '.*saved/calibrator', but that folder is missing"):
+        ConformalPredictor.from_pretrained(tmp_path / "saved")
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"Expected a conformal predictor checkpoint with a config.json in '.*junk', but there is none \(it holds notes.txt\)"):
+        ConformalPredictor.from_pretrained(junk)

@@ -14,7 +14,7 @@ from hf_calibration.calibrators import TemperatureScaling
 from hf_calibration.conformal import ConformalPredictor
 
 
-def _pipeline(name="vit", **kwargs):
+def _pipeline(name="vit", pixels=False, **kwargs):
     from PIL import Image
     from transformers import ViTImageProcessor, pipeline
 
@@ -23,9 +23,10 @@ def _pipeline(name="vit", **kwargs):
     x, _ = digits(slice(0, 6))
     images = [Image.fromarray((255 * x[i, 0].numpy()).astype(np.uint8)).convert("RGB") for i in range(6)]
     pipe = pipeline("image-classification", model=model, image_processor=processor, device="cpu", **kwargs)
+    pixel_values = processor(images, return_tensors="pt")["pixel_values"]
     with torch.no_grad():  # the model's own logits on the processed images, computed without the pipeline
-        logits = model(pixel_values=processor(images, return_tensors="pt")["pixel_values"]).logits
-    return pipe, images, logits
+        logits = model(pixel_values=pixel_values).logits
+    return (pipe, images, logits, pixel_values) if pixels else (pipe, images, logits)
 
 
 def _fit_data():
@@ -40,13 +41,12 @@ def _predictor(method="raps", **kwargs):
 
 @pytest.mark.parametrize("name", ["vit", "resnet"])
 def test_results_carry_the_prediction_set(name):
-    pipe, images, logits = _pipeline(name)
+    pipe, images, logits, pixel_values = _pipeline(name, pixels=True)
     plain = pipe(images, top_k=3)
     predictor = _predictor()
     assert predictor.attach(pipe) is pipe
     results = pipe(images, top_k=3)
-    predictor.fit(*_fit_data(), alpha=0.4)  # restarts the prediction stream: the same draws as the pipeline's call
-    expected = predictor.predict_sets(logits)
+    expected = predictor.predict_sets(logits, draws_from=pixel_values)  # each image's draw comes from its pixels
     labels = pipe.model.config.id2label
     for i, rows in enumerate(results):
         got = {r["label"] for r in rows if r["in_set"]}
@@ -111,3 +111,73 @@ def test_attach_refusals():
     predictor.detach()
     with pytest.raises(RuntimeError, match="not attached"):
         predictor.detach()
+
+
+def _draws_by_hand(pixel_values: torch.Tensor, seed: int) -> np.ndarray:
+    """Each image's draw: the first 53 bits of the keyed BLAKE2b hash of its float32 pixel bytes (hashlib directly)."""
+    import hashlib
+
+    key = seed.to_bytes(8, "little")
+    return np.array([(int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=8, key=key).digest(), "little") >> 11) / 2**53
+                     for row in pixel_values])
+
+
+@pytest.mark.parametrize("method", ["aps", "raps"])
+def test_one_image_gets_one_set_alone_in_a_batch_and_call_after_call(method):
+    """Issue 29 item 6: randomised sets drawn from the predictor's stream gave 3-6 of 20 images another set on the
+    next call; by default the draw is derived from the image, so the same image gets the same set every time."""
+    from hf_calibration.conformal.scores import conformity_scores, sets_from_scores
+
+    pipe, images, logits, pixel_values = _pipeline(pixels=True)
+    batched, _, _ = _pipeline(batch_size=4)
+    predictor = _predictor(method, seed=5)
+    predictor.attach(pipe)
+    other = _predictor(method, seed=5)
+    other.attach(batched)
+
+    def sets(results):
+        return [{r["label"] for r in rows if r["in_set"]} for rows in results]
+
+    first, second = sets(pipe(images, top_k=1)), sets(pipe(images, top_k=1))
+    alone = [sets([pipe(image, top_k=1)])[0] for image in images]
+    assert first == second == alone == sets(batched(images, top_k=1))
+    # the sets are those of the randomised score with the hand-hashed draws (an independent computation)
+    u = torch.from_numpy(_draws_by_hand(pixel_values, seed=5))
+    params = predictor._params()
+    expected = sets_from_scores(conformity_scores(torch.softmax(logits.double(), 1), method, u, **params),
+                                float(predictor.q_hat), allow_empty=True)
+    labels = pipe.model.config.id2label
+    assert first == [{labels[k] for k in np.flatnonzero(row.numpy())} for row in expected]
+    predictor.detach()
+    other.detach()
+
+
+def test_stream_draws_stay_available_on_request():
+    pipe, images, logits = _pipeline()
+    predictor = _predictor("aps", seed=5)
+    predictor.attach(pipe, draws="stream")
+    results = pipe(images, top_k=1)
+    predictor.fit(*_fit_data(), alpha=0.4)  # restarts the stream: the same draws as the pipeline's first call
+    expected = predictor.predict_sets(logits)
+    labels = pipe.model.config.id2label
+    assert [{r["label"] for r in rows if r["in_set"]} for rows in results] == [{labels[k] for k in np.flatnonzero(row.numpy())} for row in expected]
+    predictor.detach()
+    with pytest.raises(ValueError, match="`draws`"):
+        predictor.attach(pipe, draws="hash")
+
+
+def test_no_calibrator_notice_for_an_identity_calibrator(caplog):
+    """Issue 29 item 14: a calibrator that leaves the model as it is (T = 1, chosen when nothing helped) changes no
+    score, so attaching the predictor says nothing about it."""
+    from hf_calibration.calibrators.selection import identity_calibrator
+
+    pipe, _, _ = _pipeline()
+    z, y = _fit_data()
+    with pytest.warns(UserWarning, match="left as it is"):
+        identity = identity_calibrator(z, y, None, "left as it is", who="test")
+    assert identity.is_identity and identity.fitted_temperature == 1.0
+    identity.attach(pipe.model)
+    with caplog.at_level(logging.WARNING, logger="hf_calibration"):
+        _predictor("thr").attach(pipe)
+    assert "calibrator is attached" not in caplog.text
+    identity.detach()

@@ -228,3 +228,63 @@ def test_bad_constructor_arguments():
         ConformalPredictor("raps", tune_fraction=1.0)
     with pytest.raises(TypeError, match="`allow_empty`"):
         ConformalPredictor("aps", allow_empty="no")
+
+
+# ----------------------------------------------------------------------------- issue 29 (fourth sweep)
+
+
+def test_the_input_kind_of_the_fit_is_used_not_detected_per_call():
+    """Item 3: a single logits row that happens to look like probabilities ([0.5078, 0.4828], summing to 0.9906) was
+    taken for probabilities alone and for logits in a batch; the predictor now uses what it was fitted on."""
+    z, y = synthetic(400, 2, seed=3)
+    predictor = ConformalPredictor("thr", allow_empty=True).fit(z, y, alpha=0.1)
+    predictor.q_hat.fill_(0.509)  # a threshold between the two readings: 1 - q = 0.491 lies in (0.4874, 0.4938)
+    row = np.array([[0.5078, 0.4828]], dtype=np.float32)
+    batch = np.concatenate([row, z[:5]])
+    q = float(predictor.q_hat)
+    expected = softmax(row.astype(np.float64), axis=1) >= 1 - q  # the row as logits, by scipy
+    with pytest.warns(UserWarning, match="fitted on logits: they are treated as logits"):
+        alone = predictor.predict_sets(row)
+    assert np.array_equal(alone, expected) and np.array_equal(predictor.predict_sets(batch)[:1], expected)
+    assert expected.sum() == 2  # both classes: the set a batch gave before, {0} alone (the row read as probabilities)
+    assert (softmax(np.log(row.astype(np.float64)), axis=1) >= 1 - q).sum() == 1
+    assert np.array_equal(predictor.predict_sets(row, from_logits=False), softmax(np.log(row.astype(np.float64)), axis=1) >= 1 - q)
+
+
+def test_predict_sets_takes_lists_as_fit_does(data):
+    """Item 11: ``fit`` took nested lists, ``predict_sets`` refused them."""
+    z, y, zt, _ = data
+    predictor = ConformalPredictor("thr").fit(z.tolist(), y.tolist())
+    got = predictor.predict_sets(zt[:5].tolist())
+    assert isinstance(got, np.ndarray) and np.array_equal(got, predictor.predict_sets(zt[:5].astype(np.float64)))
+    with pytest.raises(TypeError, match="`logits`"):
+        predictor.predict_sets([[0.1, 0.2], [0.3]])
+
+
+def test_ties_at_the_threshold_are_counted_and_the_ceiling_is_not_claimed():
+    """Item 5: non-randomised APS at K = 2 gives every image's second class the score 1 (the whole mass), so scores
+    tie at q_hat = 1 and coverage exceeds 1 - alpha + 1/(n+1); the fit counts the ties and the card says so."""
+    from hf_calibration.conformal.card import card_values
+
+    def weak(n, seed):  # ~75 % accurate: more than alpha of the labels rank second
+        rng = np.random.default_rng(seed)
+        labels = rng.integers(0, 2, n)
+        return (rng.normal(size=(n, 2)) + 1.0 * np.eye(2)[labels]).astype(np.float32), labels
+
+    z, y = weak(1000, 4)
+    zt, yt = weak(20000, 5)
+    p = softmax(z.astype(np.float64), axis=1)
+    top = p.max(axis=1)
+    label_scores = np.where(p.argmax(axis=1) == y, top, 1.0)  # cumulative mass up to the label's rank, by hand
+    with pytest.warns(UserWarning, match="tie at the threshold"):
+        predictor = ConformalPredictor("aps", randomized=False, allow_empty=True).fit(z, y, alpha=0.1)
+    q = float(predictor.q_hat)
+    assert q == 1.0 == _kth(label_scores, 0.1)
+    assert predictor.fit_info_["ties_at_threshold"] == int((label_scores == 1.0).sum()) > 1
+    covered = predictor.evaluate(zt, yt)["coverage"]
+    assert covered > 0.9 + 1 / 1001 + 0.02  # above the ceiling: it does not hold with ties
+    guarantee = card_values(predictor)["guarantee"]
+    assert "does not hold here" in guarantee and f"{predictor.fit_info_['ties_at_threshold']} calibration scores tie" in guarantee
+    randomised = ConformalPredictor("aps", allow_empty=True, seed=1).fit(z, y, alpha=0.1)
+    assert randomised.fit_info_["ties_at_threshold"] == 1 and "at most 1 - alpha + 1/(n+1)" in card_values(randomised)["guarantee"]
+    assert randomised.evaluate(zt, yt)["coverage"] <= 0.9 + 1 / 1001 + 0.01

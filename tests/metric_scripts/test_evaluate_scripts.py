@@ -273,3 +273,28 @@ def test_inside_trainer_batch_eval_metrics(tmp_path) -> None:
     expected = calibration_report(logits, labels)
     for key in ("ece", "adaece", "smce", "nll"):
         assert result[f"eval_{key}"] == pytest.approx(expected[key], abs=1e-6), key
+
+
+def test_scripts_take_multilabel_and_binary_heads(tmp_path, monkeypatch):
+    """ece / adaece / calibration on a multi-label head (lists of 0/1 labels) and a binary one (one score each):
+    the library's values, read from the shapes or named by task= / the configuration name."""
+    import evaluate
+    import numpy as np
+
+    from hf_calibration import metric_path
+    from hf_calibration.metrics import adaece, calibration_report, ece
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    rng = np.random.default_rng(0)
+    y = (rng.random((200, 3)) < 0.4).astype(np.int64)
+    z = (3.0 * (2 * y - 1) + 2.0 * rng.normal(size=y.shape)).astype(np.float32)
+    got = evaluate.load(metric_path("ece")).compute(predictions=z.tolist(), references=y.tolist())
+    assert got["ece"] == pytest.approx(ece(z, y), rel=1e-9)
+    got = evaluate.load(metric_path("adaece"), "multilabel").compute(predictions=z.tolist(), references=y.tolist())
+    assert got["adaece"] == pytest.approx(adaece(z, y), rel=1e-9)
+    got = evaluate.load(metric_path("calibration")).compute(predictions=z.tolist(), references=y.tolist())
+    report = calibration_report(z, y)
+    assert any(v == pytest.approx(float(report.macro["nll"])) for k, v in got.items() if k.endswith("nll"))
+    assert any(k.endswith("ece_micro") for k in got)
+    binary = evaluate.load(metric_path("ece")).compute(predictions=z[:, 0].tolist(), references=y[:, 0].tolist(), task="binary")
+    assert binary["ece"] == pytest.approx(ece(z[:, 0], y[:, 0]), rel=1e-9)

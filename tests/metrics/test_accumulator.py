@@ -4,6 +4,7 @@ torchmetrics, netcal, relplot and an LP solver), merge / state_dict / reset, bad
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -362,6 +363,17 @@ def test_even_batches_padding_by_hand(monkeypatch):
     _assert_report(acc.compute(), calibration_report(logits[:47], labels[:47]))
     with pytest.warns(UserWarning, match="cannot be matched to the DataLoader's batches"):
         CalibrationAccumulator().update(logits[:49], labels[:49])
+    # issue 29 item 14: on a process whose last batch holds no repeat (rank 0 here), rows fed in slices (a manual loop
+    # over contiguous shards of the batch) are all true ones: kept, and no false "counted twice" warning
+    fake_state(rank=0)
+    assert even_batches_padding(20) == 0 and even_batches_padding(30) == 0
+    pieces = CalibrationAccumulator(confidence_dtype="float64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for start in range(0, 50, 20):
+            pieces.update(logits[start:start + 20], labels[start:start + 20])
+    _assert_report(pieces.compute(), calibration_report(logits, labels))
+    fake_state(rank=1)
     trainer_side = CalibrationAccumulator(confidence_dtype="float64")  # gathered and trimmed by the Trainer: kept whole
     from transformers import EvalPrediction
 
@@ -397,7 +409,8 @@ def test_intervals_equal_the_batch_reports(as_torch, tmp_path):
     first.update(logits[:900], labels[:900])
     second.update(logits[900:], labels[900:])
     assert first.merge(second).compute().brier.low == pytest.approx(got.brier.low, abs=1e-12)
-    with pytest.raises(ValueError, match="_boot"):
+    # issue 29 item 11: the message named the private attribute ("_boot = Bootstrap(...)"), now the arguments
+    with pytest.raises(ValueError, match=r"same bootstrap settings, ci=0.9, n_boot=150, seed=1, but got no interval \(ci=None\)"):
         CalibrationAccumulator(**kwargs).merge(CalibrationAccumulator(confidence_dtype="float64"))
 
 

@@ -238,3 +238,20 @@ def test_intervals_cover_the_true_values_at_their_level():
             hits[name] += value.low <= truth[name] <= value.high
     coverage = {name: hit / draws for name, hit in hits.items()}
     assert min(coverage.values()) >= 0.93, coverage
+
+
+def test_bootstrap_requests_are_checked_like_every_other_argument():
+    """Issue 29 item 15: ``n_boot`` without ``ci`` was ignored silently; seeds >= 2**64, which every other seed of the
+    package refuses, were taken; a float32 ``ci`` was stored as 0.949999988079071."""
+    from hf_calibration.metrics import ece
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 200)
+    z = rng.normal(size=(200, 3)) + 2 * np.eye(3)[y]
+    with pytest.raises(ValueError, match="`ci`.*since `n_boot` is given"):
+        ece(z, y, n_boot=500)
+    with pytest.raises(ValueError, match=r"`seed` to be an integer in \[0, 2\*\*64 - 1\]"):
+        ece(z, y, ci=0.95, seed=2**64)
+    value = ece(z, y, ci=np.float32(0.95), n_boot=50)
+    assert value.level == 0.95 and repr(value.level) == "0.95"
+    assert check_bootstrap(np.float32(0.9), None, 0).level == 0.9 and check_bootstrap(None, None, 2**64 - 1) is None

@@ -365,6 +365,7 @@ def test_every_diagram_draws(case, layout):
     import matplotlib.pyplot as plt
 
     logits, target, n_bins = case
+    # at most one group per sample: two groups of one sample are refused, rightly (seen with N = 1)
     kwargs = {"single": {}, "pair": {"calibrated": logits / 3}, "margin_groups": {"margin_groups": min(2, len(target))}}[layout]
     fig = reliability_diagram(logits, target, n_bins, n_boot=50, from_logits=True, **kwargs)
     try:
@@ -383,3 +384,14 @@ def test_wilson_interval_of_an_all_right_or_all_wrong_bin_is_exact(count, correc
     P = np.tile([[0.9, 0.1]], (count, 1))
     fig = reliability_diagram(P, np.full(count, 1 - correct), n_boot=50)  # the issue's example crashed here
     fig.canvas.draw()
+
+
+def test_calibrated_with_another_k_blames_calibrated():
+    """Issue 29 item 11: a ``calibrated=`` array with another K blamed ``target``, and was accepted when the labels
+    happened to fit its K."""
+    rng = np.random.default_rng(0)
+    target = rng.integers(0, 3, 60)
+    logits = rng.normal(size=(60, 5))
+    for other in (rng.normal(size=(60, 3)), rng.normal(size=(60, 4)), rng.normal(size=(59, 5))):
+        with pytest.raises(ValueError, match=r"`calibrated` to have the shape of `preds` \(60, 5\)"):
+            reliability_diagram(logits, target, calibrated=other)

@@ -121,6 +121,7 @@ def test_onnx_and_the_handler_serve_the_pipelines_probabilities_and_sets(fine_tu
 
     from hf_calibration import export_onnx, pipeline
     from hf_calibration.conformal import ConformalPredictor
+    from hf_calibration.conformal.draws import input_draws
 
     images = splits().test_images[:40]
     path = tmp_path / "vit-digits.onnx"
@@ -128,10 +129,10 @@ def test_onnx_and_the_handler_serve_the_pipelines_probabilities_and_sets(fine_tu
     assert result["outputs"] == ["logits", "probabilities", "prediction_set"] and result["inputs"] == ["pixel_values", "u"]
 
     pipe = pipeline("image-classification", model=str(fine_tuned), top_k=10)
-    expected = pipe(images)  # one image per forward: one uniform draw each, from the predictor's stream
-    predictor = ConformalPredictor.from_pretrained(fine_tuned / "conformal")  # a fresh stream, as the pipeline's was
-    u = torch.cat([predictor.draw_uniforms(1) for _ in images])
+    expected = pipe(images)  # one uniform draw per image, derived from its pixel values (draws="input", the default)
+    predictor = ConformalPredictor.from_pretrained(fine_tuned / "conformal")
     pixel_values = processor()(images=images, return_tensors="np")["pixel_values"]
+    u = input_draws(pixel_values, predictor.seed)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     _, probabilities, sets = session.run(None, {"pixel_values": pixel_values, "u": u.numpy()})
     labels = pipe.model.config.id2label
@@ -145,7 +146,7 @@ def test_onnx_and_the_handler_serve_the_pipelines_probabilities_and_sets(fine_tu
 
     answers = _serve(fine_tuned, images[:5], tmp_path)  # the handler, in its own process: the pipeline's answers
     assert answers["handler"] == answers["pipeline"]
-    for i, rows in enumerate(answers["handler"]["bytes"]):  # and ONNX's (its first requests: the first draws, the same u)
+    for i, rows in enumerate(answers["handler"]["bytes"]):  # and ONNX's (the same images: the same u)
         for row in rows:
             k = int(pipe.model.config.label2id[row["label"]])
             assert abs(row["score"] - float(probabilities[i, k])) <= 1e-5 and row["in_set"] == bool(sets[i, k])

@@ -30,6 +30,9 @@ Args:
         (adaece_ci_low, adaece_ci_high), resampling the examples.
     n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000).
     seed (`int`, defaults to 0): seed of the resamples.
+    task (`str` or `None`, defaults to `None`): "multiclass", "binary" or "multilabel" (also the configuration name,
+        `evaluate.load(path, "multilabel")`); None reads it from the shapes: lists of 0/1 labels are multi-label (macro
+        average over labels), one score per example is binary (its probability against the 0/1 label).
 
 Returns:
     adaece (`float`): adaptive calibration error, a fraction in [0, 1].
@@ -61,6 +64,13 @@ _CITATION = """
 """
 
 
+def _task(metric, task):
+    """``task`` given to compute, else the configuration name when it names one (``evaluate.load(path, "multilabel")``)."""
+    if task is None and metric.config_name in ("multiclass", "binary", "multilabel"):
+        return metric.config_name
+    return task
+
+
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class AdaECE(evaluate.Metric):
     def _info(self):
@@ -68,13 +78,17 @@ class AdaECE(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}
-            ),
+            features=[  # multi-class (K scores, a class index), multi-label (L scores, L 0/1 labels), binary (one score)
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}),
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")),
+                                   "references": datasets.Sequence(datasets.Value("int64"))}),
+                datasets.Features({"predictions": datasets.Value("float32"), "references": datasets.Value("int64")}),
+            ],
             reference_urls=["https://arxiv.org/abs/2002.09437"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0, task=None):
         preds = np.asarray(predictions, dtype=np.float32)
-        value = adaece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
+        value = adaece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot,
+                      seed=seed, task=_task(self, task))
         return flat_intervals({"adaece": value})

@@ -29,6 +29,9 @@ Args:
         (calibration_<metric>_ci_low, calibration_<metric>_ci_high), resampling the examples.
     n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000; 200 for smCE and smECE).
     seed (`int`, defaults to 0): seed of the resamples.
+    task (`str` or `None`, defaults to `None`): "multiclass", "binary" or "multilabel" (also the configuration name,
+        `evaluate.load(path, "multilabel")`); None reads it from the shapes: lists of 0/1 labels are multi-label (macro
+        average over labels), one score per example is binary (its probability against the 0/1 label).
 
 Returns:
     Every key starts with `calibration_`, so the report combines cleanly with the single metrics
@@ -72,6 +75,13 @@ _CITATION = """
 """
 
 
+def _task(metric, task):
+    """``task`` given to compute, else the configuration name when it names one (``evaluate.load(path, "multilabel")``)."""
+    if task is None and metric.config_name in ("multiclass", "binary", "multilabel"):
+        return metric.config_name
+    return task
+
+
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Calibration(evaluate.Metric):
     def _info(self):
@@ -79,14 +89,20 @@ class Calibration(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}
-            ),
+            features=[  # multi-class (K scores, a class index), multi-label (L scores, L 0/1 labels), binary (one score)
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}),
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")),
+                                   "references": datasets.Sequence(datasets.Value("int64"))}),
+                datasets.Features({"predictions": datasets.Value("float32"), "references": datasets.Value("int64")}),
+            ],
             reference_urls=["https://arxiv.org/abs/1706.04599", "https://arxiv.org/abs/2211.16886"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0, task=None):
         preds = np.asarray(predictions, dtype=np.float32)
         report = calibration_report(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits,
-                                    ci=ci, n_boot=n_boot, seed=seed)
+                                    ci=ci, n_boot=n_boot, seed=seed, task=_task(self, task))
+        if hasattr(report, "micro"):  # a binary / multi-label head: macro values, and the pooled ones as <metric>_micro
+            values = {**report.macro, **{f"{key}_micro": value for key, value in report.micro.items()}}
+            return flat_intervals({f"{KEY_PREFIX}{key}": value for key, value in values.items()})
         return flat_intervals({f"{KEY_PREFIX}{key}": value for key, value in report.items()})

@@ -29,6 +29,9 @@ Args:
         (ece_ci_low, ece_ci_high), resampling the examples.
     n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000).
     seed (`int`, defaults to 0): seed of the resamples.
+    task (`str` or `None`, defaults to `None`): "multiclass", "binary" or "multilabel" (also the configuration name,
+        `evaluate.load(path, "multilabel")`); None reads it from the shapes: lists of 0/1 labels are multi-label (macro
+        average over labels), one score per example is binary (its probability against the 0/1 label).
 
 Returns:
     ece (`float`): expected calibration error, a fraction in [0, 1] (multiply by 100 for the papers' percent).
@@ -61,6 +64,13 @@ _CITATION = """
 """
 
 
+def _task(metric, task):
+    """``task`` given to compute, else the configuration name when it names one (``evaluate.load(path, "multilabel")``)."""
+    if task is None and metric.config_name in ("multiclass", "binary", "multilabel"):
+        return metric.config_name
+    return task
+
+
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class ECE(evaluate.Metric):
     def _info(self):
@@ -68,13 +78,17 @@ class ECE(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}
-            ),
+            features=[  # multi-class (K scores, a class index), multi-label (L scores, L 0/1 labels), binary (one score)
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}),
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")),
+                                   "references": datasets.Sequence(datasets.Value("int64"))}),
+                datasets.Features({"predictions": datasets.Value("float32"), "references": datasets.Value("int64")}),
+            ],
             reference_urls=["https://arxiv.org/abs/1706.04599"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0):
+    def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0, task=None):
         preds = np.asarray(predictions, dtype=np.float32)
-        value = ece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
+        value = ece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot,
+                      seed=seed, task=_task(self, task))
         return flat_intervals({"ece": value})

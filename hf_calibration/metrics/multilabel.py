@@ -1,0 +1,614 @@
+"""Calibration metrics of sigmoid heads: binary (one probability per sample) and multi-label (one per label).
+
+A sigmoid head's score for label ``l`` is the probability ``p_il = sigmoid(z_il)`` that label ``l`` is present. Each
+label is a binary problem, and its metrics are those of torchmetrics' ``BinaryCalibrationError``: the "confidence" is
+``p`` itself and the "accuracy" the label ``y`` (Naeini et al. 2015; Kumar et al. 2019), with the bins of
+:func:`hf_calibration.metrics.ece` (``lo < p <= hi``, ``p = 0`` in the first bin, ``p = 1`` in the last)::
+
+    ECE   = sum_b |B_b|/N |mean_b(y) - mean_b(p)|          (norm "l1")
+    RMSCE = sqrt(sum_b |B_b|/N (mean_b(y) - mean_b(p))^2)  (norm "l2")
+    MCE   = max_{b: |B_b| > 0} |mean_b(y) - mean_b(p)|     (norm "max")
+
+AdaECE uses equal-mass bins of ``p`` (:mod:`hf_calibration.metrics.adaptive`), Brier is ``mean (p - y)^2``
+(scikit-learn's ``brier_score_loss``: for a binary problem, half the two-class multiclass Brier score) and NLL the
+binary cross-entropy ``-mean [y log p + (1 - y) log(1 - p)]``, computed from logits as ``softplus`` so that any finite
+logit gives a finite loss. Accuracy thresholds ``p`` at 0.5 (``z > 0``).
+
+Multi-label metrics are per label, then averaged: ``average="macro"`` (default) is the mean over labels of each
+label's metric; ``"micro"`` pools every (sample, label) pair into one binary problem; ``"none"`` returns the per-label
+values. Binary is the one-label case. Inputs: ``(N,)``, ``(N, 1)`` or, for a binary head with two softmax logits,
+``(N, 2)`` scores (then ``p = softmax(z)_1``, the log-odds ``z_1 - z_0``) with ``(N,)`` 0/1 labels; multi-label
+``(N, L)`` scores with ``(N, L)`` 0/1 labels. Labels equal to ``ignore_index`` (-100) are left out element by element.
+``from_logits=None`` detects probabilities as torchmetrics does for these tasks: every value in [0, 1] is a
+probability (two-column binary scores: rows summing to 1, the multi-class rule).
+
+Intervals (``ci=``): the samples (images) are resampled, every label of a sample together, so the macro and pooled
+values and each label's get one paired set of resamples; the same :class:`~hf_calibration.metrics.bootstrap.Bootstrap`
+as every other metric (its interval method included).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from .._checks import IGNORE_INDEX, check_choice, to_numpy
+from ..tasks import check_shapes_for_task
+from .adaptive import _adaece_compute, _adaece_statistic
+from .binning import _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index
+from .bootstrap import Bootstrap, MetricInterval, check_bootstrap, reframed, segment_sums
+from .ece import _ece_split_compute
+
+__all__ = [
+    "AVERAGES",
+    "SigmoidCalibrationReport",
+    "SigmoidInputs",
+    "prepare_sigmoid",
+    "sigmoid_calibration_report",
+    "sigmoid_metric",
+]
+
+AVERAGES = ("macro", "micro", "none")
+NORMS = ("l1", "l2", "max")
+
+
+class SigmoidInputs(NamedTuple):
+    """Validated sigmoid-head inputs, ``(N, L)`` (binary: ``L = 1``); ignored elements masked out."""
+
+    probs: np.ndarray  # (N, L) float64, p = P(label present)
+    log_p: np.ndarray  # (N, L) float64, log p
+    log_q: np.ndarray  # (N, L) float64, log(1 - p)
+    target: np.ndarray  # (N, L) float64 in {0, 1} (0 where masked)
+    mask: np.ndarray  # (N, L) bool, kept elements
+    task: str
+    from_logits: bool
+
+    @property
+    def num_labels(self) -> int:
+        return self.probs.shape[1]
+
+    @property
+    def full(self) -> bool:
+        """Whether every element is kept (no ignored label)."""
+        return bool(self.mask.all())
+
+    def label(self, l: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(p, y)`` of label ``l``'s kept samples."""
+        keep = self.mask[:, l]
+        return self.probs[keep, l], self.target[keep, l]
+
+    def pooled(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(p, y)`` of every kept (sample, label) pair."""
+        return self.probs[self.mask], self.target[self.mask]
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+
+def _check_from_logits(from_logits: Any) -> None:
+    if from_logits is not None and not isinstance(from_logits, bool):
+        raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
+
+
+def _check_finite(x: np.ndarray, name: str) -> None:
+    finite = np.isfinite(x).reshape(x.shape[0], -1).all(axis=1)
+    if not finite.all():
+        raise ValueError(f"Expected `{name}` to be finite, but row {int(np.flatnonzero(~finite)[0])} contains NaN or inf.")
+
+
+def _binary_labels(target: np.ndarray, ignore_index: int | None, name: str, hint: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """0/1 labels (any int, bool or float dtype holding 0 and 1) and the kept mask; anything else is a ValueError
+    (``hint``: what to say about the other reading of the arrays)."""
+    if target.dtype == bool:
+        return target.astype(np.float64), np.ones(target.shape, dtype=bool)
+    if target.dtype.kind not in "iuf":
+        raise TypeError(f"Expected `{name}` to hold 0/1 labels (integers, booleans or floats), but got dtype {target.dtype}.")
+    mask = np.ones(target.shape, dtype=bool) if ignore_index is None else target != ignore_index
+    kept = target[mask]
+    bad = (kept != 0) & (kept != 1)
+    if bad.any():
+        value = kept[bad][0]
+        raise ValueError(f"Expected `{name}` to hold 0/1 labels" + (f" (or {ignore_index}, ignored)" if ignore_index is not None else "")
+                         + f" for a binary / multi-label head, but found {value!r}." + (hint or " Class indices of a "
+                         "multi-class problem are task='multiclass'."))
+    return np.where(mask, target, 0).astype(np.float64), mask
+
+
+def prepare_sigmoid(
+    preds: Any,
+    target: Any,
+    *,
+    task: str,
+    from_logits: bool | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
+    preds_name: str = "preds",
+    target_name: str = "target",
+) -> SigmoidInputs:
+    """Check and convert binary / multi-label inputs (module docstring) to :class:`SigmoidInputs`, in float64."""
+    from .._checks import looks_like_probabilities, resolve_from_logits
+
+    _check_from_logits(from_logits)
+    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
+        raise TypeError(f"Expected argument `ignore_index` to be an integer or None, but got {ignore_index!r}.")
+    preds = to_numpy(preds, preds_name)
+    target = to_numpy(target, target_name)
+    check_shapes_for_task(task, preds, target)
+    if preds.dtype.kind != "f":
+        raise TypeError(f"Expected `{preds_name}` to be a floating array, but got {preds.dtype}.")
+    if preds.ndim == 0 or preds.shape[0] == 0:
+        raise ValueError(f"Expected `{preds_name}` to be non-empty, but got shape {tuple(preds.shape)}.")
+    two_softmax = task == "binary" and preds.ndim == 2 and preds.shape[1] == 2
+    if task == "binary":
+        target = target.reshape(-1) if target.ndim == 2 else target
+        if target.ndim != 1:
+            raise ValueError(f"Expected `{target_name}` to have shape (N,) for a binary head, but got shape {tuple(target.shape)}.")
+    if target.shape[0] != preds.shape[0]:
+        raise ValueError(f"Expected `{preds_name}` and `{target_name}` to have the same number of samples, but got "
+                         f"{preds.shape[0]} and {target.shape[0]}.")
+    if task == "multilabel" and preds.shape != target.shape:
+        raise ValueError(f"Expected `{preds_name}` and `{target_name}` to have the same shape (N, L) for a multi-label head, "
+                         f"but got {tuple(preds.shape)} and {tuple(target.shape)}.")
+    hint = ""
+    if task == "binary" and not two_softmax:
+        hint = (f" For class indices, expected `{preds_name}` to have shape (N, K) with K >= 2 (a multi-class head), but got "
+                f"shape {tuple(preds.shape)}: one score per sample is a binary head.")
+    y, mask = _binary_labels(target, ignore_index, target_name, hint)
+    if y.ndim == 1:
+        y, mask = y[:, None], mask[:, None]
+    z = preds.astype(np.float64, copy=False)
+    if task == "binary" and not mask.all():  # one label a sample: an ignored sample is dropped, as the multi-class path does
+        keep = mask[:, 0]
+        z, y, mask = z[keep], y[keep], mask[keep]
+    _check_finite(z, preds_name)
+    if two_softmax:  # a binary head of two softmax logits (or probabilities): the positive class is column 1
+        is_logits = resolve_from_logits(z, from_logits, preds_name)
+        if is_logits:
+            z = (z[:, 1] - z[:, 0])[:, None]
+        else:
+            _check_probabilities(z, preds_name, rows=True)
+            z = z[:, 1:2]
+    else:
+        z = z.reshape(z.shape[0], -1)
+        kept = z[mask]
+        in_box = kept.size > 0 and bool(((kept >= 0) & (kept <= 1)).all())
+        is_logits = (not in_box) if from_logits is None else from_logits
+        if not is_logits:
+            _check_probabilities(z[mask], preds_name)
+    if not mask.any():
+        raise ValueError(f"Expected at least one label in `{target_name}` that is not ignore_index={ignore_index}.")
+    if is_logits:
+        log_p, log_q = -np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)  # log sigmoid(z), log sigmoid(-z): finite
+        probs = np.exp(log_p)
+    else:
+        probs = np.clip(z, 0.0, 1.0)
+        with np.errstate(divide="ignore"):
+            log_p, log_q = np.log(probs), np.log1p(-probs)
+    return SigmoidInputs(probs, log_p, log_q, y, mask, task, bool(is_logits))
+
+
+def _check_probabilities(p: np.ndarray, name: str, rows: bool = False) -> None:
+    if p.size and (p.min() < 0 or p.max() > 1):
+        raise ValueError(f"Expected `{name}` to hold probabilities in [0, 1] (from_logits=False), but found values in "
+                         f"[{p.min():.4g}, {p.max():.4g}].")
+    if rows:
+        from .._checks import PROBABILITY_DETECTION_TOLERANCE
+
+        off = np.abs(p.sum(axis=1) - 1.0)
+        if off.max() > PROBABILITY_DETECTION_TOLERANCE:
+            bad = int(np.argmax(off))
+            raise ValueError(f"Expected each row of `{name}` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} "
+                             f"(from_logits=False), but row {bad} sums to {p[bad].sum():.6g}.")
+
+
+# ----------------------------------------------------------------------------------------------- point values
+
+
+def _binned(p: np.ndarray, y: np.ndarray, n_bins: int, norm: str) -> float:
+    """Binary ECE (l1), RMSCE (l2) or MCE (max) of probabilities ``p`` against 0/1 labels ``y``."""
+    sums = _bin_sums(_uniform_bin_index(p, n_bins), p, y, n_bins)
+    return _binned_from_sums(sums.count, sums.confidence, sums.accuracy, norm)
+
+
+def _binned_from_sums(count, conf_sum, hit_sum, norm: str):
+    """The binned error from per-bin count / sum of p / sum of y (last axis: bins); any leading axes (resamples)."""
+    count = np.asarray(count, dtype=np.float64)
+    total = count.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if norm == "l1":
+            return np.abs(conf_sum - hit_sum).sum(axis=-1) / total
+        gap = np.where(count > 0, (conf_sum - hit_sum) / np.where(count > 0, count, 1.0), 0.0)
+        if norm == "l2":
+            return np.sqrt((count * gap * gap).sum(axis=-1) / total)
+        return np.abs(gap).max(axis=-1)
+
+
+_POINT: dict[str, Callable[..., float]] = {
+    "ece": lambda p, y, nb, lp, lq: float(_binned(p, y, nb, "l1")),
+    "rmsce": lambda p, y, nb, lp, lq: float(_binned(p, y, nb, "l2")),
+    "mce": lambda p, y, nb, lp, lq: float(_binned(p, y, nb, "max")),
+    "adaece": lambda p, y, nb, lp, lq: _adaece_compute(p, y, nb),
+    "o_ece": lambda p, y, nb, lp, lq: _ece_split_compute(p, y, nb).over,
+    "u_ece": lambda p, y, nb, lp, lq: _ece_split_compute(p, y, nb).under,
+    "accuracy": lambda p, y, nb, lp, lq: float(((p > 0.5) == (y > 0.5)).mean()),
+    "brier": lambda p, y, nb, lp, lq: float(((p - y) ** 2).mean()),
+    "nll": lambda p, y, nb, lp, lq: float(-(np.where(y > 0.5, lp, lq)).mean()),
+}
+
+
+def _smooth(name: str):
+    def compute(p, y, nb, lp, lq):
+        from . import smooth
+
+        return float(smooth.smce_from_confidence(p, y) if name == "smce" else smooth.smece_from_confidence(p, y))
+
+    return compute
+
+
+_POINT["smce"], _POINT["smece"] = _smooth("smce"), _smooth("smece")
+METRICS = tuple(_POINT)
+
+
+def _label_terms(inputs: SigmoidInputs, l: int | None):
+    """``(p, y, log p, log(1 - p))`` of label ``l``'s kept samples (None: every kept pair, pooled)."""
+    if l is not None:
+        keep = inputs.mask[:, l]
+        return inputs.probs[keep, l], inputs.target[keep, l], inputs.log_p[keep, l], inputs.log_q[keep, l]
+    keep = inputs.mask
+    return inputs.probs[keep], inputs.target[keep], inputs.log_p[keep], inputs.log_q[keep]
+
+
+def _values(inputs: SigmoidInputs, name: str, n_bins: int) -> tuple[np.ndarray, float, float]:
+    """``(per-label values (L,), macro, micro)`` of metric ``name``; a label with no kept sample is NaN."""
+    per_label = np.full(inputs.num_labels, np.nan)
+    for l in range(inputs.num_labels):
+        p, y, lp, lq = _label_terms(inputs, l)
+        if p.size:
+            per_label[l] = _POINT[name](p, y, n_bins, lp, lq)
+    macro = float(np.nanmean(per_label))
+    if inputs.num_labels == 1:
+        micro = per_label[0]
+    else:
+        p, y, lp, lq = _label_terms(inputs, None)
+        micro = _POINT[name](p, y, n_bins, lp, lq)
+    return per_label, macro, float(micro)
+
+
+# ----------------------------------------------------------------------------------------------- resamples
+# Rows (samples) are resampled: a block of count vectors ``counts`` (B, N) in row order weights every element of row i
+# by counts[:, i]. The binned metrics of a label (or of the pool) are per-bin sums over its kept elements, contiguous
+# runs once the elements are sorted by p, so a resample's sums are ``segment_sums`` of the gathered counts: exact for
+# any ignored elements (each resample's total is what it is), O(B * elements).
+
+_GATHER_ELEMENTS = 1 << 22  # gathered counts per piece (16 MB of int32)
+
+
+def _binned_statistic(p: np.ndarray, y: np.ndarray, rows: np.ndarray, n_bins: int):
+    """``counts (B, N) -> (B, 5)``: ECE, MCE, RMSCE, O-ECE, U-ECE of the elements ``(p, y)`` of rows ``rows`` on each
+    resample, and their accuracy at threshold 0.5 (column 5)."""
+    order = np.argsort(p, kind="stable")
+    p, y, rows = p[order], y[order], rows[order]
+    index = _uniform_bin_index(p, n_bins)
+    starts = np.searchsorted(index, np.arange(n_bins + 1), side="left")
+    hits = ((p > 0.5) == (y > 0.5)).astype(np.float64)
+    columns = np.ascontiguousarray(np.stack([np.ones_like(p), p, y, hits]))
+
+    def statistic(counts: np.ndarray) -> np.ndarray:
+        out = []
+        step = max(1, _GATHER_ELEMENTS // max(1, rows.size))
+        for start in range(0, counts.shape[0], step):
+            gathered = np.ascontiguousarray(np.take(counts[start:start + step], rows, axis=1))
+            sums = segment_sums(gathered, starts, columns)  # (b, bins, [count, p, y, hit])
+            count, conf, hit = sums[..., 0], sums[..., 1], sums[..., 2]
+            total = count.sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                gap = (conf - hit) / total[:, None]
+                out.append(np.stack([
+                    np.abs(gap).sum(axis=1), _binned_from_sums(count, conf, hit, "max"), _binned_from_sums(count, conf, hit, "l2"),
+                    np.clip(gap, 0, None).sum(axis=1), np.clip(-gap, 0, None).sum(axis=1), sums[..., 3].sum(axis=1) / total,
+                ], axis=1))
+        return np.concatenate(out)
+
+    return statistic
+
+
+_BINNED_COLUMNS = {"ece": 0, "mce": 1, "rmsce": 2, "o_ece": 3, "u_ece": 4, "accuracy": 5}
+
+
+def _score_statistic(inputs: SigmoidInputs):
+    """``counts (B, N) -> (B, L, 3)``: per label, the resampled sums of the Brier terms, the NLL terms and the count."""
+    mask = inputs.mask.astype(np.float64)
+    brier = np.where(inputs.mask, (inputs.probs - inputs.target) ** 2, 0.0)
+    nll = np.where(inputs.mask, -np.where(inputs.target > 0.5, inputs.log_p, inputs.log_q), 0.0)
+    columns = np.concatenate([brier, nll, mask], axis=1)  # (N, 3L)
+    finite = np.isfinite(columns).all()
+
+    def statistic(counts: np.ndarray) -> np.ndarray:
+        c = counts.astype(np.float64)
+        if finite:
+            sums = c @ columns
+        else:  # an infinite NLL term (a probability of exactly 0 or 1 on the wrong side) counts only when drawn
+            with np.errstate(invalid="ignore"):
+                sums = np.where(c[:, :, None] > 0, c[:, :, None] * columns[None], 0.0).sum(axis=1)
+        return sums.reshape(c.shape[0], 3, -1).transpose(0, 2, 1)
+
+    return statistic
+
+
+def _smooth_or_adaptive_statistic(name: str, p: np.ndarray, y: np.ndarray, n_bins: int):
+    """AdaECE / smCE / smECE on resamples of a full column (every element kept, so a resample has N of them)."""
+    from . import smooth
+    from .bootstrap import frame
+
+    factory = {"adaece": lambda: _adaece_statistic(p, y, n_bins), "smce": lambda: smooth._smce_statistic(p, y),
+               "smece": lambda: smooth._smece_statistic(p, y)}[name]
+    return reframed(factory(), frame(p))
+
+
+def _intervals(inputs: SigmoidInputs, names: Sequence[str], n_bins: int, boot: Bootstrap,
+               smooth_boot: Bootstrap | None = None) -> dict[str, tuple[list, MetricInterval, MetricInterval]]:
+    """For each metric of ``names``: (per-label intervals, macro interval, micro interval), paired resamples. AdaECE /
+    smCE / smECE get intervals only when no element is ignored (a resample of rows then has N elements per label);
+    otherwise they are left out of the result."""
+    n, num_labels = inputs.probs.shape
+    rows_all = np.arange(n)
+    binned = [name for name in names if name in _BINNED_COLUMNS]
+    scores = [name for name in names if name in ("brier", "nll")]
+    rest = [name for name in names if name in ("adaece", "smce", "smece") and inputs.full]
+    statistics = []
+    if binned:
+        for l in range(num_labels):
+            keep = inputs.mask[:, l]
+            statistics.append(_binned_statistic(inputs.probs[keep, l], inputs.target[keep, l], rows_all[keep], n_bins))
+        if num_labels > 1:
+            rows = np.broadcast_to(rows_all[:, None], inputs.mask.shape)[inputs.mask]
+            statistics.append(_binned_statistic(*inputs.pooled(), rows, n_bins))
+    if scores:
+        statistics.append(_score_statistic(inputs))
+    replicates = boot.replicates(statistics, n) if statistics else []
+    out: dict[str, tuple[list, MetricInterval, MetricInterval]] = {}
+    values = {name: _values(inputs, name, n_bins) for name in names}
+
+    def assemble(name: str, per_label_reps: np.ndarray, micro_reps: np.ndarray, b: Bootstrap) -> None:
+        per_label, macro, micro = values[name]
+        with np.errstate(invalid="ignore"):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a label absent from a resample: NaN, left out
+                macro_reps = np.nanmean(per_label_reps, axis=1)
+        label_intervals = [float("nan") if np.isnan(v) else b.interval(float(v), per_label_reps[:, l])
+                           for l, v in enumerate(per_label)]  # NaN: a label with no kept sample
+        out[name] = (label_intervals, b.interval(macro, macro_reps), b.interval(micro, micro_reps))
+
+    if binned:
+        per = np.stack([r for r in replicates[:num_labels]], axis=1)  # (B, L, 6)
+        pooled = replicates[num_labels] if num_labels > 1 else replicates[0]
+        for name in binned:
+            column = _BINNED_COLUMNS[name]
+            assemble(name, per[:, :, column], pooled[:, column], boot)
+    if scores:
+        sums = replicates[-1]  # (B, L, 3)
+        for i, name in enumerate(("brier", "nll")):
+            if name in scores:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    per_label = sums[:, :, i] / sums[:, :, 2]
+                    micro = sums[:, :, i].sum(axis=1) / sums[:, :, 2].sum(axis=1)
+                assemble(name, per_label, micro, boot)
+    if rest:
+        b = smooth_boot or boot
+        for name in rest:
+            stats = [_smooth_or_adaptive_statistic(name, inputs.probs[:, l], inputs.target[:, l], n_bins) for l in range(num_labels)]
+            if num_labels > 1:
+                pooled_p, pooled_y = inputs.probs.reshape(-1), inputs.target.reshape(-1)
+                frame_pooled = np.argsort(pooled_p, kind="stable")
+                inner = {"adaece": lambda: _adaece_statistic(pooled_p, pooled_y, n_bins)}.get(name)
+                from . import smooth
+
+                inner = inner() if inner else (smooth._smce_statistic(pooled_p, pooled_y) if name == "smce"
+                                                else smooth._smece_statistic(pooled_p, pooled_y))
+                element_row = np.repeat(np.arange(n), num_labels)[frame_pooled]
+                stats.append(lambda counts, inner=inner, rows=element_row: inner(np.take(counts, rows, axis=1)))
+            reps = b.replicates(stats, n)
+            per = np.stack(reps[:num_labels], axis=1)
+            assemble(name, per, reps[num_labels] if num_labels > 1 else reps[0], b)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- public entry
+
+
+def _check_average(average: Any) -> str:
+    return check_choice(average, "average", AVERAGES)
+
+
+def sigmoid_metric(
+    name: str,
+    preds: Any,
+    target: Any,
+    n_bins: int = 15,
+    *,
+    task: str,
+    average: str = "macro",
+    from_logits: bool | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
+):
+    """Metric ``name`` (``"ece"``, ``"rmsce"``, ``"mce"``, ``"adaece"``, ``"brier"``, ``"nll"``, ...) of a binary or
+    multi-label head: a float (binary, or ``average="macro"`` / ``"micro"``), a ``(L,)`` array (``"none"``), or with
+    ``ci`` a :class:`~hf_calibration.metrics.MetricInterval` (a list of them for ``"none"``)."""
+    n_bins = _check_n_bins(n_bins)
+    average = _check_average(average)
+    boot = check_bootstrap(ci, n_boot, seed)
+    inputs = prepare_sigmoid(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index)
+    if boot is None:
+        per_label, macro, micro = _values(inputs, name, n_bins)
+        if task == "binary":
+            return float(per_label[0])
+        return {"macro": macro, "micro": micro, "none": per_label}[average]
+    if name in ("adaece",) and not inputs.full:
+        raise ValueError("Expected no ignored labels for an AdaECE interval (its bins are re-cut on each resample of the "
+                         "samples, which needs every sample to carry every label); drop ci=, or the ignored labels.")
+    labels, macro, micro = _intervals(inputs, [name], n_bins, boot)[name]
+    if task == "binary":
+        return labels[0]
+    return {"macro": macro, "micro": micro, "none": labels}[average]
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+_REPORT_METRICS = ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
+_LABELS = {"accuracy": ("Accuracy (p > 0.5)", True), "ece": ("ECE", True), "adaece": ("AdaECE", True), "mce": ("MCE", True),
+           "rmsce": ("RMSCE", True), "o_ece": ("O-ECE", True), "u_ece": ("U-ECE", True), "smce": ("smCE", True),
+           "smece": ("smECE", True), "brier": ("Brier", False), "nll": ("NLL (BCE)", False)}
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and not isinstance(value, MetricInterval) and math.isnan(value)):
+        return "-"
+    scale, digits = (100.0, 2) if _LABELS[name][1] else (1.0, 4)
+    if isinstance(value, MetricInterval):
+        return value.format(scale, digits)
+    return f"{scale * float(value):.{digits}f}"
+
+
+@dataclass(frozen=True)
+class SigmoidCalibrationReport:
+    """Every metric of a binary or multi-label head, macro-averaged over labels and pooled (micro), with each label's.
+
+    ``report.macro["ece"]``, ``report.micro["ece"]``, ``report.per_label["ece"]`` (an ``(L,)`` array, or a list of
+    :class:`~hf_calibration.metrics.MetricInterval` with ``ci``); ``report["ece"]`` is the macro value (binary: the
+    value). ``str(report)`` prints the macro and pooled columns side by side and says which is which;
+    ``report.per_label_table()`` prints a row per label. Percentages with two decimals, Brier and NLL as plain numbers.
+    """
+
+    task: str
+    n: int
+    num_labels: int
+    macro: dict[str, Any]
+    micro: dict[str, Any]
+    per_label: dict[str, Any]
+    n_bins: int = 15
+    from_logits: bool | None = None
+    label_names: tuple[str, ...] | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.macro[key]
+
+    def keys(self):
+        return self.macro.keys()
+
+    def to_dict(self) -> dict[str, Any]:
+        def plain(v):
+            if isinstance(v, np.ndarray):
+                return v.tolist()
+            if isinstance(v, list):
+                return [plain(x) for x in v]
+            return v.to_dict() if isinstance(v, MetricInterval) else v
+
+        return {"task": self.task, "n": self.n, "num_labels": self.num_labels, "n_bins": self.n_bins,
+                "macro": {k: plain(v) for k, v in self.macro.items()}, "micro": {k: plain(v) for k, v in self.micro.items()},
+                "per_label": {k: plain(v) for k, v in self.per_label.items()}}
+
+    def _names(self, i: int) -> str:
+        return self.label_names[i] if self.label_names else str(i)
+
+    def __str__(self) -> str:
+        intervals = any(isinstance(v, MetricInterval) for v in self.macro.values())
+        header = "value" if self.task == "binary" else "macro (mean over labels)"
+        rows = [(_LABELS[k][0] + (" (%)" if _LABELS[k][1] else ""), _cell(k, self.macro[k]),
+                 _cell(k, self.micro[k])) for k in self.macro]
+        if self.task == "binary":
+            rows = [(a, b) for a, b, _ in rows]
+            cols = ["metric", header]
+        else:
+            cols = ["metric", header, "pooled (micro)"]
+        widths = [max(len(str(r[i])) for r in [cols] + rows) for i in range(len(cols))]
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths))),
+                 "-" * (sum(widths) + 2 * (len(cols) - 1))]
+        lines += ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+        what = ("binary head: one sigmoid probability per sample" if self.task == "binary" else
+                f"multi-label head, {self.num_labels} labels: macro = mean of the per-label values, pooled (micro) = "
+                "every (sample, label) pair as one binary problem")
+        inputs = {True: ", from logits", False: ", from probabilities"}.get(self.from_logits, "")
+        level = next((v for v in self.macro.values() if isinstance(v, MetricInterval)), None)
+        extra = f"; [{100 * level.level:g} % bootstrap interval over the samples, {level.n_boot} resamples]" if intervals else ""
+        lines.append(f"(N = {self.n}, {what}; {self.n_bins} bins{inputs}{extra})")
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def per_label_table(self, columns: Sequence[str] = ("ece", "nll", "brier")) -> str:
+        """A Markdown table, one row per label, then the macro and pooled rows."""
+        header = ["label"] + [_LABELS[c][0] + (" (%)" if _LABELS[c][1] else "") for c in columns]
+        body = [[self._names(i)] + [_cell(c, self.per_label[c][i]) for c in columns] for i in range(self.num_labels)]
+        body.append(["macro (mean)"] + [_cell(c, self.macro[c]) for c in columns])
+        body.append(["pooled (micro)"] + [_cell(c, self.micro[c]) for c in columns])
+        widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+
+        def line(cells):
+            return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+        rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
+        return "\n".join([line(header), rule] + [line(r) for r in body])
+
+
+def sigmoid_calibration_report(
+    preds: Any,
+    target: Any,
+    n_bins: int = 15,
+    *,
+    task: str,
+    from_logits: bool | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
+    label_names: Sequence[str] | None = None,
+) -> SigmoidCalibrationReport:
+    """:class:`SigmoidCalibrationReport` of a binary or multi-label head (see
+    :func:`hf_calibration.metrics.calibration_report`, which calls this for ``task="binary"`` / ``"multilabel"``)."""
+    from .bootstrap import SMOOTH_N_BOOT
+
+    n_bins = _check_n_bins(n_bins)
+    boot = check_bootstrap(ci, n_boot, seed)
+    smooth_boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
+    inputs = prepare_sigmoid(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index)
+    if label_names is not None:
+        label_names = tuple(str(x) for x in label_names)
+        if len(label_names) != inputs.num_labels:
+            raise ValueError(f"Expected argument `label_names` to name the {inputs.num_labels} labels, but got {len(label_names)} names.")
+    macro, micro, per_label = {}, {}, {}
+    for name in _REPORT_METRICS:
+        per_label[name], macro[name], micro[name] = _values(inputs, name, n_bins)
+    notes: list[str] = []
+    if boot is not None:
+        found = _intervals(inputs, _REPORT_METRICS, n_bins, boot, smooth_boot)
+        for name, (labels, mac, mic) in found.items():
+            per_label[name], macro[name], micro[name] = labels, mac, mic
+        missing = [name for name in _REPORT_METRICS if name not in found]
+        if missing:
+            notes.append(f"{', '.join(missing)}: no interval (some labels are ignored for some samples, so a resample's bins "
+                         "cannot be re-cut per label)")
+    return SigmoidCalibrationReport(task, int(inputs.probs.shape[0]), inputs.num_labels, macro, micro, per_label, n_bins,
+                                    inputs.from_logits, label_names, tuple(notes))
+
+
+def sigmoid_task(preds: Any, target: Any, task: str | None, average: str = "macro") -> str | None:
+    """The task of a metric call (:func:`hf_calibration.tasks.resolve_task` on the arrays' shapes): None for a
+    multi-class one (the caller's own path, unchanged), else ``"binary"`` or ``"multilabel"``. ``average`` is checked:
+    it means something for multi-label heads only."""
+    from ..tasks import resolve_task
+
+    resolved = resolve_task(task, preds=preds, target=target)
+    if resolved == "multiclass":
+        if average != "macro":
+            raise ValueError(f"Expected argument `average` to be left at 'macro' for a multi-class (softmax) head, but got "
+                             f"{average!r}: averaging over labels applies to task='multilabel'.")
+        return None
+    _check_average(average)
+    return resolved

@@ -1,0 +1,132 @@
+"""Multi-label conformal risk control of the false-negative rate (against MAPIE, by hand, and over random splits) and
+binary THR sets."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from hf_calibration.conformal import (
+    ConformalPredictor,
+    MultiLabelConformalPredictor,
+    crc_threshold,
+    false_negative_rate,
+    load_conformal_predictor,
+)
+
+
+def _calibrated_multilabel(n, labels=5, seed=0):
+    """Logits whose sigmoid is each label's true probability; every sample carries at least one label."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, labels)) * 2.0 + np.linspace(-1.5, 0.5, labels)
+    y = (rng.random((n, labels)) < 1 / (1 + np.exp(-z))).astype(np.int64)
+    empty = y.sum(axis=1) == 0
+    y[empty, np.argmax(z[empty], axis=1)] = 1
+    return z, y
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("alpha", [0.1, 0.25])
+def test_grid_threshold_equals_mapie(seed, alpha):
+    from mapie.risk_control import MultiLabelClassificationController
+
+    z, y = _calibrated_multilabel(300, seed=seed)
+    p = 1 / (1 + np.exp(-z))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mapie = MultiLabelClassificationController(predict_function=lambda x: x, risk="recall", method="crc",
+                                                   target_level=1 - alpha).calibrate(p, y)
+    grid = np.arange(0, 1, 0.01)
+    threshold, controlled = crc_threshold(p, y, alpha, grid)
+    assert controlled and threshold == pytest.approx(float(np.atleast_1d(mapie.best_predict_param)[0]))
+    predictor = MultiLabelConformalPredictor(thresholds=grid).fit(z, y, alpha=alpha)
+    assert np.array_equal(predictor.predict_sets(z), mapie.predict(p)[:, :, 0])
+
+
+def test_exact_threshold_by_hand():
+    # two samples; positives at p = 0.9 (sample 0) and 0.3, 0.6 (sample 1): R(t) = [t >= .9]/2 + ([t >= .3] + [t >= .6])/4
+    p = np.array([[0.9, 0.1, 0.2], [0.3, 0.6, 0.05]])
+    y = np.array([[1, 0, 0], [1, 1, 0]])
+    # n = 2, alpha = 0.5: budget (0.5 * 3 - 1) / 2 = 0.25; R reaches 0.25 at t = 0.3 and exceeds it at t = 0.6
+    threshold, controlled = crc_threshold(p, y, 0.5)
+    assert controlled and threshold == np.nextafter(0.6, 0)
+    sets = p > threshold
+    assert sets.tolist() == [[True, False, False], [False, True, False]]
+    assert false_negative_rate(sets, y) == pytest.approx(0.25)
+    with pytest.warns(UserWarning, match="cannot bring the false-negative rate within alpha"):
+        MultiLabelConformalPredictor().fit(np.log(p / (1 - p)), y, alpha=0.2)  # 1/(n + 1) = 1/3 > 0.2
+
+
+def test_false_negative_rate_is_controlled_over_random_splits():
+    """E[FNR(test)] <= alpha over calibration draws (Theorem 1), and not far below: alpha - 2/(n + 1) for a loss whose
+    jumps are small (Theorem 2's lower bound with continuous probabilities)."""
+    z, y = _calibrated_multilabel(6000, seed=11)
+    alpha, n = 0.1, 400
+    rng = np.random.default_rng(0)
+    rates = []
+    for _ in range(200):
+        order = rng.permutation(z.shape[0])
+        cal, test = order[:n], order[n:]
+        predictor = MultiLabelConformalPredictor().fit(z[cal], y[cal], alpha=alpha)
+        rates.append(predictor.evaluate(z[test], y[test])["false_negative_rate"])
+    rates = np.array(rates)
+    se = rates.std(ddof=1) / np.sqrt(rates.size)
+    assert rates.mean() <= alpha + 3 * se
+    assert rates.mean() >= alpha - 2 / (n + 1) - 3 * se
+
+
+def test_calibrator_is_applied_and_saved(tmp_path):
+    from hf_calibration.calibrators import PlattScaling
+
+    z, y = _calibrated_multilabel(1200, seed=3)
+    platt = PlattScaling().fit(2 * z[:600], y[:600], progress_bar=False)  # an over-confident head, calibrated
+    predictor = MultiLabelConformalPredictor().fit(2 * z[600:], y[600:], alpha=0.15, calibrator=platt)
+    predictor.save_pretrained(tmp_path / "conformal")
+    loaded = load_conformal_predictor(tmp_path / "conformal")
+    assert isinstance(loaded, MultiLabelConformalPredictor) and loaded.calibrator.kind == "platt"
+    assert np.array_equal(loaded.predict_sets(2 * z), predictor.predict_sets(2 * z))
+    assert "false-negative rate" in (tmp_path / "conformal" / "README.md").read_text()
+    with pytest.raises(TypeError, match="softmax calibrator does not apply"):
+        from hf_calibration.calibrators import TemperatureScaling
+
+        rng = np.random.default_rng(0)
+        labels = rng.integers(0, 3, 100)
+        ts = TemperatureScaling().fit(rng.normal(size=(100, 3)) + 2 * np.eye(3)[labels], labels, progress_bar=False)
+        MultiLabelConformalPredictor().fit(z, y, calibrator=ts)
+
+
+def test_multilabel_bad_input():
+    z, y = _calibrated_multilabel(100)
+    with pytest.raises(ValueError, match="shape \\(N, L\\) of 0/1 labels"):
+        MultiLabelConformalPredictor().fit(z, y.argmax(1))
+    with pytest.raises(ValueError, match="0/1 labels"):
+        MultiLabelConformalPredictor().fit(z, 2 * y)
+    with pytest.raises(ValueError, match="L = 5 labels"):
+        MultiLabelConformalPredictor().fit(z, y).predict_sets(z[:, :3])
+
+
+def test_binary_thr_one_logit_equals_two_softmax_logits():
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=2000) * 3
+    y = (rng.random(2000) < 1 / (1 + np.exp(-z))).astype(np.int64)
+    one = ConformalPredictor("thr").fit(z[:1000], y[:1000], alpha=0.1)
+    two = ConformalPredictor("thr").fit(np.stack([np.zeros(1000), z[:1000]], 1), y[:1000], alpha=0.1)
+    assert one.fit_info_["task"] == "binary" and float(one.q_hat) == float(two.q_hat)
+    sets = one.predict_sets(z[1000:])
+    assert sets.shape == (1000, 2)
+    assert np.array_equal(sets, two.predict_sets(np.stack([np.zeros(1000), z[1000:]], 1)))
+    assert np.array_equal(one.predict_sets(torch.from_numpy(z[1000:, None])).numpy(), sets)
+
+
+def test_binary_thr_coverage_over_random_splits():
+    rng = np.random.default_rng(6)
+    z = rng.normal(size=8000) * 2.5
+    y = (rng.random(8000) < 1 / (1 + np.exp(-z))).astype(np.int64)
+    alpha, n, cover = 0.1, 300, []
+    for _ in range(200):
+        order = rng.permutation(z.size)
+        predictor = ConformalPredictor("thr").fit(z[order[:n]], y[order[:n]], alpha=alpha)
+        cover.append(predictor.evaluate(z[order[n:]], y[order[n:]])["coverage"])
+    cover = np.array(cover)
+    assert cover.mean() >= 1 - alpha - 3 * cover.std(ddof=1) / np.sqrt(cover.size)

@@ -1,0 +1,56 @@
+"""predict_logits on a multi-label model: a Sequence(ClassLabel) or multi-hot label column comes back as (N, L) 0/1
+labels, the logits as the model gives them; a binary one-logit head's logits as one column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from _image_data import MEAN, STD, digits_dataset_dict
+from _models import make_model
+from hf_calibration import predict_logits
+
+
+def _tags(digits) -> list[list[int]]:
+    return [[t for t, on in enumerate((d < 5, d % 2 == 0, d in (0, 6, 8, 9))) if on] for d in digits]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import datasets
+    from transformers import ViTImageProcessor
+
+    folder = tmp_path_factory.mktemp("ml") / "vit"
+    model = make_model("vit", seed=0, num_channels=3, num_labels=3, problem_type="multi_label_classification").eval()
+    model.save_pretrained(folder)
+    processor = ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=MEAN, image_std=STD)
+    processor.save_pretrained(folder)
+    test = digits_dataset_dict()["test"]
+    digits = list(test["digit"])
+    names = ["below 5", "even", "closed loop"]
+    features = datasets.Features({"img": datasets.Image(), "labels": datasets.Sequence(datasets.ClassLabel(names=names))})
+    as_indices = datasets.Dataset.from_dict({"img": list(test["img"]), "labels": _tags(digits)}, features=features)
+    hot = np.zeros((len(digits), 3), dtype=np.float32)
+    for i, tags in enumerate(_tags(digits)):
+        hot[i, tags] = 1
+    as_vectors = datasets.Dataset.from_dict({"img": list(test["img"]), "labels": hot.tolist()})
+    pixels = processor(images=list(test["img"]), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        expected = model(pixel_values=pixels).logits.numpy()
+    return folder, as_indices, as_vectors, hot.astype(np.int64), expected
+
+
+@pytest.mark.parametrize("form", ["indices", "vectors"])
+def test_multi_hot_labels(setup, form):
+    folder, as_indices, as_vectors, hot, expected = setup
+    logits, labels = predict_logits(str(folder), as_indices if form == "indices" else as_vectors, progress=False, num_workers=0)
+    assert labels.shape == (len(hot), 3) and np.array_equal(labels, hot)
+    assert np.allclose(logits, expected, atol=1e-5)
+
+
+def test_a_softmax_model_refuses_a_multi_label_column(setup, tmp_path):
+    _, as_indices, _, _, _ = setup
+    model = make_model("vit", seed=0, num_channels=3, num_labels=3).eval()
+    with pytest.raises(ValueError, match="label"):
+        predict_logits(model, as_indices, image_processor=str(setup[0]), progress=False, num_workers=0)
