@@ -39,7 +39,7 @@ def test_newton_stops_when_bisection_closes_the_bracket():
         return abs(b - c), (1.0 if b > c else -1.0), 0.0
 
     beta, _, evaluations = _newton_beta(derivatives, 1.0, NEWTON_TOL, 1000)
-    assert beta == pytest.approx(c, rel=1e-9) and evaluations < 60  # log2(ln(400) / 1e-10) ~ 36 halvings
+    assert beta == pytest.approx(c, rel=NEWTON_TOL) and evaluations < 60  # log2(ln(400) / 1e-8) ~ 29 halvings
 
 
 def _lbfgs_temperature(z: np.ndarray, y: np.ndarray) -> float:
