@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_ready, save_diagram
 from ._inputs import add_input_options, load_inputs
@@ -22,9 +23,10 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --diagram file")
     p.add_argument("--json", action="store_true", help="print the report as JSON (fractions, not percent)")
     p.add_argument("--ci", type=float, default=None, metavar="LEVEL",
-                   help="add a percentile bootstrap interval to every metric, e.g. --ci 0.95 (and to the diagram's ECE)")
+                   help="add a bootstrap interval to every metric, e.g. --ci 0.95 (and to the diagram's ECE): basic "
+                        "(bias-corrected) for the calibration errors, percentile for accuracy / Brier / NLL, none for MCE")
     add_option(p, "n_boot", type=int, default=None, metavar="B",
-               help="resamples of that bootstrap (default 1000; 200 for smCE and smECE)")
+               help="resamples of that bootstrap (default 1000; 200 for smCE, smECE and classwise ECE)")
     p.set_defaults(func=run)
 
 
@@ -42,7 +44,9 @@ def run(args) -> int:
     report = calibration_report(data.logits, data.labels, args.n_bins, from_logits=args.from_logits, ci=args.ci, n_boot=args.n_boot)
     kind = "logits" if report.from_logits else "probabilities"
     if args.json:  # the numbers first: a figure that cannot be written never loses them
-        intervals = {key: {"low": v.low, "high": v.high, "level": v.level, "n_boot": v.n_boot} for key, v in report.intervals().items()}
+        # each interval's ends (null without one, as MCE's; "inf" as a string: JSON has no infinity), method and note
+        intervals = {key: {k: str(x) if isinstance(x, float) and math.isinf(x) else x for k, x in v.to_dict().items() if k != "value"}
+                     for key, v in report.intervals().items()}
         print(dump_json({"source": data.source, "n_bins": args.n_bins, "inputs": kind, **json_ready(report),
                          **({"intervals": intervals} if intervals else {})}), flush=True)
     else:
