@@ -25,7 +25,7 @@ from ._format import Inputs
 from .binning import uniform_bin, uniform_edges
 from .bootstrap import Bootstrap
 
-_CHUNK_ELEMENTS = 1 << 22  # rows of one chunk (>= 256): 32 MB of float64 lowest-bin values, 4,000 rows at K = 1,000
+_CHUNK_ELEMENTS = 1 << 21  # rows of one chunk (>= 256): 16 MB of float64 lowest-bin values, 2,000 rows at K = 1,000
 _MIN_CHUNK_ROWS = 256  # the matrix product's inner size: fewer rows than this and BLAS runs far below its peak
 _BLOCK_ELEMENTS = 1 << 26  # counts of one block of classwise resamples: 256 MB of int32 (all of 200 at N = 3e5)
 _GEMM = np.float64  # the lowest bin's product in float64: every resample's value exact to rounding
@@ -127,17 +127,20 @@ def _rows(preds, target, start, stop, from_logits, edges, classwise, cells, scor
         scores[i, 0] = squares - 2.0 * p[y] + 1.0
         if not (classwise or split):
             continue
-        target_row = lowest[i - start] if split else row
         upper = 0
         for j in range(k):  # the lowest bin's values, 0 where a value is above it
             above = p[j] > first
-            target_row[j] = 0.0 if above else p[j]
+            row[j] = 0.0 if above else p[j]
             upper += above
         if p[y] <= first:
-            target_row[y] = p[y] - 1.0
+            row[y] = p[y] - 1.0
         if classwise:
             for j in range(k):
-                low[j] += target_row[j]
+                low[j] += row[j]
+        if split:
+            out = lowest[i - start]
+            for j in range(k):
+                out[j] = row[j]
         if upper or p[y] > first:
             for j in range(k):
                 if p[j] > first:

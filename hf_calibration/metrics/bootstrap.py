@@ -165,8 +165,8 @@ FLAGS = {
               "spread (bin noise), as close to 0"),
     "below": ("estimate below its interval", "the estimate lies below its interval"),
     "zero": ("interval reaches 0",
-             "the interval reaches 0: the data are consistent with no calibration error, where no bootstrap interval "
-             "is reliable; read the upper end as rough"),
+             "the interval reaches 0: the data are consistent with a true value of 0, where no bootstrap interval is "
+             "reliable; read its upper end as rough"),
     "null": ("no interval",
              "no interval: the bias-corrected interval lies below 0, the estimate is within noise of 0, where no "
              "bootstrap interval is reliable"),
@@ -319,19 +319,25 @@ class Bootstrap:
         for start, size in self._sizes(n, block_elements):
             yield self._draw(n, start, size)
 
-    def replicates(self, statistics: Sequence[Callable[[np.ndarray], np.ndarray]], n: int) -> list[np.ndarray]:
+    def replicates(self, statistics: Sequence[Callable[[np.ndarray], np.ndarray]], n: int,
+                   limits: Sequence[int | None] | None = None) -> list[np.ndarray]:
         """Each statistic on every resample of ``n`` rows: ``statistic(counts)`` takes a block of count
         vectors (rows of an int32 (B, n) array) and returns its values, (B,) or (B, m). All statistics
         see the same resamples (paired). Returns one (n_boot,) or (n_boot, m) array per statistic.
+        ``limits[i]`` (None: all): statistic ``i`` sees only the first ``limits[i]`` resamples, the same ones
+        ``Bootstrap(level, limits[i], seed)`` draws (how smCE's 200 share a report's 1,000).
 
         Blocks are drawn and evaluated in threads (the compiled kernels release the GIL), up to one per CPU core
         and at most ``_THREADS``; a statistic must not keep state between calls. The result does not depend on the
         number of threads: each resample has its own stream and the blocks are put back in order.
         """
 
-        def block(job: tuple[int, int]) -> list[np.ndarray]:
+        limits = [self.n_boot if limit is None else min(limit, self.n_boot) for limit in (limits or [None] * len(statistics))]
+
+        def block(job: tuple[int, int]) -> list[np.ndarray | None]:
             counts = self._draw(n, *job)
-            return [np.asarray(statistic(counts), dtype=np.float64) for statistic in statistics]
+            return [np.asarray(statistic(counts[: limit - job[0]]), dtype=np.float64) if limit > job[0] else None
+                    for statistic, limit in zip(statistics, limits)]
 
         jobs = self._sizes(n)
         threads = min(len(jobs), _THREADS, os.cpu_count() or 1)
@@ -340,7 +346,7 @@ class Bootstrap:
                 results = list(pool.map(block, jobs))
         else:
             results = [block(job) for job in jobs]
-        return [np.concatenate([r[i] for r in results]) for i in range(len(statistics))]
+        return [np.concatenate([r[i] for r in results if r[i] is not None]) for i in range(len(statistics))]
 
     def interval(self, value: float, replicates: np.ndarray, metric: str | IntervalRule | None = None, *,
                  plugin: float | None = None, estimate: float | None = None, power: int = 1) -> MetricInterval:
@@ -368,7 +374,7 @@ class Bootstrap:
             low, high = (max(x, 0.0) ** (1.0 / power) for x in (low, high))
         flag = ""
         if rule.floor is not None and rule.method != "percentile" and low <= rule.floor:
-            if high <= rule.floor:  # even the upper end below 0: bias larger than estimate and spread together
+            if high < rule.floor:  # even the upper end below 0: bias larger than estimate and spread together
                 return MetricInterval(value, np.nan, np.nan, self.level, self.n_boot, rule.method, "null", FLAGS["null"][1])
             flag = "zero"
         low = low if rule.floor is None else max(low, rule.floor)

@@ -59,17 +59,19 @@ def _footnotes(notes: dict[str, int], named: dict[str, list[str]]) -> list[str]:
 
 
 def _interval_legend(intervals: dict[str, MetricInterval]) -> str:
-    """How the intervals were made: level, resamples, and which method for which metrics."""
-    counts = sorted({v.n_boot for v in intervals.values()})
+    """How the intervals were made: ``"(95 % bootstrap intervals, 1000 resamples (200: smCE, smECE); basic
+    (bias-corrected): ECE, ...; percentile: Accuracy, ...; none: MCE)"``."""
+    counts = sorted({v.n_boot for v in intervals.values()}, reverse=True)
     level = next(iter(intervals.values())).level
-    fewer = [_LABELS[k][0] for k, v in intervals.items() if len(counts) > 1 and v.n_boot == counts[0]]
+    resamples = f"{counts[0]} resamples"
+    for count in counts[1:]:
+        resamples += f" ({count}: {', '.join(_LABELS[k][0] for k, v in intervals.items() if v.n_boot == count)})"
     methods: dict[str, list[str]] = {}
     for key, value in intervals.items():
         methods.setdefault(value.method, []).append(_LABELS[key][0])
-    words = {"basic": "basic (bias-corrected)", "percentile": "percentile", "none": "none"}
+    words = {"basic": "basic (bias-corrected)", "basic_plugin": "basic, plug-in pivot"}
     how = "; ".join(f"{words.get(m, m)}: {', '.join(names)}" for m, names in methods.items())
-    fewer_text = f" ({', '.join(fewer)}: the fewer)" if fewer else ""
-    return f"[{100 * level:g} % bootstrap intervals, {' / '.join(str(c) for c in counts)} resamples{fewer_text}; {how}]"
+    return f"({100 * level:g} % bootstrap intervals, {resamples}; {how})"
 
 
 def _header(name: str, unit: bool = True) -> str:
@@ -134,9 +136,9 @@ class CalibrationReport(Mapping):
         lines = [f"{'metric':<{width}}  {'value':>{cell}}", "-" * (width + cell + 2)]
         lines += [f"{label:<{width}}  {value:>{cell}}" for label, value in rows]
         inputs = {True: ", from logits", False: ", from probabilities"}.get(self.from_logits, "")
-        if intervals:
-            inputs += "; " + _interval_legend(intervals)
         lines.append(f"({self.n_bins} bins{inputs})")
+        if intervals:
+            lines.append(_interval_legend(intervals))
         named: dict[str, list[str]] = {}
         for key, value in intervals.items():
             if value.note:
@@ -162,15 +164,18 @@ def _with_intervals(values: dict[str, Any], conf: np.ndarray, correct: np.ndarra
 
     n = conf.shape[0]
     order = frame(conf)
-    binned, ada, resampled_scores = boot.replicates(
-        [_binned_statistic(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins), weighted_means(scores, order)], n)
+    statistics = [_binned_statistic(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins), weighted_means(scores, order)]
+    if values["smce"] is not None:
+        statistics += [smooth._smce_statistic(conf, correct), smooth._smece_statistic(conf, correct)]
+    # smCE / smECE on the first smooth_boot.n_boot of the same resamples (its own draws: one seed, one stream per
+    # resample), drawn once; smooth_boot.n_boot <= boot.n_boot (an n_boot given applies to both)
+    binned, ada, resampled_scores, *smoothed = boot.replicates(statistics, n, [None] * 3 + [smooth_boot.n_boot] * 2)
     replicates = {name: binned[:, column] for column, name in enumerate(BINNED_COLUMNS)}
     replicates.update(adaece=ada, brier=resampled_scores[:, 0], nll=resampled_scores[:, 1])
     out = {key: boot.interval(values[key], reps, key) for key, reps in replicates.items()}
     out["classwise_ece"] = smooth_boot.interval(values["classwise_ece"], classwise, "classwise_ece")
-    if values["smce"] is not None:
-        sm, sme = smooth_boot.replicates([smooth._smce_statistic(conf, correct), smooth._smece_statistic(conf, correct)], n)
-        out["smce"], out["smece"] = smooth_boot.interval(values["smce"], sm, "smce"), smooth_boot.interval(values["smece"], sme, "smece")
+    if smoothed:
+        out["smce"], out["smece"] = (smooth_boot.interval(values[name], reps, name) for name, reps in zip(("smce", "smece"), smoothed))
     return {**values, **out}
 
 

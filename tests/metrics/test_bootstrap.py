@@ -142,8 +142,8 @@ def test_interval_is_scipys_interval_of_the_same_resamples(name, f, method):
         "classwise_ece": lambda z, y: ref.loop_classwise_ece(ref.softmax(z), y, 15),
     }.get(name, f)
     theirs = _scipy_interval(logits, labels, statistic, replicates, method, 0.9)
-    assert ours.method == method
     assert (ours.low, ours.high) == pytest.approx((max(theirs.low, 0.0), theirs.high), abs=1e-12)
+    assert ours.method == method
 
 
 def test_basic_interval_against_an_independent_resampling():
@@ -178,6 +178,8 @@ def test_interval_rules_by_hand():
     assert (above.low, above.high, above.flag) == pytest.approx((0.0, 0.025, "above")) and "above" in str(above)
     null = boot.interval(0.01, reps, "ece")  # [-0.065, -0.015]: below 0 altogether
     assert np.isnan(null.low) and not null.has_interval and null.flag == "null" and "no interval" in str(null)
+    zero = boot.interval(0.0, np.zeros(10), "u_ece")  # every resample exactly 0 (no under-confident bin at all)
+    assert (zero.low, zero.high, zero.flag) == (0.0, 0.0, "zero")
     squared = boot.interval(0.1, reps, "debiased_ece", plugin=0.05, estimate=0.04, power=2)  # sqrt of 0.09 - (0.085, 0.035)
     assert (squared.low, squared.high) == pytest.approx((np.sqrt(0.005), np.sqrt(0.055)))
     none = boot.interval(0.2, reps, "mce")
@@ -257,7 +259,8 @@ def test_report_intervals_are_the_functions_intervals_and_print_as_the_papers():
     assert report.o_ece.low == split.over.low and report.u_ece.high == split.under.high
     text = str(report)
     assert f"{100 * float(report.ece):.2f} % [{100 * report.ece.low:.2f}, {100 * report.ece.high:.2f}]" in text
-    assert "95 % bootstrap intervals" in text and "basic (bias-corrected): ECE" in text and "percentile: Accuracy" in text
+    assert "(95 % bootstrap intervals, 300 resamples; " in text  # n_boot given: every metric's
+    assert "basic (bias-corrected): ECE" in text and "percentile: Accuracy" in text and "none: MCE" in text
     assert f"{100 * float(report.mce):.2f} % [no interval] (1)" in text and "(1) MCE: MCE is a maximum over bins" in text
     assert "[" not in str(calibration_report(logits, labels))  # the default table is unchanged
     assert calibration_report(logits, labels).intervals() == {}

@@ -132,8 +132,8 @@ def test_interval_is_the_reference_bootstrap_on_the_same_resamples(mode, monkeyp
 
     low, _, high = calibration.utils.bootstrap_uncertainty(data, error(False), error(True), alpha=10.0, num_samples=12)
     assert float(value) == pytest.approx(error(True)(data), abs=1e-9)
-    assert value.method == "basic_plugin"
     assert (value.low, value.high) == pytest.approx((max(low, 0.0), high), abs=1e-9)
+    assert value.method == "basic_plugin"
 
 
 
