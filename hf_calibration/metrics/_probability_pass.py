@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from ._format import Inputs
+from ._format import Inputs, check_rows
 from .binning import uniform_bin, uniform_edges
 from .bootstrap import Bootstrap
 
@@ -180,12 +180,16 @@ def _entry_sums(counts_t, position, where, values, out):  # pragma: no cover - c
 
 
 def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True, boot: Bootstrap | None = None,
-                     position: np.ndarray | None = None) -> ProbabilityRows:
-    """The pass over ``inputs`` (validated, as :func:`~hf_calibration.metrics._format.prepare` leaves them).
+                     position: np.ndarray | None = None, checked: bool = False) -> ProbabilityRows:
+    """The pass over ``inputs`` (as :func:`~hf_calibration.metrics._format.prepare` leaves them).
 
     ``boot`` (with ``position``, each row's frame position: the resamples' counts are over the frame, see
-    :mod:`~hf_calibration.metrics.bootstrap`) adds classwise ECE of every resample of ``boot``.
+    :mod:`~hf_calibration.metrics.bootstrap`) adds classwise ECE of every resample of ``boot``. ``checked``: the
+    rows were already checked (finite; probabilities by the one rule) by ``top_label``; otherwise they are checked
+    here first, with the same messages.
     """
+    if not checked:
+        check_rows(inputs)
     preds, target, from_logits, _ = inputs
     # the compiled pass reads native float32 / float64 (float16 -> float32 is exact; no copy of float32 / float64)
     preds = np.ascontiguousarray(preds, dtype=np.float64 if preds.dtype.itemsize >= 8 else np.float32)

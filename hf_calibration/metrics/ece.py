@@ -142,7 +142,7 @@ def ece(
         >>> labels = (rng.random(2000) >= conf - 0.1).astype(int)
         >>> value = ece(probs, labels, ci=0.95)  # the true ECE is 0.1
         >>> round(value, 3), round(value.low, 3), round(value.high, 3)
-        (0.088, 0.069, 0.108)
+        (0.088, 0.068, 0.107)
     """
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
@@ -239,6 +239,6 @@ def classwise_ece(
     boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     position = None if boot is None else frame_position(top_label(inputs).confidence)
-    rows = probability_rows(inputs, n_bins, boot=boot, position=position)
+    rows = probability_rows(inputs, n_bins, boot=boot, position=position, checked=position is not None)  # top_label checked them
     value = _classwise_ece_compute(rows.cells, inputs.preds.shape[0])
     return value if boot is None else boot.interval(value, rows.replicates, "classwise_ece")

@@ -223,7 +223,7 @@ def calibration_report(
     n = inputs.preds.shape[0]
 
     # one pass over the probabilities: classwise sums, Brier / NLL terms and, with ci, classwise ECE's resamples
-    rows = probability_rows(inputs, n_bins, boot=smooth_boot, position=None if boot is None else frame_position(conf))
+    rows = probability_rows(inputs, n_bins, boot=smooth_boot, position=None if boot is None else frame_position(conf), checked=True)
 
     split = _ece_split_compute(conf, correct, n_bins)
     smce_value, smece_value = _smooth_metrics(conf, correct)

@@ -33,11 +33,11 @@ def _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, column: i
     """Brier (column 0) or NLL (1), with its percentile interval when ``ci`` is given."""
     boot = check_bootstrap(ci, n_boot, seed)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
-    rows = probability_rows(inputs, classwise=False)
+    order = None if boot is None else frame(top_label(inputs).confidence)  # the frame every metric of these rows resamples in
+    rows = probability_rows(inputs, classwise=False, checked=order is not None)  # top_label checked the rows
     value = (rows.brier, rows.nll)[column]
     if boot is None:
         return value
-    order = frame(top_label(inputs).confidence)  # the frame every metric of these rows resamples in
     replicates = boot.replicates([weighted_means(rows.scores[:, column], order)], inputs.preds.shape[0])[0]
     return boot.interval(value, replicates[:, 0], ("brier", "nll")[column])
 
