@@ -18,7 +18,7 @@ import numpy as np
 
 from .._checks import IGNORE_INDEX
 from ._format import prepare, top_label
-from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_edges
+from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
 from ._probability_pass import probability_rows
 from .bootstrap import SMOOTH_N_BOOT, Bootstrap, check_bootstrap, frame, frame_position, segment_sums
 
