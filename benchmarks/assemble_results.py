@@ -5,6 +5,7 @@ Run from the repository root after any benchmark:  python benchmarks/assemble_re
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +31,7 @@ SECTIONS = [
     ("training_cifar_fedlas_gate.md", "training_cifar.py --diagnose-fedlas --seeds 0"),
     ("bad_inputs.md", "bad_inputs.py"),
     ("shift.md", "shift.py"),
+    ("serving.md", "serving.py"),
 ]
 
 HEADER = """# Benchmark results
@@ -42,12 +44,16 @@ one NVIDIA H100 (80 GB). Sections also say where a target was missed.
 """
 
 
+# a section's relative link to a file beside it (its plot): results/<file> once the section sits in RESULTS.md
+_BESIDE = re.compile(r"\]\((?![a-z]+:|/|\.\./|#)([^)/\s]+\.(?:png|svg|jpg|json|md))\)")
+
+
 def main() -> None:
     parts = [HEADER]
     for name, script in SECTIONS:
         path = HERE / "results" / name
         if path.exists():
-            parts.append(path.read_text().strip() + "\n")
+            parts.append(_BESIDE.sub(r"](results/\1)", path.read_text().strip()) + "\n")
         else:
             parts.append(f"## `{script}`\n\nNot run yet: `python benchmarks/{script}`.\n")
     (HERE / "RESULTS.md").write_text("\n".join(parts))

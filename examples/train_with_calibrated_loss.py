@@ -10,7 +10,7 @@ O-/U-ECE on the held-out split.
         --dataset_name uoft-cs/cifar10 --model_name_or_path google/vit-base-patch16-224-in21k \\
         --output_dir vit-cifar10-fedlas --num_train_epochs 3 --learning_rate 5e-5 --per_device_train_batch_size 64
 
-Multi-GPU: the same command under ``accelerate launch --multi_gpu --num_processes N`` (see multi_gpu.md).
+Multi-GPU: the same command under ``accelerate launch --multi_gpu --num_processes N`` (see docs/multi-gpu.md).
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ _EXPORTS = {
     "conformal": ["ConformalPredictor"],
     "inference": ["predict_logits"],
     "calibrated_model": ["load_calibrated_model", "pipeline"],
+    "serving": ["CalibratedClassifier", "export_onnx", "push_endpoint_handler", "write_endpoint_handler"],
     "metrics.accumulator": ["CalibrationAccumulator"],
 }
 _NAME_TO_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -117,6 +118,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
     from .calibrated_model import load_calibrated_model, pipeline
+    from .serving import CalibratedClassifier, export_onnx, push_endpoint_handler, write_endpoint_handler
     from .conformal import ConformalPredictor
     from .inference import predict_logits
     from .metric_scripts import list_metric_scripts, metric_path

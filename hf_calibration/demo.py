@@ -17,12 +17,14 @@
 
 Same seed → same table. Progress bars show on a terminal; when stderr is not one (a log file, CI), training
 logs one line per epoch instead. The builders (:func:`digits_splits`, :func:`digits_image_processor`,
-:func:`tiny_vit`, :class:`PixelDataset`) are reused by the examples.
+:func:`tiny_vit`, :class:`PixelDataset`) are reused by the examples, and :func:`digits_model` / :func:`digits_logits` give the
+documentation's examples a trained model and its held-out logits to work on.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import re
 import sys
@@ -30,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -42,9 +44,13 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DemoConfig",
     "DemoResult",
+    "DigitsLogits",
     "DigitsSplits",
     "PixelDataset",
+    "digits_dataset",
     "digits_image_processor",
+    "digits_logits",
+    "digits_model",
     "digits_splits",
     "predict_logits",
     "run_demo",
@@ -112,6 +118,23 @@ def digits_splits(
     return DigitsSplits(images(train), y[train], images(cal), y[cal], images(test), y[test])
 
 
+def digits_dataset(seed: int = 0, *, calibration_size: int = 400, test_size: int = 400, train_size: int | None = 200):
+    """The :func:`digits_splits` images as a ``datasets.DatasetDict`` (``train`` / ``validation`` / ``test``), with an
+    ``image`` column (``datasets.Image``) and a ``label`` column (``ClassLabel`` "0"-"9"), as image datasets on the
+    Hub are laid out. ``train_size`` defaults to the demo's 200 (``None``: every image left)."""
+    import datasets
+
+    data = digits_splits(seed, calibration_size=calibration_size, test_size=test_size, train_size=train_size)
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(k) for k in range(NUM_LABELS)])})
+
+    def make(images, labels):
+        return datasets.Dataset.from_dict({"image": images, "label": labels.tolist()}, features=features)
+
+    return datasets.DatasetDict({"train": make(data.train_images, data.train_labels),
+                                 "validation": make(data.calibration_images, data.calibration_labels),
+                                 "test": make(data.test_images, data.test_labels)})
+
+
 def digits_image_processor(image_size: int = 16):
     """A ViT image processor for the digits: bilinear resize to ``image_size``, scale to [-1, 1]."""
     from transformers import ViTImageProcessor
@@ -135,8 +158,9 @@ class PixelDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, images: list, labels: np.ndarray, image_processor):
-        self.pixel_values = torch.as_tensor(image_processor(images=images, return_tensors="np")["pixel_values"])
-        self.labels = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+        # any sequence: a list, or a ``datasets`` column (``dataset["image"]``, which image processors refuse as such)
+        self.pixel_values = torch.as_tensor(image_processor(images=list(images), return_tensors="np")["pixel_values"])
+        self.labels = torch.as_tensor(np.asarray(list(labels)), dtype=torch.long)
 
     def __len__(self) -> int:
         return self.labels.shape[0]
@@ -357,6 +381,64 @@ def _train(name: str, loss, train: PixelDataset, config: DemoConfig, workdir: st
     logger.info("Training the ViT with %s (%d epochs on %d images)", name, config.epochs, len(train))
     trainer.train()
     return trainer.model
+
+
+class DigitsLogits(NamedTuple):
+    """Held-out logits of the demo's cross-entropy ViT (float32, (N, 10)) and their labels (int64)."""
+
+    val_logits: np.ndarray  # the calibration split: fit calibrators here
+    val_labels: np.ndarray
+    test_logits: np.ndarray  # the test split: measure here
+    test_labels: np.ndarray
+
+
+def digits_logits(
+    seed: int = 0, *, epochs: int = 80, train_size: int = 200, calibration_size: int = 400, test_size: int = 400
+) -> DigitsLogits:
+    """Real logits to try the metrics and calibrators on without a model of your own: offline, in seconds.
+
+    The logits of :func:`digits_model` (the demo's cross-entropy ViT, same seed and settings: the demo's
+    ``logits_vit_ce.npz``) on the calibration (``val``) and test splits of :func:`digits_splits`. The model fits its
+    ``train_size`` training digits, so it is over-confident on held-out images, as fine-tuned models usually are.
+    Cached per process: a second call with the same arguments trains nothing and returns fresh copies.
+    """
+    _, logits = _digits_model(seed, epochs, train_size, calibration_size, test_size)
+    return DigitsLogits(*(a.copy() for a in logits))
+
+
+def digits_model(
+    seed: int = 0, *, epochs: int = 80, train_size: int = 200, calibration_size: int = 400, test_size: int = 400
+):
+    """The demo's tiny ViT trained with cross-entropy on the digits, in eval mode, and its image processor.
+
+    Trained exactly as :func:`run_demo` trains its cross-entropy model (same seed, same settings), on ``train_size``
+    images of :func:`digits_splits` for ``epochs`` epochs, once per process and arguments; each call returns a fresh
+    copy of the model. Returns ``(model, image_processor)``: a stand-in for a fine-tuned classifier.
+    """
+    model, _ = _digits_model(seed, epochs, train_size, calibration_size, test_size)
+    return copy.deepcopy(model), digits_image_processor(DemoConfig.image_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _digits_model(seed: int, epochs: int, train_size: int, calibration_size: int, test_size: int):
+    from .losses import CrossEntropyLoss
+
+    config = DemoConfig(seed=seed, epochs=epochs, train_size=train_size, calibration_size=calibration_size,
+                        test_size=test_size, progress=False)
+    data = digits_splits(seed, calibration_size=calibration_size, test_size=test_size, train_size=train_size)
+    processor = digits_image_processor(config.image_size)
+    train = PixelDataset(data.train_images, data.train_labels, processor)
+    cal = PixelDataset(data.calibration_images, data.calibration_labels, processor)
+    test = PixelDataset(data.test_images, data.test_labels, processor)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.num_threads)
+    try:
+        with tempfile.TemporaryDirectory(prefix="hf_calibration_digits_") as workdir:
+            model = _train("cross-entropy", CrossEntropyLoss(), train, config, workdir).eval()
+        logits = DigitsLogits(predict_logits(model, cal), cal.labels.numpy(), predict_logits(model, test), test.labels.numpy())
+    finally:
+        torch.set_num_threads(threads)
+    return model, logits
 
 
 def run_demo(config: DemoConfig | None = None, **overrides: Any) -> DemoResult:

@@ -265,11 +265,16 @@ class CalibrateOnEvalMixin:
     of ``train()``), the calibrator saved in ``calibrator/`` by ``save_model`` (hence uploaded by ``push_to_hub``), and
     its results on the model card ``create_model_card`` writes."""
 
-    def _init_calibrate_on_eval(self, spec: Any) -> None:
+    def _init_calibrate_on_eval(self, spec: Any, endpoint_handler: bool | str = False) -> None:
         self.calibrate_on_eval = None if spec is None or spec is False else spec
         self.eval_calibration: EvalCalibration | None = None
         if self.calibrate_on_eval is not None:
             check_calibrate_on_eval(self.calibrate_on_eval, self.eval_dataset)
+        if not isinstance(endpoint_handler, (bool, str)):
+            raise TypeError(f"Expected argument `endpoint_handler` to be a bool or a requirement line (str), but got {endpoint_handler!r}.")
+        if endpoint_handler is not False and self.calibrate_on_eval is None:
+            raise ValueError("Expected argument `calibrate_on_eval` with `endpoint_handler`: the handler serves the calibrated model.")
+        self.endpoint_handler = endpoint_handler
 
     @property
     def calibrator(self):
@@ -290,7 +295,13 @@ class CalibrateOnEvalMixin:
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call=_internal_call)
         if self.eval_calibration is not None and self.args.should_save:
-            self.eval_calibration.save(output_dir if output_dir is not None else self.args.output_dir)
+            folder = output_dir if output_dir is not None else self.args.output_dir
+            self.eval_calibration.save(folder)
+            if self.endpoint_handler is not False:
+                from .serving import write_endpoint_handler
+
+                requirement = None if self.endpoint_handler is True else self.endpoint_handler
+                write_endpoint_handler(folder, requirement=requirement, overwrite=True)  # the package's own files only
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """``Trainer.create_model_card``, plus the eval-split calibration results (``model-index`` and a section)."""

@@ -78,22 +78,21 @@ def model_fingerprint(model: nn.Module) -> dict[str, Any]:
 
 def _foreign_hooks(model: nn.Module) -> list[str]:
     """Forward hooks and pre-hooks that can change the model's outputs and that the key cannot describe: any on the
-    model or a submodule (the attached calibrator's own hook excepted: the calibrator is keyed by its weights), on the
-    attached calibrator, or registered globally; and a ``forward`` replaced on the instance."""
+    model or a submodule, on the attached calibrator, or registered globally; and a ``forward`` replaced on the instance
+    (the attached calibrator's own excepted: the calibrator is keyed by its weights)."""
     from torch.nn.modules import module as torch_module
 
     from .calibrators.attach import _ATTR
 
     attachment = model.__dict__.get(_ATTR)
-    own = {attachment[0].id} if attachment is not None else set()
-    modules = [("", m) for m in model.modules()] + ([("calibrator ", attachment[1])] if attachment is not None else [])
+    modules = [("", m) for m in model.modules()] + ([("calibrator ", attachment.calibrator)] if attachment is not None else [])
     found = []
     for prefix, module in modules:
         where = prefix + type(module).__name__
-        if "forward" in module.__dict__:
+        own = module is model and attachment is not None and attachment.previous is None
+        if "forward" in module.__dict__ and not (own and module.__dict__["forward"] is attachment.forward):
             found.append(f"{where}.forward replaced on the instance")
-        hooks = [h for i, h in module._forward_hooks.items() if not (module is model and i in own)]
-        for hook in [*module._forward_pre_hooks.values(), *hooks]:
+        for hook in [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]:
             found.append(f"{getattr(hook, '__qualname__', type(hook).__name__)} on {where}")
     for hook in [*torch_module._global_forward_pre_hooks.values(), *torch_module._global_forward_hooks.values()]:
         found.append(f"{getattr(hook, '__qualname__', type(hook).__name__)} (global)")

@@ -125,6 +125,10 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
             ``Calibrator``: fitted on ``eval_dataset`` at the end of ``train()`` (``trainer.calibrator``), saved in
             ``calibrator/`` beside the model by ``save_model`` and ``push_to_hub``, whose model card then carries ECE
             and NLL before / after as ``model-index`` results (see :mod:`hf_calibration.eval_calibration`).
+        endpoint_handler: with ``calibrate_on_eval``, ``save_model`` (hence ``push_to_hub``) also writes
+            ``handler.py`` and ``requirements.txt`` beside the model, so that a Hugging Face Inference Endpoint serves
+            calibrated scores (``hf_calibration.write_endpoint_handler``); ``True`` or the ``requirements.txt`` line
+            that installs hf-calibration there (a string).
         **kwargs: everything `Trainer` takes (``model``, ``args``, ``train_dataset``, ``optimizers`` ...).
 
     The loss's trainable parameters join the optimizer as extra parameter groups, with the Trainer's learning
@@ -149,6 +153,7 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
         maccal_dataset: Any = None,
         mixup_alpha: float = 0.0,
         calibrate_on_eval: Any = None,
+        endpoint_handler: bool | str = False,
         **kwargs: Any,
     ):
         if compute_loss is not None and compute_loss_func is not None:
@@ -194,7 +199,7 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
                 find_classifier_head(self.model, head)  # fail now, not at the first step, when there is no head
         if isinstance(self.calibration_loss, nn.Module):
             self._prepare_loss(self.calibration_loss)
-        self._init_calibrate_on_eval(calibrate_on_eval)
+        self._init_calibrate_on_eval(calibrate_on_eval, endpoint_handler)
 
     def _prepare_loss(self, loss: nn.Module) -> None:
         """Fill the loss's ``num_classes`` from the model, seed its gate from ``args.seed``, put it on the device."""

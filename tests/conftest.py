@@ -7,3 +7,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_calibration_tests_"))
+
+# Property tests draw new cases on every run locally (that is how they find bugs); in CI they replay a fixed
+# sequence, so a run that passed on a branch passes again on main (`HYPOTHESIS_PROFILE=dev` to explore there too).
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))

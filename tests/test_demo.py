@@ -71,6 +71,55 @@ def test_table_matches_an_independent_recomputation_from_the_saved_logits(demo):
         np.testing.assert_array_equal(data["labels_val"], split.calibration_labels)
 
 
+def test_digits_model_and_logits_are_the_demo_models_and_are_cached(demo):
+    """The documentation's stand-ins: the demo's own cross-entropy model (same seed and settings), trained once."""
+    from hf_calibration.demo import PixelDataset, _digits_model, digits_logits, digits_model
+
+    _, out = demo
+    settings = dict(epochs=TINY["epochs"], train_size=TINY["train_size"], calibration_size=TINY["calibration_size"],
+                    test_size=TINY["test_size"])
+    _digits_model.cache_clear()
+    got = digits_logits(0, **settings)
+    with np.load(out / "logits_vit_ce.npz") as data:
+        for mine, theirs in zip(got, (data["logits_val"], data["labels_val"], data["logits_test"], data["labels_test"])):
+            assert mine.dtype == theirs.dtype
+            np.testing.assert_array_equal(mine, theirs)
+    got.val_logits[:] = 0  # a caller's edit does not reach the cache
+    model, processor = digits_model(0, **settings)
+    assert _digits_model.cache_info().hits == 1 and digits_logits(0, **settings).val_logits.any()
+    # the model is the one behind the logits, through the image processor it comes with
+    split = digits_splits(0, calibration_size=60, test_size=80, train_size=100)
+    pixels = PixelDataset(split.test_images, split.test_labels, processor).pixel_values
+    with torch.no_grad():
+        np.testing.assert_allclose(model(pixel_values=pixels).logits.numpy(), got.test_logits, rtol=1e-5, atol=1e-5)
+    model.classifier.weight.data.zero_()  # a copy: the cached model is untouched
+    assert digits_model(0, **settings)[0].classifier.weight.abs().sum() > 0
+
+
+def test_digits_dataset_holds_the_splits_images_and_labels():
+    from hf_calibration.demo import digits_dataset
+
+    data = digits_dataset(3, calibration_size=60, test_size=80, train_size=100)
+    split = digits_splits(3, calibration_size=60, test_size=80, train_size=100)
+    assert list(data) == ["train", "validation", "test"]
+    assert data["test"].features["label"].names == [str(k) for k in range(10)]
+    for name, images, labels in (("train", split.train_images, split.train_labels),
+                                 ("validation", split.calibration_images, split.calibration_labels),
+                                 ("test", split.test_images, split.test_labels)):
+        assert data[name]["label"] == labels.tolist()
+        stored = data[name]["image"]
+        assert len(stored) == len(images)
+        for a, b in zip(stored[:5], images[:5]):  # PNG-encoded in the Arrow table: the same pixels back
+            np.testing.assert_array_equal(np.asarray(a.convert("RGB")), np.asarray(b))
+    # a PixelDataset takes the dataset's columns as they are (image processors refuse a `datasets` Column)
+    from hf_calibration.demo import PixelDataset, digits_image_processor
+
+    processor = digits_image_processor()
+    from_columns = PixelDataset(data["test"]["image"], data["test"]["label"], processor)
+    from_lists = PixelDataset(split.test_images, split.test_labels, processor)
+    assert torch.equal(from_columns.pixel_values, from_lists.pixel_values) and torch.equal(from_columns.labels, from_lists.labels)
+
+
 def test_writes_reliability_diagrams_and_a_shareable_folder(demo):
     result, out = demo
     pngs = sorted(out.glob("reliability_*.png"))

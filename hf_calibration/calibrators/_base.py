@@ -23,7 +23,7 @@ from torch import nn
 from .. import hub
 from .._checks import resolve_from_logits
 from ..metrics._format import prepare, top_label
-from . import _inputs
+from . import _graph, _inputs
 from . import attach as _attach
 from ._threads import torch_single_threaded
 from .objectives import get_objective, objective_kwargs
@@ -137,6 +137,11 @@ class Calibrator(
     def _forward_fused(self, z: torch.Tensor) -> torch.Tensor | None:
         """The whole forward (checks, map, argmax guard) in one fused pass, where a subclass has one; None otherwise."""
         return None
+
+    def _calibrate_graph(self, z: torch.Tensor) -> torch.Tensor:
+        """``_calibrate`` with tensor operations only (no branch on values, no numpy, no host sync), for
+        :meth:`graph_forward`. The default is ``_calibrate`` itself, right for maps that are plain tensor programs."""
+        return self._calibrate(z)
 
     # ------------------------------------------------------------------ state
     @property
@@ -357,6 +362,31 @@ class Calibrator(
             moved = (out.argmax(dim=1) != top).nonzero()[:, 0]
             if moved.numel():  # rounding merged the top logits: keep the original winner strictly on top
                 out[moved, top[moved]] = _next_up(out[moved, top[moved]])
+        return out
+
+    def graph_forward(self, logits: torch.Tensor) -> torch.Tensor:
+        """``forward`` for a tracer: ``torch.compile`` (no graph break), ``torch.export`` and the ONNX exporter.
+
+        The same calibrated logits (to rounding: the fused CPU kernels and numpy maps of ``forward`` become tensor
+        operations) for a floating (N, K) tensor of logits, without ``forward``'s checks, which depend on the values:
+        non-finite logits give non-finite outputs instead of a ``ValueError``, and probabilities are not detected
+        (the input is taken as logits, which is what a model returns). The argmax guard of ``preserves_argmax`` holds.
+        ``attach`` uses it whenever a tracer runs the model (``_graph.tracing``)."""
+        self._check_fitted()
+        cdtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        zc = logits.to(cdtype)
+        if not self.shift_invariant:
+            zc = _inputs.canonical(zc)
+        info = torch.finfo(cdtype)
+        out = self._calibrate_graph(zc).clamp(info.min, info.max)  # log(0) = -inf of a top-label map, as forward
+        if logits.dtype != cdtype:  # low precision: rows beyond its range shifted by their maximum, then saturated
+            limit = torch.finfo(logits.dtype).max
+            big = out.abs().amax(dim=1, keepdim=True) > limit
+            out = torch.where(big, (out - out.amax(dim=1, keepdim=True)).clamp_min(-limit), out).to(logits.dtype)
+        if self.preserves_argmax:
+            top = logits.argmax(dim=1, keepdim=True)
+            moved = _graph.one_hot_of(top, logits.shape[1]) & (out.argmax(dim=1, keepdim=True) != top)
+            out = torch.where(moved, _graph.next_up(out), out)
         return out
 
     def predict_proba(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:

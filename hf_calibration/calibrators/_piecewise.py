@@ -13,6 +13,8 @@ so that a checkpoint is three tensors whatever the fit set was. A group with no 
 The maps are evaluated with numpy on the CPU: single-threaded, so that they stay fast on a busy machine
 (torch's parallel kernels on small (N, K) arrays ran 300x slower on a busy 2-core machine).
 Loading resizes the buffers to the checkpoint's shapes (a fitted calibrator's size is not known before).
+The same maps are also kept as padded ``(G, L)`` tables (non-persistent buffers, rebuilt by ``set`` and by loading),
+which ``_graph.py`` evaluates with tensor operations only, for ``torch.compile``, ``torch.export`` and ONNX.
 
 ``PiecewiseCalibrator`` is the base of the calibrators built from such maps. They have no fit objective to
 choose: each fits its own criterion (bin frequencies, the isotonic least-squares fit, a least-squares spline),
@@ -69,6 +71,10 @@ class PiecewiseMaps(nn.Module):
         self.register_buffer("knots", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("values", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("offsets", torch.zeros(1, dtype=torch.int64))
+        # padded per-group tables for the traceable path (_graph.py): rebuilt from the three above, never saved
+        self.register_buffer("graph_knots", torch.full((0, 1), float("inf"), dtype=torch.float64), persistent=False)
+        self.register_buffer("graph_values", torch.zeros((0, 1), dtype=torch.float64), persistent=False)
+        self.register_buffer("graph_sizes", torch.zeros(0, dtype=torch.int64), persistent=False)
 
     @property
     def num_groups(self) -> int:
@@ -82,6 +88,30 @@ class PiecewiseMaps(nn.Module):
         self.knots = torch.from_numpy(np.concatenate([np.asarray(k, np.float64) for k, _ in maps] or [empty])).to(device)
         self.values = torch.from_numpy(np.concatenate([np.asarray(v, np.float64) for _, v in maps] or [empty])).to(device)
         self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)).to(device)
+        self._build_graph_tables()
+
+    def _build_graph_tables(self) -> None:
+        """The padded ``(G, L)`` tables of the stored maps (knots padded with +inf, values with the group's last)."""
+        offsets = self.offsets.detach().cpu().numpy()
+        knots, values = self.knots.detach().cpu().numpy(), self.values.detach().cpu().numpy()
+        sizes = np.diff(offsets) if offsets.size > 1 else np.zeros(0, np.int64)
+        if (sizes < 0).any() or values.size != knots.size or (offsets.size and offsets[-1] != knots.size):
+            return  # inconsistent maps: refused by _check_state on load; nothing to tabulate
+        width = max(int(sizes.max(initial=0)), 1)
+        table_knots = np.full((sizes.size, width), np.inf)
+        table_values = np.zeros((sizes.size, width))
+        for g, (lo, n) in enumerate(zip(offsets[:-1], sizes)):
+            table_knots[g, :n] = knots[lo : lo + n]
+            table_values[g, :n] = values[lo : lo + n]
+            table_values[g, n:] = values[lo + n - 1] if n else 0.0
+        device = self.knots.device
+        self.graph_knots = torch.from_numpy(table_knots).to(device)
+        self.graph_values = torch.from_numpy(table_values).to(device)
+        self.graph_sizes = torch.from_numpy(sizes.astype(np.int64)).to(device)
+
+    def graph_tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(knots (G, L), values (G, L), sizes (G,))``: the maps as ``_graph.step_lookup`` / ``linear_interp`` read them."""
+        return self.graph_knots, self.graph_values, self.graph_sizes
 
     def group(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
         lo, hi = int(self.offsets[g]), int(self.offsets[g + 1])
@@ -130,6 +160,7 @@ class PiecewiseMaps(nn.Module):
                 current = self._buffers[name]
                 self._buffers[name] = torch.empty(incoming.shape, dtype=current.dtype, device=current.device)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        self._build_graph_tables()
 
 
 class PiecewiseCalibrator(Calibrator):

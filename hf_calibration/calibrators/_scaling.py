@@ -48,6 +48,17 @@ class TemperatureCalibrator(Calibrator):
             out[rows] = shifted.clamp_min(torch.finfo(z.dtype).min).to(z.dtype)
         return out
 
+    def _graph_temperature(self, z: torch.Tensor) -> torch.Tensor:
+        """``_temperature`` with tensor operations only (see ``Calibrator._calibrate_graph``); the default is itself."""
+        return self._temperature(z)
+
+    def _calibrate_graph(self, z: torch.Tensor) -> torch.Tensor:
+        temp = self._graph_temperature(z).detach()
+        out = z / temp
+        # rows whose |z| / T overflows: shifted by their maximum first, as _calibrate does (the softmax is the same)
+        shifted = ((z.double() - z.double().amax(dim=1, keepdim=True)) / temp.double()).clamp_min(torch.finfo(z.dtype).min)
+        return torch.where(torch.isfinite(out).all(dim=1, keepdim=True), out, shifted.to(z.dtype))
+
     def temperature(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
         """Per-sample temperatures (N,) for these logits (all equal for temperature scaling); for probabilities
         (detected as in ``forward``), the temperatures of ``log(p)``."""

@@ -85,6 +85,17 @@ class TopLabelCalibrator(PiecewiseCalibrator):
         """Calibrated top-label confidences (float64, (N,)) for confidences and predicted classes."""
         raise NotImplementedError
 
+    def _map_confidence_graph(self, confidence: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+        """``_map_confidence`` in tensor operations (float64 (N,) confidences, (N,) predicted classes), for tracers."""
+        raise NotImplementedError
+
+    def _calibrate_graph(self, z: torch.Tensor) -> torch.Tensor:
+        from . import _graph
+
+        top, is_top, confidence, floor, rest = _graph.top_label(z.double())
+        out = _graph.rescale_top_label(is_top, floor, rest, self._map_confidence_graph(confidence, top[:, 0]))
+        return out.to(z.dtype)
+
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
         # numpy on the CPU (see _piecewise.py): single-threaded, steady on a busy machine, any input device
         parts = top_label(z.detach().cpu().numpy())

@@ -1,4 +1,4 @@
-"""Attach a calibrator to a classifier: a forward hook that replaces the output's logits with calibrated ones.
+"""Attach a calibrator to a classifier: its ``forward`` returns calibrated logits in place of its own.
 
 Works on any module whose forward returns a transformers ``ModelOutput`` with ``logits``
 (ViT, Swin, ResNet, ``TimmWrapperForImageClassification``, ...), a tuple (``return_dict=False``: the first
@@ -7,20 +7,70 @@ Pipelines call the model's forward, so ``pipeline("image-classification", model=
 calibrated too, and ``attach(pipe)`` on a pipeline object attaches to ``pipe.model``. A loss the model computes
 from ``labels`` inside its forward stays the uncalibrated one. A calibrator whose ``preserves_argmax`` is False
 logs a warning when attached: the model's predicted classes may change.
+
+The mechanism: ``attach`` sets ``forward`` on the model instance (a method wrapping the class's forward, or the
+instance forward another library set before, with its signature), and ``detach`` removes it. The calibration is then
+inside ``model.forward`` itself, so ``torch.compile(model)`` and ``torch.export.export(model, ...)`` trace model and
+calibrator as one graph; a forward hook on the top module, the mechanism before, was compiled as a second graph
+after the model's. When a tracer runs the model (``torch.compile``, ``torch.export``, the ONNX exporter), the
+calibrator's ``graph_forward`` is called, the same map in tensor operations only (no graph break); eager calls keep
+``forward``'s input checks. The calibrator is a plain attribute of the attachment: not a submodule, not in the
+model's ``state_dict``. ``observe_uncalibrated(model, fn)`` lets a caller read the model's own output before the
+calibrator (what conformal sets are computed from).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import sys
-from typing import Any
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-_ATTR = "_hf_calibration_attachment"  # on the model: (hook handle, calibrator)
+from . import _graph
+
+_ATTR = "_hf_calibration_attachment"  # on the model: its _Attachment
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Attachment:
+    """What ``attach`` put on a model: the calibrator, the instance ``forward`` it replaced (None: the class's), the
+    ``forward`` it set, and the observers of the uncalibrated output."""
+
+    calibrator: nn.Module
+    previous: Any
+    forward: Any = None
+    observers: list[Callable[[Any], None]] = field(default_factory=list)
+
+
+def _calibrated_forward(inner: Callable) -> Callable:
+    """A ``forward(self, ...)`` that runs ``inner`` (the class's forward, or the replaced instance forward), shows its
+    output to the observers, then calibrates its logits. ``functools.wraps`` keeps ``inner``'s signature, which
+    ``Trainer`` and pipelines inspect."""
+
+    @functools.wraps(inner)
+    def forward(self, *args, **kwargs):
+        entry = self.__dict__[_ATTR]
+        output = inner(self, *args, **kwargs) if entry.previous is None else entry.previous(*args, **kwargs)
+        for observe in entry.observers:
+            observe(output)
+        calibrator = entry.calibrator
+        if _graph.tracing():  # compile / export: the branch-free map, traced into the model's graph
+            return _replace_logits(output, calibrator.graph_forward)
+        return _replace_logits(output, lambda logits: calibrator(logits, from_logits=True))  # a model's outputs are logits
+
+    if not isinstance(inner, types.FunctionType):  # a bound instance forward: its signature, with `self` put back
+        signature = inspect.signature(inner)
+        forward.__signature__ = signature.replace(
+            parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *signature.parameters.values()])
+    return forward
 
 
 def _replace_logits(output: Any, calibrate) -> Any:
@@ -64,16 +114,16 @@ def attach(calibrator: nn.Module, model: Any) -> Any:
         )
     if model.__dict__.get(_ATTR) is not None:
         raise ValueError(
-            f"Expected argument `model` to have no calibrator attached, but a {type(model.__dict__[_ATTR][1]).__name__} "
+            f"Expected argument `model` to have no calibrator attached, but a {type(model.__dict__[_ATTR].calibrator).__name__} "
             "is attached to it; detach it first."
         )
     calibrator._check_fitted()
-
-    def hook(module, args, output):
-        return _replace_logits(output, lambda logits: calibrator(logits, from_logits=True))  # a model's outputs are logits
-
-    handle = model.register_forward_hook(hook)
-    model.__dict__[_ATTR] = (handle, calibrator)  # plain attribute: not a submodule, not in the model's state_dict
+    previous = model.__dict__.get("forward")  # an instance forward set before (accelerate's hooks), or None
+    entry = _Attachment(calibrator, previous)
+    inner = type(model).forward if previous is None else previous
+    entry.forward = types.MethodType(_calibrated_forward(inner), model)
+    model.__dict__[_ATTR] = entry  # plain attribute: not a submodule, not in the model's state_dict
+    model.__dict__["forward"] = entry.forward
     calibrator.__dict__["_attached_to"] = model
     if not getattr(calibrator, "preserves_argmax", True):
         logger.warning(
@@ -86,12 +136,19 @@ def attach(calibrator: nn.Module, model: Any) -> Any:
 
 
 def detach(calibrator: nn.Module) -> nn.Module:
-    """Remove the hook ``attach`` installed; the model behaves exactly as before. Returns the model."""
+    """Remove the ``forward`` ``attach`` set; the model behaves exactly as before. Returns the model."""
     model = getattr(calibrator, "_attached_to", None)
     if model is None:
         raise RuntimeError(f"This {type(calibrator).__name__} is not attached to any model: nothing to detach.")
-    handle, _ = model.__dict__.pop(_ATTR)
-    handle.remove()
+    entry = model.__dict__[_ATTR]
+    if model.__dict__.get("forward") is not entry.forward:
+        raise RuntimeError(f"The {type(model).__name__}'s forward was replaced after the calibrator was attached (by another "
+                           "library's hooks?): remove that first, then detach the calibrator.")
+    del model.__dict__[_ATTR]
+    if entry.previous is None:
+        del model.__dict__["forward"]
+    else:
+        model.__dict__["forward"] = entry.previous
     calibrator.__dict__["_attached_to"] = None
     return model
 
@@ -99,4 +156,28 @@ def detach(calibrator: nn.Module) -> nn.Module:
 def attached_calibrator(model: nn.Module):
     """The calibrator attached to ``model``, or None."""
     entry = model.__dict__.get(_ATTR)
-    return None if entry is None else entry[1]
+    return None if entry is None else entry.calibrator
+
+
+def attached_forward(model: nn.Module):
+    """The ``forward`` that ``attach`` set on ``model`` (None without a calibrator)."""
+    entry = model.__dict__.get(_ATTR)
+    return None if entry is None else entry.forward
+
+
+def uncalibrated_forward(model: nn.Module) -> Callable:
+    """``model``'s forward without its attached calibrator (its own forward when none is attached)."""
+    entry = model.__dict__.get(_ATTR)
+    if entry is None:
+        return model.forward
+    return entry.previous if entry.previous is not None else types.MethodType(type(model).forward, model)
+
+
+def observe_uncalibrated(model: nn.Module, observer: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``observer(output)`` with the model's own output, before its attached calibrator, at each forward; returns
+    the function that removes it. ``ValueError`` when no calibrator is attached (a forward hook sees that output)."""
+    entry = model.__dict__.get(_ATTR)
+    if entry is None:
+        raise ValueError("Expected argument `model` to have a calibrator attached (without one, a forward hook sees its own output).")
+    entry.observers.append(observer)
+    return lambda: entry.observers.remove(observer) if observer in entry.observers else None

@@ -27,8 +27,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from .._checks import check_choice, check_int
+from . import _graph
 from ._piecewise import PiecewiseMaps
 from ._registry import register_calibrator
 from ._toplabel import TopLabelCalibrator
@@ -152,6 +154,18 @@ class HistogramBinning(
         if not self.per_class:
             return self.maps.evaluate(confidence, None, step=True)
         return self.maps.evaluate(confidence, self._groups(top), step=True)
+
+    def _map_confidence_graph(self, confidence, top):
+        tables = self.maps.graph_tables()
+        if not self.per_class:
+            return _graph.step_lookup(confidence, torch.zeros_like(top), tables)
+        sizes = tables[2]
+        k = (self.fit_info_ or {}).get("num_classes", sizes.numel())
+        if sizes.numel() != k + 1:  # no pooled map (a checkpoint from before it existed): each class's own, or none
+            return _graph.step_lookup(confidence, top, tables)
+        # as _groups: the class's own binning, else the pooled one (group K) when it has bins, else the identity
+        groups = torch.where(sizes[top] > 0, top, torch.full_like(top, k))
+        return _graph.step_lookup(confidence, groups, tables)
 
     def _groups(self, top: np.ndarray) -> np.ndarray:
         """The map of each prediction: its class's own binning, else the pooled one (group K), else none (identity)."""

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from scipy.special import softmax
 
+from . import _graph
 from ._piecewise import PiecewiseCalibrator, PiecewiseMaps
 from ._registry import register_calibrator
 from ._toplabel import TopLabelCalibrator
@@ -80,6 +81,9 @@ class IsotonicRegression(
     def _map_confidence(self, confidence: np.ndarray, top: np.ndarray) -> np.ndarray:
         return self.maps.evaluate(confidence, step=False)
 
+    def _map_confidence_graph(self, confidence, top):
+        return _graph.linear_interp(confidence, torch.zeros_like(top), self.maps.graph_tables())
+
 
 @register_calibrator
 class OneVsRestIsotonicRegression(
@@ -121,6 +125,12 @@ class OneVsRestIsotonicRegression(
         calibrated = np.maximum(calibrated, MIN_PROBABILITY)
         out = np.log(calibrated / calibrated.sum(axis=1, keepdims=True))
         return torch.from_numpy(out).to(device=z.device, dtype=z.dtype)
+
+    def _calibrate_graph(self, z: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(z.double(), dim=1)
+        classes = torch.arange(z.shape[1], device=z.device).expand_as(probs)
+        calibrated = torch.maximum(_graph.linear_interp(probs, classes, self.maps.graph_tables()), _graph.constant(probs, MIN_PROBABILITY))
+        return torch.log(calibrated / calibrated.sum(dim=1, keepdim=True)).to(z.dtype)
 
     def _card_description(self) -> str:
         return ("It maps each class's probability through its own isotonic (non-decreasing) map and normalises "

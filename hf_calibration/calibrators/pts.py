@@ -37,6 +37,7 @@ from torch import nn
 
 from .._checks import check_float, check_int, check_seed
 from ._lbfgs import l2_penalty, minimize
+from . import _graph
 from ._partition import LogPartitionTable
 from ._registry import register_calibrator
 from ._scaling import TemperatureCalibrator
@@ -160,7 +161,8 @@ class ParameterizedTemperatureScaling(
 
     def temperature_of_inputs(self, x: torch.Tensor, params: list[torch.Tensor] | None = None) -> torch.Tensor:
         """``T = clip(|MLP(x)|, 1e-12, 1e12)`` (N,) for sorted inputs ``x``."""
-        return self._mlp(x, params).abs().clamp(T_FLOOR, T_CEIL)
+        t = self._mlp(x, params).abs()
+        return torch.minimum(torch.maximum(t, _graph.constant(t, T_FLOOR)), _graph.constant(t, T_CEIL))  # float64 in a graph too
 
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
         device = self.layers[0].weight.device

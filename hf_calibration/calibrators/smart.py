@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .._checks import check_float, check_int, check_seed
-from . import _apply
+from . import _apply, _graph
 from ._optim import adam_early_stopping
 from ._partition import GRID, LogPartitionTable
 from ._registry import register_calibrator
@@ -48,6 +48,11 @@ def logit_margin(z: torch.Tensor) -> torch.Tensor:
     """``z_(1) - z_(2)`` per row in float64 (exact for float32 logits; 0 for tied top-two logits)."""
     top2 = torch.topk(z, 2, dim=1).values.double()
     return top2[:, 0] - top2[:, 1]
+
+
+def _softplus(x: torch.Tensor) -> torch.Tensor:
+    """torch's softplus (beta 1, threshold 20) in elementary operations: ONNX Runtime has no float64 Softplus."""
+    return torch.where(x > 20, x, torch.log1p(torch.exp(x)))
 
 
 @register_calibrator
@@ -120,13 +125,18 @@ class SMARTCalibrator(
                 layer.weight.uniform_(-bound, bound, generator=generator)
                 layer.bias.uniform_(-bound, bound, generator=generator)
 
-    def temperature_of_margin(self, margin: torch.Tensor) -> torch.Tensor:
+    def temperature_of_margin(self, margin: torch.Tensor, *, softplus=nn.functional.softplus) -> torch.Tensor:
         """``T(m)`` (float64, shape (N,)) for raw margins ``m`` (differentiable in the MLP's weights)."""
         m_hat = ((margin.double() - self.margin_mean) / self.margin_std)[:, None]
         # elementwise products and a row sum rather than matmuls: each row's T does not depend on the batch
         # it is computed in (BLAS kernels vary with the batch size), so block-wise and whole-tensor calls agree
         hidden = torch.relu(m_hat * self.hidden.weight[:, 0] + self.hidden.bias)
-        return nn.functional.softplus((hidden * self.output.weight[0]).sum(dim=1) + self.output.bias) + self.eps
+        out = softplus((hidden * self.output.weight[0]).sum(dim=1) + self.output.bias)
+        return out + _graph.constant(out, self.eps)  # a float64 tensor, not a Python float
+
+    def _graph_temperature(self, z: torch.Tensor) -> torch.Tensor:
+        # the fused kernel's T in torch (float64, as the kernel computes it), cast to z's dtype as the kernel does
+        return self.temperature_of_margin(logit_margin(z), softplus=_softplus).to(z.dtype)[:, None]
 
     def _check_state(self, where: str) -> None:
         std = float(self.margin_std)

@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from .._checks import check_int
+from . import _graph
 from ._piecewise import PiecewiseMaps, clip_linear_map
 from ._registry import register_calibrator
 from ._toplabel import TopLabelCalibrator
@@ -88,3 +90,6 @@ class SplineCalibration(
 
     def _map_confidence(self, confidence: np.ndarray, top: np.ndarray) -> np.ndarray:
         return np.clip(self.maps.evaluate(confidence, step=False), 0.0, 1.0)
+
+    def _map_confidence_graph(self, confidence, top):
+        return _graph.linear_interp(confidence, torch.zeros_like(top), self.maps.graph_tables()).clamp(0.0, 1.0)

@@ -1,5 +1,5 @@
 """The ``hf-calibration`` command line; one module per subcommand (``report``, ``fit``, ``apply``, ``compare``, ``conformal``,
-``shift``, ``demo``).
+``shift``, ``export``, ``demo``).
 
     hf-calibration report --logits LOGITS.npz [--split test] [--probs | --from-logits] [--diagram out.png] [--json]
     hf-calibration fit    --logits VAL.npz --method smart|ts|...|auto [--objective ...] --out DIR [--overwrite] [--push-to-hub REPO [--dry-run]]
@@ -7,6 +7,7 @@
     hf-calibration compare --logits VAL.npz [--methods ts,smart,...] [--cv 5] [--metric ece] [--out DIR] [--json]
     hf-calibration conformal --logits VAL.npz [--method raps] [--alpha 0.1] [--test-split test] [--calibrator DIR|ts] [--out DIR]
     hf-calibration shift  --model M --dataset D [--split test] [--calibrator C ...] [--corruptions all] [--severities 1-5] [--ood-dataset D2]
+    hf-calibration export --model DIR --out MODEL.onnx [--no-conformal] [--endpoint-handler [--requirement SPEC]] [--overwrite]
     hf-calibration demo   [--output_dir DIR] [--seed 0] [--epochs N] ...
     hf-calibration push-metrics --namespace ORG [--metrics ece,smce] [--requirement SPEC] [--dry-run [--out DIR] [--overwrite]]
 
@@ -31,7 +32,7 @@ from ._common import PROG, CLIError, Parser, load_calibrator
 
 __all__ = ["COMMANDS", "PROG", "CLIError", "build_parser", "load_calibrator", "main"]
 
-COMMANDS = ("report", "fit", "apply", "compare", "conformal", "shift", "demo", "push_metrics")  # subcommand modules, in --help order
+COMMANDS = ("report", "fit", "apply", "compare", "conformal", "shift", "export", "demo", "push_metrics")  # subcommand modules, in --help order
 # a library error's advice and argument names are the API's; the command line's switches replace them
 _API_ADVICE = {"Pass `from_logits=True` or `False` explicitly (False: every row must then be a probability vector).":
                "Pass --from-logits or --probs (then every row must be a probability vector)."}

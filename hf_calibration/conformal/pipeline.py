@@ -1,7 +1,8 @@
 """Prediction sets in an image-classification ``pipeline``'s results: ``ConformalPredictor.attach(pipe)``.
 
-The pipeline's forward is wrapped (on that pipeline object only; the model is untouched outside its calls): a forward
-hook placed before any other reads the model's own logits, and the batch's sets are computed from them there, through
+The pipeline's forward is wrapped (on that pipeline object only; the model is untouched outside its calls): the model's
+own logits are read during the call (before an attached calibrator, through ``observe_uncalibrated``; otherwise by a
+forward hook placed before any other), and the batch's sets are computed from them there, through
 the predictor's calibrator if it has one, exactly as ``predict_sets`` does. A calibrator attached to the model
 (``Calibrator.attach``) changes the scores the pipeline prints, not the sets: fit the predictor with
 ``calibrator=...`` to combine them. Then each result row gets ``"in_set"`` (bool), and the rows are the ``top_k`` most
@@ -70,12 +71,17 @@ def attach(predictor, pipe: Any) -> Any:
     default_top_k = inspect.signature(postprocess).parameters["top_k"].default
 
     def _forward(model_inputs, **kwargs):
+        from ..calibrators.attach import observe_uncalibrated
+
         captured = []
-        handle = model.register_forward_hook(lambda module, args, output: captured.append(_logits_of(output)), prepend=True)
+        if attached_calibrator(model) is not None:  # the model's own logits, before the calibrator inside its forward
+            remove = observe_uncalibrated(model, lambda output: captured.append(_logits_of(output)))
+        else:
+            remove = model.register_forward_hook(lambda module, args, output: captured.append(_logits_of(output)), prepend=True).remove
         try:
             outputs = forward(model_inputs, **kwargs)
         finally:
-            handle.remove()
+            remove()
         if not captured:
             raise RuntimeError("The pipeline's forward did not run its model: no logits to build prediction sets from.")
         outputs[_SETS_KEY] = predictor.predict_sets(captured[-1].detach(), from_logits=True)

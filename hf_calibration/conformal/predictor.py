@@ -287,6 +287,20 @@ class ConformalPredictor(
         sets = sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
         return sets.cpu().numpy() if isinstance(logits, np.ndarray) else sets
 
+    def draw_uniforms(self, n: int, *, generator: torch.Generator | int | None = None) -> torch.Tensor | None:
+        """The (n,) float64 Uniform(0, 1) draws that ``predict_sets`` would use for its next ``n`` rows, taken from the
+        predictor's stream (which they advance) or from ``generator``; None when the scores are not randomised. An
+        exported graph (``hf_calibration.export_onnx``) takes them as its input ``u``."""
+        self._check_fitted()
+        n = check_int(n, "n", minimum=0)
+        if isinstance(generator, int) and not isinstance(generator, bool):
+            generator = _generator(generator)
+        elif generator is None:
+            generator = self.__dict__["_predict_generator"]
+        elif not isinstance(generator, torch.Generator):
+            raise TypeError(f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}.")
+        return self._draws(n, generator, torch.device("cpu"))
+
     def forward(self, logits: Any, from_logits: bool | None = None):
         """``predict_sets(logits)``."""
         return self.predict_sets(logits, from_logits=from_logits)

@@ -87,3 +87,53 @@ def sets_from_scores(scores: torch.Tensor, q_hat: float, *, allow_empty: bool = 
             rows = empty.nonzero()[:, 0]
             sets[rows, scores[rows].argmin(dim=1)] = True
     return sets
+
+
+PAIRWISE_MAX_K = 2048  # up to this K the traced order ranks classes by pairwise comparison (N K^2 booleans)
+
+
+def sort_probabilities_graph(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sort_probabilities` for tracers (the ONNX exporter has no stable sort), with the same order.
+
+    Up to ``PAIRWISE_MAX_K`` classes, each class's rank is the number of classes before it (a larger probability, or an
+    equal one at a lower index): exactly the stable sort's order, ties included, which piecewise calibrators (isotonic,
+    histogram binning) produce in numbers. Beyond, ``torch.topk`` (ONNX TopK), whose order of tied probabilities is
+    the runtime's."""
+    k = probs.shape[1]
+    if k > PAIRWISE_MAX_K:
+        return torch.topk(probs, k, dim=1, largest=True, sorted=True)
+    index = torch.arange(k, device=probs.device)
+    before = (probs[:, :, None] > probs[:, None, :]) | ((probs[:, :, None] == probs[:, None, :]) & (index[:, None] < index[None, :]))
+    rank = before.sum(dim=1)  # (N, K): the rank of each class, 0 for the most probable
+    order = torch.zeros_like(rank).scatter(1, rank, index.expand_as(rank))  # the class at each rank
+    return probs.gather(1, order), order
+
+
+def conformity_scores_graph(
+    probs: torch.Tensor, method: Method, u: torch.Tensor | None = None, *, k_reg: int = 0, penalty: float = 0.0
+) -> torch.Tensor:
+    """:func:`conformity_scores` for tracers (``torch.export``, ONNX): the same scores, the order from
+    :func:`sort_probabilities_graph`, the cumulated sums in the same sequence."""
+    if method == "thr":
+        return torch.rsub(probs, 1.0)
+    if method not in METHODS:
+        raise ValueError(f"Expected argument `method` to be one of {list(METHODS)}, but got {method!r}.")
+    ordered, order = sort_probabilities_graph(probs)
+    ranked = torch.cumsum(ordered, dim=1)
+    if u is not None:
+        ranked = ranked - u[:, None] * ordered
+    if method == "raps" and penalty:
+        # the penalty by rank as a float64 constant (K is fixed): a Python scalar times a tensor is exported with the
+        # scalar as a float32 constant, 0.1 becoming 0.10000000149 (scores 6e-9 off at rank 5)
+        by_rank = [penalty * max(j - k_reg, 0) for j in range(1, probs.shape[1] + 1)]
+        ranked = ranked + torch.tensor(by_rank, dtype=ordered.dtype, device=ordered.device)
+    return torch.zeros_like(ranked).scatter(1, order, ranked)
+
+
+def sets_from_scores_graph(scores: torch.Tensor, q_hat: float | torch.Tensor, *, allow_empty: bool = False) -> torch.Tensor:
+    """:func:`sets_from_scores` without a branch on values, for tracers (``torch.export``, ONNX): the same sets."""
+    sets = scores <= q_hat
+    if allow_empty:
+        return sets
+    lowest = torch.arange(scores.shape[1], device=scores.device) == scores.argmin(dim=1, keepdim=True)
+    return sets | (lowest & ~sets.any(dim=1, keepdim=True))

@@ -328,7 +328,10 @@ from hypothesis import strategies as st
 
 @st.composite
 def _diagram_case(draw):
-    """Random (N, K) logits with all-right / all-wrong bins, exact ties and rounded rows, as the demo makes them."""
+    """Random (N, K) logits with all-right / all-wrong bins, exact ties and rounded rows, as the demo makes them.
+
+    Rounded logits can look like probability rows (``[0.6, 0.4]``), so the tests say ``from_logits=True``.
+    """
     n = draw(st.integers(1, 60))
     k = draw(st.integers(2, 6))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -349,7 +352,7 @@ def _diagram_case(draw):
 @given(case=_diagram_case(), level=st.sampled_from([0.5, 0.9, 0.95, 0.99]))
 def test_table_intervals_bracket_their_estimate(case, level):
     logits, target, n_bins = case
-    table = reliability_table(logits, target, n_bins, ci=level)
+    table = reliability_table(logits, target, n_bins, ci=level, from_logits=True)
     filled = table.count > 0
     acc, low, high = table.accuracy[filled], table.accuracy_low[filled], table.accuracy_high[filled]
     assert (low <= acc).all() and (acc <= high).all() and (low >= 0).all() and (high <= 1).all()
@@ -364,7 +367,7 @@ def test_every_diagram_draws(case, layout):
     logits, target, n_bins = case
     # margin groups: at most one per sample (2 groups of a single sample is a ValueError by design)
     kwargs = {"single": {}, "pair": {"calibrated": logits / 3}, "margin_groups": {"margin_groups": min(2, len(target))}}[layout]
-    fig = reliability_diagram(logits, target, n_bins, n_boot=50, **kwargs)
+    fig = reliability_diagram(logits, target, n_bins, n_boot=50, from_logits=True, **kwargs)
     try:
         fig.canvas.draw()
     finally:

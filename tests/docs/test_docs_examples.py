@@ -1,0 +1,223 @@
+"""Every fenced python block of README.md and of docs/ (every page, new ones included) runs as written.
+
+The blocks of one page run in order, in one namespace and one scratch working folder, as a reader who copies
+them one after the other into a Python session would run them: one test per block, named by page and line, and
+a traceback that points at the page's own line. Selecting one block (``-k``) runs the blocks above it first.
+
+Offline, as the rest of the suite (``HF_HUB_OFFLINE=1``): pushes to the Hub land in a local stand-in
+(``_fake_hub.FakeHub``) from which the same page loads the repo back. Markers, in an HTML comment before a
+fence (``_markdown_blocks``): ``docs-test: skip REASON`` (compiled, not run) and ``docs-test: shared-logits``
+(the project's real-logit files, linked into the working folder; skipped where they are absent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from _fake_hub import FakeHub
+from _markdown_blocks import SHELL, Block, code_blocks, python_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_LOGITS = ROOT / ".." / "shared" / "data" / "logits"  # beside the repo in this project; absent in a user's clone
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCKS = [block for page in PAGES for block in python_blocks(page)]
+
+
+@dataclass
+class PageRun:
+    """One page's session: its namespace, its working folder, how far it got."""
+
+    folder: Path
+    namespace: dict = field(default_factory=lambda: {"__name__": "__main__"})
+    done: int = 0  # blocks run (or skipped) so far
+    stopped: str | None = None  # why the rest of the page cannot run
+
+
+_RUNS: dict[Path, PageRun] = {}
+_HUB = FakeHub()
+
+
+@pytest.fixture(scope="session")
+def scratch(tmp_path_factory):
+    yield tmp_path_factory.mktemp("docs")
+    _HUB.reset()
+    _RUNS.clear()
+
+
+@contextlib.contextmanager
+def _in_folder(folder: Path):
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _run(block: Block, run: PageRun) -> None:
+    code = compile("\n" * (block.line - 1) + block.code, str(block.page), "exec")  # tracebacks name the page's line
+    if block.marker == "skip":
+        return
+    if block.marker == "shared-logits":
+        if not SHARED_LOGITS.is_dir():
+            run.stopped = f"{_where(block)} reads the shared real-logit files, which are absent"
+            return
+        for path in SHARED_LOGITS.glob("*.npz"):
+            link = run.folder / path.name
+            if not link.exists():
+                link.symlink_to(path.resolve())
+    with _in_folder(run.folder):
+        exec(code, run.namespace)
+
+
+def _where(block: Block) -> str:
+    return f"{block.page.relative_to(ROOT)}:{block.line}"
+
+
+def _page_run(page: Path, scratch: Path) -> PageRun:
+    run = _RUNS.get(page)
+    if run is None:
+        _HUB.reset()  # each page starts from an empty Hub: repos pushed by another page are not there
+        folder = scratch / str(page.relative_to(ROOT)).replace(os.sep, "__")
+        folder.mkdir()
+        run = _RUNS[page] = PageRun(folder)
+    return run
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, as the rest of the suite: on a shared 2-core host two threads wait for each other (a tiny
+    ViT's training step took 3 s instead of 0.2 s)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=_where)
+def test_block_runs_as_written(block: Block, scratch, monkeypatch, one_thread):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_CALIBRATION_DISABLE_PROGRESS_BARS", "1")
+    _HUB.install(monkeypatch)
+    page_blocks = [b for b in BLOCKS if b.page == block.page]
+    index = page_blocks.index(block)
+    run = _page_run(block.page, scratch)
+    if run.done > index:  # a second run of the same block (pytest --count, reruns): start the page again
+        _RUNS.pop(block.page)
+        run = _page_run(block.page, scratch.parent / f"{scratch.name}_again")
+    for earlier in page_blocks[run.done : index + 1]:
+        if run.stopped:
+            break
+        try:
+            _run(earlier, run)
+        except BaseException:
+            run.stopped = f"the block at {_where(earlier)} failed"
+            if earlier is block:
+                raise
+        run.done += 1
+    if run.stopped:
+        pytest.skip(run.stopped)
+    if block.marker == "skip":
+        pytest.skip(f"{_where(block)}: {block.reason} (compiled, not run)")
+
+
+# ----------------------------------------------------------------------------- the collector itself
+
+
+def test_every_page_is_collected_and_the_readme_has_its_examples():
+    pages = {b.page.relative_to(ROOT).as_posix() for b in BLOCKS}
+    assert "README.md" in pages
+    readme = [b for b in BLOCKS if b.page.name == "README.md"]
+    assert len(readme) >= 5 and not any(b.marker == "skip" for b in readme)
+    assert all(b.marker != "skip" or b.reason for b in BLOCKS)
+
+
+def test_blocks_are_found_as_markdown_renders_them(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Text.\n"
+        "```python\n"
+        "x = 1\n"
+        "```\n"
+        "```bash\n"
+        "echo not python\n"
+        "```\n"
+        "- a list item:\n"
+        "\n"
+        "    ```py\n"
+        "    if x:\n"
+        "        y = 2\n"
+        "    ```\n"
+        "<!-- docs-test: skip pushes to a real repo -->\n"
+        "\n"
+        "~~~python\n"
+        "```python\n"
+        "~~~\n"
+        "````python title=\"x.py\"\n"
+        "z = '```'\n"
+        "````\n"
+        "``` python\n"
+        "w = 0\n"
+        "```\n"
+        "Inline ```python code``` is no fence.\n"
+    )
+    blocks = python_blocks(page)
+    assert [(b.line, b.code, b.marker) for b in blocks] == [
+        (3, "x = 1\n", None),
+        (11, "if x:\n    y = 2\n", None),
+        (17, "```python\n", "skip"),
+        (20, "z = '```'\n", None),
+        (23, "w = 0\n", None),
+    ]
+    assert blocks[2].reason == "pushes to a real repo"
+    page.write_text("<!-- docs-test: skip -->\n```python\nx\n```\n")
+    with pytest.raises(ValueError, match="needs a reason"):
+        python_blocks(page)
+    page.write_text("```python\nx = 1\n")
+    with pytest.raises(ValueError, match="never closed"):
+        python_blocks(page)
+
+
+# ----------------------------------------------------------------------------- the command lines the pages show
+
+
+def _command_lines(page: Path):
+    """``(line, subcommand, rest)`` for each ``hf-calibration`` command of the page's shell blocks (continuations
+    joined, comments dropped, ``&&`` chains split)."""
+    for block in code_blocks(page, SHELL):
+        text = block.code.replace("\\\n", " ")
+        for offset, line in enumerate(text.splitlines()):
+            for part in line.split("#")[0].split("&&"):
+                words = part.split()
+                if words and words[0].endswith("hf-calibration") and len(words) > 1:
+                    yield block.line + offset, words[1], " ".join(words[2:])
+
+
+def test_every_command_line_option_the_pages_show_exists():
+    """A renamed or removed option of ``hf-calibration`` fails here, in the usage lines too (which do not run)."""
+    import argparse
+    import re
+
+    from hf_calibration.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    shown = 0
+    for page in PAGES:
+        for line, command, rest in _command_lines(page):
+            where = f"{page.relative_to(ROOT)}:{line}"
+            assert command in commands, f"{where}: no command `hf-calibration {command}`"
+            known = {o for a in commands[command]._actions for o in a.option_strings} | {"--traceback", "--verbose", "-v"}
+            for option in re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", rest):
+                assert option in known, f"{where}: `hf-calibration {command}` has no option {option}"
+            shown += 1
+    assert shown >= 20
