@@ -95,6 +95,30 @@ def test_each_resample_is_the_metric_of_the_resampled_rows(ties):
         assert values["smece"][b] == pytest.approx(relplot.smECE(c, a), abs=1e-9)
 
 
+def test_classwise_pass_in_chunks_and_blocks(monkeypatch):
+    """Classwise ECE's resamples when the pass runs in many row chunks (the next chunk's pass overlapping the
+    product of this one) and several blocks of resamples: every resample against the loop on its rows, the
+    classwise sums and per-row scores identical to the one-chunk pass."""
+    from hf_calibration.metrics import _probability_pass
+
+    logits, labels = _case(n=500, k=7)
+    inputs = prepare(logits, labels)
+    conf = top_label(inputs).confidence
+    boot = check_bootstrap(0.95, 10, 3)
+    whole = probability_rows(inputs, 15, boot=boot, position=frame_position(conf))
+    monkeypatch.setattr(_probability_pass, "_MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(_probability_pass, "_CHUNK_ELEMENTS", 37 * 7)  # 14 chunks of 37 rows and one of 19
+    monkeypatch.setattr(_probability_pass, "_BLOCK_ELEMENTS", 3 * 500)  # blocks of 3 resamples
+    split = probability_rows(inputs, 15, boot=boot, position=frame_position(conf))
+    np.testing.assert_array_equal(split.cells, whole.cells)
+    np.testing.assert_array_equal(split.scores, whole.scores)
+    order = frame(conf)
+    for b, row in enumerate(np.concatenate(list(boot._blocks(len(labels))))):
+        idx = order[_expanded(row)]
+        assert split.replicates[b] == pytest.approx(ref.loop_classwise_ece(ref.softmax(logits[idx]), labels[idx], 15), abs=1e-12)
+        assert split.replicates[b] == pytest.approx(whole.replicates[b], abs=1e-14)
+
+
 def test_draws_are_uniform_multinomial_and_reproducible(monkeypatch):
     n, n_boot = 7, 20_000
     boot = check_bootstrap(0.95, n_boot, 11)
