@@ -11,7 +11,7 @@ above the lowest bin's upper edge ``1 / n_bins`` is rare: at most ``n_bins - 1``
 So the cells of the upper bins are sums over a short list of (row, class) entries, O(n_boot) each, and the lowest
 bin's cells of all classes and all resamples are one matrix product, counts (n_boot, N) times the rows'
 lowest-bin values (N, K) (zero where the value is in an upper bin): a float64 GEMM in row chunks of 8,000 rows at
-K = 1,000 (BLAS, both cores), computed as values^T @ counts, instead of n_boot · N · K scattered additions.
+K = 1,000 (BLAS, both cores), instead of n_boot · N · K scattered additions.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .binning import uniform_bin, uniform_edges
 from .bootstrap import Bootstrap
 
 _CHUNK_ELEMENTS = 1 << 23  # rows of one chunk (>= 256): 64 MB of float64 lowest-bin values, 8,000 rows at K = 1,000
+_CHUNK_ROWS = 16_384  # at most: several chunks, so the next chunk's pass overlaps this one's product
 _MIN_CHUNK_ROWS = 256  # the matrix product's inner size: fewer rows than this and BLAS runs far below its peak
 _BLOCK_ELEMENTS = 1 << 26  # counts of one block of classwise resamples: 256 MB of int32 (all of 200 at N = 3e5)
 _GEMM = np.float64  # the lowest bin's product in float64: every resample's value exact to rounding
@@ -198,7 +199,7 @@ def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True
     edges = uniform_edges(n_bins)
     cells = np.zeros((k, n_bins)) if classwise else np.zeros((0, 0))
     scores = np.empty((n, 2))
-    step = max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // k)
+    step = max(_MIN_CHUNK_ROWS, min(_CHUNK_ELEMENTS // k, _CHUNK_ROWS))
     if boot is None:
         _rows(preds, target, 0, n, from_logits, edges, classwise, cells, scores, False, np.zeros((0, 0)),
               np.zeros((0, 2), np.int64), np.zeros(0))
@@ -214,7 +215,7 @@ def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True
         with ThreadPoolExecutor(1) as pool:
             for b, counts in enumerate(boot._blocks(n, _BLOCK_ELEMENTS)):
                 counts_t = np.ascontiguousarray(counts.T)  # (frame positions, resamples): each row's counts contiguous
-                totals = np.zeros((k, counts.shape[0]))  # (classes, resamples): the product below is lowest^T @ counts
+                totals = np.zeros((k, counts.shape[0]))  # (classes, resamples)
                 kept_where, kept_values = [], []
 
                 def run(c, first_block=b == 0):
@@ -230,9 +231,12 @@ def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True
                         pending = pool.submit(run, c + 1)
                     lowest, where, values = buffers[c % 2]
                     chunk = counts_t[position[start:stop]].astype(_GEMM)  # (rows, resamples): a gather of whole rows
-                    # (K, rows) @ (rows, B): with the rows as the inner size of both operands in their own layout,
-                    # OpenBLAS runs this 2-2.5x faster than (B, rows) @ (rows, K) (N = 1e5, K = 1,000, 200 resamples)
-                    totals += lowest[: stop - start].T @ chunk
+                    # OpenBLAS is fastest with the larger of K and B as the product's first side: (K, rows) @ (rows, B)
+                    # is 1.6x faster than (B, rows) @ (rows, K) at K = 1,000, 200 resamples, and 15x slower at K = 10
+                    if k > counts.shape[0]:
+                        totals += lowest[: stop - start].T @ chunk
+                    else:
+                        totals += (chunk.T @ lowest[: stop - start]).T
                     kept_where.append(where[:m].copy())
                     kept_values.append(values[:m].copy())
                 out = np.abs(totals).sum(axis=0)

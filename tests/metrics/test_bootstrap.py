@@ -95,7 +95,8 @@ def test_each_resample_is_the_metric_of_the_resampled_rows(ties):
         assert values["smece"][b] == pytest.approx(relplot.smECE(c, a), abs=1e-9)
 
 
-def test_classwise_pass_in_chunks_and_blocks(monkeypatch):
+@pytest.mark.parametrize("block", [3, 10])  # resamples per block: fewer than the 7 classes, and more (both product forms)
+def test_classwise_pass_in_chunks_and_blocks(monkeypatch, block):
     """Classwise ECE's resamples when the pass runs in many row chunks (the next chunk's pass overlapping the
     product of this one) and several blocks of resamples: every resample against the loop on its rows, the
     classwise sums and per-row scores identical to the one-chunk pass."""
@@ -108,7 +109,7 @@ def test_classwise_pass_in_chunks_and_blocks(monkeypatch):
     whole = probability_rows(inputs, 15, boot=boot, position=frame_position(conf))
     monkeypatch.setattr(_probability_pass, "_MIN_CHUNK_ROWS", 1)
     monkeypatch.setattr(_probability_pass, "_CHUNK_ELEMENTS", 37 * 7)  # 14 chunks of 37 rows and one of 19
-    monkeypatch.setattr(_probability_pass, "_BLOCK_ELEMENTS", 3 * 500)  # blocks of 3 resamples
+    monkeypatch.setattr(_probability_pass, "_BLOCK_ELEMENTS", block * 500)
     split = probability_rows(inputs, 15, boot=boot, position=frame_position(conf))
     np.testing.assert_array_equal(split.cells, whole.cells)
     np.testing.assert_array_equal(split.scores, whole.scores)
