@@ -135,6 +135,14 @@ def _check_chunk(chunk: np.ndarray, rows: slice, from_logits: bool, preds_name: 
     return top[:, None]
 
 
+def check_rows(inputs: Inputs) -> None:
+    """The checks ``top_label`` and ``probability_chunks`` make on the way (finite rows; probabilities by the one
+    rule), alone, in row chunks: for a pass that computes neither."""
+    preds, _, from_logits, preds_name = inputs
+    for rows in _chunks(*preds.shape):
+        _check_chunk(preds[rows], rows, from_logits, preds_name)
+
+
 def top_label(inputs: Inputs) -> TopLabel:
     """Top-label confidence and correctness of prepared inputs, computed in float64 in row chunks."""
     preds, target, from_logits, preds_name = inputs

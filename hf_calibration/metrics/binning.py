@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numba
 import numpy as np
 
 from .._checks import check_int
@@ -52,6 +53,20 @@ def _check_n_bins(n_bins: Any) -> int:
 def uniform_edges(n_bins: int) -> np.ndarray:
     """The ``n_bins + 1`` equal-width bin edges on [0, 1] (float64)."""
     return np.linspace(0.0, 1.0, n_bins + 1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def uniform_bin(q, edges):  # pragma: no cover - compiled
+    """The equal-width bin of one value ``q`` in [0, 1] in compiled code: ``edges[b] < q <= edges[b + 1]``, 0 in the
+    first bin, 1 in the last; ``edges = uniform_edges(n_bins)``. The same answer as :func:`_uniform_bin_index` for
+    every float64 (``q * n_bins`` may round across an edge: the two walks correct it against the edges themselves)."""
+    n_bins = edges.shape[0] - 1
+    b = min(int(q * n_bins), n_bins - 1)
+    while b > 0 and q <= edges[b]:
+        b -= 1
+    while b < n_bins - 1 and q > edges[b + 1]:
+        b += 1
+    return b
 
 
 def _uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
