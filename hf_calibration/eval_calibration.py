@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 CARD_METRICS = {"ece": "ECE", "nll": "NLL"}  # report key -> name on the card
 N_BINS = 15  # ECE's bins on the card (Guo et al.'s 15 equal-width bins)
-CI_LEVEL, N_BOOT = 0.95, 1000  # the card's intervals: percentile bootstrap over the eval rows
+CI_LEVEL, N_BOOT = 0.95, 1000  # the card's intervals: bootstrap over the eval rows (ECE basic, NLL percentile)
 DEFAULT_CALIBRATOR = "temperature_scaling"
 SIGMOID_DEFAULT_CALIBRATOR = "sigmoid_temperature_scaling"  # binary and multi-label heads
 _TASK = "image-classification"
@@ -49,21 +49,25 @@ _UNCALIBRATED, _CROSS_FITTED = "uncalibrated", "-cross-fitted"  # the `config` o
 
 @dataclass(frozen=True)
 class MetricValue:
-    """A metric on the eval split, as a fraction (ECE) or in nats (NLL); ``interval``: its confidence interval."""
+    """A metric on the eval split, as a fraction (ECE) or in nats (NLL); ``interval``: its confidence interval;
+    ``note``: the interval's note in a few words (``MetricInterval.short_note``: ``"interval reaches 0"``, ...)."""
 
     value: float
     interval: tuple[float, float] | None = None
+    note: str = ""
 
 
 def _measure(logits: np.ndarray, labels: np.ndarray, task: str | None = None) -> dict[str, MetricValue]:
-    """The card's metrics of one set of logits, each with its 95 % percentile bootstrap interval (1,000 resamples of
-    the rows, seed 0): the only place that computes them. A sigmoid head (``task``): macro averages over the labels."""
+    """The card's metrics of one set of logits, each with its 95 % bootstrap interval (1,000 resamples of the rows,
+    seed 0; the interval each metric's function gives): the only place that computes them. A sigmoid head (``task``):
+    macro averages over the labels."""
     from .metrics import ece, nll
 
     extra = {} if task is None else {"task": task}
     functions = {"ece": lambda z, y, **kw: ece(z, y, N_BINS, **kw), "nll": nll}
     values = {key: functions[key](logits, labels, from_logits=True, ci=CI_LEVEL, n_boot=N_BOOT, seed=0, **extra) for key in CARD_METRICS}
-    return {key: MetricValue(float(v), (float(v.low), float(v.high))) for key, v in values.items()}
+    return {key: MetricValue(float(v), (float(v.low), float(v.high)) if v.has_interval else None, v.short_note or (
+        "" if v.has_interval else "no interval")) for key, v in values.items()}
 
 
 def resolve_calibrator(spec: Any, task: str | None = None):
@@ -92,10 +96,11 @@ def resolve_calibrator(spec: Any, task: str | None = None):
 
 
 def _interval_text(value: MetricValue, percent: bool) -> str:
+    note = f" ({value.note})" if value.note else ""
     if value.interval is None:
-        return ""
+        return note
     lo, hi = (100 * v if percent else v for v in value.interval)
-    return f" [{lo:.2f}, {hi:.2f}]" if percent else f" [{lo:.4f}, {hi:.4f}]"
+    return (f" [{lo:.2f}, {hi:.2f}]" if percent else f" [{lo:.4f}, {hi:.4f}]") + note
 
 
 def _cell(key: str, value: MetricValue | None) -> str:

@@ -96,11 +96,15 @@ def test_report_with_bootstrap_intervals(capsys, npz_file, synthetic):
     want = calibration_report(logits, labels, ci=0.9, n_boot=100)
     code, out, err = _run(capsys, "report", "--logits", npz_file, "--ci", "0.9", "--n-boot", "100")
     assert code == 0, err
-    assert re.search(rf"^ECE\s+{re.escape(want.ece.format(100, 2, ' %'))}$", out, re.M), out  # "ECE  3.21 % [2.40, 4.05]"
+    assert re.search(rf"^ECE\s+{re.escape(want.ece.format(100, 2, ' %'))}( \(\d\))?$", out, re.M), out  # "ECE  3.21 % [2.40, 4.05]"
+    assert "MCE" in out and "[no interval]" in out and "maximum over bins" in out
     code, out, err = _run(capsys, "report", "--logits", npz_file, "--ci", "0.9", "--n-boot", "100", "--json")
     data = json.loads(out)
     assert data["ece"] == pytest.approx(float(want.ece), abs=1e-12)
     assert (data["intervals"]["ece"]["low"], data["intervals"]["nll"]["high"]) == pytest.approx((want.ece.low, want.nll.high), abs=1e-12)
+    assert data["intervals"]["ece"]["method"] == "basic" and data["intervals"]["nll"]["method"] == "percentile"
+    # MCE has no interval: null ends (strict JSON) and the reason
+    assert data["intervals"]["mce"]["low"] is None and "maximum over bins" in data["intervals"]["mce"]["note"]
     code, _, err = _run(capsys, "report", "--logits", npz_file, "--ci", "95")
     assert code == 1 and "--ci" in err
 

@@ -5,7 +5,7 @@ deviation. The folds share samples with each other only through the fit, so that
 about whether the winner would still win on another calibration set. Here the held-out predictions of
 all folds are pooled (each sample scored by the fit that did not see it), the pooled rows are resampled
 (``hf_calibration.metrics.bootstrap``), and on *every* resample each method and the best are scored on
-the same rows: the difference ``method - best`` has a percentile interval, and the share of resamples in
+the same rows: the difference ``method - best`` has an interval (the metric's method, see ``bootstrap.INTERVALS``), and the share of resamples in
 which the method scores lower says how often it would have won.
 
 That share is counted on the resampled differences shifted so that their median is the pooled difference. A binned
@@ -24,7 +24,7 @@ import numpy as np
 from .._checks import check_choice, to_numpy
 from ..metrics._format import prepare, top_label
 from ..metrics.adaptive import _adaece_compute, _adaece_statistic
-from ..metrics.bootstrap import MetricInterval, check_bootstrap, frame, reframed, weighted_means
+from ..metrics.bootstrap import INTERVALS, IntervalRule, MetricInterval, check_bootstrap, frame, reframed, weighted_means
 from ..metrics.ece import _binned_statistic, _ece_compute
 from ..metrics.scores import _row_scores
 from ..metrics.smooth import _smce_statistic, smce_from_confidence
@@ -101,7 +101,8 @@ class PairedBootstrap:
     """Each method against ``best`` on the pooled held-out predictions (fractions).
 
     ``pooled[m]``: method m's metric on all held-out predictions together, with its own interval.
-    ``difference[m]``: ``pooled[m] - pooled[best]`` with the percentile interval of the paired differences.
+    ``difference[m]``: ``pooled[m] - pooled[best]`` with the interval of the paired differences, by the metric's
+    interval method (basic for the calibration errors, percentile for NLL / Brier; ``bootstrap.INTERVALS``).
     ``wins[m]``: the share of resamples in which m scores strictly lower than ``best``, the resampled differences
     shifted so that their median is the pooled difference (module docstring).
     """
@@ -127,18 +128,26 @@ class PairedBootstrap:
         lines = [
             f"Paired bootstrap against the best by {self.metric} ({self.best}): every held-out prediction pooled, "
             f"{any_value.n_boot} resamples of the rows, each method scored on the same rows "
-            f"({100 * any_value.level:g} % percentile intervals). Pooled values are not the table's means over folds, "
-            "which rank the methods: a binned metric of all predictions together is lower (more samples per bin). "
-            f"Δ > 0: worse than {self.best}. \"beats\": the share of resamples in which the method scores lower, counted "
-            "on the resampled differences centred on Δ (a binned metric's resamples are biased).",
+            f"({100 * any_value.level:g} % {'basic (bias-corrected)' if any_value.method == 'basic' else any_value.method} "
+            "intervals). Pooled values are not the table's means over folds, which rank the methods: a binned metric of all "
+            f"predictions together is lower (more samples per bin). Δ > 0: worse than {self.best}. \"beats\": the share of "
+            "resamples in which the method scores lower, counted on the resampled differences centred on Δ (a binned "
+            "metric's resamples are biased).",
             "",
             f"| method | pooled {self.metric}{' (%)' if percent else ''} | Δ vs {self.best}{unit} | beats {self.best} in |",
             "|---|---:|---:|---:|",
         ]
+        notes: dict[str, list[str]] = {}
         for method, value in self.pooled.items():
             diff = "—" if method == self.best else self.difference[method].format(scale, digits)
             wins = "—" if method == self.best else f"{100 * self.wins[method]:.1f} % of resamples"
-            lines.append(f"| {method} | {value.format(scale, digits)} | {diff} | {wins} |")
+            mark = ""
+            if value.note:
+                notes.setdefault(value.note, []).append(method)
+                mark = f" ({list(notes).index(value.note) + 1})"
+            lines.append(f"| {method} | {value.format(scale, digits)}{mark} | {diff} | {wins} |")
+        if notes:
+            lines += [""] + [f"({i}) {', '.join(names)}: {note}." for i, (note, names) in enumerate(notes.items(), 1)]
         if self.skipped:
             lines += ["", f"(not compared: {', '.join(self.skipped)}, which failed on some fold or were stopped early)"]
         return "\n".join(lines)
@@ -164,7 +173,8 @@ def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, bes
         metric: one of ``ece``, ``adaece``, ``smce``, ``nll``, ``brier``.
         labels: the labels of the predictions (default: the ones the table kept).
         best: the reference method; default ``table.best(metric)`` (lowest mean over folds).
-        ci, n_boot, seed: the percentile bootstrap (default 0.95, 1,000 resamples, seed 0).
+        ci, n_boot, seed: the bootstrap (default 0.95, 1,000 resamples, seed 0); each metric's interval as
+            :mod:`hf_calibration.metrics.bootstrap` chose it (basic for ECE / AdaECE / smCE).
 
     Returns:
         a :class:`PairedBootstrap` (``str()`` is a Markdown table). Methods that failed on a fold, or that racing
@@ -191,8 +201,11 @@ def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, bes
     task = getattr(table, "task", "multiclass")
     scorers = {m: _scorer(metric, complete[m], labels, n_bins, task) for m in methods}
     replicates = dict(zip(methods, boot.replicates([s for _, s in scorers.values()], labels.shape[0])))
-    pooled = {m: boot.interval(scorers[m][0], replicates[m]) for m in methods}
-    difference = {m: boot.interval(scorers[m][0] - scorers[best][0], replicates[m] - replicates[best]) for m in methods}
+    pooled = {m: boot.interval(scorers[m][0], replicates[m], metric) for m in methods}
+    # a difference has the metric's interval method, without its range (it may be negative)
+    difference_rule = IntervalRule(INTERVALS[metric].method)
+    difference = {m: boot.interval(scorers[m][0] - scorers[best][0], replicates[m] - replicates[best], difference_rule)
+                  for m in methods}
     wins = {m: _centred_share_below_zero(difference[m], replicates[m] - replicates[best]) for m in methods}
     order = [m for m in table.predictions if m in complete]  # the table's row order
     return PairedBootstrap(metric, best, {m: pooled[m] for m in order}, {m: difference[m] for m in order},

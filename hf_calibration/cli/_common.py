@@ -216,13 +216,14 @@ def dump_json(obj) -> str:
 
 
 def json_intervals(intervals: dict, non_finite: dict) -> dict:
-    """A report's intervals (``{metric: MetricInterval}``) as strict JSON: an infinite or NaN end becomes null and is
-    named in ``non_finite`` (``{"nll.high": "inf"}``), as ``json_ready`` does for the values."""
+    """A report's intervals (``{metric: MetricInterval}``) as strict JSON: each one's ends (null without an interval, as
+    MCE's), level, resamples, method and note; an infinite or NaN end becomes null and is named in ``non_finite``
+    (``{"nll.high": "inf"}``), as ``json_ready`` does for the values."""
     out = {}
     for key, v in intervals.items():
-        entry = {"low": v.low, "high": v.high, "level": v.level, "n_boot": v.n_boot}
+        entry = {k: x for k, x in v.to_dict().items() if k != "value"}
         for end in ("low", "high"):
-            if not math.isfinite(entry[end]):
+            if entry[end] is not None and not math.isfinite(entry[end]):
                 non_finite[f"{key}.{end}"] = str(entry[end])
                 entry[end] = None
         out[key] = entry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_intervals, json_ready, save_diagram
 from ._inputs import add_input_options, load_inputs
@@ -22,9 +23,10 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --diagram file")
     p.add_argument("--json", action="store_true", help="print the report as JSON (fractions, not percent)")
     p.add_argument("--ci", type=float, default=None, metavar="LEVEL",
-                   help="add a percentile bootstrap interval to every metric, e.g. --ci 0.95 (and to the diagram's ECE)")
+                   help="add a bootstrap interval to every metric, e.g. --ci 0.95 (and to the diagram's ECE): basic "
+                        "(bias-corrected) for the calibration errors, percentile for accuracy / Brier / NLL, none for MCE")
     add_option(p, "n_boot", type=int, default=None, metavar="B",
-               help="resamples of that bootstrap (default 1000; 200 for smCE and smECE)")
+               help="resamples of that bootstrap (default 1000; 200 for smCE, smECE and classwise ECE)")
     p.set_defaults(func=run)
 
 

@@ -151,6 +151,12 @@ def _raise_row_error(preds: np.ndarray, bad: tuple[int, int], preds_name: str) -
         f"Expected each row of `{preds_name}` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} "
         f"(from_logits=False), but row {row} sums to {values.sum():.6g}."
     )
+def check_rows(inputs: Inputs) -> None:
+    """The checks ``top_label`` and ``probability_chunks`` make on the way (finite rows; probabilities by the one
+    rule), alone, in row chunks: for a pass that computes neither."""
+    preds, _, from_logits, preds_name = inputs
+    for rows in _chunks(*preds.shape):
+        _check_chunk(preds[rows], rows, from_logits, preds_name)
 
 
 def top_label(inputs: Inputs) -> TopLabel:

@@ -49,9 +49,9 @@ from .._checks import (
 )
 from ._format import prepare, top_label
 from .adaptive import _adaece_compute, _adaece_statistic
-from .binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_edges
+from .binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_bin, uniform_edges
 from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, frame, weighted_means
-from .ece import _binned_statistic, _classwise_ece_compute
+from .ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute
 from .report import CalibrationReport
 from .scores import _row_scores
 from .smooth import _smce_statistic, _smece_statistic, smce_from_confidence, smece_from_confidence
@@ -85,7 +85,6 @@ def _probability_sums(preds, target, from_logits, edges, classwise):  # pragma: 
     Brier ``sum_k p_k^2 - 2 p_y + 1`` and NLL ``-(z_y - max z - log sum_k exp(z_k - max z))``.
     """
     n, k = preds.shape
-    n_bins = classwise.shape[1]
     p = np.empty(k)
     brier = 0.0
     nll = 0.0
@@ -113,11 +112,7 @@ def _probability_sums(preds, target, from_logits, edges, classwise):  # pragma: 
         for j in range(k):
             q = p[j]
             squares += q * q
-            b = min(int(q * n_bins), n_bins - 1)
-            while b > 0 and q <= edges[b]:
-                b -= 1
-            while b < n_bins - 1 and q > edges[b + 1]:
-                b += 1
+            b = uniform_bin(q, edges)
             classwise[j, b] += q
             if j == y:
                 classwise[j, b] -= 1.0
@@ -221,7 +216,8 @@ class CalibrationAccumulator:
             binary). A sigmoid head's batches are accumulated per label (:mod:`hf_calibration.metrics.multilabel_accumulator`)
             and ``compute()`` gives a ``SigmoidCalibrationReport``; in a Trainer the macro values are logged under the
             metric's name and the pooled ones as ``<metric>_micro``.
-        ci, n_boot, seed: percentile bootstrap intervals, as :func:`~hf_calibration.metrics.calibration_report`:
+        ci, n_boot, seed: bootstrap intervals, as :func:`~hf_calibration.metrics.calibration_report` (the same
+            interval per metric, from the same resamples):
             ``compute()`` then gives :class:`~hf_calibration.metrics.MetricInterval` values and a Trainer gets
             ``<metric>_ci_low`` / ``<metric>_ci_high`` too. The accumulator then keeps every
             ``(confidence, correct)`` pair and, with Brier / NLL, each row's two terms (16 more bytes a
@@ -558,14 +554,14 @@ class CalibrationAccumulator:
             [_binned_statistic(confidence, correct, self.n_bins),
              _adaece_statistic(confidence, correct, self.n_bins) if "adaece" in chosen else (lambda c: np.zeros(len(c))),
              weighted_means(self._score_rows(), frame(confidence)) if self._with_scores else (lambda c: np.zeros((len(c), 2)))], n)
-        replicates = {"ece": binned[:, 0], "mce": binned[:, 1], "o_ece": binned[:, 2], "u_ece": binned[:, 3],
-                      "accuracy": binned[:, 4], "adaece": ada, "brier": scores[:, 0], "nll": scores[:, 1]}
-        out = {key: boot.interval(values[key], reps) for key, reps in replicates.items() if values[key] is not None}
+        replicates = {name: binned[:, column] for column, name in enumerate(BINNED_COLUMNS)}
+        replicates.update(adaece=ada, brier=scores[:, 0], nll=scores[:, 1])
+        out = {key: boot.interval(values[key], reps, key) for key, reps in replicates.items() if values[key] is not None}
         smooth = [name for name in ("smce", "smece") if name in chosen]
         if smooth:
             statistics = {"smce": _smce_statistic(confidence, correct), "smece": _smece_statistic(confidence, correct)}
             for name, reps in zip(smooth, self._smooth_boot.replicates([statistics[name] for name in smooth], n)):
-                out[name] = self._smooth_boot.interval(values[name], reps)
+                out[name] = self._smooth_boot.interval(values[name], reps, name)
         return {**values, **out}
 
     def compute(self) -> CalibrationReport:

@@ -101,8 +101,9 @@ def adaece(
     six-sample example where they differ.
 
     Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities;
-    ``ci`` / ``n_boot`` / ``seed`` give a bootstrap interval, the bins re-cut on every resample; ``task`` / ``average``
-    for binary and multi-label heads, the equal-mass bins of each label's probability).
+    ``ci`` / ``n_boot`` / ``seed`` give the basic (bias-corrected) bootstrap interval, as ECE's, the bins
+    re-cut on every resample; ``task`` / ``average`` for binary and multi-label heads, the equal-mass bins of each
+    label's probability).
     Returns a fraction in [0, 1] (with ``ci``, a :class:`~hf_calibration.metrics.MetricInterval`).
 
     Example:
@@ -124,4 +125,4 @@ def adaece(
     if boot is None:
         return value
     statistic = _adaece_statistic(top.confidence, top.correct, n_bins)
-    return boot.interval(value, boot.replicates([statistic], top.confidence.shape[0])[0])
+    return boot.interval(value, boot.replicates([statistic], top.confidence.shape[0])[0], "adaece")

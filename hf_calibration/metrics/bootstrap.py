@@ -15,12 +15,31 @@ gather per resample. Every metric of the same rows uses the same frame, so one s
 resamples for all of them (a paired bootstrap across metrics); a statistic whose natural order is another
 one (another calibrator's confidences) is :func:`reframed`.
 
-The interval is the percentile bootstrap (Efron & Tibshirani 1993, ch. 13): the ``(1 - ci)/2`` and
-``(1 + ci)/2`` quantiles of the ``n_boot`` resampled values (numpy's linear interpolation). The
-point value is the metric of the data itself, never a bootstrap mean. What the interval covers is
-the population value *of the same estimator* (the binned ECE with these bins, ...): a plug-in
-calibration error is biased upwards, by about the noise of each bin, when the model is close to
-calibrated, and the interval inherits that bias (docs/methods/metrics.md, "Bootstrap intervals").
+Which interval (``INTERVALS``, chosen per metric by the coverage measured in
+``benchmarks/bootstrap_coverage.py``, on synthetic models whose true calibration error is known):
+
+* **basic** (pivotal) bootstrap, ``[2 v - q_hi, 2 v - q_lo]`` with ``q`` the ``(1 -+ ci)/2`` quantiles of the
+  resampled values (Davison & Hinkley 1997, eq. 5.6; the interval of Kumar, Liang & Ma 2019's
+  ``uncertainty-calibration``), for every calibration error. A plug-in calibration error is biased upwards by
+  the noise of each bin; its resamples are biased upwards once more, and the percentile interval, centred on
+  them, sits above the truth (it covered 0 % of the time on a calibrated model, 72 % on a crossing map at
+  N = 1,000). The basic interval subtracts the resamples' bias instead. It holds the estimate exactly when the
+  percentile interval does; where it does not (the resamples' bias is larger than their spread, as near 0),
+  the interval says so in its ``note``. Its ends are clipped to the metric's range (>= 0).
+* **basic with the plug-in as the functional** for ``debiased_ece`` (Kumar et al.'s ``bootstrap_uncertainty``
+  with ``functional`` the plug-in, ``estimator`` the debiased estimate): ``[e + v_plug - q_hi, e + v_plug - q_lo]``,
+  ``q`` the quantiles of the resampled *debiased* estimates. On a resample the value being estimated is the
+  sample's plug-in, not its debiased estimate.
+* **percentile** (Efron & Tibshirani 1993, ch. 13), ``[q_lo, q_hi]``, for accuracy, Brier and NLL: means, which
+  have no bias to correct (the two intervals agree to first order); the percentile one stays within the
+  metric's range, and with an infinite NLL resample takes the order statistics outwards.
+* **none** for MCE: a maximum over bins, whose bootstrap is inconsistent when several bins are near the
+  maximum (Andrews 2000), which the data cannot rule out. The value comes back with ``low = high = nan``
+  and a ``note`` saying why.
+
+What an interval covers is the population value of the same estimator (the binned ECE with these bins, ...).
+At a true value of 0 (a calibrated model) no bootstrap interval of a plug-in error is consistent: every
+interval that reaches 0 says so in its ``note``, and the measured coverage there is in the benchmark.
 
 Resample ``b`` draws its rows from its own stream, splitmix64 seeded by
 ``numpy.random.SeedSequence(seed).generate_state(n_boot)[b]``, with Lemire's unbiased bounded
@@ -29,6 +48,8 @@ integers: one ``seed`` gives the same intervals whatever the block size.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -37,53 +58,120 @@ import numpy as np
 
 from .._checks import check_float, check_int, check_seed
 
-__all__ = ["MetricInterval", "Bootstrap", "check_bootstrap", "flat_intervals", "frame", "reframed", "weighted_means"]
+__all__ = ["MetricInterval", "Bootstrap", "INTERVALS", "IntervalRule", "check_bootstrap", "flat_intervals", "frame",
+           "frame_position", "reframed", "weighted_means"]
 
 DEFAULT_N_BOOT = 1000
 # smCE / smECE: each resample costs a sweep or a bandwidth search of ~11 kernel smoothings, so their
 # default is lower (cost per resample measured in benchmarks/bootstrap_speed.py)
 SMOOTH_N_BOOT = 200
 _BLOCK_ELEMENTS = 1 << 22  # counts of one block of resamples: 16 MB of int32
+_THREADS = 4  # blocks evaluated at once (each holds its counts: 16 MB)
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
 class MetricInterval(float):
-    """A metric's value with its percentile bootstrap interval; it *is* the value as a float.
+    """A metric's value with its bootstrap interval; it *is* the value as a float.
 
     ``ece(..., ci=0.95)`` returns one: arithmetic, comparisons, ``round``, ``f"{x:.4f}"``, JSON and
     ``float(x)`` see the value, exactly as the default call's float; ``x.low`` / ``x.high`` are the
-    interval's ends, ``x.level`` its confidence level and ``x.n_boot`` the number of resamples.
-    ``str(x)`` is ``"0.0321 [0.0240, 0.0405]"``; ``x.format(100)`` gives the papers' percent form.
-    Not iterable on purpose (pandas would then take it for a list); use ``(x.value, x.low, x.high)``.
+    interval's ends, ``x.level`` its confidence level, ``x.n_boot`` the number of resamples and ``x.method``
+    the interval (``"basic"``, ``"percentile"``, or ``"none"``: ``low`` and ``high`` are then NaN). ``x.note``
+    is empty, or says why the interval should be read with care (the estimate lies outside it, it reaches
+    0, or there is none); ``x.flag`` names the case (``"above"``, ``"below"``, ``"zero"``, ``"null"``,
+    ``"none"``) and ``x.short_note`` says it in a few words.
+    ``str(x)`` is ``"0.0321 [0.0240, 0.0405]"`` (and the note, when there is one); ``x.format(100)`` gives the
+    papers' percent form. Not iterable on purpose (pandas would then take it for a list); use
+    ``(x.value, x.low, x.high)``.
     """
 
-    __slots__ = ("low", "high", "level", "n_boot")
+    __slots__ = ("low", "high", "level", "n_boot", "method", "flag", "note")
 
-    def __new__(cls, value: float, low: float, high: float, level: float, n_boot: int):
+    def __new__(cls, value: float, low: float, high: float, level: float, n_boot: int, method: str = "percentile",
+                flag: str = "", note: str = ""):
         self = super().__new__(cls, value)
         self.low, self.high, self.level, self.n_boot = float(low), float(high), float(level), int(n_boot)
+        self.method, self.flag, self.note = str(method), str(flag), str(note)
         return self
 
     @property
     def value(self) -> float:
         return float(self)
 
+    @property
+    def has_interval(self) -> bool:
+        """False when no interval can be trusted (``low`` / ``high`` NaN; ``note`` says why)."""
+        return not (np.isnan(self.low) or np.isnan(self.high))
+
     def __reduce__(self):
-        return (type(self), (float(self), self.low, self.high, self.level, self.n_boot))
+        return (type(self), (float(self), self.low, self.high, self.level, self.n_boot, self.method, self.flag, self.note))
 
-    def format(self, scale: float = 1.0, digits: int = 4, unit: str = "") -> str:
-        """``"3.21 % [2.40, 4.05]"`` for ``format(100, 2, " %")``."""
-        return f"{scale * float(self):.{digits}f}{unit} [{scale * self.low:.{digits}f}, {scale * self.high:.{digits}f}]"
+    @property
+    def short_note(self) -> str:
+        """The note in a few words (``"interval reaches 0"``), for a table cell or a figure; empty without a note."""
+        return FLAGS[self.flag][0] if self.flag in FLAGS and self.has_interval else ""
 
-    def to_dict(self) -> dict[str, float]:
-        return {"value": float(self), "low": self.low, "high": self.high, "level": self.level, "n_boot": self.n_boot}
+    def format(self, scale: float = 1.0, digits: int = 4, unit: str = "", short_note: bool = False) -> str:
+        """``"3.21 % [2.40, 4.05]"`` for ``format(100, 2, " %")``; ``"14.05 % [no interval]"`` without one.
+        ``short_note=True`` appends the note in a few words: ``"0.41 % [0.00, 0.58] (interval reaches 0)"``."""
+        head = f"{scale * float(self):.{digits}f}{unit}"
+        body = (f"[{scale * self.low:.{digits}f}, {scale * self.high:.{digits}f}]" if self.has_interval else "[no interval]")
+        return f"{head} {body}" + (f" ({self.short_note})" if short_note and self.short_note else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values: ``low`` / ``high`` are None without an interval."""
+        ends = (self.low, self.high) if self.has_interval else (None, None)
+        return {"value": float(self), "low": ends[0], "high": ends[1], "level": self.level, "n_boot": self.n_boot,
+                "method": self.method, "note": self.note}
 
     def __str__(self) -> str:
-        return self.format()
+        return self.format() + (f" ({self.note})" if self.note else "")
 
     def __repr__(self) -> str:
         return (f"MetricInterval(value={float(self)!r}, low={self.low!r}, high={self.high!r}, "
-                f"level={self.level!r}, n_boot={self.n_boot})")
+                f"level={self.level!r}, n_boot={self.n_boot}, method={self.method!r}"
+                + (f", note={self.note!r}" if self.note else "") + ")")
+
+
+@dataclass(frozen=True)
+class IntervalRule:
+    """How a metric's interval is formed: ``method`` (``"basic"``, ``"basic_plugin"``, ``"percentile"`` or
+    ``"none"``), the metric's range ``[floor, ceiling]`` the ends are clipped to, and, for ``"none"``, ``reason``."""
+
+    method: str
+    floor: float | None = None
+    ceiling: float | None = None
+    reason: str = ""
+
+
+_ERROR = IntervalRule("basic", 0.0, 1.0)
+_MCE_REASON = ("MCE is a maximum over bins: its bootstrap is inconsistent when several bins are near the maximum "
+               "(Andrews 2000), which the data cannot rule out, so no interval is given")
+# per metric, by the coverage measured in benchmarks/bootstrap_coverage.py (see the module docstring)
+INTERVALS: dict[str, IntervalRule] = {
+    "ece": _ERROR, "adaece": _ERROR, "classwise_ece": _ERROR, "o_ece": _ERROR, "u_ece": _ERROR, "smce": _ERROR,
+    "smece": _ERROR,
+    "debiased_ece": IntervalRule("basic_plugin", 0.0, 1.0),
+    "mce": IntervalRule("none", reason=_MCE_REASON),
+    "accuracy": IntervalRule("percentile", 0.0, 1.0),
+    "brier": IntervalRule("percentile", 0.0, 2.0),
+    "nll": IntervalRule("percentile", 0.0),
+}
+_PERCENTILE = IntervalRule("percentile")
+# flag -> (short text for a table cell, the note)
+FLAGS = {
+    "above": ("estimate above its interval",
+              "the estimate lies above its bias-corrected interval: its resamples are biased upwards by more than their "
+              "spread (bin noise), as close to 0"),
+    "below": ("estimate below its interval", "the estimate lies below its interval"),
+    "zero": ("interval reaches 0",
+             "the interval reaches 0: the data are consistent with a true value of 0, where no bootstrap interval is "
+             "reliable; read its upper end as rough"),
+    "null": ("no interval",
+             "no interval: the bias-corrected interval lies below 0, the estimate is within noise of 0, where no "
+             "bootstrap interval is reliable"),
+    "none": ("no interval", ""),
+}
 
 
 @numba.njit(cache=True, nogil=True)
@@ -181,6 +269,14 @@ def frame(confidence: np.ndarray) -> np.ndarray:
     return np.argsort(confidence, kind="stable")
 
 
+def frame_position(confidence: np.ndarray) -> np.ndarray:
+    """Each row's position in the frame (the inverse of :func:`frame`): row ``i``'s counts are ``counts[:, position[i]]``."""
+    order = frame(confidence)
+    position = np.empty_like(order)
+    position[order] = np.arange(order.shape[0])
+    return position
+
+
 def reframed(statistic: Callable[[np.ndarray], np.ndarray], order: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """``statistic`` (counts in its own frame ``order``) fed counts in row order: one gather per block."""
     return lambda counts: statistic(np.take(counts, order, axis=1))
@@ -206,37 +302,96 @@ class Bootstrap:
     n_boot: int
     seed: int
 
-    def _blocks(self, n: int):
-        seeds = np.random.SeedSequence(self.seed).generate_state(self.n_boot, np.uint64)
-        size = max(1, min(self.n_boot, _BLOCK_ELEMENTS // max(n, 1)))
-        for start in range(0, self.n_boot, size):
-            block = np.empty((min(size, self.n_boot - start), n), dtype=np.int32)  # fresh: a caller may keep it
-            _draw_counts(seeds[start : start + block.shape[0]], n, block)
-            yield block
+    def _sizes(self, n: int, block_elements: int | None = None) -> list[tuple[int, int]]:
+        """``(first resample, number of resamples)`` of each block of at most ``block_elements`` counts."""
+        size = max(1, min(self.n_boot, (block_elements or _BLOCK_ELEMENTS) // max(n, 1)))
+        return [(start, min(size, self.n_boot - start)) for start in range(0, self.n_boot, size)]
 
-    def replicates(self, statistics: Sequence[Callable[[np.ndarray], np.ndarray]], n: int) -> list[np.ndarray]:
+    def _draw(self, n: int, start: int, size: int) -> np.ndarray:
+        """Resamples ``start .. start + size`` as a fresh (size, n) int32 block of counts (a caller may keep it)."""
+        seeds = np.random.SeedSequence(self.seed).generate_state(self.n_boot, np.uint64)[start : start + size]
+        block = np.empty((size, n), dtype=np.int32)
+        _draw_counts(seeds, n, block)
+        return block
+
+    def _blocks(self, n: int, block_elements: int | None = None):
+        """The resamples' count vectors over ``n`` rows, (B, n) int32 blocks of at most ``block_elements`` counts."""
+        for start, size in self._sizes(n, block_elements):
+            yield self._draw(n, start, size)
+
+    def replicates(self, statistics: Sequence[Callable[[np.ndarray], np.ndarray]], n: int,
+                   limits: Sequence[int | None] | None = None) -> list[np.ndarray]:
         """Each statistic on every resample of ``n`` rows: ``statistic(counts)`` takes a block of count
         vectors (rows of an int32 (B, n) array) and returns its values, (B,) or (B, m). All statistics
-        see the same resamples (paired). Returns one (n_boot,) or (n_boot, m) array per statistic."""
-        out: list[list[np.ndarray]] = [[] for _ in statistics]
-        for counts in self._blocks(n):
-            for values, statistic in zip(out, statistics):
-                values.append(np.asarray(statistic(counts), dtype=np.float64))
-        return [np.concatenate(values) for values in out]
+        see the same resamples (paired). Returns one (n_boot,) or (n_boot, m) array per statistic.
+        ``limits[i]`` (None: all): statistic ``i`` sees only the first ``limits[i]`` resamples, the same ones
+        ``Bootstrap(level, limits[i], seed)`` draws (how smCE's 200 share a report's 1,000).
 
-    def interval(self, value: float, replicates: np.ndarray) -> MetricInterval:
-        """The percentile interval of ``replicates`` around the data's own ``value``."""
+        Blocks are drawn and evaluated in threads (the compiled kernels release the GIL), up to one per CPU core
+        and at most ``_THREADS``; a statistic must not keep state between calls. The result does not depend on the
+        number of threads: each resample has its own stream and the blocks are put back in order.
+        """
+
+        limits = [self.n_boot if limit is None else min(limit, self.n_boot) for limit in (limits or [None] * len(statistics))]
+
+        def block(job: tuple[int, int]) -> list[np.ndarray | None]:
+            counts = self._draw(n, *job)
+            return [np.asarray(statistic(counts[: limit - job[0]]), dtype=np.float64) if limit > job[0] else None
+                    for statistic, limit in zip(statistics, limits)]
+
+        jobs = self._sizes(n)
+        threads = min(len(jobs), _THREADS, os.cpu_count() or 1)
+        if threads > 1:
+            with ThreadPoolExecutor(threads) as pool:
+                results = list(pool.map(block, jobs))
+        else:
+            results = [block(job) for job in jobs]
+        return [np.concatenate([r[i] for r in results if r[i] is not None]) for i in range(len(statistics))]
+
+    def interval(self, value: float, replicates: np.ndarray, metric: str | IntervalRule | None = None, *,
+                 plugin: float | None = None, estimate: float | None = None, power: int = 1) -> MetricInterval:
+        """``value`` with the interval of ``metric`` (a key of ``INTERVALS`` or a rule; None: percentile) from its
+        ``replicates``. ``plugin``: the sample's plug-in value, for ``"basic_plugin"`` (``debiased_ece``).
+        ``power``: the replicates, ``plugin`` and ``estimate`` (default ``value``) are on the scale ``x^power``,
+        where the interval is formed; its ends are taken back by ``max(x, 0)^(1/power)``."""
+        rule = INTERVALS[metric] if isinstance(metric, str) else (metric or _PERCENTILE)
+        if rule.method == "none":
+            return MetricInterval(value, np.nan, np.nan, self.level, self.n_boot, "none", "none", rule.reason)
         alpha = (1.0 - self.level) / 2.0
         if np.isfinite(replicates).all():
-            low, high = np.quantile(replicates, [alpha, 1.0 - alpha])
+            q_low, q_high = np.quantile(replicates, [alpha, 1.0 - alpha])
         else:  # an infinite NLL resample: interpolating between two infinities gives NaN, so take the order statistics outwards
-            low, high = np.quantile(replicates, alpha, method="lower"), np.quantile(replicates, 1.0 - alpha, method="higher")
-        return MetricInterval(value, low, high, self.level, self.n_boot)
+            q_low, q_high = np.quantile(replicates, alpha, method="lower"), np.quantile(replicates, 1.0 - alpha, method="higher")
+        if rule.method == "percentile":
+            low, high = q_low, q_high
+        elif rule.method in ("basic", "basic_plugin"):
+            own = value if estimate is None else estimate
+            centre = own + (own if rule.method == "basic" else plugin)
+            low, high = centre - q_high, centre - q_low
+        else:
+            raise ValueError(f"Expected an interval method of {sorted({r.method for r in INTERVALS.values()})}, but got {rule.method!r}.")
+        if power != 1:
+            low, high = (max(x, 0.0) ** (1.0 / power) for x in (low, high))
+        flag = ""
+        if rule.floor is not None and rule.method != "percentile" and low <= rule.floor:
+            if high < rule.floor:  # even the upper end below 0: bias larger than estimate and spread together
+                return MetricInterval(value, np.nan, np.nan, self.level, self.n_boot, rule.method, "null", FLAGS["null"][1])
+            flag = "zero"
+        low = low if rule.floor is None else max(low, rule.floor)
+        high = high if rule.floor is None else max(high, rule.floor)
+        if rule.ceiling is not None:
+            low, high = min(low, rule.ceiling), min(high, rule.ceiling)
+        if value > high:
+            flag = "above"
+        elif value < low:
+            flag = "below"
+        return MetricInterval(value, low, high, self.level, self.n_boot, rule.method, flag, FLAGS[flag][1] if flag else "")
 
 
 def flat_intervals(values: dict[str, Any], suffixes: tuple[str, str] = ("_ci_low", "_ci_high")) -> dict[str, Any]:
     """``{"ece": MetricInterval}`` -> ``{"ece": value, "ece_ci_low": low, "ece_ci_high": high}`` (plain floats,
-    for ``evaluate`` results, Trainer logs and JSON); other values pass through."""
+    for ``evaluate`` results, Trainer logs and JSON; NaN where a metric has no interval, as MCE); other values
+    pass through."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, MetricInterval):

@@ -37,18 +37,23 @@ import numpy as np
 from .._checks import IGNORE_INDEX, check_choice, check_int
 from ._format import Inputs, prepare, probability_chunks, top_label
 from .binning import _check_n_bins, _run_sizes
-from .bootstrap import advance, check_bootstrap, frame
+from .bootstrap import IntervalRule, advance, check_bootstrap, frame
 
 __all__ = ["debiased_ece"]
 
 _MODES = ("top-label", "marginal")
 _BINNINGS = ("equal_mass", "distinct")
 _COLUMN_BLOCK_ELEMENTS = 1 << 22  # marginal mode: class columns are formed this many values at a time
+_DISTINCT = IntervalRule("none", reason=(
+    "binning='distinct' on values that are mostly distinct (N/4 or more distinct values, the reference's own test for "
+    "binned outputs): a resample duplicates rows into bins the data do not have, so its estimate says nothing about "
+    "this one's spread; no interval is given"))
 
 
 @numba.njit(cache=True, nogil=True)
-def _debiased_value(count, sum_p, sum_y, n, power):  # pragma: no cover - compiled
-    """The debiased estimate (p = 1 or 2) from per-bin count and sums of values and labels; ``n`` = total."""
+def _debiased_value(count, sum_p, sum_y, n, power, raw=False):  # pragma: no cover - compiled
+    """The debiased estimate (p = 1 or 2) from per-bin count and sums of values and labels; ``n`` = total. ``raw``:
+    for p = 2 the estimate of CE^2 itself, before ``sqrt(max(., 0))`` (unbiased, may be negative)."""
     plug = 0.0
     correction = 0.0
     for b in range(count.shape[0]):
@@ -71,7 +76,7 @@ def _debiased_value(count, sum_p, sum_y, n, power):  # pragma: no cover - compil
             else:
                 correction += w * abs(d)
     if power == 2:
-        return math.sqrt(max(plug, 0.0))
+        return plug if raw else math.sqrt(max(plug, 0.0))
     return 2.0 * plug - correction
 
 
@@ -135,7 +140,7 @@ def _binned_sums(p, y, weight, bounds):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _debiased_replicates(counts, p, y, closing, distinct, power):  # pragma: no cover - compiled
+def _debiased_replicates(counts, p, y, closing, distinct, power, raw):  # pragma: no cover - compiled
     """The estimate on each resample: boundaries re-cut from the resample, walking the rows sorted once
     (``counts`` in that sorted order)."""
     chunk = counts.shape[0]
@@ -145,7 +150,7 @@ def _debiased_replicates(counts, p, y, closing, distinct, power):  # pragma: no 
         weight = counts[b]
         bounds = _boundaries(p, weight, closing, distinct)
         count, sum_p, sum_y = _binned_sums(p, y, weight, bounds)
-        out[b] = _debiased_value(count, sum_p, sum_y, n, power)
+        out[b] = _debiased_value(count, sum_p, sum_y, n, power, raw)
     return out
 
 
@@ -170,9 +175,26 @@ class _Sorted:
             return float(_debiased_value(count, sum_p, sum_y, self.p.shape[0], power))
         return _monte_carlo_l1(count, sum_p, sum_y, mc_samples, rng)
 
-    def replicates(self, counts: np.ndarray, power: int) -> np.ndarray:
-        """The estimate on each resample, ``counts`` in this column's own sorted order."""
-        return _debiased_replicates(counts, self.p, self.y, self.closing, self.distinct, power)
+    def raw(self, power: int) -> float:
+        """The estimate on the scale the interval is formed on: CE^2 before ``sqrt(max(., 0))`` for p = 2."""
+        count, sum_p, sum_y = self.sums()
+        return float(_debiased_value(count, sum_p, sum_y, self.p.shape[0], power, True))
+
+    def plugin(self, power: int) -> float:
+        """The plug-in (not debiased) error of the same bins, ``(sum_b w_b |p̄_b - ȳ_b|^p)^(1/p)``: the value that
+        a resample's debiased estimate estimates (the basic interval's pivot, as Kumar et al.'s bootstrap)."""
+        count, sum_p, sum_y = self.sums()
+        filled = count > 0
+        gap = np.abs(sum_p[filled] - sum_y[filled]) / count[filled]
+        return float(np.sum(count[filled] / self.p.shape[0] * gap**power) ** (1.0 / power))
+
+    def mostly_distinct(self) -> bool:
+        """N/4 or more distinct values: the reference's test (``enough_duplicates``) for outputs that are not binned."""
+        return self.distinct and np.count_nonzero(np.diff(self.p)) + 1 >= self.p.shape[0] / 4.0
+
+    def replicates(self, counts: np.ndarray, power: int, raw: bool = False) -> np.ndarray:
+        """The estimate on each resample (``raw``: as :meth:`raw`), ``counts`` in this column's own sorted order."""
+        return _debiased_replicates(counts, self.p, self.y, self.closing, self.distinct, power, raw)
 
 
 def _monte_carlo_l1(count, sum_p, sum_y, mc_samples: int, rng: np.random.RandomState) -> float:
@@ -234,8 +256,16 @@ def debiased_ece(
         mc_samples, mc_seed: p = 1 only: None (default) for the exact correction, or the number of the
             reference's normal draws, from ``numpy.random.RandomState(mc_seed)``.
         from_logits: ``None`` detects probabilities, as :func:`hf_calibration.metrics.ece`.
-        ci, n_boot, seed: a percentile bootstrap interval, as :func:`hf_calibration.metrics.ece` (the
-            bins re-cut on every resample; exact correction only).
+        ci, n_boot, seed: a bootstrap interval (the bins re-cut on every resample; exact correction only):
+            the basic interval with the plug-in as the functional, as Kumar et al.'s own bootstrap
+            (``bootstrap_uncertainty``): ``[e + v - q_hi, e + v - q_lo]``, ``e`` the estimate, ``v`` the plug-in
+            error of the same bins and ``q`` the quantiles of the resampled estimates, all on the scale of
+            ``CE^p`` (for p = 2 the unbiased estimate of ``CE^2`` before its ``sqrt(max(., 0))``, mean over
+            classes in the marginal mode), then taken back to ``CE``; an end below 0 becomes 0. A resample's debiased
+            estimate estimates the sample's plug-in value, not its debiased one: the percentile interval sat
+            above a calibrated model's value on every draw, this one brackets it (coverage in
+            ``benchmarks/bootstrap_coverage.py``). With ``binning="distinct"`` on values that are mostly
+            distinct there is no interval (NaN ends and a note): resampling makes bins the data do not have.
 
     Returns:
         the estimate, a fraction (the L1 form can fall below 0 on a well-calibrated model: it is
@@ -274,9 +304,12 @@ def debiased_ece(
         value = column.value(p, mc_samples, rng)
         if boot is None:
             return value
-        return boot.interval(value, boot.replicates([lambda counts: column.replicates(counts, p)], n)[0])
+        if column.mostly_distinct():
+            return boot.interval(value, np.zeros(0), _DISTINCT)
+        replicates = boot.replicates([lambda counts: column.replicates(counts, p, raw=True)], n)[0]
+        return boot.interval(value, replicates, "debiased_ece", plugin=column.plugin(p) ** p, estimate=column.raw(p), power=p)
 
-    per_class, replicates = [], []
+    per_class, plugins, raws, replicates, distinct = [], [], [], [], False
     position = None
     if boot is not None:  # the resamples are over the frame (rows by top-label confidence); each class gathers from it
         position = np.empty(n, dtype=np.int64)
@@ -284,11 +317,19 @@ def debiased_ece(
     for classes, block in _class_columns(inputs):
         columns = [_Sorted(block[:, j], (inputs.target == k).astype(np.float64), n_bins, binning) for j, k in enumerate(classes)]
         per_class += [c.value(p, mc_samples, rng) ** p for c in columns]
-        if boot is not None:  # every block sees the same resamples (the same seed)
+        if boot is None:
+            continue
+        plugins += [c.plugin(p) ** p for c in columns]
+        raws += [c.raw(p) for c in columns]
+        distinct = distinct or any(c.mostly_distinct() for c in columns)
+        if not distinct:  # every block sees the same resamples (the same seed)
             statistic = lambda counts: np.stack(  # noqa: E731
-                [c.replicates(np.take(counts, position[c.order], axis=1), p) ** p for c in columns], axis=1)
+                [c.replicates(np.take(counts, position[c.order], axis=1), p, raw=True) for c in columns], axis=1)
             replicates.append(boot.replicates([statistic], n)[0])
     value = float(np.mean(per_class) ** (1.0 / p))
     if boot is None:
         return value
-    return boot.interval(value, np.mean(np.concatenate(replicates, axis=1), axis=1) ** (1.0 / p))
+    if distinct:
+        return boot.interval(value, np.zeros(0), _DISTINCT)
+    return boot.interval(value, np.mean(np.concatenate(replicates, axis=1), axis=1), "debiased_ece",
+                         plugin=float(np.mean(plugins)), estimate=float(np.mean(raws)), power=p)

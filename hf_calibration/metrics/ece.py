@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import numba
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import Inputs, prepare, probability_chunks, top_label, top_label_bin_sums
-from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_edges
-from .bootstrap import Bootstrap, check_bootstrap, frame, segment_sums
+from ._format import prepare, top_label, top_label_bin_sums
+from ._probability_pass import probability_rows
+from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
+from .bootstrap import SMOOTH_N_BOOT, Bootstrap, check_bootstrap, frame, frame_position, segment_sums
 
 
 class ECESplit(NamedTuple):
@@ -80,68 +80,15 @@ def _binned_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
     return statistic
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _classwise_replicates(counts_t, position, preds, target, from_logits, edges):  # pragma: no cover - compiled
-    """Classwise ECE of each resample: the signed (class, bin) sums of ``_classwise_ece_update`` with row i
-    weighted by its count. ``counts_t`` is the block transposed, (frame positions, resamples), and row i's
-    counts are ``counts_t[position[i]]``: each row's probabilities are formed once (float64 softmax, as the
-    streaming pass) and added to its K cells for every resample at once (a vectorised axpy)."""
-    n, k = preds.shape
-    chunk = counts_t.shape[1]
-    n_bins = edges.shape[0] - 1
-    cells = np.zeros((k * n_bins, chunk))
-    p = np.empty(k)
-    for i in range(n):
-        if from_logits:
-            top = np.float64(preds[i, 0])
-            for j in range(1, k):
-                top = max(top, np.float64(preds[i, j]))
-            s = 0.0
-            for j in range(k):
-                p[j] = np.exp(np.float64(preds[i, j]) - top)
-                s += p[j]
-            for j in range(k):
-                p[j] = p[j] / s
-        else:
-            for j in range(k):
-                p[j] = np.float64(preds[i, j])
-        weights = counts_t[position[i]]
-        y = target[i]
-        for j in range(k):  # edges[b] < p <= edges[b + 1], p = 0 in the first bin
-            q = p[j]
-            bin_ = min(int(q * n_bins), n_bins - 1)
-            while bin_ > 0 and q <= edges[bin_]:
-                bin_ -= 1
-            while bin_ < n_bins - 1 and q > edges[bin_ + 1]:
-                bin_ += 1
-            cell = cells[j * n_bins + bin_]
-            value = q - 1.0 if j == y else q
-            for b in range(weights.shape[0]):
-                cell[b] += weights[b] * value
-    out = np.empty(chunk)
-    for b in range(chunk):
-        total = 0.0
-        for c in range(k * n_bins):
-            total += abs(cells[c, b])
-        out[b] = total / k / n
-    return out
-
-
-def _classwise_statistic(inputs: Inputs, n_bins: int, order: np.ndarray):
-    """``counts -> (B,)`` classwise ECE of each resample (counts in the frame ``order``), O(N·K) per resample,
-    reading ``inputs.preds`` row by row as given."""
-    preds = np.ascontiguousarray(inputs.preds)
-    edges = uniform_edges(n_bins)
-    position = np.empty_like(order)
-    position[order] = np.arange(order.shape[0])
-    return lambda counts: _classwise_replicates(np.ascontiguousarray(counts.T), position, preds, inputs.target,
-                                                inputs.from_logits, edges)
+BINNED_COLUMNS = ("ece", "mce", "o_ece", "u_ece", "accuracy")  # the columns of _binned_statistic
 
 
 def _top_label_interval(boot: Bootstrap, confidence: np.ndarray, correct: np.ndarray, n_bins: int, column: int, value: float):
     """``value`` with the interval of column ``column`` of ``_binned_statistic`` (0 ECE, 1 MCE, 2 O-ECE, 3 U-ECE)."""
+    if BINNED_COLUMNS[column] == "mce":  # no interval (bootstrap.INTERVALS): no resamples either
+        return boot.interval(value, np.zeros(0), "mce")
     replicates = boot.replicates([_binned_statistic(confidence, correct, n_bins)], confidence.shape[0])[0]
-    return boot.interval(value, replicates[:, column])
+    return boot.interval(value, replicates[:, column], BINNED_COLUMNS[column])
 
 
 _MULTICLASS = object()  # _sigmoid_dispatch's answer for a multi-class call: go on with the softmax path
@@ -201,9 +148,12 @@ def ece(
             detection and validation never disagree.
         ignore_index: label of rows to drop (default -100, the transformers convention); an
             integer or None.
-        ci: confidence level of a percentile bootstrap interval (0.95), or None (default) for the
-            bare value. The rows (after ``ignore_index``) are resampled; see
-            :mod:`hf_calibration.metrics.bootstrap`.
+        ci: confidence level of a bootstrap interval (0.95), or None (default) for the bare value.
+            The rows (after ``ignore_index``) are resampled. The interval is the basic (bias-corrected)
+            bootstrap, ``2 * value - quantiles``: the plug-in ECE is biased upwards by bin noise and so are
+            its resamples, which put the percentile interval above the true value (coverage measured in
+            ``benchmarks/bootstrap_coverage.py``; see :mod:`hf_calibration.metrics.bootstrap`). Its ``note``
+            says when the estimate lies outside it or it reaches 0.
         n_boot: number of resamples (default 1,000).
         seed: seed of the resamples (default 0): the same seed gives the same interval.
         task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; None (default) reads it from the shapes
@@ -230,7 +180,7 @@ def ece(
         >>> labels = (rng.random(2000) >= conf - 0.1).astype(int)
         >>> value = ece(probs, labels, ci=0.95)  # the true ECE is 0.1
         >>> round(value, 3), round(value.low, 3), round(value.high, 3)
-        (0.088, 0.069, 0.108)
+        (0.088, 0.068, 0.107)
     """
     if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
         sigmoid = _sigmoid_dispatch("ece", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
@@ -260,9 +210,12 @@ def mce(
     average: str = "macro",
 ) -> float:
     """Maximum calibration error: the largest ``|acc_b - conf_b|`` over non-empty equal-width bins
-    (Guo et al. 2017, eq. 5). Arguments as :func:`ece` (``from_logits=None`` detects probabilities;
-    ``ci`` adds a bootstrap interval: a maximum over bins is biased upwards on a resample, so read it
-    as rough; ``task`` / ``average`` for binary and multi-label heads: torchmetrics' ``norm="max"``)."""
+    (Guo et al. 2017, eq. 5). Arguments as :func:`ece` (``from_logits=None`` detects probabilities; ``task`` /
+    ``average`` for binary and multi-label heads: torchmetrics' ``norm="max"``).
+    With ``ci`` there is no interval: a maximum over bins has an inconsistent bootstrap when several bins
+    are near the maximum (Andrews 2000; on a uniformly over-confident model the basic interval covered the
+    true MCE far below its level, ``benchmarks/bootstrap_coverage.py``), so the value comes back as a
+    :class:`~hf_calibration.metrics.MetricInterval` with NaN ends and a ``note`` saying why."""
     if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
         sigmoid = _sigmoid_dispatch("mce", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
         if sigmoid is not _MULTICLASS:
@@ -344,7 +297,7 @@ def ece_split(
     top = top_label(inputs)
     split = _ece_split_compute(top.confidence, top.correct, n_bins)
     replicates = boot.replicates([_binned_statistic(top.confidence, top.correct, n_bins)], top.confidence.shape[0])[0]
-    return ECESplit(boot.interval(split.over, replicates[:, 2]), boot.interval(split.under, replicates[:, 3]))
+    return ECESplit(boot.interval(split.over, replicates[:, 2], "o_ece"), boot.interval(split.under, replicates[:, 3], "u_ece"))
 
 
 def _classwise_ece_update(probs: np.ndarray, target: np.ndarray, n_bins: int) -> np.ndarray:
@@ -378,16 +331,14 @@ def classwise_ece(
     ``[y == k]`` (Kull et al. 2019; Nixon et al. 2019 without thresholding). Every probability,
     zeros included, is binned (``p = 0`` → first bin). Equal-width bins depend on the values
     only, so ties cannot be split by correctness. Arguments as :func:`ece` (``from_logits=None``
-    detects probabilities). With ``ci`` the rows are resampled with all K of their probabilities:
-    O(n_boot · N · K), no (N, K) copy (each resample's sums are formed from ``preds`` as given)."""
+    detects probabilities). With ``ci`` the rows are resampled with all K of their probabilities and the
+    interval is the basic (bias-corrected) bootstrap, as :func:`ece`'s; a resample costs O(N·K) (the lowest
+    bin's sums of all resamples are one matrix product, see ``_probability_pass``), so the default is 200
+    resamples, as smCE's; no (N, K) copy is made."""
     n_bins = _check_n_bins(n_bins)
-    boot = check_bootstrap(ci, n_boot, seed)
+    boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
-    total = np.zeros((inputs.preds.shape[1], n_bins))
-    for rows, probs, _ in probability_chunks(inputs):
-        total += _classwise_ece_update(probs, inputs.target[rows], n_bins)
-    value = _classwise_ece_compute(total, inputs.preds.shape[0])
-    if boot is None:
-        return value
-    statistic = _classwise_statistic(inputs, n_bins, frame(top_label(inputs).confidence))
-    return boot.interval(value, boot.replicates([statistic], inputs.preds.shape[0])[0])
+    position = None if boot is None else frame_position(top_label(inputs).confidence)
+    rows = probability_rows(inputs, n_bins, boot=boot, position=position, checked=position is not None)  # top_label checked them
+    value = _classwise_ece_compute(rows.cells, inputs.preds.shape[0])
+    return value if boot is None else boot.interval(value, rows.replicates, "classwise_ece")

@@ -39,7 +39,7 @@ from .._checks import IGNORE_INDEX, check_choice, to_numpy
 from ..tasks import check_shapes_for_task
 from .adaptive import _adaece_compute, _adaece_statistic
 from .binning import _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index
-from .bootstrap import Bootstrap, MetricInterval, check_bootstrap, reframed, segment_sums
+from .bootstrap import INTERVALS, Bootstrap, MetricInterval, check_bootstrap, reframed, segment_sums
 from .ece import _ece_split_compute
 
 __all__ = [
@@ -379,9 +379,10 @@ def _intervals(inputs: SigmoidInputs, names: Sequence[str], n_bins: int, boot: B
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a label absent from a resample: NaN, left out
                 macro_reps = np.nanmean(per_label_reps, axis=1)
-        label_intervals = [float("nan") if np.isnan(v) else b.interval(float(v), per_label_reps[:, l])
+        rule = INTERVALS.get(name, INTERVALS["ece"])  # the multi-class metric's interval method (RMSCE: ECE's)
+        label_intervals = [float("nan") if np.isnan(v) else b.interval(float(v), per_label_reps[:, l], rule)
                            for l, v in enumerate(per_label)]  # NaN: a label with no kept sample
-        out[name] = (label_intervals, b.interval(macro, macro_reps), b.interval(micro, micro_reps))
+        out[name] = (label_intervals, b.interval(macro, macro_reps, rule), b.interval(micro, micro_reps, rule))
 
     if binned:
         per = np.stack([r for r in replicates[:num_labels]], axis=1)  # (B, L, 6)

@@ -3,7 +3,7 @@ per logit-margin group (SMART, Fig. 15) and as a before / after calibration pair
 
 Each bin's accuracy carries a Wilson score interval (Wilson 1927: the binomial interval that stays
 inside [0, 1] and keeps its coverage for small counts, where the normal one does not), and the panel's
-ECE its percentile bootstrap interval (:mod:`hf_calibration.metrics.bootstrap`).
+ECE its bootstrap interval (:func:`hf_calibration.metrics.ece`'s, bias-corrected; :mod:`hf_calibration.metrics.bootstrap`).
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def _ece_text(confidence: np.ndarray, correct: np.ndarray, n_bins: int, boot) ->
     if boot is None:
         return f"ECE = {100 * value:.2f} %"
     interval = _top_label_interval(boot, confidence, correct, n_bins, 0, value)
-    return f"ECE = {interval.format(100, 2, ' %')}"
+    return f"ECE = {interval.format(100, 2, ' %', short_note=True)}"
 
 
 def reliability_diagram(
@@ -377,7 +377,7 @@ def reliability_diagram(
         counts: draw the sample-count histogram under each diagram (default True).
         count_scale: ``"linear"`` (default) or ``"log"`` (bins of 1-3 samples stay visible).
         min_count: bins with fewer samples are faded and their counts written (default 10; 0 or 1 for none).
-        ci: level of the per-bin Wilson intervals and of the ECE's percentile bootstrap interval
+        ci: level of the per-bin Wilson intervals and of the ECE's bootstrap interval (:func:`ece`'s)
             (default 0.95); None draws neither.
         n_boot, seed: the ECE's bootstrap (default 1,000 resamples, seed 0), as :func:`hf_calibration.metrics.ece`.
         names: the titles of the two halves of a before / after pair.

@@ -10,20 +10,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from .._checks import IGNORE_INDEX, check_choice
-from ._format import prepare, probability_chunks, top_label
+from ._format import prepare, top_label
+from ._probability_pass import probability_rows
 from .adaptive import _adaece_compute, _adaece_statistic
 from .binning import _check_n_bins
-from .bootstrap import SMOOTH_N_BOOT, Bootstrap, MetricInterval, check_bootstrap, frame, weighted_means
-from .ece import (
-    _binned_statistic,
-    _classwise_ece_compute,
-    _classwise_ece_update,
-    _classwise_statistic,
-    _ece_compute,
-    _ece_split_compute,
-    _mce_compute,
-)
-from .scores import _brier_update, _nll_update, _row_scores
+from .bootstrap import SMOOTH_N_BOOT, Bootstrap, MetricInterval, check_bootstrap, frame, frame_position, weighted_means
+from .ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute, _ece_compute, _ece_split_compute, _mce_compute
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +37,41 @@ _LABELS: dict[str, tuple[str, bool]] = {
 DEFAULT_COLUMNS = ("accuracy", "ece", "adaece", "smce", "o_ece", "u_ece")
 
 
-def _format_value(name: str, value: Any, unit: bool = False) -> str:
-    """``"3.21"``; with an interval ``"3.21 [2.40, 4.05]"`` (``unit``: ``"3.21 % [2.40, 4.05]"``)."""
+def _format_value(name: str, value: Any, unit: bool = False, notes: dict[str, int] | None = None) -> str:
+    """``"3.21"``; with an interval ``"3.21 [2.40, 4.05]"`` (``unit``: ``"3.21 % [2.40, 4.05]"``), and ``" (1)"``
+    when the interval has a note (``notes``: note -> its footnote number, filled here)."""
     if value is None:
         return "-"
     if name == "n":
         return str(int(value))
     scale, digits = (100.0, 2) if _LABELS[name][1] else (1.0, 4)
     if isinstance(value, MetricInterval):
-        return value.format(scale, digits, " %" if unit and _LABELS[name][1] else "")
+        text = value.format(scale, digits, " %" if unit and _LABELS[name][1] else "")
+        if value.note and notes is not None:
+            text += f" ({notes.setdefault(value.note, len(notes) + 1)})"
+        return text
     return f"{scale * value:.{digits}f}"
+
+
+def _footnotes(notes: dict[str, int], named: dict[str, list[str]]) -> list[str]:
+    """``"(1) MCE: <note>"`` lines, each note once with the metrics it applies to."""
+    return [f"({number}) {', '.join(named[note])}: {note}." for note, number in notes.items()]
+
+
+def _interval_legend(intervals: dict[str, MetricInterval]) -> str:
+    """How the intervals were made: ``"(95 % bootstrap intervals, 1000 resamples (200: smCE, smECE); basic
+    (bias-corrected): ECE, ...; percentile: Accuracy, ...; none: MCE)"``."""
+    counts = sorted({v.n_boot for v in intervals.values()}, reverse=True)
+    level = next(iter(intervals.values())).level
+    resamples = f"{counts[0]} resamples"
+    for count in counts[1:]:
+        resamples += f" ({count}: {', '.join(_LABELS[k][0] for k, v in intervals.items() if v.n_boot == count)})"
+    methods: dict[str, list[str]] = {}
+    for key, value in intervals.items():
+        methods.setdefault(value.method, []).append(_LABELS[key][0])
+    words = {"basic": "basic (bias-corrected)", "basic_plugin": "basic, plug-in pivot"}
+    how = "; ".join(f"{words.get(m, m)}: {', '.join(names)}" for m, names in methods.items())
+    return f"({100 * level:g} % bootstrap intervals, {resamples}; {how})"
 
 
 def _header(name: str, unit: bool = True) -> str:
@@ -111,20 +128,22 @@ class CalibrationReport(Mapping):
 
     def __str__(self) -> str:
         intervals = self.intervals()
+        notes: dict[str, int] = {}
         # with intervals the percent sign goes with the value: "3.21 % [2.40, 4.05]"
-        rows = [(_header(key, not intervals), _format_value(key, getattr(self, key), unit=True)) for key in self._keys()]
+        rows = [(_header(key, not intervals), _format_value(key, getattr(self, key), unit=True, notes=notes)) for key in self._keys()]
         width = max(len(label) for label, _ in rows)
         cell = max([10] + [len(value) for _, value in rows])
         lines = [f"{'metric':<{width}}  {'value':>{cell}}", "-" * (width + cell + 2)]
         lines += [f"{label:<{width}}  {value:>{cell}}" for label, value in rows]
         inputs = {True: ", from logits", False: ", from probabilities"}.get(self.from_logits, "")
-        if intervals:
-            counts = sorted({v.n_boot for v in intervals.values()})
-            level = next(iter(intervals.values())).level
-            inputs += (f"; [{100 * level:g} % percentile bootstrap interval, "
-                       f"{' / '.join(str(c) for c in counts)} resamples{' (smCE, smECE: the fewer)' if len(counts) > 1 else ''}]")
         lines.append(f"({self.n_bins} bins{inputs})")
-        return "\n".join(lines)
+        if intervals:
+            lines.append(_interval_legend(intervals))
+        named: dict[str, list[str]] = {}
+        for key, value in intervals.items():
+            if value.note:
+                named.setdefault(value.note, []).append(_LABELS[key][0])
+        return "\n".join(lines + _footnotes(notes, named))
 
 
 def _smooth_metrics(confidence: np.ndarray, correct: np.ndarray) -> tuple[float | None, float | None]:
@@ -136,23 +155,27 @@ def _smooth_metrics(confidence: np.ndarray, correct: np.ndarray) -> tuple[float 
     return smooth.smce_from_confidence(confidence, correct), smooth.smece_from_confidence(confidence, correct)
 
 
-def _with_intervals(values: dict[str, Any], inputs, conf: np.ndarray, correct: np.ndarray, n_bins: int,
-                    boot: Bootstrap, smooth_boot: Bootstrap) -> dict[str, Any]:
-    """Every metric of ``values`` with its percentile bootstrap interval; all metrics see the same resamples
-    (smCE / smECE the first ``smooth_boot.n_boot`` of them)."""
+def _with_intervals(values: dict[str, Any], conf: np.ndarray, correct: np.ndarray, scores: np.ndarray,
+                    classwise: np.ndarray | None, n_bins: int, boot: Bootstrap, smooth_boot: Bootstrap) -> dict[str, Any]:
+    """Every metric of ``values`` with its bootstrap interval (``bootstrap.INTERVALS``); all metrics see the same
+    resamples (smCE, smECE and classwise ECE, whose ``classwise`` replicates are given, the first
+    ``smooth_boot.n_boot`` of them)."""
     from . import smooth
 
     n = conf.shape[0]
     order = frame(conf)
-    binned, ada, classwise, scores = boot.replicates(
-        [_binned_statistic(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins),
-         _classwise_statistic(inputs, n_bins, order), weighted_means(_row_scores(inputs), order)], n)
-    replicates = {"ece": binned[:, 0], "mce": binned[:, 1], "o_ece": binned[:, 2], "u_ece": binned[:, 3],
-                  "accuracy": binned[:, 4], "adaece": ada, "classwise_ece": classwise, "brier": scores[:, 0], "nll": scores[:, 1]}
-    out = {key: boot.interval(values[key], reps) for key, reps in replicates.items()}
+    statistics = [_binned_statistic(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins), weighted_means(scores, order)]
     if values["smce"] is not None:
-        sm, sme = smooth_boot.replicates([smooth._smce_statistic(conf, correct), smooth._smece_statistic(conf, correct)], n)
-        out["smce"], out["smece"] = smooth_boot.interval(values["smce"], sm), smooth_boot.interval(values["smece"], sme)
+        statistics += [smooth._smce_statistic(conf, correct), smooth._smece_statistic(conf, correct)]
+    # smCE / smECE on the first smooth_boot.n_boot of the same resamples (its own draws: one seed, one stream per
+    # resample), drawn once; smooth_boot.n_boot <= boot.n_boot (an n_boot given applies to both)
+    binned, ada, resampled_scores, *smoothed = boot.replicates(statistics, n, [None] * 3 + [smooth_boot.n_boot] * 2)
+    replicates = {name: binned[:, column] for column, name in enumerate(BINNED_COLUMNS)}
+    replicates.update(adaece=ada, brier=resampled_scores[:, 0], nll=resampled_scores[:, 1])
+    out = {key: boot.interval(values[key], reps, key) for key, reps in replicates.items()}
+    out["classwise_ece"] = smooth_boot.interval(values["classwise_ece"], classwise, "classwise_ece")
+    if smoothed:
+        out["smce"], out["smece"] = (smooth_boot.interval(values[name], reps, name) for name, reps in zip(("smce", "smece"), smoothed))
     return {**values, **out}
 
 
@@ -178,10 +201,13 @@ def calibration_report(
     (every value in [0, 1], rows summing to 1 within 1e-2), True/False win.
 
     With ``ci`` (a level such as 0.95) every metric becomes a
-    :class:`~hf_calibration.metrics.MetricInterval` (still its float value) with a percentile bootstrap
-    interval, all from the same resamples of the rows: ``n_boot`` of them (default 1,000; smCE and smECE
-    200 unless ``n_boot`` is given, see :func:`hf_calibration.metrics.smce`), drawn from ``seed``.
-    ``str(report)`` then prints ``3.21 % [2.40, 4.05]``.
+    :class:`~hf_calibration.metrics.MetricInterval` (still its float value) with a bootstrap interval, all
+    from the same resamples of the rows: ``n_boot`` of them (default 1,000; smCE, smECE and classwise ECE
+    200 unless ``n_boot`` is given: they cost more per resample), drawn from ``seed``. Each metric's interval
+    is the one :mod:`hf_calibration.metrics.bootstrap` chose for it by measured coverage: basic
+    (bias-corrected) for the calibration errors, percentile for accuracy, Brier and NLL, none for MCE.
+    ``str(report)`` then prints ``3.21 % [2.40, 4.05]``, and a numbered note under the table wherever an
+    interval should be read with care (the estimate outside it, an interval reaching 0, no interval).
 
     A binary or multi-label head (``task="binary"`` / ``"multilabel"``, or read from the shapes: ``(N, L)`` 0/1
     targets, one score column) gets a :class:`~hf_calibration.metrics.multilabel.SigmoidCalibrationReport` instead:
@@ -215,13 +241,8 @@ def calibration_report(
     conf, correct = top.confidence, top.correct
     n = inputs.preds.shape[0]
 
-    classwise = np.zeros((inputs.preds.shape[1], n_bins))
-    brier_sum = nll_sum = 0.0  # nll_sum is already divided by n
-    for rows, probs, log_probs in probability_chunks(inputs):
-        y = inputs.target[rows]
-        classwise += _classwise_ece_update(probs, y, n_bins)
-        brier_sum += _brier_update(probs, y)
-        nll_sum += _nll_update(log_probs, y, n)
+    # one pass over the probabilities: classwise sums, Brier / NLL terms and, with ci, classwise ECE's resamples
+    rows = probability_rows(inputs, n_bins, boot=smooth_boot, position=None if boot is None else frame_position(conf), checked=True)
 
     split = _ece_split_compute(conf, correct, n_bins)
     smce_value, smece_value = _smooth_metrics(conf, correct)
@@ -230,16 +251,16 @@ def calibration_report(
         ece=_ece_compute(conf, correct, n_bins),
         adaece=_adaece_compute(conf, correct, n_bins),
         mce=_mce_compute(conf, correct, n_bins),
-        classwise_ece=_classwise_ece_compute(classwise, n),
+        classwise_ece=_classwise_ece_compute(rows.cells, n),
         o_ece=split.over,
         u_ece=split.under,
         smce=smce_value,
         smece=smece_value,
-        brier=brier_sum / n,
-        nll=nll_sum,
+        brier=rows.brier,
+        nll=rows.nll,
     )
     if boot is not None:
-        values = _with_intervals(values, inputs, conf, correct, n_bins, boot, smooth_boot)
+        values = _with_intervals(values, conf, correct, rows.scores, rows.replicates, n_bins, boot, smooth_boot)
     return CalibrationReport(n=n, **values, n_bins=n_bins, from_logits=inputs.from_logits)
 
 
@@ -255,7 +276,8 @@ def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[s
             table's last line says which.
 
     Returns:
-        a Markdown table, percentages with two decimals (``3.21 [2.40, 4.05]`` for reports made with ``ci``).
+        a Markdown table, percentages with two decimals (``3.21 [2.40, 4.05]`` for reports made with ``ci``; an
+        interval with a note gets a footnote number, and the notes follow the table).
     """
     if not isinstance(reports, Mapping) or not reports:
         raise ValueError(f"Expected argument `reports` to be a non-empty mapping of name → CalibrationReport, but got {reports!r}.")
@@ -274,15 +296,22 @@ def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[s
         return report[column]
 
     header = ["method"] + [_header(c) for c in columns]
-    body = [[str(name)] + [_format_value(c, value(report, c)) for c in columns] for name, report in reports.items()]
+    notes: dict[str, int] = {}
+    body = [[str(name)] + [_format_value(c, value(report, c), notes=notes) for c in columns] for name, report in reports.items()]
     widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
 
     rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
+    named: dict[str, list[str]] = {}
+    for name, report in reports.items():
+        for c in columns:
+            cell = value(report, c)
+            if isinstance(cell, MetricInterval) and cell.note and f"{name} {_LABELS[c][0]}" not in named.get(cell.note, []):
+                named.setdefault(cell.note, []).append(f"{name} {_LABELS[c][0]}")
     lines = [line(header), rule] + [line(row) for row in body]
     if multilabel:
         lines += ["", "Multi-label: " + ("macro, the mean of the per-label values." if average == "macro"
                                           else "pooled (micro), every (sample, label) pair as one binary problem.")]
-    return "\n".join(lines)
+    return "\n".join(lines + ([""] + _footnotes(notes, named) if notes else []))

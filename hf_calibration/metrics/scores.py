@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import Inputs, prepare, probability_chunks, top_label
+from ._format import Inputs, prepare, top_label
+from ._probability_pass import probability_rows
 from .ece import _MULTICLASS, _maybe_sigmoid, _sigmoid_dispatch
 from .bootstrap import check_bootstrap, frame, weighted_means
 
@@ -26,19 +27,20 @@ def _nll_update(log_probs: np.ndarray, target: np.ndarray, n: int) -> float:
 def _row_scores(inputs: Inputs) -> np.ndarray:
     """Each row's Brier term ``sum_k (p_ik - [y_i == k])^2`` and NLL term ``-log p_iy``, (N, 2): what a
     bootstrap resamples (their means are :func:`brier` and :func:`nll`)."""
-    out = np.empty((inputs.preds.shape[0], 2))
-    for rows, probs, log_probs in probability_chunks(inputs):
-        y = inputs.target[rows]
-        picked = np.arange(probs.shape[0]), y
-        out[rows, 0] = np.einsum("ij,ij->i", probs, probs) - 2.0 * probs[picked] + 1.0
-        out[rows, 1] = -log_probs[picked]
-    return out
+    return probability_rows(inputs, classwise=False).scores
 
 
-def _score_interval(inputs: Inputs, boot, value: float, column: int):
-    order = frame(top_label(inputs).confidence)  # the frame every metric of these rows resamples in
-    replicates = boot.replicates([weighted_means(_row_scores(inputs)[:, column], order)], inputs.preds.shape[0])[0]
-    return boot.interval(value, replicates[:, 0])
+def _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, column: int):
+    """Brier (column 0) or NLL (1), with its percentile interval when ``ci`` is given."""
+    boot = check_bootstrap(ci, n_boot, seed)
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    order = None if boot is None else frame(top_label(inputs).confidence)  # the frame every metric of these rows resamples in
+    rows = probability_rows(inputs, classwise=False, checked=order is not None)  # top_label checked the rows
+    value = (rows.brier, rows.nll)[column]
+    if boot is None:
+        return value
+    replicates = boot.replicates([weighted_means(rows.scores[:, column], order)], inputs.preds.shape[0])[0]
+    return boot.interval(value, replicates[:, 0], ("brier", "nll")[column])
 
 
 def brier(
@@ -59,21 +61,16 @@ def brier(
     ``brier_score_loss`` for K > 2 gives the same number). Finite logits of any size (even near
     the float64 limit) are fine: the softmax subtracts the row maximum first. Arguments as
     :func:`hf_calibration.metrics.ece` (``from_logits=None`` detects probabilities; ``ci`` resamples
-    each row's Brier term). A binary or multi-label head (``task``, or read from the shapes) scores each label as
-    scikit-learn's ``brier_score_loss``, ``mean (p - y)^2``, averaged over labels by ``average``
+    each row's Brier term: a mean, unbiased, so the interval is the percentile one, see
+    :mod:`hf_calibration.metrics.bootstrap`). A binary or multi-label head (``task``, or read from the shapes) scores
+    each label as scikit-learn's ``brier_score_loss``, ``mean (p - y)^2``, averaged over labels by ``average``
     (:mod:`hf_calibration.metrics.multilabel`).
     """
     if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
         sigmoid = _sigmoid_dispatch("brier", preds, target, 15, task, average, from_logits, ignore_index, ci, n_boot, seed)
         if sigmoid is not _MULTICLASS:
             return sigmoid
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
-    total = 0.0
-    for rows, probs, _ in probability_chunks(inputs):
-        total += _brier_update(probs, inputs.target[rows])
-    value = total / inputs.preds.shape[0]
-    return value if boot is None else _score_interval(inputs, boot, value, 0)
+    return _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, 0)
 
 
 def nll(
@@ -94,18 +91,13 @@ def nll(
     unless a true-class logit lies more than ~1.8e308 below its row's maximum (the loss itself
     then exceeds float64). From probabilities a true-class probability of exactly 0 gives
     ``inf`` (no clipping). Arguments as :func:`hf_calibration.metrics.ece` (``from_logits=None``
-    detects probabilities; ``ci`` resamples each row's term, and a resample that draws an infinite
-    term is infinite). A binary or multi-label head (``task``, or read from the shapes) gets the binary
-    cross-entropy ``-mean [y log p + (1 - y) log(1 - p)]`` per label, averaged by ``average``
+    detects probabilities; ``ci`` resamples each row's term, percentile interval as :func:`brier`'s, and
+    a resample that draws an infinite term is infinite). A binary or multi-label head (``task``, or read from the
+    shapes) gets the binary cross-entropy ``-mean [y log p + (1 - y) log(1 - p)]`` per label, averaged by ``average``
     (:mod:`hf_calibration.metrics.multilabel`).
     """
     if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
         sigmoid = _sigmoid_dispatch("nll", preds, target, 15, task, average, from_logits, ignore_index, ci, n_boot, seed)
         if sigmoid is not _MULTICLASS:
             return sigmoid
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
-    total = 0.0
-    for rows, _, log_probs in probability_chunks(inputs):
-        total += _nll_update(log_probs, inputs.target[rows], inputs.preds.shape[0])
-    return total if boot is None else _score_interval(inputs, boot, total, 1)
+    return _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, 1)

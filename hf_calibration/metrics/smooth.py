@@ -485,7 +485,7 @@ def smce_from_confidence(confidence: Any, correct: Any, *, ci: float | None = No
     value = _smce_sum(*_sorted_residuals(confidence, correct)) / confidence.shape[0]
     if boot is None:
         return value
-    return boot.interval(value, boot.replicates([_smce_statistic(confidence, correct)], confidence.shape[0])[0])
+    return boot.interval(value, boot.replicates([_smce_statistic(confidence, correct)], confidence.shape[0])[0], "smce")
 
 
 def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX,
@@ -693,7 +693,7 @@ def smece_from_confidence(confidence: Any, correct: Any, *, return_sigma: bool =
     sigma, result = (float(x[0]) for x in _fixed_point_sigma(_SmoothECE(confidence, correct)))
     if boot is not None:
         replicates = boot.replicates([_smece_statistic(confidence, correct)], confidence.shape[0])[0]
-        result = boot.interval(result, replicates)
+        result = boot.interval(result, replicates, "smece")
     return (result, sigma) if return_sigma else result
 
 

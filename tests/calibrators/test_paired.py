@@ -36,15 +36,23 @@ def test_pooled_values_and_paired_differences(table, metric, function):
         return np.array([function(table.predictions[method][r], y[r], from_logits=True) for r in rows])
 
     reference = resampled(best)
+    full = {method: function(table.predictions[method], y, from_logits=True) for method in table.methods}
     for method in table.methods:
         diff = resampled(method) - reference
-        low, high = np.quantile(diff, [0.025, 0.975])
+        q_low, q_high = np.quantile(diff, [0.025, 0.975])
+        # the metric's own interval method: basic (2 d - q) for the calibration errors, percentile for NLL
+        d = full[method] - full[best]
+        low, high = (q_low, q_high) if metric == "nll" else (2 * d - q_high, 2 * d - q_low)
         assert (result.difference[method].low, result.difference[method].high) == pytest.approx((low, high), abs=1e-12)
         # issue 29 item 13: counted on the resampled differences centred on the pooled one (a binned metric's resamples
         # are biased, and "wins 62 %" stood beside a positive, worse, difference)
         point = function(table.predictions[method], y, from_logits=True) - function(table.predictions[best], y, from_logits=True)
         assert result.wins[method] == pytest.approx(np.mean(diff - np.median(diff) + point < 0))
         assert point <= 0 or result.wins[method] <= 0.5
+        own = resampled(method)
+        q_low, q_high = np.quantile(own, [0.025, 0.975])
+        low, high = (q_low, q_high) if metric == "nll" else (max(2 * full[method] - q_high, 0.0), 2 * full[method] - q_low)
+        assert (result.pooled[method].low, result.pooled[method].high) == pytest.approx((low, high), abs=1e-12)
     assert (result.difference[best].low, result.difference[best].high, result.wins[best]) == (0.0, 0.0, 0.0)
     text = str(result)
     assert f"Paired bootstrap against the best by {metric} ({best})" in text and "beats" in text

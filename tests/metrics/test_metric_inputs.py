@@ -247,7 +247,7 @@ def test_non_finite_still_rejected_next_to_huge_values():
 
 def test_calibrated_input_of_the_pair_is_checked():
     z, y = _good()
-    with pytest.raises(ValueError, match="`calibrated` and `target` to have the same number of samples"):
+    with pytest.raises(ValueError, match="`calibrated` to have the shape of `preds`"):  # issue 29 item 11: not `target`
         reliability_diagram(z, y, calibrated=z[:-1])
     with pytest.raises(ValueError, match="`calibrated` to be finite"):
         reliability_diagram(z, y, calibrated=np.where(z > 1, np.inf, z))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hf_calibration.metrics import adaece, brier, calibration_report, ece, mce, nll, reliability_diagram, reliability_table, rmsce
-from hf_calibration.metrics.bootstrap import Bootstrap
+from hf_calibration.metrics.bootstrap import INTERVALS, Bootstrap
 from hf_calibration.metrics.multilabel import SigmoidCalibrationReport
 
 
@@ -113,17 +113,19 @@ def test_multilabel_interval_equals_brute_force_bootstrap(name, average):
     y = np.where(np.random.default_rng(3).random(y.shape) < 0.1, -100, y)  # ignored elements: totals vary by resample
     value = fn(z, y, average=average, ci=0.9, n_boot=50, seed=7)
     boot, reps = _brute_force_replicates(lambda a, b: fn(a, b, average=average), z, y, 50, 7)
-    expected = boot.interval(fn(z, y, average=average), reps)
+    # each metric's interval method, as the multi-class one (basic for the errors, none for MCE, percentile for scores)
+    expected = boot.interval(fn(z, y, average=average), reps, INTERVALS.get(name, INTERVALS["ece"]))
     assert float(value) == pytest.approx(float(expected), rel=1e-12)
-    assert (value.low, value.high) == pytest.approx((expected.low, expected.high), rel=1e-9, abs=1e-12)
+    assert (value.low, value.high) == pytest.approx((expected.low, expected.high), rel=1e-9, abs=1e-12, nan_ok=True)
+    assert value.method == {"mce": "none", "brier": "percentile", "nll": "percentile"}.get(name, "basic")
 
 
 def test_binary_adaece_interval_equals_brute_force():
     z, y = _binary(n=400)
     value = adaece(z, y, ci=0.9, n_boot=40, seed=3)
     boot, reps = _brute_force_replicates(lambda a, b: adaece(a, b), z, y, 40, 3)
-    expected = boot.interval(adaece(z, y), reps)
-    assert (value.low, value.high) == pytest.approx((expected.low, expected.high), rel=1e-9)
+    expected = boot.interval(adaece(z, y), reps, "adaece")
+    assert value.method == "basic" and (value.low, value.high) == pytest.approx((expected.low, expected.high), rel=1e-9)
 
 
 def test_calibration_report_multilabel():

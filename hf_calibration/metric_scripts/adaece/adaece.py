@@ -26,7 +26,7 @@ Args:
         and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
         probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
         explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
-    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a percentile bootstrap interval
+    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a basic (bias-corrected) bootstrap interval
         (adaece_ci_low, adaece_ci_high), resampling the examples.
     n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000).
     seed (`int`, defaults to 0): seed of the resamples.

@@ -25,9 +25,11 @@ Args:
         and every row sums to 1 within 1e-2 (float16 / bfloat16 softmax output passes), `predictions` are
         probabilities, otherwise logits (softmax is applied), as torchmetrics does. `True` / `False` say so
         explicitly and win; `False` requires the same rule and raises a `ValueError` otherwise.
-    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a percentile bootstrap interval
-        (calibration_<metric>_ci_low, calibration_<metric>_ci_high), resampling the examples.
-    n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000; 200 for smCE and smECE).
+    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a bootstrap interval
+        (calibration_<metric>_ci_low, calibration_<metric>_ci_high), resampling the examples: basic
+        (bias-corrected) for the calibration errors, percentile for accuracy / Brier / NLL, none for MCE (NaN ends).
+    n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000; 200 for smCE, smECE and
+        classwise ECE).
     seed (`int`, defaults to 0): seed of the resamples.
     task (`str` or `None`, defaults to `None`): "multiclass", "binary" or "multilabel" (also the configuration name,
         `evaluate.load(path, "multilabel")`); None reads it from the shapes: lists of 0/1 labels are multi-label (macro

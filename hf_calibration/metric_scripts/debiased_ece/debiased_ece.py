@@ -27,8 +27,9 @@ Args:
         outputs of a binning calibrator).
     from_logits (`bool` or `None`, defaults to `None`): `None` detects probabilities (every value in [0, 1], rows
         summing to 1 within 1e-2); `True` / `False` say so explicitly.
-    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a percentile bootstrap interval
-        (debiased_ece_ci_low, debiased_ece_ci_high), resampling the examples.
+    ci (`float` or `None`, defaults to `None`): a level such as 0.95 adds a bootstrap interval
+        (debiased_ece_ci_low, debiased_ece_ci_high), resampling the examples: basic, with the plug-in as its
+        pivot, as Kumar et al.'s own bootstrap.
     n_boot (`int` or `None`, defaults to `None`): resamples of that bootstrap (None: 1,000).
     seed (`int`, defaults to 0): seed of the resamples.
 
