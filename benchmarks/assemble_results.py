@@ -34,6 +34,7 @@ SECTIONS = [
     ("bad_inputs.md", "bad_inputs.py"),
     ("shift.md", "shift.py"),
     ("serving.md", "serving.py"),
+    ("scale.md", "scale.py --sections issue grid peers conformal disk"),
 ]
 
 HEADER = """# Benchmark results

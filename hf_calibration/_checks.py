@@ -181,6 +181,17 @@ def _count_rows(preds: Any, *, stop_at_other: bool = False):
     place by the compiled scan; tensors on another device are counted there (min, max and sum per row)."""
     from ._row_kinds import RowCounts, count_rows
 
+    if hasattr(preds, "raw_blocks"):  # rows read in blocks (a fit's FitRows: in memory or on disk)
+        total = np.array([0, 0, 0, -1, -1], dtype=np.int64)
+        for start, block in preds.raw_blocks():
+            part = count_rows(block, PROBABILITY_DETECTION_TOLERANCE, stop_at_other=stop_at_other)
+            total[:3] += part[:3]
+            for i in (3, 4):
+                if total[i] < 0 and part[i] >= 0:
+                    total[i] = start + part[i]
+            if stop_at_other and total[4] >= 0:
+                break
+        return RowCounts(*map(int, total))
     if isinstance(preds, torch.Tensor):
         preds = preds.detach()
         if preds.device.type != "cpu":

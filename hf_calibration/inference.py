@@ -23,6 +23,7 @@ from torch import nn
 from ._checks import check_folder_or_hub_id, check_int
 from . import distributed
 from .data import find_image_column, find_label_column, load_image_dataset
+from .disk_logits import LogitsWriter
 from .logits_cache import cache_key, load_cached, save_cached
 from .model_loading import load_image_classifier
 
@@ -102,7 +103,10 @@ def _warn_if_classes_are_missing(data, column: str, max_samples: int) -> None:
 
 
 def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, *, batch_size: int, device: torch.device,
-         num_workers: int, progress: bool, num_labels: int) -> torch.Tensor:
+         num_workers: int, progress: bool, num_labels: int, sink=None) -> torch.Tensor | None:
+    """The logits of ``data`` in order: into one preallocated (N, K) float32 tensor (no list of batches to concatenate:
+    the peak is the logits once), or, with ``sink`` (a ``disk_logits.LogitsWriter`` factory taking K), written batch by
+    batch to disk (None is returned)."""
     from ._progress import progress_iter
 
     loader = torch.utils.data.DataLoader(
@@ -114,12 +118,28 @@ def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, 
         pin_memory=device.type == "cuda",
     )
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    out: list[torch.Tensor] = []
-    with torch.inference_mode():
-        for pixel_values in progress_iter(loader, desc="logits", enabled=progress, unit="batch", dynamic_ncols=True):
-            logits = model(pixel_values=pixel_values.to(device, dtype=dtype, non_blocking=True)).logits
-            out.append(logits.float().cpu())
-    return torch.cat(out) if out else torch.empty((0, num_labels), dtype=torch.float32)
+    out: torch.Tensor | None = None
+    writer = None
+    row = 0
+    try:
+        with torch.inference_mode():
+            for pixel_values in progress_iter(loader, desc="logits", enabled=progress, unit="batch", dynamic_ncols=True):
+                logits = model(pixel_values=pixel_values.to(device, dtype=dtype, non_blocking=True)).logits.float().cpu()
+                if sink is not None:
+                    writer = writer or sink(logits.shape[1])
+                    writer.write(logits.numpy())
+                else:
+                    if out is None:
+                        out = torch.empty((len(data), logits.shape[1]), dtype=torch.float32)
+                    out[row : row + logits.shape[0]] = logits
+                row += logits.shape[0]
+    except BaseException:
+        if writer is not None:
+            writer.abort()  # no half-written file is left behind
+        raise
+    if sink is not None:
+        return writer
+    return out if out is not None else torch.empty((0, num_labels), dtype=torch.float32)
 
 
 def _task_of(model: Any, revision: str | None, task: str | None) -> str:
@@ -173,6 +193,8 @@ def predict_logits(
     device: str | torch.device | None = None,
     num_workers: int | None = None,
     progress: bool = True,
+    output: str | os.PathLike | None = None,
+    overwrite: bool = False,
     task: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run an image classifier over a dataset and return ``(logits, labels)`` in dataset order.
@@ -198,14 +220,23 @@ def predict_logits(
         num_workers: ``DataLoader`` workers decoding and preprocessing images; default
             ``min(4, CPUs per process)``, 0 for a single batch.
         progress: show a progress bar (on the first process only).
+        output: write the logits to this file instead of holding them in memory, a batch at a time (for sets whose
+            logits exceed memory, e.g. 1e6 images x 1,000 classes = 4 GB): ``x.npy`` (labels in ``x_labels.npy``),
+            ``x.safetensors`` (tensors ``logits`` and ``labels``), or a folder for a ``datasets`` dataset (columns
+            ``logits`` and ``label``; ``datasets.load_from_disk`` reads it). The calibrators that fit in blocks of rows
+            fit from it directly (``hf_calibration.disk_logits``). Under several processes the shards are gathered first
+            and the first process writes.
+        overwrite: replace an existing ``output``.
         task: the head's kind (``hf_calibration.tasks.resolve_task``); None reads the model's ``config.problem_type``.
             A multi-label model's labels come from a list column (``Sequence(ClassLabel)`` of the classes present, or a
             multi-hot vector) and are returned as ``(N, L)`` 0/1; a binary one-logit head's logits are ``(N, 1)``.
 
     Returns:
         ``(logits, labels)``: float32 ``(N, K)`` and int64 ``(N,)`` numpy arrays (multi-label: ``(N, L)`` labels), row
-        ``i`` for dataset row ``i``, identical on every process. Labels are mapped onto the model's class indices when
-        the dataset's ``ClassLabel`` names are the model's ``id2label`` names in another order.
+        ``i`` for dataset row ``i``, identical on every process. With ``output``, ``logits`` reads the written file: a
+        read-only memory-mapped array for ``.npy``, a :class:`~hf_calibration.disk_logits.DiskLogits` otherwise. Labels
+        are mapped onto the model's class indices when the dataset's ``ClassLabel`` names are the model's ``id2label``
+        names in another order.
 
     Example::
 
@@ -221,6 +252,10 @@ def predict_logits(
         max_samples = check_int(max_samples, "max_samples", minimum=1)
     if num_workers is not None:
         num_workers = check_int(num_workers, "num_workers", minimum=0)
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
+    if output is not None and not isinstance(output, (str, os.PathLike)):
+        raise TypeError(f"Expected argument `output` to be a file or folder path, but got {type(output).__name__}.")
     distributed.init_from_environment()
     rank, world_size = distributed.rank_and_world_size()
 
@@ -257,6 +292,8 @@ def predict_logits(
             misses = distributed.all_reduce_sum(torch.tensor([0 if cached is not None else 1]))
             if int(misses.item()) == 0:  # every process has it: nobody computes
                 logger.info("logits from the cache: %s/%s.npz", cache_dir, key)
+                if output is not None:
+                    return _written(output, cached[0], cached[1], overwrite, rank), cached[1]
                 return cached
 
     if device is not None:
@@ -271,14 +308,33 @@ def predict_logits(
         num_workers = 0 if len(shard) <= batch_size else min(4, max(1, cpus // world_size))
     was_training = model.training
     model.eval().to(device)
+    stream = output is not None and world_size == 1  # one process writes as it goes; several gather first
+    sink = (lambda k: LogitsWriter(output, len(data), k, labels, overwrite=overwrite)) if stream else None
     try:
         logits = _run(model, processor, data.select(shard), image_column, mode, batch_size=batch_size, device=device,
-                      num_workers=num_workers, progress=progress and rank == 0, num_labels=num_labels)
+                      num_workers=num_workers, progress=progress and rank == 0, num_labels=num_labels, sink=sink)
     finally:
         model.train(was_training)
+    if stream:
+        return logits.close(), labels
     logits = distributed.all_gather_rows(logits).numpy()
     if logits.shape[0] != labels.shape[0]:  # pragma: no cover - a broken shard would be a bug here
         raise RuntimeError(f"gathered {logits.shape[0]} rows of logits for {labels.shape[0]} labels")
     if key is not None and rank == 0:
         save_cached(cache_dir, key, description, logits, labels)
+    if output is not None:
+        return _written(output, logits, labels, overwrite, rank), labels
     return logits, labels
+
+
+def _written(output, logits: np.ndarray, labels: np.ndarray, overwrite: bool, rank: int):
+    """``logits`` written to ``output`` by the first process (the others wait), read back from it."""
+    if rank == 0:
+        writer = LogitsWriter(output, logits.shape[0], logits.shape[1], labels, overwrite=overwrite)
+        for start in range(0, logits.shape[0], 4096):
+            writer.write(logits[start : start + 4096])
+        writer.close()
+    distributed.all_gather_object(None)  # a barrier: the file is complete before anyone reads it
+    from .disk_logits import open_logits
+
+    return np.load(output, mmap_mode="r") if str(output).lower().endswith(".npy") else open_logits(output)

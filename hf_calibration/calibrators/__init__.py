@@ -1,7 +1,7 @@
 """Post-hoc calibrators, fitted on held-out logits, shared on the Hub, attached to models."""
 
 from ..hub import load_calibrator
-from ._base import Calibrator, NotFittedError, UncalibratedWarning
+from ._base import Calibrator, InsufficientMemoryError, NotFittedError, UncalibratedWarning
 from ._held_out import HeldOutWorseWarning
 from ._registry import create_calibrator, list_calibrators, register_calibrator
 from ._scaling import TemperatureCalibrator
@@ -40,6 +40,7 @@ __all__ = [
     "HistogramBinning",
     "IsotonicRegression",
     "MatrixScaling",
+    "InsufficientMemoryError",
     "NotFittedError",
     "OBJECTIVES",
     "OneVsRestIsotonicRegression",

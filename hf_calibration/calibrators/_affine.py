@@ -218,6 +218,100 @@ def _sum_chunks(part):  # pragma: no cover - compiled
     return out
 
 
+@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+def _diagonal_block(z, labels, w, b, with_grad, with_curvature, rows_per_chunk):  # pragma: no cover - compiled
+    """For one block of rows: the NLL sum of ``softmax(w * z_i + b)``, with ``with_grad`` its gradient sums
+    ``[d/dw (K), d/db (K)]``, with ``with_curvature`` the Gauss-Newton sums of ``_diagonal_curvature`` (3, K). Chunks of
+    ``rows_per_chunk`` rows in parallel, added in chunk order (the same sums for any number of threads)."""
+    n, k = z.shape
+    n_chunks = (n + rows_per_chunk - 1) // rows_per_chunk
+    part_loss = np.zeros(n_chunks)
+    part_grad = np.zeros((n_chunks, 2 * k if with_grad else 0))
+    part_curv = np.zeros((n_chunks, 3, k if with_curvature else 0))
+    for c in numba.prange(n_chunks):
+        s = np.empty(k)
+        e = np.empty(k)
+        bits = np.empty(k)
+        grad = part_grad[c]
+        curv = part_curv[c]
+        loss = 0.0
+        for i in range(c * rows_per_chunk, min(n, (c + 1) * rows_per_chunk)):
+            row = z[i]
+            total = _row_softmax(row, w, b, s, e, bits)
+            y = labels[i]
+            loss += math.log(total) - s[y]
+            inv = 1.0 / total
+            if with_grad:
+                for j in range(k):
+                    g = e[j] * inv
+                    grad[j] += g * np.float64(row[j])
+                    grad[k + j] += g
+                grad[y] -= np.float64(row[y])
+                grad[k + y] -= 1.0
+            if with_curvature:
+                for j in range(k):
+                    p = e[j] * inv
+                    v = p * (1.0 - p)
+                    f = np.float64(row[j])
+                    curv[0, j] += v * f * f
+                    curv[1, j] += v * f
+                    curv[2, j] += v
+        part_loss[c] = loss
+    loss = 0.0
+    grad_out = np.zeros(2 * k if with_grad else 0)
+    curv_out = np.zeros((3, k if with_curvature else 0))
+    for c in range(n_chunks):
+        loss += part_loss[c]
+        for j in range(grad_out.shape[0]):
+            grad_out[j] += part_grad[c, j]
+        for r in range(3):
+            for j in range(curv_out.shape[1]):
+                curv_out[r, j] += part_curv[c, r, j]
+    return loss, grad_out, curv_out
+
+
+class BlockDiagonalNLL:
+    """``AffineNLL(diagonal=True)`` over rows read in blocks (``_rows.FitRows`` or any object with ``shape`` and
+    ``blocks()``): the mean NLL of ``softmax(w * f_i + b)``, its gradient and its Gauss-Newton curvature, each one pass
+    over the blocks, summed in block order (so a fit from disk equals the fit in memory). Vector scaling and SVS fit
+    through it: no (N, K) copy of their features beyond what the rows hold."""
+
+    diagonal = True
+
+    def __init__(self, rows, labels: np.ndarray):
+        from ._partition import chunk_rows
+
+        self.rows, self._y = rows, np.ascontiguousarray(labels, dtype=np.int64)
+        self.n, self.k = rows.shape
+        self._chunk = chunk_rows(self.k)
+        self._step = ThreadCountChooser(self._pass, backend="numba")
+
+    def _pass(self, w: np.ndarray, b: np.ndarray, with_grad: bool, with_curvature: bool):
+        loss, grad, curv = 0.0, np.zeros(2 * self.k if with_grad else 0), np.zeros((3, self.k if with_curvature else 0))
+        for start, block in self.rows.blocks():
+            part = _diagonal_block(block, self._y[start : start + block.shape[0]], w, b, with_grad, with_curvature, self._chunk)
+            loss += part[0]
+            grad += part[1]
+            curv += part[2]
+        return loss / self.n, grad / self.n, curv / self.n
+
+    def value_and_grad(self, x: torch.Tensor, with_grad: bool = True) -> tuple[float, torch.Tensor | None]:
+        k = self.k
+        value, grad, _ = self._step(x[:k].numpy(), x[k:].numpy(), with_grad, False)
+        return float(value), (torch.from_numpy(grad) if with_grad else None)
+
+    def curvature(self, x: torch.Tensor) -> "AffineCurvature":
+        k = self.k
+        _, _, sums = self._step(x[:k].detach().numpy(), x[k:].detach().numpy(), False, True)
+        sums = torch.from_numpy(sums)
+        return AffineCurvature(sums[0], sums[1], sums[2], None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _NLLWithGradient.apply(x, self)
+        return torch.tensor(self.value_and_grad(x.detach(), with_grad=False)[0], dtype=torch.float64)
+
+
 class _NLLWithGradient(torch.autograd.Function):
     """Autograd node for an objective that computes its own gradient (no graph over the (N, K) intermediates)."""
 
@@ -355,6 +449,8 @@ def affine_curvature(nll: AffineNLL, x: torch.Tensor, blocks: bool = False) -> A
     ``blocks`` (K <= ``BLOCKS_MAX_K``) the per-class blocks, which also see how the inputs correlate (3-6x fewer LBFGS
     evaluations for a weakly regularised fit). In float64 whatever the objective's products: in float32 the ``v`` of
     a sample fitted to 1e-40 underflow to 0."""
+    if hasattr(nll, "curvature"):  # rows read in blocks: its own pass
+        return nll.curvature(x)
     k, n = nll.k, nll.features.shape[0]
     with torch.no_grad():
         if nll.diagonal:  # one compiled pass (the torch version, five (N, K) passes, took half of a K = 1,000 fit)

@@ -21,10 +21,13 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from .. import hub
-from .._checks import resolve_from_logits
+from .._checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range, resolve_from_logits, to_numpy
+from ..disk_logits import DiskLogits, as_disk_logits
 from ..metrics._format import prepare, top_label
-from . import _graph, _held_out, _inputs
+from ..metrics._rowpass import top_label_pass
+from . import _graph, _held_out, _inputs, _rows
 from . import attach as _attach
+from ._rows import FitRows
 from ._threads import torch_single_threaded
 from .objectives import get_objective, objective_kwargs
 
@@ -34,6 +37,15 @@ logger = logging.getLogger(__name__)
 class NotFittedError(ValueError, RuntimeError):
     """The calibrator was used before ``fit`` (or ``from_pretrained``). A ``ValueError``, as scikit-learn's is (and a
     ``RuntimeError``, as it was)."""
+
+
+class InsufficientMemoryError(MemoryError, ValueError):
+    """A fit refused before it starts: it would need more memory than the machine has (the message says how much)."""
+
+
+# forward passes over more values than this run a block of rows at a time, into one output: a map's temporaries
+# (log-softmax, z - max z, float64 upcasts) stay block-sized, so calibrating 4 GB of logits needs 4 GB more, not 12
+FORWARD_BLOCK_ELEMENTS = 1 << 22
 
 
 class UncalibratedWarning(UserWarning):
@@ -61,6 +73,8 @@ def _labels_of(logits: Any, labels: Any) -> tuple[Any, Any]:
         logits = logits[0]
     if isinstance(labels, tuple):
         labels = labels[0]
+    if labels is None and getattr(logits, "labels", None) is not None and hasattr(logits, "blocks"):
+        labels = logits.labels  # a DiskLogits with its labels stored beside it
     if labels is None:
         raise ValueError("Expected argument `labels` (or a PredictionOutput / EvalPrediction carrying label_ids), but got None.")
     return logits, labels
@@ -68,6 +82,40 @@ def _labels_of(logits: Any, labels: Any) -> tuple[Any, Any]:
 
 def _next_up(x: torch.Tensor) -> torch.Tensor:
     return torch.nextafter(x, torch.full_like(x, float("inf")))
+
+
+LBFGS_VECTORS = 46  # parameter-sized float64 vectors of an LBFGS fit: 20 past steps and 20 gradient changes, and ~6 more
+
+
+def k_squared_memory(num_samples: int, num_classes: int) -> int:
+    """Bytes a fit with a full K x K matrix needs: ``LBFGS_VECTORS`` vectors of its K^2 + K float64 parameters, and three
+    float64 (N, K) arrays (features, scores, residuals)."""
+    parameters = num_classes * num_classes + num_classes
+    return 8 * (LBFGS_VECTORS * parameters + 3 * num_samples * num_classes)
+
+
+def k_squared_reason(num_samples: int, num_classes: int) -> str:
+    parameters = num_classes * num_classes + num_classes
+    return (f"K^2 + K = {parameters:,} float64 parameters, {parameters * 8 / 2**30:.2f} GiB each for the weights, the gradient and "
+            f"each of LBFGS's 40 stored steps, plus three N x K float64 arrays")
+
+
+def _available_memory() -> int:
+    """Bytes of memory available to a new allocation now (psutil when installed, else the physical memory)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover - psutil comes with accelerate
+        import os
+
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _block_classes() -> list[type]:
+    from ._registry import get_calibrator_class, list_calibrators
+
+    return [c for c in map(get_calibrator_class, list_calibrators()) if c.fits_in_blocks]
 
 
 class Calibrator(
@@ -106,6 +154,9 @@ class Calibrator(
     preserves_argmax: ClassVar[bool] = True
     shift_invariant: ClassVar[bool] = False
     paper_citation: ClassVar[str] = ""
+    # whether ``_fit_rows`` is implemented: the fit reads the logits a block of rows at a time (``_rows.FitRows``), so it
+    # needs no (N, K) copy and also fits from disk (``hf_calibration.disk_logits``)
+    fits_in_blocks: ClassVar[bool] = False
     held_out_check: ClassVar[bool] = False  # cross-fit the fit set after a fit and warn if that is worse (_held_out.py)
 
     def __init__(self) -> None:
@@ -124,8 +175,37 @@ class Calibrator(
         raise NotImplementedError
 
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict:
-        """Fit on finite float32/float64 logits (row maxima at 0 unless ``shift_invariant``); returns fit_info entries."""
+        """Fit on finite float32/float64 logits (row maxima at 0 unless ``shift_invariant``); returns fit_info entries.
+        A class that fits in blocks implements ``_fit_rows`` instead, and this reads the array through it."""
+        if self.fits_in_blocks:
+            return self._fit_rows(_rows.as_rows(logits), labels, objective, kw, progress_bar)
         raise NotImplementedError
+
+    def _fit_rows(self, rows: FitRows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict:
+        """``_fit`` on rows read in blocks (``rows.blocks()`` yields them as the map sees them); set
+        ``fits_in_blocks = True`` with it."""
+        raise NotImplementedError
+
+    def _memory_needed(self, num_samples: int, num_classes: int) -> int | None:
+        """Bytes a fit on ``num_samples`` x ``num_classes`` logits needs beyond the logits, where that can exceed a
+        machine's memory (methods with K^2 parameters); None: no up-front check."""
+        return None
+
+    def _check_memory(self, num_samples: int, num_classes: int) -> None:
+        """Refuse, before any work, a fit that needs more memory than is available (``InsufficientMemoryError``)."""
+        need = self._memory_needed(num_samples, num_classes)
+        if need is None:
+            return
+        available = _available_memory()
+        if need > available:
+            raise InsufficientMemoryError(
+                f"{type(self).__name__} on N = {num_samples:,} x K = {num_classes:,} logits needs about {need / 2**30:.1f} GiB "
+                f"of memory ({self._memory_reason(num_samples, num_classes)}), but {available / 2**30:.1f} GiB are available. "
+                "Use a method with O(K) parameters (temperature scaling, vector scaling, SVS, ETS, SMART, or a top-label map)."
+            )
+
+    def _memory_reason(self, num_samples: int, num_classes: int) -> str:
+        return "its parameters and working arrays"
 
     def _identity_reason(self, classes: list[int]) -> str | None:
         """Why the fit left the predictions of ``classes`` unchanged (a subclass that knows says so); None: unknown."""
@@ -188,6 +268,37 @@ class Calibrator(
             zc = _inputs.log_probabilities(z, cdtype)
         return z, zc if self.shift_invariant else _inputs.canonical(zc)
 
+    def _fit_rows_inputs(self, logits: Any, labels: Any, from_logits: bool | None) -> tuple[FitRows, np.ndarray, bool]:
+        """``_fit_inputs`` for a block fit: the same checks, one pass over the rows, and no copy of them."""
+        logits, labels = _labels_of(logits, labels)
+        source = _rows.as_source(logits)
+        y = to_numpy(labels, "labels")
+        check_classification_shapes(source, y, "logits", "labels")
+        check_labels_in_range(y, source.shape[1], "labels", IGNORE_INDEX)
+        keep = y != IGNORE_INDEX
+        if not keep.any():
+            raise ValueError(f"Expected at least one label in `labels` that is not ignore_index={IGNORE_INDEX}.")
+        rows = FitRows(source, keep)
+        with np.errstate(over="ignore"):
+            is_logits = resolve_from_logits(rows, from_logits, "logits")
+        if is_logits:
+            bad = rows.first_non_finite()
+            if bad >= 0:
+                raise ValueError(f"Expected `logits` to be finite, but row {bad} contains NaN or inf.")
+        else:
+            for start, block in rows.raw_blocks():  # in [0, 1], rows summing to 1 (the rule every entry point applies)
+                found = top_label_pass(np.ascontiguousarray(block, dtype=rows.compute_dtype), None, False, arrays=False)[3]
+                if found is not None:
+                    from ..metrics._format import _raise_row_error
+
+                    _raise_row_error(rows, (start + found[0], found[1]), "logits")
+        y = np.ascontiguousarray(y[keep] if rows.keep is not None else y, dtype=np.int64)
+        self._check_fit_labels(y, source.shape[1])
+        return rows.view(log_probabilities=not is_logits, canonical=not self.shift_invariant), y, is_logits
+
+    def _check_fit_labels(self, labels: np.ndarray, num_classes: int) -> None:
+        """Warn about the fit labels where a subclass needs to (per-class parameters without samples)."""
+
     def _fit_inputs(self, logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.ndarray, np.ndarray, bool]:
         """Validated, finite fit inputs as the map sees them (see ``_prepare``), and whether they were logits."""
         logits, labels = _labels_of(logits, labels)
@@ -236,7 +347,19 @@ class Calibrator(
         objective, kw = self._resolve_objective(objective, objective_options)
         if not isinstance(progress_bar, bool):
             raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
-        z, y, is_logits = self._fit_inputs(logits, labels, from_logits)
+        logits, labels = _labels_of(logits, labels)
+        shape = getattr(logits, "shape", None)
+        if shape is not None and len(shape) == 2:
+            self._check_memory(int(shape[0]), int(shape[1]))
+        if self.fits_in_blocks:
+            z, y, is_logits = self._fit_rows_inputs(logits, labels, from_logits)
+        else:
+            if as_disk_logits(logits) is not None:
+                blocks = ", ".join(sorted(c.kind for c in _block_classes()))
+                raise TypeError(f"{type(self).__name__} fits on logits in memory only, but `logits` are read from disk "
+                                f"({str(as_disk_logits(logits).path)!r}): load them (np.asarray) if they fit, or use a method that "
+                                f"fits from disk ({blocks}).")
+            z, y, is_logits = self._fit_inputs(logits, labels, from_logits)
         return self._fit_checked(z, y, objective, kw, progress_bar, is_logits=is_logits)
 
     def _fit_checked(self, z: np.ndarray, y: np.ndarray, objective: str, kw: dict, progress_bar: bool, *,
@@ -247,12 +370,16 @@ class Calibrator(
         allows fewer than ``min_samples`` (the held-out check's fits)."""
         if check_size and z.shape[0] < self.min_samples:
             raise ValueError(f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {z.shape[0]}.")
+        self._check_memory(int(z.shape[0]), int(z.shape[1]))
         was_attached = self._attached_to
         self.fit_info_ = None
         self.__dict__["_warned_num_classes"] = set()
         depth = _FIT_DEPTH.set(_FIT_DEPTH.get() + 1)
         try:
-            info = self._fit(z, y, objective, kw, progress_bar)
+            if hasattr(z, "blocks"):  # FitRows / MappedRows
+                info = self._fit_rows(z, y, objective, kw, progress_bar)
+            else:
+                info = self._fit(z, y, objective, kw, progress_bar)
         finally:
             _FIT_DEPTH.reset(depth)
         self.fit_info_ = {
@@ -308,17 +435,26 @@ class Calibrator(
             raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(unknown)}.")
         return objective, objective_kwargs(objective, **objective_options)
 
-    def _fit_set_report(self, z: np.ndarray, y: np.ndarray):
+    def _fit_set_report(self, z: np.ndarray | FitRows, y: np.ndarray):
         """Accuracy and 15-bin ECE on the fit set before and after (``accuracy_after`` too when the map may move the
-        argmax), with the top-label views ``(before, after)`` they came from: one forward pass, on one thread (a
-        parallel region over a small array stalls on a busy machine: a K = 100 vector-scaling report took 0.25 s on
-        two threads under load, 0.04 s on one)."""
+        argmax), with the top-label views ``(before, after)`` they came from: one forward pass, a block of rows at a
+        time (no (N, K) output), on one thread (a parallel region over a small array stalls on a busy machine: a
+        K = 100 vector-scaling report took 0.25 s on two threads under load, 0.04 s on one)."""
+        from ..metrics._format import TopLabel
         from ..metrics.ece import _ece_compute
 
+        rows = _rows.as_rows(z)
+        n = rows.shape[0]
+        views = [(np.empty(n), np.empty(n, dtype=np.int64)) for _ in range(2)]
+        dtype = np.dtype(np.float32)
         with torch.no_grad(), torch_single_threaded():
-            calibrated = self(torch.from_numpy(z), from_logits=True).numpy()
-            # one top-label pass over each array gives both its accuracy and its 15-bin ECE
-            before, after = (top_label(prepare(v, y, from_logits=True)) for v in (z, calibrated))
+            for start, block in rows.blocks():
+                calibrated = self(torch.from_numpy(block), from_logits=True).numpy()
+                dtype = calibrated.dtype
+                for (conf, pred), v in zip(views, (block, calibrated)):
+                    c, p, _, _ = top_label_pass(v, None, True)  # finite: checked at the fit's boundary
+                    conf[start : start + v.shape[0]], pred[start : start + v.shape[0]] = c, p
+        before, after = (TopLabel(conf, (pred == y).astype(np.float64), pred) for conf, pred in views)
         report = {
             "accuracy": float(before.correct.mean()),
             "ece_before": _ece_compute(before.confidence, before.correct, 15),
@@ -326,7 +462,7 @@ class Calibrator(
         }
         if not self.preserves_argmax:
             report["accuracy_after"] = float(after.correct.mean())
-        return report, (before, after, calibrated.dtype)
+        return report, (before, after, dtype)
 
     @staticmethod
     def _unchanged_classes(before, after, dtype, num_classes: int) -> tuple[list[int], int, bool]:
@@ -345,11 +481,32 @@ class Calibrator(
         """Calibrated logits: same shape, dtype and device as the input (same argmax when ``preserves_argmax``).
 
         ``logits`` may be probabilities (``from_logits=None`` detects them, as in ``fit``): the result is then the
-        calibrated logits of ``log(p)``.
+        calibrated logits of ``log(p)``. Large CPU inputs are calibrated a block of rows at a time into the output, so
+        the map's temporaries stay small (the result is the same: every map is row by row).
         """
         self._check_fitted()
-        z, zc = self._prepare(logits, from_logits)
-        cdtype = zc.dtype
+        z = self._check_logits(logits)
+        is_logits = resolve_from_logits(z, from_logits, "logits")
+        n, k = z.shape
+        if z.device.type != "cpu" or n * k <= FORWARD_BLOCK_ELEMENTS or n < 2:
+            return self._forward_rows(z, is_logits)
+        zn = z.detach().numpy() if not (z.requires_grad and torch.is_grad_enabled()) else None
+        if zn is not None and z.dtype in (torch.float32, torch.float64):
+            bad = _rows.first_non_finite(np.ascontiguousarray(zn))
+            if bad >= 0:
+                raise ValueError(f"Expected `logits` to be finite, but row {bad} contains NaN or inf.")
+        out = torch.empty(z.shape, dtype=z.dtype)
+        step = max(1, FORWARD_BLOCK_ELEMENTS // k)
+        for start in range(0, n, step):
+            out[start : start + step] = self._forward_rows(z[start : start + step], is_logits)
+        return out
+
+    def _forward_rows(self, z: torch.Tensor, is_logits: bool) -> torch.Tensor:
+        """``forward`` of checked logits ``z`` (``is_logits``: resolved already)."""
+        cdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+        zc = z.to(cdtype) if is_logits else _inputs.log_probabilities(z, cdtype)
+        if not self.shift_invariant:
+            zc = _inputs.canonical(zc)
         out = self._forward_fused(zc) if z.dtype == cdtype else None
         if out is not None:
             return out

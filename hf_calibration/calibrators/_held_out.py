@@ -71,6 +71,8 @@ def run(calibrator: Any, z: np.ndarray, y: np.ndarray, objective: str, options: 
     from ._cv import stratified_folds
     from .selection import sample_nll
 
+    if hasattr(z, "blocks"):  # a block-wise fit's rows (_rows.FitRows): at most MAX_SAMPLES of them, in memory
+        z = z.array()
     folds = stratified_folds(y, cv=FOLDS, seed=0)
     cross_fitted = np.empty(z.shape[0])
     for train, val in folds:

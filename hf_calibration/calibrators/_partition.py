@@ -23,7 +23,8 @@ import numba
 import numpy as np
 import torch
 
-from ._vmath import exp_into
+from .._parallel import run_pass
+from ._vmath import exp_into, max_of
 from .objectives import ScaledStats
 
 LOG2_BETA_MIN = -8  # T = 256
@@ -126,6 +127,103 @@ def scaled_nll(logits: np.ndarray, labels: np.ndarray, beta: float) -> tuple[flo
     return float(value.mean()), float(slope.mean())
 
 
+def chunk_rows(k: int) -> int:
+    """Rows per parallel task of the block kernels: ~64K values, so that a block of a few hundred long rows still splits
+    into enough tasks for every thread. Depends on K only, so the sums are the same for any source and thread count."""
+    return max(1, (1 << 16) // max(k, 1))
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _nll_derivatives_rows(z, labels, beta, lo, hi, arg, e, bits):  # pragma: no cover - compiled
+    """Sums over rows ``lo:hi`` of the NLL of ``softmax(beta z_i)`` and its first two derivatives in ``beta``.
+
+    With ``d_j = max z - z_j`` (exact in float64) and ``e_j = exp(-beta d_j)``: NLL ``beta d_y + log sum e``, first
+    derivative ``d_y - E_p[d]``, second ``Var_p[d]``. The three sums run in four interleaved lanes (a fixed order, so
+    the same result on any machine), which keeps them from waiting on one another's additions."""
+    k = z.shape[1]
+    f = g = h = 0.0
+    for i in range(lo, hi):
+        row = z[i]
+        top = np.float64(max_of(row))  # in the row's dtype, four lanes: exact
+        for j in range(k):
+            arg[j] = -beta * (top - np.float64(row[j]))
+        exp_into(arg, e, bits)
+        a0 = a1 = a2 = a3 = 0.0
+        b0 = b1 = b2 = b3 = 0.0
+        c0 = c1 = c2 = c3 = 0.0
+        j = 0
+        while j + 4 <= k:
+            d0, d1, d2, d3 = top - np.float64(row[j]), top - np.float64(row[j + 1]), top - np.float64(row[j + 2]), top - np.float64(row[j + 3])
+            w0, w1, w2, w3 = e[j], e[j + 1], e[j + 2], e[j + 3]
+            a0 += w0
+            a1 += w1
+            a2 += w2
+            a3 += w3
+            b0 += w0 * d0
+            b1 += w1 * d1
+            b2 += w2 * d2
+            b3 += w3 * d3
+            c0 += w0 * d0 * d0
+            c1 += w1 * d1 * d1
+            c2 += w2 * d2 * d2
+            c3 += w3 * d3 * d3
+            j += 4
+        while j < k:
+            d0 = top - np.float64(row[j])
+            a0 += e[j]
+            b0 += e[j] * d0
+            c0 += e[j] * d0 * d0
+            j += 1
+        s0, s1, s2 = (a0 + a1) + (a2 + a3), (b0 + b1) + (b2 + b3), (c0 + c1) + (c2 + c3)
+        mean = s1 / s0
+        gap_true = top - np.float64(row[labels[i]])
+        f += beta * gap_true + math.log(s0)
+        g += gap_true - mean
+        h += max(s2 / s0 - mean * mean, 0.0)  # the variance of the gap under p: >= 0, rounding aside
+    return f, g, h
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _nll_derivatives_parallel(z, labels, beta, rows_per_chunk):  # pragma: no cover - compiled
+    n, k = z.shape
+    chunks = (n + rows_per_chunk - 1) // rows_per_chunk
+    part = np.zeros((chunks, 3))
+    for c in numba.prange(chunks):
+        arg, e, bits = np.empty(k), np.empty(k), np.empty(k)
+        part[c, 0], part[c, 1], part[c, 2] = _nll_derivatives_rows(
+            z, labels, beta, c * rows_per_chunk, min(n, (c + 1) * rows_per_chunk), arg, e, bits)
+    out = np.zeros(3)
+    for c in range(chunks):  # in chunk order: the same sums for any number of threads
+        for r in range(3):
+            out[r] += part[c, r]
+    return out
+
+
+def nll_derivatives(rows, labels: np.ndarray, beta: float) -> tuple[float, float, float]:
+    """Exact mean NLL of ``softmax(beta * z)`` over ``rows`` (a ``FitRows`` or an (N, K) array) and its first and second
+    derivatives in ``beta``, in float64: one pass, a block of rows at a time (blocks and chunks summed in order)."""
+    from ._rows import as_rows
+
+    rows = as_rows(rows)
+    n, k = rows.shape
+    step = chunk_rows(k)
+    total = np.zeros(3)
+    for start, block in rows.blocks():
+        y = labels[start : start + block.shape[0]]
+        total += run_pass(_nll_derivatives_parallel, block.size, block, y, float(beta), step)
+    return float(total[0] / n), float(total[1] / n), float(total[2] / n)
+
+
+def _tabulate_checked(logits: np.ndarray, labels: np.ndarray):
+    """``_tabulate`` with torch's thread count restored (numba's OpenMP layer resets the process-wide count that torch
+    also reads; a fit must not change the user's ``torch.get_num_threads()``: it changes matmul results bitwise)."""
+    threads = torch.get_num_threads()
+    try:
+        return _tabulate(logits, labels, 2.0**LOG2_BETA_MIN, STEPS, OCTAVES)
+    finally:
+        torch.set_num_threads(threads)
+
+
 class LogPartitionTable:
     """``f_i(beta)`` for every fit row, differentiable in ``beta``; built once from (N, K) logits.
 
@@ -137,20 +235,30 @@ class LogPartitionTable:
     def __init__(self, logits: np.ndarray, labels: np.ndarray):
         if logits.dtype not in (np.float32, np.float64):
             logits = logits.astype(np.float32)
-        threads = torch.get_num_threads()
-        try:
-            fd, gap_true, correct = _tabulate(
-                np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64), 2.0**LOG2_BETA_MIN, STEPS, OCTAVES
-            )
-        finally:
-            # numba's OpenMP layer resets the process-wide OpenMP thread count that torch also reads;
-            # a fit must not change the user's torch.get_num_threads() (it changes matmul results bitwise)
-            torch.set_num_threads(threads)
+        self._build(*_tabulate_checked(np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64)), logits.shape[1])
+
+    @classmethod
+    def from_rows(cls, rows, labels: np.ndarray) -> "LogPartitionTable":
+        """The table of a ``FitRows`` (or an array), tabulated a block of rows at a time: no copy of the logits (the
+        table itself is N x 226 float64: 90 MB at N = 50,000)."""
+        if not hasattr(rows, "blocks"):
+            return cls(rows, labels)
+        n, k = rows.shape
+        labels = np.ascontiguousarray(labels, dtype=np.int64)
+        fd, gap_true, correct = np.empty((n, GRID_SIZE, 2)), np.empty(n), np.empty(n)
+        for start, block in rows.blocks():
+            stop = start + block.shape[0]
+            fd[start:stop], gap_true[start:stop], correct[start:stop] = _tabulate_checked(block, labels[start:stop])
+        table = cls.__new__(cls)
+        table._build(fd, gap_true, correct, k)
+        return table
+
+    def _build(self, fd: np.ndarray, gap_true: np.ndarray, correct: np.ndarray, num_classes: int) -> None:
         self.fd = torch.from_numpy(fd)  # (N, GRID_SIZE, 2): the compiled SMART step reads it flat
         self.f, self.df = self.fd[..., 0], self.fd[..., 1]
         self.gap_true = torch.from_numpy(gap_true)
         self.correct = torch.from_numpy(correct)
-        self.num_classes = logits.shape[1]
+        self.num_classes = num_classes
         self._grid = torch.from_numpy(GRID)
         self._pairs = self.fd.reshape(-1, 2)  # a view: row i's grid point g is pair i * GRID_SIZE + g
         self._offsets = torch.arange(fd.shape[0]) * GRID_SIZE

@@ -53,13 +53,16 @@ class PerClassCalibrator(Calibrator):
 
     def _fit_inputs(self, logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.ndarray, np.ndarray, bool]:
         z, y, is_logits = super()._fit_inputs(logits, labels, from_logits)
-        missing = np.setdiff1d(np.arange(z.shape[1]), y)
+        self._check_fit_labels(y, z.shape[1])
+        return z, y, is_logits
+
+    def _check_fit_labels(self, labels: np.ndarray, num_classes: int) -> None:
+        missing = np.setdiff1d(np.arange(num_classes), labels)
         if missing.size:
             logger.warning(
                 "%d of the %d classes have no calibration sample (first: class %d): their parameters are only set by the "
-                "regularisation, if any.", missing.size, z.shape[1], int(missing[0]),
+                "regularisation, if any.", missing.size, num_classes, int(missing[0]),
             )
-        return z, y, is_logits
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, " + super().extra_repr()

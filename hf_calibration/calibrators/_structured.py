@@ -24,17 +24,50 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numba
 import numpy as np
 import torch
 from torch import nn
 
 from .._checks import check_float, check_int
-from ._affine import AffineNLL, fit_affine, identity_parameters
+from .._parallel import run_pass
+from ._affine import AffineNLL, BlockDiagonalNLL, fit_affine, identity_parameters
 from ._lbfgs import QuadraticPenalty
+from ._partition import chunk_rows
+from ._base import k_squared_memory, k_squared_reason
 from ._per_class import PerClassCalibrator
+from ._rows import MappedRows, as_rows
 from ._threads import torch_single_threaded
+from ._vmath import exp_into, log_into, max_of, sum_of
 
 FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being able to tell steps apart
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+def _features_block(z, inv_t, log1m_eps, log_eps_k, out, rows_per_chunk):  # pragma: no cover - compiled
+    """``out = log((1 - eps) softmax(z / T) + eps / K)`` row by row, in float64 (rounded to ``out``'s dtype):
+    ``logaddexp(log_softmax(z / T) + log(1 - eps), log(eps / K))`` with vectorised ``exp`` / ``log``."""
+    n, k = z.shape
+    n_chunks = (n + rows_per_chunk - 1) // rows_per_chunk
+    for c in numba.prange(n_chunks):
+        a, e, t, bits = np.empty(k), np.empty(k), np.empty(k), np.empty(k)
+        for i in range(c * rows_per_chunk, min(n, (c + 1) * rows_per_chunk)):
+            row = z[i]
+            for j in range(k):
+                a[j] = np.float64(row[j]) * inv_t
+            top = max_of(a)
+            for j in range(k):
+                e[j] = a[j] - top
+            exp_into(e, t, bits)
+            shift = top + math.log(sum_of(t)) - log1m_eps  # u_j = a_j - shift: log-softmax plus log(1 - eps)
+            for j in range(k):
+                e[j] = -abs((a[j] - shift) - log_eps_k)
+            exp_into(e, t, bits)
+            for j in range(k):
+                t[j] = 1.0 + t[j]
+            log_into(t, e, bits)
+            for j in range(k):
+                out[i, j] = max(a[j] - shift, log_eps_k) + e[j]
 
 
 class StructuredScaling(PerClassCalibrator):
@@ -101,8 +134,45 @@ class StructuredScaling(PerClassCalibrator):
             diagonal_only=self.diagonal,
         )
 
-    @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
+    @staticmethod
+    def _features_of_block(block: np.ndarray, temperature: float, smoothing: float) -> np.ndarray:
+        """``_features`` of one block of rows, in float64 rounded to the block's dtype (one compiled pass)."""
+        k = block.shape[1]
+        out = np.empty(block.shape, dtype=block.dtype)
+        run_pass(_features_block, block.size, block, 1.0 / temperature, math.log1p(-smoothing), math.log(smoothing / k), out,
+                 chunk_rows(k))
+        return out
+
+    def _memory_needed(self, num_samples: int, num_classes: int) -> int | None:
+        return None if self.diagonal else k_squared_memory(num_samples, num_classes)
+
+    def _memory_reason(self, num_samples: int, num_classes: int) -> str:
+        return k_squared_reason(num_samples, num_classes)
+
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+        if self.diagonal:
+            return self._fit_rows(as_rows(logits), labels, objective, kw, progress_bar)
+        return self._fit_matrix(logits, labels, objective, kw, progress_bar)
+
+    @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
+    def _fit_rows(self, rows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+        """The diagonal form (SVS) in blocks of rows: temperature scaling by its block fit, then the features of each
+        block (computed once and kept when the rows are in memory, else at every pass) and vector scaling's block
+        objective on them."""
+        from .temperature import TemperatureScaling
+
+        n, k = rows.shape
+        self._resize(k)
+        temperature = TemperatureScaling()._fit_rows(rows, labels, "nll", {}, False)["temperature"]
+        smoothing = 1.0 / (n + 1)
+        features = MappedRows(rows, lambda block: self._features_of_block(block, temperature, smoothing))
+        penalty = self.penalty(k, n)
+        result = fit_affine(BlockDiagonalNLL(features, labels), identity_parameters(k, True), max_iter=self.max_iter, tol=self.tol,
+                            rounds=1, penalty=penalty, progress_bar=progress_bar, desc=type(self).__name__)
+        return self._store(result, result.iterations, result.evaluations, temperature, smoothing, penalty)
+
+    @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
+    def _fit_matrix(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
         from .temperature import TemperatureScaling
 
         n, k = logits.shape
@@ -123,6 +193,11 @@ class StructuredScaling(PerClassCalibrator):
         if not self.diagonal and self.tol < FLOAT32_TOL and iterations < self.max_iter:
             result = fit_affine(AffineNLL(features, y), result.x, max_iter=self.max_iter - iterations, tol=self.tol, **common)
             iterations, evaluations = iterations + result.iterations, evaluations + result.evaluations
+        return self._store(result, iterations, evaluations, temperature, smoothing, penalty)
+
+    def _store(self, result, iterations: int, evaluations: int, temperature: float, smoothing: float, penalty) -> dict[str, Any]:
+        """Keep the fitted parameters; the fit record."""
+        k = self.num_classes
         x = result.x
         with torch.no_grad():
             self.log_temperature.fill_(math.log(temperature))

@@ -102,9 +102,17 @@ class TopLabelCalibrator(PiecewiseCalibrator):
         out = rescale_top_label(parts, self._map_confidence(parts.confidence, parts.top))
         return torch.from_numpy(out).to(device=z.device, dtype=z.dtype)
 
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict:
-        parts = top_label(logits)
-        return self._fit_confidence(parts.confidence, parts.top == labels, parts.top, logits.shape[1])
+    fits_in_blocks = True
+
+    def _fit_rows(self, rows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict:
+        """The map is fitted on the (N,) top-label confidences and predicted classes alone, gathered a block of rows at a
+        time (``top_label`` of each block: the same numbers as of the whole array)."""
+        n, k = rows.shape
+        confidence, top = np.empty(n), np.empty(n, dtype=np.int64)
+        for start, block in rows.blocks():
+            parts = top_label(block)
+            confidence[start : start + block.shape[0]], top[start : start + block.shape[0]] = parts.confidence, parts.top
+        return self._fit_confidence(confidence, top == labels, top, k)
 
     def _card_description(self) -> str:
         return (f"It recalibrates the top-label confidence ({self.criterion}) and rescales the other classes' "

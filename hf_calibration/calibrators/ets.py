@@ -28,7 +28,7 @@ from torch import nn
 from .._checks import check_int
 from ._base import Calibrator
 from ._lbfgs import minimize
-from ._partition import scaled_nll
+from ._partition import nll_derivatives
 from ._registry import register_calibrator
 from ._threads import ThreadCountChooser, torch_single_threaded
 from ._vmath import exp_into
@@ -37,7 +37,7 @@ from .temperature import T_MAX, T_MIN
 LOG_T_RANGE = (math.log(T_MIN), math.log(T_MAX))  # the fitted temperature stays in [0.05, 100], as temperature scaling's
 
 
-CHUNK = 64  # rows per parallel task of the kernels below (each row is independent: outputs are per row)
+CHUNK_VALUES = 1 << 16  # values per parallel task of the kernels below (each row is independent: outputs are per row)
 
 
 @numba.njit(cache=True, fastmath={"contract"})
@@ -60,9 +60,10 @@ def _brier_rows(z, labels, beta, value, slope):  # pragma: no cover - compiled
     ``Brier = S2 / S^2 - 2 e_y / S + 1``; ``d/dbeta`` follows from ``dS = -sum d e``, ``dS2 = -2 sum d e^2``.
     """
     n, k = z.shape
-    for c in numba.prange((n + CHUNK - 1) // CHUNK):
+    chunk = max(1, CHUNK_VALUES // k)
+    for c in numba.prange((n + chunk - 1) // chunk):
         d, e, arg, bits = np.empty(k), np.empty(k), np.empty(k), np.empty(k)
-        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
             _gaps_and_exp(z[i], beta, d, e, arg, bits)
             s1 = 0.0
             s2 = 0.0
@@ -83,9 +84,10 @@ def _brier_rows(z, labels, beta, value, slope):  # pragma: no cover - compiled
 def _mixture_rows(z, labels, inv_t, out):  # pragma: no cover - compiled
     """Per row, for ``p = softmax(z / T)`` and ``q = softmax(z)``: ``out[:, i] = (p_y, q_y, sum p^2, sum q^2, sum p q)``."""
     n, k = z.shape
-    for c in numba.prange((n + CHUNK - 1) // CHUNK):
+    chunk = max(1, CHUNK_VALUES // k)
+    for c in numba.prange((n + chunk - 1) // chunk):
         d, a, b, arg, bits = np.empty(k), np.empty(k), np.empty(k), np.empty(k), np.empty(k)
-        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
             _gaps_and_exp(z[i], inv_t, d, a, arg, bits)
             _gaps_and_exp(z[i], 1.0, d, b, arg, bits)
             sa = 0.0
@@ -121,27 +123,36 @@ class _ScaledObjective(torch.autograd.Function):
         return grad_output * ctx.slope, None
 
 
-def _temperature_objective(logits: np.ndarray, labels: np.ndarray, objective: str):
-    """``t -> objective of softmax(z / exp(t))`` (t clamped to the temperature range), exact, differentiable."""
-    z, y = np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64)
+def _temperature_objective(rows, labels: np.ndarray, objective: str):
+    """``t -> objective of softmax(z / exp(t))`` (t clamped to the temperature range), exact, differentiable; ``rows``
+    a ``FitRows`` read a block at a time."""
+    y = np.ascontiguousarray(labels, dtype=np.int64)
     if objective == "nll":
-        rows = lambda beta: scaled_nll(z, y, beta)  # noqa: E731 - temperature scaling's compiled pass
+        objective_at = lambda beta: nll_derivatives(rows, y, beta)[:2]  # noqa: E731 - temperature scaling's compiled pass
     else:
         value, slope = np.empty(len(y)), np.empty(len(y))
         step = ThreadCountChooser(_brier_rows)
 
-        def rows(beta):
-            step(z, y, beta, value, slope)
+        def objective_at(beta):
+            for start, block in rows.blocks():
+                stop = start + block.shape[0]
+                step(block, y[start:stop], beta, value[start:stop], slope[start:stop])
             return float(value.mean()), float(slope.mean())
 
-    return lambda t: _ScaledObjective.apply(torch.exp(-t.clamp(*LOG_T_RANGE))[0], rows)
+    return lambda t: _ScaledObjective.apply(torch.exp(-t.clamp(*LOG_T_RANGE))[0], objective_at)
 
 
-def _mixture_statistics(logits: np.ndarray, labels: np.ndarray, temperature: float) -> dict[str, torch.Tensor]:
+def _mixture_statistics(rows, labels: np.ndarray, temperature: float) -> dict[str, torch.Tensor]:
     """Per sample, for ``p = softmax(z / T)`` and ``q = softmax(z)``: ``p_y``, ``q_y``, ``sum p^2``, ``sum q^2``,
-    ``sum p q`` (all the mixture's NLL and Brier score need), in one compiled pass."""
-    out = np.empty((5, logits.shape[0]))
-    ThreadCountChooser(_mixture_rows)(np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64), 1.0 / temperature, out)
+    ``sum p q`` (all the mixture's NLL and Brier score need), in one compiled pass a block of rows at a time."""
+    y = np.ascontiguousarray(labels, dtype=np.int64)
+    out = np.empty((5, len(y)))
+    step = ThreadCountChooser(_mixture_rows)
+    for start, block in rows.blocks():
+        stop = start + block.shape[0]
+        part = np.empty((5, block.shape[0]))
+        step(block, y[start:stop], 1.0 / temperature, part)
+        out[:, start:stop] = part
     return dict(zip(("p_y", "q_y", "pp", "qq", "pq"), torch.from_numpy(out)))
 
 
@@ -188,6 +199,7 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
     """
 
     kind = "ets"
+    fits_in_blocks = True
     shift_invariant = True  # every component is a softmax of z or z / T
     paper_citation = (
         "J. Zhang, B. Kailkhura, T. Y.-J. Han, *Mix-n-Match: Ensemble and Compositional Methods for Uncertainty "
@@ -226,14 +238,14 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
             return torch.logaddexp(out, log_w[2] - math.log(z.shape[1]))
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
-        k = logits.shape[1]
+    def _fit_rows(self, rows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+        k = rows.shape[1]
         # 1. the temperature: temperature scaling under the fit objective (the paper's first stage)
-        first = minimize(_temperature_objective(logits, labels, objective), torch.zeros(1), max_iter=self.max_iter,
+        first = minimize(_temperature_objective(rows, labels, objective), torch.zeros(1), max_iter=self.max_iter,
                          progress_bar=progress_bar, desc="ETS temperature")
         log_t = float(first.x[0].clamp(*LOG_T_RANGE))
         # 2. the mixture weights for that temperature, on the simplex through w = softmax(v)
-        stats = _mixture_statistics(logits, labels, math.exp(log_t))
+        stats = _mixture_statistics(rows, labels, math.exp(log_t))
         second = minimize(_weight_objective(stats, k, objective), torch.zeros(3), max_iter=self.max_iter,
                           progress_bar=progress_bar, desc="ETS weights")
         with torch.no_grad():

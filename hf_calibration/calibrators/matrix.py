@@ -73,6 +73,7 @@ from ._affine import AffineCurvature, AffineNLL, affine_curvature, affine_precon
 from ._base import logger
 from ._cv import stratified_folds
 from ._lbfgs import Preconditioner, QuadraticPenalty, odir_penalty
+from ._base import k_squared_memory, k_squared_reason
 from ._per_class import PerClassCalibrator
 from ._registry import register_calibrator
 from ._threads import torch_single_threaded
@@ -237,6 +238,12 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
         return exact.x, exact.objective, rough.iterations + exact.iterations, rough.evaluations + exact.evaluations
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
+    def _memory_needed(self, num_samples: int, num_classes: int) -> int:
+        return k_squared_memory(num_samples, num_classes)
+
+    def _memory_reason(self, num_samples: int, num_classes: int) -> str:
+        return k_squared_reason(num_samples, num_classes)
+
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
         k = logits.shape[1]
         self._resize(k)

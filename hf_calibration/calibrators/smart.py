@@ -31,6 +31,7 @@ from . import _apply, _graph
 from ._optim import adam_early_stopping
 from ._partition import GRID, LogPartitionTable
 from ._registry import register_calibrator
+from ._rows import MappedRows
 from ._scaling import TemperatureCalibrator
 from ._smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad, workspace
 from .objectives import get_objective, objective_kwargs
@@ -92,6 +93,7 @@ class SMARTCalibrator(
     """
 
     kind = "smart"
+    fits_in_blocks = True
     min_samples = 50
     held_out_check = True  # tens of parameters, a non-convex fit: see _held_out.py
     default_objective = "charbonnier_soft_ece"
@@ -171,21 +173,22 @@ class SMARTCalibrator(
     def _card_temperature(self) -> str:
         return "a per-sample temperature T(m) = softplus(W2 ReLU(W1 m_hat + b1) + b2) + 0.1 of the standardised logit margin"
 
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
-        z = torch.from_numpy(logits)
-        if z.dtype == torch.float64:
+    def _fit_rows(self, rows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+        if rows.compute_dtype == np.float64:
             # z - max z rounded to float32 (a model's precision): float64 logits and log(softmax) of them differ by
             # ~1e-16, which 2,000 Adam steps on a non-convex objective grew to 6e-3 in the calibrated probabilities;
             # rounded, both are the same numbers. float32 input is used as given (its margins are exact in float64).
-            z = (z - z.amax(dim=1, keepdim=True)).float()
-            logits = z.numpy()
-        margin = logit_margin(z)
+            rows = MappedRows(rows, lambda block: (block - block.max(axis=1, keepdims=True)).astype(np.float32), dtype=np.float32)
+        n = rows.shape[0]
+        margin = torch.empty(n, dtype=torch.float64)
+        for start, block in rows.blocks():  # the margins (float64, as logit_margin gives them), a block at a time
+            margin[start : start + block.shape[0]] = logit_margin(torch.from_numpy(block))
         std = float(margin.std(correction=0))
         with torch.no_grad():
             self.margin_mean.fill_(float(margin.mean()))
             self.margin_std.fill_(std if std > 1e-12 else 1.0)  # all margins equal: nothing to standardise
         self._reset()
-        table = LogPartitionTable(logits, labels)
+        table = LogPartitionTable.from_rows(rows, labels)
         m_hat = ((margin - self.margin_mean) / self.margin_std).numpy()
         scratch = workspace(m_hat.shape[0], kw.get("n_bins", 1))
         code = OBJECTIVE_CODES[objective]
@@ -217,16 +220,18 @@ class SMARTCalibrator(
         if result.history[0] - result.best <= FLAT_IMPROVEMENT * abs(result.history[0]):
             # flat at the initialisation (saturated logits): Adam's normalised steps still move the weights and may
             # lower the objective by a few rows near a tie (0.01-0.05 % on logits x 1e3-1e4), leaving an untrained MLP
-            info.update(self._fall_back_to_temperature_scaling(logits, labels, lambda x: step(x, *args, scratch, False)[0], result))
+            info.update(self._fall_back_to_temperature_scaling(rows, labels, lambda x: step(x, *args, scratch, False)[0], result))
         return info
 
-    def _fall_back_to_temperature_scaling(self, logits: np.ndarray, labels: np.ndarray, objective_at, result) -> dict[str, Any]:
+    def _fall_back_to_temperature_scaling(self, rows, labels: np.ndarray, objective_at, result) -> dict[str, Any]:
         """Where temperature scaling does at least as well on the fit's objective, set a constant ``T(m) = T_ts``
         (``W2 = 0``, ``b2 = softplus^-1(T_ts - eps)``), ``T_ts`` fitted by temperature scaling, and say so; otherwise
         keep the fit. Returns what to add to ``fit_info_``."""
         from .temperature import TemperatureScaling
 
-        t_ts = TemperatureScaling().fit(logits, labels, from_logits=True, progress_bar=False).fitted_temperature
+        ts = TemperatureScaling()
+        ts._fit_checked(rows, labels, "nll", {}, False, report=False)
+        t_ts = ts.fitted_temperature
         excess = max(t_ts - self.eps, 1e-9 * self.eps)  # T(m) >= eps: the closest SMART gets to a smaller T
         x = self._flat_parameters()  # a copy: the trained weights stay until TS is chosen
         h = self.hidden_size

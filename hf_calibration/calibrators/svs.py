@@ -41,6 +41,7 @@ class StructuredVectorScaling(StructuredScaling, tags=["structured-vector-scalin
 
     kind = "svs"
     diagonal = True
+    fits_in_blocks = True
     paper_citation = (
         "E. Berta, D. Holzmüller, M. I. Jordan, F. Bach, *Structured Matrix Scaling for Multi-Class Calibration*, AISTATS 2026"
     )

@@ -26,10 +26,11 @@ import torch
 from torch import nn
 
 from .._checks import check_float, check_int
-from ._affine import AffineNLL, fit_affine, identity_parameters
+from ._affine import BlockDiagonalNLL, fit_affine, identity_parameters
 from ._lbfgs import odir_penalty
 from ._per_class import PerClassCalibrator
 from ._registry import register_calibrator
+from ._rows import MappedRows
 from ._threads import torch_single_threaded
 
 
@@ -63,6 +64,7 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
     """
 
     kind = "vector_scaling"
+    fits_in_blocks = True
     paper_citation = "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
     min_samples = 10
 
@@ -89,10 +91,12 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
             return z * self.weight.to(device=z.device, dtype=z.dtype) + self.bias.to(device=z.device, dtype=z.dtype)
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
-        k = logits.shape[1]
+    def _fit_rows(self, rows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+        k = rows.shape[1]
         self._resize(k)
-        nll = AffineNLL(torch.from_numpy(logits), torch.from_numpy(labels).long(), diagonal=True)  # float32 read as float64
+        # z - max z, read a block at a time (float32 read as float64 by the kernel); kept in memory when computed from
+        # an in-memory array (one more array of its size), so that the passes do not recompute it
+        nll = BlockDiagonalNLL(MappedRows(rows), labels)
         reg_lambda = k / 100 if self.reg_lambda is None else self.reg_lambda
         reg_mu = k / 1000 if self.reg_mu is None else self.reg_mu
         penalty = odir_penalty(k, reg_lambda, reg_mu, diagonal=True)

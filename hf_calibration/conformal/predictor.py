@@ -47,8 +47,9 @@ from . import metrics as _metrics
 from .card import CONFORMAL_CARD_TEMPLATE, card_values
 from .draws import input_draws
 from .quantile import check_alpha, check_enough_samples, conformal_quantile
+from ._kernels import label_scores, set_rows
 from .scores import METHODS, conformity_scores, sets_from_scores
-from .tuning import LAMBDA_GRID, choose_k_reg, choose_penalty
+from .tuning import LAMBDA_GRID, choose_k_reg_rows, choose_penalty_rows
 
 
 FORMAT_VERSION = 1
@@ -202,8 +203,9 @@ class ConformalPredictor(
         logits, labels = _labels_of(logits, labels)
         logits, from_logits, one_logit = _two_columns(logits, from_logits)
         inputs = prepare(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
-        z = torch.from_numpy(native_array(inputs.preds))
-        y = torch.from_numpy(inputs.target)
+        z = _kernel_input(inputs.preds)
+        _check_rows(z, inputs.from_logits)
+        y = inputs.target
         n, k = z.shape
         if calibrator is not None and calibrator.is_fitted and calibrator.fit_info_.get("num_classes") not in (None, k):
             raise ValueError(f"Expected argument `calibrator` to be fitted on K = {k} classes, but it was fitted on {calibrator.fit_info_['num_classes']}.")
@@ -221,29 +223,34 @@ class ConformalPredictor(
             tune, cal = torch.arange(0), torch.arange(n)
         check_enough_samples(int(cal.numel()), alpha, "calibration samples" + (" after the tuning split" if tuned else ""))
 
-        with torch_single_threaded():  # small memory-bound passes: on a busy machine threads only stall (_threads.py)
-            self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune, cal, tuned)
+        with torch_single_threaded():  # the kernels choose their own threads (by the machine's load)
+            self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune.numpy(), cal.numpy(), tuned)
         if one_logit:
             self.fit_info_["task"] = "binary"  # one sigmoid logit z, read as the two softmax logits [0, z]
         return self
 
     def _fit(self, z, y, is_logits, alpha, calibrator, generator, tune, cal, tuned) -> "ConformalPredictor":
+        given = "logits" if is_logits else "probabilities"
         if calibrator is not None and not calibrator.is_fitted:
             calibrator.fit(z[tune], y[tune], from_logits=is_logits, progress_bar=False)
-        probs = _probabilities(z, is_logits, calibrator)
-        k_reg, penalty, tuning = self._resolve_raps(probs[tune], y[tune], alpha, generator)
-        u = self._draws(int(cal.numel()), generator, probs.device)
-        scores = self._scores(probs[cal], u, k_reg, penalty)
-        label_scores = scores[torch.arange(cal.numel()), y[cal]]
-        q_hat = conformal_quantile(label_scores, alpha)
-        ties = int((label_scores == q_hat).sum())  # 1: the threshold itself; more: the coverage ceiling does not hold
+        if calibrator is not None:
+            z, is_logits = _calibrated(calibrator, z, is_logits), True
+        from_probs = not is_logits
+        k_reg, penalty, tuning = self._resolve_raps(z, tune, y[tune], alpha, generator, from_probs)
+        u = self._draws(int(cal.shape[0]), generator, "cpu")
+        u = None if u is None else u.numpy()
+        scores, _ = label_scores(z, y[cal], self.method, rows=cal, u=u, k_reg=k_reg, penalty=penalty, from_probs=from_probs)
+        q_hat = conformal_quantile(torch.from_numpy(scores), alpha)
+        ties = int((scores == q_hat).sum())  # 1: the threshold itself; more: the coverage ceiling does not hold
         if ties > 1 and self.allow_empty:
             warnings.warn(
-                f"{ties} of the {int(cal.numel())} calibration scores tie at the threshold q_hat = {q_hat:.6g}"
+                f"{ties} of the {int(cal.shape[0])} calibration scores tie at the threshold q_hat = {q_hat:.6g}"
                 + (" (the non-randomised score of the last-ranked class is 1 for every image)" if q_hat == 1.0 and self.method != "thr" else "")
                 + ": coverage is still at least 1 - alpha, but the ceiling 1 - alpha + 1/(n+1) that allow_empty=True "
                 "aims at does not hold. randomized=True breaks the ties.", UserWarning, stacklevel=3)
-        sets = sets_from_scores(scores, q_hat, allow_empty=self.allow_empty)  # the calibration data's sets, same draws
+        # the calibration data's sets, same draws: their coverage and mean size for the record
+        _, sizes, covered = set_rows(z, self.method, q_hat, rows=cal, u=u, k_reg=k_reg, penalty=penalty, allow_empty=self.allow_empty,
+                                     from_probs=from_probs, labels=y[cal], masks=False)
         self.q_hat.fill_(q_hat)
         self.__dict__["calibrator_"] = calibrator
         self.fit_info_ = {
@@ -253,16 +260,16 @@ class ConformalPredictor(
             "allow_empty": self.allow_empty,
             "k_reg": k_reg if self.method == "raps" else None,
             "penalty": penalty if self.method == "raps" else None,
-            "input": "logits" if is_logits else "probabilities",
-            "num_samples": int(cal.numel()),
-            "num_tune": int(tune.numel()),
+            "input": given,
+            "num_samples": int(cal.shape[0]),
+            "num_tune": int(tune.shape[0]),
             "tuned": tuned,
             "num_classes": int(z.shape[1]),
-            "quantile_rank": check_enough_samples(int(cal.numel()), alpha),
+            "quantile_rank": check_enough_samples(int(cal.shape[0]), alpha),
             "q_hat": q_hat,
             "ties_at_threshold": ties,
-            "coverage": _metrics.coverage(sets, y[cal]),
-            "mean_set_size": _metrics.set_size(sets),
+            "coverage": float(covered.mean()),
+            "mean_set_size": float(sizes.mean()),
             "calibrator": None
             if calibrator is None
             else {"kind": calibrator.kind, "fitted_on": "fitted on the tuning split" if any(t.startswith("fit the") for t in tuned) else "given fitted"},
@@ -271,16 +278,20 @@ class ConformalPredictor(
         self._reset_stream()
         return self
 
-    def _resolve_raps(self, probs: torch.Tensor, labels: torch.Tensor, alpha: float, generator: torch.Generator):
+    def _resolve_raps(self, z: np.ndarray, rows: np.ndarray, labels: np.ndarray, alpha: float, generator: torch.Generator, from_probs: bool):
         """``(k_reg, lambda, {lambda: tuning set size})`` for RAPS (``"auto"`` chosen on the tuning rows), zeros otherwise."""
         if self.method != "raps":
             return 0, 0.0, None
-        k_reg = choose_k_reg(probs, labels, alpha) if self.k_reg == AUTO else self.k_reg
+        if self.k_reg == AUTO:
+            k_reg = choose_k_reg_rows(label_scores(z, labels, "thr", rows=rows, from_probs=from_probs)[1], alpha)
+        else:
+            k_reg = self.k_reg
         if self.penalty != AUTO:
             return k_reg, self.penalty, None
-        u_calibrate = self._draws(probs.shape[0], generator, probs.device)
-        u_predict = self._draws(probs.shape[0], generator, probs.device)
-        penalty, sizes = choose_penalty(probs, labels, alpha, k_reg, u_calibrate, u_predict, allow_empty=self.allow_empty, grid=LAMBDA_GRID)
+        draws = [self._draws(rows.shape[0], generator, "cpu") for _ in range(2)]
+        u_calibrate, u_predict = (None if u is None else u.numpy() for u in draws)
+        penalty, sizes = choose_penalty_rows(z, rows, labels, alpha, k_reg, u_calibrate, u_predict, allow_empty=self.allow_empty,
+                                             from_probs=from_probs, grid=LAMBDA_GRID)
         return k_reg, penalty, {str(lam): size for lam, size in sizes.items()}
 
     # ------------------------------------------------------------------ predict
@@ -307,13 +318,20 @@ class ConformalPredictor(
             return self._predict_sets(logits, from_logits, generator, draws_from)
 
     def _predict_sets(self, logits, from_logits, generator, draws_from=None):
-        probs = self._probabilities(logits, from_logits)
-        u = self._prediction_draws(probs, logits, generator, draws_from)
-        scores = self._scores(probs, u, **self._params())
-        sets = sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
-        return sets if isinstance(logits, torch.Tensor) else sets.cpu().numpy()
+        if isinstance(logits, torch.Tensor) and logits.device.type != "cpu":  # on its device, in torch
+            probs = self._probabilities(logits, from_logits)
+            u = self._prediction_draws(probs.shape[0], probs.device, logits, generator, draws_from)
+            scores = self._scores(probs, u, **self._params())
+            return sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
+        z, is_logits = _checked(logits, from_logits, self.num_classes, fitted=(self.fit_info_ or {}).get("input"))
+        u = self._prediction_draws(z.shape[0], torch.device("cpu"), logits, generator, draws_from)
+        if self.calibrator is not None:
+            z, is_logits = _calibrated(self.calibrator, z, is_logits), True
+        sets, _, _ = set_rows(z, self.method, float(self.q_hat), u=None if u is None else u.numpy(), allow_empty=self.allow_empty,
+                              from_probs=not is_logits, **self._params())
+        return torch.from_numpy(sets) if isinstance(logits, torch.Tensor) else sets
 
-    def _prediction_draws(self, probs: torch.Tensor, logits: Any, generator: Any, draws_from: Any) -> torch.Tensor | None:
+    def _prediction_draws(self, n: int, device: Any, logits: Any, generator: Any, draws_from: Any) -> torch.Tensor | None:
         """The randomised score's draws at prediction (None when the scores are not randomised); see ``predict_sets``."""
         if draws_from is not None:
             if generator is not None:
@@ -324,16 +342,16 @@ class ConformalPredictor(
                 draws_from = as_tensor(logits, "logits") if isinstance(logits, (torch.Tensor, np.ndarray)) else torch.as_tensor(np.asarray(logits, dtype=np.float64))
             elif not isinstance(draws_from, (torch.Tensor, np.ndarray)):
                 raise TypeError(f"Expected argument `draws_from` to be 'logits', a torch.Tensor or numpy array, or None, but got {type(draws_from).__name__}.")
-            if draws_from.shape[0] != probs.shape[0]:
-                raise ValueError(f"Expected argument `draws_from` to have one row per row of `logits` ({probs.shape[0]}), but got {draws_from.shape[0]}.")
-            return input_draws(draws_from, self.seed).to(probs.device) if self.randomized else None
+            if draws_from.shape[0] != n:
+                raise ValueError(f"Expected argument `draws_from` to have one row per row of `logits` ({n}), but got {draws_from.shape[0]}.")
+            return input_draws(draws_from, self.seed).to(device) if self.randomized else None
         if isinstance(generator, int) and not isinstance(generator, bool):
             generator = _generator(generator)
         elif generator is None:
             generator = self.__dict__["_predict_generator"]
         elif not isinstance(generator, torch.Generator):
             raise TypeError(f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}.")
-        return self._draws(probs.shape[0], generator, probs.device)
+        return self._draws(n, generator, device)
 
     def draw_uniforms(self, n: int, *, generator: torch.Generator | int | None = None) -> torch.Tensor | None:
         """The (n,) float64 Uniform(0, 1) draws that ``predict_sets`` would use for its next ``n`` rows, taken from the
@@ -524,6 +542,58 @@ class ConformalPredictor(
         predictor._reset_stream()
         predictor.eval()
         return predictor
+
+
+def _kernel_input(x: np.ndarray) -> np.ndarray:
+    """A C-ordered native float32 / float64 array the kernels read (float16 and others become float32, exactly)."""
+    x = native_array(x)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float32)
+    return np.ascontiguousarray(x)
+
+
+def _calibrated(calibrator: Calibrator, z: np.ndarray, is_logits: bool) -> np.ndarray:
+    """The calibrator's logits for ``z`` (numpy in, numpy out: one array of ``z``'s size)."""
+    with torch.no_grad():
+        return _kernel_input(calibrator(torch.from_numpy(z), from_logits=is_logits).numpy())
+
+
+def _checked(logits: Any, from_logits: bool | None, num_classes: int | None, fitted: str | None = None) -> tuple[np.ndarray, bool]:
+    """Checked CPU (N, K) input for the kernels, and whether it holds logits (``_input_kind``; ``fitted``: the fit's
+    input kind): shape, K, finite values, and for probabilities the rule every entry point applies (values in [0, 1],
+    rows summing to 1 within 1e-2). A binary head's (N,) / (N, 1) logits are read as two softmax logits."""
+    if num_classes in (None, 2):
+        logits, from_logits, _ = _two_columns(logits, from_logits)
+    z = _as_input(logits)
+    if z.ndim != 2:
+        raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
+    if not z.is_floating_point():
+        raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
+    if num_classes is not None and z.shape[1] != num_classes:
+        raise ValueError(f"Expected `logits` to have K = {num_classes} classes (the predictor was fitted on {num_classes}), but got K = {z.shape[1]}.")
+    if z.shape[0] == 0:
+        raise ValueError("Expected `logits` to hold at least one row, but got N = 0.")
+    zn = _kernel_input((z.float() if z.dtype == torch.bfloat16 else z).detach().numpy())
+    is_logits = _input_kind(z, from_logits, fitted)
+    _check_rows(zn, is_logits)
+    return zn, is_logits
+
+
+def _check_rows(z: np.ndarray, is_logits: bool) -> None:
+    """Finite logits; probabilities by the rule every entry point applies (values in [0, 1], rows summing to 1 within
+    1e-2). One compiled pass."""
+    from ..calibrators._rows import first_non_finite
+    from ..metrics._format import _raise_row_error
+    from ..metrics._rowpass import top_label_pass
+
+    if is_logits:
+        bad = first_non_finite(z)
+        if bad >= 0:
+            raise ValueError(f"Expected `logits` to be finite, but row {bad} contains NaN or inf.")
+        return
+    found = top_label_pass(z, None, False, arrays=False)[3]
+    if found is not None:
+        _raise_row_error(z, found, "logits")
 
 
 def _first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:

@@ -4,8 +4,9 @@
 probabilities with :func:`hf_calibration._checks.looks_like_probabilities`). Two paths then share it:
 
 * ``top_label`` gives the top-label confidence ``p_i = max_k softmax(z_i)_k`` and the
-  correctness ``a_i = [argmax z_i == y_i]``. It works in row chunks, upcasting each chunk to
-  float64, so N = 1e6, K = 1000 float32 logits never materialise an (N, K) float64 copy.
+  correctness ``a_i = [argmax z_i == y_i]``, in one compiled pass that also checks the rows
+  (``_rowpass``): no (N, K) copy of any kind. ``top_label_bin_sums`` is the same pass reduced to
+  equal-width bin sums (ECE, MCE, the over/under split).
 * ``probability_chunks`` streams float64 probabilities and log-probabilities (classwise ECE,
   Brier, NLL).
 
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _rowpass
 from .._checks import (
     IGNORE_INDEX,
     PROBABILITY_DETECTION_TOLERANCE,
@@ -32,7 +34,6 @@ from .._checks import (
 )
 
 _CHUNK_ELEMENTS = 1 << 22  # ~32 MB of float64 per chunk
-_TOP_CHUNK_ELEMENTS = 1 << 18  # ~1-2 MB: the top-label pass stays in cache
 
 
 class TopLabel(NamedTuple):
@@ -135,6 +136,21 @@ def _check_chunk(chunk: np.ndarray, rows: slice, from_logits: bool, preds_name: 
     return top[:, None]
 
 
+def _raise_row_error(preds: np.ndarray, bad: tuple[int, int], preds_name: str) -> None:
+    """The ``ValueError`` for the first bad row the top-label pass found (``_rowpass``'s kinds)."""
+    row, kind = bad
+    if kind == _rowpass.NOT_FINITE:
+        raise ValueError(f"Expected `{preds_name}` to be finite, but row {row} contains NaN or inf.")
+    values = np.asarray(preds[row], dtype=np.float64)
+    if kind == _rowpass.OUT_OF_RANGE:
+        raise ValueError(
+            f"Expected `{preds_name}` to hold probabilities in [0, 1] (from_logits=False), "
+            f"but found values in [{values.min():.4g}, {values.max():.4g}] (row {row})."
+        )
+    raise ValueError(
+        f"Expected each row of `{preds_name}` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} "
+        f"(from_logits=False), but row {row} sums to {values.sum():.6g}."
+    )
 def check_rows(inputs: Inputs) -> None:
     """The checks ``top_label`` and ``probability_chunks`` make on the way (finite rows; probabilities by the one
     rule), alone, in row chunks: for a pass that computes neither."""
@@ -144,39 +160,25 @@ def check_rows(inputs: Inputs) -> None:
 
 
 def top_label(inputs: Inputs) -> TopLabel:
-    """Top-label confidence and correctness of prepared inputs, computed in float64 in row chunks."""
+    """Top-label confidence and correctness of prepared inputs: one compiled pass (``_rowpass``), float64 results."""
     preds, target, from_logits, preds_name = inputs
-    n, k = preds.shape
-    confidence = np.empty(n, dtype=np.float64)
-    prediction = np.empty(n, dtype=np.int64)
-    # Logits: exp in float64 for float64 input, else in float32 with a float64 sum. Against the
-    # all-float64 pass this moves a confidence by <= ~1e-7 (the size of float32 rounding of the
-    # logits themselves) and makes the pass ~3x faster; small cache-resident chunks, one buffer.
-    work = np.float64 if preds.dtype.itemsize >= 8 else np.float32  # by size: big-endian float64 ('>f8') is float64 too
-    step = max(1, _TOP_CHUNK_ELEMENTS // k)
-    buf = np.empty((min(n, step), k), dtype=work) if from_logits else None
-    # a difference z_k - z_max of finite logits can overflow to -inf (near the float limit): exp gives 0, as it should
-    with np.errstate(over="ignore"):
-        for start in range(0, n, step):
-            rows = slice(start, min(n, start + step))
-            if from_logits:
-                chunk = preds[rows].astype(work, copy=False)
-                arg = chunk.argmax(axis=1)
-                top = np.take_along_axis(chunk, arg[:, None], axis=1)
-                _check_finite_rows(top[:, 0], chunk.min(axis=1), start, preds_name)
-                # max softmax = 1 / sum_k exp(z_k - z_max)
-                b = buf[: chunk.shape[0]]
-                np.subtract(chunk, top, out=b)
-                np.exp(b, out=b)
-                confidence[rows] = 1.0 / b.sum(axis=1, dtype=np.float64)
-            else:
-                chunk = preds[rows].astype(np.float64, copy=False)
-                _check_chunk(chunk, rows, from_logits, preds_name)
-                arg = chunk.argmax(axis=1)
-                confidence[rows] = np.take_along_axis(chunk, arg[:, None], axis=1)[:, 0]
-            prediction[rows] = arg
+    confidence, prediction, _, bad = _rowpass.top_label_pass(preds, target, from_logits)
+    if bad is not None:
+        _raise_row_error(preds, bad, preds_name)
     correct = (prediction == target).astype(np.float64)
     return TopLabel(confidence, correct, prediction)
+
+
+def top_label_bin_sums(inputs: Inputs, n_bins: int):
+    """Per equal-width bin ``(count, sum of confidences, sum of correctness)`` of prepared inputs, as
+    :class:`~hf_calibration.metrics.binning.BinSums`, from the same pass as :func:`top_label` with no per-row arrays."""
+    from .binning import BinSums
+
+    preds, target, from_logits, preds_name = inputs
+    _, _, sums, bad = _rowpass.top_label_pass(preds, target, from_logits, n_bins=n_bins, arrays=False)
+    if bad is not None:
+        _raise_row_error(preds, bad, preds_name)
+    return BinSums(sums[0].astype(np.int64), sums[1], sums[2])
 
 
 def probability_chunks(inputs: Inputs):

@@ -55,26 +55,32 @@ def uniform_edges(n_bins: int) -> np.ndarray:
     return np.linspace(0.0, 1.0, n_bins + 1)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def uniform_bin(q, edges):  # pragma: no cover - compiled
-    """The equal-width bin of one value ``q`` in [0, 1] in compiled code: ``edges[b] < q <= edges[b + 1]``, 0 in the
-    first bin, 1 in the last; ``edges = uniform_edges(n_bins)``. The same answer as :func:`_uniform_bin_index` for
-    every float64 (``q * n_bins`` may round across an edge: the two walks correct it against the edges themselves)."""
+@numba.njit(cache=True, nogil=True)
+def uniform_bin(p, edges):  # pragma: no cover - compiled
+    """The equal-width bin of one value ``p``: ``b`` with ``edges[b] < p <= edges[b + 1]`` (``edges`` from
+    ``uniform_edges``), ``p <= 0`` in the first bin and ``p >= 1`` in the last. The one definition of the bin rule:
+    every binned path (the batch functions, the compiled top-label pass) calls it."""
     n_bins = edges.shape[0] - 1
-    b = min(int(q * n_bins), n_bins - 1)
-    while b > 0 and q <= edges[b]:
+    b = min(max(int(p * n_bins), 0), n_bins - 1)  # the right bin or its neighbour: floating rounding of p * n_bins
+    while b > 0 and p <= edges[b]:
         b -= 1
-    while b < n_bins - 1 and q > edges[b + 1]:
+    while b < n_bins - 1 and p > edges[b + 1]:
         b += 1
     return b
 
 
+@numba.njit(cache=True, nogil=True)
+def _uniform_bins(values, edges, out):  # pragma: no cover - compiled
+    for i in range(values.shape[0]):
+        out[i] = uniform_bin(values[i], edges)
+
+
 def _uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
-    """Bin of each confidence under ``lo < p <= hi``; 0 → first bin, 1 → last bin. Any shape."""
-    edges = uniform_edges(n_bins)
-    # side="left": first edge >= p, so edges[i - 1] < p <= edges[i]  →  bin i - 1
-    index = np.searchsorted(edges[1:-1], confidence, side="left")
-    return index  # already in [0, n_bins - 1]: interior edges only, p = 0 → 0, p = 1 → n_bins - 1
+    """Bin of each confidence under ``lo < p <= hi``; 0 → first bin, 1 → last bin (``uniform_bin``). Any shape."""
+    values = np.ascontiguousarray(confidence, dtype=np.float64)
+    out = np.empty(values.shape, dtype=np.int64)
+    _uniform_bins(values.reshape(-1), uniform_edges(n_bins), out.reshape(-1))
+    return out
 
 
 def _run_sizes(n: int, n_bins: int) -> np.ndarray:

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._checks import IGNORE_INDEX
-from ._format import prepare, top_label
-from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
+from ._format import prepare, top_label, top_label_bin_sums
 from ._probability_pass import probability_rows
+from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
 from .bootstrap import SMOOTH_N_BOOT, Bootstrap, check_bootstrap, frame, frame_position, segment_sums
 
 
@@ -46,7 +46,10 @@ def _ece_split_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int)
 
 def _mce_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
     index = _uniform_bin_index(confidence, n_bins)
-    sums = _bin_sums(index, confidence, correct, n_bins)
+    return _mce_from_sums(_bin_sums(index, confidence, correct, n_bins))
+
+
+def _mce_from_sums(sums) -> float:
     conf, acc = _bin_means(sums)
     filled = sums.count > 0
     return float(np.abs(acc[filled] - conf[filled]).max())
@@ -185,9 +188,12 @@ def ece(
             return sigmoid
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    if boot is None:  # one fused pass to the bin sums: no per-row arrays
+        return float(np.abs(_calibration_gaps(top_label_bin_sums(inputs, n_bins), inputs.preds.shape[0])).sum())
+    top = top_label(inputs)
     value = _ece_compute(top.confidence, top.correct, n_bins)
-    return value if boot is None else _top_label_interval(boot, top.confidence, top.correct, n_bins, 0, value)
+    return _top_label_interval(boot, top.confidence, top.correct, n_bins, 0, value)
 
 
 def mce(
@@ -216,9 +222,12 @@ def mce(
             return sigmoid
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    if boot is None:
+        return _mce_from_sums(top_label_bin_sums(inputs, n_bins))
+    top = top_label(inputs)
     value = _mce_compute(top.confidence, top.correct, n_bins)
-    return value if boot is None else _top_label_interval(boot, top.confidence, top.correct, n_bins, 1, value)
+    return _top_label_interval(boot, top.confidence, top.correct, n_bins, 1, value)
 
 
 def rmsce(
@@ -281,10 +290,12 @@ def ece_split(
     with ``ci`` both parts are :class:`~hf_calibration.metrics.MetricInterval` from the same resamples)."""
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
-    split = _ece_split_compute(top.confidence, top.correct, n_bins)
+    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     if boot is None:
-        return split
+        gaps = _calibration_gaps(top_label_bin_sums(inputs, n_bins), inputs.preds.shape[0])
+        return ECESplit(float(np.clip(gaps, 0, None).sum()), float(np.clip(-gaps, 0, None).sum()))
+    top = top_label(inputs)
+    split = _ece_split_compute(top.confidence, top.correct, n_bins)
     replicates = boot.replicates([_binned_statistic(top.confidence, top.correct, n_bins)], top.confidence.shape[0])[0]
     return ECESplit(boot.interval(split.over, replicates[:, 2], "o_ece"), boot.interval(split.under, replicates[:, 3], "u_ece"))
 

@@ -51,10 +51,15 @@ def test_non_randomised_sets_equal_torchcps(method):
                                       **({"k_reg": K_REG, "penalty": PENALTY} if method == "raps" else {})).fit(z[:n], y[:n], alpha=alpha)
             theirs = _torchcp(method, randomized=False)
             theirs.calculate_threshold(torch.from_numpy(z[:n]), torch.from_numpy(y[:n]), alpha)
-            assert float(ours.q_hat) == float(theirs.q_hat)
+            # our compiled kernels take the float64 softmax with their own vectorised exp (a few ulp from torch's): the
+            # thresholds agree to rounding, and the sets wherever no score lies within rounding of the threshold
+            q_hat = float(theirs.q_hat)
+            assert float(ours.q_hat) == pytest.approx(q_hat, rel=0, abs=1e-12)
             expected = theirs.predict_with_logits(torch.from_numpy(z[n:])).bool().numpy()
             got = ours.predict_sets(z[n:])
-            assert got.dtype == np.bool_ and np.array_equal(got, expected)
+            scores = conformity_scores(torch.softmax(torch.from_numpy(z[n:]), 1), method, k_reg=K_REG, penalty=PENALTY).numpy()
+            clear = (np.abs(scores - q_hat) > 1e-12).all(axis=1)
+            assert got.dtype == np.bool_ and clear.mean() > 0.99 and np.array_equal(got[clear], expected[clear])
 
 
 @pytest.mark.parametrize("method", ["aps", "raps"])

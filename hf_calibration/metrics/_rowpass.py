@@ -1,0 +1,288 @@
+"""The top-label pass: one compiled pass over the rows of (N, K) logits or probabilities.
+
+For each row it finds the predicted class (the first maximum, ``argmax``'s tie rule) and the top-label confidence
+``p_i = max_k softmax(z_i)_k = 1 / sum_k exp(z_ik - max_k z_ik)`` (from probabilities: the largest value), and checks
+the row on the way: finite values, and for ``from_logits=False`` values in [0, 1] summing to 1 within
+``PROBABILITY_DETECTION_TOLERANCE``. With ``n_bins`` it also adds each row to its equal-width bin (count,
+confidence, correctness; the bin rule of :func:`hf_calibration.metrics.binning.uniform_bin`), so ECE / MCE / the
+over-under split need no per-row arrays at all.
+
+Precision: float64 input is computed in float64, bit for bit as numpy's ``1 / exp(z - max).sum()`` (libm's ``exp``,
+numpy's pairwise sum); float32 (and narrower) logits take their ``exp`` in float32 (a vectorised polynomial, within a
+few float32 ulp of libm's) and the row sum in float64: a confidence moves by ~1e-7 relative against the all-float64
+pass, the size of the float32 rounding of the logits themselves.
+
+Speed: rows are independent, so blocks of ``BLOCK`` rows run in parallel (a ``prange``, on as many threads as the
+machine's load leaves free: ``hf_calibration._parallel``) when the array has at least
+``PARALLEL_MIN_ELEMENTS`` values, serially below that (waking threads costs more than it saves). Per-block bin sums
+are added in block order, so the result does not depend on the number of threads. Float32 / float64 arrays in C order
+are read in place; other dtypes and layouts are converted a block of rows at a time, never as a whole copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numba.extending
+import numpy as np
+
+from .._checks import PROBABILITY_DETECTION_TOLERANCE
+from .._parallel import pass_threads, run_pass
+from .._vmath import exp_into, exp_into_f32
+from .binning import uniform_bin, uniform_edges
+
+__all__ = ["top_label_pass"]
+
+BLOCK = 256  # rows per parallel task
+PARALLEL_MIN_ELEMENTS = 1 << 20  # below this many values one thread is faster than waking the others
+_CONVERT_ELEMENTS = 1 << 20  # values converted at a time for dtypes / layouts the kernel does not read in place
+OK, NOT_FINITE, OUT_OF_RANGE, BAD_SUM = 0, 1, 2, 3
+
+
+def exp_row(x, out, bits):  # pragma: no cover - replaced by the overload below in compiled code
+    """``out[:] = exp(x)``: float32 arrays by the vectorised ``exp_into_f32``; float64 ones by libm's ``exp``, as numpy
+    computes it here (compiled code only)."""
+    raise NotImplementedError
+
+
+def _libm_exp(x, out, bits):  # pragma: no cover - compiled
+    for j in range(x.shape[0]):
+        out[j] = math.exp(x[j])
+
+
+@numba.extending.overload(exp_row, jit_options={"cache": True})
+def _exp_row(x, out, bits):  # pragma: no cover - compiled
+    if x.dtype == numba.types.float32:
+        return lambda x, out, bits: exp_into_f32(x, out, bits)
+    return _libm_exp
+
+
+def row_sum(e):  # pragma: no cover - replaced by the overload below in compiled code
+    """The float64 sum of a row: float64 rows in numpy's pairwise order (``np.add.reduce`` along a contiguous axis, so a
+    float64 confidence is bit for bit numpy's softmax), float32 rows in four float64 lanes (compiled code only)."""
+    raise NotImplementedError
+
+
+@numba.njit(cache=True, nogil=True)
+def _leaf(a, lo, n):  # pragma: no cover - compiled
+    """numpy's ``pairwise_sum`` base cases: a plain loop below 8 values, 8 accumulators up to 128."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3, r4, r5, r6, r7 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3], a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - n % 8:
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@numba.njit(cache=True, nogil=True)
+def _pairwise(a, lo, n):  # pragma: no cover - compiled
+    """numpy's ``pairwise_sum`` of ``a[lo:lo + n]`` (loops_utils.h): above 128 values, the sum of the two halves (the
+    first rounded down to a multiple of 8), written as a loop over an explicit stack (numba's cache and recursion do
+    not mix)."""
+    if n <= 128:
+        return _leaf(a, lo, n)
+    los = np.empty(64, np.int64)
+    ns = np.empty(64, np.int64)
+    phase = np.zeros(64, np.int64)
+    left = np.empty(64)
+    d = 0
+    los[0], ns[0], phase[0] = lo, n, 0
+    while True:
+        m = ns[d]
+        if m > 128:  # descend into the left half
+            half = m // 2
+            half -= half % 8
+            los[d + 1], ns[d + 1], phase[d + 1] = los[d], half, 0
+            d += 1
+            continue
+        ret = _leaf(a, los[d], m)
+        d -= 1
+        while True:  # hand the value up: a left half waits for its right half, a right half completes its parent
+            if d < 0:
+                return ret
+            if phase[d] == 0:
+                left[d], phase[d] = ret, 1
+                half = ns[d] // 2
+                half -= half % 8
+                los[d + 1], ns[d + 1], phase[d + 1] = los[d] + half, ns[d] - half, 0
+                d += 1
+                break
+            ret = left[d] + ret
+            d -= 1
+
+
+def _float32_sum(e):  # pragma: no cover - compiled
+    n = e.shape[0]
+    s0 = s1 = s2 = s3 = 0.0
+    j = 0
+    while j + 4 <= n:
+        s0 += np.float64(e[j])
+        s1 += np.float64(e[j + 1])
+        s2 += np.float64(e[j + 2])
+        s3 += np.float64(e[j + 3])
+        j += 4
+    while j < n:
+        s0 += np.float64(e[j])
+        j += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@numba.extending.overload(row_sum, jit_options={"cache": True})
+def _row_sum(e):  # pragma: no cover - compiled
+    if e.dtype == numba.types.float32:
+        return _float32_sum
+    return lambda e: _pairwise(e, 0, e.shape[0])
+
+
+@numba.njit(cache=True, nogil=True)
+def _max_min(row):  # pragma: no cover - compiled
+    """``(max, min)`` of a non-empty row in four interleaved lanes (vectorises; exact in any order). A NaN may be
+    skipped here: the caller's ``exp`` sum or value sum catches it."""
+    n = row.shape[0]
+    a0 = a1 = a2 = a3 = row[0]
+    b0 = b1 = b2 = b3 = row[0]
+    j = 0
+    while j + 4 <= n:
+        a0, b0 = max(a0, row[j]), min(b0, row[j])
+        a1, b1 = max(a1, row[j + 1]), min(b1, row[j + 1])
+        a2, b2 = max(a2, row[j + 2]), min(b2, row[j + 2])
+        a3, b3 = max(a3, row[j + 3]), min(b3, row[j + 3])
+        j += 4
+    while j < n:
+        a0, b0 = max(a0, row[j]), min(b0, row[j])
+        j += 1
+    return max(max(a0, a1), max(a2, a3)), min(min(b0, b1), min(b2, b3))
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_index_of(row, value):  # pragma: no cover - compiled
+    """The first ``j`` with ``row[j] == value`` (0 if none: only for a non-finite row, which is reported anyway)."""
+    k = row.shape[0]
+    for start in range(0, k, 64):  # vectorised counts per 64-block, then a scan of the block that holds it
+        block = row[start : min(start + 64, k)]
+        hits = 0
+        for j in range(block.shape[0]):
+            hits += block[j] == value
+        if hits:
+            for j in range(block.shape[0]):
+                if block[j] == value:
+                    return start + j
+    return 0
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _rows(x, offset, lo, hi, target, from_logits, tol, edges, conf, pred, sums, shifted, e, bits):  # pragma: no cover
+    """Rows ``lo:hi`` of ``x`` (output rows ``offset + i``). Returns ``(first bad row or -1, its kind)``."""
+    n_bins = edges.shape[0] - 1
+    for i in range(lo, hi):
+        row = x[i]
+        top, low = _max_min(row)
+        if from_logits:
+            for j in range(row.shape[0]):
+                shifted[j] = row[j] - top
+            exp_row(shifted, e, bits)
+            total = row_sum(e)
+            if not (np.isfinite(total) and np.isfinite(top) and np.isfinite(low)):
+                return offset + i, NOT_FINITE
+            c = 1.0 / total
+        else:
+            total = 0.0
+            for j in range(row.shape[0]):
+                total += np.float64(row[j])
+            if not (np.isfinite(total) and np.isfinite(top) and np.isfinite(low)):
+                return offset + i, NOT_FINITE
+            if low < 0 or top > 1:
+                return offset + i, OUT_OF_RANGE
+            if abs(total - 1.0) > tol:
+                return offset + i, BAD_SUM
+            c = np.float64(top)
+        arg = _first_index_of(row, top)
+        if conf.shape[0]:
+            conf[offset + i] = c
+            pred[offset + i] = arg
+        if n_bins > 0:
+            b = uniform_bin(c, edges)
+            sums[0, b] += 1.0
+            sums[1, b] += c
+            if arg == target[offset + i]:
+                sums[2, b] += 1.0
+    return -1, OK
+
+
+@numba.njit(cache=True, nogil=True)
+def _serial(x, offset, target, from_logits, tol, edges, conf, pred, sums):  # pragma: no cover - compiled
+    k = x.shape[1]
+    shifted, e, bits = np.empty(k, x.dtype), np.empty(k, x.dtype), np.empty(k, x.dtype)
+    return _rows(x, offset, 0, x.shape[0], target, from_logits, tol, edges, conf, pred, sums, shifted, e, bits)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums):  # pragma: no cover - compiled
+    n, k = x.shape
+    blocks = (n + BLOCK - 1) // BLOCK
+    bad = np.full(blocks, -1, np.int64)
+    kind = np.zeros(blocks, np.int64)
+    part = np.zeros((blocks, 3, sums.shape[1]))
+    for c in numba.prange(blocks):
+        shifted, e, bits = np.empty(k, x.dtype), np.empty(k, x.dtype), np.empty(k, x.dtype)
+        bad[c], kind[c] = _rows(x, offset, c * BLOCK, min(n, (c + 1) * BLOCK), target, from_logits, tol, edges, conf, pred,
+                                part[c], shifted, e, bits)
+    for c in range(blocks):  # in block order: the sums do not depend on the number of threads
+        if bad[c] >= 0:
+            return bad[c], kind[c]
+        for r in range(3):
+            for b in range(sums.shape[1]):
+                sums[r, b] += part[c, r, b]
+    return -1, OK
+
+
+def _pass(x, offset, target, from_logits, edges, conf, pred, sums, parallel):
+    if parallel and pass_threads(x.size) > 1:
+        return run_pass(_parallel, x.size, x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums)
+    return _serial(x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums)
+
+
+def top_label_pass(preds: np.ndarray, target: np.ndarray, from_logits: bool, *, n_bins: int = 0, arrays: bool = True):
+    """One pass over the (N, K) float ``preds``: ``(confidence, prediction, bin_sums, bad)``.
+
+    ``confidence`` (float64) and ``prediction`` (int64) are (N,) arrays (empty with ``arrays=False``); ``bin_sums`` is
+    (3, n_bins) float64, per equal-width bin the count, the sum of confidences and the number of correct rows
+    (``n_bins = 0``: none, and ``target`` is not read); ``bad`` is ``(row, kind)`` of the first bad row, or None.
+    """
+    n, k = preds.shape
+    conf = np.empty(n if arrays else 0, dtype=np.float64)
+    pred = np.empty(n if arrays else 0, dtype=np.int64)
+    edges = uniform_edges(n_bins) if n_bins else np.zeros(1)
+    sums = np.zeros((3, max(n_bins, 1)))
+    target = np.ascontiguousarray(target, dtype=np.int64) if n_bins else np.zeros(0, np.int64)
+    parallel = n * k >= PARALLEL_MIN_ELEMENTS
+    native = preds.dtype in (np.float32, np.float64) and preds.dtype.isnative and preds.flags.c_contiguous
+    if native:
+        bad, kind = _pass(preds, 0, target, from_logits, edges, conf, pred, sums, parallel)
+    else:
+        work = np.float64 if preds.dtype.itemsize >= 8 else np.float32  # float16 -> float32 is exact
+        step = max(1, _CONVERT_ELEMENTS // k)
+        bad, kind = -1, OK
+        for start in range(0, n, step):
+            block = np.ascontiguousarray(preds[start : start + step], dtype=work)
+            bad, kind = _pass(block, start, target, from_logits, edges, conf, pred, sums, parallel)
+            if bad >= 0:
+                break
+    return conf, pred, (sums if n_bins else None), (None if bad < 0 else (int(bad), int(kind)))

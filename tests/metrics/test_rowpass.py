@@ -1,0 +1,105 @@
+"""The compiled top-label pass (``metrics._rowpass``) and the one bin rule (``binning.uniform_bin``): against numpy's
+softmax, against ``searchsorted`` at the bin edges, the same on one thread and several, and the row checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hf_calibration import _parallel
+from hf_calibration.metrics import ece, ece_split, mce
+from hf_calibration.metrics import _rowpass
+from hf_calibration.metrics._format import prepare, top_label
+from hf_calibration.metrics.binning import _uniform_bin_index, uniform_edges
+
+
+@pytest.mark.parametrize("k", [2, 3, 8, 17, 128, 129, 300, 1000])
+def test_float64_confidences_are_numpys_softmax_bit_for_bit(k):
+    rng = np.random.default_rng(k)
+    z = 3 * rng.normal(size=(200, k))
+    conf = top_label(prepare(z, rng.integers(0, k, 200))).confidence
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    np.testing.assert_array_equal(conf, 1.0 / e.sum(axis=1))
+
+
+@pytest.mark.parametrize("k", [5, 100, 21_843])
+def test_float32_confidences_are_within_float32_rounding(k):
+    rng = np.random.default_rng(k)
+    z = (4 * rng.normal(size=(40, k))).astype(np.float32)
+    top = top_label(prepare(z, rng.integers(0, k, 40)))
+    z64 = z.astype(np.float64)
+    reference = 1.0 / np.exp(z64 - z64.max(axis=1, keepdims=True)).sum(axis=1)
+    np.testing.assert_allclose(top.confidence, reference, rtol=2e-7)
+    np.testing.assert_array_equal(top.prediction, z.argmax(axis=1))
+
+
+def test_argmax_ties_go_to_the_first_index():
+    z = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, -0.0, -1.0, -1.0]])
+    np.testing.assert_array_equal(top_label(prepare(z, np.zeros(3, int))).prediction, z.argmax(axis=1))
+
+
+@pytest.mark.parametrize("n_bins", [10, 15])
+def test_the_bin_rule_is_searchsorted_at_the_edges(n_bins):
+    """``lo < p <= hi``: values at, just below and just above every edge, 0 and 1, float16 softmax outputs."""
+    edges = uniform_edges(n_bins)
+    values = np.concatenate([edges, np.nextafter(edges, 2), np.nextafter(edges, -1), [0.2, 0.8, 0.5, 1.0, 0.0]])
+    values = np.clip(values, 0.0, 1.0)
+    half = torch.softmax(torch.randn(500, 4, generator=torch.Generator().manual_seed(0)).half(), 1).double().numpy().ravel()
+    values = np.concatenate([values, half])
+    reference = np.searchsorted(edges[1:-1], values, side="left")
+    np.testing.assert_array_equal(_uniform_bin_index(values, n_bins), reference)
+
+
+def test_ece_from_the_fused_bin_sums_equals_the_per_row_path():
+    """ece / mce / ece_split add each row to its bin inside the pass: the same bins as the per-row arrays give, on
+    rows whose confidences sit exactly on edges ([0.5, 0.5] rows, 0.2 / 0.8 with 10 bins)."""
+    from hf_calibration.metrics.ece import _ece_compute, _ece_split_compute, _mce_compute
+
+    probs = np.array([[0.5, 0.5], [0.8, 0.2], [0.2, 0.8], [0.9, 0.1], [0.6, 0.4], [0.55, 0.45]] * 5)
+    y = np.array([0, 1, 1, 0, 1, 0] * 5)
+    top = top_label(prepare(probs, y))
+    for n_bins in (10, 15):
+        assert ece(probs, y, n_bins) == pytest.approx(_ece_compute(top.confidence, top.correct, n_bins), abs=1e-15)
+        assert mce(probs, y, n_bins) == pytest.approx(_mce_compute(top.confidence, top.correct, n_bins), abs=1e-15)
+        assert tuple(ece_split(probs, y, n_bins)) == pytest.approx(tuple(_ece_split_compute(top.confidence, top.correct, n_bins)), abs=1e-15)
+
+
+def test_the_same_numbers_on_one_thread_and_several(monkeypatch):
+    rng = np.random.default_rng(3)
+    z = (3 * rng.normal(size=(3000, 500))).astype(np.float32)
+    y = rng.integers(0, 500, 3000)
+    one = (top_label(prepare(z, y)).confidence, ece(z, y))
+    monkeypatch.setattr(_rowpass, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine: every thread
+    several = (top_label(prepare(z, y)).confidence, ece(z, y))
+    np.testing.assert_array_equal(one[0], several[0])
+    assert one[1] == several[1]
+
+
+def test_threads_follow_the_load(monkeypatch):
+    monkeypatch.setattr(_parallel, "_cores", lambda: 2)
+    monkeypatch.setattr(_parallel.numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
+    assert _parallel.pass_threads(1 << 22) == 2 and _parallel.pass_threads(100) == 1
+    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (3.5, 0.0, 0.0))  # a busy machine: one thread
+    assert _parallel.pass_threads(1 << 22) == 1
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, ">f4"])
+def test_bad_rows_are_named(dtype):
+    z = np.random.default_rng(0).normal(size=(50, 6)).astype(dtype)
+    y = np.zeros(50, int)
+    for value, row in ((np.nan, 17), (np.inf, 3), (-np.inf, 41)):
+        bad = z.copy()
+        bad[row, 2] = value
+        with pytest.raises(ValueError, match=f"row {row} contains NaN or inf"):
+            ece(bad, y)
+    probs = np.full((50, 6), 1 / 6)
+    probs[9] = [0.5, 0.5, 0.5, 0, 0, 0]
+    with pytest.raises(ValueError, match="row 9 sums to 1.5"):
+        ece(probs, y, from_logits=False)
+    probs[9] = [1.2, -0.2, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match=r"probabilities in \[0, 1\].*row 9"):
+        ece(probs, y, from_logits=False)
