@@ -414,8 +414,11 @@ def section(task: str, records: list[dict]) -> list[str]:
     # intervals, seed 0
     if any(k.endswith("_ci") for k in first["methods"]["uncalibrated"]):
         lines += ["", f"Seed {first['seed']} with 95 % bootstrap intervals over the test images ({N_BOOT} resamples, every label "
-                  "of an image together; the package's interval method: for a binned ECE a percentile interval can lie above "
-                  "the estimate, the resampling bias of a plug-in calibration error):", ""]
+                  "of an image together; each metric's interval method, `hf_calibration.metrics.bootstrap.INTERVALS`: basic "
+                  "(bias-corrected) for ECE, percentile for NLL. A bias-corrected ECE interval can lie below its estimate, as "
+                  "the macro ECE's do here: the binned ECE of each label is biased upwards by more than the spread of a "
+                  "mean over 10 labels, and the interval is where the true value lies, the estimate corrected for "
+                  "that bias; the package's own output notes it):", ""]
         cols = [("ece_macro", 100, 2), ("ece_micro", 100, 2), ("nll_macro", 1, 4), ("nll_micro", 1, 4)] if task == "multilabel" \
             else [("ece_macro", 100, 2), ("nll_macro", 1, 4), ("brier_macro", 1, 4)]
         names = {"ece_macro": "ECE macro (%)" if task == "multilabel" else "ECE (%)", "ece_micro": "ECE pooled (%)",
