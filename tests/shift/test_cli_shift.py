@@ -75,8 +75,8 @@ def test_bad_arguments(capsys, root, flag, value, message):
 
 def test_unknown_method_and_missing_split(capsys, root, tmp_path):
     base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path)]
-    assert main([*base, "--calibrator", "platt"]) == 1
-    assert "--calibrator 'platt' is neither a method name (ts, " in capsys.readouterr().err  # issue 23 item 11: not "--method"
+    assert main([*base, "--calibrator", "no_such_method"]) == 1
+    assert "--calibrator 'no_such_method' is neither a method name (ts, " in capsys.readouterr().err  # issue 23 item 11: not "--method"
     assert main([*base, "--val-split", "train", "--corruptions", "fog", "--severities", "1"]) == 1
     assert "train" in capsys.readouterr().err
     assert main(["shift", "--logits", str(tmp_path / "z.npz")]) == 1 and "not --logits" in capsys.readouterr().err

@@ -104,6 +104,8 @@ def test_bad_input(data):
     with pytest.raises(ValueError, match="K = 5"):
         shift_report(val, test, {("noise", 1): (test[0][:, :4], test[1] % 4)})
     with pytest.raises(ValueError, match="`calibrators`"):
+        shift_report(val, test, shifted, calibrators=["no_such_method"])
+    with pytest.raises(ValueError, match="a sigmoid calibrator.*problem_type"):  # a binary / multi-label one on a softmax head
         shift_report(val, test, shifted, calibrators=["platt"])
     with pytest.raises(ValueError, match="twice"):
         shift_report(val, test, shifted, calibrators=["ts", "ts"])
