@@ -2,8 +2,8 @@
 
 Run from the repository root, each part under the shared machine's lock (they use up to ~14 GB):
 
-    flock /tmp/hfcal-heavy.lock python benchmarks/scale.py --sections issue --baseline <checkout of the previous main>
-    flock /tmp/hfcal-heavy.lock python benchmarks/scale.py --sections grid peers conformal disk
+    python benchmarks/scale.py --sections issue --baseline <checkout of the previous main>
+    python benchmarks/scale.py --sections grid peers conformal disk
     python benchmarks/scale.py --report        # rebuild benchmarks/results/scale.md and scale.png from scale.json
 
 Sections (every measurement is one fresh process; records go to benchmarks/results/scale.json as they come, and a
@@ -365,7 +365,7 @@ def report() -> None:
     lines = ["## Scale: time and peak memory against N and K (`benchmarks/scale.py`)", "",
              f"- machine: {_machine()}",
              f"- load average (1 min) during the measurements: {_loads(records)}; a timing taken above 2.5 is provisional",
-             "- commands: `flock /tmp/hfcal-heavy.lock python benchmarks/scale.py --sections issue --baseline <previous main>`, "
+             "- commands: `python benchmarks/scale.py --sections issue --baseline <previous main>`, "
              "then `--sections grid peers conformal disk`, then `--report`",
              "- every row is one fresh process: time = best of up to 5 repeats after a warm-up on 400 rows (one run for calls "
              "over a second); peak = the process's high-water resident set above its resident set before the call (the "

@@ -13,7 +13,7 @@ on what they learned either; histogram binning's table size does, and is printed
 The calibrator's share is (calibrated - plain) / calibrated, for each engine. Rounds interleave the four; the median of
 the rounds is reported. Writes ``benchmarks/results/serving.json`` (resumable: done rows are kept) and ``serving.md``.
 
-    flock /tmp/hfcal-heavy.lock python benchmarks/serving.py                 # the reported sizes
+    python benchmarks/serving.py                 # the reported sizes
     python benchmarks/serving.py --models vit-tiny --calibrators temperature_scaling --rounds 5   # quick
 """
 
