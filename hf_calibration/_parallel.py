@@ -29,7 +29,7 @@ def _cores() -> int:
 
 def pass_threads(size: int) -> int:
     """Threads for a pass over ``size`` values: 1 below ``PARALLEL_MIN_ELEMENTS``; else numba's count, less one for each
-    core the load average says is taken (this process's own run counts as one: it is running)."""
+    core the load average says is taken, rounded (this process's own run counts as one: it is running)."""
     threads = numba.get_num_threads()
     if size < PARALLEL_MIN_ELEMENTS or threads <= 1:
         return 1
@@ -37,7 +37,9 @@ def pass_threads(size: int) -> int:
         load = os.getloadavg()[0]
     except OSError:  # pragma: no cover - no load average on this platform
         return threads
-    return max(1, min(threads, int(_cores() - load + 1)))
+    # rounded, not truncated: a process that has itself run for the last minute reads a load of ~1.0-1.2 on an otherwise
+    # idle machine, and int(2 - 1.1 + 1) = 1 left a core idle (every pass at 50,000 x 21,843 ran on one thread)
+    return max(1, min(threads, round(_cores() - load + 1)))
 
 
 def run_pass(kernel, size: int, *args):

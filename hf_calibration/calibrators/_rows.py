@@ -195,6 +195,8 @@ class FitRows:
                 np.empty((0, self.shape[1]), self.source.native_dtype)
         else:
             raw = self.source[source_rows]
+        if self._is_view(raw):  # fancy indexing made a fresh copy already: as the map sees it
+            return raw
         return self._transform(raw, np.empty(raw.shape, dtype=self.compute_dtype))
 
     def array(self) -> np.ndarray:

@@ -83,6 +83,11 @@ def test_threads_follow_the_load(monkeypatch):
     monkeypatch.setattr(_parallel.numba, "get_num_threads", lambda: 2)
     monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
     assert _parallel.pass_threads(1 << 22) == 2 and _parallel.pass_threads(100) == 1
+    # this process alone, after a minute of running, reads ~1.1: still an idle machine (int() truncation gave 1)
+    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (1.1, 0.0, 0.0))
+    assert _parallel.pass_threads(1 << 22) == 2
+    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (1.8, 0.0, 0.0))  # another process on the other core
+    assert _parallel.pass_threads(1 << 22) == 1
     monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (3.5, 0.0, 0.0))  # a busy machine: one thread
     assert _parallel.pass_threads(1 << 22) == 1
 
