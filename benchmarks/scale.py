@@ -474,7 +474,9 @@ def report() -> None:
 
     lines += ["### Fits against probmetrics (the SMS / SVS authors' package)", "",
               "Fit time of ours; probmetrics' time / ours (target >= 2: temperature scaling, SVS, SMS). probmetrics is "
-              "given float64 probabilities (its input), computed outside the timing.", "",
+              "given float64 probabilities (its input), computed outside the timing. A `-` ratio: probmetrics was not run there, "
+              "its peak (about 6x the input, measured at the smaller sizes) would not fit the memory budget (at 50,000 x 21,843: "
+              "about 26 GB of 24).", "",
               "| N | K | TS ours | TS ratio | SVS ours | SVS ratio | SMS ours | SMS ratio |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     misses, compared = [], 0
     for nn, kk in [(a, b) for a in PEER_N for b in PEER_K] + [ISSUE]:
