@@ -196,12 +196,15 @@ def _scratch(n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     return cells, cells.view(np.int32 if cells.dtype == np.float32 else np.int64)
 
 
-def _scale(z: torch.Tensor, temperature: float | None, smart_mlp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(z / T, T, status)`` as numpy, T in ``z``'s dtype; rows with status != 0 are not divided."""
+def _scale(z: torch.Tensor, temperature: float | None, smart_mlp, out: np.ndarray | None = None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(z / T, T, status)`` as numpy, T in ``z``'s dtype; rows with status != 0 are not divided. ``out``: a contiguous
+    array of ``z``'s shape and dtype to write ``z / T`` into (default: a new one)."""
     zn = z.detach().contiguous().numpy()
     n = zn.shape[0]
     temps = np.empty(n, dtype=zn.dtype)
-    out = np.empty_like(zn)  # numpy asks the kernel for huge pages on large arrays: fewer page faults than torch.empty
+    if out is None:
+        out = np.empty_like(zn)  # numpy asks the kernel for huge pages on large arrays: fewer page faults than torch.empty
     status = np.empty(n, dtype=np.int8)
     t_fixed = 1.0 if temperature is None else float(temperature)
     scratch = _scratch(n if smart_mlp is not None else 1, zn.dtype)
@@ -210,14 +213,18 @@ def _scale(z: torch.Tensor, temperature: float | None, smart_mlp) -> tuple[np.nd
     return out, temps, status
 
 
-def scale_rows(z: torch.Tensor, temperature: float | None = None, smart_mlp=None) -> torch.Tensor | None:
+def scale_rows(z: torch.Tensor, temperature: float | None = None, smart_mlp=None, out: torch.Tensor | None = None
+               ) -> torch.Tensor | None:
     """``z / T`` in one pass (T fixed, or SMART's ``T(m)`` when ``smart_mlp`` is given); None if a row is non-finite
     or would overflow, for the torch path to raise or rescale.
 
-    ``smart_mlp`` = ``(margin_mean, margin_std, W1 (H,), b1 (H,), W2 (H,), b2, eps)``, float64 numpy.
+    ``smart_mlp`` = ``(margin_mean, margin_std, W1 (H,), b1 (H,), W2 (H,), b2, eps)``, float64 numpy. ``out``: a
+    contiguous CPU tensor of ``z``'s shape and dtype, written and returned (a forward's block of its output).
     """
-    out, _, status = _scale(z, temperature, smart_mlp)
-    return None if status.any() else torch.from_numpy(out)
+    result, _, status = _scale(z, temperature, smart_mlp, None if out is None else out.numpy())
+    if status.any():
+        return None
+    return out if out is not None else torch.from_numpy(result)
 
 
 def temperatures(z: torch.Tensor, smart_mlp) -> torch.Tensor:

@@ -215,7 +215,7 @@ class Calibrator(
         """Raise ``ValueError`` when the weights cannot come from a fit (a subclass checks its own; ``where`` names
         the checkpoint in the message). Called on every loaded checkpoint."""
 
-    def _forward_fused(self, z: torch.Tensor) -> torch.Tensor | None:
+    def _forward_fused(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
         """The whole forward (checks, map, argmax guard) in one fused pass, where a subclass has one; None otherwise."""
         return None
 
@@ -498,18 +498,22 @@ class Calibrator(
         out = torch.empty(z.shape, dtype=z.dtype)
         step = max(1, FORWARD_BLOCK_ELEMENTS // k)
         for start in range(0, n, step):
-            out[start : start + step] = self._forward_rows(z[start : start + step], is_logits)
+            block = out[start : start + step]
+            result = self._forward_rows(z[start : start + step], is_logits, out=block)
+            if result is not block:  # a fused kernel writes into ``block``; the torch path returns a new tensor
+                block.copy_(result)
         return out
 
-    def _forward_rows(self, z: torch.Tensor, is_logits: bool) -> torch.Tensor:
-        """``forward`` of checked logits ``z`` (``is_logits``: resolved already)."""
+    def _forward_rows(self, z: torch.Tensor, is_logits: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``forward`` of checked logits ``z`` (``is_logits``: resolved already). ``out``: a contiguous tensor of
+        ``z``'s shape and dtype a fused kernel may write into (and return), so no block-sized temporary is made."""
         cdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         zc = z.to(cdtype) if is_logits else _inputs.log_probabilities(z, cdtype)
         if not self.shift_invariant:
             zc = _inputs.canonical(zc)
-        out = self._forward_fused(zc) if z.dtype == cdtype else None
-        if out is not None:
-            return out
+        fused = self._forward_fused(zc, out) if z.dtype == cdtype else None
+        if fused is not None:
+            return fused
         # one cheap reduction (NaN, inf, or a huge total land here), before the map: a map need not carry a NaN
         # through to its output (a binning of the confidence puts it in some bin)
         if not bool(torch.isfinite(zc.sum())):

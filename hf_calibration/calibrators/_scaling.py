@@ -27,13 +27,14 @@ class TemperatureCalibrator(Calibrator):
         """Temperatures for logits ``z`` (compute dtype): shape (N, 1) or (), positive, differentiable."""
         raise NotImplementedError
 
-    def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
-        """``z / T`` by the fused CPU kernel (``_apply.scale_rows``); None sends the call to the torch path."""
+    def _forward_cpu(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``z / T`` by the fused CPU kernel (``_apply.scale_rows``, into ``out`` when given); None sends the call to the
+        torch path."""
         return None
 
-    def _forward_fused(self, z: torch.Tensor) -> torch.Tensor | None:
+    def _forward_fused(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
         # CPU float32/64 without autograd: one pass does the finiteness check, the division and the argmax guard
-        return self._forward_cpu(z) if _apply.supports(z) else None
+        return self._forward_cpu(z, out) if _apply.supports(z) else None
 
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

@@ -158,11 +158,11 @@ class SMARTCalibrator(
         margin = logit_margin(z).to(device=self.margin_mean.device)
         return self.temperature_of_margin(margin).detach().to(device=z.device, dtype=z.dtype)[:, None]
 
-    def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
+    def _forward_cpu(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
         self._check_state("this SMARTCalibrator")
         if self.margin_mean.device.type != "cpu":
             return None
-        return _apply.scale_rows(z, smart_mlp=self._mlp_arrays())
+        return _apply.scale_rows(z, smart_mlp=self._mlp_arrays(), out=out)
 
     def _mlp_arrays(self) -> tuple:
         """``(margin_mean, margin_std, W1, b1, W2, b2, eps)`` as float64 numpy for the fused CPU kernels."""

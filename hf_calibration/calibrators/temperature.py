@@ -148,8 +148,8 @@ class TemperatureScaling(
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
         return self._clamped().detach().exp().to(device=z.device, dtype=z.dtype)
 
-    def _forward_cpu(self, z: torch.Tensor) -> torch.Tensor | None:
-        return _apply.scale_rows(z, temperature=float(self._temperature(z)))
+    def _forward_cpu(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        return _apply.scale_rows(z, temperature=float(self._temperature(z)), out=out)
 
     @property
     def fitted_temperature(self) -> float:
