@@ -35,7 +35,8 @@ from .binning import uniform_bin, uniform_edges
 __all__ = ["top_label_pass"]
 
 BLOCK = 256  # rows per parallel task
-PARALLEL_MIN_ELEMENTS = 1 << 20  # below this many values one thread is faster than waking the others
+GROUP_VALUES = 128  # logits per exp call when rows are short (see group_rows)
+PARALLEL_MIN_ELEMENTS = 1 << 19  # below this many values one thread is as fast as waking the others (even at 2.6e5)
 _CONVERT_ELEMENTS = 1 << 20  # values converted at a time for dtypes / layouts the kernel does not read in place
 OK, NOT_FINITE, OUT_OF_RANGE, BAD_SUM = 0, 1, 2, 3
 
@@ -58,9 +59,10 @@ def _exp_row(x, out, bits):  # pragma: no cover - compiled
     return _libm_exp
 
 
-def row_sum(e):  # pragma: no cover - replaced by the overload below in compiled code
-    """The float64 sum of a row: float64 rows in numpy's pairwise order (``np.add.reduce`` along a contiguous axis, so a
-    float64 confidence is bit for bit numpy's softmax), float32 rows in four float64 lanes (compiled code only)."""
+def row_sum(e, lo, n):  # pragma: no cover - replaced by the overload below in compiled code
+    """The float64 sum of the row ``e[lo:lo + n]``: float64 rows in numpy's pairwise order (``np.add.reduce`` along a
+    contiguous axis, so a float64 confidence is bit for bit numpy's softmax), float32 rows in four float64 lanes
+    (compiled code only)."""
     raise NotImplementedError
 
 
@@ -128,27 +130,26 @@ def _pairwise(a, lo, n):  # pragma: no cover - compiled
             d -= 1
 
 
-def _float32_sum(e):  # pragma: no cover - compiled
-    n = e.shape[0]
+def _float32_sum(e, lo, n):  # pragma: no cover - compiled
     s0 = s1 = s2 = s3 = 0.0
-    j = 0
-    while j + 4 <= n:
+    j = lo
+    while j + 4 <= lo + n:
         s0 += np.float64(e[j])
         s1 += np.float64(e[j + 1])
         s2 += np.float64(e[j + 2])
         s3 += np.float64(e[j + 3])
         j += 4
-    while j < n:
+    while j < lo + n:
         s0 += np.float64(e[j])
         j += 1
     return (s0 + s1) + (s2 + s3)
 
 
 @numba.extending.overload(row_sum, jit_options={"cache": True})
-def _row_sum(e):  # pragma: no cover - compiled
+def _row_sum(e, lo, n):  # pragma: no cover - compiled
     if e.dtype == numba.types.float32:
         return _float32_sum
-    return lambda e: _pairwise(e, 0, e.shape[0])
+    return lambda e, lo, n: _pairwise(e, lo, n)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -175,6 +176,11 @@ def _max_min(row):  # pragma: no cover - compiled
 def _first_index_of(row, value):  # pragma: no cover - compiled
     """The first ``j`` with ``row[j] == value`` (0 if none: only for a non-finite row, which is reported anyway)."""
     k = row.shape[0]
+    if k <= 64:  # a short row: a plain scan (the blocks' set-up cost more than the scan at K = 10)
+        for j in range(k):
+            if row[j] == value:
+                return j
+        return 0
     for start in range(0, k, 64):  # vectorised counts per 64-block, then a scan of the block that holds it
         block = row[start : min(start + 64, k)]
         hits = 0
@@ -187,61 +193,82 @@ def _first_index_of(row, value):  # pragma: no cover - compiled
     return 0
 
 
+def group_rows(k: int) -> int:
+    """Rows whose shifted logits one ``exp`` call takes, laid end to end: at K = 10 a call per row spent more on the
+    vectorised loop's set-up than on its ten values (``GROUP_VALUES`` values a call; one row from K = 128)."""
+    return max(1, GROUP_VALUES // k)
+
+
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _rows(x, offset, lo, hi, target, from_logits, tol, edges, conf, pred, sums, shifted, e, bits):  # pragma: no cover
-    """Rows ``lo:hi`` of ``x`` (output rows ``offset + i``). Returns ``(first bad row or -1, its kind)``."""
+    """Rows ``lo:hi`` of ``x`` (output rows ``offset + i``). Returns ``(first bad row or -1, its kind)``. Logits go a
+    group of ``len(shifted) // K`` rows at a time through one ``exp`` call (elementwise: the same values as row by row)."""
     n_bins = edges.shape[0] - 1
-    for i in range(lo, hi):
-        row = x[i]
-        top, low = _max_min(row)
+    k = x.shape[1]
+    group = shifted.shape[0] // k if from_logits else 1
+    finite = np.empty(group, np.bool_)
+    tops = np.empty(group, x.dtype)
+    for g in range(lo, hi, group):
+        m = min(hi, g + group) - g
         if from_logits:
-            for j in range(row.shape[0]):
-                shifted[j] = row[j] - top
-            exp_row(shifted, e, bits)
-            total = row_sum(e)
-            if not (np.isfinite(total) and np.isfinite(top) and np.isfinite(low)):
-                return offset + i, NOT_FINITE
-            c = 1.0 / total
-        else:
-            total = 0.0
-            for j in range(row.shape[0]):
-                total += np.float64(row[j])
-            if not (np.isfinite(total) and np.isfinite(top) and np.isfinite(low)):
-                return offset + i, NOT_FINITE
-            if low < 0 or top > 1:
-                return offset + i, OUT_OF_RANGE
-            if abs(total - 1.0) > tol:
-                return offset + i, BAD_SUM
-            c = np.float64(top)
-        arg = _first_index_of(row, top)
-        if conf.shape[0]:
-            conf[offset + i] = c
-            pred[offset + i] = arg
-        if n_bins > 0:
-            b = uniform_bin(c, edges)
-            sums[0, b] += 1.0
-            sums[1, b] += c
-            if arg == target[offset + i]:
-                sums[2, b] += 1.0
+            for r in range(m):
+                row = x[g + r]
+                top, low = _max_min(row)
+                tops[r] = top
+                finite[r] = np.isfinite(top) and np.isfinite(low)
+                for j in range(k):
+                    shifted[r * k + j] = row[j] - top
+            exp_row(shifted[: m * k], e[: m * k], bits[: m * k])
+        for r in range(m):
+            i = g + r
+            row = x[i]
+            if from_logits:
+                top = tops[r]
+                total = row_sum(e, r * k, k)
+                if not (np.isfinite(total) and finite[r]):
+                    return offset + i, NOT_FINITE
+                c = 1.0 / total
+            else:
+                top, low = _max_min(row)
+                total = 0.0
+                for j in range(k):
+                    total += np.float64(row[j])
+                if not (np.isfinite(total) and np.isfinite(top) and np.isfinite(low)):
+                    return offset + i, NOT_FINITE
+                if low < 0 or top > 1:
+                    return offset + i, OUT_OF_RANGE
+                if abs(total - 1.0) > tol:
+                    return offset + i, BAD_SUM
+                c = np.float64(top)
+            arg = _first_index_of(row, top)
+            if conf.shape[0]:
+                conf[offset + i] = c
+                pred[offset + i] = arg
+            if n_bins > 0:
+                b = uniform_bin(c, edges)
+                sums[0, b] += 1.0
+                sums[1, b] += c
+                if arg == target[offset + i]:
+                    sums[2, b] += 1.0
     return -1, OK
 
 
 @numba.njit(cache=True, nogil=True)
-def _serial(x, offset, target, from_logits, tol, edges, conf, pred, sums):  # pragma: no cover - compiled
-    k = x.shape[1]
-    shifted, e, bits = np.empty(k, x.dtype), np.empty(k, x.dtype), np.empty(k, x.dtype)
+def _serial(x, offset, target, from_logits, tol, edges, conf, pred, sums, group):  # pragma: no cover - compiled
+    size = x.shape[1] * group
+    shifted, e, bits = np.empty(size, x.dtype), np.empty(size, x.dtype), np.empty(size, x.dtype)
     return _rows(x, offset, 0, x.shape[0], target, from_logits, tol, edges, conf, pred, sums, shifted, e, bits)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums):  # pragma: no cover - compiled
+def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums, group):  # pragma: no cover - compiled
     n, k = x.shape
     blocks = (n + BLOCK - 1) // BLOCK
     bad = np.full(blocks, -1, np.int64)
     kind = np.zeros(blocks, np.int64)
     part = np.zeros((blocks, 3, sums.shape[1]))
     for c in numba.prange(blocks):
-        shifted, e, bits = np.empty(k, x.dtype), np.empty(k, x.dtype), np.empty(k, x.dtype)
+        shifted, e, bits = np.empty(k * group, x.dtype), np.empty(k * group, x.dtype), np.empty(k * group, x.dtype)
         bad[c], kind[c] = _rows(x, offset, c * BLOCK, min(n, (c + 1) * BLOCK), target, from_logits, tol, edges, conf, pred,
                                 part[c], shifted, e, bits)
     for c in range(blocks):  # in block order: the sums do not depend on the number of threads
@@ -254,9 +281,11 @@ def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums):  # 
 
 
 def _pass(x, offset, target, from_logits, edges, conf, pred, sums, parallel):
+    group = group_rows(x.shape[1])
     if parallel and pass_threads(x.size) > 1:
-        return run_pass(_parallel, x.size, x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums)
-    return _serial(x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums)
+        return run_pass(_parallel, x.size, x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums,
+                        group)
+    return _serial(x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums, group)
 
 
 def top_label_pass(preds: np.ndarray, target: np.ndarray, from_logits: bool, *, n_bins: int = 0, arrays: bool = True):

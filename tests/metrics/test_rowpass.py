@@ -78,6 +78,28 @@ def test_the_same_numbers_on_one_thread_and_several(monkeypatch):
     assert one[1] == several[1]
 
 
+
+@pytest.mark.parametrize("k", [1, 3, 10, 13, 127, 129])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_short_rows_grouped_into_one_exp_call_give_the_row_by_row_numbers(k, dtype, monkeypatch):
+    """Short rows go through ``exp`` a group at a time (``group_rows``): the same confidences, predictions and bins,
+    bit for bit, as one row a call, and a bad row inside a group is still the first one named."""
+    rng = np.random.default_rng(k)
+    z = (3 * rng.normal(size=(1001, k))).astype(dtype)
+    y = rng.integers(0, k, 1001)
+    grouped = _rowpass.top_label_pass(z, y, True, n_bins=15)
+    assert _rowpass.group_rows(k) == max(1, 128 // k)
+    monkeypatch.setattr(_rowpass, "group_rows", lambda k: 1)
+    single = _rowpass.top_label_pass(z, y, True, n_bins=15)
+    for a, b in zip(grouped[:3], single[:3]):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.undo()
+    bad = z.copy()
+    bad[[500, 503], 0] = [np.inf, np.nan]  # rows 500 and 503 share a group at every K below 64
+    assert _rowpass.top_label_pass(bad, y, True, n_bins=15)[3] == (500, _rowpass.NOT_FINITE)
+    bad[500, 0] = 0.0
+    assert _rowpass.top_label_pass(bad, y, True, n_bins=15)[3] == (503, _rowpass.NOT_FINITE)
+
 def test_threads_follow_the_load(monkeypatch):
     monkeypatch.setattr(_parallel, "_cores", lambda: 2)
     monkeypatch.setattr(_parallel.numba, "get_num_threads", lambda: 2)
