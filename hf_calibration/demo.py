@@ -23,6 +23,7 @@ documentation's examples a trained model and its held-out logits to work on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -462,11 +463,37 @@ def run_demo(config: DemoConfig | None = None, **overrides: Any) -> DemoResult:
     if bars and not _interactive(config):  # transformers' own bars (saving, loading weights): not in a log file
         hf_logging.disable_progress_bar()
     try:
-        return _run(config)
+        with _writing_into(Path(config.output_dir)):
+            return _run(config)
     finally:
         torch.set_num_threads(threads)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+LOCK_NAME = ".hf_calibration_demo.lock"
+
+
+@contextlib.contextmanager
+def _writing_into(out: Path):
+    """Hold ``out``'s lock file while a demo writes there: a second demo started on the same folder stops at once with
+    ``BlockingIOError``, where it used to run to the end and leave one seed's table beside the other's model and figures.
+    The operating system releases the lock when the process ends, however it ends."""
+    from filelock import FileLock, Timeout
+
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out / LOCK_NAME))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise BlockingIOError(
+            f"Another hf-calibration demo is writing into {out}/ right now: wait for it to finish, or give this one "
+            "another `output_dir`."
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _run(config: DemoConfig) -> DemoResult:

@@ -227,3 +227,31 @@ def test_bad_split_sizes():
         digits_splits(0, calibration_size=1000, test_size=1000)
     with pytest.raises(TypeError, match="config"):
         run_demo(config={"epochs": 1})
+
+
+def test_a_second_demo_on_the_same_folder_stops_before_writing(tmp_path, capsys):
+    """Two demos writing one folder at once left one seed's table beside the other's model and figures, both exiting
+    0. The folder's lock is held here by another process, as a running demo holds it."""
+    import subprocess
+    import sys
+
+    from hf_calibration.demo import LOCK_NAME
+
+    out = tmp_path / "shared"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from filelock import FileLock; lock = FileLock({str(out / LOCK_NAME)!r}); lock.acquire(); print('held', flush=True); "
+                               "import time; time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["demo", "--output_dir", str(out), *TINY_ARGV]) == 1
+        err = capsys.readouterr().err
+        assert f"Another hf-calibration demo is writing into {out}/ right now" in err and "--output_dir" in err
+        assert [p.name for p in out.iterdir()] == [LOCK_NAME]  # nothing written
+        with pytest.raises(BlockingIOError, match="output_dir"):
+            run_demo(output_dir=str(out), **TINY)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -38,7 +38,8 @@ _API_ADVICE = {"Pass `from_logits=True` or `False` explicitly (False: every row 
                "Pass --from-logits or --probs (then every row must be a probability vector)."}
 _API_FLAGS = {"model": "--model", "dataset": "--dataset", "ood_dataset": "--ood-dataset", "split": "--split", "image_column": "--image-column",
               "label_column": "--label-column", "device": "--device", "max_samples": "--max-samples",
-              "batch_size": "--batch-size", "num_workers": "--num-workers", "config_name": "--config", "revision": "--revision"}
+              "batch_size": "--batch-size", "num_workers": "--num-workers", "config_name": "--config", "revision": "--revision",
+              "output_dir": "--output_dir"}
 
 
 def build_parser() -> argparse.ArgumentParser:
