@@ -380,6 +380,9 @@ class Calibrator(
                 info = self._fit_rows(z, y, objective, kw, progress_bar)
             else:
                 info = self._fit(z, y, objective, kw, progress_bar)
+        except BaseException:
+            self.__dict__.pop("_fit_features", None)
+            raise
         finally:
             _FIT_DEPTH.reset(depth)
         self.fit_info_ = {
@@ -391,14 +394,17 @@ class Calibrator(
             "num_classes": int(z.shape[1]),
             **info,
         }
-        if report:
-            fit_set, views = self._fit_set_report(z, y)
-            self.fit_info_.update(fit_set)
-            unchanged, predicted, saturated = self._unchanged_classes(*views, z.shape[1])
-            if unchanged and _FIT_DEPTH.get() == 0:
-                self._warn_uncalibrated(unchanged, predicted, saturated)
-            if _FIT_DEPTH.get() == 0 and _held_out.wanted(self, z.shape[0]):
-                self.fit_info_["held_out_check"] = _held_out.run(self, z, y, objective, kw)
+        try:
+            if report:
+                fit_set, views = self._fit_set_report(z, y)
+                self.fit_info_.update(fit_set)
+                unchanged, predicted, saturated = self._unchanged_classes(*views, z.shape[1])
+                if unchanged and _FIT_DEPTH.get() == 0:
+                    self._warn_uncalibrated(unchanged, predicted, saturated)
+                if _FIT_DEPTH.get() == 0 and _held_out.wanted(self, z.shape[0]):
+                    self.fit_info_["held_out_check"] = _held_out.run(self, z, y, objective, kw)
+        finally:
+            self.__dict__.pop("_fit_features", None)  # what a fit kept for its report (SVS's features) ends here
         if was_attached is not None:
             logger.info("Refitted while attached: the model now uses the new fit.")
         return self
@@ -448,8 +454,7 @@ class Calibrator(
         views = [(np.empty(n), np.empty(n, dtype=np.int64)) for _ in range(2)]
         dtype = np.dtype(np.float32)
         with torch.no_grad(), torch_single_threaded():
-            for start, block in rows.blocks():
-                calibrated = self(torch.from_numpy(block), from_logits=True).numpy()
+            for (start, block), calibrated in zip(rows.blocks(), self._calibrated_blocks(rows)):
                 dtype = calibrated.dtype
                 for (conf, pred), v in zip(views, (block, calibrated)):
                     c, p, _, _ = top_label_pass(v, None, True)  # finite: checked at the fit's boundary
@@ -463,6 +468,12 @@ class Calibrator(
         if not self.preserves_argmax:
             report["accuracy_after"] = float(after.correct.mean())
         return report, (before, after, dtype)
+
+    def _calibrated_blocks(self, rows):
+        """The fit set's calibrated logits (numpy), a block at a time in the order of ``rows.blocks()``: the fit-set
+        report's forward pass. A subclass that kept its fit's own intermediates may compute them from those."""
+        for _, block in rows.blocks():
+            yield self(torch.from_numpy(block), from_logits=True).numpy()
 
     @staticmethod
     def _unchanged_classes(before, after, dtype, num_classes: int) -> tuple[list[int], int, bool]:

@@ -56,3 +56,26 @@ def test_fit_frees_its_working_arrays_without_the_garbage_collector(method):
     if method == "svs":
         assert peak >= z.nbytes  # the features were made (the check below would otherwise be empty)
     assert held < z.nbytes / 10
+
+
+@pytest.mark.parametrize("source", ["memory", "npy"])
+def test_fit_set_report_from_the_fit_features_equals_the_forward_pass(source, tmp_path):
+    """SVS's fit-set report reads the features its fit kept (``x w + b``) instead of running the forward pass, which
+    recomputes them (16 of 46 s at 50,000 x 21,843): the same accuracy and ECE as the forward's outputs give, to the
+    float rounding of the features; the features are gone once ``fit`` returns, also without the report."""
+    from hf_calibration.metrics import ece
+
+    z, y = overconfident(3000, 40, seed=4)
+    logits = z
+    if source == "npy":
+        np.save(tmp_path / "z.npy", z)
+        logits = np.load(tmp_path / "z.npy", mmap_mode="r")
+    svs = create_calibrator("svs").fit(logits, y, progress_bar=False)
+    out = svs(torch.from_numpy(z)).numpy()
+    assert svs.fit_info_["ece_after"] == pytest.approx(ece(out, y), abs=1e-6)
+    assert svs.fit_info_["ece_after"] < svs.fit_info_["ece_before"] - 0.02  # the map did move the confidences
+    assert svs.fit_info_["accuracy_after"] == pytest.approx((out.argmax(1) == y).mean(), abs=1 / 3000)
+    assert "_fit_features" not in svs.__dict__
+    quiet = create_calibrator("svs")
+    quiet._fit_checked(np.ascontiguousarray(z), y.astype(np.int64), "nll", {}, False, report=False)
+    assert "_fit_features" not in quiet.__dict__
