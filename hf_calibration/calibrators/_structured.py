@@ -44,9 +44,11 @@ FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being ab
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
-def _features_block(z, inv_t, log1m_eps, log_eps_k, out, rows_per_chunk):  # pragma: no cover - compiled
-    """``out = log((1 - eps) softmax(z / T) + eps / K)`` row by row, in float64 (rounded to ``out``'s dtype):
-    ``logaddexp(log_softmax(z / T) + log(1 - eps), log(eps / K))`` with vectorised ``exp`` / ``log``."""
+def _features_block(z, inv_t, one_minus_eps, eps_k, out, rows_per_chunk):  # pragma: no cover - compiled
+    """``out = log((1 - eps) softmax(z / T) + eps / K)`` row by row, in float64 (rounded to ``out``'s dtype), as
+    ``log(c e_j + eps / K)`` with ``e_j = exp(z_j / T - max)`` and ``c = (1 - eps) / sum(e)``: one vectorised ``exp`` and
+    one ``log`` per logit. The argument is at least ``eps / K`` (> 1e-300 for any N, K an array can hold), so a
+    softmax value that underflows costs nothing: the mixture's floor is what the log sees."""
     n, k = z.shape
     n_chunks = (n + rows_per_chunk - 1) // rows_per_chunk
     for c in numba.prange(n_chunks):
@@ -57,17 +59,14 @@ def _features_block(z, inv_t, log1m_eps, log_eps_k, out, rows_per_chunk):  # pra
                 a[j] = np.float64(row[j]) * inv_t
             top = max_of(a)
             for j in range(k):
-                e[j] = a[j] - top
-            exp_into(e, t, bits)
-            shift = top + math.log(sum_of(t)) - log1m_eps  # u_j = a_j - shift: log-softmax plus log(1 - eps)
+                a[j] -= top
+            exp_into(a, e, bits)
+            scale = one_minus_eps / sum_of(e)
             for j in range(k):
-                e[j] = -abs((a[j] - shift) - log_eps_k)
-            exp_into(e, t, bits)
+                t[j] = scale * e[j] + eps_k
+            log_into(t, a, bits)
             for j in range(k):
-                t[j] = 1.0 + t[j]
-            log_into(t, e, bits)
-            for j in range(k):
-                out[i, j] = max(a[j] - shift, log_eps_k) + e[j]
+                out[i, j] = a[j]
 
 
 class StructuredScaling(PerClassCalibrator):
@@ -139,8 +138,7 @@ class StructuredScaling(PerClassCalibrator):
         """``_features`` of one block of rows, in float64 rounded to the block's dtype (one compiled pass)."""
         k = block.shape[1]
         out = np.empty(block.shape, dtype=block.dtype)
-        run_pass(_features_block, block.size, block, 1.0 / temperature, math.log1p(-smoothing), math.log(smoothing / k), out,
-                 chunk_rows(k))
+        run_pass(_features_block, block.size, block, 1.0 / temperature, 1.0 - smoothing, smoothing / k, out, chunk_rows(k))
         return out
 
     def _memory_needed(self, num_samples: int, num_classes: int) -> int | None:
