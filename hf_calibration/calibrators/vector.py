@@ -32,14 +32,17 @@ from ._per_class import PerClassCalibrator
 from ._registry import register_calibrator
 from ._rows import FitRows, MappedRows
 from ._threads import torch_single_threaded
+from .temperature import TemperatureScaling
 
 
 @register_calibrator
 class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="https://arxiv.org/abs/1706.04599"):
     """Vector scaling: ``softmax(w * z + b)`` with per-class ``w`` (K) and ``b`` (K), fitted by NLL.
 
-    Starts from the identity (``w = 1``, ``b = 0``) and minimises the validation NLL plus the shrinkage above with
-    full-batch float64 LBFGS (strong-Wolfe line search, preconditioned once by the Gauss-Newton curvature at the start:
+    Starts from temperature scaling (``w = 1 / T``, ``b = 0``, T by temperature scaling's own fit on the same rows: the
+    model vector scaling contains, where the shrinkage is 0; from the identity, LBFGS spent most of its evaluations
+    finding that common scale: 16 against 5 at 10,000 x 21,843) and minimises the validation NLL plus the shrinkage
+    above with full-batch float64 LBFGS (strong-Wolfe line search, preconditioned once by the Gauss-Newton curvature at the start:
     a second round, re-preconditioned at the solution, lowered the objective by at most 3e-10 on the 10 sets above,
     and cost a curvature pass and two evaluations). The per-class weights make it a
     non-monotone map of each row: it may change the predicted class (``preserves_argmax = False``).
@@ -90,6 +93,17 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
         with torch.no_grad():
             return z * self.weight.to(device=z.device, dtype=z.dtype) + self.bias.to(device=z.device, dtype=z.dtype)
 
+    def _calibrated_blocks(self, rows):
+        """The fit-set report's calibrated logits, ``(z - max z) w + b`` in the block's dtype with numpy on one buffer
+        (the forward's arithmetic without its per-call checks and temporaries: 13 of 58 s at 50,000 x 21,843 were the
+        report); a block whose output overflows goes through the forward, which saturates it."""
+        weight, bias = self.weight.detach().numpy(), self.bias.detach().numpy()
+        for _, block in rows.blocks():
+            out = block - block.max(axis=1, keepdims=True)  # canonical, as the forward sees its rows
+            out *= weight.astype(out.dtype)
+            out += bias.astype(out.dtype)
+            yield out if np.isfinite(out.sum()) else self(torch.from_numpy(block), from_logits=True).numpy()
+
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
     def _fit_rows(self, rows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
         k = rows.shape[1]
@@ -103,15 +117,18 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
         reg_lambda = k / 100 if self.reg_lambda is None else self.reg_lambda
         reg_mu = k / 1000 if self.reg_mu is None else self.reg_mu
         penalty = odir_penalty(k, reg_lambda, reg_mu, diagonal=True)
-        result = fit_affine(nll, identity_parameters(k, diagonal=True), penalty=penalty, max_iter=self.max_iter, tol=self.tol,
-                            rounds=1, progress_bar=progress_bar, desc="VectorScaling")
+        temperature = TemperatureScaling()._fit_rows(rows, labels, "nll", {}, False)["temperature"]
+        x0 = identity_parameters(k, diagonal=True)
+        x0[:k] = 1.0 / temperature
+        result = fit_affine(nll, x0, penalty=penalty, max_iter=self.max_iter, tol=self.tol, rounds=1, progress_bar=progress_bar,
+                            desc="VectorScaling")
         with torch.no_grad():
             self.weight.copy_(result.x[:k])
             self.bias.copy_(result.x[k:])
         with torch.no_grad():  # the NLL alone: the objective less the shrinkage (0 when unregularised), no pass over the rows
             nll_value = result.objective - float(penalty(result.x))
-        return {"reg_lambda": reg_lambda, "reg_mu": reg_mu, "steps": result.iterations, "evaluations": result.evaluations, "best_objective": result.objective,
-                "nll": nll_value}
+        return {"reg_lambda": reg_lambda, "reg_mu": reg_mu, "start_temperature": temperature, "steps": result.iterations,
+                "evaluations": result.evaluations, "best_objective": result.objective, "nll": nll_value}
 
     def _card_description(self) -> str:
         info = self.fit_info_ or {}

@@ -83,3 +83,25 @@ def test_strong_weight_shrinkage_is_temperature_scaling():
     vs = VectorScaling(reg_lambda=1e7, reg_mu=1e7).fit(z, y, progress_bar=False)
     np.testing.assert_allclose(vs.weight.detach().numpy(), 1 / t_ref, rtol=1e-4)
     np.testing.assert_allclose(vs.bias.detach().numpy(), 0.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "probabilities"])
+def test_starts_at_temperature_scaling_and_reports_what_the_forward_gives(kind):
+    """The fit starts at temperature scaling (``w = 1 / T``, where the shrinkage is 0), so it ends at an NLL no higher
+    than temperature scaling's; the fit-set report's calibrated logits (numpy, no forward call) give exactly the ECE
+    and accuracy of the forward's outputs."""
+    from hf_calibration.calibrators import TemperatureScaling
+    from hf_calibration.metrics import ece
+
+    z, y = overconfident(3000, 40, seed=4)
+    x = {"float32": z, "float64": z.astype(np.float64),
+         "probabilities": torch.softmax(torch.from_numpy(z).double(), 1).numpy()}[kind]
+    ts = TemperatureScaling().fit(x, y, progress_bar=False)
+    vs = VectorScaling().fit(x, y, progress_bar=False)
+    assert vs.fit_info_["start_temperature"] == pytest.approx(ts.fitted_temperature, rel=1e-9)
+    ts_nll = float(torch.nn.functional.cross_entropy(ts(torch.from_numpy(x)).double(), torch.from_numpy(y)))
+    assert vs.fit_info_["best_objective"] <= ts_nll + 1e-7  # the objective at the start is temperature scaling's NLL
+    assert vs.fit_info_["nll"] < ts_nll - 1e-3  # and per-class weights and biases improve on it here
+    out = vs(torch.from_numpy(x)).numpy()
+    assert vs.fit_info_["ece_after"] == ece(out, y)
+    assert vs.fit_info_["accuracy_after"] == (out.argmax(1) == y).mean()
