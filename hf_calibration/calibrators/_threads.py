@@ -7,7 +7,9 @@ idle machine two threads are faster. So the count is measured, not assumed:
 
 * the first call runs on one thread (it also pays for loading compiled code); then one call on one thread and
   one on all of them (numba's or torch's default count) are compared, and the faster is kept (several threads
-  must win by 20 %: a tie goes to one thread, which cannot stall);
+  must win by 20 %: a tie goes to one thread, which cannot stall). A first call of ``LONG_CALL`` seconds or more is
+  itself the one-thread half (loading code is then a small part of it): a fit of a few passes over 50,000 x 21,843
+  logits ran two of its seven passes on one thread;
 * a call on several threads that takes more than twice their best time falls back to one thread at once
   (contention began mid-fit);
 * calls shorter than ``min_seconds`` on one thread stay there (the many-thread half is not tried: on a busy
@@ -46,6 +48,7 @@ _BACKENDS = {
     "torch": (torch.get_num_threads, torch.set_num_threads),
 }
 AMORTISE = 20.0  # probe again once the work since the last probe is this many times the multi-threaded probe's cost
+LONG_CALL = 0.25  # seconds: a first call this long is a fair one-thread timing (loading compiled code takes ~10 ms)
 
 
 class ThreadCountChooser:
@@ -114,8 +117,12 @@ class ThreadCountChooser:
             self._start_run(self.many if elapsed < 0.8 * self._one else 1, elapsed)
             return out
         out, elapsed = self._run(self.best, args)
-        if self._phase == "warm-up":  # the first call also loads compiled code: not a fair timing
-            self._phase = "one"
+        if self._phase == "warm-up":  # the first call also loads compiled code: a fair timing only when it is long
+            if elapsed >= LONG_CALL:
+                self.probes += 1
+                self._one, self._phase = elapsed, "many"
+            else:
+                self._phase = "one"
             return out
         if self.best > 1:
             if elapsed > 2 * self._many_best:  # contention began: one thread until the next probe

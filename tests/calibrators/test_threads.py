@@ -106,3 +106,16 @@ def test_torch_backend_sees_the_count_outside_the_single_threaded_block():
 def test_bad_backend():
     with pytest.raises(ValueError, match="backend"):
         ThreadCountChooser(lambda: None, backend="openmp")
+
+
+def test_a_long_first_call_is_the_one_thread_half_of_the_first_probe():
+    """A first call of LONG_CALL seconds or more is a fair one-thread timing: the next call already tries every thread
+    (a short first call still pays for loading code, so the probe starts after it)."""
+    from hf_calibration.calibrators._threads import LONG_CALL
+
+    many = numba.get_num_threads()
+    log = []
+    chooser = ThreadCountChooser(timed_fn(LONG_CALL / 4, fast=LONG_CALL * 1.2, log=log), period=1000)
+    for i in range(4):
+        chooser(i)
+    assert log == [1, many, many, many] and chooser.probes == 1

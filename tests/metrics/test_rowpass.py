@@ -100,18 +100,42 @@ def test_short_rows_grouped_into_one_exp_call_give_the_row_by_row_numbers(k, dty
     bad[500, 0] = 0.0
     assert _rowpass.top_label_pass(bad, y, True, n_bins=15)[3] == (503, _rowpass.NOT_FINITE)
 
-def test_threads_follow_the_load(monkeypatch):
+def test_threads_follow_the_load_of_other_processes(monkeypatch):
+    """Threads: the cores the load average leaves, less this process's own share of it (a fit keeping both cores busy
+    read a load of 2 and dropped to one thread)."""
     monkeypatch.setattr(_parallel, "_cores", lambda: 2)
     monkeypatch.setattr(_parallel.numba, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
+
+    def machine(load: float, own: float) -> None:
+        monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (load, 0.0, 0.0))
+        monkeypatch.setattr(_parallel, "_own_load", lambda: own)
+
+    machine(0.3, 0.0)  # an idle machine
     assert _parallel.pass_threads(1 << 22) == 2 and _parallel.pass_threads(100) == 1
-    # this process alone, after a minute of running, reads ~1.1: still an idle machine (int() truncation gave 1)
-    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (1.1, 0.0, 0.0))
+    machine(1.1, 1.0)  # this process alone on one core for the last minute
     assert _parallel.pass_threads(1 << 22) == 2
-    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (1.8, 0.0, 0.0))  # another process on the other core
+    machine(2.1, 2.0)  # this process alone on both cores (the old rule, round(2 - 2.1 + 1), gave 1)
+    assert _parallel.pass_threads(1 << 22) == 2
+    machine(1.8, 0.9)  # another process on the other core
     assert _parallel.pass_threads(1 << 22) == 1
-    monkeypatch.setattr(_parallel.os, "getloadavg", lambda: (3.5, 0.0, 0.0))  # a busy machine: one thread
+    machine(1.0, 0.0)  # another process, this one just started
     assert _parallel.pass_threads(1 << 22) == 1
+    machine(3.5, 1.0)  # a busy machine: one thread
+    assert _parallel.pass_threads(1 << 22) == 1
+
+
+def test_own_load_is_this_process_cpu_rate_averaged_over_a_minute(monkeypatch):
+    clock = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(_parallel.time, "monotonic", lambda: clock["wall"])
+    monkeypatch.setattr(_parallel.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(_parallel, "_OWN", {"time": 100.0, "cpu": 10.0, "load": 0.0})
+    for _ in range(60):  # two busy threads for ten minutes, seen every 10 s
+        clock["wall"] += 10.0
+        clock["cpu"] += 20.0
+        own = _parallel._own_load()
+    assert own == pytest.approx(2.0, rel=1e-4)
+    clock["wall"] += 60.0  # then a minute idle: 1/e of it is left, as in the kernel's average
+    assert _parallel._own_load() == pytest.approx(2.0 * np.exp(-1.0), rel=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, ">f4"])
