@@ -7,7 +7,8 @@ learns the better count by timing its own calls (``calibrators._threads.ThreadCo
 times cannot, so it reads the machine's 1-minute load average instead: all of numba's threads while the load leaves
 a core for each of them, fewer as it rises, one thread on a busy machine. This process's own share of that average (its
 CPU seconds per second, averaged the same way) is not counted: a fit whose passes kept both cores busy read a load of
-2 and dropped to one thread for the rest of its passes. Below ``PARALLEL_MIN_ELEMENTS`` values a pass
+2 and dropped to one thread for the rest of its passes (it counts as one at least, as the load average's rule
+counted it before). Below ``PARALLEL_MIN_ELEMENTS`` values a pass
 runs on one thread (waking the others costs more than it saves). Every kernel adds its chunks in order, so the thread
 count never changes a result. (numba's dynamic scheduling, ``parallel_chunksize``, made these kernels 5x slower here,
 even on one thread: the loops are split statically.)
@@ -49,7 +50,8 @@ def _own_load() -> float:
 
 def pass_threads(size: int) -> int:
     """Threads for a pass over ``size`` values: 1 below ``PARALLEL_MIN_ELEMENTS``; else numba's count, less one for each
-    core that other processes take (the load average less this process's own share), rounded."""
+    core that other processes take (the load average less this process's own share, which counts as at least one: it
+    is running now, though a process that has just started has no share in the average yet), rounded."""
     threads = numba.get_num_threads()
     if size < PARALLEL_MIN_ELEMENTS or threads <= 1:
         return 1
@@ -57,7 +59,7 @@ def pass_threads(size: int) -> int:
         load = os.getloadavg()[0]
     except OSError:  # pragma: no cover - no load average on this platform
         return threads
-    others = max(0.0, load - _own_load())
+    others = max(0.0, load - max(_own_load(), 1.0))
     return max(1, min(threads, round(_cores() - others)))
 
 
