@@ -454,7 +454,7 @@ class Calibrator(
         views = [(np.empty(n), np.empty(n, dtype=np.int64)) for _ in range(2)]
         dtype = np.dtype(np.float32)
         with torch.no_grad(), torch_single_threaded():
-            for (start, block), calibrated in zip(rows.blocks(), self._calibrated_blocks(rows)):
+            for (start, block), calibrated in zip(_rows.uncentred(rows).blocks(), self._calibrated_blocks(rows)):
                 dtype = calibrated.dtype
                 for (conf, pred), v in zip(views, (block, calibrated)):
                     c, p, _, _ = top_label_pass(v, None, True)  # finite: checked at the fit's boundary

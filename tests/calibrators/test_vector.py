@@ -105,3 +105,17 @@ def test_starts_at_temperature_scaling_and_reports_what_the_forward_gives(kind):
     out = vs(torch.from_numpy(x)).numpy()
     assert vs.fit_info_["ece_after"] == ece(out, y)
     assert vs.fit_info_["accuracy_after"] == (out.argmax(1) == y).mean()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_reports_compiled_map_is_the_forwards_arithmetic_bit_for_bit(dtype):
+    from hf_calibration.calibrators.vector import _centred_affine
+
+    rng = np.random.default_rng(0)
+    z = (5 * rng.standard_normal((500, 301))).astype(dtype)
+    w, b = rng.uniform(0.2, 3.0, 301), rng.standard_normal(301)
+    out = np.empty_like(z)
+    _centred_affine(z, w.astype(dtype), b.astype(dtype), out)
+    zt = torch.from_numpy(z)
+    expected = (zt - zt.amax(1, keepdim=True)) * torch.from_numpy(w).to(zt.dtype) + torch.from_numpy(b).to(zt.dtype)
+    np.testing.assert_array_equal(out, expected.numpy())
