@@ -12,7 +12,7 @@ numpy's pairwise sum); float32 (and narrower) logits take their ``exp`` in float
 few float32 ulp of libm's) and the row sum in float64: a confidence moves by ~1e-7 relative against the all-float64
 pass, the size of the float32 rounding of the logits themselves.
 
-Speed: rows are independent, so blocks of ``BLOCK`` rows run in parallel (a ``prange``, on as many threads as the
+Speed: rows are independent, so tasks of ``task_rows(K)`` rows (``BLOCK`` rows, fewer for long rows) run in parallel (a ``prange``, on as many threads as the
 machine's load leaves free: ``hf_calibration._parallel``) when the array has at least
 ``PARALLEL_MIN_ELEMENTS`` values, serially below that (waking threads costs more than it saves). Per-block bin sums
 are added in block order, so the result does not depend on the number of threads. Float32 / float64 arrays in C order
@@ -34,7 +34,8 @@ from .binning import uniform_bin, uniform_edges
 
 __all__ = ["top_label_pass"]
 
-BLOCK = 256  # rows per parallel task
+BLOCK = 256  # rows per parallel task, at most
+TASK_VALUES = 1 << 16  # logits per parallel task, at least: long rows are split finer (see task_rows)
 GROUP_VALUES = 128  # logits per exp call when rows are short (see group_rows)
 PARALLEL_MIN_ELEMENTS = 1 << 19  # below this many values one thread is as fast as waking the others (even at 2.6e5)
 _CONVERT_ELEMENTS = 1 << 20  # values converted at a time for dtypes / layouts the kernel does not read in place
@@ -193,6 +194,13 @@ def _first_index_of(row, value):  # pragma: no cover - compiled
     return 0
 
 
+def task_rows(k: int) -> int:
+    """Rows per parallel task: ``BLOCK``, or fewer when rows are long, so that a block of a few hundred rows still
+    spreads over the threads (a fit's report passes 190-row blocks of K = 21,843: one task, one thread). It depends on
+    K only, so the bin sums, added in task order, do not depend on the thread count."""
+    return max(1, min(BLOCK, TASK_VALUES // k))
+
+
 def group_rows(k: int) -> int:
     """Rows whose shifted logits one ``exp`` call takes, laid end to end: at K = 10 a call per row spent more on the
     vectorised loop's set-up than on its ten values (``GROUP_VALUES`` values a call; one row from K = 128)."""
@@ -261,15 +269,15 @@ def _serial(x, offset, target, from_logits, tol, edges, conf, pred, sums, group)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums, group):  # pragma: no cover - compiled
+def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums, group, rows_per_task):  # pragma: no cover
     n, k = x.shape
-    blocks = (n + BLOCK - 1) // BLOCK
+    blocks = (n + rows_per_task - 1) // rows_per_task
     bad = np.full(blocks, -1, np.int64)
     kind = np.zeros(blocks, np.int64)
     part = np.zeros((blocks, 3, sums.shape[1]))
     for c in numba.prange(blocks):
         shifted, e, bits = np.empty(k * group, x.dtype), np.empty(k * group, x.dtype), np.empty(k * group, x.dtype)
-        bad[c], kind[c] = _rows(x, offset, c * BLOCK, min(n, (c + 1) * BLOCK), target, from_logits, tol, edges, conf, pred,
+        bad[c], kind[c] = _rows(x, offset, c * rows_per_task, min(n, (c + 1) * rows_per_task), target, from_logits, tol, edges, conf, pred,
                                 part[c], shifted, e, bits)
     for c in range(blocks):  # in block order: the sums do not depend on the number of threads
         if bad[c] >= 0:
@@ -284,7 +292,7 @@ def _pass(x, offset, target, from_logits, edges, conf, pred, sums, parallel):
     group = group_rows(x.shape[1])
     if parallel and pass_threads(x.size) > 1:
         return run_pass(_parallel, x.size, x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums,
-                        group)
+                        group, task_rows(x.shape[1]))
     return _serial(x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums, group)
 
 

@@ -154,3 +154,17 @@ def test_bad_rows_are_named(dtype):
     probs[9] = [1.2, -0.2, 0, 0, 0, 0]
     with pytest.raises(ValueError, match=r"probabilities in \[0, 1\].*row 9"):
         ece(probs, y, from_logits=False)
+
+
+def test_a_short_block_of_long_rows_is_split_across_threads(monkeypatch):
+    """A fit's report passes blocks of ~190 rows at K = 21,843: one 256-row task left one thread doing the work."""
+    seen = []
+    run = _rowpass.run_pass
+    monkeypatch.setattr(_rowpass, "run_pass", lambda kernel, size, *args: seen.append(args[-1]) or run(kernel, size, *args))
+    monkeypatch.setattr(_rowpass, "pass_threads", lambda size: 2)
+    z = np.random.default_rng(0).normal(size=(190, 21_843)).astype(np.float32)
+    conf = _rowpass.top_label_pass(z, None, True)[0]
+    assert seen and -(-190 // seen[0]) >= 32  # tasks: many per thread
+    z64 = z.astype(np.float64)
+    np.testing.assert_allclose(conf, 1.0 / np.exp(z64 - z64.max(1, keepdims=True)).sum(1), rtol=2e-7)
+    assert _rowpass.task_rows(10) == _rowpass.BLOCK  # short rows: unchanged
