@@ -26,12 +26,16 @@ import numpy as np
 import torch
 
 from ._lbfgs import LBFGSResult, Preconditioner, QuadraticPenalty, minimize
+from .._parallel import run_pass
 from ._threads import ThreadCountChooser, torch_single_threaded
 from ._vmath import exp_into, exp_into_f32, max_of, sum_of
 
 
 CHUNK = 256  # rows per parallel task of the vector-scaling kernel: fixed, so its sums do not depend on the threads
 DIAGONAL_TASK_VALUES = 1 << 19  # values per parallel task of the block kernel (a block holds 2**22): depends on K only
+# values from which a block pass takes seconds: its threads follow the load (``_parallel.run_pass``); the timed choice
+# ran its first one or two passes on one thread to compare (5.5 s against 2.8 s at 50,000 x 21,843)
+LONG_PASS_VALUES = 1 << 28
 
 
 @numba.njit(cache=True, fastmath={"contract"})
@@ -285,6 +289,16 @@ def _diagonal_block(z, labels, w, b, with_grad, with_curvature, rows_per_chunk, 
     return loss, grad_out, curv_out
 
 
+@numba.njit(parallel=True, cache=True)  # no fastmath: no fused multiply-add, so rounded as the forward's tensor ops
+def diagonal_map(z, w, b, centre, out):  # pragma: no cover - compiled
+    """``out = f * w + b`` row by row in ``z``'s dtype, ``f = z - max z`` with ``centre`` (vector scaling) else ``z`` (SVS's
+    features): the forward's arithmetic, bit for bit, in one pass into one buffer (the fit-set reports use it)."""
+    for i in numba.prange(z.shape[0]):
+        m = max_of(z[i]) if centre else z[i, 0] - z[i, 0]
+        for j in range(z.shape[1]):
+            out[i, j] = (z[i, j] - m) * w[j] + b[j]
+
+
 class BlockDiagonalNLL:
     """``AffineNLL(diagonal=True)`` over rows read in blocks (``_rows.FitRows`` or any object with ``shape`` and
     ``blocks()``): the mean NLL of ``softmax(w * f_i + b)``, its gradient and its Gauss-Newton curvature, each one pass
@@ -302,7 +316,14 @@ class BlockDiagonalNLL:
         self.n, self.k = rows.shape
         self._chunk = max(1, DIAGONAL_TASK_VALUES // self.k)
         self._shift = shift
-        self._step = ThreadCountChooser(self._pass, backend="numba")
+        self._chooser = ThreadCountChooser(self._pass, backend="numba")
+
+    def _step(self, *args):
+        """One pass: on the threads the load average leaves when it takes seconds (as any long pass), else on the count
+        ``ThreadCountChooser`` times (milliseconds a pass, many of them)."""
+        if self.n * self.k >= LONG_PASS_VALUES:
+            return run_pass(self._pass, self.n * self.k, *args)
+        return self._chooser(*args)
 
     def _pass(self, w: np.ndarray, b: np.ndarray, with_grad: bool, with_curvature: bool):
         loss, grad, curv = 0.0, np.zeros(2 * self.k if with_grad else 0), np.zeros((3, self.k if with_curvature else 0))

@@ -31,7 +31,7 @@ from torch import nn
 
 from .._checks import check_float, check_int
 from .._parallel import run_pass
-from ._affine import AffineNLL, BlockDiagonalNLL, fit_affine, identity_parameters
+from ._affine import AffineNLL, BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
 from ._lbfgs import QuadraticPenalty
 from ._partition import chunk_rows
 from ._base import k_squared_memory, k_squared_reason
@@ -179,10 +179,12 @@ class StructuredScaling(PerClassCalibrator):
             yield from super()._calibrated_blocks(rows)
             return
         weight, bias = self.weight.detach().numpy(), self.bias.detach().numpy()
+        out = None
         for _, x in features.blocks():
-            out = x * weight.astype(x.dtype)
-            out += bias.astype(x.dtype)
-            yield out
+            if out is None or out.shape[0] < x.shape[0]:
+                out = np.empty(x.shape, dtype=x.dtype)
+            run_pass(diagonal_map, x.size, x, weight.astype(x.dtype), bias.astype(x.dtype), False, out[: x.shape[0]])
+            yield out[: x.shape[0]]
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
     def _fit_matrix(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:

@@ -21,30 +21,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 import torch
 from torch import nn
 
 from .._checks import check_float, check_int
 from .._parallel import run_pass
-from .._vmath import max_of
-from ._affine import BlockDiagonalNLL, fit_affine, identity_parameters
+from ._affine import BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
 from ._lbfgs import odir_penalty
 from ._per_class import PerClassCalibrator
 from ._registry import register_calibrator
 from ._rows import FitRows, MappedRows, uncentred
 from ._threads import torch_single_threaded
 from .temperature import TemperatureScaling
-
-
-@numba.njit(parallel=True, cache=True)  # no fastmath: no fused multiply-add, so rounded as the forward's tensor ops
-def _centred_affine(z, w, b, out):  # pragma: no cover - compiled
-    """``out = (z - max z) * w + b`` row by row, in ``z``'s dtype."""
-    for i in numba.prange(z.shape[0]):
-        m = max_of(z[i])
-        for j in range(z.shape[1]):
-            out[i, j] = (z[i, j] - m) * w[j] + b[j]
 
 
 @register_calibrator
@@ -115,7 +104,7 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
             if out is None or out.shape[0] < block.shape[0]:
                 out = np.empty(block.shape, dtype=block.dtype)
             mapped = out[: block.shape[0]]
-            run_pass(_centred_affine, block.size, block, weight.astype(block.dtype), bias.astype(block.dtype), mapped)
+            run_pass(diagonal_map, block.size, block, weight.astype(block.dtype), bias.astype(block.dtype), True, mapped)
             yield mapped if np.isfinite(mapped.sum()) else self(torch.from_numpy(block), from_logits=True).numpy()
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)

@@ -109,13 +109,32 @@ def test_starts_at_temperature_scaling_and_reports_what_the_forward_gives(kind):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_reports_compiled_map_is_the_forwards_arithmetic_bit_for_bit(dtype):
-    from hf_calibration.calibrators.vector import _centred_affine
+    from hf_calibration.calibrators._affine import diagonal_map
 
     rng = np.random.default_rng(0)
     z = (5 * rng.standard_normal((500, 301))).astype(dtype)
     w, b = rng.uniform(0.2, 3.0, 301), rng.standard_normal(301)
     out = np.empty_like(z)
-    _centred_affine(z, w.astype(dtype), b.astype(dtype), out)
+    diagonal_map(z, w.astype(dtype), b.astype(dtype), True, out)
     zt = torch.from_numpy(z)
     expected = (zt - zt.amax(1, keepdim=True)) * torch.from_numpy(w).to(zt.dtype) + torch.from_numpy(b).to(zt.dtype)
     np.testing.assert_array_equal(out, expected.numpy())
+    diagonal_map(z, w.astype(dtype), b.astype(dtype), False, out)  # SVS's: the features as they are
+    np.testing.assert_array_equal(out, (zt * torch.from_numpy(w).to(zt.dtype) + torch.from_numpy(b).to(zt.dtype)).numpy())
+
+
+def test_passes_of_seconds_take_their_threads_from_the_load_and_fit_the_same(monkeypatch):
+    """From LONG_PASS_VALUES logits a pass runs on the threads the load average leaves (``run_pass``) rather than the
+    timed choice, whose first passes ran on one thread; the kernels' sums do not depend on it."""
+    from hf_calibration.calibrators import _affine
+
+    z, y = overconfident(2000, 30, seed=5)
+    timed = VectorScaling().fit(z, y, progress_bar=False)
+    sizes = []
+    run = _affine.run_pass
+    monkeypatch.setattr(_affine, "run_pass", lambda kernel, size, *args: sizes.append(size) or run(kernel, size, *args))
+    monkeypatch.setattr(_affine, "LONG_PASS_VALUES", z.size)
+    by_load = VectorScaling().fit(z, y, progress_bar=False)
+    assert sizes and set(sizes) == {z.size}
+    torch.testing.assert_close(by_load.weight, timed.weight, rtol=0, atol=0)
+    torch.testing.assert_close(by_load.bias, timed.bias, rtol=0, atol=0)
