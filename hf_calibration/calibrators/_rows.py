@@ -245,15 +245,22 @@ class MappedRows:
 
     ndim = 2
 
-    def __init__(self, rows, fn=None, *, keep: bool | None = None, dtype=None):
+    def __init__(self, rows, fn=None, *, keep: bool | None = None, dtype=None, keep_bytes: int | None = None):
         self.base, self.fn = rows, fn
         self.shape = rows.shape
         self.compute_dtype = np.dtype(rows.compute_dtype if dtype is None else dtype)
         self.in_memory = rows.in_memory
         keep = rows.in_memory and (fn is not None or rows.computed) if keep is None else keep
         self._kept: list[tuple[int, np.ndarray]] | None = None
-        if keep:
-            self._kept = [(start, self._map(block, copy=True)) for start, block in rows.blocks()]
+        self._kept_rows = 0
+        if keep:  # the leading blocks, up to ``keep_bytes``; the rest are computed again at every pass
+            self._kept, held = [], 0
+            for start, block in rows.blocks():
+                size = block.shape[0] * block.shape[1] * self.compute_dtype.itemsize
+                if keep_bytes is not None and held + size > keep_bytes:
+                    break
+                self._kept.append((start, self._map(block, copy=True)))
+                held, self._kept_rows = held + size, start + block.shape[0]
 
     computed = True
 
@@ -268,9 +275,11 @@ class MappedRows:
     def blocks(self) -> Iterator[tuple[int, np.ndarray]]:
         if self._kept is not None:
             yield from self._kept
-            return
+            if self._kept_rows == self.shape[0]:
+                return
         for start, block in self.base.blocks():
-            yield start, self._map(block, copy=False)
+            if start >= self._kept_rows:
+                yield start, self._map(block, copy=False)
 
     def rows(self, index: np.ndarray) -> np.ndarray:
         """The rows ``index`` (sorted) through ``fn``."""

@@ -41,6 +41,7 @@ from ._threads import torch_single_threaded
 from ._vmath import exp_into, log_into, max_of, sum_of
 
 FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being able to tell steps apart
+FIT_MARGIN_BYTES = 64 << 20  # SVS keeps its features up to the input's size less this (or 1/64 of it, if smaller)
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
@@ -163,7 +164,12 @@ class StructuredScaling(PerClassCalibrator):
         self._resize(k)
         temperature = TemperatureScaling()._fit_rows(rows, labels, "nll", {}, False)["temperature"]
         smoothing = 1.0 / (n + 1)
-        features = MappedRows(rows, lambda block: self._features_of_block(block, temperature, smoothing))
+        # the features, kept in memory up to the input's size less a margin for the fit's own working memory (partial
+        # sums, LBFGS's state, the report's arrays: 5 MB at 50,000 x 21,843, over the input plus one buffer); the last
+        # blocks are computed again at every pass (1.5 % of them there)
+        size = n * k * np.dtype(rows.compute_dtype).itemsize
+        features = MappedRows(rows, lambda block: self._features_of_block(block, temperature, smoothing),
+                              keep_bytes=size - min(FIT_MARGIN_BYTES, size // 64))
         penalty = self.penalty(k, n)
         result = fit_affine(BlockDiagonalNLL(features, labels), identity_parameters(k, True), max_iter=self.max_iter, tol=self.tol,
                             rounds=1, penalty=penalty, progress_bar=progress_bar, desc=type(self).__name__)

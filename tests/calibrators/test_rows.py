@@ -205,3 +205,47 @@ def test_mapped_rows_are_kept_in_memory_and_recomputed_from_disk(tmp_path, monke
         np.testing.assert_array_equal(np.concatenate([b.copy() for _, b in in_memory.blocks()]), 2 * z)
         np.testing.assert_array_equal(np.concatenate([b.copy() for _, b in on_disk.blocks()]), 2 * z)
     assert len(calls) == 5 + 2 * 5  # from disk: at every pass
+
+
+def test_mapped_rows_keep_a_leading_part_up_to_a_size_and_recompute_the_rest(monkeypatch):
+    """SVS keeps its features up to the input's size less a margin (at 50,000 x 21,843 the whole features and the fit's
+    own 5 MB were over the input plus one buffer): the leading blocks are kept, the others computed at every pass."""
+    monkeypatch.setattr(_rows, "BLOCK_ELEMENTS", 5 * 8)
+    z, _ = overconfident(40, 5, seed=10)
+    calls = []
+
+    def double(block):
+        calls.append(block.shape[0])
+        return 2 * block
+
+    partial = MappedRows(FitRows(z), double, keep_bytes=3 * 8 * 5 * 4 + 7)  # room for three blocks of 8 rows
+    assert len(calls) == 3
+    for _ in range(2):
+        np.testing.assert_array_equal(np.concatenate([b.copy() for _, b in partial.blocks()]), 2 * z)
+    assert calls == [8] * 3 + [8, 8] * 2  # the last two blocks again at each pass
+    assert [start for start, _ in partial.blocks()] == [0, 8, 16, 24, 32]
+
+
+def test_svs_keeps_its_features_below_the_input_size(monkeypatch):
+    """What SVS keeps of its features stays a margin below the input's size, and the fit is the one that keeps them
+    all, bit for bit (the blocks it does not keep are computed again, by the same kernel)."""
+    from hf_calibration.calibrators import _structured
+
+    monkeypatch.setattr(_rows, "BLOCK_ELEMENTS", 40 * 100)  # 75 blocks of 100 rows
+    z, y = overconfident(7500, 40, seed=4)
+    kept = []
+    mapped = _structured.MappedRows
+
+    def spy(*args, **kwargs):
+        out = mapped(*args, **kwargs)
+        kept.append(sum(b.nbytes for _, b in out._kept))
+        return out
+
+    monkeypatch.setattr(_structured, "MappedRows", spy)
+    svs = create_calibrator("svs").fit(z, y, progress_bar=False)
+    assert z.nbytes - 2 * z.nbytes // 64 <= kept[0] <= z.nbytes - z.nbytes // 64  # one block short of the whole
+    monkeypatch.setattr(_structured, "FIT_MARGIN_BYTES", 0)
+    full = create_calibrator("svs").fit(z, y, progress_bar=False)
+    assert kept[1] == z.nbytes
+    torch.testing.assert_close(svs.weight, full.weight, rtol=0, atol=0)
+    torch.testing.assert_close(svs.bias, full.bias, rtol=0, atol=0)
