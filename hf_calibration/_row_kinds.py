@@ -25,6 +25,8 @@ _BLOCK = 16  # values per block: one 64-byte cache line of float32
 _CONVERT_ROWS_ELEMENTS = 1 << 18  # rows converted at a time for dtypes the kernel does not read (~1 MB of float32)
 
 
+# fastmath "reassoc" only vectorises the row sum (its rounding, within the 1e-2 tolerance); the range test that
+# rejects NaN and inf is a comparison, which no fastmath flag here may change
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})  # pragma: no cover - compiled
 def _count_rows(x, tol, stop_at_other, offset, counts):
     """Add to ``counts`` = [probability rows (coarse ones aside), coarse probability rows (exact quarters: one-hot,
@@ -35,14 +37,14 @@ def _count_rows(x, tol, stop_at_other, offset, counts):
         first = np.float64(x[i, 0])
         inside = first >= 0.0 and first <= 1.0  # a logit row nearly always ends here: one value read
         s = 0.0
-        low, high = np.inf, -np.inf
         if inside:
             for start in range(0, k, _BLOCK):
+                outside = False
                 for j in range(start, min(start + _BLOCK, k)):
                     v = np.float64(x[i, j])
-                    low, high = min(low, v), max(high, v)
+                    outside |= not (v >= 0.0 and v <= 1.0)  # NaN fails both comparisons: no float arithmetic decides
                     s += v
-                if not (low >= 0.0 and high <= 1.0 and s == s):  # NaN: min / max may skip it, the sum does not
+                if outside:
                     inside = False
                     break
         if inside and abs(s - 1.0) <= tol:

@@ -5,7 +5,7 @@ overflow, and keep the argmax. In torch that is a top-2 (SMART's margin), a divi
 reduction and two argmax passes over (N, K) memory. :func:`scale_rows` reads each row from memory
 once and does the rest while the row is in cache:
 
-* finiteness (a vectorised sum, exact check only when it is not finite), the top logit and its first
+* finiteness (``_finite.row_finite``, exact on every CPU), the top logit and its first
   index (``torch.argmax``'s tie rule), SMART's margin top-1 minus top-2 in float64;
 * SMART's temperature ``T(m)`` from the margin, in float64 scalar code: a row's temperature does not
   depend on the batch it comes in (torch's vectorised ``exp``/``log1p`` round their tails differently);
@@ -26,24 +26,9 @@ import numba
 import numpy as np
 import torch
 
+from .._finite import row_finite
+
 OK, NOT_FINITE, OVERFLOW = 0, 1, 2
-
-
-@numba.njit(cache=True)
-def _all_finite(row):  # pragma: no cover - compiled
-    for j in range(row.shape[0]):  # only reached when a row's sum is not finite: NaN/inf, or finite values summing past the dtype
-        if not math.isfinite(row[j]):
-            return False
-    return True
-
-
-@numba.njit(cache=True, fastmath={"reassoc", "nsz"})
-def _finite(row):  # pragma: no cover - compiled
-    """Whether every entry is finite: a vectorised sum (inf or NaN if any entry is), exact check if it is not."""
-    total = row[0] - row[0]
-    for j in range(row.shape[0]):
-        total += row[j]
-    return math.isfinite(total) or _all_finite(row)
 
 
 # Exact maxima of finite floats as integer maxima, which vectorise where float max reductions do not: the bit
@@ -113,12 +98,12 @@ def _smart_temperature(margin, mean, std, w1, b1, w2, b2, eps):  # pragma: no co
     return max(a, 0.0) + math.log1p(math.exp(-abs(a))) + eps
 
 
-@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "nsz"})  # no "nnan"/"arcp": NaN checks and exact division
+@numba.njit(parallel=True, cache=True)  # no fastmath: finiteness checks, signed zeros and exact division (see _finite)
 def _scale_rows(z, zbits, shift, mask, lowest, scratch, t_fixed, smart, mean, std, w1, b1, w2, b2, eps, posinf, temps, out, outbits, status):  # pragma: no cover - compiled
     n, k = z.shape
     for i in numba.prange(n):
         row = z[i]
-        if not _finite(row):
+        if not row_finite(row):
             status[i] = NOT_FINITE
             temps[i] = np.nan  # as topk's NaN margin would give
             continue
@@ -130,12 +115,9 @@ def _scale_rows(z, zbits, shift, mask, lowest, scratch, t_fixed, smart, mean, st
             temps[i] = t_fixed  # cast to z's dtype
         t = temps[i]
         dst = out[i]
-        total = row[0] - row[0]
-        for j in range(k):  # correctly rounded division, as torch's; the sum catches overflow to inf
-            v = row[j] / t
-            dst[j] = v
-            total += v
-        if not (math.isfinite(total) or _all_finite(dst)):  # |z| / T beyond the dtype: the caller rescales
+        for j in range(k):  # correctly rounded division, as torch's
+            dst[j] = row[j] / t
+        if not row_finite(dst):  # |z| / T beyond the dtype: the caller rescales
             status[i] = OVERFLOW
             continue
         status[i] = OK

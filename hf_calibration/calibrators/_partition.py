@@ -34,7 +34,8 @@ GRID = np.log(2.0 ** LOG2_BETA_MIN * np.array([2.0**o * (STEPS + m) / STEPS for 
 GRID_SIZE = GRID.shape[0]
 
 
-@numba.njit(parallel=True, fastmath=True, cache=True)
+# arithmetic-only fastmath (no "nnan", "ninf", "nsz"): the argmax scan compares values, exactly on every CPU
+@numba.njit(parallel=True, fastmath={"contract", "reassoc", "arcp", "afn"}, cache=True)
 def _tabulate(logits, labels, beta0, steps, octaves):  # pragma: no cover - compiled
     n, k = logits.shape
     size = octaves * steps + 1

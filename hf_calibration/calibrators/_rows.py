@@ -21,25 +21,13 @@ import numpy as np
 import torch
 
 from .._checks import to_numpy
+from .._finite import row_finite
 from .._parallel import pass_threads, run_pass
 from ..disk_logits import DiskLogits, as_disk_logits
 
 __all__ = ["BLOCK_ELEMENTS", "FitRows", "as_source", "first_non_finite"]
 
 BLOCK_ELEMENTS = 1 << 22  # values per block (16 MB of float32): small enough to stay cheap, large enough to amortise a call
-
-
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "nsz"})
-def _row_finite(row):  # pragma: no cover - compiled
-    total = row[0] - row[0]
-    for j in range(row.shape[0]):  # a vectorised sum: inf or NaN anywhere makes it non-finite
-        total += row[j]
-    if np.isfinite(total):
-        return True
-    for j in range(row.shape[0]):  # exact check (finite values may also sum past the float range)
-        if not np.isfinite(row[j]):
-            return False
-    return True
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -49,7 +37,7 @@ def _first_non_finite_parallel(x):  # pragma: no cover - compiled
     first = np.full(chunks, -1, np.int64)
     for c in numba.prange(chunks):
         for i in range(c * 256, min(n, (c + 1) * 256)):
-            if not _row_finite(x[i]):
+            if not row_finite(x[i]):
                 first[c] = i
                 break
     for c in range(chunks):
@@ -61,7 +49,7 @@ def _first_non_finite_parallel(x):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True)
 def _first_non_finite_serial(x):  # pragma: no cover - compiled
     for i in range(x.shape[0]):
-        if not _row_finite(x[i]):
+        if not row_finite(x[i]):
             return i
     return -1
 

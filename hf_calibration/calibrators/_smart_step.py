@@ -37,6 +37,11 @@ assert STEPS == 8
 PRE, TEMP, SIGMOID, BETA, LOG_BETA, F, DF, CONF, DBETA, BITS, CELL, ACC1, ACC2, ACC3, ACC4, ARG = range(16)
 _ROWS = 16
 
+# fastmath for arithmetic only (FMA, reassociated sums, reciprocals, approximate functions): the objective and gradient
+# round differently, within what the tests against autograd tolerate. Not "nnan", "ninf" or "nsz" (fastmath=_ARITHMETIC):
+# a NaN or inf objective must reach the caller, which stops the fit on it.
+_ARITHMETIC = {"contract", "reassoc", "arcp", "afn"}
+
 
 def workspace(n: int, n_bins: int) -> np.ndarray:
     """Scratch for ``smart_loss_grad`` on ``n`` rows (``n_bins``: 1 for the unbinned objectives)."""
@@ -63,7 +68,7 @@ def _softplus(a, t, sig, bits, arg, eps):  # pragma: no cover - compiled
         sig[i] = (1.0 if a[i] >= 0 else small) / w
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, fastmath=_ARITHMETIC)
 def _lookup(fd, grid, beta, u, f, fp, cell, first_row, octaves_up):  # pragma: no cover - compiled
     """``f[i], fp[i] = f(b), df/dbeta`` of table row ``first_row + i`` at ``b = 2**octaves_up beta[i]``
     (cubic Hermite in ``log b``; ``u = log beta``).
@@ -122,7 +127,7 @@ def _chunk_rows(c, n):  # pragma: no cover - compiled
     return start, min(n, start + CHUNK)
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, fastmath=_ARITHMETIC)
 def _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, width, half_width, shrink, recurrence, eps, work, part_loss, part_count, part_sum):  # pragma: no cover - compiled
     """Pass 1 on chunk ``c``: temperatures, the table at ``beta = 1 / T``, per-row terms (NLL, Brier) or the
     chunk's soft-bin sums; the per-row intermediates stay in ``work`` for pass 2."""
@@ -235,7 +240,7 @@ def _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, 
     part_loss[c] = loss_local
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, fastmath=_ARITHMETIC)
 def _backward_chunk(c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, work, part_grad):  # pragma: no cover - compiled
     """Pass 2 on chunk ``c``: d loss / d beta per row (through the soft bins for the binned objectives), then
     back through ``T = softplus(a) + eps``, ``beta = 1 / T`` and the MLP into the chunk's row of ``part_grad``."""
@@ -301,7 +306,7 @@ def _backward_chunk(c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, w
         part_grad[c, 2 * hdim + j] = gw2
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, fastmath=_ARITHMETIC, parallel=True)
 def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, delta, eps, work, force_exp):  # pragma: no cover
     """Objective and gradient (3H + 1,) at parameters ``x``; ``fd``: ``LogPartitionTable.fd`` flattened;
     ``work``: ``workspace(N, n_bins)`` (or ``workspace(N, 1)`` for NLL and Brier). ``force_exp``: the soft-bin

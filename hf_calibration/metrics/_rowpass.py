@@ -7,8 +7,9 @@ the row on the way: finite values, and for ``from_logits=False`` values in [0, 1
 confidence, correctness; the bin rule of :func:`hf_calibration.metrics.binning.uniform_bin`), so ECE / MCE / the
 over-under split need no per-row arrays at all.
 
-Precision: float64 input is computed in float64, bit for bit as numpy's ``1 / exp(z - max).sum()`` (libm's ``exp``,
-numpy's pairwise sum); float32 (and narrower) logits take their ``exp`` in float32 (a vectorised polynomial, within a
+Precision: float64 input is computed in float64 as ``1 / exp(z - max).sum()`` with libm's ``exp`` and numpy's pairwise
+sum (within a few ulp of the exactly rounded value; numpy's own float64 ``exp`` may dispatch to SIMD code that differs
+from libm by an ulp, so this is not numpy's softmax bit for bit on every CPU); float32 (and narrower) logits take their ``exp`` in float32 (a vectorised polynomial, within a
 few float32 ulp of libm's) and the row sum in float64: a confidence moves by ~1e-7 relative against the all-float64
 pass, the size of the float32 rounding of the logits themselves.
 
@@ -62,7 +63,7 @@ def _exp_row(x, out, bits):  # pragma: no cover - compiled
 
 def row_sum(e, lo, n):  # pragma: no cover - replaced by the overload below in compiled code
     """The float64 sum of the row ``e[lo:lo + n]``: float64 rows in numpy's pairwise order (``np.add.reduce`` along a
-    contiguous axis, so a float64 confidence is bit for bit numpy's softmax), float32 rows in four float64 lanes
+    contiguous axis: its rounding, whatever the CPU), float32 rows in four float64 lanes
     (compiled code only)."""
     raise NotImplementedError
 

@@ -12,6 +12,8 @@ from _affine_reference import affine_objective, fit_affine_reference
 from hf_calibration.calibrators._affine import AffineNLL, affine_curvature, affine_preconditioner, fit_affine, identity_parameters
 from hf_calibration.calibrators._lbfgs import odir_penalty
 
+pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
+
 
 def _data(n=500, k=6, seed=0, offset=-20.0):
     rng = np.random.default_rng(seed)

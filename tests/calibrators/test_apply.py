@@ -10,6 +10,8 @@ from _calibrator_data import overconfident
 
 from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, _apply, logit_margin
 
+pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
+
 
 @pytest.fixture(scope="module")
 def fitted():

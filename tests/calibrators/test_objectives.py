@@ -12,6 +12,8 @@ from hf_calibration.calibrators._partition import LogPartitionTable
 from hf_calibration.calibrators._smart_step import OBJECTIVE_CODES, smart_loss_grad, workspace
 from hf_calibration.calibrators.objectives import get_objective, scaled_stats
 
+pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
+
 
 def _soft_bins_numpy(p, a, n_bins=15, sigma=0.05):
     """Straight transcription of the SoftECE definition, float64 numpy, loops over bins."""

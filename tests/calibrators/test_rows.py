@@ -19,6 +19,8 @@ from hf_calibration.calibrators._base import FORWARD_BLOCK_ELEMENTS  # noqa: F40
 from hf_calibration.calibrators._rows import FitRows, MappedRows
 from hf_calibration.disk_logits import LogitsWriter, as_disk_logits, open_logits
 
+pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
+
 BLOCK_METHODS = [m for m in list_calibrators() if create_calibrator(m).fits_in_blocks]
 SMALL_BLOCK = 7 * 13  # a block of 13 rows at K = 7: many blocks, the last one short
 

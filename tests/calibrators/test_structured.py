@@ -11,6 +11,8 @@ from _calibrator_data import overconfident, shared_files
 
 from hf_calibration.calibrators import StructuredMatrixScaling, StructuredVectorScaling, load_calibrator
 
+pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
+
 needs_shared = pytest.mark.skipif(not shared_files(), reason="the shared real-logit files are not beside the repo")
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from hf_calibration.calibrators._vmath import exp_into, log_into, max_of, sum_of
 
+pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
+
 
 def _exp(x):
     out, bits = np.empty_like(x), np.empty_like(x)

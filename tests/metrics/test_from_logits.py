@@ -25,6 +25,8 @@ from hf_calibration.metrics import (
     smece,
 )
 
+pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
+
 SHARED_LOGITS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "logits"
 DENSENET_C100 = SHARED_LOGITS / "netcal_densenet-bc-100-cifar-100.npz"
 
