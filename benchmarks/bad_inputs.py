@@ -516,7 +516,7 @@ def output_cases(tmp: Path) -> list[Case]:
     add(Case("existing output files", "calibrators", "save_pretrained(a SMART folder) without overwrite", lambda: ts.save_pretrained(tmp / "cal_smart"), ("save_directory", "overwrite"), untouched=lambda: (tmp / "cal_smart" / "README.md").read_bytes() == card))
     add(Case("existing output files", "calibrators", "save_pretrained(overwrite=True): the card is the new one",
              lambda: (ts.save_pretrained(tmp / "cal_smart", overwrite=True), "SMART" in (tmp / "cal_smart" / "README.md").read_text())[1], reference=lambda: False))
-    add(Case("existing output files", "calibrators", "save_logits(an existing file)", lambda: __import__("hf_calibration.logits_io", fromlist=["x"]).save_logits(tmp / "mine.npz", Z, Y), ("path", "mine.npz"), untouched=data_untouched))
+    add(Case("existing output files", "calibrators", "save_logits(an existing file)", lambda: __import__("hf_calibration.io.logits_files", fromlist=["x"]).save_logits(tmp / "mine.npz", Z, Y), ("path", "mine.npz"), untouched=data_untouched))
     add(Case("existing output files", "CLI", "fit --out <model folder> --overwrite", lambda: cli("fit", "--logits", tmp / "data.npz", "--method", "ts", "--out", model, "--overwrite"), ("--out",), untouched=model_untouched))
     add(Case("existing output files", "CLI", "fit --out <calibrator folder>", lambda: cli("fit", "--logits", tmp / "data.npz", "--method", "ts", "--out", tmp / "cal_smart"), ("--out", "--overwrite")))
     add(Case("existing output files", "CLI", "apply --save-logits <its input>", lambda: cli("apply", "--calibrator", tmp / "cal_smart", "--logits", tmp / "data.npz", "--save-logits", tmp / "data.npz", "--overwrite"), ("--save-logits",), untouched=data_untouched))
@@ -947,8 +947,8 @@ def cache_cases(tmp: Path) -> list[Case]:
     from transformers import ViTImageProcessor
 
     from hf_calibration import predict_logits
-    from hf_calibration.logits_cache import cache_key
-    from hf_calibration.data import load_image_dataset
+    from hf_calibration.io.logits_cache import cache_key
+    from hf_calibration.io.data import load_image_dataset
 
     cases: list[Case] = []
     add = cases.append
@@ -1448,7 +1448,7 @@ def _warned(call: Callable[[], Any], category) -> bool:
 def small_sample_cases(tmp: Path) -> list[Case]:
     """Items 1, 2 and 7: small calibration sets never end worse than uncalibrated in silence; SMART on separable logits."""
     from hf_calibration.calibrators import AutoCalibrator, HeldOutWorseWarning, SMARTCalibrator, compare_calibrators, create_calibrator
-    from hf_calibration.eval_calibration import fit_eval_calibration
+    from hf_calibration.training.eval_calibration import fit_eval_calibration
 
     cases: list[Case] = []
     add = cases.append
@@ -1748,7 +1748,7 @@ def _maccal_folder(folder: Path) -> Path | None:
 
 
 def classify(case: Case) -> tuple[str, str]:
-    from hf_calibration.hub import HubUnreachableError
+    from hf_calibration._core.checkpoints import HubUnreachableError
 
     try:
         with warnings.catch_warnings():

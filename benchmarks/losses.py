@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import transformers
 from transformers import ViTConfig, ViTForImageClassification
 
-from hf_calibration.features import capture_features
+from hf_calibration._core.features import capture_features
 from hf_calibration.losses import get_loss
 
 MODELS = {

@@ -42,7 +42,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_calibration.features import find_classifier_head  # noqa: E402
+from hf_calibration._core.features import find_classifier_head  # noqa: E402
 from hf_calibration.maccal import MaCCalConfig, cache_features, maccal_stage  # noqa: E402
 from hf_calibration.metrics import adaece, ece, mce  # noqa: E402
 from _data import TensorDictDataset  # noqa: E402  (benchmarks/ is on sys.path when run as a script)

@@ -133,7 +133,7 @@ def _maxrss_mb() -> float:
 
 def _detection_share(spec: dict) -> dict:
     """In one process: the every-row detection alone against the ECE call that runs it (best of interleaved repeats)."""
-    from hf_calibration._checks import looks_like_probabilities
+    from hf_calibration._core.checks import looks_like_probabilities
     from hf_calibration.metrics import ece
 
     z, y = np.load(spec["logits"]), np.load(spec["labels"])

@@ -203,7 +203,7 @@ def _predict_logits_call(to_file: bool, k: int):
     from PIL import Image
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-    from hf_calibration.inference import predict_logits
+    from hf_calibration.io.inference import predict_logits
 
     def setup(z, y):
         images = [Image.fromarray(p) for p in np.random.default_rng(0).integers(0, 256, (64, 8, 8, 3), dtype=np.uint8)]

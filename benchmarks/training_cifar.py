@@ -217,7 +217,7 @@ def predict(trainer, data: dict[str, TensorDictDataset]) -> dict[str, np.ndarray
 
 def save_features(trainer, tensors: dict, path: Path) -> None:
     """The stage-1 head's input on every split and the head itself (for exploring MaC-Cal's stage 2 offline)."""
-    from hf_calibration.features import find_classifier_head
+    from hf_calibration._core.features import find_classifier_head
     from hf_calibration.maccal import cache_features
 
     linear = find_classifier_head(trainer.model)[2]
@@ -371,7 +371,7 @@ def _jsonable(obj):
 def run_all(plan: list[tuple[str, str, int]], tensors: dict, settings: Settings, out: Path, progress: bool, runner=run_one,
             threads: int = 1, **run_kwargs) -> dict:
     """Run every planned (regime, loss, seed) not yet in ``out``, writing the JSON after each."""
-    from hf_calibration._progress import progress_iter
+    from hf_calibration._core.progress import progress_iter
 
     data = load_results(out, settings)
     todo = [p for p in plan if p not in done_runs(data)]

@@ -9,14 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from . import _post_import
-
-__version__ = "0.1.0"
+from hf_calibration._core import moved as _moved
+from hf_calibration._core import post_import as _post_import
+from hf_calibration._core.version import __version__
 
 # public name -> submodule that defines it
 _EXPORTS = {
     "metrics": ["metrics"],
-    "metric_scripts": ["list_metric_scripts", "metric_path"],
+    "hub.metric_scripts": ["list_metric_scripts", "metric_path"],
     "losses": [
         "LOSS_MAPPING",
         "AsymmetricLoss",
@@ -61,13 +61,19 @@ _EXPORTS = {
         "list_calibrators",
         "load_calibrator",
     ],
-    "trainer": ["CalibrationTrainer"],
+    "training": ["CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
     "conformal": ["ConformalPredictor"],
-    "inference": ["predict_logits"],
-    "tasks": ["resolve_task"],
-    "calibrated_model": ["load_calibrated_model", "pipeline"],
-    "serving": ["CalibratedClassifier", "export_onnx", "push_endpoint_handler", "write_endpoint_handler"],
+    "io": ["predict_logits"],
+    "_core.tasks": ["resolve_task"],
+    "serving": [
+        "CalibratedClassifier",
+        "export_onnx",
+        "load_calibrated_model",
+        "pipeline",
+        "push_endpoint_handler",
+        "write_endpoint_handler",
+    ],
     "metrics.accumulator": ["CalibrationAccumulator"],
 }
 _NAME_TO_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -79,8 +85,14 @@ __all__ = ["__version__", *_NAME_TO_MODULE]
 _post_import.call_after_import("transformers.models.auto.configuration_auto", "hf_calibration.maccal.persistence:register_auto_config")
 
 
+# modules imported by the paths of earlier releases (``hf_calibration.trainer``, ...) still load, with a FutureWarning
+_moved.install()
+
+
 def __getattr__(name: str):
     module = _NAME_TO_MODULE.get(name)
+    if module is None and f"{__name__}.{name}" in _moved.MOVED_MODULES:  # ``from hf_calibration import trainer``
+        return importlib.import_module(f"{__name__}.{name}")
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     submodule = importlib.import_module(f".{module}", __name__)
@@ -94,8 +106,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
-    from . import metrics
-    from .calibrators import (
+    from hf_calibration import metrics
+    from hf_calibration.calibrators import (
         AutoCalibrator,
         BetaCalibration,
         ClassBasedTemperatureScaling,
@@ -124,7 +136,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         list_calibrators,
         load_calibrator,
     )
-    from .losses import (
+    from hf_calibration.losses import (
         LOSS_MAPPING,
         AsymmetricLoss,
         BinaryCrossEntropyLoss,
@@ -139,12 +151,12 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         SigmoidFocalLoss,
         get_loss,
     )
-    from .maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
-    from .calibrated_model import load_calibrated_model, pipeline
-    from .serving import CalibratedClassifier, export_onnx, push_endpoint_handler, write_endpoint_handler
-    from .conformal import ConformalPredictor
-    from .inference import predict_logits
-    from .tasks import resolve_task
-    from .metric_scripts import list_metric_scripts, metric_path
-    from .metrics.accumulator import CalibrationAccumulator
-    from .trainer import CalibrationTrainer
+    from hf_calibration.maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
+    from hf_calibration.serving.calibrated_model import load_calibrated_model, pipeline
+    from hf_calibration.serving import CalibratedClassifier, export_onnx, push_endpoint_handler, write_endpoint_handler
+    from hf_calibration.conformal import ConformalPredictor
+    from hf_calibration.io.inference import predict_logits
+    from hf_calibration._core.tasks import resolve_task
+    from hf_calibration.hub.metric_scripts import list_metric_scripts, metric_path
+    from hf_calibration.metrics.accumulator import CalibrationAccumulator
+    from hf_calibration.training.trainer import CalibrationTrainer

@@ -3,7 +3,7 @@
 ``hf-calibration demo`` (or :func:`run_demo`) runs, offline and on a CPU in about a minute:
 
 1. fine-tune a tiny ViT (built from a config, random init) with cross-entropy and with FeDLaS-LS
-   through :class:`~hf_calibration.trainer.CalibrationTrainer`, and run the MaC-Cal second stage on a
+   through :class:`~hf_calibration.training.trainer.CalibrationTrainer`, and run the MaC-Cal second stage on a
    copy of the cross-entropy model. The default regime is the one real fine-tuning usually lands in and the
    training-time methods are built for: 200 training images for 80 epochs, so cross-entropy fits its training
    set and is over-confident on the test split (the summary states the regime it measured);
@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ._checks import check_float, check_int
+from hf_calibration._core.checks import check_float, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ def _epoch_logger(name: str):
 def _train(name: str, loss, train: PixelDataset, config: DemoConfig, workdir: str):
     from transformers import PrinterCallback, TrainingArguments
 
-    from .trainer import CalibrationTrainer
+    from hf_calibration.training.trainer import CalibrationTrainer
 
     log_epochs = config.progress and not _interactive(config)
     model = tiny_vit(image_size=config.image_size, hidden_size=config.hidden_size, num_layers=config.num_layers, seed=config.seed)
@@ -422,7 +422,7 @@ def digits_model(
 
 @functools.lru_cache(maxsize=2)
 def _digits_model(seed: int, epochs: int, train_size: int, calibration_size: int, test_size: int):
-    from .losses import CrossEntropyLoss
+    from hf_calibration.losses import CrossEntropyLoss
 
     config = DemoConfig(seed=seed, epochs=epochs, train_size=train_size, calibration_size=calibration_size,
                         test_size=test_size, progress=False)
@@ -502,11 +502,11 @@ def _run(config: DemoConfig) -> DemoResult:
     matplotlib.use("Agg", force=False)
     from transformers import pipeline
 
-    from .calibrators import SMARTCalibrator, TemperatureScaling, load_calibrator
-    from .logits_io import save_logits
-    from .losses import CrossEntropyLoss, FeDLaSLoss
-    from .maccal import MaCCalConfig, maccal_stage
-    from .metrics import calibration_report, format_reports, reliability_diagram
+    from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, load_calibrator
+    from hf_calibration.io.logits_files import save_logits
+    from hf_calibration.losses import CrossEntropyLoss, FeDLaSLoss
+    from hf_calibration.maccal import MaCCalConfig, maccal_stage
+    from hf_calibration.metrics import calibration_report, format_reports, reliability_diagram
 
     start = time.perf_counter()
     timings: dict[str, float] = {}

@@ -21,7 +21,7 @@ def test_unknown_name_is_an_attribute_error():
 
 
 def test_import_does_not_load_the_trainer_or_transformers():
-    code = "import sys, hf_calibration; print('transformers' in sys.modules, 'hf_calibration.trainer' in sys.modules)"
+    code = "import sys, hf_calibration; print('transformers' in sys.modules, 'hf_calibration.training.trainer' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
 

@@ -1,32 +1,32 @@
 """Post-hoc calibrators, fitted on held-out logits, shared on the Hub, attached to models."""
 
-from ..hub import load_calibrator
-from ._base import Calibrator, InsufficientMemoryError, NotFittedError, UncalibratedWarning
-from ._held_out import HeldOutWorseWarning
-from ._registry import create_calibrator, list_calibrators, register_calibrator
-from ._scaling import TemperatureCalibrator
-from ._sigmoid import SigmoidCalibrator
-from .attach import attached_calibrator
-from .beta import BetaCalibration
-from .cts import ClassBasedTemperatureScaling
-from .dirichlet import DirichletCalibration
-from .ets import EnsembleTemperatureScaling
-from .histogram import HistogramBinning
-from .isotonic import IsotonicRegression, OneVsRestIsotonicRegression
-from .matrix import MatrixScaling
-from .objectives import OBJECTIVES, brier, charbonnier_soft_ece, nll, soft_ece
-from .platt import PlattScaling
-from .pts import ParameterizedTemperatureScaling
-from .selection import AutoCalibrator, CalibratorComparison, compare_calibrators
-from .smart import SMARTCalibrator, logit_margin
-from .sigmoid_histogram import SigmoidHistogramBinning
-from .sigmoid_isotonic import SigmoidIsotonicRegression
-from .sigmoid_temperature import SigmoidTemperatureScaling
-from .sms import StructuredMatrixScaling
-from .spline import SplineCalibration
-from .svs import StructuredVectorScaling
-from .temperature import TemperatureScaling
-from .vector import VectorScaling
+
+from hf_calibration.calibrators._base import Calibrator, InsufficientMemoryError, NotFittedError, UncalibratedWarning
+from hf_calibration.calibrators._fitting.held_out import HeldOutWorseWarning, held_out_checked
+from hf_calibration.calibrators._registry import create_calibrator, get_calibrator_class, list_calibrators, load_calibrator, register_calibrator
+from hf_calibration.calibrators._scaling import TemperatureCalibrator
+from hf_calibration.calibrators.sigmoid import SigmoidCalibrator
+from hf_calibration.calibrators.attach import attached_calibrator
+from hf_calibration.calibrators.sigmoid.beta import BetaCalibration
+from hf_calibration.calibrators.cts import ClassBasedTemperatureScaling
+from hf_calibration.calibrators.dirichlet import DirichletCalibration
+from hf_calibration.calibrators.ets import EnsembleTemperatureScaling
+from hf_calibration.calibrators.histogram import HistogramBinning
+from hf_calibration.calibrators.isotonic import IsotonicRegression, OneVsRestIsotonicRegression
+from hf_calibration.calibrators.matrix import MatrixScaling
+from hf_calibration.calibrators.objectives import OBJECTIVES, brier, charbonnier_soft_ece, nll, soft_ece
+from hf_calibration.calibrators.sigmoid.platt import PlattScaling
+from hf_calibration.calibrators.pts import ParameterizedTemperatureScaling
+from hf_calibration.calibrators.selection import AutoCalibrator, CalibratorComparison, compare_calibrators
+from hf_calibration.calibrators.smart import SMARTCalibrator, logit_margin
+from hf_calibration.calibrators.sigmoid.histogram import SigmoidHistogramBinning
+from hf_calibration.calibrators.sigmoid.isotonic import SigmoidIsotonicRegression
+from hf_calibration.calibrators.sigmoid.temperature import SigmoidTemperatureScaling
+from hf_calibration.calibrators.sms import StructuredMatrixScaling
+from hf_calibration.calibrators.spline import SplineCalibration
+from hf_calibration.calibrators.svs import StructuredVectorScaling
+from hf_calibration.calibrators.temperature import TemperatureScaling
+from hf_calibration.calibrators.vector import VectorScaling
 
 __all__ = [
     "AutoCalibrator",
@@ -63,6 +63,8 @@ __all__ = [
     "charbonnier_soft_ece",
     "compare_calibrators",
     "create_calibrator",
+    "get_calibrator_class",
+    "held_out_checked",
     "list_calibrators",
     "load_calibrator",
     "logit_margin",

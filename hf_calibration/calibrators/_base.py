@@ -20,16 +20,21 @@ import torch
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from .. import hub
-from .._checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range, resolve_from_logits, to_numpy
-from ..disk_logits import DiskLogits, as_disk_logits
-from ..metrics._format import prepare, top_label
-from ..metrics._rowpass import top_label_pass
-from . import _graph, _held_out, _inputs, _rows
-from . import attach as _attach
-from ._rows import FitRows
-from ._threads import torch_single_threaded
-from .objectives import get_objective, objective_kwargs
+from hf_calibration._core import checkpoints as hub
+from hf_calibration._core.checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range, resolve_from_logits, to_numpy
+from hf_calibration._core.disk_logits import DiskLogits, as_disk_logits
+from hf_calibration._core.finite import first_non_finite
+from hf_calibration._core.inputs import logits_and_labels, read_multiclass
+from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, top_label_pass
+from hf_calibration._core import tensors as _inputs
+from hf_calibration.calibrators._forward import graph as _graph
+from hf_calibration.calibrators._fitting import held_out as _held_out
+from hf_calibration.calibrators._fitting import rows as _rows
+from hf_calibration.calibrators import attach as _attach
+from hf_calibration.calibrators._card import CALIBRATOR_CARD_TEMPLATE
+from hf_calibration.calibrators._fitting.rows import FitRows
+from hf_calibration._core.threads import torch_single_threaded
+from hf_calibration.calibrators.objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -61,23 +66,7 @@ SATURATED = 0.999  # fit confidences all at least this: the identity is put down
 _FIT_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("hf_calibration_fit_depth", default=0)
 
 
-def _labels_of(logits: Any, labels: Any) -> tuple[Any, Any]:
-    """Accept ``(logits, labels)``, or a transformers ``PredictionOutput`` / ``EvalPrediction`` alone."""
-    if hasattr(logits, "predictions") and hasattr(logits, "label_ids"):
-        if labels is None:
-            labels = logits.label_ids
-        logits = logits.predictions
-    if isinstance(logits, tuple):  # predictions with extra outputs (hidden states, ...): logits come first
-        if not logits:
-            raise ValueError("Expected `logits` to be an (N, K) array, but got an empty tuple.")
-        logits = logits[0]
-    if isinstance(labels, tuple):
-        labels = labels[0]
-    if labels is None and getattr(logits, "labels", None) is not None and hasattr(logits, "blocks"):
-        labels = logits.labels  # a DiskLogits with its labels stored beside it
-    if labels is None:
-        raise ValueError("Expected argument `labels` (or a PredictionOutput / EvalPrediction carrying label_ids), but got None.")
-    return logits, labels
+_labels_of = logits_and_labels  # the name the calibrators use
 
 
 def _next_up(x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +102,7 @@ def _available_memory() -> int:
 
 
 def _block_classes() -> list[type]:
-    from ._registry import get_calibrator_class, list_calibrators
+    from hf_calibration.calibrators._registry import get_calibrator_class, list_calibrators
 
     return [c for c in map(get_calibrator_class, list_calibrators()) if c.fits_in_blocks]
 
@@ -123,7 +112,7 @@ class Calibrator(
     PyTorchModelHubMixin,
     library_name="hf_calibration",
     tags=["calibration", "hf_calibration", "image-classification"],
-    model_card_template=hub.CALIBRATOR_CARD_TEMPLATE,
+    model_card_template=CALIBRATOR_CARD_TEMPLATE,
 ):
     """Base class: ``fit``, ``forward``/``__call__``, ``predict_proba``, ``attach``/``detach``,
     ``save_pretrained``/``from_pretrained``/``push_to_hub``.
@@ -155,7 +144,7 @@ class Calibrator(
     shift_invariant: ClassVar[bool] = False
     paper_citation: ClassVar[str] = ""
     # whether ``_fit_rows`` is implemented: the fit reads the logits a block of rows at a time (``_rows.FitRows``), so it
-    # needs no (N, K) copy and also fits from disk (``hf_calibration.disk_logits``)
+    # needs no (N, K) copy and also fits from disk (``hf_calibration._core.disk_logits``)
     fits_in_blocks: ClassVar[bool] = False
     held_out_check: ClassVar[bool] = False  # cross-fit the fit set after a fit and warn if that is worse (_held_out.py)
 
@@ -289,9 +278,7 @@ class Calibrator(
             for start, block in rows.raw_blocks():  # in [0, 1], rows summing to 1 (the rule every entry point applies)
                 found = top_label_pass(np.ascontiguousarray(block, dtype=rows.compute_dtype), None, False, arrays=False)[3]
                 if found is not None:
-                    from ..metrics._format import _raise_row_error
-
-                    _raise_row_error(rows, (start + found[0], found[1]), "logits")
+                    raise_row_error(rows, (start + found[0], found[1]), "logits")
         y = np.ascontiguousarray(y[keep] if rows.keep is not None else y, dtype=np.int64)
         self._check_fit_labels(y, source.shape[1])
         return rows.view(log_probabilities=not is_logits, canonical=not self.shift_invariant), y, is_logits
@@ -302,7 +289,7 @@ class Calibrator(
     def _fit_inputs(self, logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.ndarray, np.ndarray, bool]:
         """Validated, finite fit inputs as the map sees them (see ``_prepare``), and whether they were logits."""
         logits, labels = _labels_of(logits, labels)
-        inputs = prepare(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
+        inputs = read_multiclass(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
         logits, labels, is_logits = inputs.preds, inputs.target, inputs.from_logits
         logits = _inputs.native_array(logits)
         if logits.dtype not in (np.float32, np.float64):
@@ -340,7 +327,7 @@ class Calibrator(
             from_logits: ``None`` (default) detects probabilities (every row in [0, 1] summing to 1 within 1e-2),
                 which are fitted as ``log(p)``; ``True``/``False`` says which they are. ``fit_info_["input"]``
                 records ``"logits"`` or ``"probabilities"``.
-            progress_bar: show a tqdm bar when fitting takes longer than a second (see ``hf_calibration._progress``
+            progress_bar: show a tqdm bar when fitting takes longer than a second (see ``hf_calibration._core.progress``
                 for the global off switches).
             **objective_options: ``n_bins``, ``sigma``, ``delta`` for the soft-binned objectives.
         """
@@ -446,8 +433,7 @@ class Calibrator(
         argmax), with the top-label views ``(before, after)`` they came from: one forward pass, a block of rows at a
         time (no (N, K) output), on one thread (a parallel region over a small array stalls on a busy machine: a
         K = 100 vector-scaling report took 0.25 s on two threads under load, 0.04 s on one)."""
-        from ..metrics._format import TopLabel
-        from ..metrics.ece import _ece_compute
+        from hf_calibration.metrics.ece import _ece_compute
 
         rows = _rows.as_rows(z)
         n = rows.shape[0]
@@ -503,7 +489,7 @@ class Calibrator(
             return self._forward_rows(z, is_logits)
         zn = z.detach().numpy() if not (z.requires_grad and torch.is_grad_enabled()) else None
         if zn is not None and z.dtype in (torch.float32, torch.float64):
-            bad = _rows.first_non_finite(np.ascontiguousarray(zn))
+            bad = first_non_finite(np.ascontiguousarray(zn))
             if bad >= 0:
                 raise ValueError(f"Expected `logits` to be finite, but row {bad} contains NaN or inf.")
         out = torch.empty(z.shape, dtype=z.dtype)
@@ -601,7 +587,7 @@ class Calibrator(
             str(save_directory / hub.WEIGHTS_NAME),
             metadata={"format": "pt", "calibrator": self.kind, "format_version": str(hub.CHECKPOINT_FORMAT_VERSION)},
         )
-        from .. import __version__
+        from hf_calibration._core.version import __version__
 
         config = {
             **(self._hub_mixin_config or {}),

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_int
-from ._base import Calibrator, logger
+from hf_calibration._core.checks import check_int
+from hf_calibration.calibrators._base import Calibrator, logger
 
 
 class PerClassCalibrator(Calibrator):

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._base import Calibrator
+from hf_calibration.calibrators._base import Calibrator
 
 
 def step_lookup(x: np.ndarray, upper_edges: np.ndarray, values: np.ndarray) -> np.ndarray:

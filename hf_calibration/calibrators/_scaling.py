@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from . import _apply
-from ._base import Calibrator
-from .objectives import OBJECTIVES
+from hf_calibration.calibrators._forward import apply as _apply
+from hf_calibration.calibrators._base import Calibrator
+from hf_calibration.calibrators.objectives import OBJECTIVES
 
 
 class TemperatureCalibrator(Calibrator):

@@ -29,16 +29,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_float, check_int
-from .._parallel import run_pass
-from ._affine import AffineNLL, BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
-from ._lbfgs import QuadraticPenalty
-from ._partition import chunk_rows
-from ._base import k_squared_memory, k_squared_reason
-from ._per_class import PerClassCalibrator
-from ._rows import MappedRows, as_rows
-from ._threads import torch_single_threaded
-from ._vmath import exp_into, log_into, max_of, sum_of
+from hf_calibration._core.checks import check_float, check_int
+from hf_calibration._core.parallel import run_pass
+from hf_calibration.calibrators._fitting.affine import AffineNLL, BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
+from hf_calibration.calibrators._fitting.lbfgs import QuadraticPenalty
+from hf_calibration.calibrators._fitting.partition import chunk_rows
+from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
+from hf_calibration.calibrators._per_class import PerClassCalibrator
+from hf_calibration.calibrators._fitting.rows import MappedRows, as_rows
+from hf_calibration._core.threads import torch_single_threaded
+from hf_calibration._core.vmath import exp_into, log_into, max_of, sum_of
 
 FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being able to tell steps apart
 FIT_MARGIN_BYTES = 64 << 20  # SVS keeps its features up to the input's size less this (or 1/64 of it, if smaller)
@@ -158,7 +158,7 @@ class StructuredScaling(PerClassCalibrator):
         """The diagonal form (SVS) in blocks of rows: temperature scaling by its block fit, then the features of each
         block (computed once and kept when the rows are in memory, else at every pass) and vector scaling's block
         objective on them."""
-        from .temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import TemperatureScaling
 
         n, k = rows.shape
         self._resize(k)
@@ -192,7 +192,7 @@ class StructuredScaling(PerClassCalibrator):
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
     def _fit_matrix(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
-        from .temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import TemperatureScaling
 
         n, k = logits.shape
         self._resize(k)

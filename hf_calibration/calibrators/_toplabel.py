@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ._piecewise import PiecewiseCalibrator
+from hf_calibration.calibrators._forward.graph import MAX_CONFIDENCE
+from hf_calibration.calibrators._piecewise import PiecewiseCalibrator
 
-MAX_CONFIDENCE = 1.0 - 1e-12
 
 
 class TopLabel(NamedTuple):
@@ -90,7 +90,7 @@ class TopLabelCalibrator(PiecewiseCalibrator):
         raise NotImplementedError
 
     def _calibrate_graph(self, z: torch.Tensor) -> torch.Tensor:
-        from . import _graph
+        from hf_calibration.calibrators._forward import graph as _graph
 
         top, is_top, confidence, floor, rest = _graph.top_label(z.double())
         out = _graph.rescale_top_label(is_top, floor, rest, self._map_confidence_graph(confidence, top[:, 0]))

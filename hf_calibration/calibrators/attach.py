@@ -8,7 +8,7 @@ calibrated too, and ``attach(pipe)`` on a pipeline object attaches to ``pipe.mod
 from ``labels`` inside its forward stays the uncalibrated one. A calibrator whose ``preserves_argmax`` is False
 logs a warning when attached: the model's predicted classes may change. A calibrator fitted for another kind of
 head than the model's (a softmax calibrator on a ``multi_label_classification`` model, a sigmoid one on a softmax
-model) is refused with a ``ValueError`` naming ``config.problem_type`` (:func:`hf_calibration.tasks.compatible_head`).
+model) is refused with a ``ValueError`` naming ``config.problem_type`` (:func:`hf_calibration._core.tasks.compatible_head`).
 
 The mechanism: ``attach`` sets ``forward`` on the model instance (a method wrapping the class's forward, or the
 instance forward another library set before, with its signature), and ``detach`` removes it. The calibration is then
@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import _graph
+from hf_calibration.calibrators._forward import graph as _graph
 
 _ATTR = "_hf_calibration_attachment"  # on the model: its _Attachment
 
@@ -120,7 +120,7 @@ def attach(calibrator: nn.Module, model: Any) -> Any:
             "is attached to it; detach it first."
         )
     calibrator._check_fitted()
-    from ..tasks import compatible_head
+    from hf_calibration._core.tasks import compatible_head
 
     info = calibrator.fit_info_ or {}
     compatible_head(info.get("task", "multiclass"), model, num_labels=info.get("num_labels"))

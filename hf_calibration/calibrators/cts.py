@@ -23,13 +23,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import _progress
-from .._checks import check_float, check_int
-from ..metrics.binning import uniform_edges
-from . import _cts_search as search
-from ._per_class import PerClassCalibrator
-from ._registry import register_calibrator
-from ._threads import ThreadCountChooser, torch_single_threaded
+from hf_calibration._core import progress as _progress
+from hf_calibration._core.checks import check_float, check_int
+from hf_calibration.metrics.binning import uniform_edges
+from hf_calibration.calibrators._fitting import cts_search as search
+from hf_calibration.calibrators._per_class import PerClassCalibrator
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
 
 DEFAULT_GRID = tuple(float(t) for t in np.round(np.linspace(0.5, 5.0, 46), 12))
 ECE_TIE = 1e-12  # an ECE improvement smaller than this is rounding noise
@@ -94,7 +94,7 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
     def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
-        from .temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import TemperatureScaling
 
         n, k = logits.shape
         self._resize(k)

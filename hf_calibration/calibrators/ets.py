@@ -25,14 +25,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_int
-from ._base import Calibrator
-from ._lbfgs import minimize
-from ._partition import nll_derivatives
-from ._registry import register_calibrator
-from ._threads import ThreadCountChooser, torch_single_threaded
-from ._vmath import exp_into
-from .temperature import T_MAX, T_MIN
+from hf_calibration._core.checks import check_int
+from hf_calibration.calibrators._base import Calibrator
+from hf_calibration.calibrators._fitting.lbfgs import minimize
+from hf_calibration.calibrators._fitting.partition import nll_derivatives
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
+from hf_calibration._core.vmath import exp_into
+from hf_calibration.calibrators.temperature import T_MAX, T_MIN
 
 LOG_T_RANGE = (math.log(T_MIN), math.log(T_MAX))  # the fitted temperature stays in [0.05, 100], as temperature scaling's
 

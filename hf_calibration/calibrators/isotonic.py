@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from scipy.special import softmax
 
-from . import _graph
-from ._piecewise import PiecewiseCalibrator, PiecewiseMaps
-from ._registry import register_calibrator
-from ._toplabel import TopLabelCalibrator
+from hf_calibration.calibrators._forward import graph as _graph
+from hf_calibration.calibrators._piecewise import PiecewiseCalibrator, PiecewiseMaps
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._toplabel import TopLabelCalibrator
 
 CITATION = ("B. Zadrozny, C. Elkan, *Transforming classifier scores into accurate multiclass probability estimates*, "
             "KDD 2002")

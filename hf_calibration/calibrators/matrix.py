@@ -67,16 +67,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import _progress
-from .._checks import check_float, check_int
-from ._affine import AffineCurvature, AffineNLL, affine_curvature, affine_preconditioner, fit_affine, identity_parameters
-from ._base import logger
-from ._cv import stratified_folds
-from ._lbfgs import Preconditioner, QuadraticPenalty, odir_penalty
-from ._base import k_squared_memory, k_squared_reason
-from ._per_class import PerClassCalibrator
-from ._registry import register_calibrator
-from ._threads import torch_single_threaded
+from hf_calibration._core import progress as _progress
+from hf_calibration._core.checks import check_float, check_int
+from hf_calibration.calibrators._fitting.affine import AffineCurvature, AffineNLL, affine_curvature, affine_preconditioner, fit_affine, identity_parameters
+from hf_calibration.calibrators._base import logger
+from hf_calibration.calibrators._fitting.cv import stratified_folds
+from hf_calibration.calibrators._fitting.lbfgs import Preconditioner, QuadraticPenalty, odir_penalty
+from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
+from hf_calibration.calibrators._per_class import PerClassCalibrator
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration._core.threads import torch_single_threaded
 
 # The authors' grid (their experiment code): weights per entry, 10^i for i from -5 (10 classes) or -2 (100 classes) to 6,
 # lambda's also at 0.25 and 0.5 of each decade.
@@ -481,8 +481,8 @@ class _Search:
     def _temperature_scaling(self) -> tuple[list[float], float]:
         """Temperature scaling on the same folds: each fold's T (the first candidate's start, ``W = I / T``) and the mean
         held-out NLL (the baseline a K^2 + K fit must beat)."""
-        from ._partition import scaled_nll
-        from .temperature import TemperatureScaling
+        from hf_calibration.calibrators._fitting.partition import scaled_nll
+        from hf_calibration.calibrators.temperature import TemperatureScaling
 
         temperatures, score = [], 0.0
         for (train, val), fold in zip(self.splits, self.folds):

@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .._checks import check_float, check_int
+from hf_calibration._core.checks import check_float, check_int
 
 
 class ScaledStats(NamedTuple):

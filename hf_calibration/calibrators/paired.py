@@ -21,13 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_choice, to_numpy
-from ..metrics._format import prepare, top_label
-from ..metrics.adaptive import _adaece_compute, _adaece_statistic
-from ..metrics.bootstrap import INTERVALS, IntervalRule, MetricInterval, check_bootstrap, frame, reframed, weighted_means
-from ..metrics.ece import _binned_statistic, _ece_compute
-from ..metrics.scores import _row_scores
-from ..metrics.smooth import _smce_statistic, smce_from_confidence
+from hf_calibration._core.checks import check_choice, to_numpy
+from hf_calibration._core.inputs import read_multiclass
+from hf_calibration._core.rowpass import top_label
+from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
+from hf_calibration.metrics.bootstrap import INTERVALS, IntervalRule, MetricInterval, check_bootstrap, frame, reframed, weighted_means
+from hf_calibration.metrics.ece import _binned_statistic, _ece_compute
+from hf_calibration.metrics.scores import _row_scores
+from hf_calibration.metrics.smooth import _smce_statistic, smce_from_confidence
 
 __all__ = ["PairedBootstrap", "paired_bootstrap"]
 
@@ -39,8 +40,8 @@ def _sigmoid_scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins:
     the samples (every label of a sample together)."""
     import warnings
 
-    from ..metrics.multilabel import _binned_statistic as binned, _score_statistic, _smooth_or_adaptive_statistic, _values
-    from ..metrics.multilabel import prepare_sigmoid
+    from hf_calibration.metrics.multilabel import _binned_statistic as binned, _score_statistic, _smooth_or_adaptive_statistic, _values
+    from hf_calibration.metrics.multilabel import prepare_sigmoid
 
     inputs = prepare_sigmoid(logits.reshape(logits.shape[0], -1), labels.reshape(labels.shape[0], -1), task="multilabel",
                              from_logits=True, preds_name="predictions")
@@ -79,7 +80,7 @@ def _scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins: int, ta
     over the rows as given (every method's rows are the same samples), gathered into this method's frame."""
     if task != "multiclass":
         return _sigmoid_scorer(metric, logits, labels, n_bins)
-    inputs = prepare(logits, labels, from_logits=True, ignore_index=None, preds_name="predictions")
+    inputs = read_multiclass(logits, labels, from_logits=True, ignore_index=None, preds_name="predictions")
     if metric in ("nll", "brier"):
         scores = _row_scores(inputs)[:, 0 if metric == "brier" else 1]
         means = weighted_means(scores)

@@ -35,14 +35,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_float, check_int, check_seed
-from ._lbfgs import l2_penalty, minimize
-from . import _graph
-from ._partition import LogPartitionTable
-from ._registry import register_calibrator
-from ._scaling import TemperatureCalibrator
-from ._threads import torch_single_threaded
-from .objectives import get_objective
+from hf_calibration._core.checks import check_float, check_int, check_seed
+from hf_calibration.calibrators._fitting.lbfgs import l2_penalty, minimize
+from hf_calibration.calibrators._forward import graph as _graph
+from hf_calibration.calibrators._fitting.partition import LogPartitionTable
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._scaling import TemperatureCalibrator
+from hf_calibration._core.threads import torch_single_threaded
+from hf_calibration.calibrators.objectives import get_objective
 
 T_FLOOR, T_CEIL = 1e-12, 1e12  # the official code's clip of |MLP| before dividing
 

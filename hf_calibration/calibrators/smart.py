@@ -26,15 +26,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_float, check_int, check_seed
-from . import _apply, _graph
-from ._optim import adam_early_stopping
-from ._partition import GRID, LogPartitionTable
-from ._registry import register_calibrator
-from ._rows import MappedRows
-from ._scaling import TemperatureCalibrator
-from ._smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad, workspace
-from .objectives import get_objective, objective_kwargs
+from hf_calibration._core.checks import check_float, check_int, check_seed
+from hf_calibration.calibrators._forward import apply as _apply
+from hf_calibration.calibrators._forward import graph as _graph
+from hf_calibration.calibrators._fitting.optim import adam_early_stopping
+from hf_calibration.calibrators._fitting.partition import GRID, LogPartitionTable
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._fitting.rows import MappedRows
+from hf_calibration.calibrators._scaling import TemperatureCalibrator
+from hf_calibration.calibrators._fitting.smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad, workspace
+from hf_calibration.calibrators.objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ class SMARTCalibrator(
         """Where temperature scaling does at least as well on the fit's objective, set a constant ``T(m) = T_ts``
         (``W2 = 0``, ``b2 = softplus^-1(T_ts - eps)``), ``T_ts`` fitted by temperature scaling, and say so; otherwise
         keep the fit. Returns what to add to ``fit_info_``."""
-        from .temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import TemperatureScaling
 
         ts = TemperatureScaling()
         ts._fit_checked(rows, labels, "nll", {}, False, report=False)

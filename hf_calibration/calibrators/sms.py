@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._registry import register_calibrator
-from ._structured import StructuredScaling
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._structured import StructuredScaling
 
 
 @register_calibrator

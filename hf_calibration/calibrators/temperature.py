@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_float, check_int
-from . import _apply
-from ._optim import adam_early_stopping
-from ._partition import LogPartitionTable, nll_derivatives
-from ._registry import register_calibrator
-from ._scaling import TemperatureCalibrator
-from .objectives import get_objective
+from hf_calibration._core.checks import check_float, check_int
+from hf_calibration.calibrators._forward import apply as _apply
+from hf_calibration.calibrators._fitting.optim import adam_early_stopping
+from hf_calibration.calibrators._fitting.partition import LogPartitionTable, nll_derivatives
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._scaling import TemperatureCalibrator
+from hf_calibration.calibrators.objectives import get_objective
 
 T_MIN, T_MAX = 0.05, 100.0  # the fitted temperature is kept in this range (all-correct fit sets drive T to 0)
 SUBSAMPLE_ROWS = 4096  # rows of the warm start's subsample
@@ -93,7 +93,7 @@ class TemperatureScaling(
     ``fit(..., objective="nll")`` (the default) minimises the validation NLL over ``beta = 1 / T``, in which it is
     convex, by safeguarded Newton steps on the exact float64 softmax: one compiled pass over the logits gives the NLL
     and its first two derivatives, and two or three passes follow a warm start on a subsample, a block of rows at a
-    time (no copy of the logits; from disk too, ``hf_calibration.disk_logits``). The other objectives (``"brier"``, ``"soft_ece"``, ``"charbonnier_soft_ece"``) use
+    time (no copy of the logits; from disk too, ``hf_calibration._core.disk_logits``). The other objectives (``"brier"``, ``"soft_ece"``, ``"charbonnier_soft_ece"``) use
     full-batch Adam with early stopping.
     Needs at least ``min_samples = 10`` labelled samples.
 
@@ -193,7 +193,7 @@ class TemperatureScaling(
         return info
 
     def _warn_bound(self, t: float, labels: np.ndarray, rows) -> None:
-        from ._base import logger
+        from hf_calibration.calibrators._base import logger
 
         correct = all(bool((block.argmax(1) == labels[start : start + block.shape[0]]).all()) for start, block in rows.blocks())
         reason = " (every fit sample is classified correctly)" if correct else ""

@@ -25,15 +25,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_float, check_int
-from .._parallel import run_pass
-from ._affine import BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
-from ._lbfgs import odir_penalty
-from ._per_class import PerClassCalibrator
-from ._registry import register_calibrator
-from ._rows import FitRows, MappedRows, uncentred
-from ._threads import torch_single_threaded
-from .temperature import TemperatureScaling
+from hf_calibration._core.checks import check_float, check_int
+from hf_calibration._core.parallel import run_pass
+from hf_calibration.calibrators._fitting.affine import BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
+from hf_calibration.calibrators._fitting.lbfgs import odir_penalty
+from hf_calibration.calibrators._per_class import PerClassCalibrator
+from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._fitting.rows import FitRows, MappedRows, uncentred
+from hf_calibration._core.threads import torch_single_threaded
+from hf_calibration.calibrators.temperature import TemperatureScaling
 
 
 @register_calibrator

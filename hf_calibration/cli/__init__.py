@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Sequence
 
-from ._common import PROG, CLIError, Parser, load_calibrator
+from hf_calibration.cli._common import PROG, CLIError, Parser, load_calibrator
 
 __all__ = ["COMMANDS", "PROG", "CLIError", "build_parser", "load_calibrator", "main"]
 

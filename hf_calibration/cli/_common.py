@@ -103,7 +103,7 @@ def _same_file(a: Path, b: str | os.PathLike | None) -> bool:
 
 def new_folder(path: str | os.PathLike, what: str, overwrite: bool) -> Path:
     """An output folder for a calibrator: new, empty, or (``--overwrite``) holding a calibrator; never a model's."""
-    from ..hub import check_save_folder
+    from hf_calibration._core.checkpoints import check_save_folder
 
     folder = Path(path)
     try:
@@ -117,7 +117,7 @@ def new_folder(path: str | os.PathLike, what: str, overwrite: bool) -> Path:
 def output_folder(path: str | os.PathLike, what: str) -> Path:
     """A folder for a command's outputs (diagrams, reports): not a file, never a model's folder, creatable; it is
     created only when the first output is written."""
-    from ..hub import model_files
+    from hf_calibration._core.checkpoints import model_files
 
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
@@ -162,7 +162,7 @@ def diagram_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=())
 
 
 def load_data(args, default_split: str):
-    from ..logits_io import load_logits
+    from hf_calibration.io.logits_files import load_logits
 
     return load_logits(args.logits, args.split, labels_path=args.labels, default_split=default_split, task=getattr(args, "task", None))
 
@@ -177,7 +177,7 @@ def save_diagram(
     ``from_logits`` is the one the table used, so the diagram and the table show the same numbers; ``ci`` the
     level of its per-bin and ECE intervals (default 0.95).
     """
-    from ..metrics import reliability_diagram
+    from hf_calibration.metrics import reliability_diagram
 
     fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
                               title=title, from_logits=from_logits, ci=0.95 if ci is None else ci, n_boot=n_boot,
@@ -190,7 +190,7 @@ def save_diagram(
 def json_ready(report) -> dict:
     """A report as strict JSON values: a NaN or infinite metric becomes null, and ``non_finite`` names it with its
     value as a string (``{"nll": "inf"}``; present only when some metric is not finite)."""
-    from ..metrics.multilabel import SigmoidCalibrationReport
+    from hf_calibration.metrics.multilabel import SigmoidCalibrationReport
 
     if isinstance(report, SigmoidCalibrationReport):  # nested: macro / micro / per_label; a non-finite number is null
         def clean(value):
@@ -257,7 +257,7 @@ def add_input_kind_option(p: argparse.ArgumentParser) -> None:
 def from_logits_of(args, logits, task: str = "multiclass") -> bool:
     """The input kind the command works with: ``--probs`` / ``--from-logits``, else detected on ``logits`` (a sigmoid
     head's: every value in [0, 1] is a probability, as the metrics decide)."""
-    from .._checks import resolve_from_logits
+    from hf_calibration._core.checks import resolve_from_logits
 
     if task in ("binary", "multilabel") and (logits.ndim == 1 or logits.shape[1] != 2 or task == "multilabel"):
         if args.from_logits is not None:
@@ -267,7 +267,7 @@ def from_logits_of(args, logits, task: str = "multiclass") -> bool:
 
 
 def method_kind(method: str, flag: str = "--method") -> str:
-    from ..calibrators import list_calibrators
+    from hf_calibration.calibrators import list_calibrators
 
     kinds = list_calibrators()
     kind = _METHOD_ALIASES.get(method.lower(), method.lower())
@@ -278,7 +278,7 @@ def method_kind(method: str, flag: str = "--method") -> str:
 
 def load_calibrator(folder: str | os.PathLike):
     """Load a calibrator saved with ``save_pretrained`` (any registered kind), strictly."""
-    from .. import calibrators
+    from hf_calibration import calibrators
 
     folder = Path(folder)
     if not folder.is_dir():

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._common import CLIError, add_option, calibrated_logits, from_logits_of, load_calibrator, load_data, logits_options
+from hf_calibration.cli._common import CLIError, add_option, calibrated_logits, from_logits_of, load_calibrator, load_data, logits_options
 
 __all__ = ["Inputs", "add_input_options", "card_kwargs", "load_inputs"]
 
@@ -24,7 +24,7 @@ class Inputs(NamedTuple):
     model: str | None = None  # --model, on the model route
     dataset: str | None = None  # --dataset, on the model route
     split: str | None = None  # the dataset split used, on the model route
-    task: str = "multiclass"  # the head's kind (hf_calibration.tasks)
+    task: str = "multiclass"  # the head's kind (hf_calibration._core.tasks)
 
 
 def add_input_options(p: argparse.ArgumentParser, split_help: str) -> None:
@@ -97,16 +97,16 @@ def _load(args, default_split: str) -> Inputs:
     if args.num_workers is not None and args.num_workers < 0:
         raise CLIError(f"--num-workers must be at least 0, but got {args.num_workers}.")
 
-    from .._checks import check_folder_or_hub_id
-    from ..data import find_label_column, load_image_dataset
-    from ..inference import check_device, predict_logits
-    from ..logits_cache import default_cache_dir
+    from hf_calibration._core.checks import check_folder_or_hub_id
+    from hf_calibration.io.data import find_label_column, load_image_dataset
+    from hf_calibration.io.inference import check_device, predict_logits
+    from hf_calibration.io.logits_cache import default_cache_dir
 
     check_folder_or_hub_id(args.model, "model")  # both named before anything is loaded
     if args.device is not None:
         check_device(args.device)
     dataset = load_image_dataset(args.dataset, args.split, config_name=args.config, default_split=default_split)
-    from ..inference import _task_of
+    from hf_calibration.io.inference import _task_of
 
     task = _task_of(args.model, args.revision, getattr(args, "task", None))
     label_column = find_label_column(dataset.features, args.label_column, multilabel=task == "multilabel")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import (
+from hf_calibration.cli._common import (
     CLIError,
     add_input_kind_option,
     add_option,
@@ -41,8 +41,8 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..logits_io import npz_path, save_logits
-    from ..metrics import calibration_report, format_reports
+    from hf_calibration.io.logits_files import npz_path, save_logits
+    from hf_calibration.metrics import calibration_report, format_reports
 
     inputs = (args.logits, args.labels)
     diagram = diagram_file(args.diagram, "--diagram", args.overwrite, inputs) if args.diagram else None

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._common import (
+from hf_calibration.cli._common import (
     CLIError,
     add_input_kind_option,
     add_option,
@@ -20,7 +20,7 @@ from ._common import (
     output_folder,
     save_diagram,
 )
-from ._inputs import add_input_options, load_inputs
+from hf_calibration.cli._inputs import add_input_options, load_inputs
 
 SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")  # as hf_calibration.calibrators.selection
 
@@ -55,7 +55,7 @@ def parse_methods(text: str | None):
 
 def fit_auto(args, data, from_logits: bool, progress_bar: bool):
     """``fit --method auto``: an ``AutoCalibrator`` fitted on the loaded split, with the command's options."""
-    from ..calibrators import AutoCalibrator
+    from hf_calibration.calibrators import AutoCalibrator
 
     if args.objective is not None:
         raise CLIError("--objective does not apply to --method auto: every candidate fits its own default objective.")
@@ -120,10 +120,10 @@ def diagram_title(source: str, name: str, table) -> str:
 
 
 def run(args) -> int:
-    from ..calibrators import compare_calibrators
-    from ..calibrators.selection import UNCALIBRATED
+    from hf_calibration.calibrators import compare_calibrators
+    from hf_calibration.calibrators.selection import UNCALIBRATED
 
-    from ..calibrators.selection import _method_specs
+    from hf_calibration.calibrators.selection import _method_specs
 
     methods = parse_methods(args.methods)
     check_paired_options(args)

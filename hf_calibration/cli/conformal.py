@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, add_input_kind_option, add_option, dry_run_files, dump_json, from_logits_of, method_kind, to_tensor
-from ._inputs import add_input_options, load_inputs
+from hf_calibration.cli._common import CLIError, add_input_kind_option, add_option, dry_run_files, dump_json, from_logits_of, method_kind, to_tensor
+from hf_calibration.cli._inputs import add_input_options, load_inputs
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -39,11 +39,11 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 def _calibrator(spec: str | None):
     if spec is None:
         return None
-    from ._common import load_calibrator
+    from hf_calibration.cli._common import load_calibrator
 
     if Path(spec).is_dir():
         return load_calibrator(spec)
-    from ..calibrators import create_calibrator
+    from hf_calibration.calibrators import create_calibrator
 
     try:
         kind = method_kind(spec)
@@ -53,8 +53,8 @@ def _calibrator(spec: str | None):
 
 
 def run(args) -> int:
-    from ..conformal import ConformalPredictor
-    from ..conformal.predictor import check_save_folder
+    from hf_calibration.conformal import ConformalPredictor
+    from hf_calibration.conformal.predictor import check_save_folder
 
     if args.method != "raps" and (args.k_reg is not None or args.penalty is not None):
         raise CLIError("--k-reg and --penalty apply to --method raps only.")
@@ -85,7 +85,7 @@ def run(args) -> int:
         predictor.save_pretrained(args.out, overwrite=args.overwrite)
         result["out"] = str(args.out)
     if args.push_to_hub:
-        from ..hub import HubUnreachableError
+        from hf_calibration._core.checkpoints import HubUnreachableError
 
         try:
             pushed = predictor.push_to_hub(args.push_to_hub, path_in_repo=args.path_in_repo, dry_run=args.dry_run)

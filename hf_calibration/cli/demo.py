@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_option, writable_dir
+from hf_calibration.cli._common import add_option, writable_dir
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..demo import DemoConfig, run_demo
+    from hf_calibration.demo import DemoConfig, run_demo
 
     given = {
         "output_dir": args.output_dir,

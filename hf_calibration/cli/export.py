@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import CLIError
+from hf_calibration.cli._common import CLIError
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -44,14 +44,14 @@ def run(args) -> int:
         raise CLIError("--requirement goes with --endpoint-handler")
     written: dict = {}
     if args.out is not None:
-        from ..serving import export_onnx
+        from hf_calibration.serving import export_onnx
 
         result = export_onnx(args.model, args.out, calibrator=None if args.no_calibrator else "attached",
                              conformal=None if args.no_conformal else "attached", opset_version=args.opset,
                              verify=not args.no_verify, overwrite=args.overwrite)
         written["onnx"] = dict(result)
     if args.endpoint_handler:
-        from ..serving import write_endpoint_handler
+        from hf_calibration.serving import write_endpoint_handler
 
         written["endpoint_handler"] = write_endpoint_handler(args.model, requirement=args.requirement, overwrite=args.overwrite)
     if args.json:

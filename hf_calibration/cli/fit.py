@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import (
+from hf_calibration.cli._common import (
     OBJECTIVES,
     CLIError,
     add_input_kind_option,
@@ -21,8 +21,8 @@ from ._common import (
     to_tensor,
     writing,
 )
-from ._inputs import add_input_options, card_kwargs, load_inputs
-from .compare import add_selection_options, fit_auto
+from hf_calibration.cli._inputs import add_input_options, card_kwargs, load_inputs
+from hf_calibration.cli.compare import add_selection_options, fit_auto
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -55,9 +55,9 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..calibrators import create_calibrator
-    from ..calibrators.selection import is_stochastic
-    from ..metrics import calibration_report, format_reports
+    from hf_calibration.calibrators import create_calibrator
+    from hf_calibration.calibrators.selection import is_stochastic
+    from hf_calibration.metrics import calibration_report, format_reports
 
     auto = args.method.lower() == "auto"
     kind = "auto" if auto else method_kind(args.method)
@@ -66,7 +66,7 @@ def run(args) -> int:
     if not args.push_to_hub and (args.dry_run or args.path_in_repo or args.private):
         raise CLIError("--dry-run, --path-in-repo and --private apply to --push-to-hub only.")
     if args.push_to_hub:  # every argument is checked before anything is written
-        from ..hub import check_path_in_repo, check_repo_id
+        from hf_calibration._core.checkpoints import check_path_in_repo, check_repo_id
 
         try:
             check_repo_id(args.push_to_hub, "--push-to-hub")
@@ -87,7 +87,7 @@ def run(args) -> int:
         calibrator = create_calibrator(kind, **({} if args.seed is None else {"seed": args.seed}))
         fit_kwargs = {} if args.objective is None else {"objective": args.objective}
         if sigmoid != bool(getattr(calibrator, "_sigmoid_head", False)):
-            from ..calibrators import list_calibrators
+            from hf_calibration.calibrators import list_calibrators
 
             raise CLIError(f"--method {kind} calibrates a {'sigmoid' if not sigmoid else 'softmax'} head, but the data are a "
                            f"{data.task} head's (see --task, or the model's config.problem_type): choose one of "
@@ -123,7 +123,7 @@ def run(args) -> int:
 
 
 def _push(calibrator, args, out, card: dict | None) -> dict:
-    from ..hub import HubUnreachableError
+    from hf_calibration._core.checkpoints import HubUnreachableError
 
     repo_url = f"https://huggingface.co/{args.push_to_hub}" + (f"/tree/main/{args.path_in_repo.strip('/')}" if args.path_in_repo else "")
     try:

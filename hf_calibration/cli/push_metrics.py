@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import CLIError
+from hf_calibration.cli._common import CLIError
 
 NAME = "push-metrics"
 
@@ -28,7 +28,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..metric_spaces import build_metric_spaces, check_namespace, push_metric_spaces
+    from hf_calibration.hub.spaces import build_metric_spaces, check_namespace, push_metric_spaces
 
     names = [n.strip() for n in args.metrics.split(",") if n.strip()] if args.metrics else None
     if args.metrics is not None and not names:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from ._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_intervals, json_ready, save_diagram
-from ._inputs import add_input_options, load_inputs
+from hf_calibration.cli._common import CLIError, add_input_kind_option, add_option, diagram_file, dump_json, json_intervals, json_ready, save_diagram
+from hf_calibration.cli._inputs import add_input_options, load_inputs
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
@@ -31,8 +31,8 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..metrics import calibration_report
-    from ..metrics.bootstrap import check_bootstrap
+    from hf_calibration.metrics import calibration_report
+    from hf_calibration.metrics.bootstrap import check_bootstrap
 
     try:  # before any work
         check_bootstrap(args.ci, args.n_boot, 0)

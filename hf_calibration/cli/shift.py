@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, add_option, load_calibrator, method_kind, new_file, output_folder
-from ._inputs import add_input_options
+from hf_calibration.cli._common import CLIError, add_option, load_calibrator, method_kind, new_file, output_folder
+from hf_calibration.cli._inputs import add_input_options
 
 
 OUTPUTS = ("shift_report.json", "shift_report.txt", "ece_vs_severity.png")  # what --out DIR receives
@@ -39,7 +39,7 @@ def _severities(text: str) -> list[int]:
 
 
 def _corruptions(text: str) -> list[str]:
-    from ..shift import BENCHMARK_CORRUPTIONS, CORRUPTIONS, EXTRA_CORRUPTIONS
+    from hf_calibration.shift import BENCHMARK_CORRUPTIONS, CORRUPTIONS, EXTRA_CORRUPTIONS
 
     named = {"all": CORRUPTIONS, "benchmark": BENCHMARK_CORRUPTIONS, "extra": EXTRA_CORRUPTIONS}
     if text in named:
@@ -60,7 +60,7 @@ def _calibrators(items: list[str]) -> dict:
     import logging
     import os
 
-    from ..calibrators import list_calibrators
+    from hf_calibration.calibrators import list_calibrators
 
     logger = logging.getLogger("hf_calibration.cli")
     seen: dict[str, str] = {}  # method kind or real folder path -> the item that named it
@@ -125,9 +125,9 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..logits_cache import default_cache_dir
-    from ..shift import BENCHMARK_CORRUPTIONS
-    from ..shift.model import model_shift_report
+    from hf_calibration.io.logits_cache import default_cache_dir
+    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
+    from hf_calibration.shift.model import model_shift_report
 
     if args.logits is not None or args.labels is not None:
         raise CLIError("shift corrupts images: give --model M and --dataset D, not --logits.")
@@ -137,7 +137,7 @@ def run(args) -> int:
     if args.out:  # checked before any model runs: never a model's folder; the files are new, or --overwrite replaces them
         folder = output_folder(args.out, "--out")
         outputs = [new_file(folder / name, "--out file", args.overwrite) for name in OUTPUTS]
-    from .._checks import check_folder_or_hub_id
+    from hf_calibration._core.checks import check_folder_or_hub_id
 
     check_folder_or_hub_id(args.model, "model")
     check_folder_or_hub_id(args.dataset, "dataset", "dataset")

@@ -9,12 +9,12 @@ multi-label sets with a controlled false-negative rate (conformal risk control),
     predictor.push_to_hub("me/vit", path_in_repo="conformal")
 """
 
-from .metrics import coverage, set_size, set_sizes
-from .multilabel import MultiLabelConformalPredictor, crc_threshold, false_negative_rate
-from .predictor import ConformalPredictor
-from .quantile import conformal_quantile, quantile_rank
-from .scores import METHODS, conformity_scores
-from .tuning import LAMBDA_GRID, choose_k_reg, choose_penalty
+from hf_calibration.conformal.metrics import coverage, set_size, set_sizes
+from hf_calibration.conformal.multilabel import MultiLabelConformalPredictor, crc_threshold, false_negative_rate
+from hf_calibration.conformal.predictor import ConformalPredictor
+from hf_calibration.conformal.quantile import conformal_quantile, quantile_rank
+from hf_calibration.conformal.scores import METHODS, conformity_scores
+from hf_calibration.conformal.tuning import LAMBDA_GRID, choose_k_reg, choose_penalty
 
 __all__ = [
     "LAMBDA_GRID",
@@ -38,7 +38,7 @@ __all__ = [
 def load_conformal_predictor(name_or_path, *, subfolder=None, **kwargs):
     """Load a saved conformal predictor of either kind (``ConformalPredictor`` for THR / APS / RAPS,
     ``MultiLabelConformalPredictor`` for conformal risk control), as its ``config.json`` says."""
-    from .. import hub
+    from hf_calibration._core import checkpoints as hub
 
     folder = hub.resolve_checkpoint(name_or_path, subfolder=subfolder, name="name_or_path",
                                     **{k: kwargs[k] for k in hub.DOWNLOAD_OPTIONS if k in kwargs})

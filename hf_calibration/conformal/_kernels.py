@@ -14,7 +14,7 @@ up to ``y``, less ``u p_y``, plus ``lambda max(r - k_reg, 0)``), computed from e
 
 The probabilities are float64: ``exp`` by ``_vmath.exp_into`` (a few ulp from libm's or torch's), so a threshold agrees
 with the torch computation of ``scores.py`` to ~1e-15, not bit for bit. Rows are independent: they run in parallel
-over chunks of rows (``hf_calibration._parallel``), the same numbers on any number of threads. Inputs are float32 or
+over chunks of rows (``hf_calibration._core.parallel``), the same numbers on any number of threads. Inputs are float32 or
 float64 logits (or probabilities, read as ``log(max(p, tiny))``), indexed by a row list so that a split of the
 calibration data needs no copy.
 """
@@ -26,8 +26,8 @@ import math
 import numba
 import numpy as np
 
-from .._parallel import run_pass
-from .._vmath import exp_into, max_of, sum_of
+from hf_calibration._core.parallel import run_pass
+from hf_calibration._core.vmath import exp_into, max_of, sum_of
 
 __all__ = ["THR", "APS", "RAPS", "METHOD_CODES", "label_scores", "set_rows"]
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import IGNORE_INDEX, check_labels_in_range, to_numpy
+from hf_calibration._core.checks import IGNORE_INDEX, check_labels_in_range, to_numpy
 
 
 def _check_sets(sets: Any, name: str = "sets") -> np.ndarray:

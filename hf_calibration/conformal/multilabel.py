@@ -34,9 +34,11 @@ import torch
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from .. import hub
-from ..calibrators._base import Calibrator, NotFittedError, _labels_of
-from .quantile import check_alpha
+from hf_calibration._core import checkpoints as hub
+from hf_calibration._core.inputs import binary_labels, logits_and_labels, scores_kind
+from hf_calibration._core.tensors import as_tensor, logit
+from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator
+from hf_calibration.conformal.quantile import check_alpha
 
 __all__ = ["MultiLabelConformalPredictor", "crc_threshold", "false_negative_rate"]
 
@@ -181,10 +183,9 @@ class MultiLabelConformalPredictor(
         if not self.is_fitted:
             raise NotFittedError("This MultiLabelConformalPredictor is not fitted yet: call fit(logits, labels) first.")
 
-    def _probabilities(self, logits: Any, from_logits: bool | None, calibrator: Calibrator | None = None) -> np.ndarray:
-        from ..calibrators._inputs import as_tensor
-        from ..calibrators._sigmoid import detect_from_logits, logit
-
+    def _probabilities(self, logits: Any, from_logits: bool | None, calibrator: Calibrator | None = None) -> tuple[np.ndarray, bool]:
+        """Per-label probabilities (after the calibrator) and whether the input held logits: an explicit ``from_logits``
+        wins, then the kind the fit recorded (a row alone reads as in a batch), then detection (values all in [0, 1])."""
         calibrator = self.calibrator if calibrator is None else calibrator
         z = as_tensor(logits, "logits")
         if z.ndim != 2 or z.shape[0] == 0 or not z.is_floating_point():
@@ -193,11 +194,11 @@ class MultiLabelConformalPredictor(
             raise ValueError(f"Expected `logits` to have L = {self.num_classes} labels (as fitted), but got {z.shape[1]}.")
         if not bool(torch.isfinite(z).all()):
             raise ValueError("Expected `logits` to be finite, but they contain NaN or inf.")
-        is_logits = detect_from_logits(z, "multilabel", from_logits)
+        is_logits = scores_kind(z, from_logits, task="multilabel", recorded=(self.fit_info_ or {}).get("input"), name="logits")
         z = z.double() if is_logits else logit(z.double())
         if calibrator is not None:
             z = calibrator(z, from_logits=True).double()
-        return torch.sigmoid(z).numpy()
+        return torch.sigmoid(z).numpy(), is_logits
 
     def fit(self, logits: Any, labels: Any = None, *, alpha: float = 0.1, calibrator: Calibrator | None = None,
             from_logits: bool | None = None) -> "MultiLabelConformalPredictor":
@@ -210,7 +211,7 @@ class MultiLabelConformalPredictor(
             from_logits: None detects probabilities (every value in [0, 1]).
         """
         alpha = check_alpha(alpha)
-        logits, labels = _labels_of(logits, labels)
+        logits, labels = logits_and_labels(logits, labels)
         if calibrator is not None:
             if not isinstance(calibrator, Calibrator) or not getattr(calibrator, "_sigmoid_head", False):
                 raise TypeError(f"Expected argument `calibrator` to be a fitted sigmoid calibrator (task 'multilabel'), but got "
@@ -221,11 +222,9 @@ class MultiLabelConformalPredictor(
         if y.ndim != 2:
             raise ValueError(f"Expected `labels` to have shape (N, L) of 0/1 labels (multi-hot), but got shape {y.shape}: a "
                              "multi-class head's sets are ConformalPredictor's.")
-        bad = ~np.isin(y, (0, 1))
-        if bad.any():
-            raise ValueError(f"Expected `labels` to hold 0/1 labels, but found {y[bad][0]!r}.")
+        y = binary_labels(y, ignore_index=None, name="labels")[0]
         self.fit_info_ = None
-        probs = self._probabilities(logits, from_logits, calibrator)
+        probs, is_logits = self._probabilities(logits, from_logits, calibrator)
         if probs.shape != y.shape:
             raise ValueError(f"Expected `logits` and `labels` of one shape (N, L), but got {probs.shape} and {y.shape}.")
         grid = self.thresholds if isinstance(self.thresholds, str) else np.asarray(self.thresholds)
@@ -239,7 +238,7 @@ class MultiLabelConformalPredictor(
         self.__dict__["calibrator_"] = calibrator
         sets = probs > threshold
         self.fit_info_ = {"method": KIND, "alpha": alpha, "num_samples": int(n), "num_labels": int(probs.shape[1]),
-                          "threshold": threshold, "controlled": controlled, "input": "logits",
+                          "threshold": threshold, "controlled": controlled, "input": "logits" if is_logits else "probabilities",
                           "false_negative_rate": false_negative_rate(sets, y), "mean_set_size": float(sets.sum(axis=1).mean()),
                           "no_label_samples": int((y.sum(axis=1) == 0).sum()),
                           "calibrator": None if calibrator is None else {"kind": calibrator.kind}}
@@ -248,7 +247,7 @@ class MultiLabelConformalPredictor(
     def predict_sets(self, logits: Any, *, from_logits: bool | None = None):
         """(N, L) boolean sets ``{l : p_l > t_hat}``: numpy for numpy input, a CPU torch tensor for torch input."""
         self._check_fitted()
-        sets = self._probabilities(logits, from_logits) > float(self.threshold)
+        sets = self._probabilities(logits, from_logits)[0] > float(self.threshold)
         return torch.from_numpy(sets) if isinstance(logits, torch.Tensor) else sets
 
     def forward(self, logits: Any, from_logits: bool | None = None):
@@ -261,12 +260,12 @@ class MultiLabelConformalPredictor(
 
     def attach(self, pipe: Any) -> Any:
         """Make an image-classification pipeline's rows carry ``"in_set"`` (see ``ConformalPredictor.attach``)."""
-        from .pipeline import attach
+        from hf_calibration.conformal.pipeline import attach
 
         return attach(self, pipe)
 
     def detach(self) -> Any:
-        from .pipeline import detach
+        from hf_calibration.conformal.pipeline import detach
 
         return detach(self)
 
@@ -278,7 +277,7 @@ class MultiLabelConformalPredictor(
     def _save_pretrained(self, save_directory) -> None:
         from safetensors.torch import save_model
 
-        from .. import __version__
+        from hf_calibration._core.version import __version__
 
         save_model(self, str(save_directory / hub.WEIGHTS_NAME), metadata={"format": "pt", "conformal": KIND,
                                                                            "format_version": str(FORMAT_VERSION)})
@@ -298,7 +297,7 @@ class MultiLabelConformalPredictor(
     def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
         """Write the threshold, ``config.json``, the card and, with a calibrator, its checkpoint in ``calibrator/``; the
         folder rules of ``ConformalPredictor.save_pretrained``."""
-        from .predictor import check_save_folder
+        from hf_calibration.conformal.predictor import check_save_folder
 
         self._check_fitted()
         if not isinstance(overwrite, bool):
@@ -327,10 +326,10 @@ class MultiLabelConformalPredictor(
         if config["fit"].get("calibrator"):
             local = Path(folder) / CALIBRATOR_SUBFOLDER
             if local.is_dir():
-                calibrator = hub.load_calibrator(local)
+                calibrator = load_calibrator(local)
             else:
                 nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
-                calibrator = hub.load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
+                calibrator = load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
             predictor.__dict__["calibrator_"] = calibrator
         return predictor
 

@@ -60,7 +60,7 @@ def _pixels(model_inputs: Any, n: int) -> torch.Tensor | None:
 def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
     """Make ``pipe``'s results carry ``predictor``'s sets (see the module docstring); returns ``pipe``. ``draws``:
     ``"input"`` (each image's randomised draw derived from its pixel values, else from its logits) or ``"stream"``."""
-    from ..calibrators.attach import attached_calibrator
+    from hf_calibration.calibrators.attach import attached_calibrator
 
     if draws not in DRAWS:
         raise ValueError(f"Expected argument `draws` to be one of {list(DRAWS)}, but got {draws!r}.")
@@ -89,7 +89,7 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
     default_top_k = inspect.signature(postprocess).parameters["top_k"].default
 
     def _forward(model_inputs, **kwargs):
-        from ..calibrators.attach import observe_uncalibrated
+        from hf_calibration.calibrators.attach import observe_uncalibrated
 
         captured = []
         if attached_calibrator(model) is not None:  # the model's own logits, before the calibrator inside its forward

@@ -37,19 +37,21 @@ import torch
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from .. import hub
-from .._checks import check_choice, check_float, check_int, looks_like_probabilities, resolve_from_logits
-from ..calibrators._base import Calibrator, NotFittedError, _labels_of
-from ..calibrators._inputs import as_tensor, log_probabilities, native_array
-from ..calibrators._threads import torch_single_threaded
-from ..metrics._format import prepare
-from . import metrics as _metrics
-from .card import CONFORMAL_CARD_TEMPLATE, card_values
-from .draws import input_draws
-from .quantile import check_alpha, check_enough_samples, conformal_quantile
-from ._kernels import label_scores, set_rows
-from .scores import METHODS, conformity_scores, sets_from_scores
-from .tuning import LAMBDA_GRID, choose_k_reg_rows, choose_penalty_rows
+from hf_calibration._core import checkpoints as hub
+from hf_calibration._core.checks import check_choice, check_float, check_int
+from hf_calibration._core.inputs import scores_kind
+from hf_calibration._core.inputs import logits_and_labels as _labels_of
+from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator
+from hf_calibration._core.tensors import as_tensor, log_probabilities, native_array
+from hf_calibration._core.threads import torch_single_threaded
+from hf_calibration._core.inputs import read_multiclass
+from hf_calibration.conformal import metrics as _metrics
+from hf_calibration.conformal.card import CONFORMAL_CARD_TEMPLATE, card_values
+from hf_calibration.conformal.draws import input_draws
+from hf_calibration.conformal.quantile import check_alpha, check_enough_samples, conformal_quantile
+from hf_calibration.conformal._kernels import label_scores, set_rows
+from hf_calibration.conformal.scores import METHODS, conformity_scores, sets_from_scores
+from hf_calibration.conformal.tuning import LAMBDA_GRID, choose_k_reg_rows, choose_penalty_rows
 
 
 FORMAT_VERSION = 1
@@ -202,7 +204,7 @@ class ConformalPredictor(
             raise TypeError(f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}.")
         logits, labels = _labels_of(logits, labels)
         logits, from_logits, one_logit = _two_columns(logits, from_logits)
-        inputs = prepare(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
+        inputs = read_multiclass(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
         z = _kernel_input(inputs.preds)
         _check_rows(z, inputs.from_logits)
         y = inputs.target
@@ -387,13 +389,13 @@ class ConformalPredictor(
         ``draws`` (randomised APS / RAPS): ``"input"`` (default) derives each image's draw from its pixel values, so
         one image gets one set, alone or in a batch, call after call; ``"stream"`` draws from the predictor's random
         stream, a new draw per image and call (as ``predict_sets`` does by default)."""
-        from .pipeline import attach
+        from hf_calibration.conformal.pipeline import attach
 
         return attach(self, pipe, draws=draws)
 
     def detach(self) -> Any:
         """Undo ``attach``: the pipeline returns its usual results again. Returns the pipeline."""
-        from .pipeline import detach
+        from hf_calibration.conformal.pipeline import detach
 
         return detach(self)
 
@@ -405,7 +407,7 @@ class ConformalPredictor(
     def _save_pretrained(self, save_directory) -> None:
         from safetensors.torch import save_model
 
-        from .. import __version__
+        from hf_calibration._core.version import __version__
 
         save_model(
             self,
@@ -496,10 +498,10 @@ class ConformalPredictor(
                              f"{str(local)!r}, but that folder is missing: the sets need it. Copy the whole folder, or save the "
                              "predictor again.")
         if local.is_dir():
-            calibrator = hub.load_calibrator(local, map_location=kwargs.get("map_location", "cpu"))
+            calibrator = load_calibrator(local, map_location=kwargs.get("map_location", "cpu"))
         else:  # a Hub repo: the calibrator's files are downloaded from its own subfolder
             nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
-            calibrator = hub.load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
+            calibrator = load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
         if calibrator.kind != recorded["kind"]:
             raise ValueError(f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator, but "
                              f"{str(local)!r} holds a {calibrator.kind} one.")
@@ -582,9 +584,8 @@ def _checked(logits: Any, from_logits: bool | None, num_classes: int | None, fit
 def _check_rows(z: np.ndarray, is_logits: bool) -> None:
     """Finite logits; probabilities by the rule every entry point applies (values in [0, 1], rows summing to 1 within
     1e-2). One compiled pass."""
-    from ..calibrators._rows import first_non_finite
-    from ..metrics._format import _raise_row_error
-    from ..metrics._rowpass import top_label_pass
+    from hf_calibration._core.finite import first_non_finite
+    from hf_calibration._core.rowpass import raise_row_error, top_label_pass
 
     if is_logits:
         bad = first_non_finite(z)
@@ -593,7 +594,7 @@ def _check_rows(z: np.ndarray, is_logits: bool) -> None:
         return
     found = top_label_pass(z, None, False, arrays=False)[3]
     if found is not None:
-        _raise_row_error(z, found, "logits")
+        raise_row_error(z, found, "logits")
 
 
 def _first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:
@@ -657,12 +658,7 @@ def _as_input(logits: Any) -> torch.Tensor:
 def _input_kind(z: torch.Tensor, from_logits: bool | None, fitted: str | None) -> bool:
     """Whether ``z`` holds logits: ``from_logits`` when given, else the kind the predictor was fitted on (``fitted``:
     ``"logits"`` / ``"probabilities"``; None: detected). Never detected per call when a fit says which."""
-    if from_logits is not None or fitted is None:
-        return resolve_from_logits(z, from_logits, "logits")
-    if fitted == "logits" and looks_like_probabilities(z, "logits"):
-        warnings.warn("`logits` look like probabilities (rows in [0, 1] summing to 1), but the predictor was fitted on logits: "
-                      "they are treated as logits. Pass from_logits=False if they are probabilities.", UserWarning, stacklevel=5)
-    return fitted == "logits"
+    return scores_kind(z, from_logits, recorded=fitted, name="logits")
 
 
 def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | None, bool]:
@@ -672,13 +668,11 @@ def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | Non
     shape = tuple(getattr(logits, "shape", np.shape(logits)))
     if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
         return logits, from_logits, False
-    from ..calibrators._sigmoid import detect_from_logits
-
     z = as_tensor(logits if not isinstance(logits, (list, tuple)) else np.asarray(logits), "logits")
     if not z.is_floating_point():
         raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
     z = z.reshape(-1)
-    is_logits = detect_from_logits(z, "vector", from_logits)
+    is_logits = scores_kind(z, from_logits, task="binary", name="logits")
     pair = torch.stack([torch.zeros_like(z), z], dim=1) if is_logits else torch.stack([1 - z, z], dim=1)
     if isinstance(logits, np.ndarray):
         pair = pair.numpy()

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import torch
 
-from .._checks import check_float
+from hf_calibration._core.checks import check_float
 
 
 def check_alpha(alpha) -> float:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .quantile import quantile_rank
-from .scores import label_ranks, rank_penalty, ranked_scores, sort_probabilities
+from hf_calibration.conformal.quantile import quantile_rank
+from hf_calibration.conformal.scores import label_ranks, rank_penalty, ranked_scores, sort_probabilities
 
 LAMBDA_GRID: tuple[float, ...] = (0.001, 0.01, 0.1, 0.2, 0.5)  # the paper's grid for the size criterion
 
@@ -72,7 +72,7 @@ def choose_penalty_rows(z: np.ndarray, rows: np.ndarray, labels: np.ndarray, alp
                         allow_empty: bool = False, from_probs: bool = False, grid: tuple[float, ...] = LAMBDA_GRID):
     """``choose_penalty`` on the rows ``rows`` of the logits ``z`` by the compiled kernels (no (N, K) array): the label
     scores and ranks once (the penalty only adds by rank), then each lambda's threshold and mean set size."""
-    from ._kernels import label_scores, set_rows
+    from hf_calibration.conformal._kernels import label_scores, set_rows
 
     n = rows.shape[0]
     k = min(quantile_rank(n, alpha), n)

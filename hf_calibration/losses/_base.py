@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .._checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range
+from hf_calibration._core.checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ._base import CalibrationLoss
-from .cross_entropy import CrossEntropyLoss
-from .fedlas import FeDLaSLSLoss, FeDLaSMbLSLoss
-from .focal import FLSD53Loss, FocalLoss
-from .label_smoothing import LabelSmoothingLoss
-from .margin import MbLSLoss
-from .multilabel import AsymmetricLoss, BinaryCrossEntropyLoss, BinaryLabelSmoothingLoss, SigmoidFocalLoss
+from hf_calibration.losses._base import CalibrationLoss
+from hf_calibration.losses.cross_entropy import CrossEntropyLoss
+from hf_calibration.losses.fedlas import FeDLaSLSLoss, FeDLaSMbLSLoss
+from hf_calibration.losses.focal import FLSD53Loss, FocalLoss
+from hf_calibration.losses.label_smoothing import LabelSmoothingLoss
+from hf_calibration.losses.margin import MbLSLoss
+from hf_calibration.losses.multilabel import AsymmetricLoss, BinaryCrossEntropyLoss, BinaryLabelSmoothingLoss, SigmoidFocalLoss
 
 LOSS_MAPPING = {
     "ce": CrossEntropyLoss,

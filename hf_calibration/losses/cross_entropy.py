@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._base import CalibrationLoss
+from hf_calibration.losses._base import CalibrationLoss
 
 
 def nll_per_sample(log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_choice, check_float, check_int
-from ._base import CalibrationLoss, _stats_dtype
-from ._fedlas_fused import FeDLaSFunction
-from .label_smoothing import label_smoothing_per_sample
-from .margin import margin_penalty_per_sample
-from .cross_entropy import nll_per_sample
+from hf_calibration._core.checks import check_choice, check_float, check_int
+from hf_calibration.losses._base import CalibrationLoss, _stats_dtype
+from hf_calibration.losses._fedlas_fused import FeDLaSFunction
+from hf_calibration.losses.label_smoothing import label_smoothing_per_sample
+from hf_calibration.losses.margin import margin_penalty_per_sample
+from hf_calibration.losses.cross_entropy import nll_per_sample
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_float
-from ._base import CalibrationLoss
+from hf_calibration._core.checks import check_float
+from hf_calibration.losses._base import CalibrationLoss
 
 
 def focal_per_sample(logits: torch.Tensor, labels: torch.Tensor, gamma: float | torch.Tensor) -> torch.Tensor:

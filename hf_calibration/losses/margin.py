@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_float
-from ._base import CalibrationLoss
-from .cross_entropy import nll_per_sample
+from hf_calibration._core.checks import check_float
+from hf_calibration.losses._base import CalibrationLoss
+from hf_calibration.losses.cross_entropy import nll_per_sample
 
 
 def margin_penalty_per_sample(logits: torch.Tensor, margin: float) -> torch.Tensor:

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_float
-from ._base import CalibrationLoss, _Batch, _count, _denominator, _upcast
+from hf_calibration._core.checks import check_float
+from hf_calibration.losses._base import CalibrationLoss, _Batch, _count, _denominator, _upcast
 
 __all__ = ["AsymmetricLoss", "BinaryCrossEntropyLoss", "BinaryLabelSmoothingLoss", "SigmoidFocalLoss", "SigmoidLoss"]
 

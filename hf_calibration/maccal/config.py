@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._checks import check_choice, check_float, check_int
+from hf_calibration._core.checks import check_choice, check_float, check_int
 
 __all__ = ["MaCCalConfig"]
 

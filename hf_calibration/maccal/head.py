@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .._checks import check_float, check_int
+from hf_calibration._core.checks import check_float, check_int
 
 __all__ = ["MaskedBottleneckHead", "MaskedSGD", "FlatHeadTrainer"]
 

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..features import find_classifier_head
-from .head import MaskedBottleneckHead
+from hf_calibration._core.features import find_classifier_head
+from hf_calibration.maccal.head import MaskedBottleneckHead
 
 __all__ = [
     "CONFIG_KEY",

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 
-from .._checks import check_float, check_int
-from .config import MaCCalConfig
+from hf_calibration._core.checks import check_float, check_int
+from hf_calibration.maccal.config import MaCCalConfig
 
 __all__ = ["clip_bound", "update_retention"]
 

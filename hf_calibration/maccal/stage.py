@@ -23,13 +23,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .._checks import IGNORE_INDEX, check_int, check_labels_in_range
-from .._progress import progress_iter
-from ..features import capture_features, find_classifier_head
-from .config import MaCCalConfig
-from .head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
-from .persistence import head_path, install_head
-from .retention import clip_bound, update_retention
+from hf_calibration._core.checks import IGNORE_INDEX, check_int, check_labels_in_range
+from hf_calibration._core.progress import progress_iter
+from hf_calibration._core.features import capture_features, find_classifier_head
+from hf_calibration.maccal.config import MaCCalConfig
+from hf_calibration.maccal.head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
+from hf_calibration.maccal.persistence import head_path, install_head
+from hf_calibration.maccal.retention import clip_bound, update_retention
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def _resolve_loss(loss, num_labels: int):
     if loss is None:
         return None
     if isinstance(loss, str):
-        from ..losses import LOSS_MAPPING, get_loss
+        from hf_calibration.losses import LOSS_MAPPING, get_loss
 
         cls = LOSS_MAPPING.get(loss.lower().replace("-", "_"))
         needs_k = cls is not None and "num_classes" in inspect.signature(cls.__init__).parameters

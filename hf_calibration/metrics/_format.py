@@ -1,7 +1,7 @@
 """Input formatting for every metric: validation, ignore_index, logits or probabilities, float64.
 
 ``prepare`` validates once and decides ``from_logits`` (an explicit bool wins; ``None`` detects
-probabilities with :func:`hf_calibration._checks.looks_like_probabilities`). Two paths then share it:
+probabilities with :func:`hf_calibration._core.checks.looks_like_probabilities`). Two paths then share it:
 
 * ``top_label`` gives the top-label confidence ``p_i = max_k softmax(z_i)_k`` and the
   correctness ``a_i = [argmax z_i == y_i]``, in one compiled pass that also checks the rows
@@ -18,42 +18,24 @@ rows that ``from_logits=False`` rejects are always taken for logits by ``from_lo
 
 from __future__ import annotations
 
-import numbers
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from . import _rowpass
-from .._checks import (
+from hf_calibration._core import rowpass as _rowpass
+from hf_calibration._core.checks import (
     IGNORE_INDEX,
     PROBABILITY_DETECTION_TOLERANCE,
     check_classification_shapes,
     check_labels_in_range,
-    resolve_from_logits,
     to_numpy,
 )
+from hf_calibration._core.inputs import Inputs, check_from_logits, check_ignore_index, read_inputs, read_multiclass
+from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label
+
+_raise_row_error = raise_row_error  # the name the metrics' passes use
 
 _CHUNK_ELEMENTS = 1 << 22  # ~32 MB of float64 per chunk
-
-
-class TopLabel(NamedTuple):
-    confidence: np.ndarray  # (N,) float64, top-label probability
-    correct: np.ndarray  # (N,) float64 in {0, 1}
-    prediction: np.ndarray  # (N,) int64, argmax class
-
-
-class Inputs(NamedTuple):
-    """Validated metric inputs: ignored rows dropped, ``from_logits`` decided."""
-
-    preds: np.ndarray  # (N, K) floating, not upcast
-    target: np.ndarray  # (N,) int64
-    from_logits: bool
-    name: str = "preds"  # the argument's name, for messages
-
-
-def _check_ignore_index(ignore_index: Any) -> None:
-    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral)):
-        raise TypeError(f"Expected argument `ignore_index` to be an integer or None, but got {ignore_index!r}.")
 
 
 def validate(
@@ -65,10 +47,9 @@ def validate(
     preds_name: str = "preds",
     target_name: str = "target",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Check shapes, dtypes and labels; drop ignored rows. Returns numpy (preds, target), not upcast."""
-    if from_logits is not None and not isinstance(from_logits, bool):
-        raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
-    _check_ignore_index(ignore_index)
+    """Check multi-class shapes, dtypes and labels; drop ignored rows. Returns numpy (preds, target), not upcast."""
+    check_from_logits(from_logits)
+    ignore_index = check_ignore_index(ignore_index)
     preds = to_numpy(preds, preds_name)
     target = to_numpy(target, target_name)
     check_classification_shapes(preds, target, preds_name, target_name)
@@ -82,6 +63,30 @@ def validate(
     return preds, target.astype(np.int64, copy=False)
 
 
+AVERAGES = ("macro", "micro", "none")  # how a multi-label head's per-label values are averaged
+
+
+def check_average_for(task: str, average: Any) -> str:
+    """``average`` checked for the head ``task``: it means something for multi-label heads only."""
+    if task == "multiclass":
+        if average != "macro":
+            raise ValueError(f"Expected argument `average` to be left at 'macro' for a multi-class (softmax) head, but got "
+                             f"{average!r}: averaging over labels applies to task='multilabel'.")
+        return average
+    if average not in AVERAGES:
+        raise ValueError(f"Expected argument `average` to be one of {sorted(AVERAGES)}, but got {average!r}.")
+    return average
+
+
+def read_metric_inputs(preds: Any, target: Any, *, task: str | None, average: str, from_logits: bool | None,
+                       ignore_index: int | None) -> Inputs:
+    """A metric function's inputs, read once: head type, kind and labels (:func:`~hf_calibration._core.inputs.read_inputs`),
+    and ``average`` checked for that head."""
+    inputs = read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index)
+    check_average_for(inputs.task, average)
+    return inputs
+
+
 def prepare(
     preds: Any,
     target: Any,
@@ -91,13 +96,9 @@ def prepare(
     preds_name: str = "preds",
     target_name: str = "target",
 ) -> Inputs:
-    """``validate``, then decide ``from_logits`` on the kept rows (ignored rows may hold anything)."""
-    preds, target = validate(
-        preds, target, from_logits=from_logits, ignore_index=ignore_index, preds_name=preds_name, target_name=target_name
-    )
-    with np.errstate(over="ignore"):  # a row sum of finite logits near 1e308 may overflow: not probabilities
-        from_logits = resolve_from_logits(preds, from_logits, preds_name)
-    return Inputs(preds, target, from_logits, preds_name)
+    """Multi-class :class:`~hf_calibration._core.inputs.Inputs` (:func:`~hf_calibration._core.inputs.read_multiclass`)."""
+    return read_multiclass(preds, target, from_logits=from_logits, ignore_index=ignore_index, preds_name=preds_name,
+                           target_name=target_name)
 
 
 def _chunks(n: int, k: int):
@@ -136,45 +137,20 @@ def _check_chunk(chunk: np.ndarray, rows: slice, from_logits: bool, preds_name: 
     return top[:, None]
 
 
-def _raise_row_error(preds: np.ndarray, bad: tuple[int, int], preds_name: str) -> None:
-    """The ``ValueError`` for the first bad row the top-label pass found (``_rowpass``'s kinds)."""
-    row, kind = bad
-    if kind == _rowpass.NOT_FINITE:
-        raise ValueError(f"Expected `{preds_name}` to be finite, but row {row} contains NaN or inf.")
-    values = np.asarray(preds[row], dtype=np.float64)
-    if kind == _rowpass.OUT_OF_RANGE:
-        raise ValueError(
-            f"Expected `{preds_name}` to hold probabilities in [0, 1] (from_logits=False), "
-            f"but found values in [{values.min():.4g}, {values.max():.4g}] (row {row})."
-        )
-    raise ValueError(
-        f"Expected each row of `{preds_name}` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} "
-        f"(from_logits=False), but row {row} sums to {values.sum():.6g}."
-    )
 def check_rows(inputs: Inputs) -> None:
     """The checks ``top_label`` and ``probability_chunks`` make on the way (finite rows; probabilities by the one
     rule), alone, in row chunks: for a pass that computes neither."""
-    preds, _, from_logits, preds_name = inputs
+    preds, from_logits, preds_name = inputs.preds, inputs.from_logits, inputs.name
     for rows in _chunks(*preds.shape):
         _check_chunk(preds[rows], rows, from_logits, preds_name)
-
-
-def top_label(inputs: Inputs) -> TopLabel:
-    """Top-label confidence and correctness of prepared inputs: one compiled pass (``_rowpass``), float64 results."""
-    preds, target, from_logits, preds_name = inputs
-    confidence, prediction, _, bad = _rowpass.top_label_pass(preds, target, from_logits)
-    if bad is not None:
-        _raise_row_error(preds, bad, preds_name)
-    correct = (prediction == target).astype(np.float64)
-    return TopLabel(confidence, correct, prediction)
 
 
 def top_label_bin_sums(inputs: Inputs, n_bins: int):
     """Per equal-width bin ``(count, sum of confidences, sum of correctness)`` of prepared inputs, as
     :class:`~hf_calibration.metrics.binning.BinSums`, from the same pass as :func:`top_label` with no per-row arrays."""
-    from .binning import BinSums
+    from hf_calibration.metrics.binning import BinSums
 
-    preds, target, from_logits, preds_name = inputs
+    preds, target, from_logits, preds_name = inputs.preds, inputs.target, inputs.from_logits, inputs.name
     _, _, sums, bad = _rowpass.top_label_pass(preds, target, from_logits, n_bins=n_bins, arrays=False)
     if bad is not None:
         _raise_row_error(preds, bad, preds_name)
@@ -189,7 +165,7 @@ def probability_chunks(inputs: Inputs):
     so any finite logits (even near the float64 limit) give finite probabilities; from
     probabilities it is ``log(probs)``.
     """
-    preds, _, from_logits, preds_name = inputs
+    preds, from_logits, preds_name = inputs.preds, inputs.from_logits, inputs.name
     n, k = preds.shape
     for rows in _chunks(n, k):
         chunk = preds[rows].astype(np.float64, copy=False)

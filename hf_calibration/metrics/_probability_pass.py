@@ -2,7 +2,7 @@
 classwise ECE's bootstrap replicates.
 
 Per row, in float64 (as ``_format.probability_chunks``): ``p = softmax(z)`` (exp after subtracting the row maximum)
-or the probabilities themselves, the bin of every ``p_k`` by :func:`~hf_calibration.metrics.binning.uniform_bin`,
+or the probabilities themselves, the bin of every ``p_k`` by :func:`~hf_calibration._core.bins.uniform_bin`,
 ``cells[k, bin(p_k)] += p_k - [y == k]``, Brier ``sum_k p_k^2 - 2 p_y + 1`` and NLL ``-log p_y`` (from logits
 ``-(z_y - max z - log sum_k exp(z_k - max z))``).
 
@@ -22,9 +22,9 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from ._format import Inputs, check_rows
-from .binning import uniform_bin, uniform_edges
-from .bootstrap import Bootstrap
+from hf_calibration.metrics._format import Inputs, check_rows
+from hf_calibration._core.bins import uniform_bin, uniform_edges
+from hf_calibration.metrics.bootstrap import Bootstrap
 
 _CHUNK_ELEMENTS = 1 << 23  # rows of one chunk (>= 256): 64 MB of float64 lowest-bin values, 8,000 rows at K = 1,000
 _CHUNK_ROWS = 16_384  # at most: several chunks, so the next chunk's pass overlaps this one's product
@@ -192,7 +192,7 @@ def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True
     """
     if not checked:
         check_rows(inputs)
-    preds, target, from_logits, _ = inputs
+    preds, target, from_logits = inputs.preds, inputs.target, inputs.from_logits
     # the compiled pass reads native float32 / float64 (float16 -> float32 is exact; no copy of float32 / float64)
     preds = np.ascontiguousarray(preds, dtype=np.float64 if preds.dtype.itemsize >= 8 else np.float32)
     n, k = preds.shape

@@ -38,7 +38,7 @@ import numba
 import numpy as np
 import torch
 
-from .._checks import (
+from hf_calibration._core.checks import (
     IGNORE_INDEX,
     PROBABILITY_DETECTION_TOLERANCE,
     check_choice,
@@ -47,14 +47,14 @@ from .._checks import (
     resolve_from_logits,
     to_numpy,
 )
-from ._format import prepare, top_label
-from .adaptive import _adaece_compute, _adaece_statistic
-from .binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_bin, uniform_edges
-from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, frame, weighted_means
-from .ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute
-from .report import CalibrationReport
-from .scores import _row_scores
-from .smooth import _smce_statistic, _smece_statistic, smce_from_confidence, smece_from_confidence
+from hf_calibration.metrics._format import prepare, top_label
+from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
+from hf_calibration.metrics.binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_bin, uniform_edges
+from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, frame, weighted_means
+from hf_calibration.metrics.ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute
+from hf_calibration.metrics.report import CalibrationReport
+from hf_calibration.metrics.scores import _row_scores
+from hf_calibration.metrics.smooth import _smce_statistic, _smece_statistic, smce_from_confidence, smece_from_confidence
 
 __all__ = ["CalibrationAccumulator", "METRICS"]
 
@@ -212,7 +212,7 @@ class CalibrationAccumulator:
             and ``nll`` skips the full-probability pass. Metrics left out are None in the report.
         confidence_dtype: ``"float32"`` (5 bytes a sample) or ``"float64"`` (9 bytes, exact).
         task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; None (default) reads it from the first batch's shapes
-            (:func:`hf_calibration.tasks.resolve_task`: ``(n, L)`` 0/1 targets are multi-label, one score column
+            (:func:`hf_calibration._core.tasks.resolve_task`: ``(n, L)`` 0/1 targets are multi-label, one score column
             binary). A sigmoid head's batches are accumulated per label (:mod:`hf_calibration.metrics.multilabel_accumulator`)
             and ``compute()`` gives a ``SigmoidCalibrationReport``; in a Trainer the macro values are logged under the
             metric's name and the pooled ones as ``<metric>_micro``.
@@ -253,7 +253,7 @@ class CalibrationAccumulator:
     ):
         self.n_bins = _check_n_bins(n_bins)
         if task is not None:
-            from ..tasks import check_task
+            from hf_calibration._core.tasks import check_task
 
             check_task(task)
         self.task = task
@@ -302,7 +302,7 @@ class CalibrationAccumulator:
 
     def _sigmoid_for(self, preds: Any, target: Any):
         """The sigmoid state when this batch (or ``task``) is a binary / multi-label head's, else None."""
-        from ..tasks import resolve_task
+        from hf_calibration._core.tasks import resolve_task
 
         if self._sigmoid is not None:
             return self._sigmoid
@@ -311,7 +311,7 @@ class CalibrationAccumulator:
             return None
         if self.n:
             raise ValueError(f"Expected a multi-class batch like the earlier ones, but this one is a {task} head's.")
-        from .multilabel_accumulator import SigmoidState
+        from hf_calibration.metrics.multilabel_accumulator import SigmoidState
 
         self._sigmoid = SigmoidState(task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot,
                                      self._smooth_boot)
@@ -385,7 +385,7 @@ class CalibrationAccumulator:
         Rows whose label is ``ignore_index`` are skipped; a batch with no other rows (or no rows) adds nothing. In an
         ``accelerate`` loop with ``even_batches=True`` (its default), the samples a process's last batch repeats to
         even out the processes are dropped, as ``Accelerator.gather_for_metrics`` drops them
-        (:func:`hf_calibration.distributed.even_batches_padding`); where they cannot be located a warning says so once.
+        (:func:`hf_calibration._core.distributed.even_batches_padding`); where they cannot be located a warning says so once.
         """
         return self._update(preds, target, loader_batch=True)
 
@@ -421,7 +421,7 @@ class CalibrationAccumulator:
         return self
 
     def _drop_even_batches_padding(self, preds: Any, target: Any) -> tuple[Any, Any]:
-        from .. import distributed
+        from hf_calibration._core import distributed
 
         n = getattr(preds, "shape", (0,))[0] if getattr(preds, "ndim", 0) else 0
         if not n:
@@ -460,7 +460,7 @@ class CalibrationAccumulator:
             if (self.n and self._sigmoid is None) or (other.n and other._sigmoid is None):
                 raise ValueError("Expected argument `other` to hold the same kind of head (binary / multi-label or multi-class).")
             if self._sigmoid is None:
-                from .multilabel_accumulator import SigmoidState
+                from hf_calibration.metrics.multilabel_accumulator import SigmoidState
 
                 self._sigmoid = SigmoidState(other._sigmoid.task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype],
                                              self._boot, self._smooth_boot)
@@ -486,7 +486,7 @@ class CalibrationAccumulator:
         A later ``update`` continues from this process's own samples, and every ``sync()`` sums the processes'
         own samples afresh, so each sample is counted once however often it is called.
         """
-        from .. import distributed
+        from hf_calibration._core import distributed
 
         if not distributed.is_distributed():
             return self
@@ -497,7 +497,7 @@ class CalibrationAccumulator:
         self._unsync()  # a repeated sync() starts again from this process's own samples: every process joins every collective
         if self._sigmoid is not None or self.task in ("binary", "multilabel"):
             if self._sigmoid is None:
-                from .multilabel_accumulator import SigmoidState
+                from hf_calibration.metrics.multilabel_accumulator import SigmoidState
 
                 self._sigmoid = SigmoidState(self.task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot,
                                              self._smooth_boot)
@@ -645,7 +645,7 @@ class CalibrationAccumulator:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> "CalibrationAccumulator":
         """Restore a :meth:`state_dict` written by an accumulator with the same settings."""
         if isinstance(state, dict) and "sigmoid_sums" in state:
-            from .multilabel_accumulator import SigmoidState
+            from hf_calibration.metrics.multilabel_accumulator import SigmoidState
 
             self.reset()
             task = "multilabel" if int(state["sigmoid_task"]) else "binary"

@@ -7,64 +7,12 @@ from typing import Any
 import numba
 import numpy as np
 
-from .._checks import IGNORE_INDEX
-from ._format import prepare, top_label
-from .binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins, _run_sizes
-from .ece import _MULTICLASS, _maybe_sigmoid, _sigmoid_dispatch
-from .bootstrap import advance, check_bootstrap, frame
-
-
-def _adaece_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
-    index = _adaptive_bin_index(confidence, n_bins)
-    sums = _bin_sums(index, confidence, correct, n_bins)
-    return float(np.abs(_calibration_gaps(sums, confidence.shape[0])).sum())
-
-
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _adaece_replicates(counts, residual, tie_end, closing):  # pragma: no cover - compiled
-    """AdaECE of each resample, (B,), counts in frame order (rows sorted by confidence).
-
-    ``closing[u]`` is the number of samples in runs 0..u of the equal-count split of N samples (a resample
-    has N too). Running through the counts finds the row holding the resample's sample at position
-    ``closing[u] - 1`` (its value is bin u's upper edge); every row up to the end of that row's tie group
-    (``tie_end``) has ``p <= hi``, so bin u is the run of rows after the previous bin's end: exactly
-    ``_adaptive_bin_index`` on the resample, without sorting it again. Each bin's signed gap is then one
-    contiguous weighted sum of ``residual = p - a``.
-    """
-    chunk, n = counts.shape
-    cuts = closing.shape[0]
-    out = np.empty(chunk)
-    for b in range(chunk):
-        row = counts[b]
-        cum = 0
-        j = 0
-        start = 0
-        total = 0.0
-        for u in range(cuts + 1):
-            if u < cuts:
-                j, cum = advance(row, j, cum, closing[u])
-                end = tie_end[j - 1]
-            else:
-                end = n
-            gap = 0.0
-            if end > start:  # else this bin's edge equals the previous one: empty
-                weights, values = row[start:end], residual[start:end]
-                for i in range(weights.shape[0]):  # range(len) of slices: vectorised (see bootstrap.segment_sums)
-                    gap += weights[i] * values[i]
-                start = end
-            total += abs(gap)
-        out[b] = total / n
-    return out
-
-
-def _adaece_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
-    """``counts -> (B,)`` AdaECE of each resample (counts in frame order)."""
-    order = frame(confidence)
-    p = confidence[order]
-    residual = np.ascontiguousarray(p - correct[order])
-    tie_end = np.searchsorted(p, p, side="right")  # one past the last row equal to each row
-    closing = np.cumsum(_run_sizes(confidence.shape[0], n_bins))[:-1]
-    return lambda counts: _adaece_replicates(counts, residual, tie_end, closing)
+from hf_calibration._core.checks import IGNORE_INDEX
+from hf_calibration.metrics._format import read_metric_inputs, top_label
+from hf_calibration.metrics._binned import _adaece_compute, _adaece_replicates, _adaece_statistic  # noqa: F401
+from hf_calibration.metrics.binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins, _run_sizes
+from hf_calibration.metrics.multilabel import sigmoid_metric
+from hf_calibration.metrics.bootstrap import advance, check_bootstrap, frame
 
 
 def adaece(
@@ -114,13 +62,12 @@ def adaece(
         >>> round(adaece(probs, labels), 12), round(ece(probs, labels), 12)
         (0.0, 0.0)
     """
-    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
-        sigmoid = _sigmoid_dispatch("adaece", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
-        if sigmoid is not _MULTICLASS:
-            return sigmoid
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
+    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    if inputs.task != "multiclass":
+        return sigmoid_metric("adaece", inputs, n_bins, average=average, boot=boot)
+    top = top_label(inputs)
     value = _adaece_compute(top.confidence, top.correct, n_bins)
     if boot is None:
         return value

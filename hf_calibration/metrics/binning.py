@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import numba
 import numpy as np
 
-from .._checks import check_int
+from hf_calibration._core.bins import uniform_bin, uniform_bin_index, uniform_edges
+from hf_calibration._core.checks import check_int
+
+_uniform_bin_index = uniform_bin_index  # the metrics' name for it
 
 
 class BinSums(NamedTuple):
@@ -48,39 +50,6 @@ def _check_n_bins(n_bins: Any) -> int:
             "(more bins than that leaves nearly every bin empty and only costs memory)."
         )
     return n_bins
-
-
-def uniform_edges(n_bins: int) -> np.ndarray:
-    """The ``n_bins + 1`` equal-width bin edges on [0, 1] (float64)."""
-    return np.linspace(0.0, 1.0, n_bins + 1)
-
-
-@numba.njit(cache=True, nogil=True)
-def uniform_bin(p, edges):  # pragma: no cover - compiled
-    """The equal-width bin of one value ``p``: ``b`` with ``edges[b] < p <= edges[b + 1]`` (``edges`` from
-    ``uniform_edges``), ``p <= 0`` in the first bin and ``p >= 1`` in the last. The one definition of the bin rule:
-    every binned path (the batch functions, the compiled top-label pass) calls it."""
-    n_bins = edges.shape[0] - 1
-    b = min(max(int(p * n_bins), 0), n_bins - 1)  # the right bin or its neighbour: floating rounding of p * n_bins
-    while b > 0 and p <= edges[b]:
-        b -= 1
-    while b < n_bins - 1 and p > edges[b + 1]:
-        b += 1
-    return b
-
-
-@numba.njit(cache=True, nogil=True)
-def _uniform_bins(values, edges, out):  # pragma: no cover - compiled
-    for i in range(values.shape[0]):
-        out[i] = uniform_bin(values[i], edges)
-
-
-def _uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
-    """Bin of each confidence under ``lo < p <= hi``; 0 → first bin, 1 → last bin (``uniform_bin``). Any shape."""
-    values = np.ascontiguousarray(confidence, dtype=np.float64)
-    out = np.empty(values.shape, dtype=np.int64)
-    _uniform_bins(values.reshape(-1), uniform_edges(n_bins), out.reshape(-1))
-    return out
 
 
 def _run_sizes(n: int, n_bins: int) -> np.ndarray:

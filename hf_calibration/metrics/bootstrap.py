@@ -56,7 +56,7 @@ from typing import Any, Callable, Sequence
 import numba
 import numpy as np
 
-from .._checks import check_float, check_int, check_seed
+from hf_calibration._core.checks import check_float, check_int, check_seed
 
 __all__ = ["MetricInterval", "Bootstrap", "INTERVALS", "IntervalRule", "check_bootstrap", "flat_intervals", "frame",
            "frame_position", "reframed", "weighted_means"]

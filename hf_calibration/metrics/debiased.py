@@ -34,10 +34,10 @@ from typing import Any
 import numba
 import numpy as np
 
-from .._checks import IGNORE_INDEX, check_choice, check_int
-from ._format import Inputs, prepare, probability_chunks, top_label
-from .binning import _check_n_bins, _run_sizes
-from .bootstrap import IntervalRule, advance, check_bootstrap, frame
+from hf_calibration._core.checks import IGNORE_INDEX, check_choice, check_int
+from hf_calibration.metrics._format import Inputs, prepare, probability_chunks, top_label
+from hf_calibration.metrics.binning import _check_n_bins, _run_sizes
+from hf_calibration.metrics.bootstrap import IntervalRule, advance, check_bootstrap, frame
 
 __all__ = ["debiased_ece"]
 

@@ -16,106 +16,23 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._checks import IGNORE_INDEX
-from ._format import prepare, top_label, top_label_bin_sums
-from ._probability_pass import probability_rows
-from .binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
-from .bootstrap import SMOOTH_N_BOOT, Bootstrap, check_bootstrap, frame, frame_position, segment_sums
-
-
-class ECESplit(NamedTuple):
-    """ECE split by the sign of each bin's gap (FeDLaS Table 4); ``over + under == ece``."""
-
-    over: float  # O-ECE: sum_b |B_b|/N * max(conf_b - acc_b, 0), over-confidence
-    under: float  # U-ECE: sum_b |B_b|/N * max(acc_b - conf_b, 0), under-confidence
-
-
-def _uniform_gaps(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> np.ndarray:
-    index = _uniform_bin_index(confidence, n_bins)
-    return _calibration_gaps(_bin_sums(index, confidence, correct, n_bins), confidence.shape[0])
-
-
-def _ece_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
-    return float(np.abs(_uniform_gaps(confidence, correct, n_bins)).sum())
-
-
-def _ece_split_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> ECESplit:
-    gaps = _uniform_gaps(confidence, correct, n_bins)
-    return ECESplit(float(np.clip(gaps, 0, None).sum()), float(np.clip(-gaps, 0, None).sum()))
-
-
-def _mce_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
-    index = _uniform_bin_index(confidence, n_bins)
-    return _mce_from_sums(_bin_sums(index, confidence, correct, n_bins))
-
-
-def _mce_from_sums(sums) -> float:
-    conf, acc = _bin_means(sums)
-    filled = sums.count > 0
-    return float(np.abs(acc[filled] - conf[filled]).max())
-
-
-# ------------------------------------------------------------------------------------ resampled forms
-# The same sums with row i weighted by its bootstrap count c_i (see ``bootstrap``). In frame order (rows
-# sorted by confidence) each equal-width bin is a run of consecutive rows, so a resample's per-bin sums are
-# three contiguous weighted sums per bin: O(N), vectorised.
-
-
-def _binned_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
-    """``counts -> (B, 5)`` ECE, MCE, O-ECE, U-ECE and accuracy of each resample (counts in frame order)."""
-    order = frame(confidence)
-    n = confidence.shape[0]
-    index = _uniform_bin_index(confidence[order], n_bins)  # nondecreasing
-    starts = np.searchsorted(index, np.arange(n_bins + 1), side="left")
-    columns = np.ascontiguousarray(np.stack([np.ones(n), confidence[order], correct[order]]))
-
-    def statistic(counts: np.ndarray) -> np.ndarray:
-        sums = segment_sums(counts, starts, columns)  # (B, bins, [count, confidence, correct])
-        gap = (sums[..., 1] - sums[..., 2]) / n
-        with np.errstate(invalid="ignore", divide="ignore"):
-            bin_gap = np.where(sums[..., 0] > 0, np.abs(sums[..., 2] - sums[..., 1]) / sums[..., 0], 0.0)
-        return np.stack([np.abs(gap).sum(axis=1), bin_gap.max(axis=1), np.clip(gap, 0, None).sum(axis=1),
-                         np.clip(-gap, 0, None).sum(axis=1), sums[..., 2].sum(axis=1) / n], axis=1)
-
-    return statistic
-
-
-BINNED_COLUMNS = ("ece", "mce", "o_ece", "u_ece", "accuracy")  # the columns of _binned_statistic
-
-
-def _top_label_interval(boot: Bootstrap, confidence: np.ndarray, correct: np.ndarray, n_bins: int, column: int, value: float):
-    """``value`` with the interval of column ``column`` of ``_binned_statistic`` (0 ECE, 1 MCE, 2 O-ECE, 3 U-ECE)."""
-    if BINNED_COLUMNS[column] == "mce":  # no interval (bootstrap.INTERVALS): no resamples either
-        return boot.interval(value, np.zeros(0), "mce")
-    replicates = boot.replicates([_binned_statistic(confidence, correct, n_bins)], confidence.shape[0])[0]
-    return boot.interval(value, replicates[:, column], BINNED_COLUMNS[column])
-
-
-_MULTICLASS = object()  # _sigmoid_dispatch's answer for a multi-class call: go on with the softmax path
-
-
-def _maybe_sigmoid(preds: Any, target: Any) -> bool:
-    """Whether the arrays' shapes could name a binary / multi-label head (a 2-D target, or one score column); a plain
-    attribute look, so the multi-class path pays nothing. Lists are looked at by converting them."""
-    target_shape = getattr(target, "shape", None)
-    preds_shape = getattr(preds, "shape", None)
-    if target_shape is None and isinstance(target, (list, tuple)):
-        target_shape = np.shape(target)
-    if preds_shape is None and isinstance(preds, (list, tuple)):
-        preds_shape = np.shape(preds)
-    t, p = len(target_shape or ()), tuple(preds_shape or ())
-    return t == 2 or len(p) == 1 or (len(p) == 2 and p[1] == 1)
-
-
-def _sigmoid_dispatch(name: str, preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed):
-    """A binary / multi-label head's ``name`` (:mod:`hf_calibration.metrics.multilabel`), or ``_MULTICLASS``."""
-    from .multilabel import sigmoid_metric, sigmoid_task
-
-    resolved = sigmoid_task(preds, target, task, average)
-    if resolved is None:
-        return _MULTICLASS
-    return sigmoid_metric(name, preds, target, n_bins, task=resolved, average=average, from_logits=from_logits,
-                          ignore_index=ignore_index, ci=ci, n_boot=n_boot, seed=seed)
+from hf_calibration._core.checks import IGNORE_INDEX
+from hf_calibration.metrics._format import prepare, read_metric_inputs, top_label, top_label_bin_sums
+from hf_calibration.metrics.multilabel import sigmoid_metric
+from hf_calibration.metrics._probability_pass import probability_rows
+from hf_calibration.metrics._binned import (  # noqa: F401 - the computations live there; imported here by name too
+    BINNED_COLUMNS,
+    ECESplit,
+    _binned_statistic,
+    _ece_compute,
+    _ece_split_compute,
+    _mce_compute,
+    _mce_from_sums,
+    _top_label_interval,
+    _uniform_gaps,
+)
+from hf_calibration.metrics.binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
+from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, Bootstrap, check_bootstrap, frame, frame_position, segment_sums
 
 
 def ece(
@@ -157,7 +74,7 @@ def ece(
         n_boot: number of resamples (default 1,000).
         seed: seed of the resamples (default 0): the same seed gives the same interval.
         task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; None (default) reads it from the shapes
-            (:func:`hf_calibration.tasks.resolve_task`: ``(N, L)`` 0/1 targets are multi-label, one score column is
+            (:func:`hf_calibration._core.tasks.resolve_task`: ``(N, L)`` 0/1 targets are multi-label, one score column is
             binary). Binary and multi-label heads are scored as torchmetrics' ``BinaryCalibrationError`` does (the
             probability ``p`` against the 0/1 label, per label): see :mod:`hf_calibration.metrics.multilabel`.
         average: multi-label only: ``"macro"`` (default, the mean of the per-label ECEs), ``"micro"`` (every
@@ -182,13 +99,11 @@ def ece(
         >>> round(value, 3), round(value.low, 3), round(value.high, 3)
         (0.088, 0.068, 0.107)
     """
-    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
-        sigmoid = _sigmoid_dispatch("ece", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
-        if sigmoid is not _MULTICLASS:
-            return sigmoid
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    if inputs.task != "multiclass":
+        return sigmoid_metric("ece", inputs, n_bins, average=average, boot=boot)
     if boot is None:  # one fused pass to the bin sums: no per-row arrays
         return float(np.abs(_calibration_gaps(top_label_bin_sums(inputs, n_bins), inputs.preds.shape[0])).sum())
     top = top_label(inputs)
@@ -216,13 +131,11 @@ def mce(
     are near the maximum (Andrews 2000; on a uniformly over-confident model the basic interval covered the
     true MCE far below its level, ``benchmarks/bootstrap_coverage.py``), so the value comes back as a
     :class:`~hf_calibration.metrics.MetricInterval` with NaN ends and a ``note`` saying why."""
-    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
-        sigmoid = _sigmoid_dispatch("mce", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
-        if sigmoid is not _MULTICLASS:
-            return sigmoid
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    if inputs.task != "multiclass":
+        return sigmoid_metric("mce", inputs, n_bins, average=average, boot=boot)
     if boot is None:
         return _mce_from_sums(top_label_bin_sums(inputs, n_bins))
     top = top_label(inputs)
@@ -253,17 +166,16 @@ def rmsce(
         >>> round(rmsce(probs, np.array([0, 1, 1]), n_bins=10), 4)  # bins 0.7, 0.8, 0.9: gaps 0.3, 0.8, 0.1
         0.4967
     """
-    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
-        sigmoid = _sigmoid_dispatch("rmsce", preds, target, n_bins, task, average, from_logits, ignore_index, ci, n_boot, seed)
-        if sigmoid is not _MULTICLASS:
-            return sigmoid
-    from .multilabel import _binned_statistic as _weighted_binned
+    from hf_calibration.metrics.multilabel import _binned_statistic as _weighted_binned
 
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
+    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    if inputs.task != "multiclass":
+        return sigmoid_metric("rmsce", inputs, n_bins, average=average, boot=boot)
+    top = top_label(inputs)
     sums = _bin_sums(_uniform_bin_index(top.confidence, n_bins), top.confidence, top.correct, n_bins)
-    from .multilabel import _binned_from_sums
+    from hf_calibration.metrics.multilabel import _binned_from_sums
 
     value = float(_binned_from_sums(sums.count, sums.confidence, sums.accuracy, "l2"))
     if boot is None:

@@ -35,12 +35,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .._checks import IGNORE_INDEX, check_choice, to_numpy
-from ..tasks import check_shapes_for_task
-from .adaptive import _adaece_compute, _adaece_statistic
-from .binning import _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index
-from .bootstrap import INTERVALS, Bootstrap, MetricInterval, check_bootstrap, reframed, segment_sums
-from .ece import _ece_split_compute
+from hf_calibration._core.checks import IGNORE_INDEX, check_choice, to_numpy
+from hf_calibration._core.inputs import Inputs, read_inputs
+from hf_calibration._core.tasks import check_shapes_for_task
+from hf_calibration.metrics._format import AVERAGES, check_average_for  # noqa: F401 - also their names here
+from hf_calibration.metrics._binned import _adaece_compute, _adaece_statistic, _ece_split_compute
+from hf_calibration.metrics.binning import _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index
+from hf_calibration.metrics.bootstrap import INTERVALS, Bootstrap, MetricInterval, check_bootstrap, reframed, segment_sums
 
 __all__ = [
     "AVERAGES",
@@ -48,10 +49,11 @@ __all__ = [
     "SigmoidInputs",
     "prepare_sigmoid",
     "sigmoid_calibration_report",
+    "sigmoid_inputs",
     "sigmoid_metric",
+    "sigmoid_report_of",
 ]
 
-AVERAGES = ("macro", "micro", "none")
 NORMS = ("l1", "l2", "max")
 
 
@@ -88,35 +90,6 @@ class SigmoidInputs(NamedTuple):
 # ----------------------------------------------------------------------------------------------- inputs
 
 
-def _check_from_logits(from_logits: Any) -> None:
-    if from_logits is not None and not isinstance(from_logits, bool):
-        raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
-
-
-def _check_finite(x: np.ndarray, name: str) -> None:
-    finite = np.isfinite(x).reshape(x.shape[0], -1).all(axis=1)
-    if not finite.all():
-        raise ValueError(f"Expected `{name}` to be finite, but row {int(np.flatnonzero(~finite)[0])} contains NaN or inf.")
-
-
-def _binary_labels(target: np.ndarray, ignore_index: int | None, name: str, hint: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """0/1 labels (any int, bool or float dtype holding 0 and 1) and the kept mask; anything else is a ValueError
-    (``hint``: what to say about the other reading of the arrays)."""
-    if target.dtype == bool:
-        return target.astype(np.float64), np.ones(target.shape, dtype=bool)
-    if target.dtype.kind not in "iuf":
-        raise TypeError(f"Expected `{name}` to hold 0/1 labels (integers, booleans or floats), but got dtype {target.dtype}.")
-    mask = np.ones(target.shape, dtype=bool) if ignore_index is None else target != ignore_index
-    kept = target[mask]
-    bad = (kept != 0) & (kept != 1)
-    if bad.any():
-        value = kept[bad][0]
-        raise ValueError(f"Expected `{name}` to hold 0/1 labels" + (f" (or {ignore_index}, ignored)" if ignore_index is not None else "")
-                         + f" for a binary / multi-label head, but found {value!r}." + (hint or " Class indices of a "
-                         "multi-class problem are task='multiclass'."))
-    return np.where(mask, target, 0).astype(np.float64), mask
-
-
 def prepare_sigmoid(
     preds: Any,
     target: Any,
@@ -128,79 +101,26 @@ def prepare_sigmoid(
     target_name: str = "target",
 ) -> SigmoidInputs:
     """Check and convert binary / multi-label inputs (module docstring) to :class:`SigmoidInputs`, in float64."""
-    from .._checks import looks_like_probabilities, resolve_from_logits
+    return sigmoid_inputs(read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index,
+                                      preds_name=preds_name, target_name=target_name))
 
-    _check_from_logits(from_logits)
-    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
-        raise TypeError(f"Expected argument `ignore_index` to be an integer or None, but got {ignore_index!r}.")
-    preds = to_numpy(preds, preds_name)
-    target = to_numpy(target, target_name)
-    check_shapes_for_task(task, preds, target)
-    if preds.dtype.kind != "f":
-        raise TypeError(f"Expected `{preds_name}` to be a floating array, but got {preds.dtype}.")
-    if preds.ndim == 0 or preds.shape[0] == 0:
-        raise ValueError(f"Expected `{preds_name}` to be non-empty, but got shape {tuple(preds.shape)}.")
-    two_softmax = task == "binary" and preds.ndim == 2 and preds.shape[1] == 2
-    if task == "binary":
-        target = target.reshape(-1) if target.ndim == 2 else target
-        if target.ndim != 1:
-            raise ValueError(f"Expected `{target_name}` to have shape (N,) for a binary head, but got shape {tuple(target.shape)}.")
-    if target.shape[0] != preds.shape[0]:
-        raise ValueError(f"Expected `{preds_name}` and `{target_name}` to have the same number of samples, but got "
-                         f"{preds.shape[0]} and {target.shape[0]}.")
-    if task == "multilabel" and preds.shape != target.shape:
-        raise ValueError(f"Expected `{preds_name}` and `{target_name}` to have the same shape (N, L) for a multi-label head, "
-                         f"but got {tuple(preds.shape)} and {tuple(target.shape)}.")
-    hint = ""
-    if task == "binary" and not two_softmax:
-        hint = (f" For class indices, expected `{preds_name}` to have shape (N, K) with K >= 2 (a multi-class head), but got "
-                f"shape {tuple(preds.shape)}: one score per sample is a binary head.")
-    y, mask = _binary_labels(target, ignore_index, target_name, hint)
-    if y.ndim == 1:
-        y, mask = y[:, None], mask[:, None]
-    z = preds.astype(np.float64, copy=False)
-    if task == "binary" and not mask.all():  # one label a sample: an ignored sample is dropped, as the multi-class path does
-        keep = mask[:, 0]
-        z, y, mask = z[keep], y[keep], mask[keep]
-    _check_finite(z, preds_name)
-    if two_softmax:  # a binary head of two softmax logits (or probabilities): the positive class is column 1
-        is_logits = resolve_from_logits(z, from_logits, preds_name)
-        if is_logits:
-            z = (z[:, 1] - z[:, 0])[:, None]
-        else:
-            _check_probabilities(z, preds_name, rows=True)
-            z = z[:, 1:2]
+
+def sigmoid_inputs(inputs: Inputs) -> SigmoidInputs:
+    """The float64 per-label probabilities and log-probabilities of sigmoid-head :class:`~hf_calibration._core.inputs.Inputs`
+    (two softmax scores: the positive class, column 1)."""
+    z = inputs.preds.astype(np.float64, copy=False)
+    if inputs.two_softmax:
+        z = (z[:, 1] - z[:, 0])[:, None] if inputs.from_logits else z[:, 1:2]
     else:
         z = z.reshape(z.shape[0], -1)
-        kept = z[mask]
-        in_box = kept.size > 0 and bool(((kept >= 0) & (kept <= 1)).all())
-        is_logits = (not in_box) if from_logits is None else from_logits
-        if not is_logits:
-            _check_probabilities(z[mask], preds_name)
-    if not mask.any():
-        raise ValueError(f"Expected at least one label in `{target_name}` that is not ignore_index={ignore_index}.")
-    if is_logits:
+    if inputs.from_logits:
         log_p, log_q = -np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)  # log sigmoid(z), log sigmoid(-z): finite
         probs = np.exp(log_p)
     else:
         probs = np.clip(z, 0.0, 1.0)
         with np.errstate(divide="ignore"):
             log_p, log_q = np.log(probs), np.log1p(-probs)
-    return SigmoidInputs(probs, log_p, log_q, y, mask, task, bool(is_logits))
-
-
-def _check_probabilities(p: np.ndarray, name: str, rows: bool = False) -> None:
-    if p.size and (p.min() < 0 or p.max() > 1):
-        raise ValueError(f"Expected `{name}` to hold probabilities in [0, 1] (from_logits=False), but found values in "
-                         f"[{p.min():.4g}, {p.max():.4g}].")
-    if rows:
-        from .._checks import PROBABILITY_DETECTION_TOLERANCE
-
-        off = np.abs(p.sum(axis=1) - 1.0)
-        if off.max() > PROBABILITY_DETECTION_TOLERANCE:
-            bad = int(np.argmax(off))
-            raise ValueError(f"Expected each row of `{name}` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} "
-                             f"(from_logits=False), but row {bad} sums to {p[bad].sum():.6g}.")
+    return SigmoidInputs(probs, log_p, log_q, inputs.target, inputs.mask, inputs.task, bool(inputs.from_logits))
 
 
 # ----------------------------------------------------------------------------------------------- point values
@@ -240,7 +160,7 @@ _POINT: dict[str, Callable[..., float]] = {
 
 def _smooth(name: str):
     def compute(p, y, nb, lp, lq):
-        from . import smooth
+        from hf_calibration.metrics import smooth
 
         return float(smooth.smce_from_confidence(p, y) if name == "smce" else smooth.smece_from_confidence(p, y))
 
@@ -339,8 +259,8 @@ def _score_statistic(inputs: SigmoidInputs):
 
 def _smooth_or_adaptive_statistic(name: str, p: np.ndarray, y: np.ndarray, n_bins: int):
     """AdaECE / smCE / smECE on resamples of a full column (every element kept, so a resample has N of them)."""
-    from . import smooth
-    from .bootstrap import frame
+    from hf_calibration.metrics import smooth
+    from hf_calibration.metrics.bootstrap import frame
 
     factory = {"adaece": lambda: _adaece_statistic(p, y, n_bins), "smce": lambda: smooth._smce_statistic(p, y),
                "smece": lambda: smooth._smece_statistic(p, y)}[name]
@@ -406,7 +326,7 @@ def _intervals(inputs: SigmoidInputs, names: Sequence[str], n_bins: int, boot: B
                 pooled_p, pooled_y = inputs.probs.reshape(-1), inputs.target.reshape(-1)
                 frame_pooled = np.argsort(pooled_p, kind="stable")
                 inner = {"adaece": lambda: _adaece_statistic(pooled_p, pooled_y, n_bins)}.get(name)
-                from . import smooth
+                from hf_calibration.metrics import smooth
 
                 inner = inner() if inner else (smooth._smce_statistic(pooled_p, pooled_y) if name == "smce"
                                                 else smooth._smece_statistic(pooled_p, pooled_y))
@@ -425,36 +345,22 @@ def _check_average(average: Any) -> str:
     return check_choice(average, "average", AVERAGES)
 
 
-def sigmoid_metric(
-    name: str,
-    preds: Any,
-    target: Any,
-    n_bins: int = 15,
-    *,
-    task: str,
-    average: str = "macro",
-    from_logits: bool | None = None,
-    ignore_index: int | None = IGNORE_INDEX,
-    ci: float | None = None,
-    n_boot: int | None = None,
-    seed: int = 0,
-):
+def sigmoid_metric(name: str, inputs: Inputs, n_bins: int = 15, *, average: str = "macro", boot: Bootstrap | None = None):
     """Metric ``name`` (``"ece"``, ``"rmsce"``, ``"mce"``, ``"adaece"``, ``"brier"``, ``"nll"``, ...) of a binary or
-    multi-label head: a float (binary, or ``average="macro"`` / ``"micro"``), a ``(L,)`` array (``"none"``), or with
-    ``ci`` a :class:`~hf_calibration.metrics.MetricInterval` (a list of them for ``"none"``)."""
-    n_bins = _check_n_bins(n_bins)
-    average = _check_average(average)
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = prepare_sigmoid(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index)
+    multi-label head's :class:`~hf_calibration._core.inputs.Inputs` (read once by the public function): a float
+    (binary, or ``average="macro"`` / ``"micro"``), a ``(L,)`` array (``"none"``), or with a bootstrap a
+    :class:`~hf_calibration.metrics.MetricInterval` (a list of them for ``"none"``)."""
+    task = inputs.task
+    sig = sigmoid_inputs(inputs)
     if boot is None:
-        per_label, macro, micro = _values(inputs, name, n_bins)
+        per_label, macro, micro = _values(sig, name, n_bins)
         if task == "binary":
             return float(per_label[0])
         return {"macro": macro, "micro": micro, "none": per_label}[average]
-    if name in ("adaece",) and not inputs.full:
+    if name in ("adaece",) and not sig.full:
         raise ValueError("Expected no ignored labels for an AdaECE interval (its bins are re-cut on each resample of the "
                          "samples, which needs every sample to carry every label); drop ci=, or the ignored labels.")
-    labels, macro, micro = _intervals(inputs, [name], n_bins, boot)[name]
+    labels, macro, micro = _intervals(sig, [name], n_bins, boot)[name]
     if task == "binary":
         return labels[0]
     return {"macro": macro, "micro": micro, "none": labels}[average]
@@ -573,12 +479,21 @@ def sigmoid_calibration_report(
 ) -> SigmoidCalibrationReport:
     """:class:`SigmoidCalibrationReport` of a binary or multi-label head (see
     :func:`hf_calibration.metrics.calibration_report`, which calls this for ``task="binary"`` / ``"multilabel"``)."""
-    from .bootstrap import SMOOTH_N_BOOT
-
     n_bins = _check_n_bins(n_bins)
+    check_bootstrap(ci, n_boot, seed)
+    return sigmoid_report_of(read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index), n_bins,
+                             ci=ci, n_boot=n_boot, seed=seed, label_names=label_names)
+
+
+def sigmoid_report_of(inputs: Inputs, n_bins: int = 15, *, ci: float | None = None, n_boot: int | None = None, seed: int = 0,
+                      label_names: Sequence[str] | None = None) -> SigmoidCalibrationReport:
+    """:func:`sigmoid_calibration_report` of inputs read once (``n_bins`` checked)."""
+    from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT
+
     boot = check_bootstrap(ci, n_boot, seed)
     smooth_boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
-    inputs = prepare_sigmoid(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index)
+    task = inputs.task
+    inputs = sigmoid_inputs(inputs)
     if label_names is not None:
         label_names = tuple(str(x) for x in label_names)
         if len(label_names) != inputs.num_labels:
@@ -597,19 +512,3 @@ def sigmoid_calibration_report(
                          "cannot be re-cut per label)")
     return SigmoidCalibrationReport(task, int(inputs.probs.shape[0]), inputs.num_labels, macro, micro, per_label, n_bins,
                                     inputs.from_logits, label_names, tuple(notes))
-
-
-def sigmoid_task(preds: Any, target: Any, task: str | None, average: str = "macro") -> str | None:
-    """The task of a metric call (:func:`hf_calibration.tasks.resolve_task` on the arrays' shapes): None for a
-    multi-class one (the caller's own path, unchanged), else ``"binary"`` or ``"multilabel"``. ``average`` is checked:
-    it means something for multi-label heads only."""
-    from ..tasks import resolve_task
-
-    resolved = resolve_task(task, preds=preds, target=target)
-    if resolved == "multiclass":
-        if average != "macro":
-            raise ValueError(f"Expected argument `average` to be left at 'macro' for a multi-class (softmax) head, but got "
-                             f"{average!r}: averaging over labels applies to task='multilabel'.")
-        return None
-    _check_average(average)
-    return resolved

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .binning import _uniform_bin_index
-from .multilabel import (
+from hf_calibration.metrics.binning import _uniform_bin_index
+from hf_calibration.metrics.multilabel import (
     SigmoidCalibrationReport,
     SigmoidInputs,
     _binned_from_sums,

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._checks import check_choice, check_float, resolve_from_logits, to_numpy
-from ._format import Inputs, probability_chunks
+from hf_calibration._core.checks import check_choice, check_float, resolve_from_logits, to_numpy
+from hf_calibration.metrics._format import Inputs, probability_chunks
 
 Score = Literal["msp", "max_logit", "energy"]
 SCORES = ("msp", "max_logit", "energy")
@@ -140,7 +140,7 @@ def ood_metrics(
         in_logits: ``(N_in, K)`` logits (or probabilities) on in-distribution inputs (the positives).
         out_logits: ``(N_out, K)`` on out-of-distribution inputs, same K.
         score: ``"msp"``, ``"max_logit"`` or ``"energy"`` (higher = in-distribution).
-        from_logits: None detects probabilities in each input (see ``hf_calibration._checks``); True/False forces it.
+        from_logits: None detects probabilities in each input (see ``hf_calibration._core.checks``); True/False forces it.
         temperature: T of the energy score.
 
     Returns:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from scipy.special import ndtri
 
-from .._checks import IGNORE_INDEX, check_choice, check_int
-from ._format import Inputs, prepare, top_label
-from .binning import _adaptive_bin_index, _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index, uniform_edges
-from .bootstrap import check_bootstrap
-from .ece import _ece_compute, _top_label_interval
+from hf_calibration._core.checks import IGNORE_INDEX, check_choice, check_int
+from hf_calibration.metrics._format import Inputs, read_inputs, top_label
+from hf_calibration.metrics.binning import _adaptive_bin_index, _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index, uniform_edges
+from hf_calibration.metrics.bootstrap import check_bootstrap
+from hf_calibration.metrics.ece import _ece_compute, _top_label_interval
 
 if TYPE_CHECKING:  # matplotlib is imported lazily: only the diagram needs it
     from matplotlib.axes import Axes
@@ -141,26 +141,21 @@ def reliability_table(
     """
     n_bins = _check_n_bins(n_bins)
     level = _check_level(ci)
-    sigmoid = _sigmoid_inputs(preds, target, task, from_logits, ignore_index)
-    if sigmoid is not None:
-        p, y = _sigmoid_pairs(sigmoid, _check_label(label, sigmoid.num_labels))
+    inputs = _read(preds, target, task, from_logits, ignore_index)
+    if not isinstance(inputs, Inputs):  # a sigmoid head's per-label inputs
+        p, y = _sigmoid_pairs(inputs, _check_label(label, inputs.num_labels))
         return _reliability_table_compute(p, y, n_bins, level)
-    top = top_label(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index))
+    top = top_label(inputs)
     return _reliability_table_compute(top.confidence, top.correct, n_bins, level)
 
 
-def _sigmoid_inputs(preds: Any, target: Any, task: str | None, from_logits, ignore_index, preds_name: str = "preds"):
-    """The :class:`~hf_calibration.metrics.multilabel.SigmoidInputs` of a binary / multi-label call; None for multi-class."""
-    from .ece import _maybe_sigmoid
+def _read(preds: Any, target: Any, task: str | None, from_logits, ignore_index, preds_name: str = "preds"):
+    """The inputs of a call, read once: :class:`~hf_calibration.metrics.multilabel.SigmoidInputs` for a binary /
+    multi-label head, :class:`~hf_calibration._core.inputs.Inputs` for a multi-class one."""
+    from hf_calibration.metrics.multilabel import sigmoid_inputs
 
-    if task is None and not _maybe_sigmoid(preds, target):
-        return None
-    from .multilabel import prepare_sigmoid, sigmoid_task
-
-    resolved = sigmoid_task(preds, target, task)
-    if resolved is None:
-        return None
-    return prepare_sigmoid(preds, target, task=resolved, from_logits=from_logits, ignore_index=ignore_index, preds_name=preds_name)
+    inputs = read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index, preds_name=preds_name)
+    return inputs if inputs.task == "multiclass" else sigmoid_inputs(inputs)
 
 
 def _check_label(label: Any, num_labels: int) -> int | str:
@@ -184,7 +179,7 @@ def _check_level(ci: Any) -> float | None:
 def _top2_margin(inputs: Inputs) -> np.ndarray:
     """Top-1 minus top-2 logit, ``z_(1) - z_(2)``; from probabilities ``log p_(1) - log p_(2)``
     (the same number: softmax preserves logit differences)."""
-    preds, _, from_logits, _ = inputs
+    preds, from_logits = inputs.preds, inputs.from_logits
     n, k = preds.shape
     margin = np.empty(n, dtype=np.float64)
     step = max(1, _MARGIN_CHUNK_ELEMENTS // k)
@@ -411,14 +406,15 @@ def reliability_diagram(
     boot = check_bootstrap(ci, n_boot, seed)
     if title is not None and not isinstance(title, str):
         raise TypeError(f"Expected argument `title` to be a string or None, but got {type(title).__name__}.")
-    sigmoid = _sigmoid_inputs(preds, target, task, from_logits, ignore_index)
-    if sigmoid is not None:
+    first = _read(preds, target, task, from_logits, ignore_index)
+    if not isinstance(first, Inputs):
+        sigmoid = first
         if margin_groups is not None:
             raise ValueError("Expected argument `margin_groups` to be None for a binary / multi-label head: a logit margin "
                              "(top-1 minus top-2) belongs to a softmax head.")
         states = [sigmoid]
         if calibrated is not None:
-            states.append(_sigmoid_inputs(calibrated, target, sigmoid.task, from_logits, ignore_index, "calibrated"))
+            states.append(_read(calibrated, target, sigmoid.task, from_logits, ignore_index, "calibrated"))
             if isinstance(names, str) or len(names) != 2 or not all(isinstance(x, str) for x in names):
                 raise ValueError(f"Expected argument `names` to be two strings (before, after), but got {names!r}.")
         return _sigmoid_diagram(states, labels, label_names, n_bins=n_bins, counts=counts, count_scale=count_scale,
@@ -426,13 +422,13 @@ def reliability_diagram(
     if labels is not None or label_names is not None:
         raise ValueError("Expected arguments `labels` / `label_names` only for a binary or multi-label head "
                          "(task='binary' / 'multilabel').")
-    states = [prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)]
+    states = [first]
     if calibrated is not None:
         shapes = [tuple(x.shape) if hasattr(x, "shape") else np.shape(x) for x in (preds, calibrated)]
         if shapes[1] != shapes[0]:  # before its labels are checked against its K, which would blame `target`
             raise ValueError(f"Expected argument `calibrated` to have the shape of `preds` {shapes[0]} (the same samples, the "
                              f"same classes), but got {shapes[1]}.")
-        states.append(prepare(calibrated, target, from_logits=from_logits, ignore_index=ignore_index, preds_name="calibrated"))
+        states.append(_read(calibrated, target, "multiclass", from_logits, ignore_index, "calibrated"))
         if isinstance(names, str) or len(names) != 2 or not all(isinstance(x, str) for x in names):
             raise ValueError(f"Expected argument `names` to be two strings (before, after), but got {names!r}.")
     tops = [top_label(state) for state in states]

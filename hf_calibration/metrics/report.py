@@ -9,13 +9,13 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .._checks import IGNORE_INDEX, check_choice
-from ._format import prepare, top_label
-from ._probability_pass import probability_rows
-from .adaptive import _adaece_compute, _adaece_statistic
-from .binning import _check_n_bins
-from .bootstrap import SMOOTH_N_BOOT, Bootstrap, MetricInterval, check_bootstrap, frame, frame_position, weighted_means
-from .ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute, _ece_compute, _ece_split_compute, _mce_compute
+from hf_calibration._core.checks import IGNORE_INDEX, check_choice
+from hf_calibration.metrics._format import read_inputs, top_label
+from hf_calibration.metrics._probability_pass import probability_rows
+from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
+from hf_calibration.metrics.binning import _check_n_bins
+from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, Bootstrap, MetricInterval, check_bootstrap, frame, frame_position, weighted_means
+from hf_calibration.metrics.ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute, _ece_compute, _ece_split_compute, _mce_compute
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class CalibrationReport(Mapping):
 
 def _smooth_metrics(confidence: np.ndarray, correct: np.ndarray) -> tuple[float | None, float | None]:
     try:  # the smooth module is optional at import time
-        from . import smooth
+        from hf_calibration.metrics import smooth
     except ImportError as err:  # pragma: no cover - only while smooth.py is missing or broken
         logger.warning("smCE / smECE unavailable: %s", err)
         return None, None
@@ -160,7 +160,7 @@ def _with_intervals(values: dict[str, Any], conf: np.ndarray, correct: np.ndarra
     """Every metric of ``values`` with its bootstrap interval (``bootstrap.INTERVALS``); all metrics see the same
     resamples (smCE, smECE and classwise ECE, whose ``classwise`` replicates are given, the first
     ``smooth_boot.n_boot`` of them)."""
-    from . import smooth
+    from hf_calibration.metrics import smooth
 
     n = conf.shape[0]
     order = frame(conf)
@@ -222,21 +222,16 @@ def calibration_report(
         >>> round(report["accuracy"], 4), report.n
         (0.6667, 3)
     """
-    from .ece import _maybe_sigmoid
-
-    if task is not None or _maybe_sigmoid(preds, target):
-        from .multilabel import sigmoid_calibration_report, sigmoid_task
-
-        resolved = sigmoid_task(preds, target, task)
-        if resolved is not None:
-            return sigmoid_calibration_report(preds, target, n_bins, task=resolved, from_logits=from_logits, ignore_index=ignore_index,
-                                              ci=ci, n_boot=n_boot, seed=seed, label_names=label_names)
-    if label_names is not None:
-        raise ValueError("Expected argument `label_names` only for a multi-label or binary head (task='multilabel' / 'binary').")
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
     smooth_boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index)
+    if inputs.task != "multiclass":
+        from hf_calibration.metrics.multilabel import sigmoid_report_of
+
+        return sigmoid_report_of(inputs, n_bins, ci=ci, n_boot=n_boot, seed=seed, label_names=label_names)
+    if label_names is not None:
+        raise ValueError("Expected argument `label_names` only for a multi-label or binary head (task='multilabel' / 'binary').")
     top = top_label(inputs)
     conf, correct = top.confidence, top.correct
     n = inputs.preds.shape[0]
@@ -285,7 +280,7 @@ def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[s
     unknown = [c for c in columns if c not in _LABELS]
     if unknown or not columns:
         raise ValueError(f"Expected argument `columns` to hold names from {list(_LABELS)}, but got {list(columns)}.")
-    from .multilabel import SigmoidCalibrationReport
+    from hf_calibration.metrics.multilabel import SigmoidCalibrationReport
 
     check_choice(average, "average", ("macro", "micro"))
     multilabel = any(isinstance(r, SigmoidCalibrationReport) and r.task == "multilabel" for r in reports.values())

@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import IGNORE_INDEX
-from ._format import Inputs, prepare, top_label
-from ._probability_pass import probability_rows
-from .ece import _MULTICLASS, _maybe_sigmoid, _sigmoid_dispatch
-from .bootstrap import check_bootstrap, frame, weighted_means
+from hf_calibration._core.checks import IGNORE_INDEX
+from hf_calibration.metrics._format import Inputs, read_metric_inputs, top_label
+from hf_calibration.metrics._probability_pass import probability_rows
+from hf_calibration.metrics.multilabel import sigmoid_metric
+from hf_calibration.metrics.bootstrap import check_bootstrap, frame, weighted_means
 
 
 def _brier_update(probs: np.ndarray, target: np.ndarray) -> float:
@@ -30,10 +30,12 @@ def _row_scores(inputs: Inputs) -> np.ndarray:
     return probability_rows(inputs, classwise=False).scores
 
 
-def _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, column: int):
+def _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, column: int, task=None, average="macro"):
     """Brier (column 0) or NLL (1), with its percentile interval when ``ci`` is given."""
     boot = check_bootstrap(ci, n_boot, seed)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    if inputs.task != "multiclass":
+        return sigmoid_metric(("brier", "nll")[column], inputs, average=average, boot=boot)
     order = None if boot is None else frame(top_label(inputs).confidence)  # the frame every metric of these rows resamples in
     rows = probability_rows(inputs, classwise=False, checked=order is not None)  # top_label checked the rows
     value = (rows.brier, rows.nll)[column]
@@ -66,11 +68,7 @@ def brier(
     each label as scikit-learn's ``brier_score_loss``, ``mean (p - y)^2``, averaged over labels by ``average``
     (:mod:`hf_calibration.metrics.multilabel`).
     """
-    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
-        sigmoid = _sigmoid_dispatch("brier", preds, target, 15, task, average, from_logits, ignore_index, ci, n_boot, seed)
-        if sigmoid is not _MULTICLASS:
-            return sigmoid
-    return _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, 0)
+    return _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, 0, task, average)
 
 
 def nll(
@@ -96,8 +94,4 @@ def nll(
     shapes) gets the binary cross-entropy ``-mean [y log p + (1 - y) log(1 - p)]`` per label, averaged by ``average``
     (:mod:`hf_calibration.metrics.multilabel`).
     """
-    if task is not None or average != "macro" or _maybe_sigmoid(preds, target):
-        sigmoid = _sigmoid_dispatch("nll", preds, target, 15, task, average, from_logits, ignore_index, ci, n_boot, seed)
-        if sigmoid is not _MULTICLASS:
-            return sigmoid
-    return _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, 1)
+    return _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, 1, task, average)

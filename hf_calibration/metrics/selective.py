@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .._checks import IGNORE_INDEX
-from ._format import prepare, top_label
+from hf_calibration._core.checks import IGNORE_INDEX
+from hf_calibration.metrics._format import prepare, top_label
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -27,9 +27,9 @@ import numba
 import numpy as np
 import scipy.fft
 
-from .._checks import IGNORE_INDEX, to_numpy
-from ._format import prepare, top_label
-from .bootstrap import SMOOTH_N_BOOT, check_bootstrap, frame
+from hf_calibration._core.checks import IGNORE_INDEX, to_numpy
+from hf_calibration.metrics._format import prepare, top_label
+from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, check_bootstrap, frame
 
 __all__ = ["smce", "smce_from_confidence", "smece", "smece_from_confidence"]
 

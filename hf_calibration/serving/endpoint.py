@@ -30,14 +30,14 @@ MARKER = "# Written by hf-calibration for Hugging Face Inference Endpoints"
 
 def default_requirement() -> str:
     """The requirement line that installs this package's version on the Endpoint."""
-    from .. import __version__
+    from hf_calibration._core.version import __version__
 
     return f"hf-calibration=={__version__}"
 
 
 def handler_source() -> str:
     """The handler file's text: the marker, then ``endpoint_handler.py``."""
-    from .. import __version__
+    from hf_calibration._core.version import __version__
 
     body = Path(__file__).with_name("endpoint_handler.py").read_text(encoding="utf-8")
     return f"{MARKER} (version {__version__}); write_endpoint_handler(overwrite=True) replaces it.\n{body}"
@@ -106,7 +106,7 @@ def push_endpoint_handler(
 ) -> str:
     """Upload ``handler.py`` and ``requirements.txt`` to the root of the Hub repo ``repo_id`` (which holds the model and
     its ``calibrator/``); returns the commit URL, or with ``dry_run`` the local folder that would be uploaded."""
-    from .. import hub
+    from hf_calibration._core import checkpoints as hub
 
     hub.check_repo_id(repo_id)
     requirement = _check_requirement(requirement)

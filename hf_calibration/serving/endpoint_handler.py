@@ -47,9 +47,9 @@ class EndpointHandler:
     """``EndpointHandler(path)(data)``: the Inference Endpoints custom-handler contract."""
 
     def __init__(self, path: str = ""):
-        import hf_calibration
+        from hf_calibration.serving import pipeline
 
-        self.pipeline = hf_calibration.pipeline("image-classification", model=path or ".")
+        self.pipeline = pipeline("image-classification", model=path or ".")
 
     def __call__(self, data: Any) -> Any:
         if not isinstance(data, dict):

@@ -12,7 +12,7 @@
   scores take one Uniform(0, 1) draw per image as a second input, ``u`` (float64, (N,)): the caller owns the
   randomness (``ConformalPredictor.draw_uniforms`` repeats the predictor's own stream).
 
-Probabilities come from the head's kind (``HEADS``, by :mod:`hf_calibration.tasks`' rule: the calibrator's recorded
+Probabilities come from the head's kind (``HEADS``, by :mod:`hf_calibration._core.tasks`' rule: the calibrator's recorded
 task, else ``config.problem_type``): a softmax over classes for single-label classifiers; an independent sigmoid per
 logit for multi-label heads and one-logit binary heads (what ``hf_calibration.pipeline`` passes as
 ``function_to_apply``), a softmax over a binary head's two softmax logits. Prediction sets of sigmoid heads
@@ -26,9 +26,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..calibrators._base import Calibrator
-from ..calibrators.attach import uncalibrated_forward
-from ..conformal.scores import conformity_scores_graph, sets_from_scores_graph
+from hf_calibration.calibrators import Calibrator
+from hf_calibration.calibrators.attach import uncalibrated_forward
+from hf_calibration.conformal.scores import conformity_scores_graph, sets_from_scores_graph
 
 __all__ = ["CalibratedClassifier", "HEADS", "head_kind"]
 
@@ -49,10 +49,10 @@ _KIND_OF_TASK = {"multiclass": "single_label_classification", "multilabel": "mul
 
 def head_kind(model: nn.Module, calibrator: Calibrator | None = None) -> str:
     """The head's kind, a key of ``HEADS``: the calibrator's recorded task if it has one, else the model's
-    (``config.problem_type`` and ``num_labels``, :func:`hf_calibration.tasks.task_of_model`), else single-label
+    (``config.problem_type`` and ``num_labels``, :func:`hf_calibration._core.tasks.task_of_model`), else single-label
     (transformers' default for integer labels). A calibrator fitted for another kind of head than the model's is a
-    ``ValueError`` naming ``problem_type`` (:func:`hf_calibration.tasks.compatible_head`)."""
-    from ..tasks import compatible_head, task_of_model
+    ``ValueError`` naming ``problem_type`` (:func:`hf_calibration._core.tasks.compatible_head`)."""
+    from hf_calibration._core.tasks import compatible_head, task_of_model
 
     info = (calibrator.fit_info_ or {}) if calibrator is not None else {}
     if calibrator is not None:
@@ -65,7 +65,7 @@ def head_kind(model: nn.Module, calibrator: Calibrator | None = None) -> str:
 
 def _sigmoid_model(model: nn.Module, kind: str) -> bool:
     """Whether the head's scores are sigmoids (multi-label, or binary with one logit), not a softmax over classes."""
-    from ..tasks import task_of_model
+    from hf_calibration._core.tasks import task_of_model
 
     return kind == "multi_label_classification" or (kind == "binary" and task_of_model(model) != "multiclass")
 
@@ -108,7 +108,7 @@ class CalibratedClassifier(nn.Module):
                              "sets of one-logit binary and multi-label heads are not in the serving graph; export with "
                              "conformal=None (the calibrated per-label probabilities are served).")
         if predictor is not None:
-            from ..conformal import ConformalPredictor
+            from hf_calibration.conformal import ConformalPredictor
 
             if not isinstance(predictor, ConformalPredictor):
                 raise TypeError(f"Expected argument `predictor` to be a ConformalPredictor or None, but got {type(predictor).__name__}.")

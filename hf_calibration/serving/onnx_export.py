@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .graph import CalibratedClassifier
+from hf_calibration.serving.graph import CalibratedClassifier
 
 __all__ = ["export_onnx", "exportable", "ExportResult"]
 
@@ -39,7 +39,7 @@ _FORBIDDEN = {}  # calibrator kind -> why it cannot be exported (none today: eve
 
 def exportable(calibrator: Any) -> str | None:
     """Why ``calibrator`` (an instance or a registered kind) cannot be exported to ONNX, or None when it can."""
-    from ..calibrators._registry import get_calibrator_class
+    from hf_calibration.calibrators import get_calibrator_class
 
     cls = get_calibrator_class(calibrator) if isinstance(calibrator, str) else type(calibrator)
     reason = getattr(cls, "export_refusal", None) or _FORBIDDEN.get(getattr(cls, "kind", ""))
@@ -84,12 +84,12 @@ def _example_shape(model: nn.Module, image_processor: Any) -> tuple[int, int, in
 def _resolve(model_or_folder: Any, calibrator: Any, conformal: Any) -> tuple[nn.Module, Any, Any, Any]:
     """``(model, calibrator, predictor, image_processor)``: a folder / Hub id is loaded calibrated
     (``load_calibrated_model``); a model object brings its attached calibrator and ``conformal_predictor``."""
-    from ..calibrators.attach import attached_calibrator
+    from hf_calibration.calibrators.attach import attached_calibrator
 
     processor = None
     if isinstance(model_or_folder, (str, os.PathLike)):
-        from ..calibrated_model import load_calibrated_model
-        from ..model_loading import load_image_processor
+        from hf_calibration.serving.calibrated_model import load_calibrated_model
+        from hf_calibration.io.model_loading import load_image_processor
 
         model = load_calibrated_model(model_or_folder)
         try:
@@ -104,7 +104,7 @@ def _resolve(model_or_folder: Any, calibrator: Any, conformal: Any) -> tuple[nn.
         calibrator = attached_calibrator(model)
     if conformal == "attached":
         conformal = model.__dict__.get("conformal_predictor")
-        from ..conformal import ConformalPredictor
+        from hf_calibration.conformal import ConformalPredictor
 
         if conformal is not None and not isinstance(conformal, ConformalPredictor):  # a multi-label risk-control predictor
             logger.warning("The model's %s (prediction sets of a sigmoid head) is not exported: the graph serves the "
@@ -207,7 +207,7 @@ def _opset(path: Path) -> int | None:
 def _write_metadata(path: Path, model: nn.Module, calibrator, predictor, graph: CalibratedClassifier) -> None:
     import onnx
 
-    from .. import __version__
+    from hf_calibration._core.version import __version__
 
     proto = onnx.load(str(path))
     config = getattr(model, "config", None)

@@ -6,9 +6,9 @@ The corruption functions need the ``shift`` extra (``pip install "hf-calibration
 scikit-image and the ``imagecorruptions`` package's frost textures); they are imported on first use.
 """
 
-from .parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, EXTRA_CORRUPTIONS, IMAGENET_C
-from .report import ShiftReport, shift_report
-from .transform import CORRUPTIONS, SEVERITIES, corrupt, corruption_transform, preset_for_size
+from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, EXTRA_CORRUPTIONS, IMAGENET_C
+from hf_calibration.shift.report import ShiftReport, shift_report
+from hf_calibration.shift.transform import CORRUPTIONS, SEVERITIES, corrupt, corruption_transform, preset_for_size
 
 __all__ = [
     "BENCHMARK_CORRUPTIONS",

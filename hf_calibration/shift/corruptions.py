@@ -35,7 +35,7 @@ from PIL import Image
 
 from numba import njit
 
-from ._optional import require
+from hf_calibration.shift._optional import require
 
 cv2 = require("cv2", "opencv-python")
 skimage = require("skimage", "scikit-image")

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .parameters import BENCHMARK_CORRUPTIONS
-from .report import ShiftReport, _calibrator_specs, shift_report
-from .transform import SEVERITIES, _check_name, _check_preset, _check_severity, _corrupt, _image_seed, _to_pil
+from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS
+from hf_calibration.shift.report import ShiftReport, _calibrator_specs, shift_report
+from hf_calibration.shift.transform import SEVERITIES, _check_name, _check_preset, _check_severity, _corrupt, _image_seed, _to_pil
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class CorruptingProcessor:
     configuration, so a logits cache keyed on it keeps one entry per corruption × severity × seed."""
 
     def __init__(self, processor: Any, name: str, severity: int, seed: int = 0, preset: str | None = None):
-        from .._checks import check_int
+        from hf_calibration._core.checks import check_int
 
         self.processor, self.name, self.severity = processor, _check_name(name), _check_severity(severity)
         self.seed, self.preset = check_int(seed, "seed", minimum=0), _check_preset(preset)
@@ -86,9 +86,9 @@ def model_shift_report(
         **predict_kwargs: ``batch_size``, ``image_column``, ``label_column``, ``max_samples``, ``device``,
             ``num_workers``, ``config_name``, ``revision``... passed to ``predict_logits``.
     """
-    from ..data import load_image_dataset
-    from ..inference import _best_device, predict_logits
-    from ..model_loading import load_image_classifier
+    from hf_calibration.io.data import load_image_dataset
+    from hf_calibration.io.inference import _best_device, predict_logits
+    from hf_calibration.io.model_loading import load_image_classifier
 
     corruptions = [_check_name(c) for c in corruptions]
     severities = [_check_severity(s) for s in severities]
@@ -121,7 +121,7 @@ def model_shift_report(
 
 def _ood_dataset(ood_dataset: Any, split: str | None):
     """The OOD split as a ``datasets.Dataset``; a dataset without labels gets a constant ``label`` column (unused)."""
-    from ..data import find_label_column, load_image_dataset
+    from hf_calibration.io.data import find_label_column, load_image_dataset
 
     data = load_image_dataset(ood_dataset, split, default_split="test")
     try:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._checks import check_choice, check_classification_shapes, looks_like_probabilities, to_numpy
+from hf_calibration._core.checks import check_choice, check_classification_shapes, looks_like_probabilities, to_numpy
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -46,7 +46,7 @@ def _calibrator_specs(calibrators: Sequence[Any] | Mapping[str, Any]) -> list[tu
     """``[(row label, registered kind or Calibrator)]``, checked without fitting anything (so a model route can
     refuse a bad list before it spends any time on logits). A mapping gives the labels; otherwise a name is its
     own label and a Calibrator is labelled by its kind."""
-    from ..calibrators import Calibrator, list_calibrators
+    from hf_calibration.calibrators import Calibrator, list_calibrators
 
     items = list(calibrators.items()) if isinstance(calibrators, Mapping) else [(None, item) for item in calibrators]
     specs: list[tuple[str, Any]] = []
@@ -71,7 +71,7 @@ def _calibrator_specs(calibrators: Sequence[Any] | Mapping[str, Any]) -> list[tu
 
 
 def _fit_calibrators(calibrators: Sequence[Any] | Mapping[str, Any], val: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
-    from ..calibrators import create_calibrator
+    from hf_calibration.calibrators import create_calibrator
 
     fitted: dict[str, Any] = {}
     for name, spec in _calibrator_specs(calibrators):
@@ -99,13 +99,13 @@ def _keeps_logit_level(calibrator) -> bool:
     scored on their outputs, both would rank inputs by something other than the model's evidence (CTS's
     energy AUROC came out at 2.6 % on CIFAR-10 against 98.7 % uncalibrated).
     """
-    from ..calibrators import TemperatureCalibrator
+    from hf_calibration.calibrators import TemperatureCalibrator
 
     return calibrator is None or isinstance(calibrator, TemperatureCalibrator)
 
 
 def _metrics(logits: np.ndarray, labels: np.ndarray, n_bins: int) -> dict[str, float]:
-    from ..metrics import calibration_report
+    from hf_calibration.metrics import calibration_report
 
     report = calibration_report(logits, labels, n_bins, from_logits=True)
     return {key: float(report[key]) for key in METRICS}
@@ -243,7 +243,7 @@ def shift_report(
 
     Inputs are logits (calibrators act on logits). Returns a :class:`ShiftReport`.
     """
-    from ..metrics import ood_metrics
+    from hf_calibration.metrics import ood_metrics
 
     val, test = _pair(val, "val"), _pair(test, "test")
     if not isinstance(shifted, Mapping):

@@ -9,8 +9,8 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from .._checks import check_int, check_seed
-from .parameters import BENCHMARK_CORRUPTIONS, EXTRA_CORRUPTIONS, FROST_SCALE, PRESETS, REFERENCE_SIZE
+from hf_calibration._core.checks import check_int, check_seed
+from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, EXTRA_CORRUPTIONS, FROST_SCALE, PRESETS, REFERENCE_SIZE
 
 CORRUPTIONS = BENCHMARK_CORRUPTIONS + EXTRA_CORRUPTIONS
 SEVERITIES = (1, 2, 3, 4, 5)
@@ -72,7 +72,7 @@ def preset_for_size(height: int, width: int) -> str:
 
 
 def _corrupt(image: Image.Image, name: str, severity: int, rng: np.random.RandomState, preset: str | None) -> np.ndarray:
-    from .corruptions import CORRUPTION_FUNCTIONS  # needs the `shift` extra (OpenCV, scikit-image)
+    from hf_calibration.shift.corruptions import CORRUPTION_FUNCTIONS  # needs the `shift` extra (OpenCV, scikit-image)
 
     width, height = image.size
     preset = preset or preset_for_size(height, width)

@@ -11,7 +11,7 @@ import torch
 from _calibrator_data import overconfident  # noqa: I001
 
 from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, create_calibrator, list_calibrators, load_calibrator
-from hf_calibration.hub import CHECKPOINT_FORMAT_VERSION
+from hf_calibration._core.checkpoints import CHECKPOINT_FORMAT_VERSION
 from hf_calibration.metrics._format import prepare, top_label
 
 
@@ -314,7 +314,7 @@ def test_a_file_or_a_bad_name_is_named(tmp_path):
 
 
 def test_a_repo_id_offline_and_uncached_says_so(monkeypatch, tmp_path):
-    from hf_calibration.hub import HubUnreachableError
+    from hf_calibration._core.checkpoints import HubUnreachableError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(HubUnreachableError, match="'me/not-cached' is no local folder.*not in the local cache"):
@@ -438,7 +438,7 @@ def test_push_offline_is_one_sentence_naming_the_folder(data, path_in_repo):
     import os
     from pathlib import Path
 
-    from hf_calibration.hub import HubUnreachableError
+    from hf_calibration._core.checkpoints import HubUnreachableError
 
     assert os.environ.get("HF_HUB_OFFLINE") == "1"  # huggingface_hub raises OfflineModeIsEnabled at create_repo
     z, y = data

@@ -14,7 +14,7 @@ from _calibrator_data import SHARED_LOGITS, overconfident, shared_files
 
 from hf_calibration.calibrators import DirichletCalibration, MatrixScaling, TemperatureScaling
 from hf_calibration.calibrators import matrix as matrix_module
-from hf_calibration.calibrators._cv import stratified_folds
+from hf_calibration.calibrators._fitting.cv import stratified_folds
 
 
 @pytest.mark.parametrize("lam, mu, nu", [(0.0, 0.0, 0.0), (2.0, 0.5, 0.0), (2.0, 0.5, None), (50.0, 50.0, 3.0)])

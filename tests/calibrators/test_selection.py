@@ -19,7 +19,7 @@ from hf_calibration.calibrators import (
     load_calibrator,
 )
 from hf_calibration.calibrators import selection as selection_module
-from hf_calibration.calibrators._cv import stratified_folds
+from hf_calibration.calibrators._fitting.cv import stratified_folds
 from hf_calibration.calibrators.selection import CalibratorComparison, MethodScores
 
 FAST_SMART = {"max_steps": 40, "patience": 1000}

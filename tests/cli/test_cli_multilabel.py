@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hf_calibration.cli import main
-from hf_calibration.logits_io import save_logits
+from hf_calibration.io.logits_files import save_logits
 from hf_calibration.metrics import ece
 
 

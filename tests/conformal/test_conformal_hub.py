@@ -184,7 +184,7 @@ def test_push_to_hub_is_intercepted(data, monkeypatch, path_in_repo):
 def test_push_dry_run_and_offline(data, monkeypatch):
     from huggingface_hub import HfApi
 
-    from hf_calibration.hub import HubUnreachableError
+    from hf_calibration._core.checkpoints import HubUnreachableError
 
     z, y, _, _ = data
     predictor = ConformalPredictor("thr").fit(z, y)

@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 from transformers import TrainerCallback
 
-from hf_calibration.features import find_classifier_head
+from hf_calibration._core.features import find_classifier_head
 from hf_calibration.maccal import MaCCalConfig, MaskedBottleneckHead, cache_features, load_maccal_model, maccal_stage
 
 from _models import digits, digits_dataset, head_input, make_model
@@ -249,7 +249,7 @@ def test_calibration_trainer_runs_the_real_stage_and_logs_it(tmp_path, loss_name
     from transformers import TrainingArguments
 
     from hf_calibration.losses import get_loss
-    from hf_calibration.trainer import CalibrationTrainer
+    from hf_calibration.training.trainer import CalibrationTrainer
 
     args = TrainingArguments(
         output_dir=str(tmp_path / "run"), per_device_train_batch_size=16, max_steps=3, learning_rate=1e-2,
@@ -415,7 +415,7 @@ def test_stage_loss_is_a_copy_with_local_statistics():
 
 def test_a_short_stage_prints_no_progress(capfd, monkeypatch, trained_vit):
     # the epoch bar's postfix once refreshed it before its delay: one 0 % frame per epoch on a non-interactive stderr
-    from hf_calibration import _progress
+    from hf_calibration._core import progress as _progress
 
     monkeypatch.setattr(_progress, "DELAY_S", 3600.0)
     maccal_stage(_clone(trained_vit), digits_dataset(slice(0, 96)), MaCCalConfig(epochs=3, batch_size=32, progress=True))

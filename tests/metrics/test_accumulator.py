@@ -329,7 +329,7 @@ def test_even_batches_padding_by_hand(monkeypatch):
     # 397 samples, batches of 50 on 2 processes: the last round is 97 true rows, gathered in rank order (50 + 47)
     import types
 
-    from hf_calibration.distributed import even_batches_padding
+    from hf_calibration._core.distributed import even_batches_padding
 
     loader = types.SimpleNamespace(batch_sampler=types.SimpleNamespace(even_batches=True), total_batch_size=100,
                                    end_of_dataloader=True, remainder=97)

@@ -94,7 +94,7 @@ def test_all_labels_ignored(fn):
 
 
 def test_single_class(fn):
-    """One score column is a binary (sigmoid) head where the function scores those (round 4: hf_calibration.tasks);
+    """One score column is a binary (sigmoid) head where the function scores those (round 4: hf_calibration._core.tasks);
     read as a softmax it has K = 1, which says nothing."""
     import inspect
 

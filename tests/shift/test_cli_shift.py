@@ -139,7 +139,7 @@ def test_a_saved_calibrator_is_labelled_by_its_folder_beside_the_method_of_its_k
 
 
 def test_calibrator_lists_are_checked_before_the_model_runs(capsys, root, tmp_path, monkeypatch):
-    from hf_calibration import inference
+    from hf_calibration.io import inference
     from hf_calibration.shift.model import model_shift_report
 
     def no_inference(*args, **kwargs):
@@ -171,7 +171,7 @@ def test_calibrator_lists_are_checked_before_the_model_runs(capsys, root, tmp_pa
 
 def test_out_refuses_a_model_folder_and_a_test_split_used_for_fitting_warns(capsys, root, tmp_path, monkeypatch):
     # issue 23 items 7 and 11: shift --out took a model's folder; --val-split test --split test said nothing
-    from hf_calibration import inference
+    from hf_calibration.io import inference
 
     monkeypatch.setattr(inference, "_run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model ran")))
     base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path / "cache"),

@@ -1,0 +1,21 @@
+"""Models and logits in and out: load a classifier and its processor, its logits over a dataset (``predict_logits``),
+logits files in memory (``save_logits`` / ``load_logits``) and on disk (``open_logits``, ``LogitsWriter``), and the
+logits cache."""
+
+from hf_calibration.io.disk_logits import DiskLogits, LogitsWriter, open_logits
+from hf_calibration.io.inference import predict_logits
+from hf_calibration.io.logits_files import Logits, LogitsFileError, load_logits, save_logits
+from hf_calibration.io.model_loading import load_image_classifier, load_image_processor
+
+__all__ = [
+    "DiskLogits",
+    "Logits",
+    "LogitsFileError",
+    "LogitsWriter",
+    "load_image_classifier",
+    "load_image_processor",
+    "load_logits",
+    "open_logits",
+    "predict_logits",
+    "save_logits",
+]
