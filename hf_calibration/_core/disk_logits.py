@@ -305,7 +305,9 @@ class LogitsWriter:
     def __init__(self, path: str | os.PathLike, num_rows: int, num_classes: int, labels: np.ndarray, *, overwrite: bool = False):
         self.path = Path(path)
         self.shape = (int(num_rows), int(num_classes))
-        self.labels = np.ascontiguousarray(labels, dtype=np.int64)
+        from hf_calibration._core.inputs import whole_labels
+
+        self.labels = np.ascontiguousarray(whole_labels(labels, "labels"), dtype=np.int64)  # 1.7 is refused, not truncated
         if self.labels.shape != (self.shape[0],):
             raise ValueError(f"Expected {self.shape[0]} labels, but got shape {self.labels.shape}.")
         self.kind = {".npy": "npy", ".safetensors": "safetensors"}.get(self.path.suffix.lower(), "dataset")

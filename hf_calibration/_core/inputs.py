@@ -51,6 +51,7 @@ __all__ = [
     "read_multiclass",
     "read_task",
     "scores_kind",
+    "whole_labels",
 ]
 
 
@@ -138,6 +139,20 @@ def class_labels(target: Any, num_classes: int, *, ignore_index: int | None = IG
     return y.astype(np.int64, copy=False)
 
 
+def whole_labels(values: Any, name: str = "references") -> np.ndarray:
+    """Labels that travelled as floats (an ``evaluate`` script's Arrow column, a file) back as int64: every value must be a
+    whole number (a class index, 0 / 1, or -100); a fractional value or NaN is a ``ValueError`` naming it, never
+    rounded or truncated. Integer and boolean arrays pass as they are."""
+    y = to_numpy(values, name)
+    if y.dtype.kind != "f":
+        return y
+    whole = np.isfinite(y) & (y == np.round(y))
+    if not whole.all():
+        raise ValueError(f"Expected `{name}` to hold class indices or 0/1 labels (whole numbers; -100 is ignored), but found "
+                         f"{y[~whole].flat[0].item()!r}.")
+    return y.astype(np.int64)
+
+
 def binary_labels(target: Any, *, ignore_index: int | None = IGNORE_INDEX, name: str = "target",
                   hint: str = "") -> tuple[np.ndarray, np.ndarray]:
     """0/1 labels of a sigmoid head (any integer, boolean or float dtype holding 0 and 1) as float64, and the kept
@@ -212,7 +227,12 @@ def scores_kind(preds: Any, from_logits: bool | None, *, task: str = "multiclass
     if recorded is not None:
         if recorded not in ("logits", "probabilities"):
             raise ValueError(f"Expected the recorded input kind to be 'logits' or 'probabilities', but got {recorded!r}.")
-        if recorded == "logits" and task == "multiclass" and _probability_rows(preds):
+        softmax_rows = task == "multiclass" or (task == "binary" and _ndim(preds) == 2 and preds.shape[1] == 2)
+        if recorded == "probabilities":
+            _check_recorded_probabilities(preds, softmax_rows, name)
+        # rows of probabilities given to an object fitted on logits: all of them (one row alone too) are read as
+        # logits, with a warning; some of them beside other rows are neither, and refused (looks_like_probabilities)
+        if recorded == "logits" and task == "multiclass" and _ndim(preds) == 2 and preds.shape[0] and _looks_like_probabilities(preds, name):
             warnings.warn(f"`{name}` look like probabilities (every row in [0, 1] summing to 1), but this was fitted on logits: "
                           "they are treated as logits. Pass from_logits=False if they are probabilities.", UserWarning, stacklevel=3)
         return recorded == "logits"
@@ -221,8 +241,37 @@ def scores_kind(preds: Any, from_logits: bool | None, *, task: str = "multiclass
     return not _in_unit_box(preds)
 
 
+def _check_recorded_probabilities(preds: Any, softmax_rows: bool, name: str) -> None:
+    """Scores given to an object fitted on probabilities must be probabilities: else a ``ValueError`` that names the row
+    and says where the kind came from (not a ``from_logits`` the caller never passed)."""
+    from hf_calibration._core.checks import _count_rows, _describe_row
+
+    if softmax_rows:
+        with np.errstate(over="ignore"):
+            bad = _count_rows(preds, stop_at_other=True).first_other if _ndim(preds) == 2 and preds.shape[0] else -1
+        if bad < 0:
+            return
+        detail = f"row {bad} {_describe_row(preds, bad, name)}"
+        what = "rows in [0, 1] summing to 1"
+    else:
+        if _in_unit_box(preds):
+            return
+        values = to_numpy(preds, name)
+        detail = f"values in [{np.nanmin(values):.4g}, {np.nanmax(values):.4g}]"
+        what = "values in [0, 1]"
+    raise ValueError(f"Expected `{name}` to hold probabilities ({what}), the kind this was fitted on (its fit recorded "
+                     f"input='probabilities'), but {detail}. Pass from_logits=True if they are logits.")
+
+
 def _ndim(x: Any) -> int:
     return len(getattr(x, "shape", ()))
+
+
+def _looks_like_probabilities(preds: Any, name: str) -> bool:
+    from hf_calibration._core.checks import looks_like_probabilities
+
+    with np.errstate(over="ignore"):
+        return looks_like_probabilities(preds, name)
 
 
 def _probability_rows(preds: Any) -> bool:
@@ -276,6 +325,7 @@ def read_multiclass(preds: Any, target: Any, *, from_logits: bool | None = None,
 
 
 def _multiclass(preds, target, from_logits, ignore_index, preds_name, target_name) -> Inputs:
+    target = whole_labels(target, target_name)  # class indices stored as floats: 2.0 is class 2, 1.7 is refused
     check_classification_shapes(preds, target, preds_name, target_name)
     check_labels_in_range(target, preds.shape[1], target_name, ignore_index)
     if ignore_index is not None:

@@ -24,7 +24,7 @@ from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range, resolve_from_logits, to_numpy
 from hf_calibration._core.disk_logits import DiskLogits, as_disk_logits
 from hf_calibration._core.finite import first_non_finite
-from hf_calibration._core.inputs import logits_and_labels, read_multiclass
+from hf_calibration._core.inputs import logits_and_labels, read_multiclass, scores_kind, whole_labels
 from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, top_label_pass
 from hf_calibration._core import tensors as _inputs
 from hf_calibration.calibrators._forward import graph as _graph
@@ -123,10 +123,10 @@ class Calibrator(
     outputs that would overflow are shifted by their row maximum (the softmax is unchanged) and saturated at the
     dtype's finite minimum, so the output is never inf or NaN. Non-finite input logits raise ``ValueError``.
 
-    Inputs may be logits or probabilities: ``from_logits=None`` (the default of ``fit``, ``forward``,
-    ``predict_proba``) takes rows all in [0, 1] and summing to 1 as probabilities and works on ``log(p)``
-    (a fit records which in ``fit_info_["input"]``); an explicit ``True``/``False`` wins. Logits and their
-    softmax give the same calibrated probabilities.
+    Inputs may be logits or probabilities: ``fit(from_logits=None)`` takes rows all in [0, 1] and summing to 1 as
+    probabilities and works on ``log(p)``, and records which in ``fit_info_["input"]``; ``forward`` and
+    ``predict_proba`` read their input as that kind (a row alone as in a batch) unless ``from_logits`` says otherwise.
+    Logits and their softmax, each given as what it is, give the same calibrated probabilities.
 
     Class attributes a subclass sets: ``kind`` (its registry name), ``min_samples``, ``default_objective`` and
     ``objectives`` (the fit objectives it accepts), ``preserves_argmax`` (whether its predictions always equal the
@@ -246,12 +246,17 @@ class Calibrator(
             logger.warning("Calibrating logits with K = %d classes; the calibrator was fitted on K = %d.", logits.shape[1], expected)
         return logits
 
+    def _input_kind(self, z: Any, from_logits: bool | None) -> bool:
+        """Whether ``z`` holds logits: ``from_logits`` when given, else the kind the fit recorded (``fit_info_["input"]``:
+        a row alone reads as the same row in a batch), detected only when there is no fit record."""
+        return scores_kind(z, from_logits, recorded=(self.fit_info_ or {}).get("input"), name="logits")
+
     def _prepare(self, logits: Any, from_logits: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(z, zc)``: the checked input, and what the map sees (log-probabilities for probabilities; row maxima at
         0 unless ``shift_invariant``) in the compute dtype (float64 for float64 input, else float32)."""
         z = self._check_logits(logits)
         cdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
-        if resolve_from_logits(z, from_logits, "logits"):
+        if self._input_kind(z, from_logits):
             zc = z.to(cdtype)
         else:
             zc = _inputs.log_probabilities(z, cdtype)
@@ -261,7 +266,7 @@ class Calibrator(
         """``_fit_inputs`` for a block fit: the same checks, one pass over the rows, and no copy of them."""
         logits, labels = _labels_of(logits, labels)
         source = _rows.as_source(logits)
-        y = to_numpy(labels, "labels")
+        y = whole_labels(labels, "labels")  # class indices stored as floats: 2.0 is class 2, 1.7 is refused
         check_classification_shapes(source, y, "logits", "labels")
         check_labels_in_range(y, source.shape[1], "labels", IGNORE_INDEX)
         keep = y != IGNORE_INDEX
@@ -483,7 +488,7 @@ class Calibrator(
         """
         self._check_fitted()
         z = self._check_logits(logits)
-        is_logits = resolve_from_logits(z, from_logits, "logits")
+        is_logits = self._input_kind(z, from_logits)
         n, k = z.shape
         if z.device.type != "cpu" or n * k <= FORWARD_BLOCK_ELEMENTS or n < 2:
             return self._forward_rows(z, is_logits)

@@ -62,7 +62,7 @@ import torch
 
 from hf_calibration._core import progress as _progress
 from hf_calibration._core.checks import check_choice, check_float, check_int
-from hf_calibration._core.inputs import read_multiclass
+from hf_calibration._core.inputs import read_multiclass, read_task
 from hf_calibration.calibrators._base import NotFittedError, UncalibratedWarning, _labels_of
 from hf_calibration.calibrators._fitting.held_out import sample_nll
 from hf_calibration.calibrators._fitting.comparison import (
@@ -142,20 +142,11 @@ def _fit_and_score(name: str, kwargs: dict, seeds: list, z: np.ndarray, zc: np.n
 
 
 def sigmoid_task_of(logits: Any, labels: Any, task: str | None) -> str | None:
-    """``"binary"`` / ``"multilabel"`` when the calibration data (or ``task``) is a sigmoid head's, None for a softmax one:
-    an explicit ``task`` wins; ``(N, L)`` labels with ``L > 1`` are multi-label; one logit column is binary (two softmax
-    logits are a softmax head unless ``task="binary"``)."""
-    from hf_calibration._core.tasks import check_task
-
-    if task is not None:
-        return None if check_task(task) == "multiclass" else task
-    shape_y = tuple(np.shape(labels)) if labels is not None else ()
-    shape_z = tuple(getattr(logits, "shape", np.shape(logits)))
-    if len(shape_y) == 2 and shape_y[1] > 1:
-        return "multilabel"
-    if len(shape_z) == 1 or (len(shape_z) == 2 and shape_z[1] == 1):
-        return "binary"
-    return None
+    """``"binary"`` / ``"multilabel"`` when the calibration data (or ``task``) is a sigmoid head's, None for a softmax one,
+    by the one rule of :func:`hf_calibration._core.inputs.read_task` (two softmax logits are a softmax head unless
+    ``task="binary"``; one-hot labels without ``task`` are refused)."""
+    found = read_task(task, logits, labels, preds_name="logits", target_name="labels")
+    return None if found == "multiclass" else found
 
 
 def identity_calibrator(logits: Any, labels: Any, from_logits: bool | None, reason: str, *, who: str, task: str | None = None):

@@ -255,15 +255,11 @@ def add_input_kind_option(p: argparse.ArgumentParser) -> None:
 
 
 def from_logits_of(args, logits, task: str = "multiclass") -> bool:
-    """The input kind the command works with: ``--probs`` / ``--from-logits``, else detected on ``logits`` (a sigmoid
-    head's: every value in [0, 1] is a probability, as the metrics decide)."""
-    from hf_calibration._core.checks import resolve_from_logits
+    """The input kind the command works with: ``--probs`` / ``--from-logits``, else detected on ``logits`` by the one
+    rule every entry point applies (:func:`hf_calibration._core.inputs.scores_kind`)."""
+    from hf_calibration._core.inputs import scores_kind
 
-    if task in ("binary", "multilabel") and (logits.ndim == 1 or logits.shape[1] != 2 or task == "multilabel"):
-        if args.from_logits is not None:
-            return args.from_logits
-        return not bool(((logits >= 0) & (logits <= 1)).all())
-    return resolve_from_logits(logits, args.from_logits, "logits")
+    return scores_kind(logits, args.from_logits, task=task, name="logits")
 
 
 def method_kind(method: str, flag: str = "--method") -> str:

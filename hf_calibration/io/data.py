@@ -196,7 +196,12 @@ def multi_hot_labels(data, column: str, num_labels: int) -> np.ndarray:
             if len(row) != num_labels:
                 raise ValueError(f"Expected each multi-hot row of the {column!r} column to have the model's {num_labels} "
                                  f"labels, but row {i} has {len(row)}.")
-            out[i] = np.asarray(row, dtype=np.float64).round().astype(np.int64)
+            values = np.asarray(row, dtype=np.float64)
+            bad = ~((values == 0) | (values == 1) | (values == -100))
+            if bad.any():
+                raise ValueError(f"Expected the {column!r} column to hold 0/1 labels (or -100, ignored) for a multi-label model, "
+                                 f"but row {i} holds {values[bad][0].item()!r}: soft labels are not rounded.")
+            out[i] = values.astype(np.int64)
     return out
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from hf_calibration._core.checks import check_folder_or_hub_id, check_int
 from hf_calibration._core import distributed
+from hf_calibration._core.inputs import whole_labels
 from hf_calibration.io.data import find_image_column, find_label_column, load_image_dataset
 from hf_calibration._core.disk_logits import LogitsWriter
 from hf_calibration.io.logits_cache import cache_key, load_cached, save_cached
@@ -66,7 +67,10 @@ class _Collate:
 def _labels(data, column: str, model: nn.Module) -> np.ndarray:
     """The label column as int64, mapped onto the model's class indices when both sides name their classes
     and the names agree in a different order (a silent mismatch would give wrong metrics)."""
-    labels = np.asarray(data.with_format("numpy", columns=[column])[column], dtype=np.int64)
+    values = np.asarray(data.with_format("numpy", columns=[column])[column])
+    if values.dtype == object:  # a null among integers
+        values = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    labels = whole_labels(values, column).astype(np.int64)
     feature = data.features[column]
     id2label = getattr(getattr(model, "config", None), "id2label", None) or {}
     names = getattr(feature, "names", None)

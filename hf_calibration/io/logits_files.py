@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hf_calibration._core.inputs import read_inputs, read_task, whole_labels
 from hf_calibration._core.checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range, to_numpy
 
 __all__ = ["LogitsFileError", "Logits", "load_logits", "save_logits", "npz_path", "available_splits", "SUFFIXES"]
@@ -159,17 +160,14 @@ def load_logits(
     try:
         logits = to_numpy(logits, "logits")
         labels = to_numpy(labels, "labels")
-        from hf_calibration._core.tasks import resolve_task
-
-        task = resolve_task(task, preds=logits, target=labels)
+        task = read_task(task, logits, labels, ignore_index=ignore_index, preds_name="logits", target_name="labels")
         if task == "multiclass":
             check_classification_shapes(logits, labels, "logits", "labels")
             check_labels_in_range(labels, logits.shape[1], "labels", ignore_index)
         else:  # a sigmoid head: one score column (binary) or (N, L) 0/1 labels (multi-label), checked as the metrics do
-            from hf_calibration.metrics.multilabel import prepare_sigmoid
-
-            prepare_sigmoid(logits, labels, task=task, from_logits=True, ignore_index=ignore_index,
-                            preds_name="logits", target_name="labels")
+            read_inputs(logits, labels, task=task, from_logits=True, ignore_index=ignore_index, preds_name="logits",
+                        target_name="labels")
+            labels = whole_labels(labels, "labels")
     except (ValueError, TypeError) as err:
         raise LogitsFileError(f"{source}: {err}") from None
     if not np.isfinite(logits).all():
@@ -208,7 +206,7 @@ def save_logits(
     for name, pair in splits.items():
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise ValueError(f"Expected split `{name}` to be a (logits, labels) pair, but got {type(pair).__name__}.")
-        z, y = to_numpy(pair[0], "logits"), to_numpy(pair[1], "labels")
+        z, y = to_numpy(pair[0], "logits"), whole_labels(pair[1], "labels")  # 0.7 or 1.7 is refused, never truncated
         from hf_calibration._core.tasks import resolve_task
 
         if resolve_task(preds=z, target=y) == "multiclass":  # a sigmoid head's arrays are checked when read back

@@ -49,6 +49,7 @@ from hf_calibration._core.checks import (
 )
 from hf_calibration.metrics._format import prepare, top_label
 from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
+from hf_calibration._core.inputs import whole_labels
 from hf_calibration.metrics.binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_bin, uniform_edges
 from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, frame, weighted_means
 from hf_calibration.metrics.ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute
@@ -302,11 +303,15 @@ class CalibrationAccumulator:
 
     def _sigmoid_for(self, preds: Any, target: Any):
         """The sigmoid state when this batch (or ``task``) is a binary / multi-label head's, else None."""
+        from hf_calibration._core.inputs import read_task
         from hf_calibration._core.tasks import resolve_task
 
         if self._sigmoid is not None:
             return self._sigmoid
-        task = resolve_task(self.task, preds=preds, target=target)
+        if self.n:  # the head type was read with the first batch (multi-class): later ones are checked against it
+            task = resolve_task(self.task, preds=preds, target=target)
+        else:
+            task = read_task(self.task, preds, target, ignore_index=self.ignore_index, from_logits=self.from_logits)
         if task == "multiclass":
             return None
         if self.n:
@@ -400,6 +405,10 @@ class CalibrationAccumulator:
         else:
             preds, target = to_numpy(preds, "preds"), to_numpy(target, "target")
         sigmoid = self._sigmoid_for(preds, target)
+        if sigmoid is None and not isinstance(target, torch.Tensor):
+            target = whole_labels(target, "target")  # class indices stored as floats: 2.0 is class 2, 1.7 is refused
+        elif sigmoid is None and target.is_floating_point():
+            target = torch.as_tensor(whole_labels(target, "target"), device=target.device)
         if sigmoid is not None:
             if preds.shape[0]:
                 sigmoid.update(preds if not _on_device(preds) else preds.detach().cpu(),
@@ -414,8 +423,20 @@ class CalibrationAccumulator:
             self._settle(preds.shape[1], None, "`preds`")  # a valid batch with nothing to count (Trainer padding)
             return self
         compute_rows = _rows_torch if _on_device(preds) else _rows_numpy
-        rows, from_logits = compute_rows(preds, target, self.from_logits, self.ignore_index, self.n_bins, self._with_probabilities,
-                                         self._with_scores)
+        # the kind is read once: an explicit from_logits, else what the first batch was (a row alone reads as in a batch)
+        recorded = self.from_logits is None and self.from_logits_ is not None
+        kind = self.from_logits if self.from_logits is not None else self.from_logits_
+        try:
+            rows, from_logits = compute_rows(preds, target, kind, self.ignore_index, self.n_bins, self._with_probabilities,
+                                             self._with_scores)
+        except ValueError as err:
+            if not (recorded and "(from_logits=False)" in str(err)):
+                raise
+            detail = str(err).split(", but ", 1)[-1].rstrip(".")
+            raise ValueError(f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other scores "
+                             f"({detail}): the first batch was read as probabilities (every row in [0, 1] summing to 1), and "
+                             "the accumulator reads every batch the same way. Pass `from_logits=True` or `False` to the "
+                             "accumulator if that is wrong.") from None
         self._settle(preds.shape[1], from_logits, "`preds`")
         self._add(rows)
         return self

@@ -50,8 +50,18 @@ class SigmoidState:
 
     # ------------------------------------------------------------------ batches
     def update(self, preds: Any, target: Any, from_logits: bool | None, ignore_index: int | None) -> None:
-        inputs = prepare_sigmoid(preds, target, task=self.task, from_logits=from_logits if from_logits is not None else self.from_logits,
-                                 ignore_index=ignore_index)
+        recorded = from_logits is None and self.from_logits is not None  # the kind the first batch was read as
+        try:
+            inputs = prepare_sigmoid(preds, target, task=self.task, from_logits=from_logits if from_logits is not None else self.from_logits,
+                                     ignore_index=ignore_index)
+        except ValueError as err:
+            if not (recorded and "(from_logits=False)" in str(err)):
+                raise
+            detail = str(err).split(", but ", 1)[-1].rstrip(".")
+            raise ValueError(f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other "
+                             f"scores ({detail}): the first batch was read as probabilities (every value in [0, 1]), and the "
+                             "accumulator reads every batch the same way. Pass `from_logits=True` or `False` to the accumulator "
+                             "if that is wrong.") from None
         if self.num_labels is not None and inputs.num_labels != self.num_labels:
             raise ValueError(f"Expected `preds` to have L = {self.num_labels} labels as before, but got {inputs.num_labels}.")
         if self.from_logits is not None and inputs.from_logits != self.from_logits:

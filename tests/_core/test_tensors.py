@@ -40,14 +40,21 @@ def test_logits_and_their_softmax_calibrate_alike(name, seed, k):
     reference = fits["logits"].predict_proba(z_new).numpy()
     assert not np.allclose(reference, p_new, atol=1e-3), "the calibrator must do something for the comparison to mean anything"
     for fitted_on, cal in fits.items():
-        for given, out in (
-            ("logits", cal.predict_proba(z_new)),
-            ("probs (detected)", cal.predict_proba(p_new)),
-            ("probs (from_logits=False)", cal.predict_proba(p_new, from_logits=False)),
-            ("probs via forward", torch.softmax(cal(torch.from_numpy(p_new)), dim=1)),
-        ):
-            np.testing.assert_allclose(out.numpy(), reference, rtol=0, atol=1e-9, err_msg=f"fitted on {fitted_on}, given {given}")
-        assert torch.equal(cal(p_new).argmax(1), torch.from_numpy(p_new).argmax(1)) or not cal.preserves_argmax
+        # the kind is read once: an explicit from_logits, else the kind the fit recorded (no detection per call)
+        on_probs = fitted_on != "logits"
+        given = [("logits, from_logits=True", cal.predict_proba(z_new, from_logits=True)),
+                 ("probs, from_logits=False", cal.predict_proba(p_new, from_logits=False)),
+                 ("probs via forward", torch.softmax(cal(torch.from_numpy(p_new), from_logits=False), dim=1)),
+                 ("as fitted", cal.predict_proba(p_new if on_probs else z_new))]
+        for what, out in given:
+            np.testing.assert_allclose(out.numpy(), reference, rtol=0, atol=1e-9, err_msg=f"fitted on {fitted_on}, given {what}")
+        assert torch.equal(cal(p_new, from_logits=False).argmax(1), torch.from_numpy(p_new).argmax(1)) or not cal.preserves_argmax
+        if on_probs:  # logits given to a calibrator fitted on probabilities contradict its record
+            with pytest.raises(ValueError, match=r"fitted on.*input='probabilities'.*from_logits=True"):
+                cal.predict_proba(z_new)
+        else:  # probabilities given to one fitted on logits are read as logits, with a warning
+            with pytest.warns(UserWarning, match="fitted on logits: they are treated as logits"):
+                cal.predict_proba(p_new)
 
 
 @pytest.mark.parametrize("seed, n, k", [(5, 2000, 10), (8, 600, 10)])
@@ -64,7 +71,7 @@ def test_smart_fits_float64_logits_and_their_softmax_alike(seed, n, k):
     reference = from_z.predict_proba(z_new).numpy()
     assert not np.allclose(reference, _softmax(z_new), atol=1e-3)
     np.testing.assert_allclose(from_p.predict_proba(_softmax(z_new)).numpy(), reference, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(from_p.predict_proba(z_new).numpy(), reference, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(from_p.predict_proba(z_new, from_logits=True).numpy(), reference, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", list_calibrators("multiclass"))
@@ -73,7 +80,7 @@ def test_forward_on_probabilities_is_the_calibration_of_log_p(name):
     cal = create_calibrator(name).fit(z, y, progress_bar=False)
     p = _softmax(z)
     log_p = np.log(p)
-    out = cal(torch.from_numpy(p))
+    out = cal(torch.from_numpy(p), from_logits=False)
     np.testing.assert_allclose(out.numpy(), cal(torch.from_numpy(log_p)).numpy(), rtol=0, atol=1e-12)
     if hasattr(cal, "temperature"):  # a temperature calibrator returns log(p) / T
         np.testing.assert_allclose(out.numpy(), log_p / cal.temperature(log_p).numpy()[:, None], rtol=1e-12, atol=1e-12)
@@ -105,16 +112,21 @@ def test_a_malformed_probability_row_is_refused_wherever_it_is(name):
     z, y = _logits(4, 5000, 5)
     cal = create_calibrator(name).fit(z[:600], y[:600], progress_bar=False)
     p = _softmax(z)
+    on_probs = create_calibrator(name).fit(p[:600], y[:600], progress_bar=False)
     for row in (5, 4500):
         bad = p.copy()
         bad[row] *= 1.02
         for call in (cal.predict_proba, cal, lambda x: create_calibrator(name).fit(x, y, progress_bar=False)):
             with pytest.raises(ValueError, match=rf"`logits` to hold either logits or probabilities.* row {row} is not"):
                 call(torch.from_numpy(bad))
+        for call in (on_probs.predict_proba, on_probs):  # fitted on probabilities: the row breaks what the fit recorded
+            with pytest.raises(ValueError, match=rf"input=.probabilities.*row {row} (sums to|holds)"):
+                call(torch.from_numpy(bad))
     mixed = np.vstack([p[:100], z[100:]])  # probabilities, then logits
     with pytest.raises(ValueError, match="either logits or probabilities"):
         cal.predict_proba(mixed)
-    np.testing.assert_allclose(cal.predict_proba(p).numpy(), cal.predict_proba(z).numpy(), atol=1e-6)
+    np.testing.assert_allclose(cal.predict_proba(p, from_logits=False).numpy(), cal.predict_proba(z).numpy(), atol=1e-6)
+    np.testing.assert_allclose(on_probs.predict_proba(p).numpy(), on_probs.predict_proba(z, from_logits=True).numpy(), atol=1e-6)
 
 @pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_zero_probabilities_stay_finite(name):
@@ -124,9 +136,9 @@ def test_zero_probabilities_stay_finite(name):
     p[0, 2] = 1.0
     p[1, :2] = 0.5
     p[2] = 1 / 6
-    out = cal(torch.from_numpy(p))
+    out = cal(torch.from_numpy(p), from_logits=False)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
-    proba = cal.predict_proba(p)
+    proba = cal.predict_proba(p, from_logits=False)
     assert proba[0].argmax() == 2 and float(proba[0, 2]) > 0.99
     if isinstance(cal, TemperatureCalibrator):  # dividing a uniform row by any temperature keeps it uniform
         np.testing.assert_allclose(proba[2].numpy(), np.full(6, 1 / 6), rtol=1e-6)
@@ -186,8 +198,8 @@ def test_a_map_that_is_not_shift_invariant_sees_row_maxima_at_zero():
     w = np.linspace(0.5, 1.5, 5)
     expected = _softmax(w * (z - z.max(axis=1, keepdims=True)))
     for c in (cal, from_probs):
-        for x in (z, p):
-            np.testing.assert_allclose(c.predict_proba(x).numpy(), expected, rtol=0, atol=1e-12)
+        for x, from_logits in ((z, True), (p, False)):
+            np.testing.assert_allclose(c.predict_proba(x, from_logits=from_logits).numpy(), expected, rtol=0, atol=1e-12)
     assert set(cal.seen_row_maxima) == {0.0}
     # the same map on raw logits would depend on the rows' offsets: the canonical form is what makes them agree
     assert not np.allclose(_softmax(w * z), expected, atol=1e-3)

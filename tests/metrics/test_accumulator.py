@@ -180,7 +180,7 @@ def test_reset_empty_and_fully_ignored_batches():
     [
         (np.zeros((4, 7, 1), np.float32), np.zeros(4, np.int64), ValueError, "rank 2"),
         (np.zeros((4, 7), np.float32), np.zeros(3, np.int64), ValueError, "same number of samples"),
-        (np.zeros((4, 7), np.float32), np.zeros(4, np.float32), TypeError, "integer"),
+        (np.zeros((4, 7), np.float32), np.full(4, 0.5, np.float32), ValueError, r"`target` to hold class indices.*found 0.5"),
         (np.zeros((4, 7), np.float32), np.array([0, 1, 7, 2]), ValueError, r"class indices in \[0, 7\)"),
         (np.array([[0.0, np.nan] + [0.0] * 5] * 4, np.float32), np.zeros(4, np.int64), ValueError, "finite"),
         (np.zeros((4, 6), np.float32), np.zeros(4, np.int64), ValueError, "K = 7 classes as before, but got K = 6"),

@@ -134,12 +134,19 @@ def test_probabilities_out_of_range(fn):
 
 @pytest.mark.parametrize("as_torch", [False, True])
 def test_float_labels(fn, as_torch):
+    """Class indices stored as floats are read as the classes they name (2.0 is class 2); a fractional or NaN label is
+    refused naming it, never truncated (1.7 is not class 1)."""
     z, y = _good()
-    y = y.astype(np.float64)
+    expected = fn(z, y)
+    yf = y.astype(np.float64)
     if as_torch:
-        z, y = torch.from_numpy(z), torch.from_numpy(y)
-    with pytest.raises(TypeError, match="`target` to be an integer"):
-        fn(z, y)
+        z, yf = torch.from_numpy(z), torch.from_numpy(yf)
+    assert str(fn(z, yf)) == str(expected)
+    for bad in (1.7, float("nan")):
+        yb = yf.clone() if as_torch else yf.copy()
+        yb[3] = bad
+        with pytest.raises(ValueError, match=rf"`target` to hold class indices.*found {bad}"):
+            fn(z, yb)
 
 
 def test_integer_preds(fn):

@@ -3,6 +3,7 @@
 import datasets
 import evaluate
 import numpy as np
+from hf_calibration._core.inputs import whole_labels  # labels travel as floats: 1.7 or 0.9 is refused, never truncated
 from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import adaece
 
@@ -79,16 +80,16 @@ class AdaECE(evaluate.Metric):
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=[  # multi-class (K scores, a class index), multi-label (L scores, L 0/1 labels), binary (one score)
-                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}),
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("float64")}),
                 datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")),
-                                   "references": datasets.Sequence(datasets.Value("int64"))}),
-                datasets.Features({"predictions": datasets.Value("float32"), "references": datasets.Value("int64")}),
+                                   "references": datasets.Sequence(datasets.Value("float64"))}),
+                datasets.Features({"predictions": datasets.Value("float32"), "references": datasets.Value("float64")}),
             ],
             reference_urls=["https://arxiv.org/abs/2002.09437"],
         )
 
     def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0, task=None):
         preds = np.asarray(predictions, dtype=np.float32)
-        value = adaece(preds, np.asarray(references, dtype=np.int64), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot,
+        value = adaece(preds, whole_labels(references), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot,
                       seed=seed, task=_task(self, task))
         return flat_intervals({"adaece": value})

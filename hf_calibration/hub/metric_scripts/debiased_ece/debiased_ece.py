@@ -3,6 +3,7 @@
 import datasets
 import evaluate
 import numpy as np
+from hf_calibration._core.inputs import whole_labels  # labels travel as floats: 1.7 or 0.9 is refused, never truncated
 from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import debiased_ece
 
@@ -65,7 +66,7 @@ class DebiasedECE(evaluate.Metric):
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}
+                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("float64")}
             ),
             reference_urls=["https://arxiv.org/abs/1909.10155", "https://github.com/p-lambda/verified_calibration"],
         )
@@ -73,6 +74,6 @@ class DebiasedECE(evaluate.Metric):
     def _compute(self, predictions, references, n_bins=15, p=2, mode="top-label", binning="equal_mass", from_logits=None,
                  ci=None, n_boot=None, seed=0):
         preds = np.asarray(predictions, dtype=np.float32)
-        value = debiased_ece(preds, np.asarray(references, dtype=np.int64), n_bins, p=p, mode=mode, binning=binning,
+        value = debiased_ece(preds, whole_labels(references), n_bins, p=p, mode=mode, binning=binning,
                              from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
         return flat_intervals({"debiased_ece": value})

@@ -3,6 +3,7 @@
 import datasets
 import evaluate
 import numpy as np
+from hf_calibration._core.inputs import whole_labels  # labels travel as floats: 1.7 or 0.9 is refused, never truncated
 from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import smce
 
@@ -60,12 +61,12 @@ class SmCE(evaluate.Metric):
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}
+                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("float64")}
             ),
             reference_urls=["https://arxiv.org/abs/2211.16886"],
         )
 
     def _compute(self, predictions, references, from_logits=None, ci=None, n_boot=None, seed=0):
         preds = np.asarray(predictions, dtype=np.float32)
-        value = smce(preds, np.asarray(references, dtype=np.int64), from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
+        value = smce(preds, whole_labels(references), from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
         return flat_intervals({"smce": value})
