@@ -63,7 +63,11 @@ def _make(name: str):
     if name.startswith("ours"):
         from hf_calibration import CalibrationAccumulator
 
-        metrics = {"ours_all": None, "ours_binned": ["ece", "mce", "o_ece", "u_ece", "classwise_ece", "brier", "nll"], "ours_ece": ["ece"]}[name]
+        metrics = {
+            "ours_all": None,
+            "ours_binned": ["ece", "mce", "o_ece", "u_ece", "classwise_ece", "brier", "nll"],
+            "ours_ece": ["ece"],
+        }[name]
         return CalibrationAccumulator(N_BINS, metrics=metrics), lambda m: m.compute()["ece"]
     from torchmetrics.classification import MulticlassCalibrationError
 
@@ -91,15 +95,23 @@ def _child(spec: dict) -> dict:
     t0 = time.perf_counter()
     value = result(metric)
     t_compute = time.perf_counter() - t0
-    return {"update_s": t_update, "compute_s": t_compute, "growth_mb": growth, "peak_mb": _maxrss_mb() - base,
-            "ece": value, "threads": torch.get_num_threads()}
+    return {
+        "update_s": t_update,
+        "compute_s": t_compute,
+        "growth_mb": growth,
+        "peak_mb": _maxrss_mb() - base,
+        "ece": value,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _run_child(spec: dict) -> dict:
     need_mb = spec["samples"] * 70 / 2**20 if spec["impl"] == "ours_all" else spec["samples"] * 40 / 2**20
     if need_mb > _available_mb():
         return {"error": f"skipped: needs ~{need_mb / 1024:.1f} GiB"}
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, check=False
+    )
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -146,7 +158,9 @@ def main() -> None:
         "| contender | update (s) | compute (s) | total (s) | samples/s (M) | vs torchmetrics | RSS growth 25% / 50% / 100% (MB) | peak incl. compute (MB) | ECE |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
-    tm_total = med("torchmetrics", "update_s") + med("torchmetrics", "compute_s") if "torchmetrics" in runs else float("nan")
+    tm_total = (
+        med("torchmetrics", "update_s") + med("torchmetrics", "compute_s") if "torchmetrics" in runs else float("nan")
+    )
     for name in args.only:
         ok = [r for r in runs[name] if "error" not in r]
         if not ok:

@@ -56,7 +56,19 @@ MAPS = {
 DISCRETE = "discrete (12 values), f = 0.7 p + 0.15"
 LEVELS = np.linspace(0.4, 0.95, 12)
 DISCRETE_MAP = lambda p: 0.7 * p + 0.15  # noqa: E731
-REPORT_METRICS = ("accuracy", "ece", "adaece", "mce", "classwise_ece", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
+REPORT_METRICS = (
+    "accuracy",
+    "ece",
+    "adaece",
+    "mce",
+    "classwise_ece",
+    "o_ece",
+    "u_ece",
+    "smce",
+    "smece",
+    "brier",
+    "nll",
+)
 DEBIASED = ("debiased top L2", "debiased top L1", "debiased marginal L2", "debiased marginal L1")
 
 
@@ -77,8 +89,10 @@ def truth(f) -> dict[str, float]:
     equal = np.linspace(LO, 1.0, 16)  # the population's equal-mass edges (p is uniform)
     mean_gaps = np.array([gap(a, b) for a, b in zip(equal[:-1], equal[1:])]) * 15  # each bin holds 1/15 of the mass
     # classes 1 and 2: q = (1 - p) / 2 in (0, 1/3), P(y = k | p) = (1 - f) / 2, gap q - P = (f - p) / 2
-    other = sum(abs(_quad(lambda p: (f(p) - p) / 2 * density, max(1 - 2 * b, LO), min(1 - 2 * a, 1.0)))
-                for a, b in zip(width[:-1], width[1:]))
+    other = sum(
+        abs(_quad(lambda p: (f(p) - p) / 2 * density, max(1 - 2 * b, LO), min(1 - 2 * a, 1.0)))
+        for a, b in zip(width[:-1], width[1:])
+    )
     grid = np.linspace(LO, 1.0, 200_001)
     fine = np.linspace(LO, 1.0, 1_000_001)
     q = lambda p: (1 - p) / 2  # noqa: E731
@@ -109,8 +123,12 @@ def discrete_truth() -> dict[str, float]:
     """The distinct-binning targets of the discrete map: one bin per value, each of mass 1/12."""
     gaps = LEVELS - DISCRETE_MAP(LEVELS)
     l2, l1 = float(np.sqrt(np.mean(gaps**2))), float(np.mean(np.abs(gaps)))
-    return {"debiased top L2": l2, "debiased top L1": l1, "debiased marginal L2": float(np.sqrt((l2**2 + 2 * (l2 / 2) ** 2) / 3)),
-            "debiased marginal L1": float((l1 + 2 * l1 / 2) / 3)}
+    return {
+        "debiased top L2": l2,
+        "debiased top L1": l1,
+        "debiased marginal L2": float(np.sqrt((l2**2 + 2 * (l2 / 2) ** 2) / 3)),
+        "debiased marginal L1": float((l1 + 2 * l1 / 2) / 3),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ one draw
@@ -141,26 +159,51 @@ def _debiased_parts(probs, labels, binning: str, boot, position):
     parts = {}
     for power, col in ((2, 0), (1, 1)):
         raw = reps[:, col]
-        parts[f"debiased top L{power}"] = (column.value(power, None, None), column.raw(power), column.plugin(power) ** power, raw,
-                                           np.sqrt(np.maximum(raw, 0)) if power == 2 else raw, column.plugin(power))
+        parts[f"debiased top L{power}"] = (
+            column.value(power, None, None),
+            column.raw(power),
+            column.plugin(power) ** power,
+            raw,
+            np.sqrt(np.maximum(raw, 0)) if power == 2 else raw,
+            column.plugin(power),
+        )
         per_class = reps[:, 2 + (power == 1) :: 2]
         values = np.array([c.value(power, None, None) ** power for c in classes])
         raws = np.array([c.raw(power) for c in classes])
         plugins = np.array([c.plugin(power) ** power for c in classes])
         linear = np.mean(np.maximum(per_class, 0) if power == 2 else per_class, axis=1) ** (1 / power)
-        parts[f"debiased marginal L{power}"] = (float(np.mean(values) ** (1 / power)), float(raws.mean()), float(plugins.mean()),
-                                                per_class.mean(axis=1), linear, float(plugins.mean() ** (1 / power)))
+        parts[f"debiased marginal L{power}"] = (
+            float(np.mean(values) ** (1 / power)),
+            float(raws.mean()),
+            float(plugins.mean()),
+            per_class.mean(axis=1),
+            linear,
+            float(plugins.mean() ** (1 / power)),
+        )
     return parts
 
 
-def intervals_of_a_draw(probs, labels, seed: int, discrete: bool = False) -> dict[str, dict[str, tuple[float, float, str]]]:
+def intervals_of_a_draw(
+    probs, labels, seed: int, discrete: bool = False
+) -> dict[str, dict[str, tuple[float, float, str]]]:
     """metric -> method -> (low, high, flag); method "shipped" is the interval the package returns."""
     from hf_calibration.metrics import bootstrap as bs
     from hf_calibration.metrics._format import prepare, top_label
     from hf_calibration.metrics._probability_pass import probability_rows
     from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
-    from hf_calibration.metrics.ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute, _ece_split_compute, _mce_compute
-    from hf_calibration.metrics.smooth import _smce_statistic, _smece_statistic, smce_from_confidence, smece_from_confidence
+    from hf_calibration.metrics.ece import (
+        BINNED_COLUMNS,
+        _binned_statistic,
+        _classwise_ece_compute,
+        _ece_split_compute,
+        _mce_compute,
+    )
+    from hf_calibration.metrics.smooth import (
+        _smce_statistic,
+        _smece_statistic,
+        smce_from_confidence,
+        smece_from_confidence,
+    )
 
     boot = bs.check_bootstrap(LEVEL, None, seed)
     small = bs.check_bootstrap(LEVEL, None, seed, default_n_boot=bs.SMOOTH_N_BOOT)
@@ -184,12 +227,27 @@ def intervals_of_a_draw(probs, labels, seed: int, discrete: bool = False) -> dic
         split = _ece_split_compute(conf, correct, 15)
         from hf_calibration.metrics.ece import _ece_compute
 
-        values = {"accuracy": float(correct.mean()), "ece": _ece_compute(conf, correct, 15), "mce": _mce_compute(conf, correct, 15),
-                  "o_ece": split.over, "u_ece": split.under, "adaece": _adaece_compute(conf, correct, 15),
-                  "classwise_ece": _classwise_ece_compute(rows.cells, n), "brier": rows.brier, "nll": rows.nll,
-                  "smce": smce_from_confidence(conf, correct), "smece": smece_from_confidence(conf, correct)}
-        binned, ada, scores = boot.replicates([_binned_statistic(conf, correct, 15), _adaece_statistic(conf, correct, 15),
-                                               bs.weighted_means(rows.scores, bs.frame(conf))], n)
+        values = {
+            "accuracy": float(correct.mean()),
+            "ece": _ece_compute(conf, correct, 15),
+            "mce": _mce_compute(conf, correct, 15),
+            "o_ece": split.over,
+            "u_ece": split.under,
+            "adaece": _adaece_compute(conf, correct, 15),
+            "classwise_ece": _classwise_ece_compute(rows.cells, n),
+            "brier": rows.brier,
+            "nll": rows.nll,
+            "smce": smce_from_confidence(conf, correct),
+            "smece": smece_from_confidence(conf, correct),
+        }
+        binned, ada, scores = boot.replicates(
+            [
+                _binned_statistic(conf, correct, 15),
+                _adaece_statistic(conf, correct, 15),
+                bs.weighted_means(rows.scores, bs.frame(conf)),
+            ],
+            n,
+        )
         sm, sme = small.replicates([_smce_statistic(conf, correct), _smece_statistic(conf, correct)], n)
         reps = {name: binned[:, c] for c, name in enumerate(BINNED_COLUMNS)}
         reps.update(adaece=ada, brier=scores[:, 0], nll=scores[:, 1])
@@ -199,10 +257,13 @@ def intervals_of_a_draw(probs, labels, seed: int, discrete: bool = False) -> dic
         record("smce", values["smce"], sm, small_boot=True)
         record("smece", values["smece"], sme, small_boot=True)
     for name, (value, raw, plugin_raw, raw_reps, linear_reps, plugin) in _debiased_parts(
-            probs, labels, "distinct" if discrete else "equal_mass", boot, position).items():
+        probs, labels, "distinct" if discrete else "equal_mass", boot, position
+    ).items():
         power = 2 if name.endswith("L2") else 1
         record(name, value, raw_reps, plugin=plugin_raw, estimate=raw, power=power, alternatives=())
-        out[name]["percentile"] = (lambda i: (i.low, i.high, i.flag))(boot.interval(value, linear_reps, bs.IntervalRule("percentile")))
+        out[name]["percentile"] = (lambda i: (i.low, i.high, i.flag))(
+            boot.interval(value, linear_reps, bs.IntervalRule("percentile"))
+        )
         lin = boot.interval(value, linear_reps, bs.IntervalRule("basic_plugin", 0.0, 1.0), plugin=plugin)
         out[name]["basic on CE"] = (lin.low, lin.high, lin.flag)
     return out
@@ -217,15 +278,28 @@ def check_public(probs, labels, seed: int, got: dict, discrete: bool = False) ->
     if not discrete:
         report = metrics.calibration_report(probs, labels, **kw)
         calls.update({name: report[name] for name in REPORT_METRICS})
-        calls.update(ece=metrics.ece(probs, labels, **kw), classwise_ece=metrics.classwise_ece(probs, labels, **kw),
-                     smece=metrics.smece(probs, labels, **kw), nll=metrics.nll(probs, labels, **kw))
+        calls.update(
+            ece=metrics.ece(probs, labels, **kw),
+            classwise_ece=metrics.classwise_ece(probs, labels, **kw),
+            smece=metrics.smece(probs, labels, **kw),
+            nll=metrics.nll(probs, labels, **kw),
+        )
     binning = "distinct" if discrete else "equal_mass"
     for name in DEBIASED:
-        calls[name] = metrics.debiased_ece(probs, labels, p=2 if name.endswith("L2") else 1,
-                                           mode="top-label" if " top " in name else "marginal", binning=binning, **kw)
+        calls[name] = metrics.debiased_ece(
+            probs,
+            labels,
+            p=2 if name.endswith("L2") else 1,
+            mode="top-label" if " top " in name else "marginal",
+            binning=binning,
+            **kw,
+        )
     for name, value in calls.items():
         low, high, _ = got[name]["shipped"]
-        same = np.allclose([value.low, value.high], [low, high], atol=1e-12, equal_nan=True) and abs(float(value) - got[name]["value"][0]) < 1e-12
+        same = (
+            np.allclose([value.low, value.high], [low, high], atol=1e-12, equal_nan=True)
+            and abs(float(value) - got[name]["value"][0]) < 1e-12
+        )
         if not same:
             raise AssertionError(f"{name}: the package gives {value!r}, the benchmark computed [{low}, {high}]")
 
@@ -247,8 +321,12 @@ def run_cell(name: str, n: int, draws: int, state: dict, save) -> None:
         got = intervals_of_a_draw(probs, labels, d, discrete)
         if d == 0:
             check_public(probs, labels, d, got, discrete)
-        cell["draws"].append({m: {k: [None if isinstance(x, float) and np.isnan(x) else x for x in v] for k, v in methods.items()}
-                              for m, methods in got.items()})
+        cell["draws"].append(
+            {
+                m: {k: [None if isinstance(x, float) and np.isnan(x) else x for x in v] for k, v in methods.items()}
+                for m, methods in got.items()
+            }
+        )
         if (d + 1) % 10 == 0 or d + 1 == draws:
             save()
             print(f"{name}, N = {n}: {d + 1}/{draws} draws ({time.perf_counter() - start:.0f} s)", flush=True)
@@ -276,8 +354,14 @@ def summarise(cell: dict, true: dict[str, float]) -> dict:
                 width += high - low
                 flagged += bool(flag)
             k = len(draws)
-            out[metric][method] = {"coverage": cover / k, "outside": outside / k, "width": width / max(k - none, 1),
-                                   "flagged": flagged / k, "none": none / k, "silent": silent}
+            out[metric][method] = {
+                "coverage": cover / k,
+                "outside": outside / k,
+                "width": width / max(k - none, 1),
+                "flagged": flagged / k,
+                "none": none / k,
+                "silent": silent,
+            }
     return out
 
 
@@ -287,8 +371,11 @@ def markdown(state: dict, truths: dict, sizes, draws: int, seconds: float, load)
         "## Bootstrap coverage (`benchmarks/bootstrap_coverage.py`)",
         "",
         f"- command: `python benchmarks/bootstrap_coverage.py` ({draws} draws at N = {' and '.join(f'{n:,}' for n in sizes)}; "
-        + (f"{seconds / 60:.0f} min of this run, load average at its start {load[0]:.1f})" if seconds is not None
-           else "this table written from the draws kept so far, `--table-only`)"),
+        + (
+            f"{seconds / 60:.0f} min of this run, load average at its start {load[0]:.1f})"
+            if seconds is not None
+            else "this table written from the draws kept so far, `--table-only`)"
+        ),
         f"- model and true values: see the script's docstring (K = 3, a known map `f(p)` from confidence to accuracy; "
         f"true values by integration). 95 % intervals, 1,000 resamples (smCE, smECE, classwise ECE 200). A correct "
         f"interval covers 95 % of the time, ± {se:.1f} points (one standard error over {draws} draws): the target band "
@@ -304,9 +391,12 @@ def markdown(state: dict, truths: dict, sizes, draws: int, seconds: float, load)
     missing: list[str] = []
     silent = [0, 0]  # shipped intervals that leave out their estimate without a note, of all shipped intervals
     for n in sizes:
-        lines += [f"### N = {n:,}", "",
-                  "| map | metric | true value | shipped coverage (%) | outside (%) | noted (%) | percentile (%) | basic (%) | basic on CE (%) |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"### N = {n:,}",
+            "",
+            "| map | metric | true value | shipped coverage (%) | outside (%) | noted (%) | percentile (%) | basic (%) | basic on CE (%) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for name in list(MAPS) + [DISCRETE]:
             key = _key(name, n)
             done = len(state.get(key, {"draws": []})["draws"])
@@ -324,30 +414,45 @@ def markdown(state: dict, truths: dict, sizes, draws: int, seconds: float, load)
                 noted = shipped["flagged"] + shipped["none"]
                 cov = "no interval" if shipped["none"] == 1 else f"{100 * shipped['coverage']:.1f}"
                 alt = lambda m: f"{100 * methods[m]['coverage']:.1f}" if m in methods else ""  # noqa: E731
-                lines.append(f"| {label} | {metric} | {truths[name][metric]:.4f} | {cov} | {100 * shipped['outside']:.1f} | "
-                             f"{100 * noted:.1f} | {alt('percentile')} | {alt('basic')} | {alt('basic on CE')} |")
+                lines.append(
+                    f"| {label} | {metric} | {truths[name][metric]:.4f} | {cov} | {100 * shipped['outside']:.1f} | "
+                    f"{100 * noted:.1f} | {alt('percentile')} | {alt('basic')} | {alt('basic on CE')} |"
+                )
                 if shipped["none"] < 1 and not BAND[0] <= shipped["coverage"] <= BAND[1]:
                     c = 100 * shipped["coverage"]
                     gap = f"{93 - c:.1f} points below 93 %" if c < 93 else f"{c - 97:.1f} points above 97 %"
-                    short.setdefault(metric, []).append(f"{c:.1f} % ({gap}) on {name}, N = {n:,}"
-                                                        + ("" if done >= draws else f", {done} draws"))
+                    short.setdefault(metric, []).append(
+                        f"{c:.1f} % ({gap}) on {name}, N = {n:,}" + ("" if done >= draws else f", {done} draws")
+                    )
         lines.append("")
-    lines += [f"Estimates outside their own shipped interval **without a note**: {silent[0]} of {silent[1]:,} intervals "
-              "(every other estimate outside its interval carries the note that says so).", "",
-              "### Outside the 93-97 % band (shipped intervals)", "",
-              "Above the band at a true value of 0 (U-ECE of an over-confident model, the debiased L2 error of a calibrated "
-              "one): the interval is [0, 0] or reaches 0 and says so; it over-covers, which is harmless. Below the band at "
-              "a true value of 0 (a calibrated model): a plug-in error is biased upwards there and no bootstrap interval "
-              "of it is consistent at the boundary; its note says the interval reaches 0 or lies below the estimate.", ""]
+    lines += [
+        f"Estimates outside their own shipped interval **without a note**: {silent[0]} of {silent[1]:,} intervals "
+        "(every other estimate outside its interval carries the note that says so).",
+        "",
+        "### Outside the 93-97 % band (shipped intervals)",
+        "",
+        "Above the band at a true value of 0 (U-ECE of an over-confident model, the debiased L2 error of a calibrated "
+        "one): the interval is [0, 0] or reaches 0 and says so; it over-covers, which is harmless. Below the band at "
+        "a true value of 0 (a calibrated model): a plug-in error is biased upwards there and no bootstrap interval "
+        "of it is consistent at the boundary; its note says the interval reaches 0 or lies below the estimate.",
+        "",
+    ]
     if short:
         lines += [f"- **{metric}**: " + "; ".join(cells) for metric, cells in short.items()]
     else:
         lines.append("- none")
-    lines += ["- **MCE**: no interval is printed (a maximum over bins: its bootstrap is inconsistent when several bins "
-              "are near the maximum); the value comes back with `low = high = nan` and a note saying why.", ""]
+    lines += [
+        "- **MCE**: no interval is printed (a maximum over bins: its bootstrap is inconsistent when several bins "
+        "are near the maximum); the value comes back with `low = high = nan` and a note saying why.",
+        "",
+    ]
     if missing:
-        lines += ["Cells not finished (re-run the same command: finished draws are kept and skipped): "
-                  + "; ".join(missing) + ".", ""]
+        lines += [
+            "Cells not finished (re-run the same command: finished draws are kept and skipped): "
+            + "; ".join(missing)
+            + ".",
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -356,7 +461,9 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=200)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--state", type=Path, default=STATE, help="the resumable JSON of per-draw results")
-    parser.add_argument("--table-only", action="store_true", help="write the tables from the draws kept so far, draw nothing")
+    parser.add_argument(
+        "--table-only", action="store_true", help="write the tables from the draws kept so far, draw nothing"
+    )
     args = parser.parse_args()
     load = os.getloadavg()
     state = json.loads(args.state.read_text()) if args.state.exists() else {}
@@ -378,7 +485,9 @@ def main() -> None:
         for name in list(MAPS) + [DISCRETE]:
             if not args.table_only:
                 run_cell(name, n, args.draws, state, save)
-    text = markdown(state, truths, args.sizes, args.draws, None if args.table_only else time.perf_counter() - start, load)
+    text = markdown(
+        state, truths, args.sizes, args.draws, None if args.table_only else time.perf_counter() - start, load
+    )
     RESULTS.write_text(text)
     print(text)
 

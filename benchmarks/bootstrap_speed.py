@@ -70,8 +70,14 @@ print(json.dumps({"package": metrics.__file__, "import": imported, "first": firs
 
 def _child(checkout: Path, k: int, n: int = N) -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(k)], cwd=checkout, env=env, capture_output=True,
-                         text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(n), str(k)],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode:
         raise RuntimeError(f"the child failed for K = {k} in {checkout}:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -97,7 +103,8 @@ def report_section(ks: list[int], rounds: int, baseline: Path | None, baseline_k
         "### `calibration_report(z, y, ci=0.95)` at N = 100,000 float32 logits: the <= 5 s target at K = 1,000",
         "",
         f"- command: `python benchmarks/bootstrap_speed.py --sections report --rounds {rounds}"
-        + (f" --baseline <checkout> --baseline-k {' '.join(map(str, baseline_ks))}" if baseline else "") + "`",
+        + (f" --baseline <checkout> --baseline-k {' '.join(map(str, baseline_ks))}" if baseline else "")
+        + "`",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores; load average at start {', '.join(f'{x:.1f}' for x in load_start)}, "
         f"at the end {', '.join(f'{x:.1f}' for x in load_end)}",
         f"- each row: a fresh process (kernels in numba's on-disk cache, warm), median (worst) of {rounds} rounds. "
@@ -112,13 +119,22 @@ def report_section(ks: list[int], rounds: int, baseline: Path | None, baseline_k
         for who in ("ours", "baseline"):
             if (who, k) not in runs:
                 continue
-            lines.append(f"| {k:,} | {'this checkout' if who == 'ours' else 'baseline'} | {med(who, k, 'first'):.2f} ({worst(who, k, 'first'):.2f}) | "
-                         f"{med(who, k, 'first_cpu'):.2f} | {med(who, k, 'plain'):.2f} | {med(who, k, 'again'):.2f} | {med(who, k, 'import'):.2f} |")
+            lines.append(
+                f"| {k:,} | {'this checkout' if who == 'ours' else 'baseline'} | {med(who, k, 'first'):.2f} ({worst(who, k, 'first'):.2f}) | "
+                f"{med(who, k, 'first_cpu'):.2f} | {med(who, k, 'plain'):.2f} | {med(who, k, 'again'):.2f} | {med(who, k, 'import'):.2f} |"
+            )
     if TARGET_K in ks:
         t = med("ours", TARGET_K, "first")
-        lines += ["", f"First call with intervals at K = {TARGET_K:,}: median {t:.2f} s, worst {worst('ours', TARGET_K, 'first'):.2f} s: "
-                  + (f"the <= {TARGET_SECONDS:g} s target is met" if t <= TARGET_SECONDS else f"the <= {TARGET_SECONDS:g} s target is NOT met")
-                  + f" at this host load ({load_start[0]:.1f} at the start)."]
+        lines += [
+            "",
+            f"First call with intervals at K = {TARGET_K:,}: median {t:.2f} s, worst {worst('ours', TARGET_K, 'first'):.2f} s: "
+            + (
+                f"the <= {TARGET_SECONDS:g} s target is met"
+                if t <= TARGET_SECONDS
+                else f"the <= {TARGET_SECONDS:g} s target is NOT met"
+            )
+            + f" at this host load ({load_start[0]:.1f} at the start).",
+        ]
     return lines, {f"{who}|{k}": r for (who, k), r in runs.items()}
 
 
@@ -182,12 +198,14 @@ def _scipy(metric: str, z, y, n_boot: int):
     top = top_label(inputs)
     conf, correct = top.confidence, top.correct
     if metric == "ece":
+
         def statistic(c, a, axis=-1):  # vectorised over the batch of resamples: one bincount per batch
             c, a = np.atleast_2d(c), np.atleast_2d(a)
             b = np.searchsorted(np.linspace(0, 1, 16)[1:-1], c, side="left")
             key = (np.arange(c.shape[0])[:, None] * 15 + b).ravel()
             gap = np.bincount(key, (c - a).ravel(), minlength=c.shape[0] * 15).reshape(c.shape[0], 15)
             return np.abs(gap).sum(axis=1) / c.shape[1]
+
         data, vectorized = (conf, correct), True
     elif metric in ("brier", "nll"):
         rows = _row_scores(inputs)[:, 0 if metric == "brier" else 1]
@@ -202,8 +220,17 @@ def _scipy(metric: str, z, y, n_boot: int):
         return None
 
     def run():
-        return stats.bootstrap(data, statistic, paired=True, vectorized=vectorized, n_resamples=n_boot, batch=50,
-                               method="basic", confidence_level=0.95, rng=np.random.default_rng(0)).confidence_interval
+        return stats.bootstrap(
+            data,
+            statistic,
+            paired=True,
+            vectorized=vectorized,
+            n_resamples=n_boot,
+            batch=50,
+            method="basic",
+            confidence_level=0.95,
+            rng=np.random.default_rng(0),
+        ).confidence_interval
 
     return run
 
@@ -227,15 +254,22 @@ def metrics_section(rounds: int, n_boot: int, peer_boot: int, quick: bool) -> li
     for _ in range(rounds):
         for metric in metrics:
             with_ci, without = _ours(metric, z, y, n_boot)
-            timings.setdefault((metric, "hf_calibration (ci=0.95)"), []).append(max(_time(with_ci) - _time(without), 1e-9))
+            timings.setdefault((metric, "hf_calibration (ci=0.95)"), []).append(
+                max(_time(with_ci) - _time(without), 1e-9)
+            )
             naive_boot = n_boot if metric in ("ece", "brier", "nll") else peer_boot
-            timings.setdefault((metric, "naive numpy loop"), []).append(_time(_naive(metric, z, y, naive_boot)) * n_boot / naive_boot)
+            timings.setdefault((metric, "naive numpy loop"), []).append(
+                _time(_naive(metric, z, y, naive_boot)) * n_boot / naive_boot
+            )
             peer = _scipy(metric, z, y, n_boot if metric != "smece" else peer_boot)
             if peer is not None:
                 scale = n_boot / (n_boot if metric != "smece" else peer_boot)
-                timings.setdefault((metric, "scipy.stats.bootstrap" + (" + relplot.smECE" if metric == "smece" else "")), []).append(_time(peer) * scale)
+                timings.setdefault(
+                    (metric, "scipy.stats.bootstrap" + (" + relplot.smECE" if metric == "smece" else "")), []
+                ).append(_time(peer) * scale)
         timings.setdefault(("debiased_ece", "hf_calibration (ci=0.95)"), []).append(
-            _time(lambda: debiased_ece(z, y, ci=0.95, n_boot=n_boot)) - _time(lambda: debiased_ece(z, y)))
+            _time(lambda: debiased_ece(z, y, ci=0.95, n_boot=n_boot)) - _time(lambda: debiased_ece(z, y))
+        )
     lines = [
         "### Each metric's interval against a naive bootstrap and scipy's",
         "",
@@ -266,7 +300,9 @@ def main() -> None:
     parser.add_argument("--baseline-k", type=int, nargs="+", default=[10, 100], help="the K the baseline runs")
     parser.add_argument("--quick", action="store_true", help="metrics section at N = 2e4")
     parser.add_argument("--n-boot", type=int, default=1000)
-    parser.add_argument("--peer-boot", type=int, default=100, help="resamples the slow peers run (time scaled to --n-boot)")
+    parser.add_argument(
+        "--peer-boot", type=int, default=100, help="resamples the slow peers run (time scaled to --n-boot)"
+    )
     args = parser.parse_args()
     # each section is kept in the JSON, so re-running one section keeps the other's last table
     state = json.loads(STATE.read_text()) if STATE.exists() else {}
@@ -277,7 +313,10 @@ def main() -> None:
     STATE.write_text(json.dumps(state, indent=1))
     lines = ["## Bootstrap intervals (`benchmarks/bootstrap_speed.py`)", ""]
     for section in ("report", "metrics"):
-        lines += state.get(section, [f"### {section}", "", f"Not run yet: `python benchmarks/bootstrap_speed.py --sections {section}`."]) + [""]
+        lines += state.get(
+            section,
+            [f"### {section}", "", f"Not run yet: `python benchmarks/bootstrap_speed.py --sections {section}`."],
+        ) + [""]
     text = "\n".join(lines)
     RESULTS.write_text(text)
     print(text)

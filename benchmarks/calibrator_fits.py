@@ -59,7 +59,18 @@ logging.getLogger().setLevel(logging.ERROR)
 for name in ("torch_uncertainty", "hf_calibration", "netcal"):
     logging.getLogger(name).setLevel(logging.ERROR)
 
-OURS = ["ets", "vector_scaling", "matrix_scaling", "dirichlet", "svs", "sms", "pts", "cts", "temperature_scaling", "smart"]
+OURS = [
+    "ets",
+    "vector_scaling",
+    "matrix_scaling",
+    "dirichlet",
+    "svs",
+    "sms",
+    "pts",
+    "cts",
+    "temperature_scaling",
+    "smart",
+]
 PEERS = {  # our kind -> (label, builder(K) -> fit(z, y) -> predict(z) -> logits or probabilities)
     "vector_scaling": ["tu VectorScaler (K weights, no bias)", "netcal LogisticCalibration (vector scaling)"],
     "matrix_scaling": ["tu MatrixScaler (unregularised)"],
@@ -99,7 +110,9 @@ def fit_peer(label: str, z, y):
         cls = getattr(tu, label.split()[1])
         scaler = cls(num_classes=k) if cls is not tu.TemperatureScaler else cls()
         start = time.perf_counter()
-        scaler.fit(DataLoader(TensorDataset(torch.from_numpy(z), torch.from_numpy(y)), batch_size=len(y)), progress=False)
+        scaler.fit(
+            DataLoader(TensorDataset(torch.from_numpy(z), torch.from_numpy(y)), batch_size=len(y)), progress=False
+        )
         elapsed = time.perf_counter() - start
 
         def predict(zz):
@@ -119,14 +132,22 @@ def fit_peer(label: str, z, y):
             warnings.simplefilter("ignore")
             cal.fit(probs, y)
         elapsed = time.perf_counter() - start
-        return elapsed, lambda zz: torch.log(torch.from_numpy(cal.predict_proba(torch.softmax(torch.from_numpy(zz).double(), 1).numpy())).clamp_min(1e-300))
+        return elapsed, lambda zz: torch.log(
+            torch.from_numpy(cal.predict_proba(torch.softmax(torch.from_numpy(zz).double(), 1).numpy())).clamp_min(
+                1e-300
+            )
+        )
     from netcal.scaling import LogisticCalibration
 
     cal = LogisticCalibration()
     start = time.perf_counter()
-    cal.fit(torch.softmax(torch.from_numpy(z).double(), 1).numpy(), y)  # float64 probabilities (its float32 path skips fits)
+    cal.fit(
+        torch.softmax(torch.from_numpy(z).double(), 1).numpy(), y
+    )  # float64 probabilities (its float32 path skips fits)
     elapsed = time.perf_counter() - start
-    return elapsed, lambda zz: torch.log(torch.from_numpy(cal.transform(torch.softmax(torch.from_numpy(zz).double(), 1).numpy())).clamp_min(1e-300))
+    return elapsed, lambda zz: torch.log(
+        torch.from_numpy(cal.transform(torch.softmax(torch.from_numpy(zz).double(), 1).numpy())).clamp_min(1e-300)
+    )
 
 
 def _interleaved(fits: list, rounds: int) -> list[list[float]]:
@@ -156,11 +177,16 @@ def speed_section(lines: list[str], rounds: int, ks: tuple[int, ...] = (100, 100
         zt, yt = synthetic(10_000, k, seed=1)
         lines.append(f"| {k} | uncalibrated | | {_nll(torch.from_numpy(zt), yt):.4f} | | | | | |")
         runs = [(kind, {}, "", True) for kind in OURS]  # (kind, arguments, note, against the peers)
-        if k == 1000:  # the default cross-validation would repeat a ~60 s fit ~20 times: one capped fit at a fixed lambda
+        if (
+            k == 1000
+        ):  # the default cross-validation would repeat a ~60 s fit ~20 times: one capped fit at a fixed lambda
             for kind in ("matrix_scaling", "dirichlet"):
                 runs[runs.index((kind, {}, "", True))] = (
-                    kind, {"reg_lambda": float(k * (k - 1)), "reg_mu": float(k), "max_iter": 60},
-                    " (fixed lambda = K(K-1), mu = K, no CV, 60 LBFGS iterations at most)", False)
+                    kind,
+                    {"reg_lambda": float(k * (k - 1)), "reg_mu": float(k), "max_iter": 60},
+                    " (fixed lambda = K(K-1), mu = K, no CV, 60 LBFGS iterations at most)",
+                    False,
+                )
         while runs:
             kind, kw, note, with_peers = runs.pop(0)
             before = len(lines)
@@ -168,8 +194,13 @@ def speed_section(lines: list[str], rounds: int, ks: tuple[int, ...] = (100, 100
                 create_calibrator(kind).fit(z[:500, :20], y[:500] % 20, progress_bar=False)
             else:
                 create_calibrator(kind, **kw).fit(z[:500], y[:500], progress_bar=False)
-            peers = [label for label in PEERS.get(kind, []) if with_peers and not (label.startswith("netcal") and k == 1000)
-                     and not (label == "probmetrics SMS" and k == 1000)]
+            peers = [
+                label
+                for label in PEERS.get(kind, [])
+                if with_peers
+                and not (label.startswith("netcal") and k == 1000)
+                and not (label == "probmetrics SMS" and k == 1000)
+            ]
             last: dict = {}
 
             def ours():
@@ -180,6 +211,7 @@ def speed_section(lines: list[str], rounds: int, ks: tuple[int, ...] = (100, 100
                 def run():
                     seconds, last[label] = fit_peer(label, z, y)
                     return seconds
+
                 return run
 
             slow = "max_iter" in kw  # the capped K = 1,000 fits, ~20 s each: once
@@ -191,31 +223,50 @@ def speed_section(lines: list[str], rounds: int, ks: tuple[int, ...] = (100, 100
             ours_nll = _nll(last["predict"](zt), yt)
             target = 10.0 if kind == "cts" and k == 1000 else TARGETS[k]  # the issue: CTS <= 10 s at K = 1,000
             if kind in ("matrix_scaling", "dirichlet") and not kw and k == 100:
-                target = 2.0 * 2  # the issue: <= 2 s with their cross-validation at 5,000 x 100; these fits see 10,000 rows
+                target = (
+                    2.0 * 2
+                )  # the issue: <= 2 s with their cross-validation at 5,000 x 100; these fits see 10,000 rows
             verdict = f"<= {target:g} s: {'met' if seconds <= target else 'NOT met'}"
             if seconds > target:
                 FACTS["missed"].append(f"{kind}{note} at K = {k}: {seconds:.2f} s")
             info = cal.fit_info_
             extra = f", {info.get('steps', info.get('sweeps'))} {'steps' if 'steps' in info else 'sweeps'}"
             if not peers:
-                label, cell = (PEERS[kind][0], "not run (each step is an N x K x K product)") if kind in PEERS else ("", "")
+                label, cell = (
+                    (PEERS[kind][0], "not run (each step is an N x K x K product)") if kind in PEERS else ("", "")
+                )
                 if kind == "sms":
                     cell = "not run (its L-BFGS on K^2 = 10^6 parameters, an N x K x K product a step)"
-                lines.append(f"| {k} | {kind}{note}{extra} | {seconds:.2f} | {ours_nll:.4f} | {label} | {cell} | | | {verdict} |")
+                lines.append(
+                    f"| {k} | {kind}{note}{extra} | {seconds:.2f} | {ours_nll:.4f} | {label} | {cell} | | | {verdict} |"
+                )
             for label, peer_times in zip(peers, times[1:]):
                 if isinstance(peer_times, Exception):
-                    lines.append(f"| {k} | {kind}{extra} | {seconds:.2f} | {ours_nll:.4f} | {label} | failed: {type(peer_times).__name__} | | | {verdict} |")
+                    lines.append(
+                        f"| {k} | {kind}{extra} | {seconds:.2f} | {ours_nll:.4f} | {label} | failed: {type(peer_times).__name__} | | | {verdict} |"
+                    )
                     continue
                 peer_s = float(np.median(peer_times))
                 ratio = float(np.median([p / o for p, o in zip(peer_times, times[0])]))
                 peer_nll = _nll(last[label](zt), yt)
                 FACTS["peer"].append((k, kind + note, label, ratio, ours_nll, peer_nll))
-                lines.append(f"| {k} | {kind}{note}{extra} | {seconds:.2f} | {ours_nll:.4f} | {label} | {peer_s:.2f} | {peer_nll:.4f} | "
-                             f"{ratio:.1f} | {verdict} |")
-            if kind in ("matrix_scaling", "dirichlet") and not kw:  # then one fit at the chosen lambda, against the same peer
+                lines.append(
+                    f"| {k} | {kind}{note}{extra} | {seconds:.2f} | {ours_nll:.4f} | {label} | {peer_s:.2f} | {peer_nll:.4f} | "
+                    f"{ratio:.1f} | {verdict} |"
+                )
+            if (
+                kind in ("matrix_scaling", "dirichlet") and not kw
+            ):  # then one fit at the chosen lambda, against the same peer
                 chosen = {"reg_lambda": info["reg_lambda"], "reg_mu": info["reg_mu"]}
-                runs.insert(0, (kind, chosen, f" (one fit at the chosen lambda = {chosen['reg_lambda']:g}, mu = {chosen['reg_mu']:g}, "
-                                              "no CV)", True))
+                runs.insert(
+                    0,
+                    (
+                        kind,
+                        chosen,
+                        f" (one fit at the chosen lambda = {chosen['reg_lambda']:g}, mu = {chosen['reg_mu']:g}, no CV)",
+                        True,
+                    ),
+                )
             print("\n".join(lines[before:]), flush=True)
 
 
@@ -244,19 +295,49 @@ def fit_baseline(checkout: Path, path: Path, kind: str) -> dict:
     """Time another checkout's ``kind`` fit on one shared file, in its own process (after one small warm-up fit)."""
     env = {**os.environ, "PYTHONPATH": str(checkout.resolve()), "HF_HUB_OFFLINE": "1"}
     # run from inside the checkout: `python -c` puts the working directory first on sys.path
-    done = subprocess.run([sys.executable, "-c", BASELINE_FIT, str(path.resolve()), kind], capture_output=True, text=True, env=env,
-                          check=True, cwd=checkout)
+    done = subprocess.run(
+        [sys.executable, "-c", BASELINE_FIT, str(path.resolve()), kind],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        cwd=checkout,
+    )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if not Path(result["package"]).resolve().is_relative_to(checkout.resolve()):
         raise RuntimeError(f"The baseline run imported {result['package']}, not the checkout {checkout}.")
     return result
 
 
-FILE_METHODS = ("temperature_scaling", "vector_scaling", "matrix_scaling", "dirichlet", "svs", "sms", "ets", "pts", "cts")
-FILE_PEERS = {"vector_scaling": "tu VectorScaler", "matrix_scaling": "tu MatrixScaler", "dirichlet": "tu DirichletScaler",
-              "svs": "probmetrics SVS", "sms": "probmetrics SMS"}
-PIVOT = ("uncalibrated", "temperature_scaling", "matrix_scaling", "dirichlet", "vector_scaling", "sms", "svs", "probmetrics SMS",
-         "probmetrics SVS")
+FILE_METHODS = (
+    "temperature_scaling",
+    "vector_scaling",
+    "matrix_scaling",
+    "dirichlet",
+    "svs",
+    "sms",
+    "ets",
+    "pts",
+    "cts",
+)
+FILE_PEERS = {
+    "vector_scaling": "tu VectorScaler",
+    "matrix_scaling": "tu MatrixScaler",
+    "dirichlet": "tu DirichletScaler",
+    "svs": "probmetrics SVS",
+    "sms": "probmetrics SMS",
+}
+PIVOT = (
+    "uncalibrated",
+    "temperature_scaling",
+    "matrix_scaling",
+    "dirichlet",
+    "vector_scaling",
+    "sms",
+    "svs",
+    "probmetrics SMS",
+    "probmetrics SVS",
+)
 
 
 def files_section(lines: list[str], baseline: Path | None = None) -> None:
@@ -282,29 +363,58 @@ def files_section(lines: list[str], baseline: Path | None = None) -> None:
         base = torch.from_numpy(zt)
         cells = pivot.setdefault(path.stem, {})
         cells["uncalibrated"] = (_nll(base, yt), ece(zt, yt))
-        lines.append(f"| {path.stem} | uncalibrated | {_nll(base, yt):.4f} | {100 * (zt.argmax(1) == yt).mean():.2f} | "
-                     f"{100 * ece(zt, yt):.2f} | | | | | |")
+        lines.append(
+            f"| {path.stem} | uncalibrated | {_nll(base, yt):.4f} | {100 * (zt.argmax(1) == yt).mean():.2f} | "
+            f"{100 * ece(zt, yt):.2f} | | | | | |"
+        )
         for kind in FILE_METHODS:
             seconds, cal, predict = fit_ours(kind, zv, yv)
             out = predict(zt)
             nll, err = _nll(out, yt), ece(out.numpy(), yt)
             cells[kind] = (nll, err)
-            row = (f"| {path.stem} | {kind} | {nll:.4f} | {100 * (out.argmax(1).numpy() == yt).mean():.2f} | "
-                   f"{100 * err:.2f} | {seconds:.2f}; {cal.bench_cpu_:.2f} |")
+            row = (
+                f"| {path.stem} | {kind} | {nll:.4f} | {100 * (out.argmax(1).numpy() == yt).mean():.2f} | "
+                f"{100 * err:.2f} | {seconds:.2f}; {cal.bench_cpu_:.2f} |"
+            )
             if kind in ("matrix_scaling", "dirichlet"):
                 info = cal.fit_info_
-                FACTS["odir"].append((path.stem, kind, zv.shape, seconds, cal.bench_cpu_, nll, info["reg_lambda"], info["reg_mu"],
-                                      info["cv_nll"], info["cv_nll_temperature_scaling"], len(info["cv"])))
+                FACTS["odir"].append(
+                    (
+                        path.stem,
+                        kind,
+                        zv.shape,
+                        seconds,
+                        cal.bench_cpu_,
+                        nll,
+                        info["reg_lambda"],
+                        info["reg_mu"],
+                        info["cv_nll"],
+                        info["cv_nll_temperature_scaling"],
+                        len(info["cv"]),
+                    )
+                )
                 if baseline is not None:
-                    FACTS.setdefault("baseline", []).append((path.stem, kind, seconds, cal.bench_cpu_, nll, fit_baseline(baseline, path, kind)))
+                    FACTS.setdefault("baseline", []).append(
+                        (path.stem, kind, seconds, cal.bench_cpu_, nll, fit_baseline(baseline, path, kind))
+                    )
             if kind in FILE_PEERS:
                 peer_s, peer_predict = fit_peer(FILE_PEERS[kind], zv, yv)
                 po = peer_predict(zt)
                 peer_nll, peer_ece = _nll(po, yt), ece(po.numpy(), yt)
                 if kind in ("svs", "sms"):
                     cells[FILE_PEERS[kind]] = (peer_nll, peer_ece)
-                FACTS["files"].append((path.stem, kind, nll, peer_nll, (out.argmax(1).numpy() == yt).mean(),
-                                       (po.argmax(1).numpy() == yt).mean(), err, peer_ece))
+                FACTS["files"].append(
+                    (
+                        path.stem,
+                        kind,
+                        nll,
+                        peer_nll,
+                        (out.argmax(1).numpy() == yt).mean(),
+                        (po.argmax(1).numpy() == yt).mean(),
+                        err,
+                        peer_ece,
+                    )
+                )
                 row += f" {peer_nll:.4f} | {100 * (po.argmax(1).numpy() == yt).mean():.2f} | {100 * peer_ece:.2f} | {peer_s:.2f} |"
             else:
                 row += " | | | |"
@@ -325,20 +435,32 @@ def files_section(lines: list[str], baseline: Path | None = None) -> None:
 def _odir_lines() -> list[str]:
     """Matrix / Dirichlet scaling with their cross-validation: the guards (below uncalibrated, within 0.02 of temperature
     scaling), the chosen weights inside the grid, and the 5,000 x 100 time target."""
-    out = ["", "### Matrix / Dirichlet scaling with their cross-validation (the rows above)", "",
-           "| file | method | N x K | fit (s) | CPU (s) | candidates | lambda / K(K-1) | mu / K | CV NLL | TS CV NLL | test NLL |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "",
+        "### Matrix / Dirichlet scaling with their cross-validation (the rows above)",
+        "",
+        "| file | method | N x K | fit (s) | CPU (s) | candidates | lambda / K(K-1) | mu / K | CV NLL | TS CV NLL | test NLL |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for stem, kind, shape, seconds, cpu, nll, lam, mu, cv, ts_cv, candidates in FACTS["odir"]:
         k = shape[1]
-        out.append(f"| {stem} | {kind} | {shape[0]:,} x {k} | {seconds:.2f} | {cpu:.2f} | {candidates} | {lam / (k * (k - 1)):g} | "
-                   f"{mu / k:g} | {cv:.4f} | {ts_cv:.4f} | {nll:.4f} |")
+        out.append(
+            f"| {stem} | {kind} | {shape[0]:,} x {k} | {seconds:.2f} | {cpu:.2f} | {candidates} | {lam / (k * (k - 1)):g} | "
+            f"{mu / k:g} | {cv:.4f} | {ts_cv:.4f} | {nll:.4f} |"
+        )
     for i, (stem, kind, seconds, cpu, nll, before) in enumerate(FACTS.get("baseline", [])):
         if i == 0:
-            out += ["", "The same fits by the `--baseline` checkout, each in its own process right after ours:", "",
-                    "| baseline: file | method | ours (s; CPU) | baseline (s; CPU) | wall ratio | ours test NLL | baseline test NLL |",
-                    "|---|---|---:|---:|---:|---:|---:|"]
-        out.append(f"| {stem} | {kind} | {seconds:.2f}; {cpu:.2f} | {before['seconds']:.2f}; {before['cpu']:.2f} | "
-                   f"{before['seconds'] / seconds:.1f} | {nll:.4f} | {before['nll']:.4f} |")
+            out += [
+                "",
+                "The same fits by the `--baseline` checkout, each in its own process right after ours:",
+                "",
+                "| baseline: file | method | ours (s; CPU) | baseline (s; CPU) | wall ratio | ours test NLL | baseline test NLL |",
+                "|---|---|---:|---:|---:|---:|---:|",
+            ]
+        out.append(
+            f"| {stem} | {kind} | {seconds:.2f}; {cpu:.2f} | {before['seconds']:.2f}; {before['cpu']:.2f} | "
+            f"{before['seconds'] / seconds:.1f} | {nll:.4f} | {before['nll']:.4f} |"
+        )
     return out
 
 
@@ -355,12 +477,15 @@ def cv_target_section(rounds: int, baseline: Path | None) -> None:
         for stem in CV_TARGET_FILES:
             for kind in ("matrix_scaling", "dirichlet"):
                 for name, checkout in checkouts:
-                    times.setdefault((stem, kind, name), []).append(fit_baseline(checkout, SHARED / f"{stem}.npz", kind))
+                    times.setdefault((stem, kind, name), []).append(
+                        fit_baseline(checkout, SHARED / f"{stem}.npz", kind)
+                    )
     lines = [
         "### Matrix / Dirichlet scaling with their cross-validation at 5,000 x 100: the <= 2 s target",
         "",
         f"Command: `python benchmarks/calibrator_fits.py --sections cv-target --rounds {rounds}"
-        + (" --baseline <a checkout of the previous main>" if baseline is not None else "") + f"`. Machine: {platform.machine()}, "
+        + (" --baseline <a checkout of the previous main>" if baseline is not None else "")
+        + f"`. Machine: {platform.machine()}, "
         f"{os.cpu_count()} CPU cores; load average at start {start_load}, at the end {_load()}. Each fit in a fresh process after one "
         "warm-up fit at 300 x 10 (with its cross-validation: it loads the kernels and imports scikit-learn's fold splitter, ~1.5 s once per process), then the default fit (Kull et al.'s lambda / mu grid, 5 folds) on the file's 5,000 validation "
         f"logits; median (and worst) of {rounds} rounds, ours and the baseline alternating.",
@@ -378,13 +503,18 @@ def cv_target_section(rounds: int, baseline: Path | None) -> None:
             if baseline is not None:
                 base = times[(stem, kind, "baseline")]
                 b_wall = float(np.median([r["seconds"] for r in base]))
-                row += (f" {b_wall:.2f} ({max(r['seconds'] for r in base):.2f}) | {np.median([r['cpu'] for r in base]):.2f} | "
-                        f"{base[0]['nll']:.4f} | {b_wall / wall:.2f} |")
+                row += (
+                    f" {b_wall:.2f} ({max(r['seconds'] for r in base):.2f}) | {np.median([r['cpu'] for r in base]):.2f} | "
+                    f"{base[0]['nll']:.4f} | {b_wall / wall:.2f} |"
+                )
             else:
                 row += " | | | |"
             lines.append(row)
-    lines += ["", f"Median wall time {min(ours_medians):.2f}-{max(ours_medians):.2f} s: the <= 2 s target "
-              f"{'met' if max(ours_medians) <= 2.0 else 'NOT met'} on this run's host load."]
+    lines += [
+        "",
+        f"Median wall time {min(ours_medians):.2f}-{max(ours_medians):.2f} s: the <= 2 s target "
+        f"{'met' if max(ours_medians) <= 2.0 else 'NOT met'} on this run's host load.",
+    ]
     OUT_CV_TARGET.parent.mkdir(parents=True, exist_ok=True)
     OUT_CV_TARGET.write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
@@ -414,7 +544,11 @@ def contention_section(lines: list[str]) -> None:
         busy.wait()
 
     def row(name, times, load):
-        return (f"| {name} | {load} | {np.median(times):.2f} | {max(times):.2f} | " + ", ".join(f"{t:.2f}" for t in times) + " |")
+        return (
+            f"| {name} | {load} | {np.median(times):.2f} | {max(times):.2f} | "
+            + ", ".join(f"{t:.2f}" for t in times)
+            + " |"
+        )
 
     lines += [
         "",
@@ -439,38 +573,59 @@ def summary() -> list[str]:
     for k, kind, label, ratio, ours, peer in FACTS["peer"]:
         nll = "equal" if abs(ours - peer) < 5e-5 else ("better" if ours < peer else "worse")
         want = PEER_TARGET.get(kind.split(" ")[0], 5.0)
-        out.append(f"- K = {k}, {kind} vs {label}: {ratio:.1f}x faster (target >= {want:g}x: {'met' if ratio >= want else 'NOT met'}), "
-                   f"held-out NLL {nll} ({ours:.4f} vs {peer:.4f}).")
+        out.append(
+            f"- K = {k}, {kind} vs {label}: {ratio:.1f}x faster (target >= {want:g}x: {'met' if ratio >= want else 'NOT met'}), "
+            f"held-out NLL {nll} ({ours:.4f} vs {peer:.4f})."
+        )
     if FACTS["files"]:
-        for peer, kinds in (("torch-uncertainty", ("vector_scaling", "matrix_scaling", "dirichlet")), ("probmetrics", ("svs", "sms"))):
+        for peer, kinds in (
+            ("torch-uncertainty", ("vector_scaling", "matrix_scaling", "dirichlet")),
+            ("probmetrics", ("svs", "sms")),
+        ):
             rows = [r for r in FACTS["files"] if r[1] in kinds]
             for what, i in (("NLL", (2, 3)), ("ECE", (6, 7))):
                 wins = sum(r[i[0]] <= r[i[1]] for r in rows)
-                out.append(f"- Shared files, ours vs {peer} ({' / '.join(kinds)}): test {what} lower or equal in {wins} of {len(rows)}"
-                           + (f" (within 1e-4: {sum(r[2] <= r[3] + 1e-4 for r in rows)})" if what == "NLL" else "") + ".")
+                out.append(
+                    f"- Shared files, ours vs {peer} ({' / '.join(kinds)}): test {what} lower or equal in {wins} of {len(rows)}"
+                    + (f" (within 1e-4: {sum(r[2] <= r[3] + 1e-4 for r in rows)})" if what == "NLL" else "")
+                    + "."
+                )
         rows = FACTS["files"]
         wins = sum(r[4] >= r[5] for r in rows)
         worst = min(rows, key=lambda r: r[4] - r[5])
-        out.append(f"- Test accuracy higher or equal in {wins} of {len(rows)}; largest drop {100 * (worst[5] - worst[4]):.2f} points "
-                   f"({worst[1]}, {worst[0]}); largest gain {100 * max(r[4] - r[5] for r in rows):.2f} points.")
+        out.append(
+            f"- Test accuracy higher or equal in {wins} of {len(rows)}; largest drop {100 * (worst[5] - worst[4]):.2f} points "
+            f"({worst[1]}, {worst[0]}); largest gain {100 * max(r[4] - r[5] for r in rows):.2f} points."
+        )
     if FACTS["odir"]:
         rows = FACTS["odir"]
         at_100 = [r for r in rows if r[2] == (5000, 100)]
         if at_100:
-            out.append(f"- Matrix / Dirichlet scaling with their cross-validation at 5,000 x 100 (the three CIFAR-100 files): "
-                       f"{min(r[3] for r in at_100):.2f}-{max(r[3] for r in at_100):.2f} s wall, {min(r[4] for r in at_100):.2f}-"
-                       f"{max(r[4] for r in at_100):.2f} s CPU (target <= 2 s: {'met' if max(r[3] for r in at_100) <= 2 else 'NOT met'} on wall time).")
+            out.append(
+                f"- Matrix / Dirichlet scaling with their cross-validation at 5,000 x 100 (the three CIFAR-100 files): "
+                f"{min(r[3] for r in at_100):.2f}-{max(r[3] for r in at_100):.2f} s wall, {min(r[4] for r in at_100):.2f}-"
+                f"{max(r[4] for r in at_100):.2f} s CPU (target <= 2 s: {'met' if max(r[3] for r in at_100) <= 2 else 'NOT met'} on wall time)."
+            )
         warned = [f"{r[1]} on {r[0]}" for r in rows if r[8] > r[9]]
-        out.append(f"- Cross-validated NLL above temperature scaling's (a warning): {', '.join(warned) if warned else 'none'}.")
+        out.append(
+            f"- Cross-validated NLL above temperature scaling's (a warning): {', '.join(warned) if warned else 'none'}."
+        )
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="speed,files,contention", help="any of speed, files, contention; or cv-target alone")
+    parser.add_argument(
+        "--sections", default="speed,files,contention", help="any of speed, files, contention; or cv-target alone"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per speed row (median reported)")
     parser.add_argument("--ks", default="100,1000", help="numbers of classes for the speed section")
-    parser.add_argument("--baseline", type=Path, default=None, help="another checkout whose matrix / Dirichlet fits the files section also times")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout whose matrix / Dirichlet fits the files section also times",
+    )
     args = parser.parse_args()
     sections = args.sections.split(",")
     if sections == ["cv-target"]:
@@ -492,7 +647,8 @@ def main() -> None:
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores shared with other users' jobs, torch threads "
         f"{torch.get_num_threads()}, Python {platform.python_version()}; {versions}. Load average at start: {_load()}.",
         f"Command: `python benchmarks/calibrator_fits.py --sections {args.sections} --rounds {args.rounds} --ks {args.ks}"
-        + (" --baseline <a checkout of main>" if args.baseline else "") + "`. Times are wall-clock on this shared "
+        + (" --baseline <a checkout of main>" if args.baseline else "")
+        + "`. Times are wall-clock on this shared "
         "machine, so compare them within a table (side by side in one run), not across runs.",
         "",
     ]

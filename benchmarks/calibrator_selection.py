@@ -61,8 +61,13 @@ def _load() -> str:
 
 def baseline_selection():
     """The selection module as it was at ``BASELINE``, bound to today's package (its relative imports resolve there)."""
-    source = subprocess.run(["git", "show", f"{BASELINE}:hf_calibration/calibrators/selection.py"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{BASELINE}:hf_calibration/calibrators/selection.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     spec = importlib.util.spec_from_loader("hf_calibration.calibrators._selection_baseline", loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = "hf_calibration.calibrators"
@@ -141,8 +146,14 @@ def rule_on_full_table(old_table) -> str:
         entry.folds = {c: list(v) for c, v in old_table[name].folds.items()}
         entry.fold_ids = list(range(len(entry.folds["nll"])))
         scores[name] = entry
-    table = CalibratorComparison(scores, cv=old_table.cv, seed=old_table.seed, n_bins=old_table.n_bins,
-                                 num_samples=old_table.num_samples, num_classes=old_table.num_classes)
+    table = CalibratorComparison(
+        scores,
+        cv=old_table.cv,
+        seed=old_table.seed,
+        n_bins=old_table.n_bins,
+        num_samples=old_table.num_samples,
+        num_classes=old_table.num_classes,
+    )
     try:
         return table.best("ece")
     except ValueError:
@@ -184,8 +195,14 @@ def section_choices(old_module) -> list[str]:
             table = auto.comparison_
             row = table[auto.method_] if auto.method_ in table.scores else table["uncalibrated"]
             test_ece, test_nll = _test_scores(auto, zt.astype(np.float64), yt)
-            cells += [auto.method_, f"{100 * row.mean('ece'):.2f}", f"{row.mean('nll'):.4f}", f"{100 * test_ece:.2f}",
-                      f"{test_nll:.4f}", f"{seconds:.1f}"]
+            cells += [
+                auto.method_,
+                f"{100 * row.mean('ece'):.2f}",
+                f"{row.mean('nll'):.4f}",
+                f"{100 * test_ece:.2f}",
+                f"{test_nll:.4f}",
+                f"{seconds:.1f}",
+            ]
         uncal = autos["after"].comparison_["uncalibrated"].mean("nll")
         lines.append(f"| {path.stem} | {uncal:.4f} | " + " | ".join(cells) + " |")
         full = autos["before"].comparison_
@@ -196,9 +213,11 @@ def section_choices(old_module) -> list[str]:
         best_all = rule_on_full_table(full)
         new = autos["after"].comparison_
         chosen = autos["after"].method_
-        extra.append(f"| {path.stem} | {best_all} | {100 * full[best_all].mean('ece'):.2f} | {full[best_all].mean('nll'):.4f} | "
-                     f"{chosen} | {100 * new[chosen].mean('ece'):.2f} | {new[chosen].mean('nll'):.4f} | "
-                     f"{autos['after, race=False'].method_} |")
+        extra.append(
+            f"| {path.stem} | {best_all} | {100 * full[best_all].mean('ece'):.2f} | {full[best_all].mean('nll'):.4f} | "
+            f"{chosen} | {100 * new[chosen].mean('ece'):.2f} | {new[chosen].mean('nll'):.4f} | "
+            f"{autos['after, race=False'].method_} |"
+        )
     summary = [
         "",
         f"Before, the choice had a cross-validated NLL worse than the uncalibrated model's on {len(facts['worse_nll'])} of "

@@ -94,7 +94,12 @@ def fit_netcal(z, y):
     return ts
 
 
-PEERS = {"ours TS (LBFGS, NLL)": fit_ours_ts, "ours SMART": fit_ours_smart, "torch-uncertainty TemperatureScaler": fit_tu, "netcal TemperatureScaling": fit_netcal}
+PEERS = {
+    "ours TS (LBFGS, NLL)": fit_ours_ts,
+    "ours SMART": fit_ours_smart,
+    "torch-uncertainty TemperatureScaler": fit_tu,
+    "netcal TemperatureScaling": fit_netcal,
+}
 REPEATS = {"torch-uncertainty TemperatureScaler": 1}  # best of 3 for the others; torch-uncertainty takes ~15 s a fit
 TARGET_FIT_S, TARGET_ROWS_PER_S = 1.0, 1e6
 
@@ -130,12 +135,20 @@ def speed_section(lines):
             except Exception as err:  # a peer that fails is reported, not fatal
                 print(f"{label} failed on {name}: {err}", file=sys.stderr)
                 times.append(float("nan"))
-        lines.append(f"| {name} | " + " | ".join(f"{t:.3f}" for t in times) + f" | {steps} | {times[1] / times[2]:.2f} |")
+        lines.append(
+            f"| {name} | " + " | ".join(f"{t:.3f}" for t in times) + f" | {steps} | {times[1] / times[2]:.2f} |"
+        )
         print(lines[-1], flush=True)
         smart_times.append((name, times[1]))
     # apply throughput
     ts = fit_ours_ts(z, y)
-    lines += ["", "### Apply throughput (rows/s, float32 logits, best of 5)", "", "| K | ours TS | ours SMART | torch-uncertainty TS | plain `z / T` |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "### Apply throughput (rows/s, float32 logits, best of 5)",
+        "",
+        "| K | ours TS | ours SMART | torch-uncertainty TS | plain `z / T` |",
+        "|---|---|---|---|---|",
+    ]
     tu = fit_tu(z, y)
     for n, k in ((10_000, 1_000), (200_000, 10)):
         zz = torch.from_numpy(z) if k == 1_000 else torch.randn(n, k) * 4
@@ -166,7 +179,9 @@ def quality_section(lines):
         "",
         "### Test-set calibration (%, 15 bins; fitted on the val part)",
         "",
-        "| file | " + " | ".join(f"{m} {c}" for c in ("uncal", "TS", "SMART") for m in cols[:-1]) + " | accuracy | T (TS) |",
+        "| file | "
+        + " | ".join(f"{m} {c}" for c in ("uncal", "TS", "SMART") for m in cols[:-1])
+        + " | accuracy | T (TS) |",
         "|---" * (3 * (len(cols) - 1) + 3) + "|",
     ]
     metrics = cols[:-1]
@@ -178,15 +193,30 @@ def quality_section(lines):
         smart = fit_ours_smart(zv, yv)
         cells = []
         for logits in (zt, ts(torch.from_numpy(zt)).numpy(), smart(torch.from_numpy(zt)).numpy()):
-            cells += [100 * ece(logits, yt), 100 * adaece(logits, yt)] + ([100 * smce(logits, yt)] if smce is not None else [])
+            cells += [100 * ece(logits, yt), 100 * adaece(logits, yt)] + (
+                [100 * smce(logits, yt)] if smce is not None else []
+            )
             assert (logits.argmax(1) == zt.argmax(1)).all()
         acc = 100 * float((zt.argmax(1) == yt).mean())
-        lines.append(f"| {path.stem} | " + " | ".join(f"{c:.2f}" for c in cells) + f" | {acc:.2f} | {ts.fitted_temperature:.3f} |")
+        lines.append(
+            f"| {path.stem} | "
+            + " | ".join(f"{c:.2f}" for c in cells)
+            + f" | {acc:.2f} | {ts.fitted_temperature:.3f} |"
+        )
         print(lines[-1], flush=True)
         m = len(metrics)
-        losses += [(path.stem, name, cells[2 * m + j], cells[m + j]) for j, name in enumerate(metrics) if cells[2 * m + j] > cells[m + j]]
+        losses += [
+            (path.stem, name, cells[2 * m + j], cells[m + j])
+            for j, name in enumerate(metrics)
+            if cells[2 * m + j] > cells[m + j]
+        ]
     if losses:
-        lines += ["", "SMART worse than TS (test %, SMART vs TS): " + "; ".join(f"{f} {n} {a:.2f} vs {b:.2f}" for f, n, a, b in losses) + "."]
+        lines += [
+            "",
+            "SMART worse than TS (test %, SMART vs TS): "
+            + "; ".join(f"{f} {n} {a:.2f} vs {b:.2f}" for f, n, a, b in losses)
+            + ".",
+        ]
 
 
 NOTES = """Reading the tables:
@@ -222,8 +252,17 @@ FILE_LABELS = {  # file stem -> (dataset, model), as the paper's Table 1 names r
     "netcal_densenet-bc-100-cifar-100": ("CIFAR-100", "DenseNet-BC-100"),
     "netcal_lenet-5-cifar-100": ("CIFAR-100", "LeNet-5"),
 }
-SHORT = {"uncalibrated": "Vanilla", "temperature_scaling": "TS", "smart": "SMART", "spline": "Spline", "histogram_binning": "HB",
-         "isotonic": "Isotonic", "isotonic_ovr": "Isotonic OvR", "sms": "SMS", "svs": "SVS"}
+SHORT = {
+    "uncalibrated": "Vanilla",
+    "temperature_scaling": "TS",
+    "smart": "SMART",
+    "spline": "Spline",
+    "histogram_binning": "HB",
+    "isotonic": "Isotonic",
+    "isotonic_ovr": "Isotonic OvR",
+    "sms": "SMS",
+    "svs": "SVS",
+}
 FIRST = ("temperature_scaling", "ets", "pts", "cts", "vector_scaling", "matrix_scaling", "dirichlet")  # paper order
 FIT_SEEDS = 5
 SIZES = (50, 100, 250, 500, 1000, None)  # None: all val samples
@@ -269,7 +308,9 @@ def table1_section(lines, methods):
     for path in shared_files():
         d = np.load(path)
         zv, yv, zt, yt = d["logits_val"], d["labels_val"], d["logits_test"], d["labels_test"]
-        results[(path.stem, "uncalibrated")] = tuple(100 * v for v in (ece(zt, yt), adaece(zt, yt), smce(zt, yt), float((zt.argmax(1) == yt).mean())))
+        results[(path.stem, "uncalibrated")] = tuple(
+            100 * v for v in (ece(zt, yt), adaece(zt, yt), smce(zt, yt), float((zt.argmax(1) == yt).mean()))
+        )
         for kind in methods:
             runs = [test_scores(kind, zv, yv, zt, yt, seed) for seed in (range(FIT_SEEDS) if seeded(kind) else [None])]
             results[(path.stem, kind)] = tuple(100 * float(np.mean(col)) for col in zip(*runs))
@@ -290,23 +331,42 @@ def table1_section(lines, methods):
             best = np.nanmin(cells)
             dataset, model = FILE_LABELS.get(path.stem, ("", path.stem))
             lines.append(f"| {dataset} | {model} | {fmt_row(cells, best)} |")
-    lines += ["", "**Accuracy (%)** (methods that keep the argmax equal Vanilla)", "", header, "|---|---" + "|---" * len(columns) + "|"]
+    lines += [
+        "",
+        "**Accuracy (%)** (methods that keep the argmax equal Vanilla)",
+        "",
+        header,
+        "|---|---" + "|---" * len(columns) + "|",
+    ]
     for path in shared_files():
         dataset, model = FILE_LABELS.get(path.stem, ("", path.stem))
-        lines.append(f"| {dataset} | {model} | " + " | ".join(f"{results[(path.stem, k)][3]:.2f}" for k in columns) + " |")
+        lines.append(
+            f"| {dataset} | {model} | " + " | ".join(f"{results[(path.stem, k)][3]:.2f}" for k in columns) + " |"
+        )
     if "smart" in methods:
         lines += ["", "Where SMART is not the best calibrator (test %, the better methods and SMART's value):", ""]
         for j, metric in enumerate(metrics):
             losses = []
             for path in shared_files():
                 smart_value = results[(path.stem, "smart")][j]
-                better = sorted((results[(path.stem, k)][j], k) for k in columns if k != "smart" and results[(path.stem, k)][j] < smart_value)
+                better = sorted(
+                    (results[(path.stem, k)][j], k)
+                    for k in columns
+                    if k != "smart" and results[(path.stem, k)][j] < smart_value
+                )
                 if better:
                     model = " ".join(FILE_LABELS.get(path.stem, ("", path.stem))).strip()
-                    losses.append(f"{model}: SMART {smart_value:.3f}, " + ", ".join(f"{SHORT.get(k, k)} {v:.3f}" for v, k in better[:3])
-                                  + (f" (+{len(better) - 3} more)" if len(better) > 3 else ""))
+                    losses.append(
+                        f"{model}: SMART {smart_value:.3f}, "
+                        + ", ".join(f"{SHORT.get(k, k)} {v:.3f}" for v, k in better[:3])
+                        + (f" (+{len(better) - 3} more)" if len(better) > 3 else "")
+                    )
             wins = len(shared_files()) - len(losses)
-            lines.append(f"- {metric}: SMART best on {wins}/{len(shared_files())} files" + (": loses on " + "; ".join(losses) if losses else "") + ".")
+            lines.append(
+                f"- {metric}: SMART best on {wins}/{len(shared_files())} files"
+                + (": loses on " + "; ".join(losses) if losses else "")
+                + "."
+            )
     return results
 
 
@@ -350,46 +410,82 @@ def data_efficiency_section(lines, methods):
     means = {}
     for kind in ["uncalibrated", *methods]:
         with np.errstate(all="ignore"):
-            per_file = np.array([np.nanmean(curves[(p.stem, kind)], 1) if not np.isnan(curves[(p.stem, kind)]).all()
-                                 else np.full(len(SIZES), np.nan) for p in files])
+            per_file = np.array(
+                [
+                    np.nanmean(curves[(p.stem, kind)], 1)
+                    if not np.isnan(curves[(p.stem, kind)]).all()
+                    else np.full(len(SIZES), np.nan)
+                    for p in files
+                ]
+            )
         means[kind] = per_file.mean(0)  # NaN if any file failed at that size
-        lines.append(f"| {'Vanilla' if kind == 'uncalibrated' else SHORT.get(kind, kind)} | "
-                     + " | ".join("-" if math.isnan(v) else f"{v:.2f}" for v in means[kind]) + " |")
+        lines.append(
+            f"| {'Vanilla' if kind == 'uncalibrated' else SHORT.get(kind, kind)} | "
+            + " | ".join("-" if math.isnan(v) else f"{v:.2f}" for v in means[kind])
+            + " |"
+        )
     best = []
     for i, name in enumerate(size_names):
         scores = {k: means[k][i] for k in methods if not math.isnan(means[k][i])}
         winner = min(scores, key=scores.get)
-        best.append(f"{name}: {SHORT.get(winner, winner)} {scores[winner]:.2f}"
-                    + (f" (SMART {scores['smart']:.2f})" if "smart" in scores and winner != "smart" else ""))
+        best.append(
+            f"{name}: {SHORT.get(winner, winner)} {scores[winner]:.2f}"
+            + (f" (SMART {scores['smart']:.2f})" if "smart" in scores and winner != "smart" else "")
+        )
     lines += ["", "Lowest mean over the files, by size: " + "; ".join(best) + "."]
-    lines += ["", f"Files (of {len(files)}) on which each method has the lowest mean test ECE at each size (Vanilla "
-              "first, so that a method that leaves the model unchanged, as histogram binning does on fewer than "
-              "`points_per_bin` samples in all, counts as Vanilla):", "",
-              "| method | " + " | ".join(size_names) + " |", "|---" * (len(SIZES) + 1) + "|"]
+    lines += [
+        "",
+        f"Files (of {len(files)}) on which each method has the lowest mean test ECE at each size (Vanilla "
+        "first, so that a method that leaves the model unchanged, as histogram binning does on fewer than "
+        "`points_per_bin` samples in all, counts as Vanilla):",
+        "",
+        "| method | " + " | ".join(size_names) + " |",
+        "|---" * (len(SIZES) + 1) + "|",
+    ]
     contenders = ["uncalibrated", *methods]
     wins = {k: [0] * len(SIZES) for k in contenders}
     for p in files:
         for i in range(len(SIZES)):
             # rounded: a method that leaves the model unchanged ties Vanilla up to the last bits of the softmax
-            values = {k: round(float(np.nanmean(curves[(p.stem, k)][i])), 6) for k in contenders
-                      if not np.isnan(curves[(p.stem, k)][i]).all()}
+            values = {
+                k: round(float(np.nanmean(curves[(p.stem, k)][i])), 6)
+                for k in contenders
+                if not np.isnan(curves[(p.stem, k)][i]).all()
+            }
             if values:
                 wins[min(values, key=values.get)][i] += 1
     for kind in contenders:
-        lines.append(f"| {'Vanilla' if kind == 'uncalibrated' else SHORT.get(kind, kind)} | " + " | ".join(str(w) for w in wins[kind]) + " |")
+        lines.append(
+            f"| {'Vanilla' if kind == 'uncalibrated' else SHORT.get(kind, kind)} | "
+            + " | ".join(str(w) for w in wins[kind])
+            + " |"
+        )
 
     cols = 4
     rows = math.ceil((len(files) + 1) / cols)
     fig = Figure(figsize=(4 * cols, 3.2 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     x = np.arange(len(SIZES))
-    panels = [(" ".join(FILE_LABELS.get(p.stem, ("", p.stem))).strip(), [p.stem]) for p in files] + [("mean over files", [p.stem for p in files])]
+    panels = [(" ".join(FILE_LABELS.get(p.stem, ("", p.stem))).strip(), [p.stem]) for p in files] + [
+        ("mean over files", [p.stem for p in files])
+    ]
     for ax, (title, stems) in zip(axes, panels):
         for kind in ["uncalibrated", *methods]:
             per_draw = np.mean([curves[(s, kind)] for s in stems], axis=0)  # (sizes, draws)
             mean, std = np.nanmean(per_draw, 1), np.nanstd(per_draw, 1)
-            style = {"color": "gray", "linestyle": ":"} if kind == "uncalibrated" else ({"linewidth": 2.5} if kind == "smart" else {})
-            ax.plot(x, mean, marker="o", markersize=3, label="Vanilla" if kind == "uncalibrated" else SHORT.get(kind, kind), **style)
+            style = (
+                {"color": "gray", "linestyle": ":"}
+                if kind == "uncalibrated"
+                else ({"linewidth": 2.5} if kind == "smart" else {})
+            )
+            ax.plot(
+                x,
+                mean,
+                marker="o",
+                markersize=3,
+                label="Vanilla" if kind == "uncalibrated" else SHORT.get(kind, kind),
+                **style,
+            )
             if kind != "uncalibrated":
                 ax.fill_between(x, mean - std, mean + std, alpha=0.12)
         ax.set_xticks(x, size_names)
@@ -400,12 +496,15 @@ def data_efficiency_section(lines, methods):
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.axis("off")
     axes[0].legend(fontsize=7)
     fig.savefig(OUT_CURVE, dpi=110)
-    lines += ["", f"![test ECE against calibration-set size]({OUT_CURVE.name}) (`benchmarks/results/{OUT_CURVE.name}`: one panel "
-              "per file and their mean; bands: ± one std over the subsets)"]
+    lines += [
+        "",
+        f"![test ECE against calibration-set size]({OUT_CURVE.name}) (`benchmarks/results/{OUT_CURVE.name}`: one panel "
+        "per file and their mean; bands: ± one std over the subsets)",
+    ]
     return curves
 
 
@@ -458,9 +557,13 @@ def speed_main():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Post-hoc calibrator benchmarks.")
-    parser.add_argument("--part", choices=("speed", "comparison", "all"), default="all",
-                        help="speed: fit/apply timings and TS vs SMART (calibrators.md); comparison: Table 1 and the "
-                             "data-efficiency curve over every registered calibrator (calibrator_comparison.md)")
+    parser.add_argument(
+        "--part",
+        choices=("speed", "comparison", "all"),
+        default="all",
+        help="speed: fit/apply timings and TS vs SMART (calibrators.md); comparison: Table 1 and the "
+        "data-efficiency curve over every registered calibrator (calibrator_comparison.md)",
+    )
     args = parser.parse_args(argv)
     if args.part in ("speed", "all"):
         speed_main()

@@ -73,8 +73,11 @@ def torchcp(method: str):
     from torchcp.classification.score import APS, LAC, RAPS
 
     def fit(z, y, alpha, seed):
-        score = {"thr": lambda: LAC(), "aps": lambda: APS(randomized=True),
-                 "raps": lambda: RAPS(randomized=True, penalty=PENALTY, kreg=K_REG)}[method]()
+        score = {
+            "thr": lambda: LAC(),
+            "aps": lambda: APS(randomized=True),
+            "raps": lambda: RAPS(randomized=True, penalty=PENALTY, kreg=K_REG),
+        }[method]()
         predictor = SplitPredictor(score)
         torch.manual_seed(seed)
         predictor.calculate_threshold(z, y, alpha)
@@ -88,7 +91,11 @@ def torch_uncertainty(method: str):
     from torch_uncertainty.post_processing import ConformalClsAPS, ConformalClsRAPS, ConformalClsTHR
 
     def fit(z, y, alpha, seed):
-        kwargs = {"thr": {}, "aps": {"randomized": True}, "raps": {"randomized": True, "penalty": PENALTY, "regularization_rank": K_REG}}[method]
+        kwargs = {
+            "thr": {},
+            "aps": {"randomized": True},
+            "raps": {"randomized": True, "penalty": PENALTY, "regularization_rank": K_REG},
+        }[method]
         cls = {"thr": ConformalClsTHR, "aps": ConformalClsAPS, "raps": ConformalClsRAPS}[method]
         predictor = cls(alpha=alpha, model=torch.nn.Identity(), enable_ts=False, device="cpu", **kwargs)
         torch.manual_seed(seed)
@@ -132,9 +139,21 @@ def run_file(path: Path, splits: int, records: list) -> None:
                     sets = predict(z_test)
                     done = time.perf_counter()
                     sets = sets.numpy() if isinstance(sets, torch.Tensor) else sets
-                    records.append({"file": path.stem, "k": z.shape[1], "method": method, "alpha": alpha, "split": split, "impl": name,
-                                    "coverage": coverage(sets, y[test]), "size": set_size(sets), "empty": float((sets.sum(1) == 0).mean()),
-                                    "fit": fitted - start, "predict": done - fitted})
+                    records.append(
+                        {
+                            "file": path.stem,
+                            "k": z.shape[1],
+                            "method": method,
+                            "alpha": alpha,
+                            "split": split,
+                            "impl": name,
+                            "coverage": coverage(sets, y[test]),
+                            "size": set_size(sets),
+                            "empty": float((sets.sum(1) == 0).mean()),
+                            "fit": fitted - start,
+                            "predict": done - fitted,
+                        }
+                    )
         print(f"{path.stem} {method} done (load {_load()})", file=sys.stderr)
 
 
@@ -152,8 +171,12 @@ def _impls(records, method):
 
 
 def coverage_table(records, files, alpha) -> list[str]:
-    lines = [f"### Coverage and mean set size at alpha = {alpha} (target coverage {1 - alpha:.2f}; mean over splits)", "",
-             "Coverage in %, then the mean set size; `empty` is the share of empty sets (%).", ""]
+    lines = [
+        f"### Coverage and mean set size at alpha = {alpha} (target coverage {1 - alpha:.2f}; mean over splits)",
+        "",
+        "Coverage in %, then the mean set size; `empty` is the share of empty sets (%).",
+        "",
+    ]
     for method in METHODS:
         impls = _impls(records, method)
         lines += [f"**{method}**", "", "| file | K | " + " | ".join(impls) + " |", "|---|---:|" + "---:|" * len(impls)]
@@ -175,25 +198,43 @@ def coverage_table(records, files, alpha) -> list[str]:
 
 
 def deviation_table(records, files) -> list[str]:
-    lines = ["### Mean coverage minus target, every file and alpha (percentage points)", "",
-             "For each implementation, the mean over splits of (coverage - (1 - alpha)), then the smallest and largest of "
-             "those over the files and the three alphas. A split-conformal method with empty sets allowed should lie in "
-             "[0, 100/(n+1)] up to noise (n = half a file: 100/(n+1) is 0.02 to 0.04 points here).", "",
-             "| method | implementation | min | max |", "|---|---|---:|---:|"]
+    lines = [
+        "### Mean coverage minus target, every file and alpha (percentage points)",
+        "",
+        "For each implementation, the mean over splits of (coverage - (1 - alpha)), then the smallest and largest of "
+        "those over the files and the three alphas. A split-conformal method with empty sets allowed should lie in "
+        "[0, 100/(n+1)] up to noise (n = half a file: 100/(n+1) is 0.02 to 0.04 points here).",
+        "",
+        "| method | implementation | min | max |",
+        "|---|---|---:|---:|",
+    ]
     for method in METHODS:
         for impl in _impls(records, method):
-            devs = [100 * (np.mean([r["coverage"] for r in _select(records, file=f, method=method, alpha=a, impl=impl)]) - (1 - a))
-                    for f in files for a in ALPHAS if _select(records, file=f, method=method, alpha=a, impl=impl)]
+            devs = [
+                100
+                * (
+                    np.mean([r["coverage"] for r in _select(records, file=f, method=method, alpha=a, impl=impl)])
+                    - (1 - a)
+                )
+                for f in files
+                for a in ALPHAS
+                if _select(records, file=f, method=method, alpha=a, impl=impl)
+            ]
             lines.append(f"| {method} | {impl} | {min(devs):+.2f} | {max(devs):+.2f} |")
     return lines + [""]
 
 
 def timing_table(records) -> list[str]:
-    lines = ["### Fit and predict time (same splits, interleaved)", "",
-             "Median over every split and alpha of the time to fit on the calibration half and to predict the test half's "
-             "sets (5,000 to 7,500 images each); `ratio` = the median of the per-split peer / ours ratios (above 1: ours "
-             "faster). Ours includes its input checks (labels in range, finite logits, probability detection).", "",
-             "| method | K | implementation | fit (ms) | fit ratio | predict (ms) | predict ratio |", "|---|---:|---|---:|---:|---:|---:|"]
+    lines = [
+        "### Fit and predict time (same splits, interleaved)",
+        "",
+        "Median over every split and alpha of the time to fit on the calibration half and to predict the test half's "
+        "sets (5,000 to 7,500 images each); `ratio` = the median of the per-split peer / ours ratios (above 1: ours "
+        "faster). Ours includes its input checks (labels in range, finite logits, probability detection).",
+        "",
+        "| method | K | implementation | fit (ms) | fit ratio | predict (ms) | predict ratio |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
     for method in METHODS:
         for k in sorted({r["k"] for r in records}):
             base = {(r["file"], r["alpha"], r["split"]): r for r in _select(records, method=method, k=k, impl="ours")}
@@ -201,29 +242,40 @@ def timing_table(records) -> list[str]:
                 rs = _select(records, method=method, k=k, impl=impl)
                 fit = 1000 * statistics.median(r["fit"] for r in rs)
                 pred = 1000 * statistics.median(r["predict"] for r in rs)
-                ratios = [(r["fit"] / base[key]["fit"], r["predict"] / base[key]["predict"]) for r in rs
-                          if (key := (r["file"], r["alpha"], r["split"])) in base]
+                ratios = [
+                    (r["fit"] / base[key]["fit"], r["predict"] / base[key]["predict"])
+                    for r in rs
+                    if (key := (r["file"], r["alpha"], r["split"])) in base
+                ]
                 fr = statistics.median(x for x, _ in ratios)
                 pr = statistics.median(x for _, x in ratios)
                 same = impl == "ours"
-                lines.append(f"| {method} | {k} | {impl} | {fit:.1f} | {'' if same else f'{fr:.2f}'} | {pred:.1f} | {'' if same else f'{pr:.2f}'} |")
+                lines.append(
+                    f"| {method} | {k} | {impl} | {fit:.1f} | {'' if same else f'{fr:.2f}'} | {pred:.1f} | {'' if same else f'{pr:.2f}'} |"
+                )
     return lines + [""]
 
 
 def ties_table(paths, splits) -> list[str]:
     """THR's threshold with float32 and with float64 probabilities, on the same splits: how many calibration scores
     tie with q_hat, and the coverage that follows (the split-conformal upper bound assumes no ties)."""
-    lines = ["### Ties at THR's threshold: float32 against float64 probabilities", "",
-             "Same half / half splits; `ties` = the mean number of calibration scores equal to q_hat (1 without ties); "
-             "coverage in % on the other half; `bound` = 100 (1 - alpha + 1/(n+1)).", "",
-             "| file | alpha | ties, float32 | ties, float64 | coverage, float32 | coverage, float64 | bound |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "### Ties at THR's threshold: float32 against float64 probabilities",
+        "",
+        "Same half / half splits; `ties` = the mean number of calibration scores equal to q_hat (1 without ties); "
+        "coverage in % on the other half; `bound` = 100 (1 - alpha + 1/(n+1)).",
+        "",
+        "| file | alpha | ties, float32 | ties, float64 | coverage, float32 | coverage, float64 | bound |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for path in paths:
         d = np.load(path)
         z = torch.from_numpy(np.concatenate([d["logits_val"], d["logits_test"]]).astype(np.float32))
         y = torch.from_numpy(np.concatenate([d["labels_val"], d["labels_test"]]).astype(np.int64))
         n = len(y) // 2
-        scores = {bits: 1 - torch.softmax(z.to(dtype), dim=1) for bits, dtype in ((32, torch.float32), (64, torch.float64))}
+        scores = {
+            bits: 1 - torch.softmax(z.to(dtype), dim=1) for bits, dtype in ((32, torch.float32), (64, torch.float64))
+        }
         for alpha in ALPHAS:
             rng = np.random.default_rng(1)
             ties, covered = {32: [], 64: []}, {32: [], 64: []}
@@ -235,36 +287,54 @@ def ties_table(paths, splits) -> list[str]:
                     q_hat = torch.kthvalue(label, math.ceil((n + 1) * (1 - alpha) - 1e-9)).values
                     ties[bits].append(int((label == q_hat).sum()))
                     covered[bits].append(float((s[test, y[test]] <= q_hat).double().mean()))
-            lines.append(f"| {path.stem} | {alpha} | {np.mean(ties[32]):.1f} | {np.mean(ties[64]):.1f} | {100 * np.mean(covered[32]):.2f} | "
-                         f"{100 * np.mean(covered[64]):.2f} | {100 * (1 - alpha + 1 / (n + 1)):.2f} |")
+            lines.append(
+                f"| {path.stem} | {alpha} | {np.mean(ties[32]):.1f} | {np.mean(ties[64]):.1f} | {100 * np.mean(covered[32]):.2f} | "
+                f"{100 * np.mean(covered[64]):.2f} | {100 * (1 - alpha + 1 / (n + 1)):.2f} |"
+            )
     return lines + [""]
 
 
 def summary(records, files) -> list[str]:
     """The figures the README quotes, computed from the tables' records."""
+
     def worst(method, impl):
-        devs = [abs(np.mean([r["coverage"] for r in rs]) - (1 - a)) for f in files for a in ALPHAS
-                if (rs := _select(records, file=f, method=method, alpha=a, impl=impl))]
+        devs = [
+            abs(np.mean([r["coverage"] for r in rs]) - (1 - a))
+            for f in files
+            for a in ALPHAS
+            if (rs := _select(records, file=f, method=method, alpha=a, impl=impl))
+        ]
         return 100 * max(devs) if devs else float("nan")
 
     def ratio(method, impl, what, k=None):
-        base = {(r["file"], r["alpha"], r["split"]): r for r in _select(records, method=method, impl="ours") if k is None or r["k"] == k}
-        values = [r[what] / base[key][what] for r in _select(records, method=method, impl=impl)
-                  if (key := (r["file"], r["alpha"], r["split"])) in base]
+        base = {
+            (r["file"], r["alpha"], r["split"]): r
+            for r in _select(records, method=method, impl="ours")
+            if k is None or r["k"] == k
+        }
+        values = [
+            r[what] / base[key][what]
+            for r in _select(records, method=method, impl=impl)
+            if (key := (r["file"], r["alpha"], r["split"])) in base
+        ]
         return statistics.median(values) if values else float("nan")
 
     lines = ["### Summary", ""]
     exact = max(worst(m, "ours, empty sets allowed") for m in METHODS)
     peer = max(worst(m, "TorchCP") for m in METHODS if "TorchCP" in _impls(records, m))
-    lines.append(f"- Exact sets (empty allowed): the mean coverage is within {exact:.2f} points of 1 - alpha for every method, file "
-                 f"and alpha (TorchCP: {peer:.2f}). Never-empty sets (ours by default, torch-uncertainty always) cover more "
-                 "wherever the model is more accurate than 1 - alpha.")
+    lines.append(
+        f"- Exact sets (empty allowed): the mean coverage is within {exact:.2f} points of 1 - alpha for every method, file "
+        f"and alpha (TorchCP: {peer:.2f}). Never-empty sets (ours by default, torch-uncertainty always) cover more "
+        "wherever the model is more accurate than 1 - alpha."
+    )
     for method in METHODS:
         parts = []
         for impl in ("TorchCP", "torch-uncertainty"):
             if impl in _impls(records, method):
-                parts.append(f"{impl} fit {ratio(method, impl, 'fit'):.2f}x / predict {ratio(method, impl, 'predict'):.2f}x "
-                             f"(K = 100: {ratio(method, impl, 'fit', 100):.2f}x / {ratio(method, impl, 'predict', 100):.2f}x)")
+                parts.append(
+                    f"{impl} fit {ratio(method, impl, 'fit'):.2f}x / predict {ratio(method, impl, 'predict'):.2f}x "
+                    f"(K = 100: {ratio(method, impl, 'fit', 100):.2f}x / {ratio(method, impl, 'predict', 100):.2f}x)"
+                )
         lines.append(f"- {method}: peer time / ours, median over all splits: " + "; ".join(parts) + ".")
     return lines + [""]
 
@@ -291,7 +361,11 @@ def main() -> None:
     for path in paths:
         run_file(path, args.splits, records)
     files = [p.stem for p in paths]
-    command = "python benchmarks/conformal.py" + (f" --splits {args.splits}" if args.splits != 20 else "") + (f" --files {args.files}" if args.files else "")
+    command = (
+        "python benchmarks/conformal.py"
+        + (f" --splits {args.splits}" if args.splits != 20 else "")
+        + (f" --files {args.files}" if args.files else "")
+    )
     lines = [
         "## Conformal prediction sets: THR, APS, RAPS beside TorchCP and torch-uncertainty (`benchmarks/conformal.py`)",
         "",
@@ -299,7 +373,7 @@ def main() -> None:
         f"implementation, Python {platform.python_version()}; {versions}. Load average at start: {load_start}.",
         f"Command: `{command}`. Each shared file's val and test parts pooled, {args.splits} random half / half "
         "calibration / test splits per alpha, the same splits for every implementation. RAPS: k_reg = 1, lambda = 0.1 "
-        "(and ours with both on \"auto\"). No temperature scaling anywhere. Ours: default never-empty sets (an empty set "
+        '(and ours with both on "auto"). No temperature scaling anywhere. Ours: default never-empty sets (an empty set '
         "gets the top class, as the paper's code), and the exact procedure with empty sets allowed; TorchCP allows empty "
         "sets; torch-uncertainty never returns one.",
         "",

@@ -97,7 +97,9 @@ def main(argv=None) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, n, b, o, a in rows:
-        lines.append(f"| {name} | {n:,} | {1e3 * b:.2f} | {1e3 * o:.1f} | {o / b:.0f}x | {1e3 * a:.1f} | {a / b:.0f}x |")
+        lines.append(
+            f"| {name} | {n:,} | {1e3 * b:.2f} | {1e3 * o:.1f} | {o / b:.0f}x | {1e3 * a:.1f} | {a / b:.0f}x |"
+        )
     lines += [
         "",
         "Both paths return identical numbers (asserted). The overhead is evaluate's Arrow encoding of the",

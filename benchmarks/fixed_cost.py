@@ -83,8 +83,9 @@ def _peer(name: str):
     if name == "ece":
         from torchmetrics.functional.classification import multiclass_calibration_error
 
-        return lambda z, y: multiclass_calibration_error(torch.from_numpy(z), torch.from_numpy(y), num_classes=z.shape[1],
-                                                         n_bins=15, norm="l1").item()
+        return lambda z, y: multiclass_calibration_error(
+            torch.from_numpy(z), torch.from_numpy(y), num_classes=z.shape[1], n_bins=15, norm="l1"
+        ).item()
     from probmetrics.calibrators import get_calibrator
 
     kind = {"temperature_scaling": "temp-scaling", "svs": "svs", "sms": "sms"}[name]
@@ -115,7 +116,10 @@ def child(name: str, n: int, k: int, side: str, calls: int) -> None:
     import torch
 
     z, y = _data(n, k)
-    record = {"ours": _time(_ours(name), z, y, calls), "threads": {"torch": torch.get_num_threads(), "numba": numba.get_num_threads()}}
+    record = {
+        "ours": _time(_ours(name), z, y, calls),
+        "threads": {"torch": torch.get_num_threads(), "numba": numba.get_num_threads()},
+    }
     if side == "after" and name in PEERS:
         record["peer"] = _time(_peer(name), z, y, calls)
     import hf_calibration
@@ -126,8 +130,14 @@ def child(name: str, n: int, k: int, side: str, calls: int) -> None:
 
 def _run_child(name: str, n: int, k: int, side: str, calls: int, before: Path) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(before if side == "before" else REPO))
-    out = subprocess.run([sys.executable, __file__, "--child", name, str(n), str(k), side, str(calls)], env=env,
-                         capture_output=True, text=True, check=True, cwd=str(before if side == "before" else REPO))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, str(n), str(k), side, str(calls)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(before if side == "before" else REPO),
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -154,8 +164,12 @@ def main() -> None:
         return
     if args.before is None or not (args.before / "hf_calibration").is_dir():
         parser.error("--before must be a checkout holding hf_calibration/")
-    results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-               "load_at_start": os.getloadavg()[0], "before": str(args.before), "cases": {}}
+    results = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_at_start": os.getloadavg()[0],
+        "before": str(args.before),
+        "cases": {},
+    }
     for name, n, k in CASES:
         calls = max(2, args.calls // 4) if name == "auto" else args.calls
         runs = {"before": [], "after": [], "peer": []}
@@ -166,8 +180,11 @@ def main() -> None:
                 runs["peer"] += record.get("peer", [])
                 results.setdefault("threads", record["threads"])
         key = f"{name} {n:.0e} x {k}".replace("e+0", "e")
-        results["cases"][key] = {"peer_name": PEERS.get(name), **{side: _summary(v) for side, v in runs.items() if v},
-                                 "raw": runs}
+        results["cases"][key] = {
+            "peer_name": PEERS.get(name),
+            **{side: _summary(v) for side, v in runs.items() if v},
+            "raw": runs,
+        }
         print(key, {side: round(_summary(v)["median"] * 1e3, 3) for side, v in runs.items() if v}, "ms", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
@@ -175,11 +192,18 @@ def main() -> None:
 
 
 def markdown(results: dict) -> str:
-    rows = ["| call | before (ms) | after (ms) | after / before | peer | peer (ms) | peer / after |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| call | before (ms) | after (ms) | after / before | peer | peer (ms) | peer / after |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for key, case in results["cases"].items():
         before, after = case["before"]["median"] * 1e3, case["after"]["median"] * 1e3
         peer = case.get("peer")
-        peer_cells = "- | - | -" if peer is None else f"{case['peer_name']} | {peer['median'] * 1e3:.2f} | {peer['median'] * 1e3 / after:.2f}x"
+        peer_cells = (
+            "- | - | -"
+            if peer is None
+            else f"{case['peer_name']} | {peer['median'] * 1e3:.2f} | {peer['median'] * 1e3 / after:.2f}x"
+        )
         rows.append(f"| {key} | {before:.2f} | {after:.2f} | {after / before:.2f} | {peer_cells} |")
     return "\n".join(rows)
 

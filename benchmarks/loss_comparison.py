@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from _data import TensorDictDataset  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,7 +48,6 @@ def _example():
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
-
 
 
 def digits_splits(split_seed: int = 0):
@@ -95,9 +94,7 @@ def run_one(loss_name: str, loss_kwargs: dict, seed: int, splits: dict, args, ti
             dataloader_pin_memory=False,
             use_cpu=True,
         )
-        trainer = CalibrationTrainer(
-            model=model, args=training, train_dataset=splits["train"], compute_loss_func=loss
-        )
+        trainer = CalibrationTrainer(model=model, args=training, train_dataset=splits["train"], compute_loss_func=loss)
         trainer.remove_callback(PrinterCallback)  # keep the console to the progress bar and the table
         start = time.perf_counter()
         trainer.train()

@@ -32,9 +32,39 @@ from hf_calibration.losses import get_loss
 
 MODELS = {
     # name: (ViTConfig kwargs, num_labels)
-    "tiny": (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8), 10),
-    "cifar": (dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536, image_size=32, patch_size=4), 100),
-    "vit-s16": (dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536, image_size=224, patch_size=16), 100),
+    "tiny": (
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            image_size=32,
+            patch_size=8,
+        ),
+        10,
+    ),
+    "cifar": (
+        dict(
+            hidden_size=384,
+            num_hidden_layers=6,
+            num_attention_heads=6,
+            intermediate_size=1536,
+            image_size=32,
+            patch_size=4,
+        ),
+        100,
+    ),
+    "vit-s16": (
+        dict(
+            hidden_size=384,
+            num_hidden_layers=12,
+            num_attention_heads=6,
+            intermediate_size=1536,
+            image_size=224,
+            patch_size=16,
+        ),
+        100,
+    ),
 }
 
 # (row name, loss name or None for bare F.cross_entropy, kwargs)
@@ -102,7 +132,7 @@ def time_rounds(runners, device, steps, rounds):
     per_round = {name: [] for name in runners}
     names = list(runners)
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             _sync(device)
             t0 = time.perf_counter()
@@ -198,7 +228,9 @@ def loss_host_time(loss, logits, labels, features, device, calls=50, rounds=15):
 
 def machine_line(device):
     if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, transformers {transformers.__version__}"
+        return (
+            f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, transformers {transformers.__version__}"
+        )
     return (
         f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}, transformers {transformers.__version__}"
@@ -216,7 +248,9 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "losses.md"))
-    p.add_argument("--append", action="store_true", help="append this machine's section to --out instead of replacing it")
+    p.add_argument(
+        "--append", action="store_true", help="append this machine's section to --out instead of replacing it"
+    )
     args = p.parse_args(argv)
 
     device = torch.device(args.device)

@@ -42,10 +42,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import TensorDictDataset  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 from hf_calibration._core.features import find_classifier_head  # noqa: E402
 from hf_calibration.maccal import MaCCalConfig, cache_features, maccal_stage  # noqa: E402
 from hf_calibration.metrics import adaece, ece, mce  # noqa: E402
-from _data import TensorDictDataset  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 N_BINS = 15
 FEATURE_BATCH = 512  # backbone batch of the one cached pass (MaCCalConfig.feature_batch_size)
@@ -57,19 +58,29 @@ FEATURE_BATCH = 512  # backbone batch of the one cached pass (MaCCalConfig.featu
 def calibration_row(logits: torch.Tensor | np.ndarray, labels) -> dict[str, float]:
     logits = torch.as_tensor(logits).float().cpu().numpy()
     labels = torch.as_tensor(labels).cpu().numpy()
-    e, a, m = ece(logits, labels, n_bins=N_BINS), adaece(logits, labels, n_bins=N_BINS), mce(logits, labels, n_bins=N_BINS)
-    return {"acc": float((logits.argmax(1) == labels).mean()) * 100, "ece": float(e) * 100, "adaece": float(a) * 100, "mce": float(m) * 100}
+    e, a, m = (
+        ece(logits, labels, n_bins=N_BINS),
+        adaece(logits, labels, n_bins=N_BINS),
+        mce(logits, labels, n_bins=N_BINS),
+    )
+    return {
+        "acc": float((logits.argmax(1) == labels).mean()) * 100,
+        "ece": float(e) * 100,
+        "adaece": float(a) * 100,
+        "mce": float(m) * 100,
+    }
 
 
 # ----------------------------------------------------------------------------- data + stage 1
-
 
 
 def _decode(args):
     blob, offsets, idx = args
     from PIL import Image
 
-    return np.stack([np.asarray(Image.open(io.BytesIO(bytes(blob[offsets[i] : offsets[i + 1]]))).convert("RGB")) for i in idx])
+    return np.stack(
+        [np.asarray(Image.open(io.BytesIO(bytes(blob[offsets[i] : offsets[i + 1]]))).convert("RGB")) for i in idx]
+    )
 
 
 def load_cifar10(npz: str, train_subset: int | None = None, test_subset: int | None = None, seed: int = 0):
@@ -106,7 +117,9 @@ def digits_model(seed: int):
     from transformers import ResNetConfig, ResNetForImageClassification
 
     torch.manual_seed(seed)
-    config = ResNetConfig(num_channels=1, embedding_size=16, hidden_sizes=[32, 64], depths=[1, 1], layer_type="basic", num_labels=10)
+    config = ResNetConfig(
+        num_channels=1, embedding_size=16, hidden_sizes=[32, 64], depths=[1, 1], layer_type="basic", num_labels=10
+    )
     return ResNetForImageClassification(config)
 
 
@@ -215,7 +228,12 @@ def main(argv=None):
     p.add_argument("--stage1-epochs", type=int, default=None)
     p.add_argument("--epochs", type=int, default=40, help="stage-2 epochs for the quality comparison")
     p.add_argument("--timing-epochs", type=int, default=None, help="stage-2 epochs for the speed comparison")
-    p.add_argument("--timing-repeats", type=int, default=None, help="timed runs of each variant, best kept (default: 3 on digits, 1 on cifar10)")
+    p.add_argument(
+        "--timing-repeats",
+        type=int,
+        default=None,
+        help="timed runs of each variant, best kept (default: 3 on digits, 1 on cifar10)",
+    )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--train-subset", type=int, default=None, help="cifar10: random training subset (CPU runs)")
     p.add_argument("--test-subset", type=int, default=None, help="cifar10: random test subset (CPU runs)")
@@ -226,7 +244,9 @@ def main(argv=None):
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
-        torch.set_num_threads(1)  # tiny ops: extra threads only add contention (measured 40x slower head steps on a loaded box)
+        torch.set_num_threads(
+            1
+        )  # tiny ops: extra threads only add contention (measured 40x slower head steps on a loaded box)
     torch.manual_seed(0)
     t_all = time.perf_counter()
     if args.data == "cifar10":
@@ -242,12 +262,16 @@ def main(argv=None):
         model = cifar_model().to(device, memory_format=torch.channels_last)
         xtr, ytr, xte, yte = xtr.to(device), ytr.to(device), xte.to(device), yte.to(device)
         batch = 512 if len(ytr) >= 8192 else 64  # small CPU subsets: enough steps for the one-cycle schedule
-        stage1 = dict(epochs=args.stage1_epochs or 40, batch_size=batch, lr=0.2, augment=crop_flip, bf16=device.type == "cuda")
+        stage1 = dict(
+            epochs=args.stage1_epochs or 40, batch_size=batch, lr=0.2, augment=crop_flip, bf16=device.type == "cuda"
+        )
         timing_epochs = args.timing_epochs or 40
         subset = " (random subsets)" if args.train_subset or args.test_subset else " JPEG re-encoded"
         precision = "bf16" if stage1["bf16"] else "fp32"
-        what = (f"CIFAR-10 ({len(ytr):,} train / {len(yte):,} test{subset}), timm resnet18 with CIFAR stem "
-                f"(TimmWrapperForImageClassification), {stage1['epochs']} epochs {precision}, batch {batch}")
+        what = (
+            f"CIFAR-10 ({len(ytr):,} train / {len(yte):,} test{subset}), timm resnet18 with CIFAR stem "
+            f"(TimmWrapperForImageClassification), {stage1['epochs']} epochs {precision}, batch {batch}"
+        )
     else:
         if args.train_subset or args.test_subset:
             p.error("--train-subset / --test-subset are for --data cifar10")
@@ -281,12 +305,16 @@ def main(argv=None):
     # first head and backbone kernels initialise their libraries (oneDNN / cuDNN pick and cache kernels per
     # shape); whichever variant ran first would pay for both. One cached 1-epoch stage does all of it.
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        maccal_stage(copy.deepcopy(model), train_ds, MaCCalConfig(epochs=1, progress=False, feature_batch_size=FEATURE_BATCH))
+        maccal_stage(
+            copy.deepcopy(model), train_ds, MaCCalConfig(epochs=1, progress=False, feature_batch_size=FEATURE_BATCH)
+        )
     timing = {True: [], False: []}
     for _ in range(repeats):  # alternating, best of each: the shared machine's load moves between runs
         for cached in (True, False):
             m = copy.deepcopy(model)
-            cfg = MaCCalConfig(epochs=timing_epochs, cache_features=cached, progress=False, feature_batch_size=FEATURE_BATCH)
+            cfg = MaCCalConfig(
+                epochs=timing_epochs, cache_features=cached, progress=False, feature_batch_size=FEATURE_BATCH
+            )
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()
@@ -312,7 +340,16 @@ def main(argv=None):
     rows, histories = compare(train_f, train_y, test_f, test_y, base_logits, list(range(args.seeds)), base, variants)
     if args.explore:  # the measurements that chose the rule's direction and defaults
         with opposite_direction():
-            opp, hist3 = compare(train_f, train_y, test_f, test_y, base_logits, list(range(args.seeds)), base, {"ablation: adaptive, opposite direction": {}})
+            opp, hist3 = compare(
+                train_f,
+                train_y,
+                test_f,
+                test_y,
+                base_logits,
+                list(range(args.seeds)),
+                base,
+                {"ablation: adaptive, opposite direction": {}},
+            )
         explore = {
             "ablation: no mask (ρ = 1)": {"adaptive": False, "rho0": 1.0},
             f"ablation: fixed ρ = {base.rho0}, no 1/ρ rescale": {"adaptive": False, "rescale": False},
@@ -324,45 +361,70 @@ def main(argv=None):
     if args.save:
         out = Path(args.save)
         out.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(out / "test.npz", features=test_f.half().cpu().numpy(), labels=test_y.cpu().numpy(), logits=base_logits.cpu().numpy())
+        np.savez_compressed(
+            out / "test.npz",
+            features=test_f.half().cpu().numpy(),
+            labels=test_y.cpu().numpy(),
+            logits=base_logits.cpu().numpy(),
+        )
         for i, chunk in enumerate(torch.chunk(torch.arange(len(train_y)), 4)):
-            np.savez_compressed(out / f"train{i}.npz", features=train_f[chunk.to(train_f.device)].half().cpu().numpy(), labels=train_y[chunk.to(train_y.device)].cpu().numpy())
+            np.savez_compressed(
+                out / f"train{i}.npz",
+                features=train_f[chunk.to(train_f.device)].half().cpu().numpy(),
+                labels=train_y[chunk.to(train_y.device)].cpu().numpy(),
+            )
 
-    machine = f"{platform.machine()}, {os.cpu_count()} CPU cores" + (f", {torch.cuda.get_device_name()}" if device.type == "cuda" else ", 1 torch thread")
+    machine = f"{platform.machine()}, {os.cpu_count()} CPU cores" + (
+        f", {torch.cuda.get_device_name()}" if device.type == "cuda" else ", 1 torch thread"
+    )
     cmd = "python benchmarks/maccal.py " + " ".join(argv if argv is not None else sys.argv[1:])
     defaults = MaCCalConfig()
     label = args.data + (", CPU" if args.data != "digits" and device.type == "cpu" else "")  # its own section
-    md = [
-        f"## MaC-Cal second stage ({label})",
-        "",
-        f"Machine: {machine}; torch {torch.__version__}. Command: `{cmd}`. Total {time.perf_counter() - t_all:.0f} s (stage 1: {stage1_s:.0f} s).",
-        f"Model: {what}.",
-        "",
-        f"### Stage-2 wall time, {timing_epochs} head epochs, {len(ytr)} training images"
-        + (f" (best of {repeats} alternating runs)" if repeats > 1 else ""),
-        "",
-        "| stage 2 | seconds | ratio |",
-        "|---|---|---|",
-        f"| re-run frozen backbone every epoch | {timing[False]:.2f} | 1.00 |",
-        f"| feature cache (one backbone pass) | {timing[True]:.2f} | {timing[False] / timing[True]:.1f}x faster |",
-        "",
-        f"Backbone batch size: {FEATURE_BATCH} for the cached variant's one pass (`feature_batch_size`), {MaCCalConfig().batch_size} "
-        "(the stage-2 batch size) when the backbone re-runs every epoch.",
-        "",
-        f"### Test calibration ({N_BINS} bins, percent, mean ± std over {args.seeds} stage-2 seeds; one stage-1 model)",
-        "",
-        f"Stage 2: {args.epochs} epochs, SGD lr {defaults.lr}, momentum {defaults.momentum}, wd {defaults.weight_decay}, batch {defaults.batch_size}, "
-        f"bottleneck h = max(d/2, 2K), rescale 1/ρ = {defaults.rescale}, ρ ∈ [{defaults.rho_min}, {defaults.rho_max}], ρ₀ = {defaults.rho0}, κ = {defaults.kappa}, step {defaults.step}, τ₀ = {defaults.clip_bound}, γ = {defaults.clip_decay}.",
-        "",
-        table(rows),
-        "",
-    ] + ([f"Random subsets and {stage1['epochs']} stage-1 epochs: the timing above is the point of this run; the table only "
-          "shows that the comparison runs (the stage-1 model is barely trained).", ""] if args.train_subset or args.test_subset else []) + [
-        "Adaptive ρ per epoch (seed 0): " + ", ".join(f"{r:.3f}" for r in histories["stage 2, adaptive ρ (default)"]),
-        "",
-    ] + [f"- {name}: ρ {h[0]:.3f} → {h[-1]:.3f}" for name, h in histories.items()] + [
-        "",
-    ]
+    md = (
+        [
+            f"## MaC-Cal second stage ({label})",
+            "",
+            f"Machine: {machine}; torch {torch.__version__}. Command: `{cmd}`. Total {time.perf_counter() - t_all:.0f} s (stage 1: {stage1_s:.0f} s).",
+            f"Model: {what}.",
+            "",
+            f"### Stage-2 wall time, {timing_epochs} head epochs, {len(ytr)} training images"
+            + (f" (best of {repeats} alternating runs)" if repeats > 1 else ""),
+            "",
+            "| stage 2 | seconds | ratio |",
+            "|---|---|---|",
+            f"| re-run frozen backbone every epoch | {timing[False]:.2f} | 1.00 |",
+            f"| feature cache (one backbone pass) | {timing[True]:.2f} | {timing[False] / timing[True]:.1f}x faster |",
+            "",
+            f"Backbone batch size: {FEATURE_BATCH} for the cached variant's one pass (`feature_batch_size`), {MaCCalConfig().batch_size} "
+            "(the stage-2 batch size) when the backbone re-runs every epoch.",
+            "",
+            f"### Test calibration ({N_BINS} bins, percent, mean ± std over {args.seeds} stage-2 seeds; one stage-1 model)",
+            "",
+            f"Stage 2: {args.epochs} epochs, SGD lr {defaults.lr}, momentum {defaults.momentum}, wd {defaults.weight_decay}, batch {defaults.batch_size}, "
+            f"bottleneck h = max(d/2, 2K), rescale 1/ρ = {defaults.rescale}, ρ ∈ [{defaults.rho_min}, {defaults.rho_max}], ρ₀ = {defaults.rho0}, κ = {defaults.kappa}, step {defaults.step}, τ₀ = {defaults.clip_bound}, γ = {defaults.clip_decay}.",
+            "",
+            table(rows),
+            "",
+        ]
+        + (
+            [
+                f"Random subsets and {stage1['epochs']} stage-1 epochs: the timing above is the point of this run; the table only "
+                "shows that the comparison runs (the stage-1 model is barely trained).",
+                "",
+            ]
+            if args.train_subset or args.test_subset
+            else []
+        )
+        + [
+            "Adaptive ρ per epoch (seed 0): "
+            + ", ".join(f"{r:.3f}" for r in histories["stage 2, adaptive ρ (default)"]),
+            "",
+        ]
+        + [f"- {name}: ρ {h[0]:.3f} → {h[-1]:.3f}" for name, h in histories.items()]
+        + [
+            "",
+        ]
+    )
     text = "\n".join(md)
     print(text)
     write_section(Path(args.out), md[0], text)

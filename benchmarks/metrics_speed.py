@@ -212,7 +212,11 @@ def _run_child(spec: dict) -> dict:
     if spec.get("pythonpath"):  # another checkout's package (the --baseline run)
         env = {**os.environ, "PYTHONPATH": spec["pythonpath"]}
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], capture_output=True, text=True, check=False, env=env,
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
         cwd=spec.get("pythonpath"),
     )
     if out.returncode != 0:
@@ -292,21 +296,48 @@ def _baseline(args) -> None:
                     for r in range(args.rounds):
                         order = list(checkouts) if r % 2 == 0 else list(checkouts)[::-1]
                         for name in order:
-                            spec = {"kind": "logits", "logits": z_path, "labels": y_path, "impl": "ours", "metric": metric,
-                                    "softmax": softmax, "repeats": repeats, "warmup": True, "pythonpath": checkouts[name]}
+                            spec = {
+                                "kind": "logits",
+                                "logits": z_path,
+                                "labels": y_path,
+                                "impl": "ours",
+                                "metric": metric,
+                                "softmax": softmax,
+                                "repeats": repeats,
+                                "warmup": True,
+                                "pythonpath": checkouts[name],
+                            }
                             res = _run_child(spec)
                             if "error" in res:
                                 raise RuntimeError(f"{name}: {res['error']}")
                             times[name].append(res["time"])
                             values[name] = res["value"]
                     ratios = [b / a for a, b in zip(times["this checkout"], times["baseline"])]
-                    rows.append((f"N={n:.0e}, K={k}".replace("e+0", "e"), metric, "probabilities" if softmax else "logits",
-                                 float(np.median(times["baseline"])), float(np.median(times["this checkout"])),
-                                 float(np.median(ratios)), values["baseline"], values["this checkout"]))
+                    rows.append(
+                        (
+                            f"N={n:.0e}, K={k}".replace("e+0", "e"),
+                            metric,
+                            "probabilities" if softmax else "logits",
+                            float(np.median(times["baseline"])),
+                            float(np.median(times["this checkout"])),
+                            float(np.median(ratios)),
+                            values["baseline"],
+                            values["this checkout"],
+                        )
+                    )
                     print(rows[-1], flush=True)
             for softmax in (False, True):
-                res = _run_child({"kind": "detect", "logits": z_path, "labels": y_path, "softmax": softmax, "repeats": 2 * repeats,
-                                  "pythonpath": here, "impl": "ours"})
+                res = _run_child(
+                    {
+                        "kind": "detect",
+                        "logits": z_path,
+                        "labels": y_path,
+                        "softmax": softmax,
+                        "repeats": 2 * repeats,
+                        "pythonpath": here,
+                        "impl": "ours",
+                    }
+                )
                 shares.append((f"N={n:.0e}, K={k}".replace("e+0", "e"), "probabilities" if softmax else "logits", res))
     lines = [
         "## Metrics speed against a baseline checkout (`benchmarks/metrics_speed.py --baseline`)",
@@ -321,15 +352,24 @@ def _baseline(args) -> None:
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for case, metric, kind, base, ours, ratio, v_base, v_ours in rows:
-        lines.append(f"| {case} | {metric} | {kind} | {base:.4f} | {ours:.4f} | {ratio:.2f} | {v_base:.6f} | {v_ours:.6f} |")
-    lines += ["", "This checkout's logits-or-probabilities detection (every row, `looks_like_probabilities`) alone, against "
-              "the `ece` call that runs it, in one process (best of interleaved repeats):", "",
-              "| case | input | detection (s) | ece (s) | detection / ece |", "|---|---|---:|---:|---:|"]
+        lines.append(
+            f"| {case} | {metric} | {kind} | {base:.4f} | {ours:.4f} | {ratio:.2f} | {v_base:.6f} | {v_ours:.6f} |"
+        )
+    lines += [
+        "",
+        "This checkout's logits-or-probabilities detection (every row, `looks_like_probabilities`) alone, against "
+        "the `ece` call that runs it, in one process (best of interleaved repeats):",
+        "",
+        "| case | input | detection (s) | ece (s) | detection / ece |",
+        "|---|---|---:|---:|---:|",
+    ]
     for case, kind, res in shares:
         if "error" in res:
             lines.append(f"| {case} | {kind} | failed: {res['error'][:80]} | | |")
         else:
-            lines.append(f"| {case} | {kind} | {res['detect']:.4f} | {res['ece']:.4f} | {res['detect'] / res['ece']:.1%} |")
+            lines.append(
+                f"| {case} | {kind} | {res['detect']:.4f} | {res['ece']:.4f} | {res['detect'] / res['ece']:.1%} |"
+            )
     text = "\n".join(lines) + "\n"
     out = RESULTS.parent / "metrics_speed_baseline.md"
     out.write_text(text)
@@ -339,8 +379,12 @@ def _baseline(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 2e5 instead of 1e6 for the K = 1000 case")
-    parser.add_argument("--baseline", metavar="DIR", help="time this checkout against the hf_calibration in DIR instead")
-    parser.add_argument("--cases", default="1e6x100,1e5x10", help="with --baseline: N x K cases (default 1e6x100,1e5x10)")
+    parser.add_argument(
+        "--baseline", metavar="DIR", help="time this checkout against the hf_calibration in DIR instead"
+    )
+    parser.add_argument(
+        "--cases", default="1e6x100,1e5x10", help="with --baseline: N x K cases (default 1e6x100,1e5x10)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="with --baseline: alternating rounds (default 5)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -378,10 +422,24 @@ def main() -> None:
                     notes[f"{case} {metric} {impl}/ours"] = res.get("time", np.nan) / ours.get("time", np.nan)
             if k == 10:  # smooth metrics on the top label of these logits
                 for impl in ("ours_smece", "relplot_smece"):
-                    spec = {"kind": "conf", "impl": impl, "logits": z_path, "labels": y_path, "repeats": 3, "warmup": True}
+                    spec = {
+                        "kind": "conf",
+                        "impl": impl,
+                        "logits": z_path,
+                        "labels": y_path,
+                        "repeats": 3,
+                        "warmup": True,
+                    }
                     res = _run_child(spec)
-                    rows.append((case, "smece", impl.split("_")[0].replace("ours", "hf_calibration"), res,
-                                 rows[-1][3] if impl != "ours_smece" else None))
+                    rows.append(
+                        (
+                            case,
+                            "smece",
+                            impl.split("_")[0].replace("ours", "hf_calibration"),
+                            res,
+                            rows[-1][3] if impl != "ours_smece" else None,
+                        )
+                    )
                 notes["smece relplot/ours"] = rows[-1][3].get("time", np.nan) / rows[-2][3].get("time", np.nan)
         for n, impls in ((10_000, ("ours_smce", "scipy_lp_smce")), (1_000_000, ("ours_smce",))):
             first = None

@@ -56,7 +56,15 @@ CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hors
 # AdamW: with SGD (lr 0.05, as benchmarks/training_cifar.py trains softmax heads) the multi-label BCE stayed at the prior's
 # 0.64 for four epochs (validation NLL 0.689 after three epochs on 5,120 mosaics, AdamW 0.594)
 SETTINGS = {
-    "multilabel": {"train": 12000, "val": 4000, "test": 8000, "epochs": 8, "lr": 3e-3, "batch": 128, "widths": (16, 32, 64)},
+    "multilabel": {
+        "train": 12000,
+        "val": 4000,
+        "test": 8000,
+        "epochs": 8,
+        "lr": 3e-3,
+        "batch": 128,
+        "widths": (16, 32, 64),
+    },
     "binary": {"epochs": 12, "lr": 2e-3, "batch": 128, "widths": (16, 32, 64)},
 }
 OURS = {
@@ -123,9 +131,16 @@ def make_model(task: str, seed: int):
 
     torch.manual_seed(seed)
     w = list(SETTINGS[task]["widths"])
-    config = ResNetConfig(num_channels=3, embedding_size=w[0], hidden_sizes=w, depths=[1] * len(w), layer_type="basic",
-                          downsample_in_first_stage=False, num_labels=10 if task == "multilabel" else 1,
-                          problem_type="multi_label_classification")
+    config = ResNetConfig(
+        num_channels=3,
+        embedding_size=w[0],
+        hidden_sizes=w,
+        depths=[1] * len(w),
+        layer_type="basic",
+        downsample_in_first_stage=False,
+        num_labels=10 if task == "multilabel" else 1,
+        problem_type="multi_label_classification",
+    )
     return ResNetForImageClassification(config)
 
 
@@ -134,9 +149,9 @@ def train_and_predict(task: str, seed: int, data: dict, cache: Path, progress: b
     path = cache / f"{task}_seed{seed}.npz"
     if path.is_file():
         return dict(np.load(path))
+    from _data import TensorDictDataset
     from transformers import TrainingArguments
 
-    from _data import TensorDictDataset
     from hf_calibration import CalibrationTrainer
     from hf_calibration.losses import BinaryCrossEntropyLoss
 
@@ -144,14 +159,28 @@ def train_and_predict(task: str, seed: int, data: dict, cache: Path, progress: b
     tensors = {name: TensorDictDataset(to_tensor(x), torch.from_numpy(y)) for name, (x, y) in data.items()}
     steps = s["epochs"] * -(-len(data["train"][1]) // s["batch"])
     args = TrainingArguments(
-        output_dir=str(cache / f"run_{task}_{seed}"), per_device_train_batch_size=s["batch"], per_device_eval_batch_size=1000,
-        num_train_epochs=s["epochs"], learning_rate=s["lr"], optim="adamw_torch", weight_decay=5e-4, lr_scheduler_type="linear",
-        warmup_steps=max(1, steps // 10), seed=seed, data_seed=seed, save_strategy="no",
-        eval_strategy="no", logging_strategy="epoch", report_to="none", disable_tqdm=not progress, dataloader_num_workers=0,
+        output_dir=str(cache / f"run_{task}_{seed}"),
+        per_device_train_batch_size=s["batch"],
+        per_device_eval_batch_size=1000,
+        num_train_epochs=s["epochs"],
+        learning_rate=s["lr"],
+        optim="adamw_torch",
+        weight_decay=5e-4,
+        lr_scheduler_type="linear",
+        warmup_steps=max(1, steps // 10),
+        seed=seed,
+        data_seed=seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="epoch",
+        report_to="none",
+        disable_tqdm=not progress,
+        dataloader_num_workers=0,
         use_cpu=True,
     )
-    trainer = CalibrationTrainer(model=make_model(task, seed), args=args, train_dataset=tensors["train"],
-                                 compute_loss=BinaryCrossEntropyLoss())
+    trainer = CalibrationTrainer(
+        model=make_model(task, seed), args=args, train_dataset=tensors["train"], compute_loss=BinaryCrossEntropyLoss()
+    )
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -178,8 +207,9 @@ def _sklearn_methods() -> list[str]:
 
         rng = np.random.default_rng(0)
         x = rng.normal(size=(40, 1))
-        CalibratedClassifierCV(FrozenEstimator(_LogitColumn().fit(x, (x[:, 0] > 0).astype(int))), method="temperature").fit(
-            x, (x[:, 0] > 0).astype(int))
+        CalibratedClassifierCV(
+            FrozenEstimator(_LogitColumn().fit(x, (x[:, 0] > 0).astype(int))), method="temperature"
+        ).fit(x, (x[:, 0] > 0).astype(int))
         methods.append("temperature")
     except (ValueError, TypeError, ImportError):
         pass
@@ -214,7 +244,9 @@ class _LogitColumn:
     def __sklearn_tags__(self):
         from sklearn.utils import ClassifierTags, Tags, TargetTags
 
-        return Tags(estimator_type="classifier", target_tags=TargetTags(required=True), classifier_tags=ClassifierTags())
+        return Tags(
+            estimator_type="classifier", target_tags=TargetTags(required=True), classifier_tags=ClassifierTags()
+        )
 
 
 def sklearn_probabilities(method: str, z_val, y_val, z_test) -> np.ndarray:
@@ -232,9 +264,13 @@ def sklearn_probabilities(method: str, z_val, y_val, z_test) -> np.ndarray:
 def netcal_probabilities(name: str, p_val, y_val, p_test) -> np.ndarray:
     from netcal import binning, scaling
 
-    make = {"logistic": lambda: scaling.LogisticCalibration(), "beta": lambda: scaling.BetaCalibration(),
-            "histogram": lambda: binning.HistogramBinning(bins=15), "BBQ": lambda: binning.BBQ(),
-            "ENIR": lambda: binning.ENIR()}[name]
+    make = {
+        "logistic": lambda: scaling.LogisticCalibration(),
+        "beta": lambda: scaling.BetaCalibration(),
+        "histogram": lambda: binning.HistogramBinning(bins=15),
+        "BBQ": lambda: binning.BBQ(),
+        "ENIR": lambda: binning.ENIR(),
+    }[name]
     out = np.empty(p_test.shape)
     for l in range(p_val.shape[1]):
         model = make()
@@ -283,7 +319,9 @@ def torchmetrics_check(p: np.ndarray, y: np.ndarray) -> float:
     for l in range(p.shape[1]):
         if np.isin(p[:, l], EDGES).any():
             return float("nan")
-        theirs = float(binary_calibration_error(torch.from_numpy(p[:, l]).double(), torch.from_numpy(y[:, l]).long(), n_bins=15))
+        theirs = float(
+            binary_calibration_error(torch.from_numpy(p[:, l]).double(), torch.from_numpy(y[:, l]).long(), n_bins=15)
+        )
         ours = ece(p[:, l], y[:, l].astype(np.int64), task="binary", from_logits=False)
         worst = max(worst, abs(theirs - ours))
     return worst
@@ -311,16 +349,35 @@ def evaluate(task: str, logits: dict, seed: int) -> dict:
             return
         elapsed = time.perf_counter() - start if seconds is None else seconds
         p = np.clip(np.asarray(p, dtype=np.float64).reshape(p_test.shape), 0.0, 1.0)
-        methods[name] = {"family": family, "fit_seconds": elapsed, **scores(p, y_test, task, with_ci),
-                         "torchmetrics_max_abs_diff": torchmetrics_check(p, y_test)}
-        logger.info("%s / seed %d / %s: ECE %.4f NLL %.4f", task, seed, name, methods[name]["ece_macro"], methods[name]["nll_macro"])
+        methods[name] = {
+            "family": family,
+            "fit_seconds": elapsed,
+            **scores(p, y_test, task, with_ci),
+            "torchmetrics_max_abs_diff": torchmetrics_check(p, y_test),
+        }
+        logger.info(
+            "%s / seed %d / %s: ECE %.4f NLL %.4f",
+            task,
+            seed,
+            name,
+            methods[name]["ece_macro"],
+            methods[name]["nll_macro"],
+        )
 
     record("uncalibrated", "model", lambda: p_test, 0.0)
     for name, (kind, kw) in OURS.items():
         if task == "binary" and kw.get("per_label"):
             continue  # one label: the same as one T
-        record(name, "hf_calibration", lambda kind=kind, kw=kw: create_calibrator(kind, **kw).fit(
-            z_val, y_val, task=fit_task, progress_bar=False).predict_proba(z_test).numpy())
+        record(
+            name,
+            "hf_calibration",
+            lambda kind=kind, kw=kw: (
+                create_calibrator(kind, **kw)
+                .fit(z_val, y_val, task=fit_task, progress_bar=False)
+                .predict_proba(z_test)
+                .numpy()
+            ),
+        )
     auto = {}
 
     def fit_auto():
@@ -332,12 +389,23 @@ def evaluate(task: str, logits: dict, seed: int) -> dict:
     if "AutoCalibrator" in methods:
         methods["AutoCalibrator"]["chosen"] = auto.get("chosen")
     for method in _sklearn_methods():
-        record(f"sklearn {method}", "scikit-learn", lambda method=method: sklearn_probabilities(method, z_val, y_val, z_test))
+        record(
+            f"sklearn {method}",
+            "scikit-learn",
+            lambda method=method: sklearn_probabilities(method, z_val, y_val, z_test),
+        )
     for name in ("logistic", "beta", "histogram") + (("BBQ", "ENIR") if task == "binary" else ()):
         record(f"netcal {name}", "netcal", lambda name=name: netcal_probabilities(name, p_val, y_val, p_test))
-    return {"task": task, "seed": seed, "num_labels": int(y_test.shape[1]), "n_val": int(len(z_val)), "n_test": int(len(z_test)),
-            "train_seconds": float(logits.get("train_seconds", np.nan)), "positive_rate_test": float(y_test.mean()),
-            "methods": methods}
+    return {
+        "task": task,
+        "seed": seed,
+        "num_labels": int(y_test.shape[1]),
+        "n_val": int(len(z_val)),
+        "n_test": int(len(z_test)),
+        "train_seconds": float(logits.get("train_seconds", np.nan)),
+        "positive_rate_test": float(y_test.mean()),
+        "methods": methods,
+    }
 
 
 # ----------------------------------------------------------------------------- report
@@ -366,64 +434,123 @@ def section(task: str, records: list[dict]) -> list[str]:
     seeds = [r["seed"] for r in records]
     methods = list(records[0]["methods"])
     first = records[0]
-    title = ("Multi-label: 2 x 2 mosaics of CIFAR-10 images, 10 labels (the classes present)" if task == "multilabel"
-             else "Binary: cat vs dog (CIFAR-10), one logit")
-    lines = [f"### {title}", "",
-             f"Validation (fit) {first['n_val']:,} images, test {first['n_test']:,} images; positive rate on test "
-             f"{100 * first['positive_rate_test']:.1f} %; training {_mean_std([r['train_seconds'] for r in records], 1, 0)} s "
-             f"per model; seeds {', '.join(map(str, seeds))} (mean ± std over seeds).", ""]
+    title = (
+        "Multi-label: 2 x 2 mosaics of CIFAR-10 images, 10 labels (the classes present)"
+        if task == "multilabel"
+        else "Binary: cat vs dog (CIFAR-10), one logit"
+    )
+    lines = [
+        f"### {title}",
+        "",
+        f"Validation (fit) {first['n_val']:,} images, test {first['n_test']:,} images; positive rate on test "
+        f"{100 * first['positive_rate_test']:.1f} %; training {_mean_std([r['train_seconds'] for r in records], 1, 0)} s "
+        f"per model; seeds {', '.join(map(str, seeds))} (mean ± std over seeds).",
+        "",
+    ]
     if task == "multilabel":
-        header = ("| method | family | ECE macro (%) | ECE pooled (%) | NLL macro | NLL pooled | Brier macro | "
-                  "acc @0.5 (%) | fit (s) |")
+        header = (
+            "| method | family | ECE macro (%) | ECE pooled (%) | NLL macro | NLL pooled | Brier macro | "
+            "acc @0.5 (%) | fit (s) |"
+        )
         rule = "|---|---|---:|---:|---:|---:|---:|---:|---:|"
-        keys = [("ece_macro", 100, 2), ("ece_micro", 100, 2), ("nll_macro", 1, 4), ("nll_micro", 1, 4), ("brier_macro", 1, 4),
-                ("accuracy", 100, 2), ("fit_seconds", 1, 2)]
+        keys = [
+            ("ece_macro", 100, 2),
+            ("ece_micro", 100, 2),
+            ("nll_macro", 1, 4),
+            ("nll_micro", 1, 4),
+            ("brier_macro", 1, 4),
+            ("accuracy", 100, 2),
+            ("fit_seconds", 1, 2),
+        ]
     else:
         header = "| method | family | ECE (%) | NLL | Brier | acc @0.5 (%) | fit (s) |"
         rule = "|---|---|---:|---:|---:|---:|---:|"
-        keys = [("ece_macro", 100, 2), ("nll_macro", 1, 4), ("brier_macro", 1, 4), ("accuracy", 100, 2), ("fit_seconds", 1, 2)]
+        keys = [
+            ("ece_macro", 100, 2),
+            ("nll_macro", 1, 4),
+            ("brier_macro", 1, 4),
+            ("accuracy", 100, 2),
+            ("fit_seconds", 1, 2),
+        ]
     lines += [header, rule]
     for method in methods:
         family = first["methods"][method].get("family", "")
-        lines.append(f"| {method} | {family} | " + " | ".join(_cell(records, method, k, s, d) for k, s, d in keys) + " |")
+        lines.append(
+            f"| {method} | {family} | " + " | ".join(_cell(records, method, k, s, d) for k, s, d in keys) + " |"
+        )
     lines.append("")
     # NLL against the uncalibrated model, seed by seed
     worse = []
     for method in methods:
         if method == "uncalibrated":
             continue
-        over = [r["seed"] for r in records if method in r["methods"] and "nll_macro" in r["methods"][method]
-                and not r["methods"][method]["nll_macro"] <= r["methods"]["uncalibrated"]["nll_macro"]]
+        over = [
+            r["seed"]
+            for r in records
+            if method in r["methods"]
+            and "nll_macro" in r["methods"][method]
+            and not r["methods"][method]["nll_macro"] <= r["methods"]["uncalibrated"]["nll_macro"]
+        ]
         failed = [r["seed"] for r in records if "error" in r["methods"].get(method, {})]
         if over:
             worse.append(f"{method} (seed{'s' if len(over) > 1 else ''} {', '.join(map(str, over))})")
         if failed:
-            worse.append(f"{method} failed on seed(s) {', '.join(map(str, failed))}: {records[0]['methods'][method].get('error', '')}")
-    lines.append("**Test NLL against the uncalibrated model (macro):** "
-                 + ("every method is at or below it on every seed." if not worse else
-                    "above it — " + "; ".join(worse) + ". Every other method is at or below it on every seed."))
+            worse.append(
+                f"{method} failed on seed(s) {', '.join(map(str, failed))}: {records[0]['methods'][method].get('error', '')}"
+            )
+    lines.append(
+        "**Test NLL against the uncalibrated model (macro):** "
+        + (
+            "every method is at or below it on every seed."
+            if not worse
+            else "above it — " + "; ".join(worse) + ". Every other method is at or below it on every seed."
+        )
+    )
     chosen = [r["methods"].get("AutoCalibrator", {}).get("chosen") for r in records]
     lines += ["", f"AutoCalibrator (5-fold CV on the validation logits) chose: {', '.join(str(c) for c in chosen)}."]
-    diffs = [r["methods"][m].get("torchmetrics_max_abs_diff") for r in records for m in r["methods"] if "error" not in r["methods"][m]]
+    diffs = [
+        r["methods"][m].get("torchmetrics_max_abs_diff")
+        for r in records
+        for m in r["methods"]
+        if "error" not in r["methods"][m]
+    ]
     finite = [d for d in diffs if d is not None and math.isfinite(d)]
-    lines += ["", f"Binary ECE against torchmetrics' `BinaryCalibrationError` (15 bins, l1), per label on every method's test "
-              f"probabilities: largest |difference| {max(finite):.2e} over {len(finite)} method x seed cases"
-              + (f" ({len(diffs) - len(finite)} cases not compared: a probability exactly on a bin edge, where torchmetrics' "
-                 "[lo, hi) bins and its phantom bin at p = 1.0 differ from the (lo, hi] bins by design)"
-                 if len(finite) < len(diffs) else "") + "."]
+    lines += [
+        "",
+        f"Binary ECE against torchmetrics' `BinaryCalibrationError` (15 bins, l1), per label on every method's test "
+        f"probabilities: largest |difference| {max(finite):.2e} over {len(finite)} method x seed cases"
+        + (
+            f" ({len(diffs) - len(finite)} cases not compared: a probability exactly on a bin edge, where torchmetrics' "
+            "[lo, hi) bins and its phantom bin at p = 1.0 differ from the (lo, hi] bins by design)"
+            if len(finite) < len(diffs)
+            else ""
+        )
+        + ".",
+    ]
     # intervals, seed 0
     if any(k.endswith("_ci") for k in first["methods"]["uncalibrated"]):
-        lines += ["", f"Seed {first['seed']} with 95 % bootstrap intervals over the test images ({N_BOOT} resamples, every label "
-                  "of an image together; each metric's interval method, `hf_calibration.metrics.bootstrap.INTERVALS`: basic "
-                  "(bias-corrected) for ECE, percentile for NLL. A bias-corrected ECE interval can lie below its estimate, as "
-                  "the macro ECE's do here: the binned ECE of each label is biased upwards by more than the spread of a "
-                  "mean over 10 labels, and the interval is where the true value lies, the estimate corrected for "
-                  "that bias; the package's own output notes it):", ""]
-        cols = [("ece_macro", 100, 2), ("ece_micro", 100, 2), ("nll_macro", 1, 4), ("nll_micro", 1, 4)] if task == "multilabel" \
+        lines += [
+            "",
+            f"Seed {first['seed']} with 95 % bootstrap intervals over the test images ({N_BOOT} resamples, every label "
+            "of an image together; each metric's interval method, `hf_calibration.metrics.bootstrap.INTERVALS`: basic "
+            "(bias-corrected) for ECE, percentile for NLL. A bias-corrected ECE interval can lie below its estimate, as "
+            "the macro ECE's do here: the binned ECE of each label is biased upwards by more than the spread of a "
+            "mean over 10 labels, and the interval is where the true value lies, the estimate corrected for "
+            "that bias; the package's own output notes it):",
+            "",
+        ]
+        cols = (
+            [("ece_macro", 100, 2), ("ece_micro", 100, 2), ("nll_macro", 1, 4), ("nll_micro", 1, 4)]
+            if task == "multilabel"
             else [("ece_macro", 100, 2), ("nll_macro", 1, 4), ("brier_macro", 1, 4)]
-        names = {"ece_macro": "ECE macro (%)" if task == "multilabel" else "ECE (%)", "ece_micro": "ECE pooled (%)",
-                 "nll_macro": "NLL macro" if task == "multilabel" else "NLL", "nll_micro": "NLL pooled",
-                 "brier_macro": "Brier macro" if task == "multilabel" else "Brier"}
+        )
+        names = {
+            "ece_macro": "ECE macro (%)" if task == "multilabel" else "ECE (%)",
+            "ece_micro": "ECE pooled (%)",
+            "nll_macro": "NLL macro" if task == "multilabel" else "NLL",
+            "nll_micro": "NLL pooled",
+            "brier_macro": "Brier macro" if task == "multilabel" else "Brier",
+        }
         lines += ["| method | " + " | ".join(names[k] for k, _, _ in cols) + " |", "|---|" + "---:|" * len(cols)]
         for method, values in first["methods"].items():
             if "error" in values:
@@ -434,28 +561,43 @@ def section(task: str, records: list[dict]) -> list[str]:
                 cells.append(f"{s * v:.{d}f} [{s * lo:.{d}f}, {s * hi:.{d}f}]" if math.isfinite(v) else "inf")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
     if task == "multilabel":
-        best = min((m for m in methods if m != "uncalibrated" and "ece_per_label" in first["methods"][m]),
-                   key=lambda m: first["methods"][m]["nll_macro"])
-        lines += ["", f"Per-label test ECE (%), seed {first['seed']}: uncalibrated and the lowest macro NLL ({best}):", "",
-                  "| label | " + " | ".join(CLASSES) + " | macro | pooled |", "|---|" + "---:|" * 12]
+        best = min(
+            (m for m in methods if m != "uncalibrated" and "ece_per_label" in first["methods"][m]),
+            key=lambda m: first["methods"][m]["nll_macro"],
+        )
+        lines += [
+            "",
+            f"Per-label test ECE (%), seed {first['seed']}: uncalibrated and the lowest macro NLL ({best}):",
+            "",
+            "| label | " + " | ".join(CLASSES) + " | macro | pooled |",
+            "|---|" + "---:|" * 12,
+        ]
         for method in ("uncalibrated", best):
             v = first["methods"][method]
-            lines.append(f"| {method} | " + " | ".join(f"{100 * x:.2f}" for x in v["ece_per_label"])
-                         + f" | {100 * v['ece_macro']:.2f} | {100 * v['ece_micro']:.2f} |")
+            lines.append(
+                f"| {method} | "
+                + " | ".join(f"{100 * x:.2f}" for x in v["ece_per_label"])
+                + f" | {100 * v['ece_macro']:.2f} | {100 * v['ece_micro']:.2f} |"
+            )
     return lines + [""]
 
 
 def markdown(data: dict, command: str) -> str:
-    lines = ["## Sigmoid heads on real images: multi-label mosaics and cat vs dog (`benchmarks/multilabel.py`)", "",
-             "Small ResNets (transformers `ResNetConfig`, basic blocks, widths 16 / 32 / 64) trained from scratch on CPU "
-             "through `CalibrationTrainer` with `BinaryCrossEntropyLoss` and AdamW, no augmentation (multi-label: 12,000 "
-             "mosaics, 8 epochs; binary: the 8,000 training cats and dogs, 12 epochs); every calibrator fitted on the "
-             "validation logits, scored on the test logits. scikit-learn (`CalibratedClassifierCV` on a frozen estimator "
-             "whose decision function is the label's logit) and netcal run one label at a time on the same logits / "
-             "probabilities. Macro = the mean over labels of each label's value; pooled = every (image, label) pair as one "
-             "binary problem. NLL is the binary cross-entropy.", "",
-             f"- Machine: {data['machine']}; load average at the start {data['load']}.",
-             f"- Command: `{command}`", ""]
+    lines = [
+        "## Sigmoid heads on real images: multi-label mosaics and cat vs dog (`benchmarks/multilabel.py`)",
+        "",
+        "Small ResNets (transformers `ResNetConfig`, basic blocks, widths 16 / 32 / 64) trained from scratch on CPU "
+        "through `CalibrationTrainer` with `BinaryCrossEntropyLoss` and AdamW, no augmentation (multi-label: 12,000 "
+        "mosaics, 8 epochs; binary: the 8,000 training cats and dogs, 12 epochs); every calibrator fitted on the "
+        "validation logits, scored on the test logits. scikit-learn (`CalibratedClassifierCV` on a frozen estimator "
+        "whose decision function is the label's logit) and netcal run one label at a time on the same logits / "
+        "probabilities. Macro = the mean over labels of each label's value; pooled = every (image, label) pair as one "
+        "binary problem. NLL is the binary cross-entropy.",
+        "",
+        f"- Machine: {data['machine']}; load average at the start {data['load']}.",
+        f"- Command: `{command}`",
+        "",
+    ]
     for task in ("multilabel", "binary"):
         records = [r for r in data["records"].values() if r["task"] == task]
         if records:
@@ -480,10 +622,15 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     out, md = Path(args.out), Path(args.md)
     data = json.loads(out.read_text()) if out.is_file() else {"records": {}}
-    command = "python benchmarks/multilabel.py" + ("" if args.tasks == ["multilabel", "binary"] else f" --tasks {' '.join(args.tasks)}") \
+    command = (
+        "python benchmarks/multilabel.py"
+        + ("" if args.tasks == ["multilabel", "binary"] else f" --tasks {' '.join(args.tasks)}")
         + ("" if args.seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, args.seeds))}")
+    )
     if not args.report_only:
-        data["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} threads"
+        data["machine"] = (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} threads"
+        )
         data["load"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
         cifar = None
         for task in args.tasks:

@@ -55,8 +55,15 @@ def _write_model(folder: Path, layers: int) -> Path:
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     torch.manual_seed(0)
-    config = ViTConfig(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=layers, num_attention_heads=3,
-                       intermediate_size=768, num_labels=10)
+    config = ViTConfig(
+        image_size=224,
+        patch_size=16,
+        hidden_size=192,
+        num_hidden_layers=layers,
+        num_attention_heads=3,
+        intermediate_size=768,
+        num_labels=10,
+    )
     ViTForImageClassification(config).save_pretrained(folder)
     ViTImageProcessor(size={"height": 224, "width": 224}).save_pretrained(folder)
     return folder
@@ -85,14 +92,20 @@ def bare_loop(model_dir: Path, data_dir: Path, batch_size: int, workers: int) ->
 
 def model_only(model, pixel_values: torch.Tensor, batch_size: int) -> np.ndarray:
     with torch.inference_mode():
-        return torch.cat([model(pixel_values=pixel_values[i : i + batch_size]).logits
-                          for i in range(0, len(pixel_values), batch_size)]).numpy()
+        return torch.cat(
+            [
+                model(pixel_values=pixel_values[i : i + batch_size]).logits
+                for i in range(0, len(pixel_values), batch_size)
+            ]
+        ).numpy()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4, help="transformer blocks of the ViT-Ti/16 (12 in the real one)")
+    parser.add_argument(
+        "--layers", type=int, default=4, help="transformer blocks of the ViT-Ti/16 (12 in the real one)"
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
@@ -114,14 +127,21 @@ def main() -> None:
     pixel_values = processor(images=[im.convert("RGB") for im in data["image"]], return_tensors="pt")["pixel_values"]
 
     def ours(cache=None):
-        return predict_logits(str(model_dir), str(data_dir), batch_size=b, num_workers=w, cache_dir=cache, progress=False)[0]
+        return predict_logits(
+            str(model_dir), str(data_dir), batch_size=b, num_workers=w, cache_dir=cache, progress=False
+        )[0]
 
     times: dict[str, list[float]] = {k: [] for k in ("bare", "ours", "ours_cache_miss", "ours_cache_hit", "model_only")}
     outputs = {}
     for r in range(args.rounds):
         cache = tmp / f"cache{r}"
-        steps = {"bare": lambda: bare_loop(model_dir, data_dir, b, w), "ours": ours, "ours_cache_miss": lambda: ours(cache),
-                 "ours_cache_hit": lambda: ours(cache), "model_only": lambda: model_only(model, pixel_values, b)}
+        steps = {
+            "bare": lambda: bare_loop(model_dir, data_dir, b, w),
+            "ours": ours,
+            "ours_cache_miss": lambda: ours(cache),
+            "ours_cache_hit": lambda: ours(cache),
+            "model_only": lambda: model_only(model, pixel_values, b),
+        }
         order = list(steps) if r % 2 == 0 else ["model_only", "ours_cache_miss", "ours_cache_hit", "ours", "bare"]
         for name in order:  # a cache hit always follows its miss
             t0 = time.perf_counter()
@@ -164,7 +184,8 @@ def main() -> None:
         "",
         f"Target: predict_logits within 10 % of the bare loop's throughput. Per round, predict_logits' time / the bare "
         f"loop's: median {paired:.3f}. Seconds per round (the spread is the other jobs on the machine): "
-        + "; ".join(f"{key} " + ", ".join(f"{t:.1f}" for t in times[key]) for _, key in rows) + ".",
+        + "; ".join(f"{key} " + ", ".join(f"{t:.1f}" for t in times[key]) for _, key in rows)
+        + ".",
     ]
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text("\n".join(lines) + "\n")

@@ -85,6 +85,8 @@ def _reset_peak() -> None:
 
 # ----------------------------------------------------------------------------- the calls, run inside a worker
 _FIT_INFO: dict = {}  # the last fit's iteration / pass counts, for the record
+
+
 def _data(n: int, k: int, extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
     import _scale_data as data
 
@@ -104,8 +106,12 @@ def _call(name: str, impl: str, n: int, k: int):
         if impl == "torchmetrics":
             from torchmetrics.functional.classification import multiclass_calibration_error
 
-            return (lambda z, y: (torch.from_numpy(z), torch.from_numpy(y)),
-                    lambda s: float(multiclass_calibration_error(s[0], s[1], num_classes=s[0].shape[1], n_bins=15, norm="l1")))
+            return (
+                lambda z, y: (torch.from_numpy(z), torch.from_numpy(y)),
+                lambda s: float(
+                    multiclass_calibration_error(s[0], s[1], num_classes=s[0].shape[1], n_bins=15, norm="l1")
+                ),
+            )
         from hf_calibration.metrics import ece
 
         return (lambda z, y: (z, y)), (lambda s: ece(*s))
@@ -134,7 +140,9 @@ def _call(name: str, impl: str, n: int, k: int):
         def run(s):
             cal = create_calibrator(method).fit(s[0], s[1], progress_bar=False)
             _FIT_INFO.clear()
-            _FIT_INFO.update({key: cal.fit_info_[key] for key in ("steps", "evaluations", "temperature") if key in cal.fit_info_})
+            _FIT_INFO.update(
+                {key: cal.fit_info_[key] for key in ("steps", "evaluations", "temperature") if key in cal.fit_info_}
+            )
             return float(cal.fit_info_.get("nll", cal.fit_info_.get("best_objective", float("nan"))))
 
         return (lambda z, y: (z, y)), run
@@ -146,14 +154,19 @@ def _call(name: str, impl: str, n: int, k: int):
 
         return setup, (lambda s: float(s[0](s[1])[0, 0]))
     if name.startswith("conformal_"):
-        stage, method = name[len("conformal_"):].split(":")
+        stage, method = name[len("conformal_") :].split(":")
         if impl == "torchcp":
             from torchcp.classification.predictor import SplitPredictor
             from torchcp.classification.score import APS, LAC, RAPS
 
             def make():
-                return SplitPredictor({"thr": lambda: LAC(), "aps": lambda: APS(randomized=True),
-                                       "raps": lambda: RAPS(randomized=True, penalty=0.1, kreg=1)}[method]())
+                return SplitPredictor(
+                    {
+                        "thr": lambda: LAC(),
+                        "aps": lambda: APS(randomized=True),
+                        "raps": lambda: RAPS(randomized=True, penalty=0.1, kreg=1),
+                    }[method]()
+                )
 
             def setup(z, y):
                 zc, yc, zt = torch.from_numpy(z[:n]), torch.from_numpy(y[:n]), torch.from_numpy(z[n:])
@@ -169,7 +182,9 @@ def _call(name: str, impl: str, n: int, k: int):
                     if stage == "fit":
                         make().calculate_threshold(s[0], s[1], 0.1)
                         return float("nan")
-                    return float(s[3].predict_with_logits(s[2]).numpy().sum(1).mean())  # numpy: no (N, K) int64 copy of the mask
+                    return float(
+                        s[3].predict_with_logits(s[2]).numpy().sum(1).mean()
+                    )  # numpy: no (N, K) int64 copy of the mask
 
             return setup, run
         from hf_calibration.conformal import ConformalPredictor
@@ -208,15 +223,31 @@ def _predict_logits_call(to_file: bool, k: int):
     def setup(z, y):
         images = [Image.fromarray(p) for p in np.random.default_rng(0).integers(0, 256, (64, 8, 8, 3), dtype=np.uint8)]
         rows = len(y)
-        data = Dataset.from_dict({"image": [images[i % 64] for i in range(rows)], "label": (np.arange(rows) % k).tolist()})
+        data = Dataset.from_dict(
+            {"image": [images[i % 64] for i in range(rows)], "label": (np.arange(rows) % k).tolist()}
+        )
         data = data.cast_column("image", ImageFeature())
-        config = ViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=32, num_labels=k)
+        config = ViTConfig(
+            image_size=8,
+            patch_size=4,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            num_labels=k,
+        )
         return ViTForImageClassification(config), data, ViTImageProcessor(size={"height": 8, "width": 8})
 
     def run(s):
-        logits, _ = predict_logits(s[0], s[1], image_processor=s[2], num_workers=0, progress=False,  # default batch: 64
-                                   output=PREDICT_FILE if to_file else None, overwrite=True)
+        logits, _ = predict_logits(
+            s[0],
+            s[1],
+            image_processor=s[2],
+            num_workers=0,
+            progress=False,  # default batch: 64
+            output=PREDICT_FILE if to_file else None,
+            overwrite=True,
+        )
         value = float(logits[-1, -1])
         del logits
         PREDICT_FILE.unlink(missing_ok=True)
@@ -262,7 +293,7 @@ def _worker(args) -> None:
     load = os.getloadavg()[0]
     times, value, error = [], float("nan"), None
     try:
-        for repeat in range(args.repeats):
+        for _ in range(args.repeats):
             start = time.perf_counter()
             value = run(state)
             times.append(time.perf_counter() - start)
@@ -271,16 +302,34 @@ def _worker(args) -> None:
     except Exception as err:  # noqa: BLE001 - a refusal (or a failure) is a result
         error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
     peak = _status("VmHWM")
-    print("RESULT " + json.dumps({
-        "seconds": min(times) if times else None, "peak_mb": (peak - before) / 2**20, "rss_mb": before / 2**20,
-        "absolute_peak_mb": peak / 2**20, "value": value, "error": error, "load": [load, os.getloadavg()[0]],
-        **({"fit_info": dict(_FIT_INFO)} if _FIT_INFO else {}),
-    }))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "seconds": min(times) if times else None,
+                "peak_mb": (peak - before) / 2**20,
+                "rss_mb": before / 2**20,
+                "absolute_peak_mb": peak / 2**20,
+                "value": value,
+                "error": error,
+                "load": [load, os.getloadavg()[0]],
+                **({"fit_info": dict(_FIT_INFO)} if _FIT_INFO else {}),
+            }
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- driving the workers
 def _key(rec) -> tuple:
-    return (rec["section"], rec["call"], rec["impl"], rec["n"], rec["k"], rec.get("source", "memory"), rec.get("code", ""))
+    return (
+        rec["section"],
+        rec["call"],
+        rec["impl"],
+        rec["n"],
+        rec["k"],
+        rec.get("source", "memory"),
+        rec.get("code", ""),
+    )
 
 
 def _load_records() -> list[dict]:
@@ -303,19 +352,36 @@ def _measure(records, args, section, call, impl, n, k, *, source="memory", code=
         return
     if not args.force and any(_key(r) == _key(rec) for r in records):
         return
-    if (repeats or args.repeats) == 1:  # a long call: let the last one's load fade first (the passes read the load average)
+    if (
+        repeats or args.repeats
+    ) == 1:  # a long call: let the last one's load fade first (the passes read the load average)
         for _ in range(SETTLE_SECONDS // 5):
             if os.getloadavg()[0] <= SETTLE_LOAD:
                 break
             time.sleep(5)
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--call", call, "--impl", impl, "--n", str(n),
-               "--k", str(k), "--source", source, "--repeats", str(repeats or args.repeats)] + (["--code", code] if code else [])
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--call",
+        call,
+        "--impl",
+        impl,
+        "--n",
+        str(n),
+        "--k",
+        str(k),
+        "--source",
+        source,
+        "--repeats",
+        str(repeats or args.repeats),
+    ] + (["--code", code] if code else [])
     start = time.time()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if lines:
-            rec.update(json.loads(lines[-1][len("RESULT "):]))
+            rec.update(json.loads(lines[-1][len("RESULT ") :]))
         else:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             rec.update({"error": f"process ended with code {done.returncode}: {tail[0][:300]}"})
@@ -325,17 +391,37 @@ def _measure(records, args, section, call, impl, n, k, *, source="memory", code=
     records.append(rec)
     _save(records)
     shown = f"{rec['seconds']:.4f} s" if rec.get("seconds") is not None else rec.get("error")
-    print(f"{section} {call} {rec['impl']} N={n} K={k} {source}: {shown}, +{rec.get('peak_mb', float('nan')):.0f} MB, "
-          f"load {rec.get('load')}", flush=True)
+    print(
+        f"{section} {call} {rec['impl']} N={n} K={k} {source}: {shown}, +{rec.get('peak_mb', float('nan')):.0f} MB, "
+        f"load {rec.get('load')}",
+        flush=True,
+    )
 
 
 def run_sections(args) -> None:
     records = _load_records()
     n, k = ISSUE
     if "issue" in args.sections:
-        calls = ["ece", "calibration_report"] + [f"fit:{m}" for m in (
-            "temperature_scaling", "vector_scaling", "svs", "sms", "matrix_scaling", "dirichlet", "smart", "ets", "isotonic",
-            "histogram_binning", "spline")] + ["apply:temperature_scaling", "predict_logits", "predict_logits:npy"]
+        calls = (
+            ["ece", "calibration_report"]
+            + [
+                f"fit:{m}"
+                for m in (
+                    "temperature_scaling",
+                    "vector_scaling",
+                    "svs",
+                    "sms",
+                    "matrix_scaling",
+                    "dirichlet",
+                    "smart",
+                    "ets",
+                    "isotonic",
+                    "histogram_binning",
+                    "spline",
+                )
+            ]
+            + ["apply:temperature_scaling", "predict_logits", "predict_logits:npy"]
+        )
         for call in calls:
             _measure(records, args, "issue", call, "ours", n, k, repeats=1)
         _measure(records, args, "issue", "ece", "torchmetrics", n, k, repeats=1)
@@ -344,7 +430,18 @@ def run_sections(args) -> None:
                 _measure(records, args, "issue", f"conformal_{stage}:{method}", "ours", n // 2, k, repeats=1)
         if args.baseline:
             for call in ("ece", "fit:temperature_scaling"):
-                _measure(records, args, "issue", call, "ours", n, k, code=str(Path(args.baseline).resolve()), repeats=1, label="baseline")
+                _measure(
+                    records,
+                    args,
+                    "issue",
+                    call,
+                    "ours",
+                    n,
+                    k,
+                    code=str(Path(args.baseline).resolve()),
+                    repeats=1,
+                    label="baseline",
+                )
     if "grid" in args.sections:
         for nn in GRID_N:
             for kk in GRID_K:
@@ -381,7 +478,13 @@ def _fmt_s(x) -> str:
 
 
 def _fmt_mb(r) -> str:
-    return "-" if r.get("peak_mb") is None else f"{r['peak_mb'] / 1024:+.2f} GB" if abs(r["peak_mb"]) >= 1024 else f"{r['peak_mb']:+.0f} MB"
+    return (
+        "-"
+        if r.get("peak_mb") is None
+        else f"{r['peak_mb'] / 1024:+.2f} GB"
+        if abs(r["peak_mb"]) >= 1024
+        else f"{r['peak_mb']:+.0f} MB"
+    )
 
 
 def _find(records, **where):
@@ -422,26 +525,57 @@ def _loads(records) -> str:
 def report() -> None:
     records = _load_records()
     n, k = ISSUE
-    lines = ["## Scale: time and peak memory against N and K (`benchmarks/scale.py`)", "",
-             f"- machine: {_machine()}",
-             f"- load average (1 min) during the measurements: {_loads(records)}; a timing taken above 2.5 is provisional",
-             "- commands: `python benchmarks/scale.py --sections issue --baseline <previous main>`, "
-             "then `--sections grid peers conformal disk`, then `--report`",
-             "- every row is one fresh process: time = best of up to 5 repeats after a warm-up on 400 rows (one run for calls "
-             "over a second); peak = the process's high-water resident set above its resident set before the call (the "
-             "input's own copy and the imports excluded). Synthetic ImageNet-like float32 logits (`benchmarks/_scale_data.py`).",
-             ""]
-    lines += ["### The issue's table at N = 50,000 x K = 21,843 float32 (4.4 GB)", "",
-              "`before`: the issue's measurement on the previous main (a `baseline` row: re-measured here with "
-              "`--baseline`); `after`: this code. Memory bound: the input plus one more input-sized buffer (+4.07 GiB, i.e. 4.4e9 bytes; 'GB' in "
-              "these tables is 2**30 bytes).", "",
-              "| call | before (issue) | before (re-measured) | after | within +4.07 GiB? |", "|---|---|---|---|---|"]
-    issue_before = {"ece": "6.2 s (torchmetrics 25.4 s), ~0", "fit:temperature_scaling": "100.6 s, +0.8 GB",
-                    "fit:vector_scaling": "102.9 s, +13.6 GB (peak 22.2 GB of 24)", "fit:svs": "killed: out of memory"}
-    names = {"ece": "`ece`", "calibration_report": "`calibration_report`", "apply:temperature_scaling": "`TemperatureScaling()(logits)`",
-             "predict_logits": "`predict_logits` (into memory)", "predict_logits:npy": "`predict_logits(output=\"x.npy\")`"}
-    calls = ["ece", "calibration_report"] + [f"fit:{m}" for m in ("temperature_scaling", "vector_scaling", "svs", "sms", "matrix_scaling",
-                                                                    "dirichlet", "smart", "ets", "isotonic", "histogram_binning", "spline")]
+    lines = [
+        "## Scale: time and peak memory against N and K (`benchmarks/scale.py`)",
+        "",
+        f"- machine: {_machine()}",
+        f"- load average (1 min) during the measurements: {_loads(records)}; a timing taken above 2.5 is provisional",
+        "- commands: `python benchmarks/scale.py --sections issue --baseline <previous main>`, "
+        "then `--sections grid peers conformal disk`, then `--report`",
+        "- every row is one fresh process: time = best of up to 5 repeats after a warm-up on 400 rows (one run for calls "
+        "over a second); peak = the process's high-water resident set above its resident set before the call (the "
+        "input's own copy and the imports excluded). Synthetic ImageNet-like float32 logits (`benchmarks/_scale_data.py`).",
+        "",
+    ]
+    lines += [
+        "### The issue's table at N = 50,000 x K = 21,843 float32 (4.4 GB)",
+        "",
+        "`before`: the issue's measurement on the previous main (a `baseline` row: re-measured here with "
+        "`--baseline`); `after`: this code. Memory bound: the input plus one more input-sized buffer (+4.07 GiB, i.e. 4.4e9 bytes; 'GB' in "
+        "these tables is 2**30 bytes).",
+        "",
+        "| call | before (issue) | before (re-measured) | after | within +4.07 GiB? |",
+        "|---|---|---|---|---|",
+    ]
+    issue_before = {
+        "ece": "6.2 s (torchmetrics 25.4 s), ~0",
+        "fit:temperature_scaling": "100.6 s, +0.8 GB",
+        "fit:vector_scaling": "102.9 s, +13.6 GB (peak 22.2 GB of 24)",
+        "fit:svs": "killed: out of memory",
+    }
+    names = {
+        "ece": "`ece`",
+        "calibration_report": "`calibration_report`",
+        "apply:temperature_scaling": "`TemperatureScaling()(logits)`",
+        "predict_logits": "`predict_logits` (into memory)",
+        "predict_logits:npy": '`predict_logits(output="x.npy")`',
+    }
+    calls = ["ece", "calibration_report"] + [
+        f"fit:{m}"
+        for m in (
+            "temperature_scaling",
+            "vector_scaling",
+            "svs",
+            "sms",
+            "matrix_scaling",
+            "dirichlet",
+            "smart",
+            "ets",
+            "isotonic",
+            "histogram_binning",
+            "spline",
+        )
+    ]
     calls += ["apply:temperature_scaling", "predict_logits", "predict_logits:npy"]
     calls += [f"conformal_{s}:{m}" for m in ("thr", "aps", "raps") for s in ("fit", "predict")]
     for call in calls:
@@ -454,19 +588,38 @@ def report() -> None:
             if within == "no":
                 excess = rs[-1]["peak_mb"] - size[0] * size[1] * 4 / 2**20
                 within = f"no, by {excess:.0f} MB"
-                if call == "predict_logits":  # no logits come in: the output is the one buffer, the model runs beside it
-                    within = (f"the (N, K) output plus {excess:.0f} MB: one batch in flight (64 images, their activations "
-                              "and logits)")
+                if (
+                    call == "predict_logits"
+                ):  # no logits come in: the output is the one buffer, the model runs beside it
+                    within = (
+                        f"the (N, K) output plus {excess:.0f} MB: one batch in flight (64 images, their activations "
+                        "and logits)"
+                    )
         elif rs and "InsufficientMemoryError" in (rs[-1].get("error") or ""):
             within = "refused up front"
-        label = names.get(call, f"`{call.split(':', 1)[1]}` fit" if call.startswith("fit:") else f"conformal {call[len('conformal_'):].replace(':', ' ')}")
-        lines.append(f"| {label} | {issue_before.get(call, '')} | {_cell(records, section='issue', call=call, impl='baseline', n=size[0], k=size[1])} "
-                     f"| {_cell(records, section='issue', call=call, impl='ours', n=size[0], k=size[1])} | {within} |")
+        label = names.get(
+            call,
+            f"`{call.split(':', 1)[1]}` fit"
+            if call.startswith("fit:")
+            else f"conformal {call[len('conformal_') :].replace(':', ' ')}",
+        )
+        lines.append(
+            f"| {label} | {issue_before.get(call, '')} | {_cell(records, section='issue', call=call, impl='baseline', n=size[0], k=size[1])} "
+            f"| {_cell(records, section='issue', call=call, impl='ours', n=size[0], k=size[1])} | {within} |"
+        )
     tm = _cell(records, section="issue", call="ece", impl="torchmetrics", n=n, k=k)
-    ratio = _ratio(records, "torchmetrics", dict(section="issue", call="ece", impl="ours", n=n, k=k),
-                   dict(section="issue", call="ece", impl="torchmetrics", n=n, k=k))
-    lines += ["", f"torchmetrics' ECE at this size: {tm}" + (f" ({ratio:.1f}x ours)." if ratio else "."),
-              "Conformal rows: fit on 25,000 rows, predict 25,000 more (K = 21,843).", ""]
+    ratio = _ratio(
+        records,
+        "torchmetrics",
+        dict(section="issue", call="ece", impl="ours", n=n, k=k),
+        dict(section="issue", call="ece", impl="torchmetrics", n=n, k=k),
+    )
+    lines += [
+        "",
+        f"torchmetrics' ECE at this size: {tm}" + (f" ({ratio:.1f}x ours)." if ratio else "."),
+        "Conformal rows: fit on 25,000 rows, predict 25,000 more (K = 21,843).",
+        "",
+    ]
     targets = {"fit:temperature_scaling": 15.0, "fit:vector_scaling": 30.0, "fit:svs": 30.0}
     verdicts = []
     for call, limit in targets.items():
@@ -482,33 +635,49 @@ def report() -> None:
         rs = _find(records, section="issue", call=call, impl="ours", n=n, k=k)
         info = rs[-1].get("fit_info") if rs else None
         if info:
-            passes.append(f"`{call.split(':', 1)[1]}`: " + ", ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
-                                                                  for key, value in info.items()))
-    lines += ["Fit-time targets at this size: " + "; ".join(verdicts) + ".", "",
-              "- Temperature scaling minimises the NLL over beta = 1 / T by Newton's method: one pass over the logits gives "
-              "the NLL and its first two derivatives, after a warm start on 4,096 evenly spaced rows (two full passes at this "
-              "size). The 15.8 s of the previous stop ran every pass on one thread: the rule that reads the load average "
-              "truncated 2 - 1.1 + 1 to 1 while the fitting process itself was the load; it now rounds.",
-              "- Vector scaling and SVS run L-BFGS over a block pass that returns the NLL and its gradient: 2.8 s a pass at "
-              "this size on an idle host (3.8 ns a logit on one thread, 1.6 ns of it the float64 exponential). Profiled on "
-              "the previous code, vector scaling took 58.4 s (16 passes, 44.6 s, and the fit-set report, 13.3 s) and SVS "
-              "45.8 s (its features 10.3 s, 4 passes 12.8 s, the report 16.4 s). What brought both under 30 s: vector "
-              "scaling starts at temperature scaling (w = 1 / T, b = 0, where its shrinkage is 0; T by the Newton fit above): "
-              "from the identity LBFGS spent most of its 16 passes finding that common scale, now it takes 6. The reports "
-              "map the rows by one compiled pass (vector scaling) or read the features the fit kept (SVS, whose report "
-              "recomputed them); the top-label pass splits a block's long rows across both threads (a 190-row block was one "
-              "task); passes this long take their thread count from the load of other processes (a first pass timed on "
-              "one thread cost 2.7 s, and the fit's own load once sent it to one thread); the rows are read uncentred where "
-              "the pass subtracts each row's maximum itself (a centred copy of every block cost 1.6 s a pass); SVS's features "
-              "take one exponential and one log a logit (were two exponentials and a log). SVS keeps its features up to the "
-              "input's size less 64 MB, the last blocks computed again at each pass, so that its peak stays within the bound "
-              "(all of them and the fit's own 5 MB were 7 MB over).",
-              ] + ([f"- Pass counts of the records: {'; '.join(passes)}."] if passes else []) + [""]
+            passes.append(
+                f"`{call.split(':', 1)[1]}`: "
+                + ", ".join(
+                    f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+                    for key, value in info.items()
+                )
+            )
+    lines += (
+        [
+            "Fit-time targets at this size: " + "; ".join(verdicts) + ".",
+            "",
+            "- Temperature scaling minimises the NLL over beta = 1 / T by Newton's method: one pass over the logits gives "
+            "the NLL and its first two derivatives, after a warm start on 4,096 evenly spaced rows (two full passes at this "
+            "size). The 15.8 s of the previous stop ran every pass on one thread: the rule that reads the load average "
+            "truncated 2 - 1.1 + 1 to 1 while the fitting process itself was the load; it now rounds.",
+            "- Vector scaling and SVS run L-BFGS over a block pass that returns the NLL and its gradient: 2.8 s a pass at "
+            "this size on an idle host (3.8 ns a logit on one thread, 1.6 ns of it the float64 exponential). Profiled on "
+            "the previous code, vector scaling took 58.4 s (16 passes, 44.6 s, and the fit-set report, 13.3 s) and SVS "
+            "45.8 s (its features 10.3 s, 4 passes 12.8 s, the report 16.4 s). What brought both under 30 s: vector "
+            "scaling starts at temperature scaling (w = 1 / T, b = 0, where its shrinkage is 0; T by the Newton fit above): "
+            "from the identity LBFGS spent most of its 16 passes finding that common scale, now it takes 6. The reports "
+            "map the rows by one compiled pass (vector scaling) or read the features the fit kept (SVS, whose report "
+            "recomputed them); the top-label pass splits a block's long rows across both threads (a 190-row block was one "
+            "task); passes this long take their thread count from the load of other processes (a first pass timed on "
+            "one thread cost 2.7 s, and the fit's own load once sent it to one thread); the rows are read uncentred where "
+            "the pass subtracts each row's maximum itself (a centred copy of every block cost 1.6 s a pass); SVS's features "
+            "take one exponential and one log a logit (were two exponentials and a log). SVS keeps its features up to the "
+            "input's size less 64 MB, the last blocks computed again at each pass, so that its peak stays within the bound "
+            "(all of them and the fit's own 5 MB were 7 MB over).",
+        ]
+        + ([f"- Pass counts of the records: {'; '.join(passes)}."] if passes else [])
+        + [""]
+    )
 
-    lines += ["### Top-label ECE against torchmetrics", "",
-              "Time of ours, torchmetrics' time / ours (target >= 3), and both peaks above the input. Sizes whose peak "
-              "would not fit the memory budget are left out (`-`).", "",
-              "| N \\ K | " + " | ".join(f"{kk:,}" for kk in GRID_K) + " |", "|---|" + "---|" * len(GRID_K)]
+    lines += [
+        "### Top-label ECE against torchmetrics",
+        "",
+        "Time of ours, torchmetrics' time / ours (target >= 3), and both peaks above the input. Sizes whose peak "
+        "would not fit the memory budget are left out (`-`).",
+        "",
+        "| N \\ K | " + " | ".join(f"{kk:,}" for kk in GRID_K) + " |",
+        "|---|" + "---|" * len(GRID_K),
+    ]
     misses, compared = [], 0
     for nn in GRID_N:
         cells = []
@@ -530,19 +699,28 @@ def report() -> None:
                 text += "; torchmetrics does not fit"
             cells.append(text)
         lines.append(f"| {nn:,} | " + " | ".join(cells) + " |")
-    lines += ["", _verdict(compared, misses, ">= 3x torchmetrics at every size that fits"),
-              "Why (where missed): at K = 10 a row is a handful of values, and our compiled pass works row by row (its "
-              "max, shift, row sum, the first index of the max, the bin: 68 ns a row on one thread, of which the exponentials "
-              "are now a fifth, taken 128 logits a call across rows) where torchmetrics' vectorised softmax / max / bucketize "
-              "run down whole columns. Below N = 10,000 every call takes under 3 ms, and what is compared is mostly each "
-              "library's fixed cost per call (our input checks and probability detection are a pass each).", ""]
+    lines += [
+        "",
+        _verdict(compared, misses, ">= 3x torchmetrics at every size that fits"),
+        "Why (where missed): at K = 10 a row is a handful of values, and our compiled pass works row by row (its "
+        "max, shift, row sum, the first index of the max, the bin: 68 ns a row on one thread, of which the exponentials "
+        "are now a fifth, taken 128 logits a call across rows) where torchmetrics' vectorised softmax / max / bucketize "
+        "run down whole columns. Below N = 10,000 every call takes under 3 ms, and what is compared is mostly each "
+        "library's fixed cost per call (our input checks and probability detection are a pass each).",
+        "",
+    ]
 
-    lines += ["### Fits against probmetrics (the SMS / SVS authors' package)", "",
-              "Fit time of ours; probmetrics' time / ours (target >= 2: temperature scaling, SVS, SMS). probmetrics is "
-              "given float64 probabilities (its input), computed outside the timing. A `-` ratio: probmetrics was not run there, "
-              "its peak (about 6x the input, measured at the smaller sizes) would not fit the memory budget (at 50,000 x 21,843: "
-              "about 26 GB of 24).", "",
-              "| N | K | TS ours | TS ratio | SVS ours | SVS ratio | SMS ours | SMS ratio |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "### Fits against probmetrics (the SMS / SVS authors' package)",
+        "",
+        "Fit time of ours; probmetrics' time / ours (target >= 2: temperature scaling, SVS, SMS). probmetrics is "
+        "given float64 probabilities (its input), computed outside the timing. A `-` ratio: probmetrics was not run there, "
+        "its peak (about 6x the input, measured at the smaller sizes) would not fit the memory budget (at 50,000 x 21,843: "
+        "about 26 GB of 24).",
+        "",
+        "| N | K | TS ours | TS ratio | SVS ours | SVS ratio | SMS ours | SMS ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     misses, compared = [], 0
     for nn, kk in [(a, b) for a in PEER_N for b in PEER_K] + [ISSUE]:
         cells = []
@@ -559,15 +737,24 @@ def report() -> None:
             else:
                 cells.append("-" if not peer else ("fails: " + (peer[-1].get("error") or "")[:60]))
         lines.append(f"| {nn:,} | {kk:,} | " + " | ".join(cells) + " |")
-    lines += ["", _verdict(compared, misses, ">= 2x probmetrics"),
-              "Why (where missed): at K = 10 and N <= 10,000 a fit takes milliseconds, and ours spends a fixed part of it on "
-              "what probmetrics does not do (the input checks, the fit-set report of accuracy and ECE before / after, the "
-              "check for classes left uncalibrated). SMS at N = 1,000 (1.0-1.9x) was not looked into.", ""]
+    lines += [
+        "",
+        _verdict(compared, misses, ">= 2x probmetrics"),
+        "Why (where missed): at K = 10 and N <= 10,000 a fit takes milliseconds, and ours spends a fixed part of it on "
+        "what probmetrics does not do (the input checks, the fit-set report of accuracy and ECE before / after, the "
+        "check for classes left uncalibrated). SMS at N = 1,000 (1.0-1.9x) was not looked into.",
+        "",
+    ]
 
-    lines += ["### Conformal prediction against TorchCP", "",
-              "Fit on N rows (threshold at alpha = 0.1), predict the sets of N more; RAPS with k_reg = 1, lambda = 0.1, "
-              "APS / RAPS randomised. Ratio = TorchCP's time / ours (target >= 1).", "",
-              "| N x K | method | fit ours | fit ratio | predict ours | predict ratio | peak (fit / predict) |", "|---|---|---:|---:|---:|---:|---|"]
+    lines += [
+        "### Conformal prediction against TorchCP",
+        "",
+        "Fit on N rows (threshold at alpha = 0.1), predict the sets of N more; RAPS with k_reg = 1, lambda = 0.1, "
+        "APS / RAPS randomised. Ratio = TorchCP's time / ours (target >= 1).",
+        "",
+        "| N x K | method | fit ours | fit ratio | predict ours | predict ratio | peak (fit / predict) |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     misses, compared = [], 0
     for nn, kk in CONFORMAL:
         for method in ("thr", "aps", "raps"):
@@ -575,7 +762,9 @@ def report() -> None:
             peaks = []
             for stage in ("fit", "predict"):
                 ours = _find(records, section="conformal", call=f"conformal_{stage}:{method}", impl="ours", n=nn, k=kk)
-                peer = _find(records, section="conformal", call=f"conformal_{stage}:{method}", impl="torchcp", n=nn, k=kk)
+                peer = _find(
+                    records, section="conformal", call=f"conformal_{stage}:{method}", impl="torchcp", n=nn, k=kk
+                )
                 row.append(_fmt_s(ours[-1]["seconds"]) if ours and ours[-1].get("seconds") else "-")
                 if ours and peer and ours[-1].get("seconds") and peer[-1].get("seconds"):
                     r = peer[-1]["seconds"] / ours[-1]["seconds"]
@@ -587,24 +776,39 @@ def report() -> None:
                     row.append("-")
                 peaks.append(_fmt_mb(ours[-1]) if ours else "-")
             lines.append("| " + " | ".join(row + [" / ".join(peaks)]) + " |")
-    lines += ["", _verdict(compared, misses, "at least as fast as TorchCP"),
-              "Why (where missed): our scores are float64 (exact ties at the threshold; TorchCP's are float32), and a fit "
-              "also builds the calibration set's own sets for its record (`fit_info_` coverage and mean set size), a second "
-              "pass over the logits; RAPS's label score sorts the classes ranked above each label. THR predict at "
-              "5,000 x 100 (0.97x) is within the run-to-run spread of a 2 ms call.", ""]
+    lines += [
+        "",
+        _verdict(compared, misses, "at least as fast as TorchCP"),
+        "Why (where missed): our scores are float64 (exact ties at the threshold; TorchCP's are float32), and a fit "
+        "also builds the calibration set's own sets for its record (`fit_info_` coverage and mean set size), a second "
+        "pass over the logits; RAPS's label score sorts the classes ranked above each label. THR predict at "
+        "5,000 x 100 (0.97x) is within the run-to-run spread of a 2 ms call.",
+        "",
+    ]
 
     nn, kk = DISK
-    lines += [f"### Fitting from disk: {nn:,} x {kk:,} float32 (4 GB) in a `.npy` file", "",
-              "`np.load(path, mmap_mode=\"r\")` passed to `fit`: the file is read a block of rows at a time. `whole process` "
-              "is its high-water resident set (target <= 2 GB); in memory, the same fit on the loaded array.", "",
-              "| method | from disk: time | whole process | in memory: time | above the input | same fit? |", "|---|---:|---:|---:|---:|---|"]
+    lines += [
+        f"### Fitting from disk: {nn:,} x {kk:,} float32 (4 GB) in a `.npy` file",
+        "",
+        '`np.load(path, mmap_mode="r")` passed to `fit`: the file is read a block of rows at a time. `whole process` '
+        "is its high-water resident set (target <= 2 GB); in memory, the same fit on the loaded array.",
+        "",
+        "| method | from disk: time | whole process | in memory: time | above the input | same fit? |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for method in ("temperature_scaling", "vector_scaling", "svs"):
         d = _find(records, section="disk", call=f"fit:{method}", impl="ours", source="npy")
         m = _find(records, section="disk", call=f"fit:{method}", impl="ours", source="memory")
         dd, mm = (d[-1] if d else {}), (m[-1] if m else {})
-        same = "-" if not (d and m) else ("yes" if dd.get("value") == mm.get("value") else f"{dd.get('value')} vs {mm.get('value')}")
+        same = (
+            "-"
+            if not (d and m)
+            else ("yes" if dd.get("value") == mm.get("value") else f"{dd.get('value')} vs {mm.get('value')}")
+        )
         absolute = "-" if dd.get("absolute_peak_mb") is None else f"{dd['absolute_peak_mb'] / 1024:.2f} GB"
-        lines.append(f"| {method} | {_fmt_s(dd.get('seconds'))} | {absolute} | {_fmt_s(mm.get('seconds'))} | {_fmt_mb(mm) if mm else '-'} | {same} |")
+        lines.append(
+            f"| {method} | {_fmt_s(dd.get('seconds'))} | {absolute} | {_fmt_s(mm.get('seconds'))} | {_fmt_mb(mm) if mm else '-'} | {same} |"
+        )
     lines += ["", f"![time and memory vs K](results/{PLOT.name})", ""]
     OUT.write_text("\n".join(lines))
     _plot(records)
@@ -618,16 +822,24 @@ def _plot(records) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    panels = [("grid", "ece", ("ours", "torchmetrics"), "top-label ECE"), ("peers", "fit:temperature_scaling", ("ours", "probmetrics"),
-                                                                            "temperature scaling fit")]
+    panels = [
+        ("grid", "ece", ("ours", "torchmetrics"), "top-label ECE"),
+        ("peers", "fit:temperature_scaling", ("ours", "probmetrics"), "temperature scaling fit"),
+    ]
     for col, (section, call, impls, title) in enumerate(panels):
         for impl, style in zip(impls, ("-", "--")):
             for nn, color in zip((1_000, 10_000, 100_000, 1_000_000), ("C0", "C1", "C2", "C3")):
-                pts = sorted((r["k"], r["seconds"], max(r["peak_mb"], 1.0)) for r in _find(records, section=section, call=call, impl=impl, n=nn)
-                             if r.get("seconds"))
+                pts = sorted(
+                    (r["k"], r["seconds"], max(r["peak_mb"], 1.0))
+                    for r in _find(records, section=section, call=call, impl=impl, n=nn)
+                    if r.get("seconds")
+                )
                 if call.startswith("fit:") and nn == 10_000:  # the issue's size on the same lines
-                    pts += [(r["k"], r["seconds"], max(r["peak_mb"], 1.0)) for r in _find(records, section=section, call=call, impl=impl, n=ISSUE[0])
-                            if r.get("seconds")]
+                    pts += [
+                        (r["k"], r["seconds"], max(r["peak_mb"], 1.0))
+                        for r in _find(records, section=section, call=call, impl=impl, n=ISSUE[0])
+                        if r.get("seconds")
+                    ]
                 if not pts:
                     continue
                 ks, secs, mem = zip(*pts)

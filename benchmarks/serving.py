@@ -31,7 +31,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -46,11 +45,25 @@ def build(name: str):
     from transformers import ViTConfig, ViTForImageClassification
 
     if name == "vit-small":
-        config = ViTConfig(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
-                           intermediate_size=1536, num_labels=1000)
+        config = ViTConfig(
+            image_size=224,
+            patch_size=16,
+            hidden_size=384,
+            num_hidden_layers=12,
+            num_attention_heads=6,
+            intermediate_size=1536,
+            num_labels=1000,
+        )
     elif name == "vit-tiny":
-        config = ViTConfig(image_size=16, patch_size=4, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=128, num_labels=10)
+        config = ViTConfig(
+            image_size=16,
+            patch_size=4,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            num_labels=10,
+        )
     else:
         raise ValueError(f"unknown model {name!r}")
     torch.manual_seed(0)
@@ -96,8 +109,10 @@ def run_one(name: str, kind: str, method: str, rounds: int, threads: int) -> lis
     export_onnx(model, folder / "calibrated.onnx", calibrator=calibrator, conformal=predictor, example_inputs=example)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
-    sessions = {key: onnxruntime.InferenceSession(str(folder / f"{key}.onnx"), options, providers=["CPUExecutionProvider"])
-                for key in ("plain", "calibrated")}
+    sessions = {
+        key: onnxruntime.InferenceSession(str(folder / f"{key}.onnx"), options, providers=["CPUExecutionProvider"])
+        for key in ("plain", "calibrated")
+    }
     rows = []
     for batch in BATCHES:
         x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(3))
@@ -126,8 +141,12 @@ def run_one(name: str, kind: str, method: str, rounds: int, threads: int) -> lis
         def calibrated_onnx():
             sessions["calibrated"].run(None, calibrated_feed)
 
-        paths = {"plain_torch": plain_torch, "calibrated_torch": calibrated_torch, "plain_onnx": plain_onnx,
-                 "calibrated_onnx": calibrated_onnx}
+        paths = {
+            "plain_torch": plain_torch,
+            "calibrated_torch": calibrated_torch,
+            "plain_onnx": plain_onnx,
+            "calibrated_onnx": calibrated_onnx,
+        }
         calibrator.attach(model)
         try:
             for fn in paths.values():  # warm-up
@@ -144,10 +163,19 @@ def run_one(name: str, kind: str, method: str, rounds: int, threads: int) -> lis
         finally:
             calibrator.detach()
         med = {key: statistics.median(v) for key, v in samples.items()}
-        row = {"model": name, "calibrator": kind, "conformal": method, "batch": batch, "rounds": rounds, "threads": threads,
-               **{f"{key}_s": value for key, value in med.items()}}
+        row = {
+            "model": name,
+            "calibrator": kind,
+            "conformal": method,
+            "batch": batch,
+            "rounds": rounds,
+            "threads": threads,
+            **{f"{key}_s": value for key, value in med.items()},
+        }
         for engine in ("torch", "onnx"):
-            row[f"share_{engine}"] = (med[f"calibrated_{engine}"] - med[f"plain_{engine}"]) / med[f"calibrated_{engine}"]
+            row[f"share_{engine}"] = (med[f"calibrated_{engine}"] - med[f"plain_{engine}"]) / med[
+                f"calibrated_{engine}"
+            ]
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -179,7 +207,8 @@ def write_markdown(rows: list[dict], meta: dict) -> None:
         "",
         f"Machine: {meta['machine']}; {meta['threads']} threads for torch and onnxruntime; torch {meta['torch']}, "
         f"onnxruntime {meta['onnxruntime']}. Load average (1 / 5 / 15 min) before: {meta['load_before']}, after: "
-        f"{meta['load_after']}." + (" **Provisional: taken at load > 2.5; re-run on an idle host.**" if meta["busy"] else ""),
+        f"{meta['load_after']}."
+        + (" **Provisional: taken at load > 2.5; re-run on an idle host.**" if meta["busy"] else ""),
         "",
         f"Command: `{meta['command']}`",
         "",
@@ -193,7 +222,8 @@ def write_markdown(rows: list[dict], meta: dict) -> None:
         lines.append(
             f"| {r['model']} | {r['calibrator']} + {r['conformal']} | {b} | {ms['plain_torch']:.2f} | {ms['calibrated_torch']:.2f} | "
             f"{ms['calibrated_onnx']:.2f} | {b / r['plain_torch_s']:.0f} / {b / r['calibrated_torch_s']:.0f} / "
-            f"{b / r['calibrated_onnx_s']:.0f} | {100 * r['share_torch']:.1f} % | {100 * r['share_onnx']:.1f} % |")
+            f"{b / r['calibrated_onnx_s']:.0f} | {100 * r['share_torch']:.1f} % | {100 * r['share_onnx']:.1f} % |"
+        )
     OUT_MD.write_text("\n".join(lines) + "\n")
     print(OUT_MD.read_text())
 
@@ -219,9 +249,16 @@ def main(argv=None) -> None:
             OUT_JSON.write_text(json.dumps({"rows": done}, indent=2))
     load_after = load_avg()
     busy = any(float(v) > 2.5 for v in (load_before.split(" / ")[0], load_after.split(" / ")[0]) if v != "n/a")
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}", "threads": args.threads,
-            "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "load_before": load_before,
-            "load_after": load_after, "busy": busy, "command": "python benchmarks/serving.py " + " ".join(sys.argv[1:])}
+    meta = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "load_before": load_before,
+        "load_after": load_after,
+        "busy": busy,
+        "command": "python benchmarks/serving.py " + " ".join(sys.argv[1:]),
+    }
     OUT_JSON.write_text(json.dumps({"rows": done, "meta": meta}, indent=2))
     write_markdown(done, meta)
 

@@ -51,14 +51,18 @@ def _decode(args):
     from PIL import Image
 
     blob, offsets, idx = args
-    return np.stack([np.asarray(Image.open(io.BytesIO(bytes(blob[offsets[i] : offsets[i + 1]]))).convert("RGB")) for i in idx])
+    return np.stack(
+        [np.asarray(Image.open(io.BytesIO(bytes(blob[offsets[i] : offsets[i + 1]]))).convert("RGB")) for i in idx]
+    )
 
 
 def prepare(npz: str, cache: Path, seed: int = 0, n_val: int = 5000) -> None:
     from multiprocessing import Pool
 
     if not Path(npz).is_file():
-        raise SystemExit(f"no CIFAR-10 file at {npz}: pass --npz (an npz with blob / offsets / labels / split, as described in this script)")
+        raise SystemExit(
+            f"no CIFAR-10 file at {npz}: pass --npz (an npz with blob / offsets / labels / split, as described in this script)"
+        )
     data = np.load(npz)
     blob, offsets, labels, split = data["blob"], data["offsets"], data["labels"], data["split"]
     chunks = np.array_split(np.arange(len(labels)), 32)
@@ -105,7 +109,9 @@ class AirNet(nn.Module):
     def __init__(self, widths=(64, 256, 256), num_classes: int = 10):
         super().__init__()
         self.whiten = nn.Conv2d(3, 24, 2, bias=True)
-        self.body = nn.Sequential(nn.GELU(), _block(24, widths[0]), _block(widths[0], widths[1]), _block(widths[1], widths[2]))
+        self.body = nn.Sequential(
+            nn.GELU(), _block(24, widths[0]), _block(widths[0], widths[1]), _block(widths[1], widths[2])
+        )
         self.pool = nn.Sequential(nn.AdaptiveMaxPool2d(1), nn.Flatten())
         self.head = nn.Linear(widths[2], num_classes, bias=False)
 
@@ -141,7 +147,9 @@ def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return out.contiguous(memory_format=torch.channels_last)
 
 
-def train(cache: Path, loss_name: str, epochs: int, batch_size: int, lr: float, seed: int, widths: tuple[int, int, int]) -> None:
+def train(
+    cache: Path, loss_name: str, epochs: int, batch_size: int, lr: float, seed: int, widths: tuple[int, int, int]
+) -> None:
     from hf_calibration import FeDLaSLoss
 
     torch.manual_seed(seed)
@@ -182,7 +190,10 @@ def train(cache: Path, loss_name: str, epochs: int, batch_size: int, lr: float, 
         print(f"[{loss_name}] epoch {epoch + 1}/{epochs}: loss {loss.item():.3f}, val acc {val_acc:.4f} "
               f"({time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
     total = time.perf_counter() - start
-    torch.save({"model": model.state_dict(), "log": log, "seconds": total, "epochs": epochs, "widths": widths}, cache / f"model_{loss_name}.pt")
+    torch.save(
+        {"model": model.state_dict(), "log": log, "seconds": total, "epochs": epochs, "widths": widths},
+        cache / f"model_{loss_name}.pt",
+    )
     print(f"[{loss_name}] trained in {total / 60:.1f} min -> {cache / f'model_{loss_name}.pt'}")
 
 
@@ -204,7 +215,9 @@ def load_model(cache: Path, loss_name: str) -> tuple[nn.Module, dict]:
 # ----------------------------------------------------------------------------- evaluation
 
 
-def corrupted_test_set(cache: Path, n: int, seed: int) -> tuple[dict[tuple[str, int], np.ndarray], np.ndarray, np.ndarray]:
+def corrupted_test_set(
+    cache: Path, n: int, seed: int
+) -> tuple[dict[tuple[str, int], np.ndarray], np.ndarray, np.ndarray]:
     """``n`` seeded test images under each benchmark corruption × severity (cached), image i seeded with i."""
     from tqdm import tqdm
 
@@ -220,7 +233,9 @@ def corrupted_test_set(cache: Path, n: int, seed: int) -> tuple[dict[tuple[str, 
     out, t = {}, time.perf_counter()
     for c in tqdm(BENCHMARK_CORRUPTIONS, desc="corrupting"):
         for s in range(1, 6):
-            out[(c, s)] = np.stack([np.asarray(corrupt(img, c, s, seed=int(i), preset="cifar")) for img, i in zip(x, idx)])
+            out[(c, s)] = np.stack(
+                [np.asarray(corrupt(img, c, s, seed=int(i), preset="cifar")) for img, i in zip(x, idx)]
+            )
     np.savez(path, **{f"{c}_{s}": v for (c, s), v in out.items()})
     print(f"corrupted {n} images x 75 in {time.perf_counter() - t:.0f} s -> {path}")
     return out, x, y
@@ -233,7 +248,9 @@ def ood_images(n: int, seed: int) -> dict[str, np.ndarray]:
     from sklearn.datasets import load_digits
 
     digits = load_digits().images[:n]  # (n, 8, 8) in 0..16
-    up = np.stack([np.asarray(Image.fromarray(np.uint8(d * 255 / 16)).resize((32, 32), Image.BILINEAR)) for d in digits])
+    up = np.stack(
+        [np.asarray(Image.fromarray(np.uint8(d * 255 / 16)).resize((32, 32), Image.BILINEAR)) for d in digits]
+    )
     rng = np.random.default_rng(seed)
     noise = np.uint8(np.clip(rng.normal(0.5, 0.25, (n, 32, 32, 3)), 0, 1) * 255)
     return {"digits": np.repeat(up[..., None], 3, axis=-1), "gaussian_noise": noise}
@@ -256,7 +273,11 @@ def evaluate(cache: Path, losses: list[str], n_corrupt: int, seed: int, out: Pat
             z = dict(np.load(logits_path))
         else:
             t = time.perf_counter()
-            z = {"val": predict(model, x_val), "test": predict(model, x_test), **{f"ood_{k}": predict(model, v) for k, v in ood.items()}}
+            z = {
+                "val": predict(model, x_val),
+                "test": predict(model, x_test),
+                **{f"ood_{k}": predict(model, v) for k, v in ood.items()},
+            }
             z.update({f"{c}_{s}": predict(model, v) for (c, s), v in shifted_x.items()})
             np.savez(logits_path, **z)
             print(f"[{loss}] logits in {time.perf_counter() - t:.0f} s -> {logits_path}")
@@ -271,7 +292,9 @@ def evaluate(cache: Path, losses: list[str], n_corrupt: int, seed: int, out: Pat
         report.plot("ece").savefig(cache / f"ece_vs_severity_{loss}.png", dpi=120)
         from hf_calibration.calibrators import TemperatureScaling
 
-        ckpt["temperature"] = float(TemperatureScaling().fit(z["val"], y_val, progress_bar=False).temperature(z["val"][:1])[0])
+        ckpt["temperature"] = float(
+            TemperatureScaling().fit(z["val"], y_val, progress_bar=False).temperature(z["val"][:1])[0]
+        )
         results[loss] = (report, ckpt)
     out.write_text(markdown(results, n_corrupt, calibrators))
     print(out.read_text())
@@ -325,13 +348,22 @@ def markdown(results: dict, n_corrupt: int, calibrators: list[str]) -> str:
             cells = []
             for metric in ("adaece", "smce", "nll"):
                 v = report.severity_means(metric)[method]
-                cells += [f"{100 * v[0]:.2f}", f"{100 * v[-1]:.2f}"] if metric != "nll" else [f"{v[0]:.3f}", f"{v[-1]:.3f}"]
+                cells += (
+                    [f"{100 * v[0]:.2f}", f"{100 * v[-1]:.2f}"] if metric != "nll" else [f"{v[0]:.3f}", f"{v[-1]:.3f}"]
+                )
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
-        lines += ["", "OOD detection against the clean test set (in-distribution positive), AUROC / FPR95 (%); \"-\": energy is not "
-                  "scored for calibrators that do not keep each row's logit level (only a temperature does: the others "
-                  "return log-probabilities or map z - max z / log p, see `shift_report`):", ""]
+        lines += [
+            "",
+            'OOD detection against the clean test set (in-distribution positive), AUROC / FPR95 (%); "-": energy is not '
+            "scored for calibrators that do not keep each row's logit level (only a temperature does: the others "
+            "return log-probabilities or map z - max z / log p, see `shift_report`):",
+            "",
+        ]
         sets = sorted({o["ood"] for o in report.ood})
-        lines += ["| method | " + " | ".join(f"{s} {sc}" for s in sets for sc in ("MSP", "energy")) + " |", "|---|" + "---|" * (2 * len(sets))]
+        lines += [
+            "| method | " + " | ".join(f"{s} {sc}" for s in sets for sc in ("MSP", "energy")) + " |",
+            "|---|" + "---|" * (2 * len(sets)),
+        ]
         for method in report.methods:
             cells = []
             for s in sets:
@@ -387,8 +419,13 @@ def main(argv=None) -> None:
     t.add_argument("--epochs", type=int, default=10)
     t.add_argument("--batch-size", type=int, default=500)
     t.add_argument("--lr", type=float, default=0.2)
-    t.add_argument("--widths", type=int, nargs=3, default=(32, 128, 128),
-                   help="block widths (airbench94: 64 256 256; half by default: this shared 2-core CPU ran 4-10 min per full-width epoch)")
+    t.add_argument(
+        "--widths",
+        type=int,
+        nargs=3,
+        default=(32, 128, 128),
+        help="block widths (airbench94: 64 256 256; half by default: this shared 2-core CPU ran 4-10 min per full-width epoch)",
+    )
     e = sub.add_parser("evaluate")
     e.add_argument("--losses", nargs="+", default=["ce", "fedlas_ls"])
     e.add_argument("--n-corrupt", type=int, default=2000, help="test images per corruption x severity")

@@ -59,8 +59,13 @@ def _load() -> str:
 
 def baseline_selection():
     """The selection module as it was at ``BASELINE``, bound to today's package (its relative imports resolve there)."""
-    source = subprocess.run(["git", "show", f"{BASELINE}:hf_calibration/calibrators/selection.py"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{BASELINE}:hf_calibration/calibrators/selection.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     spec = importlib.util.spec_from_loader("hf_calibration.calibrators._selection_baseline", loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = "hf_calibration.calibrators"
@@ -72,8 +77,11 @@ def baseline_selection():
 def model_of(seed: int, k: int) -> dict:
     """The generator's parameters for ``seed`` (see the module docstring)."""
     rng = np.random.default_rng([seed, k, 29])
-    return {"signal": float(rng.uniform(0.5, 3.0)), "temperature_error": float(math.exp(rng.uniform(math.log(1 / 3), math.log(3)))),
-            "bias": rng.normal(0.0, 0.5, size=k).tolist()}
+    return {
+        "signal": float(rng.uniform(0.5, 3.0)),
+        "temperature_error": float(math.exp(rng.uniform(math.log(1 / 3), math.log(3)))),
+        "bias": rng.normal(0.0, 0.5, size=k).tolist(),
+    }
 
 
 def draw(model: dict, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,18 +123,32 @@ def run_auto(seeds: int, test_size: int, results: dict, save) -> None:
                 if key in results:
                     continue
                 model, z, y, zt, yt = configuration(k, n, seed, test_size)
-                row = {"K": k, "N": n, "seed": seed, "temperature_error": model["temperature_error"], "signal": model["signal"],
-                       "uncalibrated_test_nll": nll(zt, yt, from_logits=True), "load": _load()}
+                row = {
+                    "K": k,
+                    "N": n,
+                    "seed": seed,
+                    "temperature_error": model["temperature_error"],
+                    "signal": model["signal"],
+                    "uncalibrated_test_nll": nll(zt, yt, from_logits=True),
+                    "load": _load(),
+                }
                 for label, module in (("before", before), ("after", after)):
                     auto, caught, seconds = _fit_auto(module, z, y)
                     with torch.no_grad():
                         calibrated = auto(torch.from_numpy(zt), from_logits=True).double().numpy()
-                    row[label] = {"chosen": auto.method_, "test_nll": nll(calibrated, yt, from_logits=True), "seconds": seconds,
-                                  "warnings": caught}
+                    row[label] = {
+                        "chosen": auto.method_,
+                        "test_nll": nll(calibrated, yt, from_logits=True),
+                        "seconds": seconds,
+                        "warnings": caught,
+                    }
                 results[key] = row
                 save()
-                print(f"{key}: uncal {row['uncalibrated_test_nll']:.3f}; before {row['before']['chosen']} {row['before']['test_nll']:.3f}; "
-                      f"after {row['after']['chosen']} {row['after']['test_nll']:.3f}", flush=True)
+                print(
+                    f"{key}: uncal {row['uncalibrated_test_nll']:.3f}; before {row['before']['chosen']} {row['before']['test_nll']:.3f}; "
+                    f"after {row['after']['chosen']} {row['after']['test_nll']:.3f}",
+                    flush=True,
+                )
 
 
 def run_single(seeds: int, test_size: int, results: dict, save) -> None:
@@ -144,12 +166,23 @@ def run_single(seeds: int, test_size: int, results: dict, save) -> None:
             with torch.no_grad():
                 calibrated = calibrator(torch.from_numpy(zt), from_logits=True).double().numpy()
             check = (calibrator.fit_info_ or {}).get("held_out_check")
-            results[key] = {"method": method, "K": k, "N": n, "seed": seed, "uncalibrated_test_nll": nll(zt, yt, from_logits=True),
-                            "test_nll": nll(calibrated, yt, from_logits=True), "held_out_check": check,
-                            "warnings": [str(w.message).splitlines()[0][:200] for w in caught], "load": _load()}
+            results[key] = {
+                "method": method,
+                "K": k,
+                "N": n,
+                "seed": seed,
+                "uncalibrated_test_nll": nll(zt, yt, from_logits=True),
+                "test_nll": nll(calibrated, yt, from_logits=True),
+                "held_out_check": check,
+                "warnings": [str(w.message).splitlines()[0][:200] for w in caught],
+                "load": _load(),
+            }
             save()
             r = results[key]
-            print(f"{key}: uncal {r['uncalibrated_test_nll']:.3f} -> {r['test_nll']:.3f}; warned: {bool(r['warnings'])}", flush=True)
+            print(
+                f"{key}: uncal {r['uncalibrated_test_nll']:.3f} -> {r['test_nll']:.3f}; warned: {bool(r['warnings'])}",
+                flush=True,
+            )
 
 
 def markdown(results: dict, args) -> str:
@@ -160,7 +193,9 @@ def markdown(results: dict, args) -> str:
         "## Small calibration sets: never worse than uncalibrated (`benchmarks/small_sample_selection.py`)",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores shared with other users' jobs, Python {platform.python_version()}, "
-        f"torch {torch.__version__}. Load average during the run: {loads[0]} to {loads[-1]}." if loads else "",
+        f"torch {torch.__version__}. Load average during the run: {loads[0]} to {loads[-1]}."
+        if loads
+        else "",
         f"Command: `python benchmarks/small_sample_selection.py --seeds {args.seeds} --single-seeds {args.single_seeds} "
         f"--test-size {args.test_size}`.",
         "",
@@ -170,9 +205,11 @@ def markdown(results: dict, args) -> str:
         "",
     ]
     if autos:
-        lines += ["| K | N | configurations | before: worse than uncalibrated | before: worst test NLL (uncal → chosen) | "
-                  "after: worse than uncalibrated | after: worst test NLL (uncal → chosen) | after: chose uncalibrated |",
-                  "|---:|---:|---:|---:|---|---:|---|---:|"]
+        lines += [
+            "| K | N | configurations | before: worse than uncalibrated | before: worst test NLL (uncal → chosen) | "
+            "after: worse than uncalibrated | after: worst test NLL (uncal → chosen) | after: chose uncalibrated |",
+            "|---:|---:|---:|---:|---|---:|---|---:|",
+        ]
 
         def worst(rows, label):
             r = max(rows, key=lambda r: r[label]["test_nll"] - r["uncalibrated_test_nll"])
@@ -183,38 +220,65 @@ def markdown(results: dict, args) -> str:
                 rows = [r for r in autos if r["K"] == k and r["N"] == n]
                 if not rows:
                     continue
-                worse = {label: sum(r[label]["test_nll"] > r["uncalibrated_test_nll"] for r in rows) for label in ("before", "after")}
+                worse = {
+                    label: sum(r[label]["test_nll"] > r["uncalibrated_test_nll"] for r in rows)
+                    for label in ("before", "after")
+                }
                 chose_none = sum(r["after"]["chosen"] == "uncalibrated" for r in rows)
-                lines.append(f"| {k} | {n} | {len(rows)} | {worse['before']} | {worst(rows, 'before')} | {worse['after']} | "
-                             f"{worst(rows, 'after')} | {chose_none} |")
-        total = {label: sum(r[label]["test_nll"] > r["uncalibrated_test_nll"] for r in autos) for label in ("before", "after")}
-        gain = {label: np.mean([r["uncalibrated_test_nll"] - r[label]["test_nll"] for r in autos]) for label in ("before", "after")}
-        lines += [f"| **all** | | {len(autos)} | **{total['before']}** | | **{total['after']}** | | "
-                  f"{sum(r['after']['chosen'] == 'uncalibrated' for r in autos)} |", "",
-                  f"Mean test-NLL gain over uncalibrated (positive: better): before {gain['before']:+.4f}, after {gain['after']:+.4f}. "
-                  f"Median fit time: before {np.median([r['before']['seconds'] for r in autos]):.2f} s, "
-                  f"after {np.median([r['after']['seconds'] for r in autos]):.2f} s.", ""]
+                lines.append(
+                    f"| {k} | {n} | {len(rows)} | {worse['before']} | {worst(rows, 'before')} | {worse['after']} | "
+                    f"{worst(rows, 'after')} | {chose_none} |"
+                )
+        total = {
+            label: sum(r[label]["test_nll"] > r["uncalibrated_test_nll"] for r in autos)
+            for label in ("before", "after")
+        }
+        gain = {
+            label: np.mean([r["uncalibrated_test_nll"] - r[label]["test_nll"] for r in autos])
+            for label in ("before", "after")
+        }
+        lines += [
+            f"| **all** | | {len(autos)} | **{total['before']}** | | **{total['after']}** | | "
+            f"{sum(r['after']['chosen'] == 'uncalibrated' for r in autos)} |",
+            "",
+            f"Mean test-NLL gain over uncalibrated (positive: better): before {gain['before']:+.4f}, after {gain['after']:+.4f}. "
+            f"Median fit time: before {np.median([r['before']['seconds'] for r in autos]):.2f} s, "
+            f"after {np.median([r['after']['seconds'] for r in autos]):.2f} s.",
+            "",
+        ]
         still = [r for r in autos if r["after"]["test_nll"] > r["uncalibrated_test_nll"]]
         if still:
             lines += ["After, still worse than uncalibrated:", ""]
-            lines += [f"- K = {r['K']}, N = {r['N']}, seed {r['seed']}: {r['after']['chosen']}, test NLL "
-                      f"{r['uncalibrated_test_nll']:.4f} → {r['after']['test_nll']:.4f}" for r in still]
+            lines += [
+                f"- K = {r['K']}, N = {r['N']}, seed {r['seed']}: {r['after']['chosen']}, test NLL "
+                f"{r['uncalibrated_test_nll']:.4f} → {r['after']['test_nll']:.4f}"
+                for r in still
+            ]
             lines.append("")
     if singles:
-        lines += ["### SMART and PTS fitted alone: the fit's own held-out check", "",
-                  "| method | K | N | seed | test NLL uncalibrated | test NLL fitted | worse | held-out check (NLL uncalibrated → cross-fitted) | warned |",
-                  "|---|---:|---:|---:|---:|---:|---|---|---|"]
+        lines += [
+            "### SMART and PTS fitted alone: the fit's own held-out check",
+            "",
+            "| method | K | N | seed | test NLL uncalibrated | test NLL fitted | worse | held-out check (NLL uncalibrated → cross-fitted) | warned |",
+            "|---|---:|---:|---:|---:|---:|---|---|---|",
+        ]
         for r in sorted(singles, key=lambda r: (list(SINGLE).index(r["method"]), r["seed"])):
             check = r.get("held_out_check")
             shown = f"{check['uncalibrated_nll']:.3f} → {check['cross_fitted_nll']:.3f}" if check else "-"
-            lines.append(f"| {r['method']} | {r['K']} | {r['N']} | {r['seed']} | {r['uncalibrated_test_nll']:.3f} | {r['test_nll']:.3f} | "
-                         f"{'yes' if r['test_nll'] > r['uncalibrated_test_nll'] else 'no'} | {shown} | {'yes' if r['warnings'] else 'no'} |")
+            lines.append(
+                f"| {r['method']} | {r['K']} | {r['N']} | {r['seed']} | {r['uncalibrated_test_nll']:.3f} | {r['test_nll']:.3f} | "
+                f"{'yes' if r['test_nll'] > r['uncalibrated_test_nll'] else 'no'} | {shown} | {'yes' if r['warnings'] else 'no'} |"
+            )
         worse = [r for r in singles if r["test_nll"] > r["uncalibrated_test_nll"]]
-        lines += ["", f"{len(worse)} of {len(singles)} fits end worse than uncalibrated on the test draw; "
-                  f"{sum(bool(r['warnings']) for r in worse)} of them warned, "
-                  f"{sum(bool(r['warnings']) for r in singles if r not in worse)} of the others warned (before this change "
-                  "no fit warned: there was no held-out check). The check cross-fits the fit set, so it sees what the "
-                  "sample shows: PTS seed 1 looked better on its own folds (2.856 -> 1.955) and was worse on the test draw.", ""]
+        lines += [
+            "",
+            f"{len(worse)} of {len(singles)} fits end worse than uncalibrated on the test draw; "
+            f"{sum(bool(r['warnings']) for r in worse)} of them warned, "
+            f"{sum(bool(r['warnings']) for r in singles if r not in worse)} of the others warned (before this change "
+            "no fit warned: there was no held-out check). The check cross-fits the fit set, so it sees what the "
+            "sample shows: PTS seed 1 looked better on its own folds (2.856 -> 1.955) and was worse on the test draw.",
+            "",
+        ]
     return "\n".join(lines)
 
 

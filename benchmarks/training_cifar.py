@@ -62,16 +62,33 @@ LOSSES: dict[str, tuple[str, dict, float]] = {
     "FeDLaS-MbLS": ("fedlas_mbls", {"base": 0.1, "beta": 0.5, "margin": 6.0, "theta": 0.95}, 0.0),
     "Mixup": ("ce", {}, 1.0),  # Zhang et al. 2018's CIFAR-10 α
     # the official code's gate (it descends the loss), for comparison with the default (FeDLaSLoss's docstring)
-    "FeDLaS-LS (descent gate)": ("fedlas_ls", {"base": 0.05, "beta": 4.0, "theta": 0.95, "gate_update": "descent"}, 0.0),
-    "FeDLaS-MbLS (descent gate)": ("fedlas_mbls", {"base": 0.1, "beta": 0.5, "margin": 6.0, "theta": 0.95, "gate_update": "descent"}, 0.0),
+    "FeDLaS-LS (descent gate)": (
+        "fedlas_ls",
+        {"base": 0.05, "beta": 4.0, "theta": 0.95, "gate_update": "descent"},
+        0.0,
+    ),
+    "FeDLaS-MbLS (descent gate)": (
+        "fedlas_mbls",
+        {"base": 0.1, "beta": 0.5, "margin": 6.0, "theta": 0.95, "gate_update": "descent"},
+        0.0,
+    ),
     # control: plain LS with FeDLaS-LS's average smoothing (its ascending gate gives r ≈ 1.10-1.18·α on the fitted
     # samples, `--diagnose-fedlas`): does FeDLaS-LS add anything beyond a larger α?
     "LS (matched α)": ("ls", {"alpha": 0.0575}, 0.0),
 }
-COMPARISONS = ("FeDLaS-LS (descent gate)", "FeDLaS-MbLS (descent gate)", "LS (matched α)")  # run last, in the over-confident regime
+COMPARISONS = (
+    "FeDLaS-LS (descent gate)",
+    "FeDLaS-MbLS (descent gate)",
+    "LS (matched α)",
+)  # run last, in the over-confident regime
 # (FeDLaS variant, the loss it is compared with) in the claims
-CLAIMS = (("FeDLaS-LS", "LS"), ("FeDLaS-MbLS", "MbLS"), ("FeDLaS-LS (descent gate)", "LS"),
-          ("FeDLaS-MbLS (descent gate)", "MbLS"), ("FeDLaS-LS", "LS (matched α)"))
+CLAIMS = (
+    ("FeDLaS-LS", "LS"),
+    ("FeDLaS-MbLS", "MbLS"),
+    ("FeDLaS-LS (descent gate)", "LS"),
+    ("FeDLaS-MbLS (descent gate)", "MbLS"),
+    ("FeDLaS-LS", "LS (matched α)"),
+)
 LOSS_LABELS = {
     "CE": "CE",
     "LS": "LS (α = 0.05)",
@@ -255,7 +272,15 @@ def choose_threads(settings: Settings, maximum: int) -> int:
     return threads
 
 
-def run_one(regime: str, loss_key: str, seed: int, tensors: dict, settings: Settings, progress: bool, features_dir: Path | None = None) -> list[dict]:
+def run_one(
+    regime: str,
+    loss_key: str,
+    seed: int,
+    tensors: dict,
+    settings: Settings,
+    progress: bool,
+    features_dir: Path | None = None,
+) -> list[dict]:
     """Train one model (stage 1) and, for CE / Mixup, run MaC-Cal on it; returns its records."""
     from transformers import PrinterCallback
 
@@ -368,8 +393,16 @@ def _jsonable(obj):
     return obj
 
 
-def run_all(plan: list[tuple[str, str, int]], tensors: dict, settings: Settings, out: Path, progress: bool, runner=run_one,
-            threads: int = 1, **run_kwargs) -> dict:
+def run_all(
+    plan: list[tuple[str, str, int]],
+    tensors: dict,
+    settings: Settings,
+    out: Path,
+    progress: bool,
+    runner=run_one,
+    threads: int = 1,
+    **run_kwargs,
+) -> dict:
     """Run every planned (regime, loss, seed) not yet in ``out``, writing the JSON after each."""
     from hf_calibration._core.progress import progress_iter
 
@@ -413,7 +446,10 @@ def summary_rows(records: list[dict], regime: str) -> list[tuple[str, str, list[
 
 
 def table(records: list[dict], regime: str) -> str:
-    lines = ["| loss | stage | seeds | " + " | ".join(HEADERS) + " | mean conf. (%) | train acc. (%) | val ECE (%) |", "|---|---|---:|" + "---:|" * (len(HEADERS) + 3)]
+    lines = [
+        "| loss | stage | seeds | " + " | ".join(HEADERS) + " | mean conf. (%) | train acc. (%) | val ECE (%) |",
+        "|---|---|---:|" + "---:|" * (len(HEADERS) + 3),
+    ]
     for loss_key, stage, rs in summary_rows(records, regime):
         cells = [_mean_std([r[m] for r in rs], 1.0 if m == "nll" else 100.0) for m in METRICS]
         conf = _mean_std([r["mean_confidence"] for r in rs], 100.0)
@@ -481,8 +517,8 @@ def markdown(data: dict, command: str, host_note: str | None = None) -> str:
         f"- Seeds {', '.join(map(str, seeds))}; mean ± std (ddof 1) over seeds; 15 bins; percent except NLL. "
         f"Stage-1 training {np.median(secs) if secs else 0:.0f} s per run (median), {sum(r['seconds'] for r in records) / 60:.0f} min in all.",
         *([f"- Host: {host_note}"] if host_note else []),
-        "- FeDLaS rows use `FeDLaSLoss`'s default gate, which climbs the loss (`gate_update=\"ascent\"`); the rows "
-        "\"the official code's gate (descent)\" train the same losses with the gate descending the loss, as the "
+        '- FeDLaS rows use `FeDLaSLoss`\'s default gate, which climbs the loss (`gate_update="ascent"`); the rows '
+        '"the official code\'s gate (descent)" train the same losses with the gate descending the loss, as the '
         "official code does, in the over-confident regime. `FeDLaSLoss`'s docstring says why the default changed.",
         "- MaC-Cal rows: stage 2 with `MaCCalConfig()`'s defaults, retraining the head on the held-out split (chosen on "
         "validation: `training_cifar_maccal.md`, next section; retrained on the training images, the same stage "
@@ -535,21 +571,76 @@ MACCAL_VARIANTS: dict[str, dict] = {  # name → MaCCalConfig overrides of MACCA
     "holdout, 5 epochs, fixed ρ = 1 (no masks)": {"data": "holdout", "epochs": 5, "adaptive": False, "rho0": 1.0},
     "holdout, 5 epochs, start from the linear head": {"data": "holdout", "epochs": 5, "init": "linear"},
     "holdout, 5 epochs, linear start, lr 0.01": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01},
-    "holdout, 5 epochs, linear start, full-head feedback": {"data": "holdout", "epochs": 5, "init": "linear", "feedback": "full"},
+    "holdout, 5 epochs, linear start, full-head feedback": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "feedback": "full",
+    },
     "holdout, 40 epochs, linear start": {"data": "holdout", "init": "linear"},
     "train data, 5 epochs, linear start, lr 0.01": {"data": "train", "epochs": 5, "init": "linear", "lr": 0.01},
     "holdout, 5 epochs, linear start, lr 0.003": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.003},
     "holdout, 5 epochs, linear start, lr 0.03": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.03},
     "holdout, 10 epochs, linear start, lr 0.01": {"data": "holdout", "epochs": 10, "init": "linear", "lr": 0.01},
-    "holdout, 5 epochs, linear start, lr 0.01, fixed ρ = 1 (no masks)": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01, "adaptive": False, "rho0": 1.0},
-    "holdout, 5 epochs, linear start, lr 0.01, fixed ρ = 0.9": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01, "adaptive": False},
-    "holdout, 5 epochs, linear start, lr 0.01, full-head feedback": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01, "feedback": "full"},
-    "holdout, 5 epochs, linear start, lr 0.01, κ = 1": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01, "kappa": 1.0},
-    "holdout, 5 epochs, linear start, lr 0.01, lower ρ when over-confident": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01, "direction": "lower"},
-    "holdout, 5 epochs, linear start, lr 0.01, no 1/ρ rescaling": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01, "rescale": False},
+    "holdout, 5 epochs, linear start, lr 0.01, fixed ρ = 1 (no masks)": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "lr": 0.01,
+        "adaptive": False,
+        "rho0": 1.0,
+    },
+    "holdout, 5 epochs, linear start, lr 0.01, fixed ρ = 0.9": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "lr": 0.01,
+        "adaptive": False,
+    },
+    "holdout, 5 epochs, linear start, lr 0.01, full-head feedback": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "lr": 0.01,
+        "feedback": "full",
+    },
+    "holdout, 5 epochs, linear start, lr 0.01, κ = 1": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "lr": 0.01,
+        "kappa": 1.0,
+    },
+    "holdout, 5 epochs, linear start, lr 0.01, lower ρ when over-confident": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "lr": 0.01,
+        "direction": "lower",
+    },
+    "holdout, 5 epochs, linear start, lr 0.01, no 1/ρ rescaling": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "lr": 0.01,
+        "rescale": False,
+    },
     "holdout, 5 epochs, fresh head, lr 0.01": {"data": "holdout", "epochs": 5, "lr": 0.01},
-    "holdout, 5 epochs, linear start, lr 0.01, adaptive from ρ₀ = 1": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01, "rho0": 1.0},
-    "holdout, 5 epochs, linear start, lr 0.01, adaptive from ρ₀ = 1, full-head feedback": {"data": "holdout", "epochs": 5, "init": "linear", "lr": 0.01, "rho0": 1.0, "feedback": "full"},
+    "holdout, 5 epochs, linear start, lr 0.01, adaptive from ρ₀ = 1": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "lr": 0.01,
+        "rho0": 1.0,
+    },
+    "holdout, 5 epochs, linear start, lr 0.01, adaptive from ρ₀ = 1, full-head feedback": {
+        "data": "holdout",
+        "epochs": 5,
+        "init": "linear",
+        "lr": 0.01,
+        "rho0": 1.0,
+        "feedback": "full",
+    },
     "`MaCCalConfig()` (the defaults) on the holdout split": {"data": "holdout", "defaults": True},
     "`MaCCalConfig()` (the defaults) on the training images": {"data": "train", "defaults": True},
 }
@@ -584,7 +675,9 @@ def run_maccal_variant(saved: dict, overrides: dict, seed: int) -> dict[str, np.
         return {split: model(saved[split][0]).double().numpy() for split in ("val", "test")}
 
 
-def explore_maccal(features_dir: Path, seeds: list[int], md: Path, command: str, regime: str = "overconfident", loss_key: str = "CE") -> None:
+def explore_maccal(
+    features_dir: Path, seeds: list[int], md: Path, command: str, regime: str = "overconfident", loss_key: str = "CE"
+) -> None:
     """Every variant of ``MACCAL_VARIANTS`` on each seed's saved stage-1 features: validation ECE / accuracy (what
     the choice is made on) and test ECE / accuracy, against stage 1 and stage 1 + TS (fitted on the same data)."""
     from hf_calibration import TemperatureScaling
@@ -602,7 +695,10 @@ def explore_maccal(features_dir: Path, seeds: list[int], md: Path, command: str,
             return {
                 f"{m}_{split}": fn(logits[split], labels[split])
                 for split in ("val", "test")
-                for m, fn in (("ece", lambda z, y: ece(z, y, from_logits=True)), ("acc", lambda z, y: float((z.argmax(1) == y).mean())))
+                for m, fn in (
+                    ("ece", lambda z, y: ece(z, y, from_logits=True)),
+                    ("acc", lambda z, y: float((z.argmax(1) == y).mean())),
+                )
             }
 
         rows.setdefault("stage 1", []).append(scores(base))
@@ -611,8 +707,16 @@ def explore_maccal(features_dir: Path, seeds: list[int], md: Path, command: str,
         rows.setdefault("stage 1 + TS fitted on the holdout split", []).append(scores(calibrated))
         for name, overrides in MACCAL_VARIANTS.items():
             t = time.perf_counter()
-            rows.setdefault(name, []).append({**scores(run_maccal_variant(saved, overrides, seed)), "seconds": time.perf_counter() - t})
-            logger.info("seed %d %s: val ECE %.2f%% test ECE %.2f%%", seed, name, 100 * rows[name][-1]["ece_val"], 100 * rows[name][-1]["ece_test"])
+            rows.setdefault(name, []).append(
+                {**scores(run_maccal_variant(saved, overrides, seed)), "seconds": time.perf_counter() - t}
+            )
+            logger.info(
+                "seed %d %s: val ECE %.2f%% test ECE %.2f%%",
+                seed,
+                name,
+                100 * rows[name][-1]["ece_val"],
+                100 * rows[name][-1]["ece_test"],
+            )
     lines = [
         f"| stage 2 variant ({loss_key}, `{regime}`) | val ECE (%) | val acc. (%) | test ECE (%) | test acc. (%) | test ECE lower than stage 1 |",
         "|---|---:|---:|---:|---:|---:|",
@@ -622,25 +726,32 @@ def explore_maccal(features_dir: Path, seeds: list[int], md: Path, command: str,
         lower = sum(r["ece_test"] < first[s]["ece_test"] for s, r in zip(seeds, rs))
         cells = [_mean_std([r[k] for r in rs], 100.0) for k in ("ece_val", "acc_val", "ece_test", "acc_test")]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {lower} of {len(rs)} |")
-    best = min((n for n in rows if n not in ("stage 1", "stage 1 + TS fitted on the holdout split")),
-               key=lambda n: np.mean([r["ece_val"] for r in rows[n]]))
-    text = "\n".join([
-        "## MaC-Cal stage-2 variants on saved CIFAR-10 features (training_cifar.py --explore-maccal)",
-        "",
-        f"- Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} thread(s).",
-        f"- Command: `{command}` on the features that `training_cifar.py --losses CE --regimes {regime} "
-        "--save-features .data/features` saved (the benchmark's default settings: each model's head input on its "
-        "training, held-out, validation and test images, and its linear head).",
-        "- Each variant runs `maccal_stage(model, features=...)` with `MaCCalConfig(**variant)` on the stage-1 head, "
-        "seeds as the stage-1 models; the choice is made on the validation split (5,000 images), the test split "
-        "(10,000) is reported. \"holdout\" is 5,000 training images the model never saw; \"train data\" is the "
-        "images it was trained on (the paper's choice). Percent, mean ± std (ddof 1) over seeds.",
-        f"- Lowest validation ECE: **{best}** ({np.mean([r['ece_val'] for r in rows[best]]) * 100:.2f} %). "
-        "`MaCCalConfig()`'s defaults (5 epochs from the trained head, lr 0.01, the adaptive rule from ρ₀ = 1, which "
-        "never masks an over-confident head) are the rows so named; its docstring gives the reasoning.",
-        "",
-        *lines,
-    ]) + "\n"
+    best = min(
+        (n for n in rows if n not in ("stage 1", "stage 1 + TS fitted on the holdout split")),
+        key=lambda n: np.mean([r["ece_val"] for r in rows[n]]),
+    )
+    text = (
+        "\n".join(
+            [
+                "## MaC-Cal stage-2 variants on saved CIFAR-10 features (training_cifar.py --explore-maccal)",
+                "",
+                f"- Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} thread(s).",
+                f"- Command: `{command}` on the features that `training_cifar.py --losses CE --regimes {regime} "
+                "--save-features .data/features` saved (the benchmark's default settings: each model's head input on its "
+                "training, held-out, validation and test images, and its linear head).",
+                "- Each variant runs `maccal_stage(model, features=...)` with `MaCCalConfig(**variant)` on the stage-1 head, "
+                "seeds as the stage-1 models; the choice is made on the validation split (5,000 images), the test split "
+                '(10,000) is reported. "holdout" is 5,000 training images the model never saw; "train data" is the '
+                "images it was trained on (the paper's choice). Percent, mean ± std (ddof 1) over seeds.",
+                f"- Lowest validation ECE: **{best}** ({np.mean([r['ece_val'] for r in rows[best]]) * 100:.2f} %). "
+                "`MaCCalConfig()`'s defaults (5 epochs from the trained head, lr 0.01, the adaptive rule from ρ₀ = 1, which "
+                "never masks an over-confident head) are the rows so named; its docstring gives the reasoning.",
+                "",
+                *lines,
+            ]
+        )
+        + "\n"
+    )
     md.write_text(text)
     print(text)
 
@@ -659,8 +770,15 @@ def _gate_watcher(loss):
         def on_step_end(self, args, state, control, **kwargs):
             if loss.last_weights is not None:
                 psi, gamma = loss.last_psi, loss.last_nci.float()
-                self.steps.append(torch.stack([loss.last_weights.float().mean() / loss.base, (psi > 0).float().mean(),
-                                               (psi * torch.sign(gamma)).mean()]))
+                self.steps.append(
+                    torch.stack(
+                        [
+                            loss.last_weights.float().mean() / loss.base,
+                            (psi > 0).float().mean(),
+                            (psi * torch.sign(gamma)).mean(),
+                        ]
+                    )
+                )
 
         def on_epoch_end(self, args, state, control, **kwargs):
             self.epochs.append(torch.stack(self.steps).mean(0).tolist())
@@ -671,7 +789,11 @@ def _gate_watcher(loss):
 
 FEDLAS_DIAGNOSIS = {  # name → (loss key, FeDLaSLoss overrides, clip gradients)
     "LS": ("LS", {}, True),
-    "FeDLaS-LS, official gate (descent), gradients clipped with the model's (CalibrationTrainer)": ("FeDLaS-LS", {"gate_update": "descent"}, True),
+    "FeDLaS-LS, official gate (descent), gradients clipped with the model's (CalibrationTrainer)": (
+        "FeDLaS-LS",
+        {"gate_update": "descent"},
+        True,
+    ),
     "FeDLaS-LS, official gate (descent), no clipping": ("FeDLaS-LS", {"gate_update": "descent"}, False),
     "FeDLaS-LS, default gate (ascent)": ("FeDLaS-LS", {}, True),
 }
@@ -692,8 +814,12 @@ def diagnose_fedlas(tensors: dict, settings: Settings, seed: int, md: Path, comm
             args = training_args(settings, seed, tmp, False)
             if not clip:
                 args.max_grad_norm = 0.0  # the official code leaves the gate unclipped (it clips the model at 2)
-            trainer = CalibrationTrainer(model=make_model(settings, seed), args=args,
-                                         train_dataset=TensorDictDataset(*tensors["train"]), compute_loss_func=loss)
+            trainer = CalibrationTrainer(
+                model=make_model(settings, seed),
+                args=args,
+                train_dataset=TensorDictDataset(*tensors["train"]),
+                compute_loss_func=loss,
+            )
             trainer.remove_callback(PrinterCallback)
             watcher = _gate_watcher(loss) if loss_key != "LS" else None
             if watcher is not None:
@@ -716,7 +842,11 @@ def diagnose_fedlas(tensors: dict, settings: Settings, seed: int, md: Path, comm
     ]
     for name, m, epochs in rows:
         gate = ["", "", ""] if epochs is None else [f"{epochs[0][i]:.2f} → {epochs[-1][i]:.2f}" for i in range(3)]
-        lines.append(f"| {name} | {100 * m['val_ece']:.2f} | {100 * m['ece']:.2f} | {100 * m['mean_confidence']:.2f} | " + " | ".join(gate) + " |")
+        lines.append(
+            f"| {name} | {100 * m['val_ece']:.2f} | {100 * m['ece']:.2f} | {100 * m['mean_confidence']:.2f} | "
+            + " | ".join(gate)
+            + " |"
+        )
     md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -735,13 +865,19 @@ def main(argv=None) -> None:
     p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
     p.add_argument("--train-size", type=int, default=Settings.train_size)
     p.add_argument("--epochs", type=int, default=Settings.epochs)
-    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 (default): chosen by timing before each run")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads; 0 (default): chosen by timing before each run"
+    )
     p.add_argument("--report-only", action="store_true", help="rebuild the Markdown section from the JSON")
-    p.add_argument("--save-features", default=None, help="folder: save the CE / Mixup models' head inputs on every split")
+    p.add_argument(
+        "--save-features", default=None, help="folder: save the CE / Mixup models' head inputs on every split"
+    )
     p.add_argument("--explore-maccal", default=None, help="folder of --save-features output: compare stage-2 variants")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--host-note", default=None, help="a line on the host's load, added to the Markdown section")
-    p.add_argument("--diagnose-fedlas", action="store_true", help="LS and FeDLaS-LS with each gate, one seed, gate statistics")
+    p.add_argument(
+        "--diagnose-fedlas", action="store_true", help="LS and FeDLaS-LS with each gate, one seed, gate statistics"
+    )
     args = p.parse_args(argv)
 
     from transformers.utils import logging as hf_logging
@@ -773,7 +909,10 @@ def main(argv=None) -> None:
         explore_maccal(Path(args.explore_maccal), args.seeds, md, command)
         return
     if args.diagnose_fedlas:
-        tensors = {k: (to_tensor(x), torch.from_numpy(y)) for k, (x, y) in load_splits(Path(args.npz), Path(args.cache), settings).items()}
+        tensors = {
+            k: (to_tensor(x), torch.from_numpy(y))
+            for k, (x, y) in load_splits(Path(args.npz), Path(args.cache), settings).items()
+        }
         md = md if args.md != p.get_default("md") else HERE / "results" / "training_cifar_fedlas_gate.md"
         diagnose_fedlas(tensors, settings, args.seeds[0], md, command)
         return
@@ -783,11 +922,19 @@ def main(argv=None) -> None:
             for k, (x, y) in load_splits(Path(args.npz), Path(args.cache), settings).items()
         }
         # every loss in both regimes first, then the official-gate comparison rows, in the regime of the claim
-        plan = [(r, loss, s) for r in args.regimes for loss in args.losses if loss not in COMPARISONS for s in args.seeds]
-        plan += [("overconfident", loss, s) for loss in args.losses if loss in COMPARISONS and "overconfident" in args.regimes
-                 for s in args.seeds]
+        plan = [
+            (r, loss, s) for r in args.regimes for loss in args.losses if loss not in COMPARISONS for s in args.seeds
+        ]
+        plan += [
+            ("overconfident", loss, s)
+            for loss in args.losses
+            if loss in COMPARISONS and "overconfident" in args.regimes
+            for s in args.seeds
+        ]
         features_dir = None if args.save_features is None else Path(args.save_features)
-        run_all(plan, tensors, settings, out, progress=not args.no_progress, threads=args.threads, features_dir=features_dir)
+        run_all(
+            plan, tensors, settings, out, progress=not args.no_progress, threads=args.threads, features_dir=features_dir
+        )
     data = load_results(out, settings)
     md.write_text(markdown(data, command, args.host_note))
     print(f"wrote {md}")

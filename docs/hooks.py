@@ -22,6 +22,12 @@ def on_files(files: Files, config) -> Files:
     folder = ROOT / "benchmarks"
     for pattern in PICTURES:
         for path in sorted((folder / "results").glob(pattern)):
-            files.append(File(path.relative_to(folder).as_posix(), src_dir=str(folder), dest_dir=config["site_dir"],
-                              use_directory_urls=config["use_directory_urls"]))
+            files.append(
+                File(
+                    path.relative_to(folder).as_posix(),
+                    src_dir=str(folder),
+                    dest_dir=config["site_dir"],
+                    use_directory_urls=config["use_directory_urls"],
+                )
+            )
     return files

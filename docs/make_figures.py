@@ -40,16 +40,20 @@ def demo() -> None:
     with tempfile.TemporaryDirectory(prefix="hf_calibration_docs_") as scratch:
         result = run_demo(output_dir=scratch, seed=0, progress=False)
         out = Path(scratch)
-        for source, name in (("reliability_ce.png", "demo_reliability_ce.png"),
-                             ("reliability_ce_smart.png", "demo_reliability_ce_smart.png"),
-                             ("reliability_margin_groups_ce_smart.png", "demo_margin_groups.png")):
+        for source, name in (
+            ("reliability_ce.png", "demo_reliability_ce.png"),
+            ("reliability_ce_smart.png", "demo_reliability_ce_smart.png"),
+            ("reliability_margin_groups_ce_smart.png", "demo_margin_groups.png"),
+        ):
             shutil.copyfile(out / source, IMG / name)
         with np.load(out / "logits_vit_ce.npz") as data:
             z, y = data["logits_test"], data["labels_test"]
         smart = load_calibrator(out / "vit_ce" / "calibrator")
         with torch.no_grad():
             calibrated = smart(torch.from_numpy(z)).numpy()
-        figure = reliability_diagram(z, y, calibrated=calibrated, title="the demo's ViT (cross-entropy), digits test split")
+        figure = reliability_diagram(
+            z, y, calibrated=calibrated, title="the demo's ViT (cross-entropy), digits test split"
+        )
         figure.savefig(IMG / "demo_before_after.png", dpi=DPI)
         summary = result.summary().replace(scratch, "hf_calibration_demo")
         summary = "\n".join(line for line in summary.splitlines() if not line.startswith("Done in"))  # this host's time
@@ -63,7 +67,9 @@ def measure() -> None:
 
     val_logits, val_labels, logits, labels = digits_logits()
     calibrator = TemperatureScaling().fit(val_logits, val_labels, progress_bar=False)
-    figure = reliability_diagram(logits, labels, calibrated=calibrator(logits).numpy(), title="digits_logits(): before / after TS")
+    figure = reliability_diagram(
+        logits, labels, calibrated=calibrator(logits).numpy(), title="digits_logits(): before / after TS"
+    )
     figure.savefig(IMG / "measure_before_after.png", dpi=DPI)
 
 
@@ -71,8 +77,10 @@ def training_losses() -> None:
     import matplotlib.pyplot as plt
 
     records = json.loads((ROOT / "benchmarks" / "results" / "training_cifar.json").read_text())["records"]
-    regimes = {"overconfident": "CE fits its training images (no augmentation)",
-               "wellfitted": "CE calibrated (crop + flip)"}
+    regimes = {
+        "overconfident": "CE fits its training images (no augmentation)",
+        "wellfitted": "CE calibrated (crop + flip)",
+    }
     losses = [name for name in dict.fromkeys(r["loss"] for r in records if r["stage"] == "stage1")]
 
     def ece(regime, loss, stage="stage1", key="ece"):
@@ -80,9 +88,11 @@ def training_losses() -> None:
         return (float(np.mean(values)), float(np.std(values))) if values else (np.nan, 0.0)
 
     rows = [(loss, {g: ece(g, loss) for g in regimes}) for loss in losses]
-    rows += [("CE + temperature scaling", {g: ece(g, "CE", key="ece_ts") for g in regimes}),
-             ("CE + MaC-Cal (held-out)", {g: ece(g, "CE", "maccal") for g in regimes}),
-             ("Mixup + MaC-Cal (held-out)", {g: ece(g, "Mixup", "maccal") for g in regimes})]
+    rows += [
+        ("CE + temperature scaling", {g: ece(g, "CE", key="ece_ts") for g in regimes}),
+        ("CE + MaC-Cal (held-out)", {g: ece(g, "CE", "maccal") for g in regimes}),
+        ("Mixup + MaC-Cal (held-out)", {g: ece(g, "Mixup", "maccal") for g in regimes}),
+    ]
     fig, ax = plt.subplots(figsize=(8, 0.42 * len(rows) + 1.2))
     height = 0.38
     y = np.arange(len(rows))

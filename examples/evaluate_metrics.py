@@ -55,8 +55,10 @@ DIGITS_DEFAULTS = dict(
 class ScriptArguments:
     metric_source: str = field(
         default="package",
-        metadata={"help": "'package' (bundled scripts, hf_calibration.metric_path), 'repo' (this clone's metrics/ "
-                          "folder) or a Hub namespace holding the metrics as Spaces (online)."},
+        metadata={
+            "help": "'package' (bundled scripts, hf_calibration.metric_path), 'repo' (this clone's metrics/ "
+            "folder) or a Hub namespace holding the metrics as Spaces (online)."
+        },
     )
     dataset_name: str | None = field(default=None, metadata={"help": "Hub image dataset (default: offline digits)."})
     dataset_config_name: str | None = field(default=None)
@@ -107,14 +109,19 @@ def hub_data(script: ScriptArguments):
     processor = AutoImageProcessor.from_pretrained(script.model_name_or_path)
 
     def transform(batch):
-        pixels = processor([im.convert("RGB") for im in batch[script.image_column]], return_tensors="pt")["pixel_values"]
+        pixels = processor([im.convert("RGB") for im in batch[script.image_column]], return_tensors="pt")[
+            "pixel_values"
+        ]
         return {"pixel_values": pixels, "labels": torch.as_tensor(batch[script.label_column])}
 
     train.set_transform(transform)
     test.set_transform(transform)
     model = AutoModelForImageClassification.from_pretrained(
-        script.model_name_or_path, num_labels=len(names), id2label=dict(enumerate(names)),
-        label2id={n: i for i, n in enumerate(names)}, ignore_mismatched_sizes=True,
+        script.model_name_or_path,
+        num_labels=len(names),
+        id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)},
+        ignore_mismatched_sizes=True,
     )
     return train, test, model
 
@@ -134,7 +141,9 @@ def make_compute_metrics(combined, batched: bool):
 
     def compute_metrics_batched(eval_pred, compute_result: bool):
         logits = eval_pred.predictions[0] if isinstance(eval_pred.predictions, tuple) else eval_pred.predictions
-        combined.add_batch(predictions=logits.detach().float().cpu().numpy(), references=eval_pred.label_ids.cpu().numpy())
+        combined.add_batch(
+            predictions=logits.detach().float().cpu().numpy(), references=eval_pred.label_ids.cpu().numpy()
+        )
         return combined.compute() if compute_result else {}
 
     return compute_metrics_batched
@@ -144,10 +153,14 @@ def parse(argv: list[str] | None = None) -> tuple[ScriptArguments, TrainingArgum
     parser = HfArgumentParser((ScriptArguments, TrainingArguments))
     args = sys.argv[1:] if argv is None else list(argv)
     hub = any(a.split("=")[0] in ("--dataset_name", "--model_name_or_path") for a in args)
-    parser.set_defaults(**({"remove_unused_columns": False, "eval_strategy": "epoch", "report_to": "none"} if hub else DIGITS_DEFAULTS))
+    parser.set_defaults(
+        **({"remove_unused_columns": False, "eval_strategy": "epoch", "report_to": "none"} if hub else DIGITS_DEFAULTS)
+    )
     script, training = parser.parse_args_into_dataclasses(args=args)
     if (script.dataset_name is None) != (script.model_name_or_path is None):
-        raise ValueError("Expected `--dataset_name` and `--model_name_or_path` together (or neither: the offline digits).")
+        raise ValueError(
+            "Expected `--dataset_name` and `--model_name_or_path` together (or neither: the offline digits)."
+        )
     return script, training
 
 
@@ -188,9 +201,18 @@ def main(argv: list[str] | None = None) -> dict:
     print("3. Trainer.evaluate():", ", ".join(f"{k} = {100 * metrics[f'eval_{k}']:.2f} %" for k in METRICS))
     prediction = trainer.predict(test)
     z, y = prediction.predictions, prediction.label_ids
-    print(f"   check with the plain functions: ece = {100 * ece(z, y):.2f} %, adaece = {100 * adaece(z, y):.2f} %, "
-          f"smce = {100 * smce(z, y):.2f} %")
-    return {"streamed_ece": streamed, "direct_ece": direct, "combined": together, "trainer": metrics, "logits": z, "labels": y}
+    print(
+        f"   check with the plain functions: ece = {100 * ece(z, y):.2f} %, adaece = {100 * adaece(z, y):.2f} %, "
+        f"smce = {100 * smce(z, y):.2f} %"
+    )
+    return {
+        "streamed_ece": streamed,
+        "direct_ece": direct,
+        "combined": together,
+        "trainer": metrics,
+        "logits": z,
+        "labels": y,
+    }
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, pipeline
 
@@ -50,7 +49,9 @@ DIGITS_DEFAULTS = dict(
 @dataclass
 class ScriptArguments:
     arch: str = field(default="vit", metadata={"help": "Offline model family: vit or swin (tiny, from a config)."})
-    model_name_or_path: str | None = field(default=None, metadata={"help": "A trained Hub classifier (skips training)."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A trained Hub classifier (skips training)."}
+    )
     dataset_name: str | None = field(default=None, metadata={"help": "Its Hub dataset (default: offline digits)."})
     dataset_config_name: str | None = field(default=None)
     calibration_split: str = field(default="validation", metadata={"help": "Split the calibrator is fitted on."})
@@ -62,11 +63,15 @@ class ScriptArguments:
     train_size: int | None = field(default=None, metadata={"help": "Offline: training images to use (default all)."})
     objective: str = field(default="charbonnier_soft_ece", metadata={"help": "SMART's fit objective."})
     push_to_hub_repo: str | None = field(default=None, metadata={"help": "Hub repo id to push the calibrator to."})
-    path_in_repo: str | None = field(default="calibrator", metadata={"help": "Subfolder of that repo (model beside it)."})
+    path_in_repo: str | None = field(
+        default="calibrator", metadata={"help": "Subfolder of that repo (model beside it)."}
+    )
     dry_run: bool = field(
         default=True,
-        metadata={"help": "Only save_pretrained and list what would be pushed (the default; always when offline). "
-                          "--no_dry_run pushes."},
+        metadata={
+            "help": "Only save_pretrained and list what would be pushed (the default; always when offline). "
+            "--no_dry_run pushes."
+        },
     )
     pipeline_images: int = field(default=4)
 
@@ -76,9 +81,16 @@ def tiny_swin(num_labels: int = 10, image_size: int = 16, seed: int = 0):
     from transformers import SwinConfig, SwinForImageClassification
 
     config = SwinConfig(
-        image_size=image_size, patch_size=2, num_channels=3, embed_dim=24, depths=[2, 2], num_heads=[2, 4],
-        window_size=4, num_labels=num_labels,
-        id2label={i: str(i) for i in range(num_labels)}, label2id={str(i): i for i in range(num_labels)},
+        image_size=image_size,
+        patch_size=2,
+        num_channels=3,
+        embed_dim=24,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=4,
+        num_labels=num_labels,
+        id2label={i: str(i) for i in range(num_labels)},
+        label2id={str(i): i for i in range(num_labels)},
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -91,8 +103,12 @@ def offline_setup(script: ScriptArguments, training: TrainingArguments):
 
     if script.arch not in ("vit", "swin"):
         raise ValueError(f"Expected argument `arch` to be one of ['swin', 'vit'], but got {script.arch!r}.")
-    split = digits_splits(training.seed, calibration_size=script.max_calibration_samples or 400,
-                          test_size=script.max_test_samples or 400, train_size=script.train_size)
+    split = digits_splits(
+        training.seed,
+        calibration_size=script.max_calibration_samples or 400,
+        test_size=script.max_test_samples or 400,
+        train_size=script.train_size,
+    )
     processor = digits_image_processor()
     train = PixelDataset(split.train_images, split.train_labels, processor)
     cal = PixelDataset(split.calibration_images, split.calibration_labels, processor)
@@ -119,7 +135,9 @@ def hub_setup(script: ScriptArguments, training: TrainingArguments):
     images = [im.convert("RGB") for im in test.select(range(script.pipeline_images))[script.image_column]]
 
     def transform(batch):
-        pixels = processor([im.convert("RGB") for im in batch[script.image_column]], return_tensors="pt")["pixel_values"]
+        pixels = processor([im.convert("RGB") for im in batch[script.image_column]], return_tensors="pt")[
+            "pixel_values"
+        ]
         return {"pixel_values": pixels, "labels": torch.as_tensor(batch[script.label_column])}
 
     cal.set_transform(transform)
@@ -133,12 +151,17 @@ def hub_is_offline() -> bool:
 
 def share(calibrator: SMARTCalibrator, script: ScriptArguments, folder: Path) -> str:
     """Push to the Hub, or (dry run) save locally and list what would be uploaded. Returns where to load from."""
-    calibrator.save_pretrained(folder, overwrite=True)  # this script's own output folder: a rerun replaces its calibrator
+    calibrator.save_pretrained(
+        folder, overwrite=True
+    )  # this script's own output folder: a rerun replaces its calibrator
     if script.dry_run or script.push_to_hub_repo is None or hub_is_offline():
         target = script.push_to_hub_repo or "<your-username>/<model>-smart"
         where = f"{target}/{script.path_in_repo}" if script.path_in_repo else target
-        print(f"Dry run: calibrator.push_to_hub({target!r}" + (f", path_in_repo={script.path_in_repo!r})" if script.path_in_repo else ")")
-              + f" would upload to https://huggingface.co/{where}:")
+        print(
+            f"Dry run: calibrator.push_to_hub({target!r}"
+            + (f", path_in_repo={script.path_in_repo!r})" if script.path_in_repo else ")")
+            + f" would upload to https://huggingface.co/{where}:"
+        )
         for path in sorted(folder.iterdir()):
             print(f"  {path.name:<20} {path.stat().st_size:>8} bytes")
         card = (folder / "README.md").read_text().splitlines()
@@ -153,10 +176,18 @@ def parse(argv: list[str] | None = None) -> tuple[ScriptArguments, TrainingArgum
     parser = HfArgumentParser((ScriptArguments, TrainingArguments))
     args = sys.argv[1:] if argv is None else list(argv)
     hub = any(a.split("=")[0] in ("--dataset_name", "--model_name_or_path") for a in args)
-    parser.set_defaults(**({"output_dir": "hub-calibrator", "report_to": "none", "remove_unused_columns": False} if hub else DIGITS_DEFAULTS))
+    parser.set_defaults(
+        **(
+            {"output_dir": "hub-calibrator", "report_to": "none", "remove_unused_columns": False}
+            if hub
+            else DIGITS_DEFAULTS
+        )
+    )
     script, training = parser.parse_args_into_dataclasses(args=args)
     if (script.dataset_name is None) != (script.model_name_or_path is None):
-        raise ValueError("Expected `--dataset_name` and `--model_name_or_path` together (or neither: the offline digits).")
+        raise ValueError(
+            "Expected `--dataset_name` and `--model_name_or_path` together (or neither: the offline digits)."
+        )
     return script, training
 
 
@@ -171,8 +202,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     # 1. fit on the Trainer's predictions of the held-out calibration split
     calibrator = SMARTCalibrator(seed=training.seed).fit(trainer.predict(cal), objective=script.objective)
-    print(f"SMART fitted on {calibrator.fit_info_['num_samples']} held-out predictions "
-          f"(fit-set ECE {100 * calibrator.fit_info_['ece_before']:.2f} % → {100 * calibrator.fit_info_['ece_after']:.2f} %)")
+    print(
+        f"SMART fitted on {calibrator.fit_info_['num_samples']} held-out predictions "
+        f"(fit-set ECE {100 * calibrator.fit_info_['ece_before']:.2f} % → {100 * calibrator.fit_info_['ece_after']:.2f} %)"
+    )
 
     # 2. share (dry run offline) and 3. load back
     source = share(calibrator, script, Path(training.output_dir) / "calibrator")
@@ -189,8 +222,10 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         loaded.detach()
 
-    reports = {"uncalibrated": calibration_report(before.predictions, before.label_ids),
-               "SMART (attached)": calibration_report(after.predictions, after.label_ids)}
+    reports = {
+        "uncalibrated": calibration_report(before.predictions, before.label_ids),
+        "SMART (attached)": calibration_report(after.predictions, after.label_ids),
+    }
     print(f"\n{type(model).__name__} on {len(before.label_ids)} test images:\n" + format_reports(reports))
     print('\npipeline("image-classification"), top-1 label: score without → with SMART')
     for i, (b, a) in enumerate(zip(scores_before, scores_after)):

@@ -32,20 +32,37 @@ from transformers import HfArgumentParser, TrainingArguments
 
 TAGS = ("below 5", "even", "closed loop")
 
-DEFAULTS = dict(output_dir="multilabel-digits", learning_rate=3e-3, num_train_epochs=30, per_device_train_batch_size=32,
-                per_device_eval_batch_size=256, weight_decay=0.05, logging_strategy="no", save_strategy="no",
-                report_to="none", use_cpu=True)
+DEFAULTS = dict(
+    output_dir="multilabel-digits",
+    learning_rate=3e-3,
+    num_train_epochs=30,
+    per_device_train_batch_size=32,
+    per_device_eval_batch_size=256,
+    weight_decay=0.05,
+    logging_strategy="no",
+    save_strategy="no",
+    report_to="none",
+    use_cpu=True,
+)
 
 
 @dataclass
 class ScriptArguments:
-    loss: str = field(default="asl", metadata={"help": "Training loss: bce, asl (asymmetric), sigmoid_focal or binary_ls."})
-    calibrator: str = field(default="auto", metadata={"help": "auto (cross-validated choice) or a sigmoid calibrator's kind."})
+    loss: str = field(
+        default="asl", metadata={"help": "Training loss: bce, asl (asymmetric), sigmoid_focal or binary_ls."}
+    )
+    calibrator: str = field(
+        default="auto", metadata={"help": "auto (cross-validated choice) or a sigmoid calibrator's kind."}
+    )
     train_size: int | None = field(default=None, metadata={"help": "Training images (default: all the rest)."})
     calibration_size: int = field(default=400)
     test_size: int = field(default=400)
-    push_to_hub_repo: str | None = field(default=None, metadata={"help": "Hub repo id for the model and its calibrator."})
-    dry_run: bool = field(default=True, metadata={"help": "Only list what would be pushed (the default; always offline)."})
+    push_to_hub_repo: str | None = field(
+        default=None, metadata={"help": "Hub repo id for the model and its calibrator."}
+    )
+    dry_run: bool = field(
+        default=True, metadata={"help": "Only list what would be pushed (the default; always offline)."}
+    )
     pipeline_images: int = field(default=3)
 
 
@@ -76,18 +93,26 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     # 1. a multi-label fine-tune
-    split = digits_splits(training.seed, calibration_size=script.calibration_size, test_size=script.test_size,
-                          train_size=script.train_size)
+    split = digits_splits(
+        training.seed,
+        calibration_size=script.calibration_size,
+        test_size=script.test_size,
+        train_size=script.train_size,
+    )
     processor = digits_image_processor()
     data = {}
-    for name, images, digits in (("train", split.train_images, split.train_labels),
-                                 ("calibration", split.calibration_images, split.calibration_labels),
-                                 ("test", split.test_images, split.test_labels)):
+    for name, images, digits in (
+        ("train", split.train_images, split.train_labels),
+        ("calibration", split.calibration_images, split.calibration_labels),
+        ("test", split.test_images, split.test_labels),
+    ):
         data[name] = PixelDataset(images, np.zeros(len(digits)), processor)
         data[name].labels = torch.from_numpy(tags_of(digits))  # multi-hot float targets, as transformers expects
     model = tiny_vit(num_labels=len(TAGS), seed=training.seed, problem_type="multi_label_classification")
     model.config.id2label, model.config.label2id = dict(enumerate(TAGS)), {t: i for i, t in enumerate(TAGS)}
-    trainer = CalibrationTrainer(model=model, args=training, train_dataset=data["train"], compute_loss=get_loss(script.loss))
+    trainer = CalibrationTrainer(
+        model=model, args=training, train_dataset=data["train"], compute_loss=get_loss(script.loss)
+    )
     trainer.train()
     model.eval()
 
@@ -99,9 +124,13 @@ def main(argv: list[str] | None = None) -> dict:
         calibrator = create_calibrator(script.calibrator).fit(held_out, progress_bar=False, task="multilabel")
     test = trainer.predict(data["test"])
     calibrated = calibrator(torch.from_numpy(test.predictions)).numpy()
-    reports = {"uncalibrated": calibration_report(test.predictions, test.label_ids, label_names=TAGS),
-               calibrator.kind: calibration_report(calibrated, test.label_ids, label_names=TAGS)}
-    print(f"{calibrator.kind} fitted on {len(held_out.label_ids)} held-out images; test split, {len(test.label_ids)} images:")
+    reports = {
+        "uncalibrated": calibration_report(test.predictions, test.label_ids, label_names=TAGS),
+        calibrator.kind: calibration_report(calibrated, test.label_ids, label_names=TAGS),
+    }
+    print(
+        f"{calibrator.kind} fitted on {len(held_out.label_ids)} held-out images; test split, {len(test.label_ids)} images:"
+    )
     print(format_reports(reports, ["accuracy", "ece", "adaece", "nll", "brier"]))
     print(format_reports(reports, ["ece", "nll"], average="micro"))
     print("\nper label, calibrated:\n" + reports[calibrator.kind].per_label_table())
@@ -119,9 +148,18 @@ def main(argv: list[str] | None = None) -> dict:
     results = classify(images)
     print('\nhf_calibration.pipeline("image-classification"): calibrated per-label scores')
     for i, rows in enumerate(results):
-        print(f"  image {i} (digit {split.test_labels[i]}): " + ", ".join(f"{r['label']} {r['score']:.3f}" for r in rows))
-    return {"calibrator": calibrator, "reports": reports, "folder": folder, "pipeline_results": results, "pushed": pushed,
-            "test_logits": test.predictions, "test_labels": test.label_ids}
+        print(
+            f"  image {i} (digit {split.test_labels[i]}): " + ", ".join(f"{r['label']} {r['score']:.3f}" for r in rows)
+        )
+    return {
+        "calibrator": calibrator,
+        "reports": reports,
+        "folder": folder,
+        "pipeline_results": results,
+        "pushed": pushed,
+        "test_logits": test.predictions,
+        "test_labels": test.label_ids,
+    }
 
 
 def share(model, calibrator, script: ScriptArguments) -> dict:
@@ -130,13 +168,17 @@ def share(model, calibrator, script: ScriptArguments) -> dict:
     repo = script.push_to_hub_repo or "<your-username>/vit-digit-tags"
     if script.dry_run or script.push_to_hub_repo is None or hub_is_offline():
         folder = Path(calibrator.push_to_hub(repo, path_in_repo="calibrator", dry_run=True))
-        print(f"\nDry run: model.push_to_hub({repo!r}) and calibrator.push_to_hub({repo!r}, path_in_repo='calibrator') "
-              f"would upload the model and, in calibrator/: {', '.join(sorted(p.name for p in folder.iterdir()))}")
+        print(
+            f"\nDry run: model.push_to_hub({repo!r}) and calibrator.push_to_hub({repo!r}, path_in_repo='calibrator') "
+            f"would upload the model and, in calibrator/: {', '.join(sorted(p.name for p in folder.iterdir()))}"
+        )
         return {"dry_run": True, "repo": repo}
     model_url = model.push_to_hub(repo)
     calibrator_url = calibrator.push_to_hub(repo, path_in_repo="calibrator")
-    print(f"\nPushed the model ({model_url}) and its calibrator ({calibrator_url}); load both with "
-          f"hf_calibration.pipeline('image-classification', model={repo!r})")
+    print(
+        f"\nPushed the model ({model_url}) and its calibrator ({calibrator_url}); load both with "
+        f"hf_calibration.pipeline('image-classification', model={repo!r})"
+    )
     return {"dry_run": False, "repo": repo, "model_url": str(model_url), "calibrator_url": str(calibrator_url)}
 
 

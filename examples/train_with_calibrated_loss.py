@@ -52,7 +52,7 @@ COLUMNS = ("accuracy", "ece", "adaece", "o_ece", "u_ece")
 class ScriptArguments:
     loss: str = field(default="fedlas_ls", metadata={"help": f"Training loss, one of {list_losses()}."})
     loss_kwargs: str = field(
-        default="{}", metadata={"help": 'JSON of loss arguments, e.g. \'{"beta": 1.0}\' (num_classes: the model\'s).'}
+        default="{}", metadata={"help": "JSON of loss arguments, e.g. '{\"beta\": 1.0}' (num_classes: the model's)."}
     )
     maccal: bool = field(default=False, metadata={"help": "Run the MaC-Cal second stage after training."})
     maccal_kwargs: str = field(default="{}", metadata={"help": "JSON of MaCCalConfig arguments."})

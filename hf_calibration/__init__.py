@@ -82,7 +82,9 @@ __all__ = ["__version__", *_NAME_TO_MODULE]
 
 # a MaC-Cal checkpoint's config names its head: register that model type with transformers' AutoConfig when
 # transformers loads it, so `AutoModelForImageClassification.from_pretrained` / `pipeline` rebuild the head
-_post_import.call_after_import("transformers.models.auto.configuration_auto", "hf_calibration.maccal.persistence:register_auto_config")
+_post_import.call_after_import(
+    "transformers.models.auto.configuration_auto", "hf_calibration.maccal.persistence:register_auto_config"
+)
 
 
 # modules imported by the paths of earlier releases (``hf_calibration.trainer``, ...) still load, with a FutureWarning
@@ -107,6 +109,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from hf_calibration import metrics
+    from hf_calibration._core.tasks import resolve_task
     from hf_calibration.calibrators import (
         AutoCalibrator,
         BetaCalibration,
@@ -120,10 +123,10 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         OneVsRestIsotonicRegression,
         ParameterizedTemperatureScaling,
         PlattScaling,
-        SMARTCalibrator,
         SigmoidHistogramBinning,
         SigmoidIsotonicRegression,
         SigmoidTemperatureScaling,
+        SMARTCalibrator,
         SplineCalibration,
         StructuredMatrixScaling,
         StructuredVectorScaling,
@@ -136,6 +139,9 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         list_calibrators,
         load_calibrator,
     )
+    from hf_calibration.conformal import ConformalPredictor
+    from hf_calibration.hub.metric_scripts import list_metric_scripts, metric_path
+    from hf_calibration.io.inference import predict_logits
     from hf_calibration.losses import (
         LOSS_MAPPING,
         AsymmetricLoss,
@@ -152,11 +158,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         get_loss,
     )
     from hf_calibration.maccal import MaCCalConfig, MaCCalResult, MaskedBottleneckHead, load_maccal_model, maccal_stage
-    from hf_calibration.serving.calibrated_model import load_calibrated_model, pipeline
-    from hf_calibration.serving import CalibratedClassifier, export_onnx, push_endpoint_handler, write_endpoint_handler
-    from hf_calibration.conformal import ConformalPredictor
-    from hf_calibration.io.inference import predict_logits
-    from hf_calibration._core.tasks import resolve_task
-    from hf_calibration.hub.metric_scripts import list_metric_scripts, metric_path
     from hf_calibration.metrics.accumulator import CalibrationAccumulator
+    from hf_calibration.serving import CalibratedClassifier, export_onnx, push_endpoint_handler, write_endpoint_handler
+    from hf_calibration.serving.calibrated_model import load_calibrated_model, pipeline
     from hf_calibration.training.trainer import CalibrationTrainer

@@ -108,7 +108,11 @@ def digits_splits(
         if train_size > available:
             raise ValueError(f"Expected argument `train_size` to be at most {available}, but got {train_size}.")
     order = np.random.default_rng(seed).permutation(n)
-    test, cal, train = order[:test_size], order[test_size : test_size + calibration_size], order[test_size + calibration_size :]
+    test, cal, train = (
+        order[:test_size],
+        order[test_size : test_size + calibration_size],
+        order[test_size + calibration_size :],
+    )
     if train_size is not None:
         train = train[:train_size]
 
@@ -126,14 +130,20 @@ def digits_dataset(seed: int = 0, *, calibration_size: int = 400, test_size: int
     import datasets
 
     data = digits_splits(seed, calibration_size=calibration_size, test_size=test_size, train_size=train_size)
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(k) for k in range(NUM_LABELS)])})
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(k) for k in range(NUM_LABELS)])}
+    )
 
     def make(images, labels):
         return datasets.Dataset.from_dict({"image": images, "label": labels.tolist()}, features=features)
 
-    return datasets.DatasetDict({"train": make(data.train_images, data.train_labels),
-                                 "validation": make(data.calibration_images, data.calibration_labels),
-                                 "test": make(data.test_images, data.test_labels)})
+    return datasets.DatasetDict(
+        {
+            "train": make(data.train_images, data.train_labels),
+            "validation": make(data.calibration_images, data.calibration_labels),
+            "test": make(data.test_images, data.test_labels),
+        }
+    )
 
 
 def digits_image_processor(image_size: int = 16):
@@ -272,10 +282,14 @@ class DemoConfig:
         check_int(self.test_size, "test_size", minimum=1)
         check_int(self.image_size, "image_size", minimum=4)
         if self.image_size % 4:
-            raise ValueError(f"Expected argument `image_size` to be a multiple of the patch size 4, but got {self.image_size}.")
+            raise ValueError(
+                f"Expected argument `image_size` to be a multiple of the patch size 4, but got {self.image_size}."
+            )
         check_int(self.hidden_size, "hidden_size", minimum=4)
         if self.hidden_size % 4:
-            raise ValueError(f"Expected argument `hidden_size` to be a multiple of the 4 attention heads, but got {self.hidden_size}.")
+            raise ValueError(
+                f"Expected argument `hidden_size` to be a multiple of the 4 attention heads, but got {self.hidden_size}."
+            )
         check_int(self.num_layers, "num_layers", minimum=1)
         check_int(self.batch_size, "batch_size", minimum=1)
         check_float(self.learning_rate, "learning_rate", minimum=0.0, min_inclusive=False)
@@ -286,7 +300,9 @@ class DemoConfig:
         if not isinstance(self.progress, bool):
             raise TypeError(f"Expected argument `progress` to be a bool, but got {self.progress!r}.")
         if self.pipeline_images > self.test_size:
-            raise ValueError(f"Expected argument `pipeline_images` to be at most test_size={self.test_size}, but got {self.pipeline_images}.")
+            raise ValueError(
+                f"Expected argument `pipeline_images` to be at most test_size={self.test_size}, but got {self.pipeline_images}."
+            )
 
 
 @dataclass
@@ -314,11 +330,23 @@ class DemoResult:
 
     def summary(self) -> str:
         n = self.reports[next(iter(self.reports))].n
-        lines = ["", f"Calibration on scikit-learn digits, test split ({n} images). {self.regime}", "", self.table, "", self.verdict, ""]
+        lines = [
+            "",
+            f"Calibration on scikit-learn digits, test split ({n} images). {self.regime}",
+            "",
+            self.table,
+            "",
+            self.verdict,
+            "",
+        ]
         if self.temperatures:
             lines.append("Temperature scaling: " + ", ".join(f"{k} T = {v:.3f}" for k, v in self.temperatures.items()))
         if self.pipeline:
-            lines += ["", 'pipeline("image-classification") on test images, top-1 score without / with SMART attached:', ""]
+            lines += [
+                "",
+                'pipeline("image-classification") on test images, top-1 score without / with SMART attached:',
+                "",
+            ]
             lines.append("| image | label | predicted | score | calibrated score |")
             lines.append("|---:|---:|---:|---:|---:|")
             for r in self.pipeline:
@@ -346,7 +374,13 @@ def _epoch_logger(name: str):
     class EpochLog(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                logger.info("%s: epoch %d/%d, loss %.4f", name, round(state.epoch or 0), round(args.num_train_epochs), logs["loss"])
+                logger.info(
+                    "%s: epoch %d/%d, loss %.4f",
+                    name,
+                    round(state.epoch or 0),
+                    round(args.num_train_epochs),
+                    logs["loss"],
+                )
 
     return EpochLog()
 
@@ -357,7 +391,9 @@ def _train(name: str, loss, train: PixelDataset, config: DemoConfig, workdir: st
     from hf_calibration.training.trainer import CalibrationTrainer
 
     log_epochs = config.progress and not _interactive(config)
-    model = tiny_vit(image_size=config.image_size, hidden_size=config.hidden_size, num_layers=config.num_layers, seed=config.seed)
+    model = tiny_vit(
+        image_size=config.image_size, hidden_size=config.hidden_size, num_layers=config.num_layers, seed=config.seed
+    )
     args = TrainingArguments(
         output_dir=str(Path(workdir) / _slug(name)),
         num_train_epochs=config.epochs,
@@ -424,8 +460,14 @@ def digits_model(
 def _digits_model(seed: int, epochs: int, train_size: int, calibration_size: int, test_size: int):
     from hf_calibration.losses import CrossEntropyLoss
 
-    config = DemoConfig(seed=seed, epochs=epochs, train_size=train_size, calibration_size=calibration_size,
-                        test_size=test_size, progress=False)
+    config = DemoConfig(
+        seed=seed,
+        epochs=epochs,
+        train_size=train_size,
+        calibration_size=calibration_size,
+        test_size=test_size,
+        progress=False,
+    )
     data = digits_splits(seed, calibration_size=calibration_size, test_size=test_size, train_size=train_size)
     processor = digits_image_processor(config.image_size)
     train = PixelDataset(data.train_images, data.train_labels, processor)
@@ -436,7 +478,9 @@ def _digits_model(seed: int, epochs: int, train_size: int, calibration_size: int
     try:
         with tempfile.TemporaryDirectory(prefix="hf_calibration_digits_") as workdir:
             model = _train("cross-entropy", CrossEntropyLoss(), train, config, workdir).eval()
-        logits = DigitsLogits(predict_logits(model, cal), cal.labels.numpy(), predict_logits(model, test), test.labels.numpy())
+        logits = DigitsLogits(
+            predict_logits(model, cal), cal.labels.numpy(), predict_logits(model, test), test.labels.numpy()
+        )
     finally:
         torch.set_num_threads(threads)
     return model, logits
@@ -522,7 +566,9 @@ def _run(config: DemoConfig) -> DemoResult:
     files: dict[str, Path] = {}
 
     logger.info("Loading scikit-learn's digits (offline)")
-    data = digits_splits(config.seed, calibration_size=config.calibration_size, test_size=config.test_size, train_size=config.train_size)
+    data = digits_splits(
+        config.seed, calibration_size=config.calibration_size, test_size=config.test_size, train_size=config.train_size
+    )
     processor = digits_image_processor(config.image_size)
     train = PixelDataset(data.train_images, data.train_labels, processor)
     cal = PixelDataset(data.calibration_images, data.calibration_labels, processor)
@@ -534,9 +580,13 @@ def _run(config: DemoConfig) -> DemoResult:
         ce_model = _train("cross-entropy", CrossEntropyLoss(), train, config, workdir)
         torch.manual_seed(config.seed)  # the FeDLaS gate's initialisation
         fedlas_model = _train("FeDLaS-LS", FeDLaSLoss(num_classes=NUM_LABELS, variant="ls"), train, config, workdir)
-    logger.info("MaC-Cal stage on a copy of the cross-entropy model (%d epochs on the calibration split)", config.maccal_epochs)
+    logger.info(
+        "MaC-Cal stage on a copy of the cross-entropy model (%d epochs on the calibration split)", config.maccal_epochs
+    )
     maccal_model = copy.deepcopy(ce_model)
-    maccal_stage(maccal_model, cal, MaCCalConfig(epochs=config.maccal_epochs, seed=config.seed, progress=_interactive(config)))
+    maccal_stage(
+        maccal_model, cal, MaCCalConfig(epochs=config.maccal_epochs, seed=config.seed, progress=_interactive(config))
+    )
 
     models = {"CE": ce_model, "FeDLaS-LS": fedlas_model}
     ce_train_accuracy = float((predict_logits(ce_model, train).argmax(1) == train.labels.numpy()).mean())
@@ -560,7 +610,9 @@ def _run(config: DemoConfig) -> DemoResult:
         if smart_ce is None:
             smart_ce = smart
         path = out / f"logits_vit_{_slug(name)}.npz"
-        save_logits(path, val=(z_cal, cal.labels.numpy()), test=(z_test, test.labels.numpy()), overwrite=True)  # the demo's own folder
+        save_logits(
+            path, val=(z_cal, cal.labels.numpy()), test=(z_test, test.labels.numpy()), overwrite=True
+        )  # the demo's own folder
         files[f"logits ({name}; val = calibration split)"] = path
     rows["CE + MaC-Cal"] = maccal_test
     lap("calibrators")
@@ -578,7 +630,9 @@ def _run(config: DemoConfig) -> DemoResult:
         reliability_diagram(z, y_test, config.n_bins, title=f"ViT {name} (digits test)").savefig(path, dpi=100)
         files[f"reliability diagram ({name})"] = path
     path = out / "reliability_margin_groups_ce_smart.png"
-    reliability_diagram(rows["CE + SMART"], y_test, config.n_bins, margin_groups=3, title="ViT CE + SMART by logit margin").savefig(path, dpi=100)
+    reliability_diagram(
+        rows["CE + SMART"], y_test, config.n_bins, margin_groups=3, title="ViT CE + SMART by logit margin"
+    ).savefig(path, dpi=100)
     files["reliability by margin group (CE + SMART)"] = path
     lap("metrics and diagrams")
 
@@ -601,7 +655,9 @@ def _run(config: DemoConfig) -> DemoResult:
         finally:
             calibrator.detach()
         for i, (b, a) in enumerate(zip(before, after)):
-            pipeline_rows.append(PipelineRow(i, str(int(data.test_labels[i])), b[0]["label"], float(b[0]["score"]), float(a[0]["score"])))
+            pipeline_rows.append(
+                PipelineRow(i, str(int(data.test_labels[i])), b[0]["label"], float(b[0]["score"]), float(a[0]["score"]))
+            )
     lap("save, load, pipeline")
 
     return DemoResult(

@@ -37,13 +37,19 @@ def main(out: Path) -> None:
     result = {}
     for even in (True, False):
         accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(even_batches=even))
-        loader = accelerator.prepare(DataLoader(TensorDataset(torch.from_numpy(z), torch.from_numpy(y)), batch_size=BATCH))
+        loader = accelerator.prepare(
+            DataLoader(TensorDataset(torch.from_numpy(z), torch.from_numpy(y)), batch_size=BATCH)
+        )
         acc, seen = CalibrationAccumulator(confidence_dtype="float64"), 0
         for logits, labels in loader:
             seen += logits.shape[0]
             acc.update(logits, labels)
-        result[even] = {"rows_seen": seen, "rows_kept": acc.n, "report": acc.sync().compute().to_dict(),
-                        "world_size": accelerator.num_processes}
+        result[even] = {
+            "rows_seen": seen,
+            "rows_kept": acc.n,
+            "report": acc.sync().compute().to_dict(),
+            "world_size": accelerator.num_processes,
+        }
     torch.save(result, out / f"rank{os.environ['RANK']}.pt")
     torch.distributed.barrier()  # neither process leaves while the other still talks to it (gloo aborts then)
     torch.distributed.destroy_process_group()

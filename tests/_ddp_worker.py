@@ -28,9 +28,9 @@ def _copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train_fedlas(per_device_batch: int, output_dir: str, global_seed: int = 0) -> dict:
+    from _models import digits_dataset, make_model
     from transformers import TrainerCallback, TrainingArguments
 
-    from _models import digits_dataset, make_model
     from hf_calibration import CalibrationTrainer, MaCCalConfig
     from hf_calibration.losses import get_loss
 
@@ -67,8 +67,12 @@ def train_fedlas(per_device_batch: int, output_dir: str, global_seed: int = 0) -
     )
     every_step = EveryStep()
     trainer = CalibrationTrainer(
-        model=model, args=args, train_dataset=digits_dataset(slice(0, NUM_SAMPLES)), compute_loss_func=loss,
-        maccal=MaCCalConfig(epochs=2, batch_size=32, progress=False), maccal_dataset=digits_dataset(slice(0, 64)),
+        model=model,
+        args=args,
+        train_dataset=digits_dataset(slice(0, NUM_SAMPLES)),
+        compute_loss_func=loss,
+        maccal=MaCCalConfig(epochs=2, batch_size=32, progress=False),
+        maccal_dataset=digits_dataset(slice(0, 64)),
         callbacks=[every_step],
     )
     trainer.train()

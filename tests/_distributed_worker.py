@@ -32,8 +32,15 @@ def main(root: Path, out: Path) -> None:
     from hf_calibration import CalibrationAccumulator, predict_logits
 
     torch.set_num_threads(1)
-    logits, labels = predict_logits(str(root / "vit"), str(root / "saved"), split="test", batch_size=4, num_workers=0,
-                                    progress=False, cache_dir=out / "cache")
+    logits, labels = predict_logits(
+        str(root / "vit"),
+        str(root / "saved"),
+        split="test",
+        batch_size=4,
+        num_workers=0,
+        progress=False,
+        cache_dir=out / "cache",
+    )
     rank = torch.distributed.get_rank()
     result = {"world_size": torch.distributed.get_world_size(), "logits": logits, "labels": labels, "reports": {}}
     z, y = accumulator_data()
@@ -45,7 +52,9 @@ def main(root: Path, out: Path) -> None:
                 stop = min(rows.stop, start + 128)
                 acc.update(torch.from_numpy(z[start:stop]), torch.from_numpy(y[start:stop]))
             result["reports"][(name, dtype)] = acc.sync().compute().to_dict()
-            result["reports"][(name, dtype, "again")] = acc.sync().compute().to_dict()  # a second sync counts nothing twice
+            result["reports"][(name, dtype, "again")] = (
+                acc.sync().compute().to_dict()
+            )  # a second sync counts nothing twice
     # update after a sync, then sync again: rank 0 adds rows 0..99 a second time; every sample still counted once
     acc = CalibrationAccumulator(confidence_dtype="float64")
     rows = PARTS["uneven"][rank]

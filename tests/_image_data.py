@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-
 from _models import digits, make_model
 
 CLASS_NAMES = [str(i) for i in range(10)]
@@ -28,8 +27,14 @@ def save_classifier(name: str, folder: Path, seed: int = 0):
     model.save_pretrained(folder)
     if name == "timm":  # timm checkpoints keep their data config in config.json (TimmWrapperImageProcessor reads it)
         config = json.loads((folder / "config.json").read_text())
-        config["pretrained_cfg"] = {"input_size": [3, 8, 8], "crop_pct": 1.0, "crop_mode": "center",
-                                    "interpolation": "bilinear", "mean": MEAN, "std": STD}
+        config["pretrained_cfg"] = {
+            "input_size": [3, 8, 8],
+            "crop_pct": 1.0,
+            "crop_mode": "center",
+            "interpolation": "bilinear",
+            "mean": MEAN,
+            "std": STD,
+        }
         (folder / "config.json").write_text(json.dumps(config))
     else:
         from transformers import ViTImageProcessor

@@ -133,7 +133,7 @@ def head_input(name: str, model, pixel_values: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------- data
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _digits() -> tuple[np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits
 

@@ -16,6 +16,8 @@ def needs_shared(path: Path) -> Path:
     """``path`` inside ``../shared``; the calling test is skipped, with the reason in pytest's summary, when the clone has
     no ``../shared`` beside it (the published logits and CIFAR-10 images are not part of the repository)."""
     if not path.exists():
-        pytest.skip(f"needs {path.relative_to(SHARED.parent) if SHARED.parent in path.parents else path} "
-                    "(the shared data beside the clone, ../shared), which is not there")
+        pytest.skip(
+            f"needs {path.relative_to(SHARED.parent) if SHARED.parent in path.parents else path} "
+            "(the shared data beside the clone, ../shared), which is not there"
+        )
     return path

@@ -79,7 +79,9 @@ def test_class_indices_stored_as_whole_floats_read_as_the_classes_they_name(tmp_
     for name in ("ece", "brier", "calibration_report"):
         entry = _class_label_entries(tmp_path)[name]
         assert str(entry(Z, y)) == str(entry(Z, Y)), name
-    assert _evaluate().compute(predictions=Z, references=list(y)) == _evaluate().compute(predictions=Z, references=list(Y))
+    assert _evaluate().compute(predictions=Z, references=list(y)) == _evaluate().compute(
+        predictions=Z, references=list(Y)
+    )
 
 
 def _sigmoid_label_entries(tmp_path):
@@ -122,6 +124,7 @@ def test_one_hot_labels_never_switch_the_head_without_task(tmp_path):
     for name, entry in entries.items():
         with pytest.raises(ValueError, match=r"task='multiclass'.*task='multilabel'"):
             entry()
+            pytest.fail(f"{name} read one-hot labels without task=")
     # with task= the caller decides: the multi-label reading is then what was asked for
     per_label = [ece(Z[:, k], one_hot[:, k], task="binary") for k in range(4)]
     assert ece(Z, one_hot, task="multilabel") == pytest.approx(np.mean(per_label), rel=1e-12)
@@ -146,10 +149,14 @@ def test_a_softmax_calibrator_reads_a_row_alone_as_in_a_batch(make):
     torch.testing.assert_close(alone, calibrator.predict_proba(batch)[:1])
     # an explicit from_logits wins over the record
     p = torch.softmax(torch.from_numpy(Z[:5]), 1).numpy()
-    torch.testing.assert_close(calibrator.predict_proba(p, from_logits=False), calibrator.predict_proba(Z[:5]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        calibrator.predict_proba(p, from_logits=False), calibrator.predict_proba(Z[:5]), atol=1e-5, rtol=1e-5
+    )
 
 
-@pytest.mark.parametrize("make", [PlattScaling, SigmoidTemperatureScaling], ids=["platt", "sigmoid_temperature_scaling"])
+@pytest.mark.parametrize(
+    "make", [PlattScaling, SigmoidTemperatureScaling], ids=["platt", "sigmoid_temperature_scaling"]
+)
 def test_a_sigmoid_calibrator_reads_a_row_alone_as_in_a_batch(make):
     """The issue's case: Platt gave [0.0871, 0.7854, 0.2886] for the row alone and [0.3323, 0.4927, 0.3981] in a batch."""
     rng = np.random.default_rng(0)
@@ -157,11 +164,15 @@ def test_a_sigmoid_calibrator_reads_a_row_alone_as_in_a_batch(make):
     logits = 2 * (2 * labels - 1) + 2 * rng.normal(size=labels.shape)
     calibrator = make().fit(logits, labels, progress_bar=False)
     row = np.array([[0.2, 0.9, 0.5]])
-    torch.testing.assert_close(calibrator.predict_proba(row), calibrator.predict_proba(np.vstack([row, logits[:5]]))[:1])
+    torch.testing.assert_close(
+        calibrator.predict_proba(row), calibrator.predict_proba(np.vstack([row, logits[:5]]))[:1]
+    )
     assert calibrator.fit_info_["input"] == "logits"
     binary = make().fit(logits[:, 0], labels[:, 0], progress_bar=False)
-    torch.testing.assert_close(binary(torch.tensor([0.4], dtype=torch.float64)),
-                               binary(torch.tensor([0.4, 3.0, -2.0], dtype=torch.float64))[:1])
+    torch.testing.assert_close(
+        binary(torch.tensor([0.4], dtype=torch.float64)),
+        binary(torch.tensor([0.4, 3.0, -2.0], dtype=torch.float64))[:1],
+    )
 
 
 def test_a_sigmoid_calibrator_fitted_on_probabilities_refuses_logits_naming_from_logits():
@@ -172,8 +183,12 @@ def test_a_sigmoid_calibrator_fitted_on_probabilities_refuses_logits_naming_from
     assert calibrator.fit_info_["input"] == "probabilities"
     with pytest.raises(ValueError, match=r"fitted on.*from_logits=True"):
         calibrator.predict_proba(np.array([[2.0, -1.0, 0.5]]))
-    torch.testing.assert_close(calibrator.predict_proba(np.array([[2.0, -1.0, 0.5]]), from_logits=True),
-                               calibrator.predict_proba(1 / (1 + np.exp(-np.array([[2.0, -1.0, 0.5]])))), atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(
+        calibrator.predict_proba(np.array([[2.0, -1.0, 0.5]]), from_logits=True),
+        calibrator.predict_proba(1 / (1 + np.exp(-np.array([[2.0, -1.0, 0.5]])))),
+        atol=1e-9,
+        rtol=1e-9,
+    )
 
 
 def test_conformal_predictors_read_a_row_alone_as_in_a_batch():
@@ -182,7 +197,9 @@ def test_conformal_predictors_read_a_row_alone_as_in_a_batch():
     logits = 2 * (2 * labels - 1) + 2 * rng.normal(size=labels.shape)
     multilabel = MultiLabelConformalPredictor().fit(logits, labels, alpha=0.2)
     row = np.array([[0.2, 0.9, 0.5]])
-    np.testing.assert_array_equal(multilabel.predict_sets(row), multilabel.predict_sets(np.vstack([row, logits[:5]]))[:1])
+    np.testing.assert_array_equal(
+        multilabel.predict_sets(row), multilabel.predict_sets(np.vstack([row, logits[:5]]))[:1]
+    )
     probs = 1 / (1 + np.exp(-logits))
     assert MultiLabelConformalPredictor().fit(probs, labels, alpha=0.2).fit_info_["input"] == "probabilities"
     softmax = ConformalPredictor("thr").fit(Z, Y, alpha=0.2)
@@ -203,5 +220,6 @@ def test_the_accumulator_names_what_it_read_not_an_argument_the_user_never_passe
     explicit = CalibrationAccumulator(from_logits=True)
     explicit.update(np.array([[0.2, 0.9, 0.5]]), np.array([[0, 1, 1]]))
     explicit.update(ZL, YL)
-    assert explicit.compute()["ece"] == pytest.approx(ece(np.vstack([[[0.2, 0.9, 0.5]], ZL]), np.vstack([[[0, 1, 1]], YL]),
-                                                           from_logits=True))
+    assert explicit.compute()["ece"] == pytest.approx(
+        ece(np.vstack([[[0.2, 0.9, 0.5]], ZL]), np.vstack([[[0, 1, 1]], YL]), from_logits=True)
+    )

@@ -11,9 +11,24 @@ import torch
 from hf_calibration.cli import main
 from hf_calibration.demo import DemoConfig, digits_splits, run_demo
 
-TINY = dict(epochs=1, train_size=100, calibration_size=60, test_size=80, maccal_epochs=2, pipeline_images=2, progress=False)
-TINY_ARGV = ["--epochs", "1", "--train-size", "100", "--calibration-size", "60", "--test-size", "80",
-             "--maccal-epochs", "2", "--pipeline-images", "2", "--no-progress"]
+TINY = dict(
+    epochs=1, train_size=100, calibration_size=60, test_size=80, maccal_epochs=2, pipeline_images=2, progress=False
+)
+TINY_ARGV = [
+    "--epochs",
+    "1",
+    "--train-size",
+    "100",
+    "--calibration-size",
+    "60",
+    "--test-size",
+    "80",
+    "--maccal-epochs",
+    "2",
+    "--pipeline-images",
+    "2",
+    "--no-progress",
+]
 ROWS = ["CE", "CE + TS", "CE + SMART", "FeDLaS-LS", "FeDLaS-LS + TS", "FeDLaS-LS + SMART", "CE + MaC-Cal"]
 
 
@@ -76,12 +91,18 @@ def test_digits_model_and_logits_are_the_demo_models_and_are_cached(demo):
     from hf_calibration.demo import PixelDataset, _digits_model, digits_logits, digits_model
 
     _, out = demo
-    settings = dict(epochs=TINY["epochs"], train_size=TINY["train_size"], calibration_size=TINY["calibration_size"],
-                    test_size=TINY["test_size"])
+    settings = dict(
+        epochs=TINY["epochs"],
+        train_size=TINY["train_size"],
+        calibration_size=TINY["calibration_size"],
+        test_size=TINY["test_size"],
+    )
     _digits_model.cache_clear()
     got = digits_logits(0, **settings)
     with np.load(out / "logits_vit_ce.npz") as data:
-        for mine, theirs in zip(got, (data["logits_val"], data["labels_val"], data["logits_test"], data["labels_test"])):
+        for mine, theirs in zip(
+            got, (data["logits_val"], data["labels_val"], data["logits_test"], data["labels_test"])
+        ):
             assert mine.dtype == theirs.dtype
             np.testing.assert_array_equal(mine, theirs)
     got.val_logits[:] = 0  # a caller's edit does not reach the cache
@@ -103,9 +124,11 @@ def test_digits_dataset_holds_the_splits_images_and_labels():
     split = digits_splits(3, calibration_size=60, test_size=80, train_size=100)
     assert list(data) == ["train", "validation", "test"]
     assert data["test"].features["label"].names == [str(k) for k in range(10)]
-    for name, images, labels in (("train", split.train_images, split.train_labels),
-                                 ("validation", split.calibration_images, split.calibration_labels),
-                                 ("test", split.test_images, split.test_labels)):
+    for name, images, labels in (
+        ("train", split.train_images, split.train_labels),
+        ("validation", split.calibration_images, split.calibration_labels),
+        ("test", split.test_images, split.test_labels),
+    ):
         assert data[name]["label"] == labels.tolist()
         stored = data[name]["image"]
         assert len(stored) == len(images)
@@ -117,7 +140,9 @@ def test_digits_dataset_holds_the_splits_images_and_labels():
     processor = digits_image_processor()
     from_columns = PixelDataset(data["test"]["image"], data["test"]["label"], processor)
     from_lists = PixelDataset(split.test_images, split.test_labels, processor)
-    assert torch.equal(from_columns.pixel_values, from_lists.pixel_values) and torch.equal(from_columns.labels, from_lists.labels)
+    assert torch.equal(from_columns.pixel_values, from_lists.pixel_values) and torch.equal(
+        from_columns.labels, from_lists.labels
+    )
 
 
 def test_writes_reliability_diagrams_and_a_shareable_folder(demo):
@@ -166,18 +191,27 @@ def test_summary_states_the_regime_and_a_verdict_under_the_table(demo):
         z, y = torch.from_numpy(data["logits_test"]).double(), torch.from_numpy(data["labels_test"])
     p = torch.softmax(z, 1)
     confidence, accuracy = 100 * p.max(1).values.mean().item(), 100 * (p.argmax(1) == y).double().mean().item()
-    match = re.search(r"Regime: (not )?over-confident: cross-entropy fits its 100 training images to ([\d.]+) % and on the "
-                      r"test split its mean confidence is ([\d.]+) % for an accuracy of ([\d.]+) %", result.regime)
+    match = re.search(
+        r"Regime: (not )?over-confident: cross-entropy fits its 100 training images to ([\d.]+) % and on the "
+        r"test split its mean confidence is ([\d.]+) % for an accuracy of ([\d.]+) %",
+        result.regime,
+    )
     assert match, result.regime
     assert float(match.group(3)) == pytest.approx(confidence, abs=0.006)
     assert float(match.group(4)) == pytest.approx(accuracy, abs=0.006)
     ce = result.reports["CE"]
     assert (match.group(1) is None) == (ce.o_ece > ce.u_ece)
     lowered = [name for name in ROWS[1:] if result.reports[name].ece < ce.ece]
-    others = [f"{name} ({'under' if result.reports[name].u_ece > result.reports[name].o_ece else 'over'}-confident)"
-              for name in ROWS[1:] if name not in lowered]
-    verdict = re.fullmatch(r"Verdict: against CE's ECE of ([\d.]+) %, (?:lowered by (.*?)|no method lowered it)"
-                           r"(?:; not lowered by (.*))?\.", result.verdict)
+    others = [
+        f"{name} ({'under' if result.reports[name].u_ece > result.reports[name].o_ece else 'over'}-confident)"
+        for name in ROWS[1:]
+        if name not in lowered
+    ]
+    verdict = re.fullmatch(
+        r"Verdict: against CE's ECE of ([\d.]+) %, (?:lowered by (.*?)|no method lowered it)"
+        r"(?:; not lowered by (.*))?\.",
+        result.verdict,
+    )
     assert verdict, result.verdict
     assert verdict.group(1) == f"{100 * ce.ece:.2f}"
     assert (verdict.group(2).split(", ") if verdict.group(2) else []) == lowered
@@ -240,9 +274,14 @@ def test_a_second_demo_on_the_same_folder_stops_before_writing(tmp_path, capsys)
     out = tmp_path / "shared"
     out.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from filelock import FileLock; lock = FileLock({str(out / LOCK_NAME)!r}); lock.acquire(); print('held', flush=True); "
-                               "import time; time.sleep(120)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"from filelock import FileLock; lock = FileLock({str(out / LOCK_NAME)!r}); lock.acquire(); print('held', flush=True); "
+            "import time; time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _image_data import MEAN, STD, digits_dataset_dict
 from _models import make_model
 
@@ -29,7 +28,9 @@ def repo(tmp_path_factory):
     from transformers import ViTImageProcessor
 
     folder = tmp_path_factory.mktemp("multilabel") / "vit"
-    model = make_model("vit", seed=0, num_channels=3, num_labels=LABELS, problem_type="multi_label_classification").eval()
+    model = make_model(
+        "vit", seed=0, num_channels=3, num_labels=LABELS, problem_type="multi_label_classification"
+    ).eval()
     with torch.no_grad():
         model.classifier.weight.mul_(40.0)  # random-init logits are ~0.05: make the calibration visible
     model.save_pretrained(folder)

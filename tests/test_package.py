@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import hf_calibration
+from hf_calibration._core.moved import MOVED_MODULES
 
 
 @pytest.mark.parametrize("name", sorted(hf_calibration.__all__))
@@ -32,3 +35,60 @@ def test_names_the_readme_uses_are_exported():
 
     assert hf_calibration.attached_calibrator is attached_calibrator and "attached_calibrator" in hf_calibration.__all__
     assert hf_calibration.HeldOutWorseWarning is HeldOutWorseWarning
+
+
+PACKAGE = Path(hf_calibration.__file__).resolve().parent
+
+
+def test_the_root_holds_a_dozen_entries_each_named_for_its_concern():
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 14, entries
+    assert {
+        "_core",
+        "metrics",
+        "calibrators",
+        "conformal",
+        "losses",
+        "maccal",
+        "io",
+        "training",
+        "serving",
+        "hub",
+        "shift",
+        "cli",
+        "demo.py",
+        "__init__.py",
+    } == set(entries)
+
+
+def test_no_module_imports_the_package_face():
+    """The faces sit on top: a module below them importing ``hf_calibration`` itself (``from hf_calibration import
+    __version__``, ``import hf_calibration; hf_calibration.pipeline``) is an upward import and, through the lazy exports,
+    a cycle. ``lint-imports`` checks the layers between packages; this checks the face, which no layer contains."""
+    offenders = []
+    submodules = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            face_names = isinstance(node, ast.ImportFrom) and node.module == "hf_calibration" and node.level == 0
+            if face_names and any(alias.name not in submodules for alias in node.names):  # a submodule is no face
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+            if isinstance(node, ast.Import) and any(alias.name == "hf_calibration" for alias in node.names):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert offenders == [], offenders
+
+
+@pytest.mark.parametrize("old, new", sorted(MOVED_MODULES.items()))
+def test_module_paths_of_earlier_releases_still_import(old, new):
+    code = (
+        "import importlib, warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    module = importlib.import_module({old!r})\n"
+        f"assert module is importlib.import_module({new!r})\n"
+        "print([str(w.message) for w in caught if w.category is FutureWarning])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"`{old}` moved to `{new}`" in out.stdout

@@ -47,20 +47,25 @@ FILES_RECORD = "files"  # config.json key: {file name: SHA-256} of the other fil
 # files of a model checkpoint that a calibrator saved in the same folder would clobber or be confused with
 _MODEL_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf")
 
+
 def read_config(folder: str | os.PathLike, what: str = "calibrator") -> dict[str, Any]:
     """The ``config.json`` of a local checkpoint folder (``what``: the kind of checkpoint, for the messages), with a
     clear error when it is missing or not JSON."""
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
         found = sorted(p.name for p in Path(folder).iterdir())[:3] if Path(folder).is_dir() else []
-        raise ValueError(f"Expected a {what} checkpoint with a {CONFIG_NAME} in {str(folder)!r}, but there is none"
-                         + (f" (it holds {', '.join(found)})." if found else "."))
+        raise ValueError(
+            f"Expected a {what} checkpoint with a {CONFIG_NAME} in {str(folder)!r}, but there is none"
+            + (f" (it holds {', '.join(found)})." if found else ".")
+        )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"The {what} config {str(path)!r} is corrupted (not valid JSON): {err}") from None
     if not isinstance(config, dict):
-        raise ValueError(f"The {what} config {str(path)!r} is corrupted: expected a JSON object, got {type(config).__name__}.")
+        raise ValueError(
+            f"The {what} config {str(path)!r} is corrupted: expected a JSON object, got {type(config).__name__}."
+        )
     return config
 
 
@@ -77,7 +82,14 @@ class HubUnreachableError(ConnectionError):
         self.reason = reason
 
 
-_UNREACHABLE = {"OfflineModeIsEnabled", "ConnectError", "ConnectTimeout", "TimeoutException", "NetworkError", "TransportError"}
+_UNREACHABLE = {
+    "OfflineModeIsEnabled",
+    "ConnectError",
+    "ConnectTimeout",
+    "TimeoutException",
+    "NetworkError",
+    "TransportError",
+}
 
 
 def unreachable_reason(err: BaseException) -> str | None:
@@ -143,7 +155,12 @@ def owned_files(folder: str | os.PathLike) -> list[str]:
     if isinstance(record, dict):
         for name, digest in record.items():
             path = folder / str(name)
-            if Path(str(name)).name == str(name) and name != CONFIG_NAME and path.is_file() and file_digest(path) == digest:
+            if (
+                Path(str(name)).name == str(name)
+                and name != CONFIG_NAME
+                and path.is_file()
+                and file_digest(path) == digest
+            ):
                 owned.append(str(name))
     elif (folder / WEIGHTS_NAME).is_file() and _legacy_weights(folder / WEIGHTS_NAME):
         owned.append(WEIGHTS_NAME)
@@ -211,7 +228,9 @@ def plan_save(
             f"Expected {what} to hold no file of the same name as the calibrator's, but {str(folder)!r} holds "
             f"{', '.join(theirs)}, which hf_calibration did not write (or which changed since): it is never replaced."
         )
-    card = next((name for name in (CARD_NAME, FALLBACK_CARD_NAME) if not (folder / name).exists() or name in owned), None)
+    card = next(
+        (name for name in (CARD_NAME, FALLBACK_CARD_NAME) if not (folder / name).exists() or name in owned), None
+    )
     if card is None:
         raise ValueError(
             f"Expected {what} to leave room for the model card, but {str(folder)!r} holds both {CARD_NAME} and "
@@ -229,7 +248,9 @@ def check_save_folder(
     subfolder: str = "calibrator",
 ) -> bool:
     """``plan_save``'s checks alone; returns whether an earlier save by this package is there."""
-    return bool(plan_save(folder, overwrite=overwrite, what=what, overwrite_flag=overwrite_flag, subfolder=subfolder).replace)
+    return bool(
+        plan_save(folder, overwrite=overwrite, what=what, overwrite_flag=overwrite_flag, subfolder=subfolder).replace
+    )
 
 
 def remove_owned_files(folder: str | os.PathLike, names: tuple[str, ...]) -> None:
@@ -248,12 +269,23 @@ def record_files(folder: str | os.PathLike, names: tuple[str, ...]) -> None:
 
 def warn_user_card_kept(folder: str | os.PathLike, card: str) -> None:
     if card != CARD_NAME:
-        logger.warning("%s holds a README.md that hf_calibration did not write: it is kept, and the model card is "
-                       "written to %s instead.", folder, card)
+        logger.warning(
+            "%s holds a README.md that hf_calibration did not write: it is kept, and the model card is "
+            "written to %s instead.",
+            folder,
+            card,
+        )
 
 
-def save_recorded(module: Any, folder: str | os.PathLike, save, *, overwrite: bool, card_kwargs: dict | None = None,
-                  subfolder: str = "calibrator") -> Any:
+def save_recorded(
+    module: Any,
+    folder: str | os.PathLike,
+    save,
+    *,
+    overwrite: bool,
+    card_kwargs: dict | None = None,
+    subfolder: str = "calibrator",
+) -> Any:
     """Save ``module`` (a ``PyTorchModelHubMixin``) into ``folder`` by ``save()`` (the mixin's ``save_pretrained``)
     under the rules of ``plan_save``: the package's earlier files there are removed first, the card goes beside a
     user's README.md, and the files written are recorded. Returns what ``save()`` returns."""
@@ -277,7 +309,9 @@ def check_repo_id(repo_id: Any, what: str = "argument `repo_id`") -> str:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
-        raise ValueError(f"Expected {what} to be a Hub repo id such as 'owner/name', but got {repo_id!r}: {err}") from None
+        raise ValueError(
+            f"Expected {what} to be a Hub repo id such as 'owner/name', but got {repo_id!r}: {err}"
+        ) from None
     return repo_id
 
 
@@ -291,8 +325,14 @@ def check_path_in_repo(path_in_repo: Any, what: str = "argument `path_in_repo`")
 DOWNLOAD_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
 
 
-def open_checkpoint(name_or_path: str | os.PathLike, subfolder: str | None, kwargs: dict[str, Any], *, who: str,
-                    what: str = "calibrator") -> tuple[Path, dict, dict]:
+def open_checkpoint(
+    name_or_path: str | os.PathLike,
+    subfolder: str | None,
+    kwargs: dict[str, Any],
+    *,
+    who: str,
+    what: str = "calibrator",
+) -> tuple[Path, dict, dict]:
     """``(folder, config, download options)`` of a checkpoint to load strictly: the download options (and ``strict``,
     which must stay True; ``who`` names the class in that message) are popped from a ``from_pretrained``'s ``kwargs``;
     ``what`` names the kind of checkpoint in the errors."""
@@ -317,12 +357,20 @@ def load_weights(module: Any, folder: str | os.PathLike, *, what: str, map_locat
             metadata = handle.metadata() or {}
         load_model(module, path, strict=True, device=map_location)
     except Exception as err:  # safetensors header errors, strict-load key/shape mismatches
-        raise ValueError(f"Could not load the {what} weights {path!r}: the file is corrupted or does not match {type(module).__name__} ({err}).") from None
+        raise ValueError(
+            f"Could not load the {what} weights {path!r}: the file is corrupted or does not match {type(module).__name__} ({err})."
+        ) from None
     return metadata
 
 
 def _looks_like_a_path(name: str) -> bool:
-    return name.startswith((".", "/", "~", "\\")) or name.endswith(("/", "\\")) or name.count("/") > 1 or "\\" in name or os.path.isabs(name)
+    return (
+        name.startswith((".", "/", "~", "\\"))
+        or name.endswith(("/", "\\"))
+        or name.count("/") > 1
+        or "\\" in name
+        or os.path.isabs(name)
+    )
 
 
 def resolve_checkpoint(
@@ -350,7 +398,9 @@ def resolve_checkpoint(
     if local.is_dir():
         folder = local / subfolder if subfolder else local
         if not folder.is_dir():
-            raise ValueError(f"Expected argument `subfolder` to name a folder inside {str(local)!r}, but {subfolder!r} is not one.")
+            raise ValueError(
+                f"Expected argument `subfolder` to name a folder inside {str(local)!r}, but {subfolder!r} is not one."
+            )
         return folder
     if local.exists():
         raise ValueError(f"Expected argument `{name}` to be a folder (or a Hub repo id), but {str(local)!r} is a file.")
@@ -363,9 +413,19 @@ def resolve_checkpoint(
         except HFValidationError:
             repo_id = None
     if repo_id is None:
-        raise ValueError(f"Expected argument `{name}` to be a local folder or a Hub repo id ('owner/name'), but there is no folder {str(local)!r}.")
-    return _download(repo_id, name, subfolder, revision=revision, cache_dir=cache_dir, force_download=force_download,
-                     local_files_only=local_files_only, token=token)
+        raise ValueError(
+            f"Expected argument `{name}` to be a local folder or a Hub repo id ('owner/name'), but there is no folder {str(local)!r}."
+        )
+    return _download(
+        repo_id,
+        name,
+        subfolder,
+        revision=revision,
+        cache_dir=cache_dir,
+        force_download=force_download,
+        local_files_only=local_files_only,
+        token=token,
+    )
 
 
 def _download(repo_id: str, name: str, subfolder: str | None, **kwargs: Any) -> Path:
@@ -390,5 +450,7 @@ def _download(repo_id: str, name: str, subfolder: str | None, **kwargs: Any) -> 
         reason = unreachable_reason(err)
         if reason is None:
             raise
-        raise HubUnreachableError(f"{repo_id!r} is no local folder, and the Hub cannot be reached to download it ({reason}).", reason) from None
+        raise HubUnreachableError(
+            f"{repo_id!r} is no local folder, and the Hub cannot be reached to download it ({reason}).", reason
+        ) from None
     return Path(root) / prefix if prefix else Path(root)

@@ -98,14 +98,18 @@ def check_folder_or_hub_id(name_or_path: Any, name: str, kind: str = "model") ->
     if os.path.isdir(name_or_path):
         return
     if os.path.exists(name_or_path):
-        raise ValueError(f"Expected argument `{name}` to be a folder or a Hub {kind} id, but {str(name_or_path)!r} is a file.")
+        raise ValueError(
+            f"Expected argument `{name}` to be a folder or a Hub {kind} id, but {str(name_or_path)!r} is a file."
+        )
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(str(name_or_path))
     except HFValidationError:
-        raise ValueError(f"Expected argument `{name}` to be a folder or a Hub {kind} id ('owner/name'), but there is no "
-                         f"folder {str(name_or_path)!r} (and it cannot be a Hub id).") from None
+        raise ValueError(
+            f"Expected argument `{name}` to be a folder or a Hub {kind} id ('owner/name'), but there is no "
+            f"folder {str(name_or_path)!r} (and it cannot be a Hub id)."
+        ) from None
 
 
 MULTILABEL_HINT = (
@@ -116,7 +120,9 @@ MULTILABEL_HINT = (
 )
 
 
-def check_classification_shapes(preds: Any, target: Any, preds_name: str = "preds", target_name: str = "target") -> None:
+def check_classification_shapes(
+    preds: Any, target: Any, preds_name: str = "preds", target_name: str = "target"
+) -> None:
     """Rank, size, K >= 2 and dtype checks shared by metrics, losses and calibrators.
 
     Works on torch tensors and numpy arrays without copying them.
@@ -143,15 +149,21 @@ def check_classification_shapes(preds: Any, target: Any, preds_name: str = "pred
         if not preds.is_floating_point():
             raise TypeError(f"Expected `{preds_name}` to be a floating tensor, but got {preds.dtype}.")
         if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-            raise TypeError(f"Expected `{target_name}` to be an integer tensor of class indices, but got {target.dtype}.")
+            raise TypeError(
+                f"Expected `{target_name}` to be an integer tensor of class indices, but got {target.dtype}."
+            )
     else:
         if preds.dtype.kind != "f":
             raise TypeError(f"Expected `{preds_name}` to be a floating array, but got {preds.dtype}.")
         if target.dtype.kind not in "iu":
-            raise TypeError(f"Expected `{target_name}` to be an integer array of class indices, but got {target.dtype}.")
+            raise TypeError(
+                f"Expected `{target_name}` to be an integer array of class indices, but got {target.dtype}."
+            )
 
 
-def check_labels_in_range(target: Any, num_classes: int, target_name: str = "target", ignore_index: int | None = IGNORE_INDEX) -> None:
+def check_labels_in_range(
+    target: Any, num_classes: int, target_name: str = "target", ignore_index: int | None = IGNORE_INDEX
+) -> None:
     """Every label is in [0, K) or equal to `ignore_index`."""
     lib = torch if isinstance(target, torch.Tensor) else np
     valid = target if ignore_index is None else target[target != ignore_index]
@@ -240,7 +252,9 @@ def looks_like_probabilities(preds: Any, name: str = "preds") -> bool:
     if counts.first_other < 0:
         return True  # every row a probability vector (coarse rows included)
     others = preds.shape[0] - counts.probability - counts.coarse
-    if counts.probability == 0 or (counts.probability < others and counts.probability <= 1 + counts.boxed_other / CHANCE_RATIO):
+    if counts.probability == 0 or (
+        counts.probability < others and counts.probability <= 1 + counts.boxed_other / CHANCE_RATIO
+    ):
         return False  # logits: beside them, coarse rows read as logits, and as few probability rows as chance gives
     raise ValueError(
         f"Expected `{name}` to hold either logits or probabilities, but {counts.probability + counts.coarse} of its {preds.shape[0]} rows "

@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -42,8 +43,17 @@ class DiskLogits:
 
     ndim = 2
 
-    def __init__(self, path: str | os.PathLike, shape: tuple[int, int], dtype: Any, *, offset: int = 0,
-                 labels: np.ndarray | None = None, arrow_files: list[str] | None = None, column: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        shape: tuple[int, int],
+        dtype: Any,
+        *,
+        offset: int = 0,
+        labels: np.ndarray | None = None,
+        arrow_files: list[str] | None = None,
+        column: str | None = None,
+    ):
         self.path = Path(path)
         self.shape = (int(shape[0]), int(shape[1]))
         self.dtype = np.dtype(dtype)
@@ -51,7 +61,9 @@ class DiskLogits:
         self.labels = labels
         self._arrow_files, self._column = arrow_files, column
         if self.dtype.kind != "f" or self.dtype.itemsize not in (2, 4, 8):
-            raise TypeError(f"Expected `logits` in {str(self.path)!r} to be float16, float32 or float64, but they are {self.dtype}.")
+            raise TypeError(
+                f"Expected `logits` in {str(self.path)!r} to be float16, float32 or float64, but they are {self.dtype}."
+            )
 
     def __repr__(self) -> str:
         return f"DiskLogits({str(self.path)!r}, shape={self.shape}, dtype={self.dtype})"
@@ -88,8 +100,10 @@ class DiskLogits:
             while done < buffer.nbytes:  # a raw read may return fewer bytes than asked
                 got = f.readinto(buffer[done:])
                 if not got:
-                    raise ValueError(f"{str(self.path)!r} is shorter than its header says: it ends inside row "
-                                     f"{start + done // row_bytes} of {self.shape[0]}.")
+                    raise ValueError(
+                        f"{str(self.path)!r} is shorter than its header says: it ends inside row "
+                        f"{start + done // row_bytes} of {self.shape[0]}."
+                    )
                 done += got
         if not self.dtype.isnative:
             view.view(self.dtype.newbyteorder("=")).byteswap(inplace=True)  # stored big-endian: swap in place
@@ -100,7 +114,9 @@ class DiskLogits:
         rows = max(1, int(rows))
         if out is None:
             out = np.empty((min(rows, self.shape[0]), self.shape[1]), dtype=self.native_dtype)
-        if self._arrow_files is not None:  # one sequential pass over the record batches, regrouped into blocks of `rows`
+        if (
+            self._arrow_files is not None
+        ):  # one sequential pass over the record batches, regrouped into blocks of `rows`
             filled, start = 0, 0
             for _, batch in self._arrow_batches(0, self.shape[0]):
                 used = 0
@@ -144,8 +160,10 @@ class DiskLogits:
         if isinstance(index, slice) and index.step in (None, 1):
             start, stop, _ = index.indices(self.shape[0])
             return self.read(start, stop)
-        raise TypeError(f"DiskLogits reads rows by an integer or a contiguous slice, not {index!r}; "
-                        "np.asarray(logits) loads the whole array.")
+        raise TypeError(
+            f"DiskLogits reads rows by an integer or a contiguous slice, not {index!r}; "
+            "np.asarray(logits) loads the whole array."
+        )
 
     def __array__(self, dtype=None, copy=None):
         out = self.read(0, self.shape[0])
@@ -157,7 +175,9 @@ def _fixed_size_values(column, k: int, path: Path, name: str) -> np.ndarray:
     import pyarrow as pa
 
     if column.null_count:
-        raise ValueError(f"Expected the `{name}` column of {str(path)!r} to have no missing rows, but {column.null_count} are null.")
+        raise ValueError(
+            f"Expected the `{name}` column of {str(path)!r} to have no missing rows, but {column.null_count} are null."
+        )
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_fixed_size_list(column.type):
@@ -167,7 +187,9 @@ def _fixed_size_values(column, k: int, path: Path, name: str) -> np.ndarray:
         if len(values) != len(column) * k:
             raise ValueError(f"Expected every row of the `{name}` column of {str(path)!r} to hold K = {k} values.")
     else:
-        raise TypeError(f"Expected the `{name}` column of {str(path)!r} to hold float vectors, but it is {column.type}.")
+        raise TypeError(
+            f"Expected the `{name}` column of {str(path)!r} to hold float vectors, but it is {column.type}."
+        )
     return values.to_numpy(zero_copy_only=False).reshape(len(column), k)
 
 
@@ -180,8 +202,10 @@ def _npy(path: Path) -> DiskLogits:
     if len(shape) != 2:
         raise ValueError(f"Expected the logits in {str(path)!r} to have shape (N, K), but they have shape {shape}.")
     if fortran and shape[0] > 1 and shape[1] > 1:
-        raise ValueError(f"{str(path)!r} stores its logits column by column (Fortran order): rows cannot be read in blocks. "
-                         "Save them in C order (np.save(path, np.ascontiguousarray(logits))).")
+        raise ValueError(
+            f"{str(path)!r} stores its logits column by column (Fortran order): rows cannot be read in blocks. "
+            "Save them in C order (np.save(path, np.ascontiguousarray(logits)))."
+        )
     labels_path = path.with_name(path.stem + "_labels.npy")
     labels = np.load(labels_path) if labels_path.is_file() else None
     return DiskLogits(path, shape, dtype, offset=offset, labels=labels)
@@ -197,38 +221,57 @@ def _safetensors(path: Path, key: str | None) -> DiskLogits:
         raise ValueError(f"Expected a tensor {key or 'logits'!r} in {str(path)!r}, but it holds {sorted(tensors)}.")
     info = tensors[key]
     if info["dtype"] not in _SAFETENSORS_DTYPES or _SAFETENSORS_DTYPES[info["dtype"]][1] != "f":
-        raise TypeError(f"Expected the tensor {key!r} in {str(path)!r} to be float16, float32 or float64, but it is {info['dtype']}.")
+        raise TypeError(
+            f"Expected the tensor {key!r} in {str(path)!r} to be float16, float32 or float64, but it is {info['dtype']}."
+        )
     labels = None
     for name in ("labels", "label"):
         if name in tensors and tensors[name]["dtype"] in ("I64", "I32") and len(tensors[name]["shape"]) == 1:
             lo, hi = tensors[name]["data_offsets"]
             with open(path, "rb") as f:
                 f.seek(8 + size + lo)
-                labels = np.frombuffer(f.read(hi - lo), dtype=_SAFETENSORS_DTYPES[tensors[name]["dtype"]]).astype(np.int64)
+                labels = np.frombuffer(f.read(hi - lo), dtype=_SAFETENSORS_DTYPES[tensors[name]["dtype"]]).astype(
+                    np.int64
+                )
             break
     if len(info["shape"]) != 2:
-        raise ValueError(f"Expected the tensor {key!r} in {str(path)!r} to have shape (N, K), but it has shape {info['shape']}.")
-    return DiskLogits(path, tuple(info["shape"]), _SAFETENSORS_DTYPES[info["dtype"]], offset=8 + size + info["data_offsets"][0],
-                      labels=labels)
+        raise ValueError(
+            f"Expected the tensor {key!r} in {str(path)!r} to have shape (N, K), but it has shape {info['shape']}."
+        )
+    return DiskLogits(
+        path,
+        tuple(info["shape"]),
+        _SAFETENSORS_DTYPES[info["dtype"]],
+        offset=8 + size + info["data_offsets"][0],
+        labels=labels,
+    )
 
 
 def _dataset(dataset: Any, column: str | None, where: Path) -> DiskLogits:
     column = column or "logits"
     if column not in dataset.column_names:
-        raise ValueError(f"Expected a column {column!r} in the dataset {str(where)!r}, but it has {dataset.column_names}.")
+        raise ValueError(
+            f"Expected a column {column!r} in the dataset {str(where)!r}, but it has {dataset.column_names}."
+        )
     if getattr(dataset, "_indices", None) is not None:
-        raise ValueError(f"The dataset {str(where)!r} is a selection (select / shuffle / filter) of its Arrow files: rows "
-                         "cannot be read in order from them. flatten_indices() it first.")
+        raise ValueError(
+            f"The dataset {str(where)!r} is a selection (select / shuffle / filter) of its Arrow files: rows "
+            "cannot be read in order from them. flatten_indices() it first."
+        )
     files = [entry["filename"] for entry in dataset.cache_files]
     if not files:
-        raise ValueError(f"The dataset {str(where)!r} is held in memory, not in Arrow files: pass its logits as an array "
-                         "(dataset.with_format('numpy')[column]).")
+        raise ValueError(
+            f"The dataset {str(where)!r} is held in memory, not in Arrow files: pass its logits as an array "
+            "(dataset.with_format('numpy')[column])."
+        )
     feature = dataset.features[column]
     length = getattr(feature, "length", -1)
     inner = getattr(feature, "feature", None)
     if length is None or length < 2 or getattr(inner, "dtype", None) not in ("float16", "float32", "float64"):
-        raise TypeError(f"Expected the {column!r} column of {str(where)!r} to hold fixed-length float vectors "
-                        f"(datasets.List(Value('float32'), length=K)), but it is {feature}.")
+        raise TypeError(
+            f"Expected the {column!r} column of {str(where)!r} to hold fixed-length float vectors "
+            f"(datasets.List(Value('float32'), length=K)), but it is {feature}."
+        )
     labels = None
     for name in ("label", "labels"):
         if name in dataset.column_names:
@@ -249,22 +292,30 @@ def open_logits(path: Any, *, key: str | None = None) -> DiskLogits:
         a :class:`DiskLogits`; ``.labels`` holds the labels stored beside the logits (None if there are none).
     """
     if hasattr(path, "cache_files") and hasattr(path, "column_names"):  # a datasets.Dataset
-        return _dataset(path, key, Path(path.cache_files[0]["filename"]).parent if path.cache_files else Path("<in memory>"))
+        return _dataset(
+            path, key, Path(path.cache_files[0]["filename"]).parent if path.cache_files else Path("<in memory>")
+        )
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"Expected argument `path` to be a file or folder path or a datasets.Dataset, but got {type(path).__name__}.")
+        raise TypeError(
+            f"Expected argument `path` to be a file or folder path or a datasets.Dataset, but got {type(path).__name__}."
+        )
     path = Path(path)
     if path.is_dir():
         import datasets
 
         return _dataset(datasets.load_from_disk(str(path)), key, path)
     if not path.is_file():
-        raise ValueError(f"Expected argument `path` to name a logits file or a saved dataset, but {str(path)!r} does not exist.")
+        raise ValueError(
+            f"Expected argument `path` to name a logits file or a saved dataset, but {str(path)!r} does not exist."
+        )
     suffix = path.suffix.lower()
     if suffix == ".npy":
         return _npy(path)
     if suffix == ".safetensors":
         return _safetensors(path, key)
-    raise ValueError(f"Expected argument `path` to be a .npy or .safetensors file or a saved dataset folder, but got {str(path)!r}.")
+    raise ValueError(
+        f"Expected argument `path` to be a .npy or .safetensors file or a saved dataset folder, but got {str(path)!r}."
+    )
 
 
 def as_disk_logits(x: Any) -> DiskLogits | None:
@@ -302,20 +353,26 @@ class LogitsWriter:
     (a dataset is first written to a temporary Arrow cache, then saved: twice the disk traffic).
     """
 
-    def __init__(self, path: str | os.PathLike, num_rows: int, num_classes: int, labels: np.ndarray, *, overwrite: bool = False):
+    def __init__(
+        self, path: str | os.PathLike, num_rows: int, num_classes: int, labels: np.ndarray, *, overwrite: bool = False
+    ):
         self.path = Path(path)
         self.shape = (int(num_rows), int(num_classes))
         from hf_calibration._core.inputs import whole_labels
 
-        self.labels = np.ascontiguousarray(whole_labels(labels, "labels"), dtype=np.int64)  # 1.7 is refused, not truncated
+        self.labels = np.ascontiguousarray(
+            whole_labels(labels, "labels"), dtype=np.int64
+        )  # 1.7 is refused, not truncated
         if self.labels.shape != (self.shape[0],):
             raise ValueError(f"Expected {self.shape[0]} labels, but got shape {self.labels.shape}.")
         self.kind = {".npy": "npy", ".safetensors": "safetensors"}.get(self.path.suffix.lower(), "dataset")
         targets = [self.path] + ([self._labels_path()] if self.kind == "npy" else [])
         for target in targets:
             if target.exists() and not (target.is_dir() and not any(target.iterdir())) and not overwrite:
-                raise ValueError(f"Expected argument `output` to name a new file or folder, but {str(target)!r} exists; pass "
-                                 "overwrite=True to replace it.")
+                raise ValueError(
+                    f"Expected argument `output` to name a new file or folder, but {str(target)!r} exists; pass "
+                    "overwrite=True to replace it."
+                )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rows = 0
         self._file = None
@@ -333,8 +390,12 @@ class LogitsWriter:
             self._queue: list[np.ndarray] = []
             self._written = 0
             self._cache = Path(tempfile.mkdtemp(prefix=".logits_", dir=self.path.parent))
-            features = datasets.Features({"logits": datasets.List(datasets.Value("float32"), length=self.shape[1]),
-                                          "label": datasets.Value("int64")})
+            features = datasets.Features(
+                {
+                    "logits": datasets.List(datasets.Value("float32"), length=self.shape[1]),
+                    "label": datasets.Value("int64"),
+                }
+            )
             self._schema = features.arrow_schema
             self._arrow = pa.ipc.new_stream(str(self._cache / "data.arrow"), self._schema)
 
@@ -345,12 +406,16 @@ class LogitsWriter:
         n, k = self.shape
         if self.kind == "npy":
             header = {"descr": "<f4", "fortran_order": False, "shape": (n, k)}
-            np.lib.format.write_array_header_2_0(self._file, header) if n * k >= 2**32 else np.lib.format.write_array_header_1_0(self._file, header)
+            np.lib.format.write_array_header_2_0(
+                self._file, header
+            ) if n * k >= 2**32 else np.lib.format.write_array_header_1_0(self._file, header)
             return
         logits_bytes = n * k * 4
-        header = {"logits": {"dtype": "F32", "shape": [n, k], "data_offsets": [0, logits_bytes]},
-                  "labels": {"dtype": "I64", "shape": [n], "data_offsets": [logits_bytes, logits_bytes + n * 8]},
-                  "__metadata__": {"format": "np", "written_by": "hf_calibration.predict_logits"}}
+        header = {
+            "logits": {"dtype": "F32", "shape": [n, k], "data_offsets": [0, logits_bytes]},
+            "labels": {"dtype": "I64", "shape": [n], "data_offsets": [logits_bytes, logits_bytes + n * 8]},
+            "__metadata__": {"format": "np", "written_by": "hf_calibration.predict_logits"},
+        }
         blob = json.dumps(header, separators=(",", ":")).encode()
         blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
         self._file.write(struct.pack("<Q", len(blob)))
@@ -360,8 +425,10 @@ class LogitsWriter:
         """Append the next rows (``(b, K)``, any float dtype: stored as float32)."""
         batch = np.ascontiguousarray(batch, dtype=np.dtype("<f4"))
         if batch.ndim != 2 or batch.shape[1] != self.shape[1] or self.rows + batch.shape[0] > self.shape[0]:
-            raise ValueError(f"Expected batches of shape (b, {self.shape[1]}) adding up to {self.shape[0]} rows, but got "
-                             f"{batch.shape} after {self.rows} rows.")
+            raise ValueError(
+                f"Expected batches of shape (b, {self.shape[1]}) adding up to {self.shape[0]} rows, but got "
+                f"{batch.shape} after {self.rows} rows."
+            )
         if self._file is not None:
             self._file.write(memoryview(batch.reshape(-1).view(np.uint8)))
         else:
@@ -378,7 +445,9 @@ class LogitsWriter:
         values = np.concatenate(self._queue)
         start = self._written
         column = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), self.shape[1])
-        table = pa.Table.from_arrays([column, pa.array(self.labels[start : start + values.shape[0]])], schema=self._schema)
+        table = pa.Table.from_arrays(
+            [column, pa.array(self.labels[start : start + values.shape[0]])], schema=self._schema
+        )
         self._arrow.write_table(table)
         self._written += values.shape[0]
         self._queue = []

@@ -34,7 +34,11 @@ logger = logging.getLogger(__name__)
 
 def is_distributed() -> bool:
     """True inside an initialised process group of more than one process."""
-    return torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
 
 
 def rank_and_world_size() -> tuple[int, int]:
@@ -82,8 +86,10 @@ def accelerate_disagrees() -> str | None:
     world = torch.distributed.get_world_size()
     if accelerate_processes == world:
         return None
-    return (f"accelerate reports {accelerate_processes} process(es) but torch.distributed holds {world}: a DataLoader "
-            "prepared by that Accelerator was not split between the processes")
+    return (
+        f"accelerate reports {accelerate_processes} process(es) but torch.distributed holds {world}: a DataLoader "
+        "prepared by that Accelerator was not split between the processes"
+    )
 
 
 def even_batches_padding(n: int) -> int | None:

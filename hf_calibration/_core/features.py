@@ -90,7 +90,7 @@ class FeatureCapture:
     def _hook(self, module, args):
         self.features = args[0]
 
-    def attach(self) -> "FeatureCapture":
+    def attach(self) -> FeatureCapture:
         if self._handle is None:
             self._handle = self.head.register_forward_pre_hook(self._hook)
         return self

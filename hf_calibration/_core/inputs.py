@@ -97,7 +97,9 @@ def logits_and_labels(logits: Any, labels: Any) -> tuple[Any, Any]:
     if labels is None and getattr(logits, "labels", None) is not None and hasattr(logits, "blocks"):
         labels = logits.labels
     if labels is None:
-        raise ValueError("Expected argument `labels` (or a PredictionOutput / EvalPrediction carrying label_ids), but got None.")
+        raise ValueError(
+            "Expected argument `labels` (or a PredictionOutput / EvalPrediction carrying label_ids), but got None."
+        )
     return logits, labels
 
 
@@ -116,8 +118,14 @@ def check_ignore_index(ignore_index: Any) -> int | None:
 # ----------------------------------------------------------------------------------------------- labels
 
 
-def class_labels(target: Any, num_classes: int, *, ignore_index: int | None = IGNORE_INDEX, name: str = "target",
-                 integral_floats: bool = False) -> np.ndarray:
+def class_labels(
+    target: Any,
+    num_classes: int,
+    *,
+    ignore_index: int | None = IGNORE_INDEX,
+    name: str = "target",
+    integral_floats: bool = False,
+) -> np.ndarray:
     """(N,) class indices of a softmax head as int64: integers in ``[0, num_classes)`` or ``ignore_index``.
 
     ``integral_floats``: also take a float array whose values are whole numbers (a column a file or an ``evaluate``
@@ -125,13 +133,17 @@ def class_labels(target: Any, num_classes: int, *, ignore_index: int | None = IG
     """
     y = to_numpy(target, name)
     if y.ndim != 1:
-        raise ValueError(f"Expected `{name}` to have shape (N,) (rank 1), but got rank {y.ndim} with shape {tuple(y.shape)}."
-                         + (MULTILABEL_HINT if y.ndim == 2 else ""))
+        raise ValueError(
+            f"Expected `{name}` to have shape (N,) (rank 1), but got rank {y.ndim} with shape {tuple(y.shape)}."
+            + (MULTILABEL_HINT if y.ndim == 2 else "")
+        )
     if integral_floats and y.dtype.kind == "f":
         whole = np.isfinite(y) & (y == np.round(y))
         if not whole.all():
-            raise ValueError(f"Expected `{name}` to hold class indices (whole numbers in [0, {num_classes}) or {ignore_index}), "
-                             f"but found {y[~whole][0]!r}.")
+            raise ValueError(
+                f"Expected `{name}` to hold class indices (whole numbers in [0, {num_classes}) or {ignore_index}), "
+                f"but found {y[~whole][0]!r}."
+            )
         y = y.astype(np.int64)
     if y.dtype.kind not in "iu":
         raise TypeError(f"Expected `{name}` to be an integer array of class indices, but got {y.dtype}.")
@@ -148,13 +160,16 @@ def whole_labels(values: Any, name: str = "references") -> np.ndarray:
         return y
     whole = np.isfinite(y) & (y == np.round(y))
     if not whole.all():
-        raise ValueError(f"Expected `{name}` to hold class indices or 0/1 labels (whole numbers; -100 is ignored), but found "
-                         f"{y[~whole].flat[0].item()!r}.")
+        raise ValueError(
+            f"Expected `{name}` to hold class indices or 0/1 labels (whole numbers; -100 is ignored), but found "
+            f"{y[~whole].flat[0].item()!r}."
+        )
     return y.astype(np.int64)
 
 
-def binary_labels(target: Any, *, ignore_index: int | None = IGNORE_INDEX, name: str = "target",
-                  hint: str = "") -> tuple[np.ndarray, np.ndarray]:
+def binary_labels(
+    target: Any, *, ignore_index: int | None = IGNORE_INDEX, name: str = "target", hint: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """0/1 labels of a sigmoid head (any integer, boolean or float dtype holding 0 and 1) as float64, and the kept
     mask (``ignore_index`` left out). Anything else (0.9, 2, NaN) is a ``ValueError`` naming it (``hint``: what to say
     about the other reading of the arrays)."""
@@ -162,15 +177,20 @@ def binary_labels(target: Any, *, ignore_index: int | None = IGNORE_INDEX, name:
     if y.dtype == bool:
         return y.astype(np.float64), np.ones(y.shape, dtype=bool)
     if y.dtype.kind not in "iuf":
-        raise TypeError(f"Expected `{name}` to hold 0/1 labels (integers, booleans or floats), but got dtype {y.dtype}.")
+        raise TypeError(
+            f"Expected `{name}` to hold 0/1 labels (integers, booleans or floats), but got dtype {y.dtype}."
+        )
     mask = np.ones(y.shape, dtype=bool) if ignore_index is None else y != ignore_index
     kept = y[mask]
     bad = (kept != 0) & (kept != 1)  # NaN is neither
     if bad.any():
         value = kept[bad][0]
-        raise ValueError(f"Expected `{name}` to hold 0/1 labels" + (f" (or {ignore_index}, ignored)" if ignore_index is not None else "")
-                         + f" for a binary / multi-label head, but found {value.item()!r}." + (hint or " Class indices of a "
-                         "multi-class problem are task='multiclass'."))
+        raise ValueError(
+            f"Expected `{name}` to hold 0/1 labels"
+            + (f" (or {ignore_index}, ignored)" if ignore_index is not None else "")
+            + f" for a binary / multi-label head, but found {value.item()!r}."
+            + (hint or " Class indices of a multi-class problem are task='multiclass'.")
+        )
     return np.where(mask, y, 0).astype(np.float64), mask
 
 
@@ -187,8 +207,16 @@ def _one_hot_rows(y: np.ndarray, ignore_index: int | None) -> bool:
     return bool(((ones | zeros | ~kept).all()) and (ones.sum(axis=1) == 1).all())
 
 
-def read_task(task: Any, preds: Any, target: Any, *, ignore_index: int | None = IGNORE_INDEX, from_logits: bool | None = None,
-              preds_name: str = "preds", target_name: str = "target") -> str:
+def read_task(
+    task: Any,
+    preds: Any,
+    target: Any,
+    *,
+    ignore_index: int | None = IGNORE_INDEX,
+    from_logits: bool | None = None,
+    preds_name: str = "preds",
+    target_name: str = "target",
+) -> str:
     """The head type of labelled scores (module docstring): an explicit ``task`` (checked against the shapes), else the
     data; one-hot labels, or 0/1 label rows beside probability rows, are refused without ``task=``."""
     if task is not None:
@@ -202,21 +230,24 @@ def read_task(task: Any, preds: Any, target: Any, *, ignore_index: int | None = 
             f"Expected `{target_name}` to say which head it belongs to, but its shape {tuple(y.shape)} with exactly one 1 in every "
             "row reads two ways: one-hot class indices of a softmax head, or a multi-label head whose samples carry one label "
             f"each, and the two give different numbers. Pass task='multiclass' with class indices (`{target_name}.argmax(1)`) "
-            "or task='multilabel'.")
+            "or task='multilabel'."
+        )
     p = to_numpy(preds, preds_name)
     if from_logits is not True and p.ndim == 2 and p.dtype.kind == "f" and _probability_rows(p):
         raise ValueError(
             f"Expected scores of a multi-label head beside the (N, L) 0/1 `{target_name}`, but every row of `{preds_name}` is a "
             "probability vector (values in [0, 1] summing to 1): the output of a softmax head, whose labels are class indices. "
-            "Pass task='multilabel' if these are sigmoid probabilities, or task='multiclass' with class indices.")
+            "Pass task='multilabel' if these are sigmoid probabilities, or task='multiclass' with class indices."
+        )
     return found
 
 
 # ----------------------------------------------------------------------------------------------- kind
 
 
-def scores_kind(preds: Any, from_logits: bool | None, *, task: str = "multiclass", recorded: str | None = None,
-                name: str = "preds") -> bool:
+def scores_kind(
+    preds: Any, from_logits: bool | None, *, task: str = "multiclass", recorded: str | None = None, name: str = "preds"
+) -> bool:
     """Whether ``preds`` hold logits: an explicit ``from_logits`` wins; else ``recorded`` (``"logits"`` /
     ``"probabilities"``, what a fitted object saw at ``fit``: a row alone is then read as the same row in a batch);
     else detection. A softmax head's rows that look like probabilities given to an object fitted on logits are read as
@@ -226,15 +257,27 @@ def scores_kind(preds: Any, from_logits: bool | None, *, task: str = "multiclass
         return resolve_from_logits(preds, from_logits, name) if task == "multiclass" else from_logits
     if recorded is not None:
         if recorded not in ("logits", "probabilities"):
-            raise ValueError(f"Expected the recorded input kind to be 'logits' or 'probabilities', but got {recorded!r}.")
+            raise ValueError(
+                f"Expected the recorded input kind to be 'logits' or 'probabilities', but got {recorded!r}."
+            )
         softmax_rows = task == "multiclass" or (task == "binary" and _ndim(preds) == 2 and preds.shape[1] == 2)
         if recorded == "probabilities":
             _check_recorded_probabilities(preds, softmax_rows, name)
         # rows of probabilities given to an object fitted on logits: all of them (one row alone too) are read as
         # logits, with a warning; some of them beside other rows are neither, and refused (looks_like_probabilities)
-        if recorded == "logits" and task == "multiclass" and _ndim(preds) == 2 and preds.shape[0] and _looks_like_probabilities(preds, name):
-            warnings.warn(f"`{name}` look like probabilities (every row in [0, 1] summing to 1), but this was fitted on logits: "
-                          "they are treated as logits. Pass from_logits=False if they are probabilities.", UserWarning, stacklevel=3)
+        if (
+            recorded == "logits"
+            and task == "multiclass"
+            and _ndim(preds) == 2
+            and preds.shape[0]
+            and _looks_like_probabilities(preds, name)
+        ):
+            warnings.warn(
+                f"`{name}` look like probabilities (every row in [0, 1] summing to 1), but this was fitted on logits: "
+                "they are treated as logits. Pass from_logits=False if they are probabilities.",
+                UserWarning,
+                stacklevel=3,
+            )
         return recorded == "logits"
     if task == "multiclass" or (task == "binary" and _ndim(preds) == 2 and preds.shape[1] == 2):
         return resolve_from_logits(preds, None, name)
@@ -259,8 +302,10 @@ def _check_recorded_probabilities(preds: Any, softmax_rows: bool, name: str) -> 
         values = to_numpy(preds, name)
         detail = f"values in [{np.nanmin(values):.4g}, {np.nanmax(values):.4g}]"
         what = "values in [0, 1]"
-    raise ValueError(f"Expected `{name}` to hold probabilities ({what}), the kind this was fitted on (its fit recorded "
-                     f"input='probabilities'), but {detail}. Pass from_logits=True if they are logits.")
+    raise ValueError(
+        f"Expected `{name}` to hold probabilities ({what}), the kind this was fitted on (its fit recorded "
+        f"input='probabilities'), but {detail}. Pass from_logits=True if they are logits."
+    )
 
 
 def _ndim(x: Any) -> int:
@@ -309,19 +354,39 @@ def read_inputs(
     ignore_index = check_ignore_index(ignore_index)
     preds = to_numpy(preds, preds_name)
     target = to_numpy(target, target_name)
-    task = read_task(task, preds, target, ignore_index=ignore_index, from_logits=from_logits, preds_name=preds_name,
-                     target_name=target_name)
+    task = read_task(
+        task,
+        preds,
+        target,
+        ignore_index=ignore_index,
+        from_logits=from_logits,
+        preds_name=preds_name,
+        target_name=target_name,
+    )
     if task == "multiclass":
         return _multiclass(preds, target, from_logits, ignore_index, preds_name, target_name)
     return _sigmoid(preds, target, task, from_logits, ignore_index, preds_name, target_name)
 
 
-def read_multiclass(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX,
-                    preds_name: str = "preds", target_name: str = "target") -> Inputs:
+def read_multiclass(
+    preds: Any,
+    target: Any,
+    *,
+    from_logits: bool | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
+    preds_name: str = "preds",
+    target_name: str = "target",
+) -> Inputs:
     """:func:`read_inputs` of an entry that serves softmax heads only (classwise ECE, smCE, a softmax calibrator's fit)."""
     check_from_logits(from_logits)
-    return _multiclass(to_numpy(preds, preds_name), to_numpy(target, target_name), from_logits, check_ignore_index(ignore_index),
-                       preds_name, target_name)
+    return _multiclass(
+        to_numpy(preds, preds_name),
+        to_numpy(target, target_name),
+        from_logits,
+        check_ignore_index(ignore_index),
+        preds_name,
+        target_name,
+    )
 
 
 def _multiclass(preds, target, from_logits, ignore_index, preds_name, target_name) -> Inputs:
@@ -333,7 +398,9 @@ def _multiclass(preds, target, from_logits, ignore_index, preds_name, target_nam
         if not keep.all():
             preds, target = preds[keep], target[keep]
             if preds.shape[0] == 0:
-                raise ValueError(f"Expected at least one label in `{target_name}` that is not ignore_index={ignore_index}.")
+                raise ValueError(
+                    f"Expected at least one label in `{target_name}` that is not ignore_index={ignore_index}."
+                )
     with np.errstate(over="ignore"):  # a row sum of finite logits near 1e308 may overflow: not probabilities
         from_logits = resolve_from_logits(preds, from_logits, preds_name)
     return Inputs(preds, target.astype(np.int64, copy=False), from_logits, preds_name, "multiclass", None, target_name)
@@ -349,21 +416,31 @@ def _sigmoid(preds, target, task, from_logits, ignore_index, preds_name, target_
     if task == "binary":
         target = target.reshape(-1) if target.ndim == 2 else target
         if target.ndim != 1:
-            raise ValueError(f"Expected `{target_name}` to have shape (N,) for a binary head, but got shape {tuple(target.shape)}.")
+            raise ValueError(
+                f"Expected `{target_name}` to have shape (N,) for a binary head, but got shape {tuple(target.shape)}."
+            )
     if target.shape[0] != preds.shape[0]:
-        raise ValueError(f"Expected `{preds_name}` and `{target_name}` to have the same number of samples, but got "
-                         f"{preds.shape[0]} and {target.shape[0]}.")
+        raise ValueError(
+            f"Expected `{preds_name}` and `{target_name}` to have the same number of samples, but got "
+            f"{preds.shape[0]} and {target.shape[0]}."
+        )
     if task == "multilabel" and preds.shape != target.shape:
-        raise ValueError(f"Expected `{preds_name}` and `{target_name}` to have the same shape (N, L) for a multi-label head, "
-                         f"but got {tuple(preds.shape)} and {tuple(target.shape)}.")
+        raise ValueError(
+            f"Expected `{preds_name}` and `{target_name}` to have the same shape (N, L) for a multi-label head, "
+            f"but got {tuple(preds.shape)} and {tuple(target.shape)}."
+        )
     hint = ""
     if task == "binary" and not two_softmax:
-        hint = (f" For class indices, expected `{preds_name}` to have shape (N, K) with K >= 2 (a multi-class head), but got "
-                f"shape {tuple(preds.shape)}: one score per sample is a binary head.")
+        hint = (
+            f" For class indices, expected `{preds_name}` to have shape (N, K) with K >= 2 (a multi-class head), but got "
+            f"shape {tuple(preds.shape)}: one score per sample is a binary head."
+        )
     y, mask = binary_labels(target, ignore_index=ignore_index, name=target_name, hint=hint)
     if y.ndim == 1:
         y, mask = y[:, None], mask[:, None]
-    if task == "binary" and not mask.all():  # one label a sample: an ignored sample is dropped, as the multi-class path does
+    if (
+        task == "binary" and not mask.all()
+    ):  # one label a sample: an ignored sample is dropped, as the multi-class path does
         keep = mask[:, 0]
         preds, y, mask = preds[keep], y[keep], mask[keep]
     if not mask.any():
@@ -375,27 +452,35 @@ def _sigmoid(preds, target, task, from_logits, ignore_index, preds_name, target_
         kept = preds.reshape(preds.shape[0], -1)[mask]
         is_logits = (not _in_unit_box(kept)) if from_logits is None else from_logits
     if not is_logits:
-        check_sigmoid_probabilities(preds if two_softmax else preds.reshape(preds.shape[0], -1)[mask], preds_name, rows=two_softmax)
+        check_sigmoid_probabilities(
+            preds if two_softmax else preds.reshape(preds.shape[0], -1)[mask], preds_name, rows=two_softmax
+        )
     return Inputs(preds, y, bool(is_logits), preds_name, task, mask, target_name)
 
 
 def _check_finite(x: np.ndarray, name: str) -> None:
     finite = np.isfinite(x).reshape(x.shape[0], -1).all(axis=1)
     if not finite.all():
-        raise ValueError(f"Expected `{name}` to be finite, but row {int(np.flatnonzero(~finite)[0])} contains NaN or inf.")
+        raise ValueError(
+            f"Expected `{name}` to be finite, but row {int(np.flatnonzero(~finite)[0])} contains NaN or inf."
+        )
 
 
 def check_sigmoid_probabilities(p: np.ndarray, name: str, rows: bool = False) -> None:
     """Probabilities of a sigmoid head are in [0, 1] (``rows``: two softmax columns, each row summing to 1)."""
     if p.size and (p.min() < 0 or p.max() > 1):
-        raise ValueError(f"Expected `{name}` to hold probabilities in [0, 1] (from_logits=False), but found values in "
-                         f"[{p.min():.4g}, {p.max():.4g}].")
+        raise ValueError(
+            f"Expected `{name}` to hold probabilities in [0, 1] (from_logits=False), but found values in "
+            f"[{p.min():.4g}, {p.max():.4g}]."
+        )
     if rows:
         off = np.abs(p.sum(axis=1, dtype=np.float64) - 1.0)
         if off.max() > PROBABILITY_DETECTION_TOLERANCE:
             bad = int(np.argmax(off))
-            raise ValueError(f"Expected each row of `{name}` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} "
-                             f"(from_logits=False), but row {bad} sums to {p[bad].sum():.6g}.")
+            raise ValueError(
+                f"Expected each row of `{name}` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} "
+                f"(from_logits=False), but row {bad} sums to {p[bad].sum():.6g}."
+            )
 
 
 def is_sigmoid(task: str) -> bool:

@@ -39,7 +39,9 @@ MOVED_MODULES = {  # old module -> new module (both absolute)
 
 
 def _warn(old: str, new: str) -> None:
-    warnings.warn(f"`{old}` moved to `{new}`; the old path will be removed in a future release.", FutureWarning, stacklevel=4)
+    warnings.warn(
+        f"`{old}` moved to `{new}`; the old path will be removed in a future release.", FutureWarning, stacklevel=4
+    )
 
 
 class _Alias(importlib.abc.Loader):

@@ -23,7 +23,9 @@ def bars_disabled() -> bool:
     """Whether this package's bars are switched off (environment variable or huggingface_hub's group switch)."""
     from huggingface_hub.utils import are_progress_bars_disabled
 
-    return os.environ.get(ENV_DISABLE, "").strip().lower() in ("1", "true", "yes", "on") or are_progress_bars_disabled(GROUP)
+    return os.environ.get(ENV_DISABLE, "").strip().lower() in ("1", "true", "yes", "on") or are_progress_bars_disabled(
+        GROUP
+    )
 
 
 def progress_bar(*, total: int, desc: str, enabled: bool = True, leave: bool = True):

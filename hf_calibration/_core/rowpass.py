@@ -29,10 +29,10 @@ import numba
 import numba.extending
 import numpy as np
 
+from hf_calibration._core.bins import uniform_bin, uniform_edges
 from hf_calibration._core.checks import PROBABILITY_DETECTION_TOLERANCE
 from hf_calibration._core.parallel import pass_threads, run_pass
-from hf_calibration._core.vmath import exp_into, exp_into_f32
-from hf_calibration._core.bins import uniform_bin, uniform_edges
+from hf_calibration._core.vmath import exp_into_f32
 
 __all__ = ["TopLabel", "raise_row_error", "top_label", "top_label_pass"]
 
@@ -279,8 +279,22 @@ def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums, grou
     part = np.zeros((blocks, 3, sums.shape[1]))
     for c in numba.prange(blocks):
         shifted, e, bits = np.empty(k * group, x.dtype), np.empty(k * group, x.dtype), np.empty(k * group, x.dtype)
-        bad[c], kind[c] = _rows(x, offset, c * rows_per_task, min(n, (c + 1) * rows_per_task), target, from_logits, tol, edges, conf, pred,
-                                part[c], shifted, e, bits)
+        bad[c], kind[c] = _rows(
+            x,
+            offset,
+            c * rows_per_task,
+            min(n, (c + 1) * rows_per_task),
+            target,
+            from_logits,
+            tol,
+            edges,
+            conf,
+            pred,
+            part[c],
+            shifted,
+            e,
+            bits,
+        )
     for c in range(blocks):  # in block order: the sums do not depend on the number of threads
         if bad[c] >= 0:
             return bad[c], kind[c]
@@ -293,8 +307,21 @@ def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums, grou
 def _pass(x, offset, target, from_logits, edges, conf, pred, sums, parallel):
     group = group_rows(x.shape[1])
     if parallel and pass_threads(x.size) > 1:
-        return run_pass(_parallel, x.size, x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums,
-                        group, task_rows(x.shape[1]))
+        return run_pass(
+            _parallel,
+            x.size,
+            x,
+            offset,
+            target,
+            from_logits,
+            PROBABILITY_DETECTION_TOLERANCE,
+            edges,
+            conf,
+            pred,
+            sums,
+            group,
+            task_rows(x.shape[1]),
+        )
     return _serial(x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums, group)
 
 

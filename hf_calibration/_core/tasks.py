@@ -39,18 +39,26 @@ __all__ = [
 Task = Literal["multiclass", "binary", "multilabel"]
 TASKS: tuple[str, ...] = ("multiclass", "binary", "multilabel")
 SIGMOID_TASKS: tuple[str, ...] = ("binary", "multilabel")
-HEADS = {"multiclass": "softmax", "binary": "sigmoid", "multilabel": "sigmoid"}  # the activation each task's scores take
+HEADS = {
+    "multiclass": "softmax",
+    "binary": "sigmoid",
+    "multilabel": "sigmoid",
+}  # the activation each task's scores take
 
 _PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
-_WAY_FORWARD = ("a one-logit binary classifier is config.problem_type='multi_label_classification' with num_labels=1; "
-                "or pass task='binary' (or 'multiclass' / 'multilabel') explicitly")
+_WAY_FORWARD = (
+    "a one-logit binary classifier is config.problem_type='multi_label_classification' with num_labels=1; "
+    "or pass task='binary' (or 'multiclass' / 'multilabel') explicitly"
+)
 
 
 def check_task(task: Any, name: str = "task") -> str:
     """``task`` as one of :data:`TASKS` (``ValueError`` naming the argument otherwise)."""
     if task not in TASKS:
-        raise ValueError(f"Expected argument `{name}` to be one of {list(TASKS)} (or None: decided by the model's "
-                         f"config.problem_type or by the data), but got {task!r}.")
+        raise ValueError(
+            f"Expected argument `{name}` to be one of {list(TASKS)} (or None: decided by the model's "
+            f"config.problem_type or by the data), but got {task!r}."
+        )
     return task
 
 
@@ -76,22 +84,30 @@ def task_of_config(config: Any) -> str | None:
     problem_type = getattr(config, "problem_type", None)
     num_labels = getattr(config, "num_labels", None)
     if isinstance(problem_type, str) and problem_type not in _PROBLEM_TYPES:
-        raise ValueError(f"Expected the model's config.problem_type to be one of {list(_PROBLEM_TYPES)} or None, but got "
-                         f"{problem_type!r}; pass task= explicitly.")
+        raise ValueError(
+            f"Expected the model's config.problem_type to be one of {list(_PROBLEM_TYPES)} or None, but got "
+            f"{problem_type!r}; pass task= explicitly."
+        )
     if problem_type == "regression":
-        raise ValueError("The model's config.problem_type is 'regression': its outputs are not class scores, and there is no "
-                         "probability to calibrate. For a classifier, set config.problem_type to "
-                         "'single_label_classification' or 'multi_label_classification', or pass task= explicitly.")
+        raise ValueError(
+            "The model's config.problem_type is 'regression': its outputs are not class scores, and there is no "
+            "probability to calibrate. For a classifier, set config.problem_type to "
+            "'single_label_classification' or 'multi_label_classification', or pass task= explicitly."
+        )
     if problem_type == "multi_label_classification":
         return "binary" if num_labels == 1 else "multilabel"
     if not isinstance(num_labels, int):
         return "multiclass" if problem_type == "single_label_classification" else None
     if num_labels == 1:
         if problem_type == "single_label_classification":
-            raise ValueError("The model's config has problem_type='single_label_classification' with num_labels=1: a softmax "
-                             f"over one logit is always 1. {_WAY_FORWARD[0].upper() + _WAY_FORWARD[1:]}.")
-        raise ValueError("The model's config has num_labels=1 and problem_type=None, which transformers trains as regression "
-                         f"(mean squared error), not as a classifier: {_WAY_FORWARD}.")
+            raise ValueError(
+                "The model's config has problem_type='single_label_classification' with num_labels=1: a softmax "
+                f"over one logit is always 1. {_WAY_FORWARD[0].upper() + _WAY_FORWARD[1:]}."
+            )
+        raise ValueError(
+            "The model's config has num_labels=1 and problem_type=None, which transformers trains as regression "
+            f"(mean squared error), not as a classifier: {_WAY_FORWARD}."
+        )
     return "multiclass"
 
 
@@ -168,27 +184,39 @@ def check_shapes_for_task(task: str, preds: Any = None, target: Any = None, *, f
             raise ValueError(
                 f"Expected `target` to have shape (N,) of class indices for a multi-class (softmax) head, but got shape {ts}: "
                 f"(N, L) 0/1 labels are multi-label. {source} says 'multiclass'; pass task='multilabel' (or set "
-                "config.problem_type='multi_label_classification') if each image may carry several labels.")
+                "config.problem_type='multi_label_classification') if each image may carry several labels."
+            )
         if ps is not None and (len(ps) == 1 or (len(ps) == 2 and ps[1] == 1)):
-            raise ValueError(f"Expected `preds` to have shape (N, K) with K >= 2 for a multi-class head, but got shape {ps}: "
-                             f"one logit per sample is a binary head; pass task='binary'.")
+            raise ValueError(
+                f"Expected `preds` to have shape (N, K) with K >= 2 for a multi-class head, but got shape {ps}: "
+                f"one logit per sample is a binary head; pass task='binary'."
+            )
     elif task == "binary":
         if ps is not None and len(ps) == 2 and ps[1] > 2:
-            raise ValueError(f"Expected `preds` to have shape (N,), (N, 1) or (N, 2) for a binary head ({source}), but got "
-                             f"shape {ps}: pass task='multiclass' or task='multilabel'.")
+            raise ValueError(
+                f"Expected `preds` to have shape (N,), (N, 1) or (N, 2) for a binary head ({source}), but got "
+                f"shape {ps}: pass task='multiclass' or task='multilabel'."
+            )
         if ts is not None and len(ts) == 2 and ts[1] != 1:
-            raise ValueError(f"Expected `target` to have shape (N,) of 0/1 labels for a binary head ({source}), but got "
-                             f"shape {ts}: (N, L) labels are multi-label; pass task='multilabel'.")
+            raise ValueError(
+                f"Expected `target` to have shape (N,) of 0/1 labels for a binary head ({source}), but got "
+                f"shape {ts}: (N, L) labels are multi-label; pass task='multilabel'."
+            )
     elif task == "multilabel":
         if ts is not None and len(ts) != 2:
             raise ValueError(
                 f"Expected `target` to have shape (N, L) of 0/1 labels (multi-hot) for a multi-label head ({source}), but got "
-                f"shape {ts}: integer class indices of shape (N,) are multi-class; pass task='multiclass'.")
+                f"shape {ts}: integer class indices of shape (N,) are multi-class; pass task='multiclass'."
+            )
         if ps is not None and len(ps) != 2:
-            raise ValueError(f"Expected `preds` to have shape (N, L) for a multi-label head ({source}), but got shape {ps}.")
+            raise ValueError(
+                f"Expected `preds` to have shape (N, L) for a multi-label head ({source}), but got shape {ps}."
+            )
 
 
-def compatible_head(calibrator_task: str, model: Any, *, num_labels: int | None = None, what: str = "calibrator") -> None:
+def compatible_head(
+    calibrator_task: str, model: Any, *, num_labels: int | None = None, what: str = "calibrator"
+) -> None:
     """Refuse, with a ``ValueError`` naming ``problem_type``, a ``what`` fitted for ``calibrator_task`` on a model whose
     head is of another kind: a softmax map on a sigmoid head (or the reverse) would give silently wrong scores.
 
@@ -212,14 +240,29 @@ def compatible_head(calibrator_task: str, model: Any, *, num_labels: int | None 
     if calibrator_task == "binary" and model_task == "multiclass" and model_labels == 2:
         return  # two softmax logits: the binary calibrator maps their log-odds
     if calibrator_task != model_task:
-        head = {"multiclass": "a softmax (multi-class)", "binary": "a binary sigmoid", "multilabel": "a multi-label sigmoid"}
-        fix = ("fit a sigmoid calibrator (task='multilabel' or 'binary': platt, sigmoid_temperature_scaling, beta, ...) on "
-               "this model's logits" if model_task in SIGMOID_TASKS else
-               "fit a softmax calibrator (temperature_scaling, ...) on this model's logits")
+        head = {
+            "multiclass": "a softmax (multi-class)",
+            "binary": "a binary sigmoid",
+            "multilabel": "a multi-label sigmoid",
+        }
+        fix = (
+            "fit a sigmoid calibrator (task='multilabel' or 'binary': platt, sigmoid_temperature_scaling, beta, ...) on "
+            "this model's logits"
+            if model_task in SIGMOID_TASKS
+            else "fit a softmax calibrator (temperature_scaling, ...) on this model's logits"
+        )
         raise ValueError(
             f"Expected a {what} fitted for this model's head, but the {what} was fitted for {head[calibrator_task]} head "
             f"(task={calibrator_task!r}) and the model's head is {head[model_task]} one ({described}): attached, its "
-            f"scores would silently be wrong. {fix[0].upper() + fix[1:]}, or set the model's config.problem_type if it is wrong.")
-    if calibrator_task == "multilabel" and num_labels is not None and isinstance(model_labels, int) and model_labels != num_labels:
-        raise ValueError(f"Expected a {what} fitted on the model's {model_labels} labels, but it was fitted on {num_labels} "
-                         f"({described}).")
+            f"scores would silently be wrong. {fix[0].upper() + fix[1:]}, or set the model's config.problem_type if it is wrong."
+        )
+    if (
+        calibrator_task == "multilabel"
+        and num_labels is not None
+        and isinstance(model_labels, int)
+        and model_labels != num_labels
+    ):
+        raise ValueError(
+            f"Expected a {what} fitted on the model's {model_labels} labels, but it was fitted on {num_labels} "
+            f"({described})."
+        )

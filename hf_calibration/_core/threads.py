@@ -27,7 +27,7 @@ import inspect
 import math
 import time
 import weakref
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numba
 import torch

@@ -1,13 +1,16 @@
 """Post-hoc calibrators, fitted on held-out logits, shared on the Hub, attached to models."""
 
-
 from hf_calibration.calibrators._base import Calibrator, InsufficientMemoryError, NotFittedError, UncalibratedWarning
 from hf_calibration.calibrators._fitting.held_out import HeldOutWorseWarning, held_out_checked
-from hf_calibration.calibrators._registry import create_calibrator, get_calibrator_class, list_calibrators, load_calibrator, register_calibrator
+from hf_calibration.calibrators._registry import (
+    create_calibrator,
+    get_calibrator_class,
+    list_calibrators,
+    load_calibrator,
+    register_calibrator,
+)
 from hf_calibration.calibrators._scaling import TemperatureCalibrator
-from hf_calibration.calibrators.sigmoid import SigmoidCalibrator
 from hf_calibration.calibrators.attach import attached_calibrator
-from hf_calibration.calibrators.sigmoid.beta import BetaCalibration
 from hf_calibration.calibrators.cts import ClassBasedTemperatureScaling
 from hf_calibration.calibrators.dirichlet import DirichletCalibration
 from hf_calibration.calibrators.ets import EnsembleTemperatureScaling
@@ -15,13 +18,15 @@ from hf_calibration.calibrators.histogram import HistogramBinning
 from hf_calibration.calibrators.isotonic import IsotonicRegression, OneVsRestIsotonicRegression
 from hf_calibration.calibrators.matrix import MatrixScaling
 from hf_calibration.calibrators.objectives import OBJECTIVES, brier, charbonnier_soft_ece, nll, soft_ece
-from hf_calibration.calibrators.sigmoid.platt import PlattScaling
 from hf_calibration.calibrators.pts import ParameterizedTemperatureScaling
 from hf_calibration.calibrators.selection import AutoCalibrator, CalibratorComparison, compare_calibrators
-from hf_calibration.calibrators.smart import SMARTCalibrator, logit_margin
+from hf_calibration.calibrators.sigmoid import SigmoidCalibrator
+from hf_calibration.calibrators.sigmoid.beta import BetaCalibration
 from hf_calibration.calibrators.sigmoid.histogram import SigmoidHistogramBinning
 from hf_calibration.calibrators.sigmoid.isotonic import SigmoidIsotonicRegression
+from hf_calibration.calibrators.sigmoid.platt import PlattScaling
 from hf_calibration.calibrators.sigmoid.temperature import SigmoidTemperatureScaling
+from hf_calibration.calibrators.smart import SMARTCalibrator, logit_margin
 from hf_calibration.calibrators.sms import StructuredMatrixScaling
 from hf_calibration.calibrators.spline import SplineCalibration
 from hf_calibration.calibrators.svs import StructuredVectorScaling

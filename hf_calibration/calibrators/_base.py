@@ -21,19 +21,24 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from hf_calibration._core import checkpoints as hub
-from hf_calibration._core.checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range, resolve_from_logits, to_numpy
-from hf_calibration._core.disk_logits import DiskLogits, as_disk_logits
+from hf_calibration._core import tensors as _inputs
+from hf_calibration._core.checks import (
+    IGNORE_INDEX,
+    check_classification_shapes,
+    check_labels_in_range,
+    resolve_from_logits,
+)
+from hf_calibration._core.disk_logits import as_disk_logits
 from hf_calibration._core.finite import first_non_finite
 from hf_calibration._core.inputs import logits_and_labels, read_multiclass, scores_kind, whole_labels
-from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, top_label_pass
-from hf_calibration._core import tensors as _inputs
-from hf_calibration.calibrators._forward import graph as _graph
-from hf_calibration.calibrators._fitting import held_out as _held_out
-from hf_calibration.calibrators._fitting import rows as _rows
+from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label_pass
+from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators import attach as _attach
 from hf_calibration.calibrators._card import CALIBRATOR_CARD_TEMPLATE
+from hf_calibration.calibrators._fitting import held_out as _held_out
+from hf_calibration.calibrators._fitting import rows as _rows
 from hf_calibration.calibrators._fitting.rows import FitRows
-from hf_calibration._core.threads import torch_single_threaded
+from hf_calibration.calibrators._forward import graph as _graph
 from hf_calibration.calibrators.objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
@@ -73,7 +78,9 @@ def _next_up(x: torch.Tensor) -> torch.Tensor:
     return torch.nextafter(x, torch.full_like(x, float("inf")))
 
 
-LBFGS_VECTORS = 46  # parameter-sized float64 vectors of an LBFGS fit: 20 past steps and 20 gradient changes, and ~6 more
+LBFGS_VECTORS = (
+    46  # parameter-sized float64 vectors of an LBFGS fit: 20 past steps and 20 gradient changes, and ~6 more
+)
 
 
 def k_squared_memory(num_samples: int, num_classes: int) -> int:
@@ -85,8 +92,10 @@ def k_squared_memory(num_samples: int, num_classes: int) -> int:
 
 def k_squared_reason(num_samples: int, num_classes: int) -> str:
     parameters = num_classes * num_classes + num_classes
-    return (f"K^2 + K = {parameters:,} float64 parameters, {parameters * 8 / 2**30:.2f} GiB each for the weights, the gradient and "
-            f"each of LBFGS's 40 stored steps, plus three N x K float64 arrays")
+    return (
+        f"K^2 + K = {parameters:,} float64 parameters, {parameters * 8 / 2**30:.2f} GiB each for the weights, the gradient and "
+        f"each of LBFGS's 40 stored steps, plus three N x K float64 arrays"
+    )
 
 
 def _available_memory() -> int:
@@ -234,7 +243,9 @@ class Calibrator(
     def _check_logits(self, logits: Any) -> torch.Tensor:
         logits = _inputs.as_tensor(logits, "logits")
         if logits.ndim != 2:
-            raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got rank {logits.ndim} with shape {tuple(logits.shape)}.")
+            raise ValueError(
+                f"Expected `logits` to have shape (N, K) (rank 2), but got rank {logits.ndim} with shape {tuple(logits.shape)}."
+            )
         if not logits.is_floating_point():
             raise TypeError(f"Expected `logits` to be a floating tensor, but got {logits.dtype}.")
         if logits.shape[1] < 2:
@@ -243,7 +254,11 @@ class Calibrator(
         warned = self.__dict__.setdefault("_warned_num_classes", set())
         if isinstance(expected, int) and logits.shape[1] != expected and logits.shape[1] not in warned:
             warned.add(logits.shape[1])  # once per K, not once per call
-            logger.warning("Calibrating logits with K = %d classes; the calibrator was fitted on K = %d.", logits.shape[1], expected)
+            logger.warning(
+                "Calibrating logits with K = %d classes; the calibrator was fitted on K = %d.",
+                logits.shape[1],
+                expected,
+            )
         return logits
 
     def _input_kind(self, z: Any, from_logits: bool | None) -> bool:
@@ -281,7 +296,9 @@ class Calibrator(
                 raise ValueError(f"Expected `logits` to be finite, but row {bad} contains NaN or inf.")
         else:
             for start, block in rows.raw_blocks():  # in [0, 1], rows summing to 1 (the rule every entry point applies)
-                found = top_label_pass(np.ascontiguousarray(block, dtype=rows.compute_dtype), None, False, arrays=False)[3]
+                found = top_label_pass(
+                    np.ascontiguousarray(block, dtype=rows.compute_dtype), None, False, arrays=False
+                )[3]
                 if found is not None:
                     raise_row_error(rows, (start + found[0], found[1]), "logits")
         y = np.ascontiguousarray(y[keep] if rows.keep is not None else y, dtype=np.int64)
@@ -301,7 +318,9 @@ class Calibrator(
             logits = logits.astype(np.float32)  # fp16 (bf16 is already float32 here): exact
         bad = ~np.isfinite(logits).all(axis=1)
         if bad.any():
-            raise ValueError(f"Expected `logits` to be finite, but row {int(np.flatnonzero(bad)[0])} contains NaN or inf.")
+            raise ValueError(
+                f"Expected `logits` to be finite, but row {int(np.flatnonzero(bad)[0])} contains NaN or inf."
+            )
         z = torch.from_numpy(logits)
         if not is_logits:
             z = _inputs.log_probabilities(z, z.dtype)
@@ -319,7 +338,7 @@ class Calibrator(
         from_logits: bool | None = None,
         progress_bar: bool = True,
         **objective_options: Any,
-    ) -> "Calibrator":
+    ) -> Calibrator:
         """Fit on held-out logits (or probabilities) and labels; returns ``self``.
 
         Args:
@@ -348,20 +367,34 @@ class Calibrator(
         else:
             if as_disk_logits(logits) is not None:
                 blocks = ", ".join(sorted(c.kind for c in _block_classes()))
-                raise TypeError(f"{type(self).__name__} fits on logits in memory only, but `logits` are read from disk "
-                                f"({str(as_disk_logits(logits).path)!r}): load them (np.asarray) if they fit, or use a method that "
-                                f"fits from disk ({blocks}).")
+                raise TypeError(
+                    f"{type(self).__name__} fits on logits in memory only, but `logits` are read from disk "
+                    f"({str(as_disk_logits(logits).path)!r}): load them (np.asarray) if they fit, or use a method that "
+                    f"fits from disk ({blocks})."
+                )
             z, y, is_logits = self._fit_inputs(logits, labels, from_logits)
         return self._fit_checked(z, y, objective, kw, progress_bar, is_logits=is_logits)
 
-    def _fit_checked(self, z: np.ndarray, y: np.ndarray, objective: str, kw: dict, progress_bar: bool, *,
-                     is_logits: bool = True, report: bool = True, check_size: bool = True) -> "Calibrator":
+    def _fit_checked(
+        self,
+        z: np.ndarray,
+        y: np.ndarray,
+        objective: str,
+        kw: dict,
+        progress_bar: bool,
+        *,
+        is_logits: bool = True,
+        report: bool = True,
+        check_size: bool = True,
+    ) -> Calibrator:
         """``fit`` on inputs already checked and prepared as ``_fit_inputs`` returns them (finite float32/float64 logits
         with their row maxima at 0, int64 labels). ``report=False`` skips the fit-set report, the identity check and
         the held-out check (cross-validation scores each fit on its held-out fold instead); ``check_size=False``
         allows fewer than ``min_samples`` (the held-out check's fits)."""
         if check_size and z.shape[0] < self.min_samples:
-            raise ValueError(f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {z.shape[0]}.")
+            raise ValueError(
+                f"Expected at least {self.min_samples} labelled samples to fit {type(self).__name__}, but got {z.shape[0]}."
+            )
         self._check_memory(int(z.shape[0]), int(z.shape[1]))
         was_attached = self._attached_to
         self.fit_info_ = None
@@ -406,28 +439,46 @@ class Calibrator(
         predictions unchanged (all of them when they are the ``predicted`` classes of the fit set); ``saturated``: their
         fit confidences are all at least ``SATURATED``."""
         everything = len(classes) == predicted
-        reason = self._identity_reason(classes) or (
-            f"every one of their fit confidences is {SATURATED} or more (a saturated softmax), and the fitted map moves "
-            "none of them beyond float rounding" if saturated else None
-        ) or (
-            "its fitted map leaves their confidences as they were, within rounding (for instance a temperature applied to "
-            "logits that are equal in every row, or a model already calibrated on these samples)"
+        reason = (
+            self._identity_reason(classes)
+            or (
+                f"every one of their fit confidences is {SATURATED} or more (a saturated softmax), and the fitted map moves "
+                "none of them beyond float rounding"
+                if saturated
+                else None
+            )
+            or (
+                "its fitted map leaves their confidences as they were, within rounding (for instance a temperature applied to "
+                "logits that are equal in every row, or a model already calibrated on these samples)"
+            )
         )
         self.fit_info_["uncalibrated"] = {"classes": "all" if everything else classes, "reason": reason}
-        which = "every prediction" if everything else (
-            f"the predictions of {len(classes)} of the {predicted} predicted classes ({', '.join(map(str, classes[:10]))}"
-            + (", ..." if len(classes) > 10 else "") + ")"
+        which = (
+            "every prediction"
+            if everything
+            else (
+                f"the predictions of {len(classes)} of the {predicted} predicted classes ({', '.join(map(str, classes[:10]))}"
+                + (", ..." if len(classes) > 10 else "")
+                + ")"
+            )
         )
-        warnings.warn(f"{type(self).__name__} leaves {which} uncalibrated (as the model gave them): {reason}.",
-                      UncalibratedWarning, stacklevel=4)
+        warnings.warn(
+            f"{type(self).__name__} leaves {which} uncalibrated (as the model gave them): {reason}.",
+            UncalibratedWarning,
+            stacklevel=4,
+        )
 
-    def _resolve_objective(self, objective: str | None, objective_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _resolve_objective(
+        self, objective: str | None, objective_options: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
         """The objective ``fit`` minimises (None: ``default_objective``) and its checked options. A subclass whose
         method has no objective to choose overrides this (``_piecewise.PiecewiseCalibrator``)."""
         objective = self.default_objective if objective is None else objective
         get_objective(objective)
         if objective not in self.objectives:
-            raise ValueError(f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but got {objective!r}.")
+            raise ValueError(
+                f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but got {objective!r}."
+            )
         unknown = set(objective_options) - {"n_bins", "sigma", "delta"}
         if unknown:
             raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(unknown)}.")
@@ -476,7 +527,9 @@ class Calibrator(
         predicted = np.bincount(before.prediction, minlength=num_classes) > 0
         changed = np.bincount(before.prediction, weights=moved, minlength=num_classes) > 0
         unchanged = np.flatnonzero(predicted & ~changed)
-        saturated = bool(unchanged.size) and bool((before.confidence[np.isin(before.prediction, unchanged)] >= SATURATED).all())
+        saturated = bool(unchanged.size) and bool(
+            (before.confidence[np.isin(before.prediction, unchanged)] >= SATURATED).all()
+        )
         return unchanged.tolist(), int(predicted.sum()), saturated
 
     def forward(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
@@ -521,10 +574,14 @@ class Calibrator(
         if not bool(torch.isfinite(zc.sum())):
             bad = ~torch.isfinite(zc).all(dim=1)
             if bool(bad.any()):
-                raise ValueError(f"Expected `logits` to be finite, but row {int(bad.nonzero()[0])} contains NaN or inf.")
+                raise ValueError(
+                    f"Expected `logits` to be finite, but row {int(bad.nonzero()[0])} contains NaN or inf."
+                )
         out = self._calibrate(zc)
         if not bool(torch.isfinite(out.sum())):
-            out = out.clamp(min=torch.finfo(cdtype).min, max=torch.finfo(cdtype).max)  # log(0) = -inf of a top-label map
+            out = out.clamp(
+                min=torch.finfo(cdtype).min, max=torch.finfo(cdtype).max
+            )  # log(0) = -inf of a top-label map
         if z.dtype != cdtype:
             limit = torch.finfo(z.dtype).max
             big = out.abs().amax(dim=1) > limit
@@ -650,8 +707,13 @@ class Calibrator(
         if not isinstance(overwrite, bool):
             raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
         folder = Path(save_directory)
-        return hub.save_recorded(self, folder, lambda: super(Calibrator, self).save_pretrained(folder, **kwargs),
-                                 overwrite=overwrite, card_kwargs=kwargs.get("model_card_kwargs"))
+        return hub.save_recorded(
+            self,
+            folder,
+            lambda: super(Calibrator, self).save_pretrained(folder, **kwargs),
+            overwrite=overwrite,
+            card_kwargs=kwargs.get("model_card_kwargs"),
+        )
 
     def push_to_hub(
         self,
@@ -753,13 +815,16 @@ class Calibrator(
             )
         fit = config.get("fit")
         if not isinstance(fit, dict):
-            raise ValueError(f"The checkpoint in {str(where)!r} has no `fit` record in its config: it is corrupted or was never fitted.")
+            raise ValueError(
+                f"The checkpoint in {str(where)!r} has no `fit` record in its config: it is corrupted or was never fitted."
+            )
         task = fit.get("task", "multiclass")  # checkpoints older than the record are multi-class
         expected = ("binary", "multilabel") if getattr(cls, "_sigmoid_head", False) else ("multiclass",)
         if task not in expected:
             raise ValueError(
                 f"Expected a checkpoint fitted for a {' or '.join(expected)} head (the model's config.problem_type), but "
-                f"{str(where)!r} records task={task!r} in its config's fit.task: it is not a {cls.__name__} checkpoint.")
+                f"{str(where)!r} records task={task!r} in its config's fit.task: it is not a {cls.__name__} checkpoint."
+            )
         for key, minimum in (("num_classes", 2), ("num_samples", 1)):
             value = fit.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
@@ -792,7 +857,9 @@ class Calibrator(
         metadata = hub.load_weights(model, model_id, what="calibrator", map_location=map_location)
         path = os.path.join(model_id, hub.WEIGHTS_NAME)
         if metadata.get("calibrator", cls.kind) != cls.kind:
-            raise ValueError(f"The weights in {path!r} belong to calibrator={metadata.get('calibrator')!r}, not {cls.kind!r}.")
+            raise ValueError(
+                f"The weights in {path!r} belong to calibrator={metadata.get('calibrator')!r}, not {cls.kind!r}."
+            )
         for name, tensor in model.state_dict().items():
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise ValueError(f"The calibrator weights {path!r} are corrupted: {name} holds NaN or inf.")
@@ -800,5 +867,3 @@ class Calibrator(
         model._check_state(path)
         model.eval()
         return model
-
-

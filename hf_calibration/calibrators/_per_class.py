@@ -37,7 +37,9 @@ class PerClassCalibrator(Calibrator):
     def _resize(self, k: int) -> None:
         """Size the parameters for a fit on ``k`` classes and record ``k`` in the checkpoint's config."""
         if self.num_classes is not None and self.num_classes != k:
-            logger.info("%s was built for K = %d classes; refitting it for K = %d.", type(self).__name__, self.num_classes, k)
+            logger.info(
+                "%s was built for K = %d classes; refitting it for K = %d.", type(self).__name__, self.num_classes, k
+            )
         self.num_classes = k
         self._allocate(k)
         if isinstance(self._hub_mixin_config, dict):
@@ -61,7 +63,10 @@ class PerClassCalibrator(Calibrator):
         if missing.size:
             logger.warning(
                 "%d of the %d classes have no calibration sample (first: class %d): their parameters are only set by the "
-                "regularisation, if any.", missing.size, num_classes, int(missing[0]),
+                "regularisation, if any.",
+                missing.size,
+                num_classes,
+                int(missing[0]),
             )
 
     def extra_repr(self) -> str:

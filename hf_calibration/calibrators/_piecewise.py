@@ -25,7 +25,8 @@ index the knots, knots out of order, knots or values outside [0, 1]) is refused.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,7 +46,9 @@ def linear_interp(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
     return np.interp(x, xp, fp)
 
 
-def clip_linear_map(xp: np.ndarray, fp: np.ndarray, low: float = 0.0, high: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def clip_linear_map(
+    xp: np.ndarray, fp: np.ndarray, low: float = 0.0, high: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Knots of ``clip(interp(x, xp, fp), low, high)`` itself: the values clipped, and a knot added where a segment
     crosses ``low`` or ``high``, so that interpolating the result gives the clipped map at every ``x``."""
     xp, fp = np.asarray(xp, np.float64), np.asarray(fp, np.float64)
@@ -85,8 +88,12 @@ class PiecewiseMaps(nn.Module):
         sizes = [len(k) for k, _ in maps]
         device = self.knots.device
         empty = np.zeros(0)
-        self.knots = torch.from_numpy(np.concatenate([np.asarray(k, np.float64) for k, _ in maps] or [empty])).to(device)
-        self.values = torch.from_numpy(np.concatenate([np.asarray(v, np.float64) for _, v in maps] or [empty])).to(device)
+        self.knots = torch.from_numpy(np.concatenate([np.asarray(k, np.float64) for k, _ in maps] or [empty])).to(
+            device
+        )
+        self.values = torch.from_numpy(np.concatenate([np.asarray(v, np.float64) for _, v in maps] or [empty])).to(
+            device
+        )
         self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)).to(device)
         self._build_graph_tables()
 
@@ -143,7 +150,9 @@ class PiecewiseMaps(nn.Module):
             return "offsets decrease"
         inside = torch.ones(max(n - 1, 0), dtype=torch.bool, device=self.knots.device)
         starts = offsets[1:-1]
-        inside[(starts[(starts > 0) & (starts < n)] - 1)] = False  # no order between one group's last knot and the next's first
+        inside[(starts[(starts > 0) & (starts < n)] - 1)] = (
+            False  # no order between one group's last knot and the next's first
+        )
         if bool((self.knots[1:] < self.knots[:-1])[inside].any()):
             return "a group's knots are not increasing"
         for name, tensor in (("knots", self.knots), ("values", self.values)):  # probabilities, both
@@ -152,14 +161,18 @@ class PiecewiseMaps(nn.Module):
                 return f"{name} hold {float(tensor[outside][0])!r}, outside [0, 1]"
         return None
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         # a fitted map's size depends on its fit set: take the checkpoint's shapes, then load strictly as usual
         for name in self._SHAPED:
             incoming = state_dict.get(prefix + name)
             if isinstance(incoming, torch.Tensor) and incoming.ndim == 1:
                 current = self._buffers[name]
                 self._buffers[name] = torch.empty(incoming.shape, dtype=current.dtype, device=current.device)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         self._build_graph_tables()
 
 
@@ -177,10 +190,14 @@ class PiecewiseCalibrator(Calibrator):
         if self.per_class_maps and self.is_fitted:
             k = self.fit_info_.get("num_classes", self.maps.num_groups)  # maps beyond K (a pooled one) are not classes
             if z.shape[1] != k:
-                raise ValueError(f"Expected `logits` to have K = {k} classes (one map per class), but got K = {z.shape[1]}.")
+                raise ValueError(
+                    f"Expected `logits` to have K = {k} classes (one map per class), but got K = {z.shape[1]}."
+                )
         return z
 
-    def _resolve_objective(self, objective: str | None, objective_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _resolve_objective(
+        self, objective: str | None, objective_options: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
         name = type(self).__name__
         if objective is not None and objective != self.default_objective:
             raise ValueError(

@@ -43,7 +43,9 @@ def create_calibrator(name: str, **kwargs: Any):
     return get_calibrator_class(name)(**kwargs)
 
 
-def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = None, task: str | None = None, **kwargs: Any):
+def load_calibrator(
+    name_or_path: str | os.PathLike, *, subfolder: str | None = None, task: str | None = None, **kwargs: Any
+):
     """Load any registered calibrator from a folder or Hub repo, choosing the class from its config's ``calibrator``.
 
     Args:
@@ -54,7 +56,11 @@ def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = 
             ``ValueError`` naming ``problem_type``. None: no check (``attach`` checks the model anyway).
         **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
     """
-    download = {k: kwargs.pop(k) for k in ("revision", "cache_dir", "force_download", "local_files_only", "token") if k in kwargs}
+    download = {
+        k: kwargs.pop(k)
+        for k in ("revision", "cache_dir", "force_download", "local_files_only", "token")
+        if k in kwargs
+    }
     folder = checkpoints.resolve_checkpoint(name_or_path, subfolder=subfolder, name="name_or_path", **download)
     kind = checkpoints.read_config(folder).get("calibrator")
     if kind not in list_calibrators():
@@ -67,8 +73,10 @@ def load_calibrator(name_or_path: str | os.PathLike, *, subfolder: str | None = 
         fitted_for = (calibrator.fit_info_ or {}).get("task", "multiclass")
         if isinstance(task, str):
             if check_task(task) != fitted_for and not (fitted_for == "binary" and task == "multiclass"):
-                raise ValueError(f"Expected a calibrator for a {task} head, but {str(folder)!r} holds one fitted for a {fitted_for} "
-                                 "head (config.problem_type of the model it calibrates): it would give wrong scores there.")
+                raise ValueError(
+                    f"Expected a calibrator for a {task} head, but {str(folder)!r} holds one fitted for a {fitted_for} "
+                    "head (config.problem_type of the model it calibrates): it would give wrong scores there."
+                )
         else:  # a model: its config decides
             compatible_head(fitted_for, task, num_labels=(calibrator.fit_info_ or {}).get("num_labels"))
     return calibrator

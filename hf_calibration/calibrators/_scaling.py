@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from hf_calibration.calibrators._forward import apply as _apply
 from hf_calibration.calibrators._base import Calibrator
+from hf_calibration.calibrators._forward import apply as _apply
 from hf_calibration.calibrators.objectives import OBJECTIVES
 
 
@@ -57,7 +57,9 @@ class TemperatureCalibrator(Calibrator):
         temp = self._graph_temperature(z).detach()
         out = z / temp
         # rows whose |z| / T overflows: shifted by their maximum first, as _calibrate does (the softmax is the same)
-        shifted = ((z.double() - z.double().amax(dim=1, keepdim=True)) / temp.double()).clamp_min(torch.finfo(z.dtype).min)
+        shifted = ((z.double() - z.double().amax(dim=1, keepdim=True)) / temp.double()).clamp_min(
+            torch.finfo(z.dtype).min
+        )
         return torch.where(torch.isfinite(out).all(dim=1, keepdim=True), out, shifted.to(z.dtype))
 
     def temperature(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:

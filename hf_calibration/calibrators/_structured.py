@@ -31,14 +31,20 @@ from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
 from hf_calibration._core.parallel import run_pass
-from hf_calibration.calibrators._fitting.affine import AffineNLL, BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
-from hf_calibration.calibrators._fitting.lbfgs import QuadraticPenalty
-from hf_calibration.calibrators._fitting.partition import chunk_rows
-from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
-from hf_calibration.calibrators._per_class import PerClassCalibrator
-from hf_calibration.calibrators._fitting.rows import MappedRows, as_rows
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration._core.vmath import exp_into, log_into, max_of, sum_of
+from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
+from hf_calibration.calibrators._fitting.affine import (
+    AffineNLL,
+    BlockDiagonalNLL,
+    diagonal_map,
+    fit_affine,
+    identity_parameters,
+)
+from hf_calibration.calibrators._fitting.lbfgs import QuadraticPenalty
+from hf_calibration.calibrators._fitting.partition import chunk_rows
+from hf_calibration.calibrators._fitting.rows import MappedRows, as_rows
+from hf_calibration.calibrators._per_class import PerClassCalibrator
 
 FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being able to tell steps apart
 FIT_MARGIN_BYTES = 64 << 20  # SVS keeps its features up to the input's size less this (or 1/64 of it, if smaller)
@@ -106,7 +112,9 @@ class StructuredScaling(PerClassCalibrator):
         """``log((1 - eps) softmax(z / T) + eps / K)``, computed from the log-softmax (no underflow to log 0)."""
         k = z.shape[1]
         smoothing = torch.as_tensor(smoothing, dtype=z.dtype, device=z.device)
-        return torch.logaddexp(torch.log_softmax(z / temperature, dim=1) + torch.log1p(-smoothing), torch.log(smoothing / k))
+        return torch.logaddexp(
+            torch.log_softmax(z / temperature, dim=1) + torch.log1p(-smoothing), torch.log(smoothing / k)
+        )
 
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -118,7 +126,9 @@ class StructuredScaling(PerClassCalibrator):
     def _check_state(self, where: str) -> None:
         eps = float(self.smoothing)
         if not 0 < eps < 1:
-            raise ValueError(f"The calibrator weights {where!r} are corrupted: the smoothing eps = {eps!r} is not in (0, 1).")
+            raise ValueError(
+                f"The calibrator weights {where!r} are corrupted: the smoothing eps = {eps!r} is not in (0, 1)."
+            )
 
     # ------------------------------------------------------------------ fitting
     def penalty(self, num_classes: int, num_samples: int) -> QuadraticPenalty:
@@ -139,7 +149,9 @@ class StructuredScaling(PerClassCalibrator):
         """``_features`` of one block of rows, in float64 rounded to the block's dtype (one compiled pass)."""
         k = block.shape[1]
         out = np.empty(block.shape, dtype=block.dtype)
-        run_pass(_features_block, block.size, block, 1.0 / temperature, 1.0 - smoothing, smoothing / k, out, chunk_rows(k))
+        run_pass(
+            _features_block, block.size, block, 1.0 / temperature, 1.0 - smoothing, smoothing / k, out, chunk_rows(k)
+        )
         return out
 
     def _memory_needed(self, num_samples: int, num_classes: int) -> int | None:
@@ -148,7 +160,9 @@ class StructuredScaling(PerClassCalibrator):
     def _memory_reason(self, num_samples: int, num_classes: int) -> str:
         return k_squared_reason(num_samples, num_classes)
 
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+    def _fit(
+        self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool
+    ) -> dict[str, Any]:
         if self.diagonal:
             return self._fit_rows(as_rows(logits), labels, objective, kw, progress_bar)
         return self._fit_matrix(logits, labels, objective, kw, progress_bar)
@@ -168,12 +182,25 @@ class StructuredScaling(PerClassCalibrator):
         # sums, LBFGS's state, the report's arrays: 5 MB at 50,000 x 21,843, over the input plus one buffer); the last
         # blocks are computed again at every pass (1.5 % of them there)
         size = n * k * np.dtype(rows.compute_dtype).itemsize
-        features = MappedRows(rows, lambda block: self._features_of_block(block, temperature, smoothing),
-                              keep_bytes=size - min(FIT_MARGIN_BYTES, size // 64))
+        features = MappedRows(
+            rows,
+            lambda block: self._features_of_block(block, temperature, smoothing),
+            keep_bytes=size - min(FIT_MARGIN_BYTES, size // 64),
+        )
         penalty = self.penalty(k, n)
-        result = fit_affine(BlockDiagonalNLL(features, labels), identity_parameters(k, True), max_iter=self.max_iter, tol=self.tol,
-                            rounds=1, penalty=penalty, progress_bar=progress_bar, desc=type(self).__name__)
-        self.__dict__["_fit_features"] = features  # the fit-set report reads them (``_calibrated_blocks``), then drops them
+        result = fit_affine(
+            BlockDiagonalNLL(features, labels),
+            identity_parameters(k, True),
+            max_iter=self.max_iter,
+            tol=self.tol,
+            rounds=1,
+            penalty=penalty,
+            progress_bar=progress_bar,
+            desc=type(self).__name__,
+        )
+        self.__dict__["_fit_features"] = (
+            features  # the fit-set report reads them (``_calibrated_blocks``), then drops them
+        )
         return self._store(result, result.iterations, result.evaluations, temperature, smoothing, penalty)
 
     def _calibrated_blocks(self, rows):
@@ -191,7 +218,9 @@ class StructuredScaling(PerClassCalibrator):
             yield x
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
-    def _fit_matrix(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+    def _fit_matrix(
+        self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool
+    ) -> dict[str, Any]:
         from hf_calibration.calibrators.temperature import TemperatureScaling
 
         n, k = logits.shape
@@ -206,15 +235,28 @@ class StructuredScaling(PerClassCalibrator):
         common = {"penalty": penalty, "progress_bar": progress_bar, "desc": type(self).__name__}
         x0 = identity_parameters(k, self.diagonal)
         # vector scaling's compiled pass reads the features as they are; a full matrix's products run in float32
-        first = AffineNLL(features, y, diagonal=self.diagonal, products=torch.float64 if self.diagonal else torch.float32)
-        result = fit_affine(first, x0, max_iter=self.max_iter, tol=self.tol if self.diagonal else max(self.tol, FLOAT32_TOL), rounds=1, **common)
+        first = AffineNLL(
+            features, y, diagonal=self.diagonal, products=torch.float64 if self.diagonal else torch.float32
+        )
+        result = fit_affine(
+            first,
+            x0,
+            max_iter=self.max_iter,
+            tol=self.tol if self.diagonal else max(self.tol, FLOAT32_TOL),
+            rounds=1,
+            **common,
+        )
         iterations, evaluations = result.iterations, result.evaluations
         if not self.diagonal and self.tol < FLOAT32_TOL and iterations < self.max_iter:
-            result = fit_affine(AffineNLL(features, y), result.x, max_iter=self.max_iter - iterations, tol=self.tol, **common)
+            result = fit_affine(
+                AffineNLL(features, y), result.x, max_iter=self.max_iter - iterations, tol=self.tol, **common
+            )
             iterations, evaluations = iterations + result.iterations, evaluations + result.evaluations
         return self._store(result, iterations, evaluations, temperature, smoothing, penalty)
 
-    def _store(self, result, iterations: int, evaluations: int, temperature: float, smoothing: float, penalty) -> dict[str, Any]:
+    def _store(
+        self, result, iterations: int, evaluations: int, temperature: float, smoothing: float, penalty
+    ) -> dict[str, Any]:
         """Keep the fitted parameters; the fit record."""
         k = self.num_classes
         x = result.x
@@ -227,14 +269,25 @@ class StructuredScaling(PerClassCalibrator):
                 self.weight.copy_(x[: k * k].view(k, k))
             self.bias.copy_(x[-k:])
             nll = result.objective - float(penalty(x))
-        return {"temperature": temperature, "smoothing": smoothing, "reg_intercept": penalty.bias, "reg_diagonal": penalty.diagonal,
-                "reg_off_diagonal": penalty.off_diagonal, "steps": iterations, "evaluations": evaluations,
-                "best_objective": result.objective, "nll": nll}
+        return {
+            "temperature": temperature,
+            "smoothing": smoothing,
+            "reg_intercept": penalty.bias,
+            "reg_diagonal": penalty.diagonal,
+            "reg_off_diagonal": penalty.off_diagonal,
+            "steps": iterations,
+            "evaluations": evaluations,
+            "best_objective": result.objective,
+            "nll": nll,
+        }
 
     def _card_penalty(self) -> str:
         info = self.fit_info_ or {}
         if "temperature" not in info:
             return "ridge penalties that grow with K and shrink with N"
-        return (f"ridge penalties that grow with K and shrink with N (weights per entry: intercept {info['reg_intercept']:.3g}, "
-                f"diagonal {info['reg_diagonal']:.3g}" + ("" if self.diagonal else f", off-diagonal {info['reg_off_diagonal']:.3g}")
-                + f"), after temperature scaling with T = {info['temperature']:.4f}")
+        return (
+            f"ridge penalties that grow with K and shrink with N (weights per entry: intercept {info['reg_intercept']:.3g}, "
+            f"diagonal {info['reg_diagonal']:.3g}"
+            + ("" if self.diagonal else f", off-diagonal {info['reg_off_diagonal']:.3g}")
+            + f"), after temperature scaling with T = {info['temperature']:.4f}"
+        )

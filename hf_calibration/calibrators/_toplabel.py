@@ -31,7 +31,6 @@ from hf_calibration.calibrators._forward.graph import MAX_CONFIDENCE
 from hf_calibration.calibrators._piecewise import PiecewiseCalibrator
 
 
-
 class TopLabel(NamedTuple):
     """The top-label view of float64 logits (all (N,) but ``rest``)."""
 
@@ -77,7 +76,9 @@ class TopLabelCalibrator(PiecewiseCalibrator):
 
     preserves_argmax = True
 
-    def _fit_confidence(self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int) -> dict[str, Any]:
+    def _fit_confidence(
+        self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int
+    ) -> dict[str, Any]:
         """Fit the map from top-label confidences (float64), their correctness (bool) and predicted classes."""
         raise NotImplementedError
 
@@ -111,9 +112,14 @@ class TopLabelCalibrator(PiecewiseCalibrator):
         confidence, top = np.empty(n), np.empty(n, dtype=np.int64)
         for start, block in rows.blocks():
             parts = top_label(block)
-            confidence[start : start + block.shape[0]], top[start : start + block.shape[0]] = parts.confidence, parts.top
+            confidence[start : start + block.shape[0]], top[start : start + block.shape[0]] = (
+                parts.confidence,
+                parts.top,
+            )
         return self._fit_confidence(confidence, top == labels, top, k)
 
     def _card_description(self) -> str:
-        return (f"It recalibrates the top-label confidence ({self.criterion}) and rescales the other classes' "
-                "probabilities in proportion.")
+        return (
+            f"It recalibrates the top-label confidence ({self.criterion}) and rescales the other classes' "
+            "probabilities in proportion."
+        )

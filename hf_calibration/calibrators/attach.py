@@ -28,8 +28,9 @@ import inspect
 import logging
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,12 +67,18 @@ def _calibrated_forward(inner: Callable) -> Callable:
         calibrator = entry.calibrator
         if _graph.tracing():  # compile / export: the branch-free map, traced into the model's graph
             return _replace_logits(output, calibrator.graph_forward)
-        return _replace_logits(output, lambda logits: calibrator(logits, from_logits=True))  # a model's outputs are logits
+        return _replace_logits(
+            output, lambda logits: calibrator(logits, from_logits=True)
+        )  # a model's outputs are logits
 
     if not isinstance(inner, types.FunctionType):  # a bound instance forward: its signature, with `self` put back
         signature = inspect.signature(inner)
         forward.__signature__ = signature.replace(
-            parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *signature.parameters.values()])
+            parameters=[
+                inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                *signature.parameters.values(),
+            ]
+        )
     return forward
 
 
@@ -90,7 +97,9 @@ def _replace_logits(output: Any, calibrate) -> Any:
                 items[i] = calibrate(item)
                 return type(output)(items)
         raise ValueError("The model's output tuple holds no (N, K) logits tensor to calibrate.")
-    raise TypeError(f"Cannot calibrate a model output of type {type(output).__name__}: expected a ModelOutput, tuple or tensor.")
+    raise TypeError(
+        f"Cannot calibrate a model output of type {type(output).__name__}: expected a ModelOutput, tuple or tensor."
+    )
 
 
 def _module_of(model: Any) -> nn.Module:
@@ -98,9 +107,15 @@ def _module_of(model: Any) -> nn.Module:
     if isinstance(model, nn.Module):
         return model
     transformers = sys.modules.get("transformers")  # a pipeline object means transformers is already imported
-    if transformers is not None and isinstance(model, transformers.Pipeline) and isinstance(getattr(model, "model", None), nn.Module):
+    if (
+        transformers is not None
+        and isinstance(model, transformers.Pipeline)
+        and isinstance(getattr(model, "model", None), nn.Module)
+    ):
         return model.model
-    raise TypeError(f"Expected argument `model` to be a torch.nn.Module or a transformers pipeline, but got {type(model).__name__}.")
+    raise TypeError(
+        f"Expected argument `model` to be a torch.nn.Module or a transformers pipeline, but got {type(model).__name__}."
+    )
 
 
 def attach(calibrator: nn.Module, model: Any) -> Any:
@@ -133,8 +148,10 @@ def attach(calibrator: nn.Module, model: Any) -> Any:
     model.__dict__["forward"] = entry.forward
     calibrator.__dict__["_attached_to"] = model
     if not getattr(calibrator, "preserves_argmax", True) and info.get("task", "multiclass") != "multiclass":
-        logger.info("%s maps each label's logit on its own: which labels pass a 0.5 threshold may change once attached.",
-                    type(calibrator).__name__)
+        logger.info(
+            "%s maps each label's logit on its own: which labels pass a 0.5 threshold may change once attached.",
+            type(calibrator).__name__,
+        )
     elif not getattr(calibrator, "preserves_argmax", True):
         logger.warning(
             "%s may change the predicted class of some inputs (preserves_argmax=False): once attached, the "
@@ -152,8 +169,10 @@ def detach(calibrator: nn.Module) -> nn.Module:
         raise RuntimeError(f"This {type(calibrator).__name__} is not attached to any model: nothing to detach.")
     entry = model.__dict__[_ATTR]
     if model.__dict__.get("forward") is not entry.forward:
-        raise RuntimeError(f"The {type(model).__name__}'s forward was replaced after the calibrator was attached (by another "
-                           "library's hooks?): remove that first, then detach the calibrator.")
+        raise RuntimeError(
+            f"The {type(model).__name__}'s forward was replaced after the calibrator was attached (by another "
+            "library's hooks?): remove that first, then detach the calibrator."
+        )
     del model.__dict__[_ATTR]
     if entry.previous is None:
         del model.__dict__["forward"]
@@ -188,6 +207,8 @@ def observe_uncalibrated(model: nn.Module, observer: Callable[[Any], None]) -> C
     the function that removes it. ``ValueError`` when no calibrator is attached (a forward hook sees that output)."""
     entry = model.__dict__.get(_ATTR)
     if entry is None:
-        raise ValueError("Expected argument `model` to have a calibrator attached (without one, a forward hook sees its own output).")
+        raise ValueError(
+            "Expected argument `model` to have a calibrator attached (without one, a forward hook sees its own output)."
+        )
     entry.observers.append(observer)
     return lambda: entry.observers.remove(observer) if observer in entry.observers else None

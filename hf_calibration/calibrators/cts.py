@@ -17,7 +17,8 @@ O(1) per candidate instead of recomputing a softmax.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,18 +26,22 @@ from torch import nn
 
 from hf_calibration._core import progress as _progress
 from hf_calibration._core.checks import check_float, check_int
-from hf_calibration.metrics.binning import uniform_edges
+from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
 from hf_calibration.calibrators._fitting import cts_search as search
 from hf_calibration.calibrators._per_class import PerClassCalibrator
 from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
+from hf_calibration.metrics.binning import uniform_edges
 
 DEFAULT_GRID = tuple(float(t) for t in np.round(np.linspace(0.5, 5.0, 46), 12))
 ECE_TIE = 1e-12  # an ECE improvement smaller than this is rounding noise
 
 
 @register_calibrator
-class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temperature-scaling"], paper_url="https://cris.iucc.ac.il/en/publications/network-calibration-by-class-based-temperature-scaling/"):
+class ClassBasedTemperatureScaling(
+    PerClassCalibrator,
+    tags=["class-based-temperature-scaling"],
+    paper_url="https://cris.iucc.ac.il/en/publications/network-calibration-by-class-based-temperature-scaling/",
+):
     """CTS: ``z_ik / T_k`` with one temperature per class, chosen by a greedy grid search on the ECE.
 
     ``fit(objective=...)`` names the objective of the initial temperature scaling (NLL); the per-class search
@@ -79,7 +84,11 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
         self.grid = tuple(check_float(t, "grid", minimum=0, min_inclusive=False) for t in grid)
         self.sweeps = check_int(sweeps, "sweeps", minimum=1)
         self.n_bins = check_int(n_bins, "n_bins", minimum=1)
-        self.accuracy_tolerance = None if accuracy_tolerance is None else check_float(accuracy_tolerance, "accuracy_tolerance", minimum=0, maximum=1)
+        self.accuracy_tolerance = (
+            None
+            if accuracy_tolerance is None
+            else check_float(accuracy_tolerance, "accuracy_tolerance", minimum=0, maximum=1)
+        )
 
     def _allocate(self, k: int) -> None:
         self.temperatures = nn.Parameter(torch.ones(k, dtype=torch.float64), requires_grad=False)
@@ -87,13 +96,17 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
     def _check_state(self, where: str) -> None:
         t = self.temperatures.detach()
         if not bool((t > 0).all()):
-            raise ValueError(f"The calibrator weights {where!r} are corrupted: a class temperature is not positive ({float(t.min()):.6g}).")
+            raise ValueError(
+                f"The calibrator weights {where!r} are corrupted: a class temperature is not positive ({float(t.min()):.6g})."
+            )
 
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
         return z / self.temperatures.to(device=z.device, dtype=z.dtype)
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+    def _fit(
+        self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool
+    ) -> dict[str, Any]:
         from hf_calibration.calibrators.temperature import TemperatureScaling
 
         n, k = logits.shape
@@ -108,7 +121,9 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
         v1, v2, tot = np.empty(n), np.empty(n), np.empty(n)
         j1, j2 = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         # every parallel kernel runs on the thread count its timing favours (a busy machine stalls parallel regions)
-        step, summarise, update = (ThreadCountChooser(f) for f in (search.candidate_bins, search.summarise, search.update_column))
+        step, summarise, update = (
+            ThreadCountChooser(f) for f in (search.candidate_bins, search.summarise, search.update_column)
+        )
         summarise(z, inv_t, v1, j1, v2, j2, tot)
         best_gap, best_correct = search.current_bins(y, j1, tot, edges)
         initial_ece = best_gap / n
@@ -116,7 +131,7 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
         classes = np.unique(y)
         sweeps, updates = 0, 0
         with _progress.progress_bar(total=self.sweeps * len(classes), desc="CTS", enabled=progress_bar) as bar:
-            for sweeps in range(1, self.sweeps + 1):
+            for sweeps in range(1, self.sweeps + 1):  # noqa: B007 - the count of sweeps run is read after the loop
                 summarise(z, inv_t, v1, j1, v2, j2, tot)  # from scratch: no rounding carried across sweeps
                 changed = False
                 for c in classes:
@@ -147,5 +162,7 @@ class ClassBasedTemperatureScaling(PerClassCalibrator, tags=["class-based-temper
         }
 
     def _card_description(self) -> str:
-        return ("It divides each class's logit by that class's own temperature T_k, chosen by a greedy grid search on the "
-                "calibration-set ECE (class-based temperature scaling, Frenkel & Goldberger 2021).")
+        return (
+            "It divides each class's logit by that class's own temperature T_k, chosen by a greedy grid search on the "
+            "calibration-set ECE (class-based temperature scaling, Frenkel & Goldberger 2021)."
+        )

@@ -21,7 +21,9 @@ LOG_EPS = math.log(np.finfo(np.float64).eps)  # the authors' clip of the probabi
 
 
 @register_calibrator
-class DirichletCalibration(MatrixScaling, tags=["dirichlet-calibration", "odir"], paper_url="https://arxiv.org/abs/1910.12656"):
+class DirichletCalibration(
+    MatrixScaling, tags=["dirichlet-calibration", "odir"], paper_url="https://arxiv.org/abs/1910.12656"
+):
     """Dirichlet calibration with ODIR: ``softmax(W max(log softmax(z), log eps) + b)``; lambda and mu by cross-validation.
 
     Takes the same arguments as ``MatrixScaling`` (``reg_lambda``, ``reg_mu``, ``reg_diagonal``, ``lambdas``, ``mus``,
@@ -50,5 +52,7 @@ class DirichletCalibration(MatrixScaling, tags=["dirichlet-calibration", "odir"]
         return torch.log_softmax(z, dim=1).clamp_min(LOG_EPS)
 
     def _card_description(self) -> str:
-        return (f"It maps the log-probabilities log q to softmax(W log q + b) with a full K x K matrix W and bias b (Dirichlet "
-                f"calibration, Kull et al. 2019), fitted by NLL with {self._card_regularisation()}.")
+        return (
+            f"It maps the log-probabilities log q to softmax(W log q + b) with a full K x K matrix W and bias b (Dirichlet "
+            f"calibration, Kull et al. 2019), fitted by NLL with {self._card_regularisation()}."
+        )

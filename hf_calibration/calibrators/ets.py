@@ -26,15 +26,18 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_int
+from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
+from hf_calibration._core.vmath import exp_into
 from hf_calibration.calibrators._base import Calibrator
 from hf_calibration.calibrators._fitting.lbfgs import minimize
 from hf_calibration.calibrators._fitting.partition import nll_derivatives
 from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
-from hf_calibration._core.vmath import exp_into
 from hf_calibration.calibrators.temperature import T_MAX, T_MIN
 
-LOG_T_RANGE = (math.log(T_MIN), math.log(T_MAX))  # the fitted temperature stays in [0.05, 100], as temperature scaling's
+LOG_T_RANGE = (
+    math.log(T_MIN),
+    math.log(T_MAX),
+)  # the fitted temperature stays in [0.05, 100], as temperature scaling's
 
 
 CHUNK_VALUES = 1 << 16  # values per parallel task of the kernels below (each row is independent: outputs are per row)
@@ -77,7 +80,9 @@ def _brier_rows(z, labels, beta, value, slope):  # pragma: no cover - compiled
             y = labels[i]
             ey, dy = e[y], d[y]
             value[i] = s2 / (s1 * s1) - 2.0 * ey / s1 + 1.0
-            slope[i] = -2.0 * m2 / (s1 * s1) + 2.0 * s2 * m1 / (s1 * s1 * s1) + 2.0 * dy * ey / s1 - 2.0 * ey * m1 / (s1 * s1)
+            slope[i] = (
+                -2.0 * m2 / (s1 * s1) + 2.0 * s2 * m1 / (s1 * s1 * s1) + 2.0 * dy * ey / s1 - 2.0 * ey * m1 / (s1 * s1)
+            )
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
@@ -177,7 +182,11 @@ def _mix(w, p, q, k):
 
 
 @register_calibrator
-class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling", "temperature-scaling"], paper_url="https://arxiv.org/abs/2003.07329"):
+class EnsembleTemperatureScaling(
+    Calibrator,
+    tags=["ensemble-temperature-scaling", "temperature-scaling"],
+    paper_url="https://arxiv.org/abs/2003.07329",
+):
     """ETS: ``w1 softmax(z / T) + w2 softmax(z) + w3 / K`` (4 parameters), fitted by the Brier score (the paper's MSE).
 
     Returns log-probabilities (the log of that mixture), so ``softmax`` of the output is the calibrated
@@ -219,10 +228,14 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
     def _check_state(self, where: str) -> None:
         w = self.weights.detach().double()
         if not (bool((w >= 0).all()) and abs(float(w.sum()) - 1.0) <= 1e-9):
-            raise ValueError(f"The calibrator weights {where!r} are corrupted: the mixture weights {w.tolist()} are not on the simplex.")
+            raise ValueError(
+                f"The calibrator weights {where!r} are corrupted: the mixture weights {w.tolist()} are not on the simplex."
+            )
         t = float(self.log_temperature.detach())
         if not LOG_T_RANGE[0] <= t <= LOG_T_RANGE[1]:
-            raise ValueError(f"The calibrator weights {where!r} are corrupted: T = {math.exp(t):.6g} lies outside [{T_MIN}, {T_MAX}].")
+            raise ValueError(
+                f"The calibrator weights {where!r} are corrupted: T = {math.exp(t):.6g} lies outside [{T_MIN}, {T_MAX}]."
+            )
 
     @property
     def fitted_temperature(self) -> float:
@@ -233,7 +246,9 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             t = self.log_temperature.to(device=z.device, dtype=z.dtype).exp()
-            log_w = torch.log(self.weights.to(device=z.device, dtype=z.dtype))  # -inf for a zero weight: that term drops
+            log_w = torch.log(
+                self.weights.to(device=z.device, dtype=z.dtype)
+            )  # -inf for a zero weight: that term drops
             out = torch.logaddexp(log_w[0] + torch.log_softmax(z / t, dim=1), log_w[1] + torch.log_softmax(z, dim=1))
             return torch.logaddexp(out, log_w[2] - math.log(z.shape[1]))
 
@@ -241,13 +256,23 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
     def _fit_rows(self, rows, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
         k = rows.shape[1]
         # 1. the temperature: temperature scaling under the fit objective (the paper's first stage)
-        first = minimize(_temperature_objective(rows, labels, objective), torch.zeros(1), max_iter=self.max_iter,
-                         progress_bar=progress_bar, desc="ETS temperature")
+        first = minimize(
+            _temperature_objective(rows, labels, objective),
+            torch.zeros(1),
+            max_iter=self.max_iter,
+            progress_bar=progress_bar,
+            desc="ETS temperature",
+        )
         log_t = float(first.x[0].clamp(*LOG_T_RANGE))
         # 2. the mixture weights for that temperature, on the simplex through w = softmax(v)
         stats = _mixture_statistics(rows, labels, math.exp(log_t))
-        second = minimize(_weight_objective(stats, k, objective), torch.zeros(3), max_iter=self.max_iter,
-                          progress_bar=progress_bar, desc="ETS weights")
+        second = minimize(
+            _weight_objective(stats, k, objective),
+            torch.zeros(3),
+            max_iter=self.max_iter,
+            progress_bar=progress_bar,
+            desc="ETS weights",
+        )
         with torch.no_grad():
             self.log_temperature.fill_(log_t)
             self.weights.copy_(torch.softmax(second.x, 0))
@@ -262,5 +287,7 @@ class EnsembleTemperatureScaling(Calibrator, tags=["ensemble-temperature-scaling
         if not self.is_fitted:
             return "It mixes softmax(z / T), softmax(z) and the uniform distribution (ensemble temperature scaling, Zhang et al. 2020)."
         w = ", ".join(f"{float(v):.4f}" for v in self.weights.detach())
-        return (f"It mixes softmax(z / T) with T = {self.fitted_temperature:.4f}, softmax(z) and the uniform distribution with "
-                f"weights ({w}) (ensemble temperature scaling, Zhang et al. 2020).")
+        return (
+            f"It mixes softmax(z / T) with T = {self.fitted_temperature:.4f}, softmax(z) and the uniform distribution with "
+            f"weights ({w}) (ensemble temperature scaling, Zhang et al. 2020)."
+        )

@@ -92,11 +92,15 @@ class HistogramBinning(
     min_samples = 10
     default_objective = "bin_frequency"
     criterion = "the fraction correct of each confidence bin of the fit set"
-    paper_citation = ("C. Gupta, A. Ramdas, *Top-label calibration and multiclass-to-binary reductions*, ICLR 2022; "
-                      "B. Zadrozny, C. Elkan, *Obtaining calibrated probability estimates from decision trees and naive "
-                      "Bayesian classifiers*, ICML 2001")
+    paper_citation = (
+        "C. Gupta, A. Ramdas, *Top-label calibration and multiclass-to-binary reductions*, ICLR 2022; "
+        "B. Zadrozny, C. Elkan, *Obtaining calibrated probability estimates from decision trees and naive "
+        "Bayesian classifiers*, ICML 2001"
+    )
 
-    def __init__(self, n_bins: int | None = None, points_per_bin: int = 50, binning: str = "equal_mass", per_class: bool = True):
+    def __init__(
+        self, n_bins: int | None = None, points_per_bin: int = 50, binning: str = "equal_mass", per_class: bool = True
+    ):
         super().__init__()
         self.n_bins = None if n_bins is None else check_int(n_bins, "n_bins", minimum=1)
         self.points_per_bin = check_int(points_per_bin, "points_per_bin", minimum=1)
@@ -124,20 +128,29 @@ class HistogramBinning(
             edges = equal_mass_edges(confidence, n_bins)
         return edges, bin_frequencies(confidence, correct, edges)
 
-    def _fit_confidence(self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int) -> dict[str, Any]:
+    def _fit_confidence(
+        self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int
+    ) -> dict[str, Any]:
         pooled = (np.zeros(0), np.zeros(0))
         if not self.per_class:
             maps = [self._fit_one(confidence, correct)]
             info = {"bins": len(maps[0][0])}
         else:
             counts = np.bincount(top, minlength=num_classes)
-            maps = [self._fit_one(confidence[top == k], correct[top == k]) if counts[k] else pooled for k in range(num_classes)]
+            maps = [
+                self._fit_one(confidence[top == k], correct[top == k]) if counts[k] else pooled
+                for k in range(num_classes)
+            ]
             own = np.array([len(edges) > 0 for edges, _ in maps])
             if not own.all():  # a class too rare for its own bins (or never predicted here) uses the pooled binning
                 pooled = self._fit_one(confidence, correct)
             maps.append(pooled)  # group K
-            info = {"bins": int(sum(len(edges) for edges, _ in maps)), "bins_per_class": [len(edges) for edges, _ in maps[:-1]],
-                    "pooled_bins": len(pooled[0]), "pooled_classes": int((~own).sum())}
+            info = {
+                "bins": int(sum(len(edges) for edges, _ in maps)),
+                "bins_per_class": [len(edges) for edges, _ in maps[:-1]],
+                "pooled_bins": len(pooled[0]),
+                "pooled_classes": int((~own).sum()),
+            }
         self.maps.set(maps)
         if self.n_bins is None:
             info["points_per_bin"] = self.points_per_bin
@@ -146,8 +159,10 @@ class HistogramBinning(
     def _identity_reason(self, classes: list[int]) -> str | None:
         n = (self.fit_info_ or {}).get("num_samples")
         if self.n_bins is None and n is not None and n < self.points_per_bin:
-            return (f"the fit set has {n} samples, fewer than points_per_bin = {self.points_per_bin} for one bin: "
-                    "pass a smaller points_per_bin (or n_bins) to bin it anyway")
+            return (
+                f"the fit set has {n} samples, fewer than points_per_bin = {self.points_per_bin} for one bin: "
+                "pass a smaller points_per_bin (or n_bins) to bin it anyway"
+            )
         return None
 
     def _map_confidence(self, confidence: np.ndarray, top: np.ndarray) -> np.ndarray:

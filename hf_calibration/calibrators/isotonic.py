@@ -28,8 +28,9 @@ from hf_calibration.calibrators._piecewise import PiecewiseCalibrator, Piecewise
 from hf_calibration.calibrators._registry import register_calibrator
 from hf_calibration.calibrators._toplabel import TopLabelCalibrator
 
-CITATION = ("B. Zadrozny, C. Elkan, *Transforming classifier scores into accurate multiclass probability estimates*, "
-            "KDD 2002")
+CITATION = (
+    "B. Zadrozny, C. Elkan, *Transforming classifier scores into accurate multiclass probability estimates*, KDD 2002"
+)
 MIN_PROBABILITY = 1e-15  # one-vs-rest: a class's calibrated probability before normalising is at least this
 
 
@@ -73,7 +74,9 @@ class IsotonicRegression(
         super().__init__()
         self.maps = PiecewiseMaps()
 
-    def _fit_confidence(self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int) -> dict[str, Any]:
+    def _fit_confidence(
+        self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int
+    ) -> dict[str, Any]:
         knots, values = fit_isotonic(confidence, correct)
         self.maps.set([(knots, values)])
         return {"thresholds": int(knots.size)}
@@ -111,7 +114,9 @@ class OneVsRestIsotonicRegression(
         super().__init__()
         self.maps = PiecewiseMaps()
 
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+    def _fit(
+        self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool
+    ) -> dict[str, Any]:
         probs = softmax(logits.astype(np.float64), axis=1)
         self.maps.set([fit_isotonic(probs[:, k], labels == k) for k in range(logits.shape[1])])
         return {"thresholds": int(self.maps.knots.numel())}
@@ -129,9 +134,10 @@ class OneVsRestIsotonicRegression(
     def _calibrate_graph(self, z: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(z.double(), dim=1)
         classes = torch.arange(z.shape[1], device=z.device).expand_as(probs)
-        calibrated = torch.maximum(_graph.linear_interp(probs, classes, self.maps.graph_tables()), _graph.constant(probs, MIN_PROBABILITY))
+        calibrated = torch.maximum(
+            _graph.linear_interp(probs, classes, self.maps.graph_tables()), _graph.constant(probs, MIN_PROBABILITY)
+        )
         return torch.log(calibrated / calibrated.sum(dim=1, keepdim=True)).to(z.dtype)
 
     def _card_description(self) -> str:
-        return ("It maps each class's probability through its own isotonic (non-decreasing) map and normalises "
-                "the row.")
+        return "It maps each class's probability through its own isotonic (non-decreasing) map and normalises the row."

@@ -61,7 +61,8 @@ same way, then finishes in float64 throughout to ``tol``, so its minimiser is th
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -69,14 +70,20 @@ from torch import nn
 
 from hf_calibration._core import progress as _progress
 from hf_calibration._core.checks import check_float, check_int
-from hf_calibration.calibrators._fitting.affine import AffineCurvature, AffineNLL, affine_curvature, affine_preconditioner, fit_affine, identity_parameters
-from hf_calibration.calibrators._base import logger
+from hf_calibration._core.threads import torch_single_threaded
+from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason, logger
+from hf_calibration.calibrators._fitting.affine import (
+    AffineCurvature,
+    AffineNLL,
+    affine_curvature,
+    affine_preconditioner,
+    fit_affine,
+    identity_parameters,
+)
 from hf_calibration.calibrators._fitting.cv import stratified_folds
 from hf_calibration.calibrators._fitting.lbfgs import Preconditioner, QuadraticPenalty, odir_penalty
-from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
 from hf_calibration.calibrators._per_class import PerClassCalibrator
 from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration._core.threads import torch_single_threaded
 
 # The authors' grid (their experiment code): weights per entry, 10^i for i from -5 (10 classes) or -2 (100 classes) to 6,
 # lambda's also at 0.25 and 0.5 of each decade.
@@ -222,19 +229,46 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
     def _penalty(self, k: int, reg_lambda: float, reg_mu: float):
         return odir_penalty(k, reg_lambda, reg_mu, reg_diagonal=self._nu(k))
 
-    def _fit_final(self, features: torch.Tensor, labels: torch.Tensor, reg_lambda: float, reg_mu: float, x0: torch.Tensor,
-                   progress_bar: bool, precondition=None) -> tuple[torch.Tensor, float, int, int]:
+    def _fit_final(
+        self,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        reg_lambda: float,
+        reg_mu: float,
+        x0: torch.Tensor,
+        progress_bar: bool,
+        precondition=None,
+    ) -> tuple[torch.Tensor, float, int, int]:
         """The fit on the whole set: float32 products down to ``CV_TOL``, then float64 throughout down to ``tol`` (the
         minimiser is the float64 objective's), both preconditioned by per-class curvature blocks (the search's, when
         it ran; else at the start, and again at the float32 solution); returns (parameters, objective, iterations,
         evaluations)."""
         penalty = self._penalty(features.shape[1], reg_lambda, reg_mu)
-        common = {"penalty": penalty, "blocks": True, "precondition": precondition, "progress_bar": progress_bar, "desc": type(self).__name__}
-        rough = fit_affine(AffineNLL(features, labels, products=CV_PRODUCTS, softmax=CV_PRODUCTS), x0, max_iter=self.max_iter, tol=max(self.tol, CV_TOL),
-                           rounds=1 if precondition is not None else 2, **common)
+        common = {
+            "penalty": penalty,
+            "blocks": True,
+            "precondition": precondition,
+            "progress_bar": progress_bar,
+            "desc": type(self).__name__,
+        }
+        rough = fit_affine(
+            AffineNLL(features, labels, products=CV_PRODUCTS, softmax=CV_PRODUCTS),
+            x0,
+            max_iter=self.max_iter,
+            tol=max(self.tol, CV_TOL),
+            rounds=1 if precondition is not None else 2,
+            **common,
+        )
         if rough.iterations >= self.max_iter:
             return rough.x, rough.objective, rough.iterations, rough.evaluations
-        exact = fit_affine(AffineNLL(features, labels), rough.x, max_iter=self.max_iter - rough.iterations, tol=self.tol, rounds=1, **common)
+        exact = fit_affine(
+            AffineNLL(features, labels),
+            rough.x,
+            max_iter=self.max_iter - rough.iterations,
+            tol=self.tol,
+            rounds=1,
+            **common,
+        )
         return exact.x, exact.objective, rough.iterations + exact.iterations, rough.evaluations + exact.evaluations
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
@@ -244,7 +278,9 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
     def _memory_reason(self, num_samples: int, num_classes: int) -> str:
         return k_squared_reason(num_samples, num_classes)
 
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+    def _fit(
+        self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool
+    ) -> dict[str, Any]:
         k = logits.shape[1]
         self._resize(k)
         with torch.no_grad():
@@ -255,16 +291,22 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
         try:
             if searched:
                 if len(y) < self.cv:
-                    raise ValueError(f"Expected at least `cv` = {self.cv} labelled samples to choose lambda and mu by cross-validation, but got {len(y)}.")
+                    raise ValueError(
+                        f"Expected at least `cv` = {self.cv} labelled samples to choose lambda and mu by cross-validation, but got {len(y)}."
+                    )
                 search = _Search(self, logits, features, y)
                 reg_lambda, reg_mu, x0 = search.run(progress_bar)
                 info.update(search.report())
-                precondition = affine_preconditioner(search.whole, None, self._penalty(k, reg_lambda, reg_mu), search.curvature)
+                precondition = affine_preconditioner(
+                    search.whole, None, self._penalty(k, reg_lambda, reg_mu), search.curvature
+                )
             else:
                 reg_lambda = self.reg_lambda
                 reg_mu = reg_lambda / (k - 1) if self.reg_mu is None else self.reg_mu
                 x0, precondition = identity_parameters(k), None
-            x, objective, iterations, evaluations = self._fit_final(features, y, reg_lambda, reg_mu, x0, progress_bar, precondition)
+            x, objective, iterations, evaluations = self._fit_final(
+                features, y, reg_lambda, reg_mu, x0, progress_bar, precondition
+            )
         except FloatingPointError:
             # a class the fit set never (or hardly) shows can be pushed to -inf
             unseen = k - int(torch.unique(y).numel())
@@ -277,14 +319,30 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
             self.weight.copy_(x[: k * k].view(k, k))
             self.bias.copy_(x[k * k :])
             nll = float(AffineNLL(features, y)(x))
-        info.update({"reg_lambda": reg_lambda, "reg_mu": reg_mu, "reg_diagonal": self._nu(k), "steps": iterations,
-                     "evaluations": evaluations, "best_objective": objective, "nll": nll})
+        info.update(
+            {
+                "reg_lambda": reg_lambda,
+                "reg_mu": reg_mu,
+                "reg_diagonal": self._nu(k),
+                "steps": iterations,
+                "evaluations": evaluations,
+                "best_objective": objective,
+                "nll": nll,
+            }
+        )
         if searched and info["cv_nll"] > info["cv_nll_temperature_scaling"]:
             logger.warning(
                 "%s's cross-validated NLL (%.4f at lambda = %g, mu = %g) is above temperature scaling's on the same folds "
                 "(%.4f): %d labelled samples are too few for its K^2 + K = %d parameters. A calibrator with fewer parameters "
-                "should do better: %s.", type(self).__name__, info["cv_nll"], reg_lambda, reg_mu,
-                info["cv_nll_temperature_scaling"], len(y), k * k + k, SMALLER,
+                "should do better: %s.",
+                type(self).__name__,
+                info["cv_nll"],
+                reg_lambda,
+                reg_mu,
+                info["cv_nll_temperature_scaling"],
+                len(y),
+                k * k + k,
+                SMALLER,
             )
         return info
 
@@ -299,8 +357,10 @@ class MatrixScaling(PerClassCalibrator, tags=["matrix-scaling", "odir"], paper_u
         return f"off-diagonal and intercept regularisation (ODIR, lambda = {lam:g}, mu = {mu:g}, {how}){diagonal}"
 
     def _card_description(self) -> str:
-        return (f"It maps the logits z to softmax(W z + b) with a full K x K matrix W and bias b (matrix scaling), fitted by NLL "
-                f"with {self._card_regularisation()} as in Kull et al. 2019.")
+        return (
+            f"It maps the logits z to softmax(W z + b) with a full K x K matrix W and bias b (matrix scaling), fitted by NLL "
+            f"with {self._card_regularisation()} as in Kull et al. 2019."
+        )
 
 
 class _Search:
@@ -310,8 +370,14 @@ class _Search:
         self.owner, self.k, self.n = owner, features.shape[1], len(labels)
         splits = stratified_folds(labels.numpy(), owner.cv, owner.cv_seed)
         self.splits = splits
-        self.folds = [_Fold(AffineNLL(features[tr], labels[tr], products=CV_PRODUCTS, softmax=CV_PRODUCTS), AffineNLL(features[va], labels[va]), len(va) / self.n)
-                      for tr, va in splits]
+        self.folds = [
+            _Fold(
+                AffineNLL(features[tr], labels[tr], products=CV_PRODUCTS, softmax=CV_PRODUCTS),
+                AffineNLL(features[va], labels[va]),
+                len(va) / self.n,
+            )
+            for tr, va in splits
+        ]
         self.logits, self.labels = logits, labels.numpy()
         self.whole = AffineNLL(features, labels)
         self.curvature: AffineCurvature | None = None
@@ -329,10 +395,17 @@ class _Search:
         """The solved candidate nearest to (lam, mu) in log scale: its (lam, mu) and its per-fold solutions."""
         if not self.solutions:
             return None, None
-        return min(self.solutions.items(), key=lambda item: abs(math.log(max(item[0][0], 1e-300) / max(lam, 1e-300)))
-                   + abs(math.log(max(item[0][1], 1e-300) / max(mu, 1e-300))))
+        return min(
+            self.solutions.items(),
+            key=lambda item: (
+                abs(math.log(max(item[0][0], 1e-300) / max(lam, 1e-300)))
+                + abs(math.log(max(item[0][1], 1e-300) / max(mu, 1e-300)))
+            ),
+        )
 
-    def _predicted(self, x: torch.Tensor, old: QuadraticPenalty, new: QuadraticPenalty, shared: Preconditioner | None) -> torch.Tensor:
+    def _predicted(
+        self, x: torch.Tensor, old: QuadraticPenalty, new: QuadraticPenalty, shared: Preconditioner | None
+    ) -> torch.Tensor:
         """One Newton step from the solution ``x`` for the penalty ``old`` to the one for ``new``: the new objective's
         gradient at ``x`` is the penalties' difference's (the data part was ~0 with ``old``; the diagonal's weight,
         ``reg_diagonal``, is the same for both). Only a warm start: the fit that follows converges from where it lands."""
@@ -369,9 +442,18 @@ class _Search:
                 if f > 0:  # the move fold 0 made from the same start predicts this fold's
                     x0 = x0 + (solutions[0] - predicted[0])
             else:  # the first candidate: from temperature scaling's fit on the same fold (W = I / T)
-                x0 = identity_parameters(self.k) / torch.cat([torch.full((self.k * self.k,), self.temperatures[f]), torch.ones(self.k)])
-            result = fit_affine(fold.train, x0, penalty=penalty, max_iter=owner.max_iter, tol=max(owner.tol, CV_TOL), rounds=CV_ROUNDS,
-                                precondition=shared)
+                x0 = identity_parameters(self.k) / torch.cat(
+                    [torch.full((self.k * self.k,), self.temperatures[f]), torch.ones(self.k)]
+                )
+            result = fit_affine(
+                fold.train,
+                x0,
+                penalty=penalty,
+                max_iter=owner.max_iter,
+                tol=max(owner.tol, CV_TOL),
+                rounds=CV_ROUNDS,
+                precondition=shared,
+            )
             if self.curvature is None:  # one curvature for every later fit, at the first solution (~ every fold's)
                 self.curvature = affine_curvature(self.whole, result.x, blocks=True)
                 shared = self._preconditioner(lam, penalty)
@@ -381,13 +463,20 @@ class _Search:
                 scores.append(float(fold.held_out(result.x)))
             if best is not None and len(scores) < len(self.folds):
                 excess = [s - b for s, b in zip(scores, best)]
-                margin = RACE_MARGIN * (1 if len(scores) >= RACE_FOLDS else RACE_FIRST) * sum(best[: len(scores)]) / len(scores)
+                margin = (
+                    RACE_MARGIN
+                    * (1 if len(scores) >= RACE_FOLDS else RACE_FIRST)
+                    * sum(best[: len(scores)])
+                    / len(scores)
+                )
                 if min(excess) > 0 and sum(excess) / len(excess) > margin:
                     break
         self.evaluations += evaluations
         weights = [fold.weight for fold in self.folds[: len(scores)]]
         score = sum(s * w for s, w in zip(scores, weights)) / sum(weights)
-        self.table.append({"reg_lambda": lam, "reg_mu": mu, "cv_nll": score, "folds": len(scores), "evaluations": evaluations})
+        self.table.append(
+            {"reg_lambda": lam, "reg_mu": mu, "cv_nll": score, "folds": len(scores), "evaluations": evaluations}
+        )
         if self.bar is not None:
             self.bar.update(1)
         self.fold_scores[key] = scores
@@ -406,15 +495,23 @@ class _Search:
         if self.curvature is None:
             return None
         if self._pre_key != lam:
-            self._pre, self._pre_key = affine_preconditioner(self.whole, None, penalty, self.curvature, CV_PRODUCTS), lam
+            self._pre, self._pre_key = (
+                affine_preconditioner(self.whole, None, penalty, self.curvature, CV_PRODUCTS),
+                lam,
+            )
         return self._pre
 
     def table_score(self, key: tuple[float, float]) -> float:
         return next(row["cv_nll"] for row in self.table if (row["reg_lambda"], row["reg_mu"]) == key)
 
     # ------------------------------------------------------------------ the walks
-    def walk(self, candidates: Sequence[tuple[float, float]], patience: int | None, plateau: float = 0.0,
-             flat_steps: int | None = None) -> None:
+    def walk(
+        self,
+        candidates: Sequence[tuple[float, float]],
+        patience: int | None,
+        plateau: float = 0.0,
+        flat_steps: int | None = None,
+    ) -> None:
         """Try ``candidates`` in order until ``patience`` of them in a row have not beaten the best (None: all); with
         ``plateau``, a candidate within that (relative) of the best does not count against the patience, but
         ``flat_steps`` of those in a row end the walk (None: crossed to the end)."""
@@ -436,15 +533,27 @@ class _Search:
         owner, k = self.owner, self.k
         explicit = owner.lambdas is not None or owner.mus is not None or owner.reg_lambda is not None
         lambdas = (owner.reg_lambda,) if owner.reg_lambda is not None else (owner.lambdas or self._decades(k * (k - 1)))
-        grid = len(lambdas) * len(owner.mus or (1,)) if explicit else len(lambdas) * (1 + len(LAMBDA_STEPS)) * len(lambdas)
+        grid = (
+            len(lambdas) * len(owner.mus or (1,)) if explicit else len(lambdas) * (1 + len(LAMBDA_STEPS)) * len(lambdas)
+        )
         # the bar counts the candidates fitted, out of the grid's size (the search ends it at 100 % when it stops early)
         with _progress.progress_bar(total=grid, desc=f"{type(owner).__name__} CV", enabled=progress_bar) as self.bar:
             if explicit:
                 for i, lam in enumerate(lambdas):
-                    mus = owner.mus if owner.mus is not None else (lam / (k - 1) if owner.reg_mu is None else owner.reg_mu,)
+                    mus = (
+                        owner.mus
+                        if owner.mus is not None
+                        else (lam / (k - 1) if owner.reg_mu is None else owner.reg_mu,)
+                    )
                     before = len(self.table)
-                    self.walk([(lam, mu) for mu in (mus if i % 2 == 0 else mus[::-1])], None)  # snake: neighbours warm-start
-                    if owner.cv_patience is not None and len(self.table) > before and self._since_best_lambda(lambdas[: i + 1]) >= owner.cv_patience:
+                    self.walk(
+                        [(lam, mu) for mu in (mus if i % 2 == 0 else mus[::-1])], None
+                    )  # snake: neighbours warm-start
+                    if (
+                        owner.cv_patience is not None
+                        and len(self.table) > before
+                        and self._since_best_lambda(lambdas[: i + 1]) >= owner.cv_patience
+                    ):
                         break
             else:
                 self._paper_search()
@@ -470,11 +579,17 @@ class _Search:
         if fixed_mu is None:
             lam, tied = self.best
             at = mus.index(min(mus, key=lambda m: abs(math.log(m / tied))))
-            for side in (mus[at + 1 :], mus[:at][::-1]):  # weaker mus, then stronger ones; mu's curve is mostly flat too
+            for side in (
+                mus[at + 1 :],
+                mus[:at][::-1],
+            ):  # weaker mus, then stronger ones; mu's curve is mostly flat too
                 self.walk([(lam, m) for m in side], 1, PLATEAU, MU_FLAT_STEPS)
         lam, mu = self.best
         top = lambdas[0]
-        for side in ([lam * s for s in LAMBDA_STEPS[::-1]], [lam * 10 * s for s in LAMBDA_STEPS]):  # weaker, then stronger; nearest first
+        for side in (
+            [lam * s for s in LAMBDA_STEPS[::-1]],
+            [lam * 10 * s for s in LAMBDA_STEPS],
+        ):  # weaker, then stronger; nearest first
             self.walk([(value, mu) for value in side if value <= top * (1 + 1e-12)], 1)
 
     # ------------------------------------------------------------------ the report
@@ -487,11 +602,20 @@ class _Search:
         temperatures, score = [], 0.0
         for (train, val), fold in zip(self.splits, self.folds):
             # (its fit alone: a fold may hold fewer samples than a user-facing fit's minimum)
-            t = TemperatureScaling()._fit(np.ascontiguousarray(self.logits[train]), self.labels[train], "nll", {}, False)["temperature"]
+            t = TemperatureScaling()._fit(
+                np.ascontiguousarray(self.logits[train]), self.labels[train], "nll", {}, False
+            )["temperature"]
             temperatures.append(t)
-            score += scaled_nll(np.ascontiguousarray(self.logits[val]), np.ascontiguousarray(self.labels[val]), 1 / t)[0] * fold.weight
+            score += (
+                scaled_nll(np.ascontiguousarray(self.logits[val]), np.ascontiguousarray(self.labels[val]), 1 / t)[0]
+                * fold.weight
+            )
         return temperatures, score
 
     def report(self) -> dict[str, Any]:
-        return {"cv": self.table, "cv_nll": self.table_score(self.best), "cv_nll_temperature_scaling": self.ts_score,
-                "cv_evaluations": self.evaluations}
+        return {
+            "cv": self.table,
+            "cv_nll": self.table_score(self.best),
+            "cv_nll_temperature_scaling": self.ts_score,
+            "cv_evaluations": self.evaluations,
+        }

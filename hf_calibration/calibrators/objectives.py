@@ -18,7 +18,8 @@ Soft binning (Karandikar et al. 2021; SMART Sec. 3.4, Eq. 5-6): ``B`` bins with 
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -70,7 +71,9 @@ def _soft_ece(stats: ScaledStats, n_bins: int = 15, sigma: float = 0.05) -> torc
     return (mass * gap.abs()).sum()
 
 
-def _charbonnier_soft_ece(stats: ScaledStats, n_bins: int = 15, sigma: float = 0.05, delta: float = 1e-3) -> torch.Tensor:
+def _charbonnier_soft_ece(
+    stats: ScaledStats, n_bins: int = 15, sigma: float = 0.05, delta: float = 1e-3
+) -> torch.Tensor:
     mass, gap = _soft_bin_gaps(stats, n_bins, sigma)
     return (mass * (torch.sqrt(gap**2 + delta**2) - delta)).sum()
 
@@ -91,7 +94,10 @@ def objective_kwargs(objective: str, n_bins: int = 15, sigma: float = 0.05, delt
         return {}
     # sigma is the soft bins' Gaussian width on confidences in [0, 1]; outside these bounds 1 / (2 sigma^2) is no
     # finite positive float (a ZeroDivisionError in the compiled step, an OverflowError in torch's)
-    kw = {"n_bins": check_int(n_bins, "n_bins", minimum=1), "sigma": check_float(sigma, "sigma", minimum=SIGMA_MIN, maximum=SIGMA_MAX)}
+    kw = {
+        "n_bins": check_int(n_bins, "n_bins", minimum=1),
+        "sigma": check_float(sigma, "sigma", minimum=SIGMA_MIN, maximum=SIGMA_MAX),
+    }
     if objective == "charbonnier_soft_ece":
         kw["delta"] = check_float(delta, "delta", minimum=0)
     return kw
@@ -123,4 +129,6 @@ def charbonnier_soft_ece(
     logits: torch.Tensor, labels: torch.Tensor, n_bins: int = 15, sigma: float = 0.05, delta: float = 1e-3
 ) -> torch.Tensor:
     """Charbonnier-SoftECE (SMART Eq. 6, discretised with 15 bins, sigma = 0.05, delta = 1e-3)."""
-    return _charbonnier_soft_ece(scaled_stats(logits, labels), **objective_kwargs("charbonnier_soft_ece", n_bins, sigma, delta))
+    return _charbonnier_soft_ece(
+        scaled_stats(logits, labels), **objective_kwargs("charbonnier_soft_ece", n_bins, sigma, delta)
+    )

@@ -25,7 +25,15 @@ from hf_calibration._core.checks import check_choice, to_numpy
 from hf_calibration._core.inputs import read_multiclass
 from hf_calibration._core.rowpass import top_label
 from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
-from hf_calibration.metrics.bootstrap import INTERVALS, IntervalRule, MetricInterval, check_bootstrap, frame, reframed, weighted_means
+from hf_calibration.metrics.bootstrap import (
+    INTERVALS,
+    IntervalRule,
+    MetricInterval,
+    check_bootstrap,
+    frame,
+    reframed,
+    weighted_means,
+)
 from hf_calibration.metrics.ece import _binned_statistic, _ece_compute
 from hf_calibration.metrics.scores import _row_scores
 from hf_calibration.metrics.smooth import _smce_statistic, smce_from_confidence
@@ -40,11 +48,21 @@ def _sigmoid_scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins:
     the samples (every label of a sample together)."""
     import warnings
 
-    from hf_calibration.metrics.multilabel import _binned_statistic as binned, _score_statistic, _smooth_or_adaptive_statistic, _values
-    from hf_calibration.metrics.multilabel import prepare_sigmoid
+    from hf_calibration.metrics.multilabel import _binned_statistic as binned
+    from hf_calibration.metrics.multilabel import (
+        _score_statistic,
+        _smooth_or_adaptive_statistic,
+        _values,
+        prepare_sigmoid,
+    )
 
-    inputs = prepare_sigmoid(logits.reshape(logits.shape[0], -1), labels.reshape(labels.shape[0], -1), task="multilabel",
-                             from_logits=True, preds_name="predictions")
+    inputs = prepare_sigmoid(
+        logits.reshape(logits.shape[0], -1),
+        labels.reshape(labels.shape[0], -1),
+        task="multilabel",
+        from_logits=True,
+        preds_name="predictions",
+    )
     value = _values(inputs, metric, n_bins)[1]
     rows = np.arange(inputs.probs.shape[0])
     if metric in ("nll", "brier"):
@@ -62,9 +80,13 @@ def _sigmoid_scorer(metric: str, logits: np.ndarray, labels: np.ndarray, n_bins:
         pick = lambda stat, counts: stat(counts)[:, 0]  # noqa: E731
     else:
         if not inputs.full:
-            raise ValueError(f"Expected no ignored labels for a paired bootstrap of {metric} (its bins are re-cut per label).")
-        per_label = [_smooth_or_adaptive_statistic(metric, inputs.probs[:, l], inputs.target[:, l], n_bins)
-                     for l in range(inputs.num_labels)]
+            raise ValueError(
+                f"Expected no ignored labels for a paired bootstrap of {metric} (its bins are re-cut per label)."
+            )
+        per_label = [
+            _smooth_or_adaptive_statistic(metric, inputs.probs[:, l], inputs.target[:, l], n_bins)
+            for l in range(inputs.num_labels)
+        ]
         pick = lambda stat, counts: stat(counts)  # noqa: E731
 
     def statistic(counts):
@@ -117,9 +139,17 @@ class PairedBootstrap:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "metric": self.metric, "best": self.best, "skipped": list(self.skipped),
-            "methods": {m: {"pooled": self.pooled[m].to_dict(), "difference": self.difference[m].to_dict(),
-                            "wins": self.wins[m]} for m in self.pooled},
+            "metric": self.metric,
+            "best": self.best,
+            "skipped": list(self.skipped),
+            "methods": {
+                m: {
+                    "pooled": self.pooled[m].to_dict(),
+                    "difference": self.difference[m].to_dict(),
+                    "wins": self.wins[m],
+                }
+                for m in self.pooled
+            },
         }
 
     def to_markdown(self) -> str:
@@ -131,7 +161,7 @@ class PairedBootstrap:
             f"{any_value.n_boot} resamples of the rows, each method scored on the same rows "
             f"({100 * any_value.level:g} % {'basic (bias-corrected)' if any_value.method == 'basic' else any_value.method} "
             "intervals). Pooled values are not the table's means over folds, which rank the methods: a binned metric of all "
-            f"predictions together is lower (more samples per bin). Δ > 0: worse than {self.best}. \"beats\": the share of "
+            f'predictions together is lower (more samples per bin). Δ > 0: worse than {self.best}. "beats": the share of '
             "resamples in which the method scores lower, counted on the resampled differences centred on Δ (a binned "
             "metric's resamples are biased).",
             "",
@@ -164,8 +194,16 @@ def _centred_share_below_zero(point: float, resampled: np.ndarray) -> float:
     return float(np.mean(resampled - np.median(resampled) + float(point) < 0))
 
 
-def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, best: str | None = None, ci: float = 0.95,
-                     n_boot: int | None = None, seed: int = 0) -> PairedBootstrap:
+def paired_bootstrap(
+    table: Any,
+    metric: str = "ece",
+    *,
+    labels: Any = None,
+    best: str | None = None,
+    ci: float = 0.95,
+    n_boot: int | None = None,
+    seed: int = 0,
+) -> PairedBootstrap:
     """Paired bootstrap of every method of a ``compare_calibrators`` table against the best.
 
     Args:
@@ -186,17 +224,23 @@ def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, bes
     if boot is None:
         raise ValueError("Expected argument `ci` to be a confidence level such as 0.95, but got None.")
     if not getattr(table, "predictions", None):
-        raise ValueError("Expected argument `table` to hold out-of-fold predictions: call compare_calibrators(..., keep_predictions=True).")
+        raise ValueError(
+            "Expected argument `table` to hold out-of-fold predictions: call compare_calibrators(..., keep_predictions=True)."
+        )
     labels = getattr(table, "labels", None) if labels is None else to_numpy(labels, "labels")
     if labels is None:
-        raise ValueError("Expected argument `labels` (the table keeps none): the labels given to compare_calibrators, -100 rows dropped.")
+        raise ValueError(
+            "Expected argument `labels` (the table keeps none): the labels given to compare_calibrators, -100 rows dropped."
+        )
     best = table.best(metric) if best is None else best
     if best not in table.predictions:
         raise ValueError(f"Expected argument `best` to be one of {list(table.predictions)}, but got {best!r}.")
     complete = {m: z for m, z in table.predictions.items() if np.isfinite(z).all()}
     skipped = tuple(m for m in table.predictions if m not in complete)
     if best not in complete:
-        raise ValueError(f"Expected the best method {best!r} to have a prediction for every row, but it failed on some fold.")
+        raise ValueError(
+            f"Expected the best method {best!r} to have a prediction for every row, but it failed on some fold."
+        )
     methods = [best] + [m for m in complete if m != best]
     n_bins = table.n_bins
     task = getattr(table, "task", "multiclass")
@@ -205,9 +249,17 @@ def paired_bootstrap(table: Any, metric: str = "ece", *, labels: Any = None, bes
     pooled = {m: boot.interval(scorers[m][0], replicates[m], metric) for m in methods}
     # a difference has the metric's interval method, without its range (it may be negative)
     difference_rule = IntervalRule(INTERVALS[metric].method)
-    difference = {m: boot.interval(scorers[m][0] - scorers[best][0], replicates[m] - replicates[best], difference_rule)
-                  for m in methods}
+    difference = {
+        m: boot.interval(scorers[m][0] - scorers[best][0], replicates[m] - replicates[best], difference_rule)
+        for m in methods
+    }
     wins = {m: _centred_share_below_zero(difference[m], replicates[m] - replicates[best]) for m in methods}
     order = [m for m in table.predictions if m in complete]  # the table's row order
-    return PairedBootstrap(metric, best, {m: pooled[m] for m in order}, {m: difference[m] for m in order},
-                           {m: wins[m] for m in order}, skipped)
+    return PairedBootstrap(
+        metric,
+        best,
+        {m: pooled[m] for m in order},
+        {m: difference[m] for m in order},
+        {m: wins[m] for m in order},
+        skipped,
+    )

@@ -36,12 +36,12 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int, check_seed
+from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators._fitting.lbfgs import l2_penalty, minimize
-from hf_calibration.calibrators._forward import graph as _graph
 from hf_calibration.calibrators._fitting.partition import LogPartitionTable
+from hf_calibration.calibrators._forward import graph as _graph
 from hf_calibration.calibrators._registry import register_calibrator
 from hf_calibration.calibrators._scaling import TemperatureCalibrator
-from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators.objectives import get_objective
 
 T_FLOOR, T_CEIL = 1e-12, 1e12  # the official code's clip of |MLP| before dividing
@@ -165,7 +165,9 @@ class ParameterizedTemperatureScaling(
     def temperature_of_inputs(self, x: torch.Tensor, params: list[torch.Tensor] | None = None) -> torch.Tensor:
         """``T = clip(|MLP(x)|, 1e-12, 1e12)`` (N,) for sorted inputs ``x``."""
         t = self._mlp(x, params).abs()
-        return torch.minimum(torch.maximum(t, _graph.constant(t, T_FLOOR)), _graph.constant(t, T_CEIL))  # float64 in a graph too
+        return torch.minimum(
+            torch.maximum(t, _graph.constant(t, T_FLOOR)), _graph.constant(t, T_CEIL)
+        )  # float64 in a graph too
 
     def _temperature(self, z: torch.Tensor) -> torch.Tensor:
         device = self.layers[0].weight.device
@@ -173,12 +175,16 @@ class ParameterizedTemperatureScaling(
         return t.detach().to(device=z.device, dtype=z.dtype)[:, None]
 
     def _card_temperature(self) -> str:
-        return (f"a per-sample temperature T = |MLP(top-{self.top_k} sorted logits)| "
-                f"({self.hidden_layers} hidden layers of {self.hidden_size}; parameterized temperature scaling, Tomani et al. 2022)")
+        return (
+            f"a per-sample temperature T = |MLP(top-{self.top_k} sorted logits)| "
+            f"({self.hidden_layers} hidden layers of {self.hidden_size}; parameterized temperature scaling, Tomani et al. 2022)"
+        )
 
     # ------------------------------------------------------------------ fitting
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
-    def _fit(self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool) -> dict[str, Any]:
+    def _fit(
+        self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool
+    ) -> dict[str, Any]:
         relative = self.relative_logits(torch.from_numpy(logits))
         table = LogPartitionTable(relative.float().numpy(), labels)  # the same rounded logits as the MLP's input
         x = self.sorted_inputs(relative)
@@ -197,8 +203,13 @@ class ParameterizedTemperatureScaling(
         theta = torch.cat([p.detach().reshape(-1) for layer in self.layers for p in (layer.weight, layer.bias)])
         # 1. temperature scaling: only the last bias moves (the MLP is the constant |b|)
         last = theta.numel() - 1
-        first = minimize(lambda b: loss(torch.cat([theta[:last], b])), theta[last:], max_iter=self.max_iter,
-                         progress_bar=progress_bar, desc="PTS (temperature scaling)")
+        first = minimize(
+            lambda b: loss(torch.cat([theta[:last], b])),
+            theta[last:],
+            max_iter=self.max_iter,
+            progress_bar=progress_bar,
+            desc="PTS (temperature scaling)",
+        )
         theta = torch.cat([theta[:last], first.x])
         # 2. every parameter, from there
         mask = torch.cat([torch.full((n,), len(s) == 2) for n, s in zip(sizes, shapes)])  # weight matrices only

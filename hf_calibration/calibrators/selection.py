@@ -55,7 +55,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,14 +64,14 @@ import torch
 from hf_calibration._core import progress as _progress
 from hf_calibration._core.checks import check_choice, check_float, check_int
 from hf_calibration._core.inputs import read_multiclass, read_task
+from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators._base import NotFittedError, UncalibratedWarning, _labels_of
-from hf_calibration.calibrators._fitting.held_out import sample_nll
 from hf_calibration.calibrators._fitting.comparison import (
     COLUMNS,
     DEFAULT_METHODS,
     SELECTION_METRICS,
-    SIGNIFICANCE,
     SIGMOID_DEFAULT_METHODS,
+    SIGNIFICANCE,
     UNCALIBRATED,
     CalibratorComparison,
     MethodScores,
@@ -83,9 +84,8 @@ from hf_calibration.calibrators._fitting.comparison import (
     within_one_standard_error,
 )
 from hf_calibration.calibrators._fitting.cv import stratified_folds
-from hf_calibration.calibrators._fitting.held_out import held_out_checked
+from hf_calibration.calibrators._fitting.held_out import held_out_checked, sample_nll
 from hf_calibration.calibrators._registry import create_calibrator
-from hf_calibration._core.threads import torch_single_threaded
 
 __all__ = [  # the comparison's table and constants are re-exported here, where users and the docs have always found them
     "COLUMNS",
@@ -107,6 +107,7 @@ __all__ = [  # the comparison's table and constants are re-exported here, where 
 
 logger = logging.getLogger(__name__)
 
+
 def _as_logits(logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.ndarray, np.ndarray]:
     """Validated float64 logits (probabilities become log-probabilities) and int64 labels, ignored rows dropped."""
     logits, labels = _labels_of(logits, labels)
@@ -120,8 +121,17 @@ def _as_logits(logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.n
     return np.ascontiguousarray(z), y
 
 
-def _fit_and_score(name: str, kwargs: dict, seeds: list, z: np.ndarray, zc: np.ndarray, y: np.ndarray, train: np.ndarray,
-                   val: np.ndarray, n_bins: int) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+def _fit_and_score(
+    name: str,
+    kwargs: dict,
+    seeds: list,
+    z: np.ndarray,
+    zc: np.ndarray,
+    y: np.ndarray,
+    train: np.ndarray,
+    val: np.ndarray,
+    n_bins: int,
+) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
     """Fit ``name`` on ``train`` once per fit seed (``[None]``: unseeded) and score it on ``val``: the scores averaged
     over the seeds, the first seed's calibrated held-out logits, and each held-out sample's NLL (averaged over the
     seeds). ``z`` is checked and ``zc`` is ``z`` with its row maxima at 0 (what ``Calibrator._fit_inputs`` would make
@@ -149,7 +159,9 @@ def sigmoid_task_of(logits: Any, labels: Any, task: str | None) -> str | None:
     return None if found == "multiclass" else found
 
 
-def identity_calibrator(logits: Any, labels: Any, from_logits: bool | None, reason: str, *, who: str, task: str | None = None):
+def identity_calibrator(
+    logits: Any, labels: Any, from_logits: bool | None, reason: str, *, who: str, task: str | None = None
+):
     """A temperature scaling fixed at T = 1 (the identity map) with the fit record of ``logits`` (a sigmoid head's
     ``task``: ``SigmoidTemperatureScaling`` at T = 1); an ``UncalibratedWarning`` says that ``who``
     (``"AutoCalibrator"``, ...) leaves the model as it is, and why."""
@@ -159,17 +171,30 @@ def identity_calibrator(logits: Any, labels: Any, from_logits: bool | None, reas
         from hf_calibration.calibrators.sigmoid.selection import sigmoid_identity
 
         identity = sigmoid_identity(logits, labels, from_logits, task, reason)
-        warnings.warn(f"{who} leaves every prediction uncalibrated (as the model gave them): {reason}.",
-                      UncalibratedWarning, stacklevel=3)
+        warnings.warn(
+            f"{who} leaves every prediction uncalibrated (as the model gave them): {reason}.",
+            UncalibratedWarning,
+            stacklevel=3,
+        )
         return identity
     identity = TemperatureScaling()
     z, y, is_logits = identity._fit_inputs(logits, labels, from_logits)
-    identity.fit_info_ = {"task": "multiclass", "objective": "identity", "objective_options": {}, "input": "logits" if is_logits else "probabilities",
-                          "num_samples": int(z.shape[0]), "num_classes": int(z.shape[1]), "temperature": 1.0}
+    identity.fit_info_ = {
+        "task": "multiclass",
+        "objective": "identity",
+        "objective_options": {},
+        "input": "logits" if is_logits else "probabilities",
+        "num_samples": int(z.shape[0]),
+        "num_classes": int(z.shape[1]),
+        "temperature": 1.0,
+    }
     identity.fit_info_.update(identity._fit_set_report(z, y)[0])
     identity.fit_info_["uncalibrated"] = {"classes": "all", "reason": reason}
-    warnings.warn(f"{who} leaves every prediction uncalibrated (as the model gave them): {reason}.",
-                  UncalibratedWarning, stacklevel=3)
+    warnings.warn(
+        f"{who} leaves every prediction uncalibrated (as the model gave them): {reason}.",
+        UncalibratedWarning,
+        stacklevel=3,
+    )
     return identity
 
 
@@ -232,9 +257,21 @@ def compare_calibrators(
     if sigmoid is not None:
         from hf_calibration.calibrators.sigmoid.selection import compare_sigmoid_calibrators
 
-        return compare_sigmoid_calibrators(logits, labels, methods, cv, seed, metric=metric, race=race, fit_seeds=fit_seeds,
-                                           n_bins=n_bins, from_logits=from_logits, keep_predictions=keep_predictions,
-                                           progress_bar=progress_bar, task=sigmoid)
+        return compare_sigmoid_calibrators(
+            logits,
+            labels,
+            methods,
+            cv,
+            seed,
+            metric=metric,
+            race=race,
+            fit_seeds=fit_seeds,
+            n_bins=n_bins,
+            from_logits=from_logits,
+            keep_predictions=keep_predictions,
+            progress_bar=progress_bar,
+            task=sigmoid,
+        )
     specs = _method_specs(methods)
     cv = check_int(cv, "cv", minimum=2)
     seed = check_int(seed, "seed", minimum=0)
@@ -246,17 +283,23 @@ def compare_calibrators(
             raise TypeError(f"Expected argument `{name}` to be a bool, but got {flag!r}.")
     z, y = _as_logits(logits, labels, from_logits)
     folds = stratified_folds(y, cv=cv, seed=seed)
-    zc = np.ascontiguousarray(z - z.max(axis=1, keepdims=True))  # what every calibrator fits on (Calibrator._fit_inputs)
+    zc = np.ascontiguousarray(
+        z - z.max(axis=1, keepdims=True)
+    )  # what every calibrator fits on (Calibrator._fit_inputs)
 
     def unscored() -> np.ndarray:
         return np.full(z.shape[0], np.nan)
 
     scores = {UNCALIBRATED: MethodScores(UNCALIBRATED, sample_nll=unscored())}
     for fold, (_, val) in enumerate(folds):
-        scores[UNCALIBRATED].add_fold(fold, {**_scores(z[val], z[val], y[val], n_bins), "fit_seconds": 0.0}, val, sample_nll(z[val], y[val]))
+        scores[UNCALIBRATED].add_fold(
+            fold, {**_scores(z[val], z[val], y[val], n_bins), "fit_seconds": 0.0}, val, sample_nll(z[val], y[val])
+        )
     predictions = {UNCALIBRATED: z} if keep_predictions else None
-    seeds = {name: [seed + i for i in range(fit_seeds)] if is_stochastic(name) and "seed" not in kwargs else [None]
-             for name, kwargs in specs.items()}
+    seeds = {
+        name: [seed + i for i in range(fit_seeds)] if is_stochastic(name) and "seed" not in kwargs else [None]
+        for name, kwargs in specs.items()
+    }
     for name, kwargs in specs.items():
         scores[name] = MethodScores(name, kwargs, fit_seeds=len(seeds[name]), sample_nll=unscored())
         if keep_predictions:
@@ -268,7 +311,9 @@ def compare_calibrators(
             for name in running:
                 bar.set_postfix_str(f"{name}, fold {fold + 1}/{cv}", refresh=False)
                 try:
-                    values, calibrated, held_out_nll = _fit_and_score(name, specs[name], seeds[name], z, zc, y, train, val, n_bins)
+                    values, calibrated, held_out_nll = _fit_and_score(
+                        name, specs[name], seeds[name], z, zc, y, train, val, n_bins
+                    )
                 except Exception as err:  # noqa: BLE001 - a method that fails is a row of the table, not a crash
                     message = str(err).strip().splitlines()[0] if str(err).strip() else ""
                     scores[name].errors.append(f"fold {fold + 1}: {type(err).__name__}: {message}")
@@ -284,9 +329,18 @@ def compare_calibrators(
                     running.remove(name)
                     bar.total -= cv - fold - 1
                     logger.info("compare_calibrators: %s stopped after fold %d/%d: %s", name, fold + 1, cv, why)
-    return CalibratorComparison(scores, cv=cv, seed=seed, n_bins=n_bins, num_samples=int(z.shape[0]),
-                                num_classes=int(z.shape[1]), predictions=predictions, labels=y if keep_predictions else None,
-                                metric=metric, num_errors=int((z.argmax(axis=1) != y).sum()))
+    return CalibratorComparison(
+        scores,
+        cv=cv,
+        seed=seed,
+        n_bins=n_bins,
+        num_samples=int(z.shape[0]),
+        num_classes=int(z.shape[1]),
+        predictions=predictions,
+        labels=y if keep_predictions else None,
+        metric=metric,
+        num_errors=int((z.argmax(axis=1) != y).sum()),
+    )
 
 
 class AutoCalibrator:
@@ -326,8 +380,18 @@ class AutoCalibrator:
         (True, torch.Size([1000, 5]))
     """
 
-    def __init__(self, metric: str = "ece", cv: int = 5, methods: Any = "default", seed: int = 0, fit_seeds: int = 1,
-                 max_accuracy_drop: float = 0.0, n_bins: int = 15, race: bool = True, tie_break: str | None = "nll"):
+    def __init__(
+        self,
+        metric: str = "ece",
+        cv: int = 5,
+        methods: Any = "default",
+        seed: int = 0,
+        fit_seeds: int = 1,
+        max_accuracy_drop: float = 0.0,
+        n_bins: int = 15,
+        race: bool = True,
+        tie_break: str | None = "nll",
+    ):
         self.metric = check_choice(metric, "metric", SELECTION_METRICS)
         self.cv = check_int(cv, "cv", minimum=2)
         self.methods = methods
@@ -345,8 +409,15 @@ class AutoCalibrator:
         self.reason_: str | None = None  # why the choice is "uncalibrated" (None otherwise)
         self.comparison_: CalibratorComparison | None = None
 
-    def fit(self, logits: Any, labels: Any = None, *, from_logits: bool | None = None, progress_bar: bool = True,
-            task: str | None = None) -> "AutoCalibrator":
+    def fit(
+        self,
+        logits: Any,
+        labels: Any = None,
+        *,
+        from_logits: bool | None = None,
+        progress_bar: bool = True,
+        task: str | None = None,
+    ) -> AutoCalibrator:
         """Cross-validate the candidates on ``(logits, labels)``, then refit the best on all of it. Returns ``self``.
 
         ``logits`` may be probabilities (``from_logits=None`` detects them, as every calibrator does). When no
@@ -357,22 +428,40 @@ class AutoCalibrator:
         """
         logits, labels = _labels_of(logits, labels)
         sigmoid = sigmoid_task_of(logits, labels, task)
-        self.comparison_ = compare_calibrators(logits, labels, self.methods, self.cv, self.seed, metric=self.metric, race=self.race,
-                                               fit_seeds=self.fit_seeds, n_bins=self.n_bins, from_logits=from_logits,
-                                               progress_bar=progress_bar, task=task)
+        self.comparison_ = compare_calibrators(
+            logits,
+            labels,
+            self.methods,
+            self.cv,
+            self.seed,
+            metric=self.metric,
+            race=self.race,
+            fit_seeds=self.fit_seeds,
+            n_bins=self.n_bins,
+            from_logits=from_logits,
+            progress_bar=progress_bar,
+            task=task,
+        )
         self.method_, self.reason_ = self.comparison_.decide(self.metric, self.max_accuracy_drop, self.tie_break)
         if self.method_ == UNCALIBRATED:
-            calibrator = identity_calibrator(logits, labels, from_logits, self.reason_, who="AutoCalibrator", task=sigmoid)
+            calibrator = identity_calibrator(
+                logits, labels, from_logits, self.reason_, who="AutoCalibrator", task=sigmoid
+            )
         else:
             kwargs = dict(self.comparison_[self.method_].kwargs)
             if is_stochastic(self.method_):
                 kwargs.setdefault("seed", self.seed)
-            logger.info("AutoCalibrator: %s is the best by cross-validated %s; refitting it on all %d samples.",
-                        self.method_, self.metric, self.comparison_.num_samples)
+            logger.info(
+                "AutoCalibrator: %s is the best by cross-validated %s; refitting it on all %d samples.",
+                self.method_,
+                self.metric,
+                self.comparison_.num_samples,
+            )
             extra = {} if sigmoid is None else {"task": sigmoid}
             with held_out_checked():  # the cross-validation above is its held-out check
-                calibrator = create_calibrator(self.method_, **kwargs).fit(logits, labels, from_logits=from_logits,
-                                                                           progress_bar=progress_bar, **extra)
+                calibrator = create_calibrator(self.method_, **kwargs).fit(
+                    logits, labels, from_logits=from_logits, progress_bar=progress_bar, **extra
+                )
         calibrator.fit_info_["selection"] = self.selection()
         self.calibrator_ = calibrator
         return self
@@ -380,10 +469,21 @@ class AutoCalibrator:
     def selection(self) -> dict[str, Any]:
         """How the method was chosen: the settings, the chosen method and the whole table (JSON-ready)."""
         self._check_fitted()
-        return {"chosen": self.method_, "reason": self.reason_, "significance": SIGNIFICANCE, "metric": self.metric, "cv": self.cv,
-                "seed": self.seed, "fit_seeds": self.fit_seeds,
-                "max_accuracy_drop": self.max_accuracy_drop, "n_bins": self.n_bins, "race": self.race, "tie_break": self.tie_break,
-                "excluded": self.comparison_.exclusions(self.metric, self.max_accuracy_drop), "table": self.comparison_.to_dict()}
+        return {
+            "chosen": self.method_,
+            "reason": self.reason_,
+            "significance": SIGNIFICANCE,
+            "metric": self.metric,
+            "cv": self.cv,
+            "seed": self.seed,
+            "fit_seeds": self.fit_seeds,
+            "max_accuracy_drop": self.max_accuracy_drop,
+            "n_bins": self.n_bins,
+            "race": self.race,
+            "tie_break": self.tie_break,
+            "excluded": self.comparison_.exclusions(self.metric, self.max_accuracy_drop),
+            "table": self.comparison_.to_dict(),
+        }
 
     def _check_fitted(self) -> None:
         if self.comparison_ is None:
@@ -391,13 +491,19 @@ class AutoCalibrator:
 
     def _card_section(self) -> str:
         if self.method_ == UNCALIBRATED:
-            chosen = f"no calibrator: {self.reason_}, so the model is left as it is (temperature scaling fixed at T = 1)"
+            chosen = (
+                f"no calibrator: {self.reason_}, so the model is left as it is (temperature scaling fixed at T = 1)"
+            )
         else:
-            qualifying = ("the candidates that ran every fold with a held-out NLL significantly lower than the uncalibrated "
-                          "model's (and the uncalibrated model)")
+            qualifying = (
+                "the candidates that ran every fold with a held-out NLL significantly lower than the uncalibrated "
+                "model's (and the uncalibrated model)"
+            )
             if self.tie_break and self.tie_break != self.metric:
-                chosen = (f"among {qualifying}, those within one standard error of the lowest mean held-out {self.metric} "
-                          f"tie, and `{self.method_}` has the lowest mean held-out {self.tie_break} of them")
+                chosen = (
+                    f"among {qualifying}, those within one standard error of the lowest mean held-out {self.metric} "
+                    f"tie, and `{self.method_}` has the lowest mean held-out {self.tie_break} of them"
+                )
             else:
                 chosen = f"`{self.method_}` has the lowest mean held-out {self.metric} among {qualifying}"
         return f"Chosen by `AutoCalibrator(metric={self.metric!r}, cv={self.cv})`: {chosen}.\n\n{self.comparison_.to_markdown()}"
@@ -433,7 +539,9 @@ class AutoCalibrator:
         # only reached for names this object lacks: those of the chosen calibrator (kind, predict_proba, attach, ...)
         calibrator = self.__dict__.get("calibrator_")
         if calibrator is None or name.startswith("__"):
-            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}" + ("" if calibrator is not None else " before fit()"))
+            raise AttributeError(
+                f"{type(self).__name__} has no attribute {name!r}" + ("" if calibrator is not None else " before fit()")
+            )
         return getattr(calibrator, name)
 
     def __repr__(self) -> str:

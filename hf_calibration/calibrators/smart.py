@@ -27,14 +27,19 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int, check_seed
-from hf_calibration.calibrators._forward import apply as _apply
-from hf_calibration.calibrators._forward import graph as _graph
 from hf_calibration.calibrators._fitting.optim import adam_early_stopping
 from hf_calibration.calibrators._fitting.partition import GRID, LogPartitionTable
-from hf_calibration.calibrators._registry import register_calibrator
 from hf_calibration.calibrators._fitting.rows import MappedRows
+from hf_calibration.calibrators._fitting.smart_step import (
+    OBJECTIVE_CODES,
+    ThreadCountChooser,
+    smart_loss_grad,
+    workspace,
+)
+from hf_calibration.calibrators._forward import apply as _apply
+from hf_calibration.calibrators._forward import graph as _graph
+from hf_calibration.calibrators._registry import register_calibrator
 from hf_calibration.calibrators._scaling import TemperatureCalibrator
-from hf_calibration.calibrators._fitting.smart_step import OBJECTIVE_CODES, ThreadCountChooser, smart_loss_grad, workspace
 from hf_calibration.calibrators.objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
@@ -98,7 +103,9 @@ class SMARTCalibrator(
     min_samples = 50
     held_out_check = True  # tens of parameters, a non-convex fit: see _held_out.py
     default_objective = "charbonnier_soft_ece"
-    paper_citation = "H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*, arXiv:2506.23492"
+    paper_citation = (
+        "H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*, arXiv:2506.23492"
+    )
 
     def __init__(
         self,
@@ -169,7 +176,15 @@ class SMARTCalibrator(
         """``(margin_mean, margin_std, W1, b1, W2, b2, eps)`` as float64 numpy for the fused CPU kernels."""
         w = self._flat_parameters()
         h = self.hidden_size
-        return float(self.margin_mean), float(self.margin_std), w[:h], w[h : 2 * h], w[2 * h : 3 * h], float(w[3 * h]), self.eps
+        return (
+            float(self.margin_mean),
+            float(self.margin_std),
+            w[:h],
+            w[h : 2 * h],
+            w[2 * h : 3 * h],
+            float(w[3 * h]),
+            self.eps,
+        )
 
     def _card_temperature(self) -> str:
         return "a per-sample temperature T(m) = softplus(W2 ReLU(W1 m_hat + b1) + b2) + 0.1 of the standardised logit margin"
@@ -179,7 +194,9 @@ class SMARTCalibrator(
             # z - max z rounded to float32 (a model's precision): float64 logits and log(softmax) of them differ by
             # ~1e-16, which 2,000 Adam steps on a non-convex objective grew to 6e-3 in the calibrated probabilities;
             # rounded, both are the same numbers. float32 input is used as given (its margins are exact in float64).
-            rows = MappedRows(rows, lambda block: (block - block.max(axis=1, keepdims=True)).astype(np.float32), dtype=np.float32)
+            rows = MappedRows(
+                rows, lambda block: (block - block.max(axis=1, keepdims=True)).astype(np.float32), dtype=np.float32
+            )
         n = rows.shape[0]
         margin = torch.empty(n, dtype=torch.float64)
         for start, block in rows.blocks():  # the margins (float64, as logit_margin gives them), a block at a time
@@ -221,7 +238,11 @@ class SMARTCalibrator(
         if result.history[0] - result.best <= FLAT_IMPROVEMENT * abs(result.history[0]):
             # flat at the initialisation (saturated logits): Adam's normalised steps still move the weights and may
             # lower the objective by a few rows near a tie (0.01-0.05 % on logits x 1e3-1e4), leaving an untrained MLP
-            info.update(self._fall_back_to_temperature_scaling(rows, labels, lambda x: step(x, *args, scratch, False)[0], result))
+            info.update(
+                self._fall_back_to_temperature_scaling(
+                    rows, labels, lambda x: step(x, *args, scratch, False)[0], result
+                )
+            )
         return info
 
     def _fall_back_to_temperature_scaling(self, rows, labels: np.ndarray, objective_at, result) -> dict[str, Any]:
@@ -244,13 +265,21 @@ class SMARTCalibrator(
         self._set_flat_parameters(x)
         t = self.eps + excess
         start = result.history[0]  # 0 where every fit sample is already right at confidence 1 (separable logits)
-        lowered = f"by only {100 * (start - result.best) / abs(start):.2g} %" if start else "by nothing: it is 0 from the start"
+        lowered = (
+            f"by only {100 * (start - result.best) / abs(start):.2g} %"
+            if start
+            else "by nothing: it is 0 from the start"
+        )
         logger.warning(
             "SMART's fit lowered its objective %s (%.6g -> %.6g), and temperature scaling does at least as well "
             "on it (%.6g): the objective is flat on these logits (typically a saturated softmax, confidences rounding to 0 "
             "or 1). Falling back to the constant temperature T = %.4g that temperature scaling fits by NLL "
             "(fit_info_['fallback']).",
-            lowered, start, result.best, at_ts, t,
+            lowered,
+            start,
+            result.best,
+            at_ts,
+            t,
         )
         return {"fallback": "temperature_scaling", "temperature": t, "best_objective": at_ts}
 
@@ -268,7 +297,9 @@ class SMARTCalibrator(
             self.output.weight.copy_(x[None, 2 * h : 3 * h])
             self.output.bias.copy_(x[3 * h :])
 
-    def _torch_objective(self, logits: np.ndarray, labels: np.ndarray, objective: str = "charbonnier_soft_ece", **options):
+    def _torch_objective(
+        self, logits: np.ndarray, labels: np.ndarray, objective: str = "charbonnier_soft_ece", **options
+    ):
         """The fit objective at the current weights through torch autograd (slow reference for the fused step)."""
         kw = objective_kwargs(objective, **options)
         margin = logit_margin(torch.from_numpy(logits)).double()

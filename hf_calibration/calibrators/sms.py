@@ -12,7 +12,9 @@ from hf_calibration.calibrators._structured import StructuredScaling
 
 
 @register_calibrator
-class StructuredMatrixScaling(StructuredScaling, tags=["structured-matrix-scaling", "sms"], paper_url="https://arxiv.org/abs/2511.03685"):
+class StructuredMatrixScaling(
+    StructuredScaling, tags=["structured-matrix-scaling", "sms"], paper_url="https://arxiv.org/abs/2511.03685"
+):
     """Structured matrix scaling: ``softmax(W x + b)``, ``x = log softmax(z / T)``, ``W = I + diag(v) + offdiag(M)``.
 
     ``T`` is temperature scaling's (fitted first, by NLL); ``W`` and ``b`` then minimise the NLL plus
@@ -42,14 +44,14 @@ class StructuredMatrixScaling(StructuredScaling, tags=["structured-matrix-scalin
     """
 
     kind = "sms"
-    paper_citation = (
-        "E. Berta, D. Holzmüller, M. I. Jordan, F. Bach, *Structured Matrix Scaling for Multi-Class Calibration*, AISTATS 2026"
-    )
+    paper_citation = "E. Berta, D. Holzmüller, M. I. Jordan, F. Bach, *Structured Matrix Scaling for Multi-Class Calibration*, AISTATS 2026"
 
     def _allocate(self, k: int) -> None:
         self.weight = nn.Parameter(torch.eye(k, dtype=torch.float64))
         self.bias = nn.Parameter(torch.zeros(k, dtype=torch.float64))
 
     def _card_description(self) -> str:
-        return (f"It maps the temperature-scaled log-probabilities x to softmax(W x + b) with a full K x K matrix W shrunk towards "
-                f"the identity (structured matrix scaling, Berta et al. 2026), fitted by NLL with {self._card_penalty()}.")
+        return (
+            f"It maps the temperature-scaled log-probabilities x to softmax(W x + b) with a full K x K matrix W shrunk towards "
+            f"the identity (structured matrix scaling, Berta et al. 2026), fitted by NLL with {self._card_penalty()}."
+        )

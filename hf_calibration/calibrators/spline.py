@@ -73,17 +73,23 @@ class SplineCalibration(
     min_samples = 10
     default_objective = "ks_spline"
     criterion = "a least-squares natural cubic spline of the cumulative accuracy-minus-confidence curve"
-    paper_citation = ("K. Gupta, A. Rahimi, T. Ajanthan, T. Mensink, C. Sminchisescu, R. Hartley, *Calibration of Neural "
-                      "Networks using Splines*, ICLR 2021")
+    paper_citation = (
+        "K. Gupta, A. Rahimi, T. Ajanthan, T. Mensink, C. Sminchisescu, R. Hartley, *Calibration of Neural "
+        "Networks using Splines*, ICLR 2021"
+    )
 
     def __init__(self, knots: int = 6):
         super().__init__()
         self.knots = check_int(knots, "knots", minimum=2)
         self.maps = PiecewiseMaps()
 
-    def _fit_confidence(self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int) -> dict[str, Any]:
+    def _fit_confidence(
+        self, confidence: np.ndarray, correct: np.ndarray, top: np.ndarray, num_classes: int
+    ) -> dict[str, Any]:
         if confidence.size < self.knots:
-            raise ValueError(f"Expected at least `knots` = {self.knots} labelled samples to fit the spline, but got {confidence.size}.")
+            raise ValueError(
+                f"Expected at least `knots` = {self.knots} labelled samples to fit the spline, but got {confidence.size}."
+            )
         # stored as applied (clipped to [0, 1], a knot where it reaches a bound): every stored value is a probability
         self.maps.set([clip_linear_map(*ks_spline_map(confidence, correct, self.knots))])
         return {"points": int(self.maps.knots.numel())}

@@ -12,7 +12,9 @@ from hf_calibration.calibrators._structured import StructuredScaling
 
 
 @register_calibrator
-class StructuredVectorScaling(StructuredScaling, tags=["structured-vector-scaling", "svs"], paper_url="https://arxiv.org/abs/2511.03685"):
+class StructuredVectorScaling(
+    StructuredScaling, tags=["structured-vector-scaling", "svs"], paper_url="https://arxiv.org/abs/2511.03685"
+):
     """Structured vector scaling: ``softmax(w * x + b)``, ``x = log softmax(z / T)``, ``w = 1 + v``.
 
     ``T`` is temperature scaling's (fitted first, by NLL); ``w`` and ``b`` then minimise the NLL plus
@@ -42,14 +44,14 @@ class StructuredVectorScaling(StructuredScaling, tags=["structured-vector-scalin
     kind = "svs"
     diagonal = True
     fits_in_blocks = True
-    paper_citation = (
-        "E. Berta, D. Holzmüller, M. I. Jordan, F. Bach, *Structured Matrix Scaling for Multi-Class Calibration*, AISTATS 2026"
-    )
+    paper_citation = "E. Berta, D. Holzmüller, M. I. Jordan, F. Bach, *Structured Matrix Scaling for Multi-Class Calibration*, AISTATS 2026"
 
     def _allocate(self, k: int) -> None:
         self.weight = nn.Parameter(torch.ones(k, dtype=torch.float64))
         self.bias = nn.Parameter(torch.zeros(k, dtype=torch.float64))
 
     def _card_description(self) -> str:
-        return (f"It rescales and shifts each temperature-scaled log-probability, softmax(w * x + b), with w shrunk towards 1 "
-                f"(structured vector scaling, Berta et al. 2026), fitted by NLL with {self._card_penalty()}.")
+        return (
+            f"It rescales and shifts each temperature-scaled log-probability, softmax(w * x + b), with w shrunk towards 1 "
+            f"(structured vector scaling, Berta et al. 2026), fitted by NLL with {self._card_penalty()}."
+        )

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
-from hf_calibration.calibrators._forward import apply as _apply
 from hf_calibration.calibrators._fitting.optim import adam_early_stopping
 from hf_calibration.calibrators._fitting.partition import LogPartitionTable, nll_derivatives
+from hf_calibration.calibrators._forward import apply as _apply
 from hf_calibration.calibrators._registry import register_calibrator
 from hf_calibration.calibrators._scaling import TemperatureCalibrator
 from hf_calibration.calibrators.objectives import get_objective
@@ -118,7 +118,9 @@ class TemperatureScaling(
     fits_in_blocks = True
     min_samples = 10
     default_objective = "nll"
-    paper_citation = "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
+    paper_citation = (
+        "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
+    )
 
     def __init__(self, lr: float = 0.01, max_steps: int = 2000, patience: int = 100, max_iter: int = 100):
         super().__init__()
@@ -177,15 +179,22 @@ class TemperatureScaling(
                 return float(loss.detach()), t.grad.numpy().reshape(1)
 
             result = adam_early_stopping(
-                np.zeros(1), loss_and_grad, lr=self.lr, max_steps=self.max_steps, patience=self.patience,
-                progress_bar=progress_bar, desc="TemperatureScaling",
+                np.zeros(1),
+                loss_and_grad,
+                lr=self.lr,
+                max_steps=self.max_steps,
+                patience=self.patience,
+                progress_bar=progress_bar,
+                desc="TemperatureScaling",
             )
             with torch.no_grad():
                 self.log_temperature.fill_(float(result.x[0]))
             self.history_ = result.history
             info = {"steps": result.steps, "best_step": result.best_step, "best_objective": result.best}
         with torch.no_grad():
-            self.log_temperature.copy_(self._clamped())  # store the T in use: a saved value outside the range is corruption
+            self.log_temperature.copy_(
+                self._clamped()
+            )  # store the T in use: a saved value outside the range is corruption
         t = float(self._clamped().detach().exp())
         if t <= T_MIN * (1 + 1e-6) or t >= T_MAX * (1 - 1e-6):
             self._warn_bound(t, labels, rows)
@@ -195,7 +204,9 @@ class TemperatureScaling(
     def _warn_bound(self, t: float, labels: np.ndarray, rows) -> None:
         from hf_calibration.calibrators._base import logger
 
-        correct = all(bool((block.argmax(1) == labels[start : start + block.shape[0]]).all()) for start, block in rows.blocks())
+        correct = all(
+            bool((block.argmax(1) == labels[start : start + block.shape[0]]).all()) for start, block in rows.blocks()
+        )
         reason = " (every fit sample is classified correctly)" if correct else ""
         logger.warning("The fitted temperature reached the bound T = %.4g%s.", t, reason)
 
@@ -212,7 +223,9 @@ class TemperatureScaling(
         if n > 2 * SUBSAMPLE_ROWS:
             index = np.linspace(0, n - 1, SUBSAMPLE_ROWS).round().astype(np.int64)
             sample, sample_labels = rows.rows(index), labels[index]
-            beta, _, _ = _newton_beta(lambda b: nll_derivatives(sample, sample_labels, b), 1.0, SUBSAMPLE_TOL, self.max_iter)
+            beta, _, _ = _newton_beta(
+                lambda b: nll_derivatives(sample, sample_labels, b), 1.0, SUBSAMPLE_TOL, self.max_iter
+            )
         beta, final, passes = _newton_beta(lambda b: nll_derivatives(rows, labels, b), beta, NEWTON_TOL, self.max_iter)
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))

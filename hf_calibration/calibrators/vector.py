@@ -27,12 +27,12 @@ from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
 from hf_calibration._core.parallel import run_pass
+from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators._fitting.affine import BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
 from hf_calibration.calibrators._fitting.lbfgs import odir_penalty
+from hf_calibration.calibrators._fitting.rows import FitRows, MappedRows, uncentred
 from hf_calibration.calibrators._per_class import PerClassCalibrator
 from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators._fitting.rows import FitRows, MappedRows, uncentred
-from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators.temperature import TemperatureScaling
 
 
@@ -69,7 +69,9 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
 
     kind = "vector_scaling"
     fits_in_blocks = True
-    paper_citation = "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
+    paper_citation = (
+        "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
+    )
     min_samples = 10
 
     def __init__(
@@ -104,7 +106,9 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
             if out is None or out.shape[0] < block.shape[0]:
                 out = np.empty(block.shape, dtype=block.dtype)
             mapped = out[: block.shape[0]]
-            run_pass(diagonal_map, block.size, block, weight.astype(block.dtype), bias.astype(block.dtype), True, mapped)
+            run_pass(
+                diagonal_map, block.size, block, weight.astype(block.dtype), bias.astype(block.dtype), True, mapped
+            )
             yield mapped if np.isfinite(mapped.sum()) else self(torch.from_numpy(block), from_logits=True).numpy()
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)
@@ -123,15 +127,32 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
         temperature = TemperatureScaling()._fit_rows(uncentred(rows), labels, "nll", {}, False)["temperature"]
         x0 = identity_parameters(k, diagonal=True)
         x0[:k] = 1.0 / temperature
-        result = fit_affine(nll, x0, penalty=penalty, max_iter=self.max_iter, tol=self.tol, rounds=1, progress_bar=progress_bar,
-                            desc="VectorScaling")
+        result = fit_affine(
+            nll,
+            x0,
+            penalty=penalty,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            rounds=1,
+            progress_bar=progress_bar,
+            desc="VectorScaling",
+        )
         with torch.no_grad():
             self.weight.copy_(result.x[:k])
             self.bias.copy_(result.x[k:])
-        with torch.no_grad():  # the NLL alone: the objective less the shrinkage (0 when unregularised), no pass over the rows
+        with (
+            torch.no_grad()
+        ):  # the NLL alone: the objective less the shrinkage (0 when unregularised), no pass over the rows
             nll_value = result.objective - float(penalty(result.x))
-        return {"reg_lambda": reg_lambda, "reg_mu": reg_mu, "start_temperature": temperature, "steps": result.iterations,
-                "evaluations": result.evaluations, "best_objective": result.objective, "nll": nll_value}
+        return {
+            "reg_lambda": reg_lambda,
+            "reg_mu": reg_mu,
+            "start_temperature": temperature,
+            "steps": result.iterations,
+            "evaluations": result.evaluations,
+            "best_objective": result.objective,
+            "nll": nll_value,
+        }
 
     def _card_description(self) -> str:
         info = self.fit_info_ or {}
@@ -141,6 +162,10 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
         elif lam == 0 and mu == 0:
             penalty = " unregularised"
         else:
-            penalty = f" with the weights shrunk towards their mean and the biases towards 0 (lambda = {lam:g}, mu = {mu:g})"
-        return (f"It rescales and shifts each class's logit, softmax(w * z + b), with one weight and one bias per class (vector "
-                f"scaling, Guo et al. 2017), fitted by NLL{penalty}.")
+            penalty = (
+                f" with the weights shrunk towards their mean and the biases towards 0 (lambda = {lam:g}, mu = {mu:g})"
+            )
+        return (
+            f"It rescales and shifts each class's logit, softmax(w * z + b), with one weight and one bias per class (vector "
+            f"scaling, Guo et al. 2017), fitted by NLL{penalty}."
+        )

@@ -26,20 +26,42 @@ import importlib
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from hf_calibration.cli._common import PROG, CLIError, Parser, load_calibrator
 
 __all__ = ["COMMANDS", "PROG", "CLIError", "build_parser", "load_calibrator", "main"]
 
-COMMANDS = ("report", "fit", "apply", "compare", "conformal", "shift", "export", "demo", "push_metrics")  # subcommand modules, in --help order
+COMMANDS = (
+    "report",
+    "fit",
+    "apply",
+    "compare",
+    "conformal",
+    "shift",
+    "export",
+    "demo",
+    "push_metrics",
+)  # subcommand modules, in --help order
 # a library error's advice and argument names are the API's; the command line's switches replace them
-_API_ADVICE = {"Pass `from_logits=True` or `False` explicitly (False: every row must then be a probability vector).":
-               "Pass --from-logits or --probs (then every row must be a probability vector)."}
-_API_FLAGS = {"model": "--model", "dataset": "--dataset", "ood_dataset": "--ood-dataset", "split": "--split", "image_column": "--image-column",
-              "label_column": "--label-column", "device": "--device", "max_samples": "--max-samples",
-              "batch_size": "--batch-size", "num_workers": "--num-workers", "config_name": "--config", "revision": "--revision",
-              "output_dir": "--output_dir"}
+_API_ADVICE = {
+    "Pass `from_logits=True` or `False` explicitly (False: every row must then be a probability vector).": "Pass --from-logits or --probs (then every row must be a probability vector)."
+}
+_API_FLAGS = {
+    "model": "--model",
+    "dataset": "--dataset",
+    "ood_dataset": "--ood-dataset",
+    "split": "--split",
+    "image_column": "--image-column",
+    "label_column": "--label-column",
+    "device": "--device",
+    "max_samples": "--max-samples",
+    "batch_size": "--batch-size",
+    "num_workers": "--num-workers",
+    "config_name": "--config",
+    "revision": "--revision",
+    "output_dir": "--output_dir",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,9 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traceback", action="store_true", help="show the Python traceback on errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress messages (INFO)")
     common = argparse.ArgumentParser(add_help=False)  # the same flags after the subcommand
-    common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help="show the Python traceback on errors")
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress messages (INFO)")
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(c.replace("_", "-") for c in COMMANDS) + "}", parser_class=Parser)
+    common.add_argument(
+        "--traceback", action="store_true", default=argparse.SUPPRESS, help="show the Python traceback on errors"
+    )
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress messages (INFO)"
+    )
+    sub = parser.add_subparsers(
+        dest="command", metavar="{" + ",".join(c.replace("_", "-") for c in COMMANDS) + "}", parser_class=Parser
+    )
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(f".{name}", __name__).add_parser(sub, common)

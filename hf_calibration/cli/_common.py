@@ -124,8 +124,10 @@ def output_folder(path: str | os.PathLike, what: str) -> Path:
         raise CLIError(f"{what} {folder} exists and is not a folder.")
     found = model_files(folder)
     if found:
-        raise CLIError(f"{what} {folder} is a model's folder ({', '.join(found[:3])}): write the outputs in another "
-                       f"folder (a subfolder such as {folder / 'calibration'} is fine).")
+        raise CLIError(
+            f"{what} {folder} is a model's folder ({', '.join(found[:3])}): write the outputs in another "
+            f"folder (a subfolder such as {folder / 'calibration'} is fine)."
+        )
     _check_creatable(folder, what)
     return folder
 
@@ -164,13 +166,26 @@ def diagram_file(path: str | os.PathLike, what: str, overwrite: bool, inputs=())
 def load_data(args, default_split: str):
     from hf_calibration.io.logits_files import load_logits
 
-    return load_logits(args.logits, args.split, labels_path=args.labels, default_split=default_split, task=getattr(args, "task", None))
+    return load_logits(
+        args.logits, args.split, labels_path=args.labels, default_split=default_split, task=getattr(args, "task", None)
+    )
 
 
 def save_diagram(
-    logits, labels, path: Path, n_bins: int, title: str, margin_groups: int | None = None, *,
-    from_logits: bool | None = None, calibrated=None, names: tuple[str, str] = ("uncalibrated", "calibrated"),
-    ci: float | None = 0.95, n_boot: int | None = None, what: str = "--diagram", task: str | None = None,
+    logits,
+    labels,
+    path: Path,
+    n_bins: int,
+    title: str,
+    margin_groups: int | None = None,
+    *,
+    from_logits: bool | None = None,
+    calibrated=None,
+    names: tuple[str, str] = ("uncalibrated", "calibrated"),
+    ci: float | None = 0.95,
+    n_boot: int | None = None,
+    what: str = "--diagram",
+    task: str | None = None,
 ) -> None:
     """The reliability diagram (with counts; a before / after pair when ``calibrated`` is given) as a PNG.
 
@@ -179,9 +194,19 @@ def save_diagram(
     """
     from hf_calibration.metrics import reliability_diagram
 
-    fig = reliability_diagram(logits, labels, n_bins, calibrated=calibrated, names=names, margin_groups=margin_groups,
-                              title=title, from_logits=from_logits, ci=0.95 if ci is None else ci, n_boot=n_boot,
-                              task=None if task == "multiclass" else task)
+    fig = reliability_diagram(
+        logits,
+        labels,
+        n_bins,
+        calibrated=calibrated,
+        names=names,
+        margin_groups=margin_groups,
+        title=title,
+        from_logits=from_logits,
+        ci=0.95 if ci is None else ci,
+        n_boot=n_boot,
+        task=None if task == "multiclass" else task,
+    )
     with writing(what, path):
         path.parent.mkdir(parents=True, exist_ok=True)  # new_file checked that it can be created
         fig.savefig(path, dpi=120)
@@ -193,6 +218,7 @@ def json_ready(report) -> dict:
     from hf_calibration.metrics.multilabel import SigmoidCalibrationReport
 
     if isinstance(report, SigmoidCalibrationReport):  # nested: macro / micro / per_label; a non-finite number is null
+
         def clean(value):
             if isinstance(value, dict):
                 return {k: clean(v) for k, v in value.items()}
@@ -237,7 +263,11 @@ def dry_run_files(folder: str | os.PathLike, path_in_repo: str | None) -> list[s
     import shutil
 
     folder = Path(folder)
-    files = [f"{p.relative_to(folder).as_posix()} ({p.stat().st_size:,} bytes)" for p in sorted(folder.rglob("*")) if p.is_file()]
+    files = [
+        f"{p.relative_to(folder).as_posix()} ({p.stat().st_size:,} bytes)"
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    ]
     root = folder
     for _ in Path(path_in_repo.strip("/")).parts if path_in_repo else ():
         root = root.parent
@@ -248,10 +278,21 @@ def dry_run_files(folder: str | os.PathLike, path_in_repo: str | None) -> list[s
 def add_input_kind_option(p: argparse.ArgumentParser) -> None:
     """``--probs`` / ``--from-logits``: what the file holds (``args.from_logits`` False / True); default None: detect."""
     kind = p.add_mutually_exclusive_group()
-    kind.add_argument("--probs", dest="from_logits", action="store_false", default=None,
-                      help="the file holds probabilities (default: detected: rows in [0, 1] summing to 1 within 1e-2)")
-    kind.add_argument("--from-logits", "--from_logits", dest="from_logits", action="store_true", default=None,
-                      help="the file holds logits, even if its rows look like probabilities")
+    kind.add_argument(
+        "--probs",
+        dest="from_logits",
+        action="store_false",
+        default=None,
+        help="the file holds probabilities (default: detected: rows in [0, 1] summing to 1 within 1e-2)",
+    )
+    kind.add_argument(
+        "--from-logits",
+        "--from_logits",
+        dest="from_logits",
+        action="store_true",
+        default=None,
+        help="the file holds logits, even if its rows look like probabilities",
+    )
 
 
 def from_logits_of(args, logits, task: str = "multiclass") -> bool:
@@ -278,15 +319,19 @@ def load_calibrator(folder: str | os.PathLike):
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise CLIError(f"--calibrator {folder}: no such folder (give the folder written by `hf-calibration fit` or save_pretrained).")
+        raise CLIError(
+            f"--calibrator {folder}: no such folder (give the folder written by `hf-calibration fit` or save_pretrained)."
+        )
     if not (folder / "config.json").is_file():
         raise CLIError(f"--calibrator {folder}: no config.json inside; not a saved calibrator.")
     if hasattr(calibrators, "load_calibrator"):
         loader = calibrators.load_calibrator
     else:  # pragma: no cover - older calibrators module: dispatch on the config's `calibrator` kind
+
         def loader(path):
             kind = json.loads((Path(path) / "config.json").read_text()).get("calibrator")
             return calibrators.get_calibrator_class(kind).from_pretrained(str(path))
+
     try:
         return loader(str(folder))
     except (ValueError, TypeError, OSError, KeyError) as err:
@@ -327,13 +372,21 @@ def calibrated_logits(calibrator, logits, from_logits: bool = True):
 
 
 def logits_options(p: argparse.ArgumentParser, split_help: str, required: bool = True) -> None:
-    p.add_argument("--logits", required=required, metavar="FILE",
-                   help="logits file: .npz / .pt / .safetensors with `logits`,`labels` (or `logits_<split>`, "
-                        "`labels_<split>`), or a .npy of logits with --labels")
+    p.add_argument(
+        "--logits",
+        required=required,
+        metavar="FILE",
+        help="logits file: .npz / .pt / .safetensors with `logits`,`labels` (or `logits_<split>`, "
+        "`labels_<split>`), or a .npy of logits with --labels",
+    )
     p.add_argument("--labels", metavar="FILE", help="labels file (.npy) when --logits is a bare .npy array")
     p.add_argument("--split", help=split_help)
     add_option(p, "n_bins", type=positive_int, default=15, help="number of equal-width bins (default 15)")
-    p.add_argument("--task", choices=("multiclass", "binary", "multilabel"), default=None,
-                   help="the head's kind (default: the model's config.problem_type, else the arrays' shapes: (N, L) 0/1 "
-                        "labels are multi-label, one logit column binary); binary / multi-label heads get per-label, "
-                        "macro and pooled metrics and sigmoid calibrators")
+    p.add_argument(
+        "--task",
+        choices=("multiclass", "binary", "multilabel"),
+        default=None,
+        help="the head's kind (default: the model's config.problem_type, else the arrays' shapes: (N, L) 0/1 "
+        "labels are multi-label, one logit column binary); binary / multi-label heads get per-label, "
+        "macro and pooled metrics and sigmoid calibrators",
+    )

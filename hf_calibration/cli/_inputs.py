@@ -12,7 +12,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hf_calibration.cli._common import CLIError, add_option, calibrated_logits, from_logits_of, load_calibrator, load_data, logits_options
+from hf_calibration.cli._common import (
+    CLIError,
+    add_option,
+    calibrated_logits,
+    from_logits_of,
+    load_calibrator,
+    load_data,
+    logits_options,
+)
 
 __all__ = ["Inputs", "add_input_options", "card_kwargs", "load_inputs"]
 
@@ -37,13 +45,25 @@ def add_input_options(p: argparse.ArgumentParser, split_help: str) -> None:
     g.add_argument("--revision", metavar="REV", help="the model's Hub revision (branch, tag or commit)")
     add_option(g, "max_samples", type=int, default=None, metavar="N", help="use only the first N rows of the split")
     add_option(g, "batch_size", type=int, default=64, metavar="B", help="images per forward pass (default 64)")
-    add_option(g, "image_column", metavar="X", default=None, help="image column (default: the one datasets.Image column)")
-    add_option(g, "label_column", metavar="Y", default=None,
-               help="label column (default: the one ClassLabel column, else label / labels)")
+    add_option(
+        g, "image_column", metavar="X", default=None, help="image column (default: the one datasets.Image column)"
+    )
+    add_option(
+        g,
+        "label_column",
+        metavar="Y",
+        default=None,
+        help="label column (default: the one ClassLabel column, else label / labels)",
+    )
     add_option(g, "num_workers", type=int, default=None, metavar="W", help="DataLoader workers (default: up to 4)")
     g.add_argument("--device", default=None, help="cuda, cuda:1, mps, cpu (default: the best available)")
-    add_option(g, "cache_dir", metavar="DIR", default=None,
-               help="logits cache (default $HF_HOME/hf_calibration/logits); a changed model or dataset is recomputed")
+    add_option(
+        g,
+        "cache_dir",
+        metavar="DIR",
+        default=None,
+        help="logits cache (default $HF_HOME/hf_calibration/logits); a changed model or dataset is recomputed",
+    )
     add_option(g, "no_cache", action="store_true", help="neither read nor write the logits cache")
     p.set_defaults(input_parser=p)  # a missing or doubled input is a malformed command line: exit 2, as argparse does
 
@@ -88,7 +108,13 @@ def _load(args, default_split: str) -> Inputs:
         data = load_data(args, default_split)
         return Inputs(data.logits, data.labels, data.source, task=data.task)
     if args.model is None or args.dataset is None:
-        missing = "--dataset" if args.model is not None else "--model" if args.dataset is not None else "--logits FILE, or --model M and --dataset D"
+        missing = (
+            "--dataset"
+            if args.model is not None
+            else "--model"
+            if args.dataset is not None
+            else "--logits FILE, or --model M and --dataset D"
+        )
         _usage_error(args, f"missing {missing}")
     if args.labels is not None:
         _usage_error(args, "--labels goes with a .npy --logits file, not with --model/--dataset")
@@ -114,9 +140,17 @@ def _load(args, default_split: str) -> Inputs:
         _check_labelled(dataset, label_column, args)
     cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
     logits, labels = predict_logits(
-        args.model, dataset, batch_size=args.batch_size, image_column=args.image_column, label_column=args.label_column,
-        max_samples=args.max_samples, cache_dir=cache_dir, revision=args.revision, device=args.device,
-        num_workers=args.num_workers, task=task,
+        args.model,
+        dataset,
+        batch_size=args.batch_size,
+        image_column=args.image_column,
+        label_column=args.label_column,
+        max_samples=args.max_samples,
+        cache_dir=cache_dir,
+        revision=args.revision,
+        device=args.device,
+        num_workers=args.num_workers,
+        task=task,
     )
     split = None if dataset.split is None else str(dataset.split)
     source = f"{args.model} on {args.dataset}" + (f"[{split}]" if split else "")
@@ -132,11 +166,15 @@ def _check_labelled(dataset, column: str, args) -> None:
     if missing:
         split = f"split {str(dataset.split)!r}" if dataset.split is not None else "the split"
         what = "has no labels" if missing == len(labels) else f"has {missing} of {len(labels)} rows without a label"
-        raise CLIError(f"--dataset {args.dataset}: {split} {what} (its {column!r} column is {int(labels.min())} there, "
-                       "an unlabelled split); choose a labelled one with --split.")
+        raise CLIError(
+            f"--dataset {args.dataset}: {split} {what} (its {column!r} column is {int(labels.min())} there, "
+            "an unlabelled split); choose a labelled one with --split."
+        )
 
 
-def card_kwargs(data: Inputs, push_to: str | None = None, saved_to: str | None = None, path_in_repo: str | None = "calibrator") -> dict[str, str] | None:
+def card_kwargs(
+    data: Inputs, push_to: str | None = None, saved_to: str | None = None, path_in_repo: str | None = "calibrator"
+) -> dict[str, str] | None:
     """The calibrator card's model-route slots: what it was fitted on and how to load the model with it attached.
 
     Pushed to ``push_to`` (under ``path_in_repo``, beside the model): both load from that repo. Saved

@@ -27,18 +27,37 @@ SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")  # as hf_calibrati
 
 def add_selection_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """``--methods`` / ``--metric`` / ``--cv`` (and friends) of the cross-validated choice, shared by ``compare`` and ``fit``."""
-    p.add_argument("--methods", metavar="A,B,...",
-                   help=f"{prefix}calibrators to {'choose from' if prefix else 'compare'}, or `default` / `all` (default: the "
-                        "default set, which leaves out matrix_scaling, dirichlet, pts, cts and isotonic_ovr; `all`: every registered one)")
-    p.add_argument("--metric", choices=SELECTION_METRICS, default="ece",
-                   help=f"{prefix}what the best calibrator minimises on the held-out folds (default ece)")
-    p.add_argument("--cv", type=int, default=5, help=f"{prefix}number of stratified folds of the calibration set (default 5)")
-    add_option(p, "fit_seeds", type=int, default=1, metavar="S",
-               help=f"{prefix}fits per fold of a seeded method (SMART), scores averaged (default 1)")
-    add_option(p, "no_race", action="store_true",
-               help=f"{prefix}run every candidate on every fold (default: stop, after each fold from the second, a candidate "
-                    "that a paired t-test finds worse than the uncalibrated model on NLL, or worse than the leader on --metric "
-                    "without a lower NLL)")
+    p.add_argument(
+        "--methods",
+        metavar="A,B,...",
+        help=f"{prefix}calibrators to {'choose from' if prefix else 'compare'}, or `default` / `all` (default: the "
+        "default set, which leaves out matrix_scaling, dirichlet, pts, cts and isotonic_ovr; `all`: every registered one)",
+    )
+    p.add_argument(
+        "--metric",
+        choices=SELECTION_METRICS,
+        default="ece",
+        help=f"{prefix}what the best calibrator minimises on the held-out folds (default ece)",
+    )
+    p.add_argument(
+        "--cv", type=int, default=5, help=f"{prefix}number of stratified folds of the calibration set (default 5)"
+    )
+    add_option(
+        p,
+        "fit_seeds",
+        type=int,
+        default=1,
+        metavar="S",
+        help=f"{prefix}fits per fold of a seeded method (SMART), scores averaged (default 1)",
+    )
+    add_option(
+        p,
+        "no_race",
+        action="store_true",
+        help=f"{prefix}run every candidate on every fold (default: stop, after each fold from the second, a candidate "
+        "that a paired t-test finds worse than the uncalibrated model on NLL, or worse than the leader on --metric "
+        "without a lower NLL)",
+    )
 
 
 def parse_methods(text: str | None):
@@ -59,25 +78,40 @@ def fit_auto(args, data, from_logits: bool, progress_bar: bool):
 
     if args.objective is not None:
         raise CLIError("--objective does not apply to --method auto: every candidate fits its own default objective.")
-    auto = AutoCalibrator(metric=args.metric, cv=args.cv, methods=parse_methods(args.methods), seed=0 if args.seed is None else args.seed,
-                          fit_seeds=args.fit_seeds, race=not args.no_race)
-    return auto.fit(data.logits, data.labels, from_logits=from_logits, progress_bar=progress_bar,
-                    task=getattr(data, "task", None))
+    auto = AutoCalibrator(
+        metric=args.metric,
+        cv=args.cv,
+        methods=parse_methods(args.methods),
+        seed=0 if args.seed is None else args.seed,
+        fit_seeds=args.fit_seeds,
+        race=not args.no_race,
+    )
+    return auto.fit(
+        data.logits, data.labels, from_logits=from_logits, progress_bar=progress_bar, task=getattr(data, "task", None)
+    )
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("compare", parents=[common], help="cross-validate every calibrator on a calibration set",
-                       description="Split the calibration set into stratified folds, fit each calibrator on the others "
-                                   "and score it on the held-out fold (accuracy change, ECE, AdaECE, smCE, NLL, Brier, "
-                                   "fit time; mean ± std over folds). Only the given split is used. Candidates that cannot "
-                                   "win are stopped early (--no-race runs them all). With --out, writes one reliability "
-                                   "diagram per method from its held-out (out-of-fold) predictions.")
+    p = sub.add_parser(
+        "compare",
+        parents=[common],
+        help="cross-validate every calibrator on a calibration set",
+        description="Split the calibration set into stratified folds, fit each calibrator on the others "
+        "and score it on the held-out fold (accuracy change, ECE, AdaECE, smCE, NLL, Brier, "
+        "fit time; mean ± std over folds). Only the given split is used. Candidates that cannot "
+        "win are stopped early (--no-race runs them all). With --out, writes one reliability "
+        "diagram per method from its held-out (out-of-fold) predictions.",
+    )
     add_input_options(p, "which `logits_<split>` is the calibration set (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
     add_selection_options(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the folds and the first fit seed (default 0)")
-    p.add_argument("--out", metavar="DIR", default=None,
-                   help="write one reliability diagram per method here, reliability_<method>.png (default: none)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="write one reliability diagram per method here, reliability_<method>.png (default: none)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace diagrams already in --out")
     p.add_argument("--json", action="store_true", help="print the table as JSON (fractions, not percent)")
     add_paired_options(p)
@@ -86,9 +120,13 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
 
 def add_paired_options(p: argparse.ArgumentParser) -> None:
     """``--ci`` / ``--n-boot``: the paired bootstrap of every method against the best (``compare``)."""
-    p.add_argument("--ci", type=float, default=0.95,
-                   help="level of the paired bootstrap of each method against the best, on the pooled held-out "
-                        "predictions (default 0.95; 0 leaves it out)")
+    p.add_argument(
+        "--ci",
+        type=float,
+        default=0.95,
+        help="level of the paired bootstrap of each method against the best, on the pooled held-out "
+        "predictions (default 0.95; 0 leaves it out)",
+    )
     add_option(p, "n_boot", type=int, default=1000, metavar="B", help="resamples of that bootstrap (default 1000)")
 
 
@@ -115,15 +153,15 @@ def paired_section(args, table):
 def diagram_title(source: str, name: str, table) -> str:
     """Say which ECE the diagram shows (all held-out predictions pooled) and which the table shows (the fold mean)."""
     scores = table[name]
-    return (f"{name} · {source}\nheld-out folds pooled (the table: mean over {table.cv} folds, "
-            f"ECE {100 * scores.mean('ece'):.2f} ± {100 * scores.std('ece'):.2f} %)")
+    return (
+        f"{name} · {source}\nheld-out folds pooled (the table: mean over {table.cv} folds, "
+        f"ECE {100 * scores.mean('ece'):.2f} ± {100 * scores.std('ece'):.2f} %)"
+    )
 
 
 def run(args) -> int:
     from hf_calibration.calibrators import compare_calibrators
-    from hf_calibration.calibrators.selection import UNCALIBRATED
-
-    from hf_calibration.calibrators.selection import _method_specs
+    from hf_calibration.calibrators.selection import UNCALIBRATED, _method_specs
 
     methods = parse_methods(args.methods)
     check_paired_options(args)
@@ -136,25 +174,55 @@ def run(args) -> int:
         raise CLIError(f"--methods: {err}") from None
     paths = {}
     if out is not None:  # checked before the long part: never a file without --overwrite
-        paths = {name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits]) for name in names}
-    table = compare_calibrators(data.logits, data.labels, methods, cv=args.cv, seed=args.seed, metric=args.metric,
-                                race=not args.no_race, fit_seeds=args.fit_seeds, n_bins=args.n_bins,
-                                from_logits=from_logits_of(args, data.logits, task), keep_predictions=True,
-                                progress_bar=not args.json, task=task)
+        paths = {
+            name: new_file(out / f"reliability_{name}.png", "--out", args.overwrite, inputs=[args.logits])
+            for name in names
+        }
+    table = compare_calibrators(
+        data.logits,
+        data.labels,
+        methods,
+        cv=args.cv,
+        seed=args.seed,
+        metric=args.metric,
+        race=not args.no_race,
+        fit_seeds=args.fit_seeds,
+        n_bins=args.n_bins,
+        from_logits=from_logits_of(args, data.logits, task),
+        keep_predictions=True,
+        progress_bar=not args.json,
+        task=task,
+    )
     drawable = {}
     for name, path in paths.items():
         logits = table.predictions[name]
-        keep = ~(logits != logits).reshape(logits.shape[0], -1).any(axis=1)  # folds where the method failed or stopped: NaN
+        keep = ~(logits != logits).reshape(logits.shape[0], -1).any(
+            axis=1
+        )  # folds where the method failed or stopped: NaN
         if keep.any():
             drawable[name] = (path, logits[keep], table.labels[keep])
     best = table.best(args.metric)  # "uncalibrated" when no method qualifies (the table's text says why)
     paired = paired_section(args, table)
     if args.json:  # the table first: a diagram that cannot be written never loses the comparison
-        print(dump_json({"source": data.source, "cv": args.cv, "seed": args.seed, "metric": args.metric, "best": best,
-                         "table": table.to_dict(), "paired": None if paired is None else paired.to_dict(),
-                         "diagrams": {name: str(path) for name, (path, _, _) in drawable.items()}}), flush=True)
+        print(
+            dump_json(
+                {
+                    "source": data.source,
+                    "cv": args.cv,
+                    "seed": args.seed,
+                    "metric": args.metric,
+                    "best": best,
+                    "table": table.to_dict(),
+                    "paired": None if paired is None else paired.to_dict(),
+                    "diagrams": {name: str(path) for name, (path, _, _) in drawable.items()},
+                }
+            ),
+            flush=True,
+        )
     else:
-        size = f"K = {data.logits.shape[1]}" if task == "multiclass" else f"{task} head, L = {table.num_classes} label(s)"
+        size = (
+            f"K = {data.logits.shape[1]}" if task == "multiclass" else f"{task} head, L = {table.num_classes} label(s)"
+        )
         print(f"{data.source} (N = {data.logits.shape[0]}, {size})")
         print(table)  # the table's text ends with the rule and the pick, as print(table) shows them
         if paired is not None:
@@ -162,9 +230,19 @@ def run(args) -> int:
             print(paired)
         sys.stdout.flush()
     for name, (path, logits, labels) in drawable.items():
-        save_diagram(logits, labels, path, args.n_bins, diagram_title(data.source, name, table),
-                     from_logits=True, what="--out", task=task)  # calibrated logits / log-probabilities, whatever the file held
+        save_diagram(
+            logits,
+            labels,
+            path,
+            args.n_bins,
+            diagram_title(data.source, name, table),
+            from_logits=True,
+            what="--out",
+            task=task,
+        )  # calibrated logits / log-probabilities, whatever the file held
     if paths and not args.json:
-        print(f"reliability diagrams: {Path(args.out)}/reliability_<method>.png ({len(drawable)} written; each pools the "
-              "held-out predictions of all folds, so its ECE is the pooled one, not the table's mean over folds)")
+        print(
+            f"reliability diagrams: {Path(args.out)}/reliability_<method>.png ({len(drawable)} written; each pools the "
+            "held-out predictions of all folds, so its ECE is the pooled one, not the table's mean over folds)"
+        )
     return 0

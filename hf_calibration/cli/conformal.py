@@ -5,24 +5,59 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hf_calibration.cli._common import CLIError, add_input_kind_option, add_option, dry_run_files, dump_json, from_logits_of, method_kind, to_tensor
+from hf_calibration.cli._common import (
+    CLIError,
+    add_input_kind_option,
+    add_option,
+    dry_run_files,
+    dump_json,
+    from_logits_of,
+    method_kind,
+    to_tensor,
+)
 from hf_calibration.cli._inputs import add_input_options, load_inputs
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("conformal", parents=[common], help="fit conformal prediction sets (THR, APS, RAPS) with a coverage guarantee",
-                       description="Calibrate split-conformal prediction sets on held-out logits (a file, or a model run "
-                                   "over a dataset), print their coverage and mean set size on that split and, with "
-                                   "--test-split, on held-out data; optionally save them (--out) and push them beside a model.")
+    p = sub.add_parser(
+        "conformal",
+        parents=[common],
+        help="fit conformal prediction sets (THR, APS, RAPS) with a coverage guarantee",
+        description="Calibrate split-conformal prediction sets on held-out logits (a file, or a model run "
+        "over a dataset), print their coverage and mean set size on that split and, with "
+        "--test-split, on held-out data; optionally save them (--out) and push them beside a model.",
+    )
     add_input_options(p, "which `logits_<split>` to calibrate on (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
-    p.add_argument("--method", choices=("thr", "aps", "raps"), default="raps", help="the conformity score (default raps)")
-    p.add_argument("--alpha", type=float, default=0.1, help="miscoverage: sets hold the true class with probability >= 1 - alpha (default 0.1)")
-    add_option(p, "test_split", metavar="SPLIT", default=None, help="also report coverage and set size on this split (e.g. test)")
-    p.add_argument("--calibrator", metavar="DIR|METHOD", default=None,
-                   help="apply a calibrator first: a folder saved by `fit` (used as it is), or a method name (ts, ...) "
-                        "fitted on the tuning share of the calibration split")
-    add_option(p, "allow_empty", action="store_true", help="keep empty sets (exact coverage) instead of giving them the top class")
+    p.add_argument(
+        "--method", choices=("thr", "aps", "raps"), default="raps", help="the conformity score (default raps)"
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=0.1,
+        help="miscoverage: sets hold the true class with probability >= 1 - alpha (default 0.1)",
+    )
+    add_option(
+        p,
+        "test_split",
+        metavar="SPLIT",
+        default=None,
+        help="also report coverage and set size on this split (e.g. test)",
+    )
+    p.add_argument(
+        "--calibrator",
+        metavar="DIR|METHOD",
+        default=None,
+        help="apply a calibrator first: a folder saved by `fit` (used as it is), or a method name (ts, ...) "
+        "fitted on the tuning share of the calibration split",
+    )
+    add_option(
+        p,
+        "allow_empty",
+        action="store_true",
+        help="keep empty sets (exact coverage) instead of giving them the top class",
+    )
     add_option(p, "not_randomized", action="store_true", help="the non-randomised APS / RAPS score")
     add_option(p, "k_reg", type=int, default=None, help="RAPS's k_reg (default: chosen on a tuning split)")
     p.add_argument("--penalty", type=float, default=None, help="RAPS's lambda (default: chosen on a tuning split)")
@@ -30,8 +65,19 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", default=None, help="save the predictor in this new folder")
     p.add_argument("--overwrite", action="store_true", help="replace the predictor already saved in --out")
     add_option(p, "push_to_hub", metavar="REPO", default=None, help="also push the predictor to this Hub repo id")
-    add_option(p, "path_in_repo", metavar="DIR", default="conformal", help="with --push-to-hub: the repo subfolder (default conformal)")
-    add_option(p, "dry_run", action="store_true", help="with --push-to-hub: build the exact files that would be uploaded, list them, upload nothing")
+    add_option(
+        p,
+        "path_in_repo",
+        metavar="DIR",
+        default="conformal",
+        help="with --push-to-hub: the repo subfolder (default conformal)",
+    )
+    add_option(
+        p,
+        "dry_run",
+        action="store_true",
+        help="with --push-to-hub: build the exact files that would be uploaded, list them, upload nothing",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
 
@@ -48,7 +94,9 @@ def _calibrator(spec: str | None):
     try:
         kind = method_kind(spec)
     except CLIError:
-        raise CLIError(f"--calibrator {spec!r} is neither a folder nor a calibrator method (ts, smart, vector_scaling, ...).") from None
+        raise CLIError(
+            f"--calibrator {spec!r} is neither a folder nor a calibrator method (ts, smart, vector_scaling, ...)."
+        ) from None
     return create_calibrator(kind)
 
 
@@ -63,8 +111,12 @@ def run(args) -> int:
     if args.method == "thr" and args.not_randomized:
         raise CLIError("--not-randomized applies to --method aps / raps: thr has no randomised form.")
     predictor = ConformalPredictor(
-        args.method, randomized=False if args.not_randomized else None, allow_empty=args.allow_empty,
-        k_reg=args.k_reg, penalty=args.penalty, seed=args.seed,
+        args.method,
+        randomized=False if args.not_randomized else None,
+        allow_empty=args.allow_empty,
+        k_reg=args.k_reg,
+        penalty=args.penalty,
+        seed=args.seed,
     )  # bad values: one line naming the argument
     if args.out is not None:  # checked now, written only once the fit has succeeded
         check_save_folder(args.out, overwrite=args.overwrite, what="--out", overwrite_flag="--overwrite")
@@ -74,13 +126,26 @@ def run(args) -> int:
     if args.test_split is not None:
         test = load_inputs(argparse.Namespace(**{**vars(args), "split": args.test_split}), default_split="test")
     from_logits = from_logits_of(args, data.logits)
-    predictor.fit(to_tensor(data.logits), to_tensor(data.labels), alpha=args.alpha, calibrator=calibrator, from_logits=from_logits)
+    predictor.fit(
+        to_tensor(data.logits), to_tensor(data.labels), alpha=args.alpha, calibrator=calibrator, from_logits=from_logits
+    )
     info = predictor.fit_info_
-    result = {"source": data.source, "method": args.method, "alpha": args.alpha, "q_hat": info["q_hat"],
-              "num_samples": info["num_samples"], "num_tune": info["num_tune"], "k_reg": info["k_reg"], "penalty": info["penalty"],
-              "calibration": {"coverage": info["coverage"], "mean_set_size": info["mean_set_size"]}}
+    result = {
+        "source": data.source,
+        "method": args.method,
+        "alpha": args.alpha,
+        "q_hat": info["q_hat"],
+        "num_samples": info["num_samples"],
+        "num_tune": info["num_tune"],
+        "k_reg": info["k_reg"],
+        "penalty": info["penalty"],
+        "calibration": {"coverage": info["coverage"], "mean_set_size": info["mean_set_size"]},
+    }
     if test is not None:
-        result["test"] = {"source": test.source, **predictor.evaluate(test.logits, test.labels, from_logits=from_logits_of(args, test.logits))}
+        result["test"] = {
+            "source": test.source,
+            **predictor.evaluate(test.logits, test.labels, from_logits=from_logits_of(args, test.logits)),
+        }
     if args.out is not None:
         predictor.save_pretrained(args.out, overwrite=args.overwrite)
         result["out"] = str(args.out)
@@ -90,9 +155,13 @@ def run(args) -> int:
         try:
             pushed = predictor.push_to_hub(args.push_to_hub, path_in_repo=args.path_in_repo, dry_run=args.dry_run)
         except HubUnreachableError as err:
-            raise CLIError(f"the Hugging Face Hub is unreachable ({err.reason}): nothing was pushed to {args.push_to_hub}"
-                           + (f"; the predictor is saved in {args.out}." if args.out else ".")) from None
-        repo_url = f"https://huggingface.co/{args.push_to_hub}" + (f"/tree/main/{args.path_in_repo.strip('/')}" if args.path_in_repo else "")
+            raise CLIError(
+                f"the Hugging Face Hub is unreachable ({err.reason}): nothing was pushed to {args.push_to_hub}"
+                + (f"; the predictor is saved in {args.out}." if args.out else ".")
+            ) from None
+        repo_url = f"https://huggingface.co/{args.push_to_hub}" + (
+            f"/tree/main/{args.path_in_repo.strip('/')}" if args.path_in_repo else ""
+        )
         if args.dry_run:  # listed, then the temporary folder is removed: nothing printed names a folder that is gone
             result.update(repo_url=repo_url, dry_run_files=dry_run_files(pushed, args.path_in_repo))
         else:
@@ -101,8 +170,12 @@ def run(args) -> int:
         print(dump_json(result))
         return 0
     extra = f", k_reg = {info['k_reg']}, lambda = {info['penalty']}" if args.method == "raps" else ""
-    print(f"{args.method} prediction sets at alpha = {args.alpha} (target coverage {1 - args.alpha:.2%}) on {data.source}: "
-          f"threshold {info['q_hat']:.6g} from {info['num_samples']} samples" + (f" ({info['num_tune']} held out to tune)" if info["num_tune"] else "") + extra)
+    print(
+        f"{args.method} prediction sets at alpha = {args.alpha} (target coverage {1 - args.alpha:.2%}) on {data.source}: "
+        f"threshold {info['q_hat']:.6g} from {info['num_samples']} samples"
+        + (f" ({info['num_tune']} held out to tune)" if info["num_tune"] else "")
+        + extra
+    )
     rows = [("calibration split (in-sample)", info["coverage"], info["mean_set_size"])]
     if test is not None:
         rows.append((f"{test.source}", result["test"]["coverage"], result["test"]["mean_set_size"]))
@@ -113,6 +186,9 @@ def run(args) -> int:
     if args.out is not None:
         print(f"saved to {args.out}")
     if args.push_to_hub:
-        print(f"dry run: nothing uploaded; {result['repo_url']} would receive {', '.join(result['dry_run_files'])}"
-              if args.dry_run else f"pushed: {result['commit_url']}")
+        print(
+            f"dry run: nothing uploaded; {result['repo_url']} would receive {', '.join(result['dry_run_files'])}"
+            if args.dry_run
+            else f"pushed: {result['commit_url']}"
+        )
     return 0

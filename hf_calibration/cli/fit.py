@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from hf_calibration.cli._common import (
     OBJECTIVES,
@@ -26,30 +25,52 @@ from hf_calibration.cli.compare import add_selection_options, fit_auto
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("fit", parents=[common], help="fit a calibrator (any registered one, or auto) on saved logits, or on a model's, and save it",
-                       description="Fit a post-hoc calibrator on held-out logits (or probabilities; a file, or a model run "
-                                   "over a dataset), save it with "
-                                   "save_pretrained (safetensors + config.json + model card), optionally push it to the Hub. "
-                                   "--out must be a new or empty folder (--overwrite replaces a calibrator saved there; "
-                                   "a model's folder is always refused: use its calibrator/ subfolder).")
+    p = sub.add_parser(
+        "fit",
+        parents=[common],
+        help="fit a calibrator (any registered one, or auto) on saved logits, or on a model's, and save it",
+        description="Fit a post-hoc calibrator on held-out logits (or probabilities; a file, or a model run "
+        "over a dataset), save it with "
+        "save_pretrained (safetensors + config.json + model card), optionally push it to the Hub. "
+        "--out must be a new or empty folder (--overwrite replaces a calibrator saved there; "
+        "a model's folder is always refused: use its calibrator/ subfolder).",
+    )
     add_input_options(p, "which `logits_<split>` to fit on (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
-    p.add_argument("--method", required=True,
-                   help="a registered calibrator (smart, ts / temperature_scaling, spline, histogram_binning, isotonic, ...), "
-                        "or auto: the best by cross-validation on this split (see `compare`)")
-    p.add_argument("--objective", choices=OBJECTIVES, default=None,
-                   help="fit objective (default: the method's own: NLL for ts, charbonnier_soft_ece for smart)")
+    p.add_argument(
+        "--method",
+        required=True,
+        help="a registered calibrator (smart, ts / temperature_scaling, spline, histogram_binning, isotonic, ...), "
+        "or auto: the best by cross-validation on this split (see `compare`)",
+    )
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default=None,
+        help="fit objective (default: the method's own: NLL for ts, charbonnier_soft_ece for smart)",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="new folder to save the calibrator in")
     p.add_argument("--overwrite", action="store_true", help="replace the calibrator already saved in --out")
-    p.add_argument("--seed", type=int, default=None, help="seed of the fit (SMART's initialisation; with auto: of the folds)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="seed of the fit (SMART's initialisation; with auto: of the folds)"
+    )
     add_selection_options(p, prefix="with --method auto: ")
     add_option(p, "push_to_hub", metavar="REPO", default=None, help="also push the calibrator to this Hub repo id")
-    add_option(p, "path_in_repo", metavar="DIR", default=None,
-               help="with --push-to-hub: a subfolder of the repo (e.g. calibrator, beside the model; "
-                    "the default with --model)")
+    add_option(
+        p,
+        "path_in_repo",
+        metavar="DIR",
+        default=None,
+        help="with --push-to-hub: a subfolder of the repo (e.g. calibrator, beside the model; "
+        "the default with --model)",
+    )
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
-    add_option(p, "dry_run", action="store_true",
-               help="with --push-to-hub: build the exact folder and card that would be uploaded, list its files, upload nothing")
+    add_option(
+        p,
+        "dry_run",
+        action="store_true",
+        help="with --push-to-hub: build the exact folder and card that would be uploaded, list its files, upload nothing",
+    )
     p.add_argument("--json", action="store_true", help="print the fit-set reports as JSON")
     p.set_defaults(func=run)
 
@@ -89,49 +110,87 @@ def run(args) -> int:
         if sigmoid != bool(getattr(calibrator, "_sigmoid_head", False)):
             from hf_calibration.calibrators import list_calibrators
 
-            raise CLIError(f"--method {kind} calibrates a {'sigmoid' if not sigmoid else 'softmax'} head, but the data are a "
-                           f"{data.task} head's (see --task, or the model's config.problem_type): choose one of "
-                           f"{', '.join(list_calibrators(data.task))}.")
-        calibrator.fit(to_tensor(data.logits), to_tensor(data.labels), from_logits=from_logits, progress_bar=not args.json,
-                       **fit_kwargs, **task_kw)
+            raise CLIError(
+                f"--method {kind} calibrates a {'sigmoid' if not sigmoid else 'softmax'} head, but the data are a "
+                f"{data.task} head's (see --task, or the model's config.problem_type): choose one of "
+                f"{', '.join(list_calibrators(data.task))}."
+            )
+        calibrator.fit(
+            to_tensor(data.logits),
+            to_tensor(data.labels),
+            from_logits=from_logits,
+            progress_bar=not args.json,
+            **fit_kwargs,
+            **task_kw,
+        )
     with writing("--out", out):
-        calibrator.save_pretrained(out, overwrite=args.overwrite, model_card_kwargs=card_kwargs(data, saved_to=str(out)))
+        calibrator.save_pretrained(
+            out, overwrite=args.overwrite, model_card_kwargs=card_kwargs(data, saved_to=str(out))
+        )
     after = calibrated_logits(calibrator, data.logits, from_logits)
     reports = {
         "uncalibrated": calibration_report(data.logits, data.labels, args.n_bins, from_logits=from_logits, **task_kw),
         kind: calibration_report(after, data.labels, args.n_bins, from_logits=True, **task_kw),
     }
-    pushed = _push(calibrator, args, out, card_kwargs(data, push_to=args.push_to_hub, path_in_repo=args.path_in_repo)) if args.push_to_hub else None
+    pushed = (
+        _push(calibrator, args, out, card_kwargs(data, push_to=args.push_to_hub, path_in_repo=args.path_in_repo))
+        if args.push_to_hub
+        else None
+    )
     if args.json:
-        print(dump_json({"source": data.source, "method": kind, "inputs": calibrator.fit_info_["input"], "out": str(out),
-                         **(pushed or {}), "reports": {k: json_ready(v) for k, v in reports.items()},
-                         **({"selection": calibrator.selection()} if auto else {})}))
+        print(
+            dump_json(
+                {
+                    "source": data.source,
+                    "method": kind,
+                    "inputs": calibrator.fit_info_["input"],
+                    "out": str(out),
+                    **(pushed or {}),
+                    "reports": {k: json_ready(v) for k, v in reports.items()},
+                    **({"selection": calibrator.selection()} if auto else {}),
+                }
+            )
+        )
         return 0
     if auto:
         print(calibrator.comparison_)  # ends with the rule and the pick
     objective = calibrator.fit_info_["objective"]
     what = "probabilities, as log(p)" if not from_logits else "logits"
-    print(f"fitted {type(calibrator.calibrator_ if auto else calibrator).__name__} ({objective}) on {data.source} ({what}, N = {data.logits.shape[0]}): "
-          f"{temperature_summary(calibrator, data.logits, from_logits)}")
+    print(
+        f"fitted {type(calibrator.calibrator_ if auto else calibrator).__name__} ({objective}) on {data.source} ({what}, N = {data.logits.shape[0]}): "
+        f"{temperature_summary(calibrator, data.logits, from_logits)}"
+    )
     print(f"fit set (in-sample, {args.n_bins} bins):")
     print(format_reports(reports))
     print(f"saved to {out}")
     if pushed:
-        print(f"dry run: nothing uploaded; {pushed['repo_url']} would receive {', '.join(pushed['dry_run_files'])}"
-              if args.dry_run else f"pushed to {pushed['repo_url']}")
+        print(
+            f"dry run: nothing uploaded; {pushed['repo_url']} would receive {', '.join(pushed['dry_run_files'])}"
+            if args.dry_run
+            else f"pushed to {pushed['repo_url']}"
+        )
     return 0
 
 
 def _push(calibrator, args, out, card: dict | None) -> dict:
     from hf_calibration._core.checkpoints import HubUnreachableError
 
-    repo_url = f"https://huggingface.co/{args.push_to_hub}" + (f"/tree/main/{args.path_in_repo.strip('/')}" if args.path_in_repo else "")
+    repo_url = f"https://huggingface.co/{args.push_to_hub}" + (
+        f"/tree/main/{args.path_in_repo.strip('/')}" if args.path_in_repo else ""
+    )
     try:
-        result = calibrator.push_to_hub(args.push_to_hub, path_in_repo=args.path_in_repo, private=args.private or None,
-                                        dry_run=args.dry_run, model_card_kwargs=card)
+        result = calibrator.push_to_hub(
+            args.push_to_hub,
+            path_in_repo=args.path_in_repo,
+            private=args.private or None,
+            dry_run=args.dry_run,
+            model_card_kwargs=card,
+        )
     except HubUnreachableError as err:
-        raise CLIError(f"the Hugging Face Hub is unreachable ({err.reason}): nothing was pushed to {args.push_to_hub}; "
-                       f"the calibrator is saved in {out}.") from None
+        raise CLIError(
+            f"the Hugging Face Hub is unreachable ({err.reason}): nothing was pushed to {args.push_to_hub}; "
+            f"the calibrator is saved in {out}."
+        ) from None
     if not args.dry_run:
         return {"repo_url": repo_url, "commit_url": str(result)}
     return {"repo_url": repo_url, "dry_run_files": dry_run_files(result, args.path_in_repo)}

@@ -20,7 +20,6 @@ from pathlib import Path
 from hf_calibration.cli._common import CLIError, add_option, load_calibrator, method_kind, new_file, output_folder
 from hf_calibration.cli._inputs import add_input_options
 
-
 OUTPUTS = ("shift_report.json", "shift_report.txt", "ece_vs_severity.png")  # what --out DIR receives
 
 
@@ -47,7 +46,9 @@ def _corruptions(text: str) -> list[str]:
     values = [v.strip() for v in text.split(",") if v.strip()]
     unknown = [v for v in values if v not in CORRUPTIONS]
     if unknown or not values:
-        raise argparse.ArgumentTypeError(f"unknown corruption(s) {unknown or text!r}; use all, benchmark, extra or names from: {', '.join(CORRUPTIONS)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown corruption(s) {unknown or text!r}; use all, benchmark, extra or names from: {', '.join(CORRUPTIONS)}"
+        )
     return values
 
 
@@ -71,20 +72,32 @@ def _calibrators(items: list[str]) -> dict:
         if bare_method:
             kind = _method_or_none(item)
             if path.is_dir():
-                logger.warning("--calibrator %s: the %s method, fitted on --val-split; a folder %s is here too: write "
-                               "./%s to use the saved calibrator.", item, kind, item, item)
+                logger.warning(
+                    "--calibrator %s: the %s method, fitted on --val-split; a folder %s is here too: write "
+                    "./%s to use the saved calibrator.",
+                    item,
+                    kind,
+                    item,
+                    item,
+                )
             key, label = kind, item.lower()
         elif path.is_dir():
             key, label = os.path.realpath(path), item
         elif _looks_like_a_path(item):
-            raise CLIError(f"--calibrator {item!r}: no such folder (give the folder written by `hf-calibration fit` or "
-                           "save_pretrained).")
+            raise CLIError(
+                f"--calibrator {item!r}: no such folder (give the folder written by `hf-calibration fit` or "
+                "save_pretrained)."
+            )
         else:
-            raise CLIError(f"--calibrator {item!r} is neither a method name (ts, {', '.join(list_calibrators())}) nor a "
-                           "folder here.")
+            raise CLIError(
+                f"--calibrator {item!r} is neither a method name (ts, {', '.join(list_calibrators())}) nor a "
+                "folder here."
+            )
         if key in seen:
-            raise CLIError(f"--calibrator {item!r} and {seen[key]!r} name the same "
-                           f"{'method' if bare_method else 'folder'}: give it once.")
+            raise CLIError(
+                f"--calibrator {item!r} and {seen[key]!r} name the same "
+                f"{'method' if bare_method else 'folder'}: give it once."
+            )
         seen[key] = item
         calibrators[label] = label if bare_method else load_calibrator(item)
     return calibrators
@@ -108,17 +121,35 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                                    "with each calibrator fitted on clean data; OOD AUROC / AUPR / FPR95 with --ood-dataset. "
                                    "Needs --model and --dataset (images to corrupt), not --logits.")  # fmt: skip
     add_input_options(p, "the clean test split, corrupted (default test)")
-    add_option(p, "val_split", default="val", help="the clean split calibrators are fitted on (default val / validation)")
-    p.add_argument("--calibrator", nargs="+", default=["ts", "smart"], metavar="C",
-                   help="method names (ts, smart, ...: fitted on --val-split) or calibrator folders (default: ts smart)")
-    p.add_argument("--corruptions", type=_corruptions, default=None, metavar="LIST",
-                   help="all (19), benchmark (the 15, default), extra (4), or comma-separated names")
-    p.add_argument("--severities", type=_severities, default=[1, 2, 3, 4, 5], metavar="S", help="1-5 (default) or e.g. 1,3,5")
+    add_option(
+        p, "val_split", default="val", help="the clean split calibrators are fitted on (default val / validation)"
+    )
+    p.add_argument(
+        "--calibrator",
+        nargs="+",
+        default=["ts", "smart"],
+        metavar="C",
+        help="method names (ts, smart, ...: fitted on --val-split) or calibrator folders (default: ts smart)",
+    )
+    p.add_argument(
+        "--corruptions",
+        type=_corruptions,
+        default=None,
+        metavar="LIST",
+        help="all (19), benchmark (the 15, default), extra (4), or comma-separated names",
+    )
+    p.add_argument(
+        "--severities", type=_severities, default=[1, 2, 3, 4, 5], metavar="S", help="1-5 (default) or e.g. 1,3,5"
+    )
     add_option(p, "ood_dataset", metavar="D2", help="an out-of-distribution dataset: adds the OOD table")
     add_option(p, "ood_split", default=None, help="its split (default: its only split, else test)")
     p.add_argument("--seed", type=int, default=0, help="corruption seed (default 0)")
-    p.add_argument("--preset", choices=["cifar", "imagenet"], default=None, help="parameter table (default: by image size)")
-    p.add_argument("--out", metavar="DIR", help="write shift_report.json, shift_report.txt and ece_vs_severity.png here")
+    p.add_argument(
+        "--preset", choices=["cifar", "imagenet"], default=None, help="parameter table (default: by image size)"
+    )
+    p.add_argument(
+        "--out", metavar="DIR", help="write shift_report.json, shift_report.txt and ece_vs_severity.png here"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace those files where they exist")
     p.add_argument("--json", action="store_true", help="print the report as JSON (fractions)")
     p.set_defaults(func=run)
@@ -134,7 +165,9 @@ def run(args) -> int:
     if args.model is None or args.dataset is None:
         raise CLIError(f"missing {'--dataset' if args.model is not None else '--model'}")
     outputs = None
-    if args.out:  # checked before any model runs: never a model's folder; the files are new, or --overwrite replaces them
+    if (
+        args.out
+    ):  # checked before any model runs: never a model's folder; the files are new, or --overwrite replaces them
         folder = output_folder(args.out, "--out")
         outputs = [new_file(folder / name, "--out file", args.overwrite) for name in OUTPUTS]
     from hf_calibration._core.checks import check_folder_or_hub_id
@@ -150,8 +183,15 @@ def run(args) -> int:
 
         logging.getLogger("hf_calibration.cli").warning(
             "--val-split %s is the evaluated --split %s: the calibrators are fitted on the very samples they are scored "
-            "on, so their numbers are optimistic (fit on a validation split).", args.val_split, split)
-    for value, flag in ((args.max_samples, "--max-samples"), (args.batch_size, "--batch-size"), (args.n_bins, "--n-bins")):
+            "on, so their numbers are optimistic (fit on a validation split).",
+            args.val_split,
+            split,
+        )
+    for value, flag in (
+        (args.max_samples, "--max-samples"),
+        (args.batch_size, "--batch-size"),
+        (args.n_bins, "--n-bins"),
+    ):
         if value is not None and value < 1:
             raise CLIError(f"{flag} must be at least 1, but got {value}.")
     report = model_shift_report(

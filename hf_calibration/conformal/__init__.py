@@ -40,7 +40,11 @@ def load_conformal_predictor(name_or_path, *, subfolder=None, **kwargs):
     ``MultiLabelConformalPredictor`` for conformal risk control), as its ``config.json`` says."""
     from hf_calibration._core import checkpoints as hub
 
-    folder = hub.resolve_checkpoint(name_or_path, subfolder=subfolder, name="name_or_path",
-                                    **{k: kwargs[k] for k in hub.DOWNLOAD_OPTIONS if k in kwargs})
+    folder = hub.resolve_checkpoint(
+        name_or_path,
+        subfolder=subfolder,
+        name="name_or_path",
+        **{k: kwargs[k] for k in hub.DOWNLOAD_OPTIONS if k in kwargs},
+    )
     cls = MultiLabelConformalPredictor if hub.read_config(folder).get("conformal") == "crc" else ConformalPredictor
     return cls.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k not in hub.DOWNLOAD_OPTIONS})

@@ -173,11 +173,15 @@ def _label_scores(z, rows, labels, from_probs, method, u, k_reg, penalty, scores
         idx = np.empty(k, np.int64)
         for i in range(c * chunk, min(n, (c + 1) * chunk)):
             _softmax(z[rows[i]], from_probs, p, e, bits)
-            scores[i], ranks[i] = _label_score(p, labels[i], method, u[i] if u.shape[0] else 0.0, k_reg, penalty, idx, keys)
+            scores[i], ranks[i] = _label_score(
+                p, labels[i], method, u[i] if u.shape[0] else 0.0, k_reg, penalty, idx, keys
+            )
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _sets(z, rows, labels, from_probs, method, u, k_reg, penalty, q, allow_empty, out, sizes, covered):  # pragma: no cover
+def _sets(
+    z, rows, labels, from_probs, method, u, k_reg, penalty, q, allow_empty, out, sizes, covered
+):  # pragma: no cover
     n, k = rows.shape[0], z.shape[1]
     chunk = max(1, CHUNK_VALUES // k)
     empty = np.zeros(0, np.bool_)
@@ -189,7 +193,9 @@ def _sets(z, rows, labels, from_probs, method, u, k_reg, penalty, q, allow_empty
         for i in range(c * chunk, min(n, (c + 1) * chunk)):
             _softmax(z[rows[i]], from_probs, p, e, bits)
             target = out[i] if out.shape[0] else (row_out if labels.shape[0] else empty)
-            sizes[i] = _set_of_row(p, q, method, u[i] if u.shape[0] else 0.0, k_reg, penalty, allow_empty, target, idx, keys, mass)
+            sizes[i] = _set_of_row(
+                p, q, method, u[i] if u.shape[0] else 0.0, k_reg, penalty, allow_empty, target, idx, keys, mass
+            )
             if labels.shape[0]:
                 covered[i] = target[labels[i]]
 
@@ -202,20 +208,53 @@ def _draws(u, n: int) -> np.ndarray:
     return np.zeros(0) if u is None else np.ascontiguousarray(u, dtype=np.float64)
 
 
-def label_scores(z: np.ndarray, labels: np.ndarray, method: str, *, rows=None, u=None, k_reg: int = 0, penalty: float = 0.0,
-                 from_probs: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def label_scores(
+    z: np.ndarray,
+    labels: np.ndarray,
+    method: str,
+    *,
+    rows=None,
+    u=None,
+    k_reg: int = 0,
+    penalty: float = 0.0,
+    from_probs: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(scores, ranks)`` of each row's label: float64 scores and 1-based int64 ranks, for the rows ``rows`` of the
     (N, K) float32 / float64 C-ordered ``z`` (all rows if None; ``labels``, ``u`` align with ``rows``)."""
     rows = _rows(z, rows)
     n = rows.shape[0]
     scores, ranks = np.empty(n), np.empty(n, dtype=np.int64)
-    run_pass(_label_scores, n * z.shape[1], z, rows, np.ascontiguousarray(labels, dtype=np.int64), from_probs, METHOD_CODES[method],
-             _draws(u, n), float(k_reg), float(penalty if method == "raps" else 0.0), scores, ranks)
+    run_pass(
+        _label_scores,
+        n * z.shape[1],
+        z,
+        rows,
+        np.ascontiguousarray(labels, dtype=np.int64),
+        from_probs,
+        METHOD_CODES[method],
+        _draws(u, n),
+        float(k_reg),
+        float(penalty if method == "raps" else 0.0),
+        scores,
+        ranks,
+    )
     return scores, ranks
 
 
-def set_rows(z: np.ndarray, method: str, q_hat: float, *, rows=None, u=None, k_reg: int = 0, penalty: float = 0.0,
-             allow_empty: bool = False, from_probs: bool = False, labels=None, masks: bool = True):
+def set_rows(
+    z: np.ndarray,
+    method: str,
+    q_hat: float,
+    *,
+    rows=None,
+    u=None,
+    k_reg: int = 0,
+    penalty: float = 0.0,
+    allow_empty: bool = False,
+    from_probs: bool = False,
+    labels=None,
+    masks: bool = True,
+):
     """The sets of the rows ``rows`` of ``z`` at threshold ``q_hat``: ``(masks (n, K) bool or None, sizes (n,) int64,
     covered (n,) bool or None)``; ``covered`` says whether each row's label (``labels``, aligned with ``rows``) is in its
     set."""
@@ -225,6 +264,21 @@ def set_rows(z: np.ndarray, method: str, q_hat: float, *, rows=None, u=None, k_r
     sizes = np.empty(n, dtype=np.int64)
     labels_arr = np.zeros(0, np.int64) if labels is None else np.ascontiguousarray(labels, dtype=np.int64)
     covered = np.empty(n if labels is not None else 0, dtype=np.bool_)
-    run_pass(_sets, n * k, z, rows, labels_arr, from_probs, METHOD_CODES[method], _draws(u, n), float(k_reg),
-             float(penalty if method == "raps" else 0.0), float(q_hat), allow_empty, out, sizes, covered)
+    run_pass(
+        _sets,
+        n * k,
+        z,
+        rows,
+        labels_arr,
+        from_probs,
+        METHOD_CODES[method],
+        _draws(u, n),
+        float(k_reg),
+        float(penalty if method == "raps" else 0.0),
+        float(q_hat),
+        allow_empty,
+        out,
+        sizes,
+        covered,
+    )
     return (out if masks else None), sizes, (covered if labels is not None else None)

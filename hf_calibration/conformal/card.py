@@ -88,11 +88,16 @@ def guarantee_statement(alpha: float, n: int, *, exact: bool, ties: int | None =
         f"prediction set contains its true class with probability at least 1 - alpha = {1 - alpha:.4g}"
     )
     if exact and ties is not None and ties > 1:
-        text += (f"; the ceiling 1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4g} does not hold here: {ties} calibration "
-                 "scores tie at the threshold (a randomised score breaks such ties)")
+        text += (
+            f"; the ceiling 1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4g} does not hold here: {ties} calibration "
+            "scores tie at the threshold (a randomised score breaks such ties)"
+        )
     elif exact:
         text += f", and at most 1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4g}" + (
-            " (no calibration scores tie at the threshold)" if ties is not None else " when no two calibration scores tie")
+            " (no calibration scores tie at the threshold)"
+            if ties is not None
+            else " when no two calibration scores tie"
+        )
     else:
         text += " (it may exceed it: an empty set is given the most probable class)"
     return text + (
@@ -128,7 +133,11 @@ def card_values(predictor: Any) -> dict[str, Any]:
         "k_reg": info.get("k_reg"),
         "penalty": info.get("penalty"),
         "tuned_raps": any(t.startswith("choose") for t in info.get("tuned", [])),
-        "calibrator": "none" if not calibrator else f"`{calibrator['kind']}` ({calibrator['fitted_on']}; saved in `calibrator/`)",
+        "calibrator": "none"
+        if not calibrator
+        else f"`{calibrator['kind']}` ({calibrator['fitted_on']}; saved in `calibrator/`)",
         "format_version": predictor.format_version,
-        "guarantee": guarantee_statement(alpha, n, exact=bool(info.get("allow_empty")), ties=info.get("ties_at_threshold")),
+        "guarantee": guarantee_statement(
+            alpha, n, exact=bool(info.get("allow_empty")), ties=info.get("ties_at_threshold")
+        ),
     }

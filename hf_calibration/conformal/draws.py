@@ -36,10 +36,14 @@ def input_draws(rows: Any, seed: int = 0) -> torch.Tensor:
     elif isinstance(rows, np.ndarray):
         array = np.ascontiguousarray(rows)
     else:
-        raise TypeError(f"Expected the rows to draw from to be a torch.Tensor or numpy array, but got {type(rows).__name__}.")
+        raise TypeError(
+            f"Expected the rows to draw from to be a torch.Tensor or numpy array, but got {type(rows).__name__}."
+        )
     if array.ndim == 0:
         raise ValueError("Expected the rows to draw from to have a batch dimension (shape (N, ...)), but got a scalar.")
     key = int(seed).to_bytes(8, "little", signed=False)
     flat = array.reshape(array.shape[0], -1)
-    values = [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8, key=key).digest(), "little") >> 11 for row in flat]
+    values = [
+        int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8, key=key).digest(), "little") >> 11 for row in flat
+    ]
     return torch.tensor(values, dtype=torch.float64) * _SCALE

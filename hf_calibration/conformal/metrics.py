@@ -29,7 +29,9 @@ def coverage(sets: Any, labels: Any, *, ignore_index: int | None = IGNORE_INDEX)
     sets = _check_sets(sets)
     labels = to_numpy(labels, "labels")
     if labels.ndim != 1 or labels.shape[0] != sets.shape[0]:
-        raise ValueError(f"Expected `labels` to have shape ({sets.shape[0]},) to match `sets`, but got {tuple(labels.shape)}.")
+        raise ValueError(
+            f"Expected `labels` to have shape ({sets.shape[0]},) to match `sets`, but got {tuple(labels.shape)}."
+        )
     if labels.dtype.kind not in "iu":
         raise TypeError(f"Expected `labels` to be integer class indices, but got {labels.dtype}.")
     check_labels_in_range(labels, sets.shape[1], "labels", ignore_index)
@@ -43,7 +45,9 @@ def set_sizes(sets: Any) -> np.ndarray | torch.Tensor:
     """The size of each set, (N,) int64 (numpy for numpy, torch on the same device for torch)."""
     if isinstance(sets, torch.Tensor):
         if sets.ndim != 2 or sets.dtype != torch.bool:
-            raise TypeError(f"Expected `sets` to be a boolean (N, K) tensor, but got {sets.dtype} of shape {tuple(sets.shape)}.")
+            raise TypeError(
+                f"Expected `sets` to be a boolean (N, K) tensor, but got {sets.dtype} of shape {tuple(sets.shape)}."
+            )
         return sets.sum(dim=1, dtype=torch.int64)
     return _check_sets(sets).sum(axis=1, dtype=np.int64)
 

@@ -154,7 +154,9 @@ class MultiLabelConformalPredictor(
         super().__init__()
         if isinstance(thresholds, str):
             if thresholds != "exact":
-                raise ValueError(f"Expected argument `thresholds` to be 'exact' or an array of thresholds, but got {thresholds!r}.")
+                raise ValueError(
+                    f"Expected argument `thresholds` to be 'exact' or an array of thresholds, but got {thresholds!r}."
+                )
         else:
             grid = np.asarray(thresholds, dtype=np.float64).reshape(-1)
             if grid.size == 0 or not np.isfinite(grid).all():
@@ -183,25 +185,40 @@ class MultiLabelConformalPredictor(
         if not self.is_fitted:
             raise NotFittedError("This MultiLabelConformalPredictor is not fitted yet: call fit(logits, labels) first.")
 
-    def _probabilities(self, logits: Any, from_logits: bool | None, calibrator: Calibrator | None = None) -> tuple[np.ndarray, bool]:
+    def _probabilities(
+        self, logits: Any, from_logits: bool | None, calibrator: Calibrator | None = None
+    ) -> tuple[np.ndarray, bool]:
         """Per-label probabilities (after the calibrator) and whether the input held logits: an explicit ``from_logits``
         wins, then the kind the fit recorded (a row alone reads as in a batch), then detection (values all in [0, 1])."""
         calibrator = self.calibrator if calibrator is None else calibrator
         z = as_tensor(logits, "logits")
         if z.ndim != 2 or z.shape[0] == 0 or not z.is_floating_point():
-            raise ValueError(f"Expected `logits` to be a non-empty floating (N, L) array, but got shape {tuple(z.shape)} and {z.dtype}.")
+            raise ValueError(
+                f"Expected `logits` to be a non-empty floating (N, L) array, but got shape {tuple(z.shape)} and {z.dtype}."
+            )
         if self.num_classes is not None and z.shape[1] != self.num_classes:
-            raise ValueError(f"Expected `logits` to have L = {self.num_classes} labels (as fitted), but got {z.shape[1]}.")
+            raise ValueError(
+                f"Expected `logits` to have L = {self.num_classes} labels (as fitted), but got {z.shape[1]}."
+            )
         if not bool(torch.isfinite(z).all()):
             raise ValueError("Expected `logits` to be finite, but they contain NaN or inf.")
-        is_logits = scores_kind(z, from_logits, task="multilabel", recorded=(self.fit_info_ or {}).get("input"), name="logits")
+        is_logits = scores_kind(
+            z, from_logits, task="multilabel", recorded=(self.fit_info_ or {}).get("input"), name="logits"
+        )
         z = z.double() if is_logits else logit(z.double())
         if calibrator is not None:
             z = calibrator(z, from_logits=True).double()
         return torch.sigmoid(z).numpy(), is_logits
 
-    def fit(self, logits: Any, labels: Any = None, *, alpha: float = 0.1, calibrator: Calibrator | None = None,
-            from_logits: bool | None = None) -> "MultiLabelConformalPredictor":
+    def fit(
+        self,
+        logits: Any,
+        labels: Any = None,
+        *,
+        alpha: float = 0.1,
+        calibrator: Calibrator | None = None,
+        from_logits: bool | None = None,
+    ) -> MultiLabelConformalPredictor:
         """Choose the threshold on held-out (N, L) logits (or probabilities) and 0/1 labels (never the test split).
 
         Args:
@@ -214,34 +231,54 @@ class MultiLabelConformalPredictor(
         logits, labels = logits_and_labels(logits, labels)
         if calibrator is not None:
             if not isinstance(calibrator, Calibrator) or not getattr(calibrator, "_sigmoid_head", False):
-                raise TypeError(f"Expected argument `calibrator` to be a fitted sigmoid calibrator (task 'multilabel'), but got "
-                                f"{type(calibrator).__name__}: a softmax calibrator does not apply to a multi-label head.")
+                raise TypeError(
+                    f"Expected argument `calibrator` to be a fitted sigmoid calibrator (task 'multilabel'), but got "
+                    f"{type(calibrator).__name__}: a softmax calibrator does not apply to a multi-label head."
+                )
             if not calibrator.is_fitted:
-                raise ValueError("Expected argument `calibrator` to be fitted (on other data than the conformal calibration set).")
+                raise ValueError(
+                    "Expected argument `calibrator` to be fitted (on other data than the conformal calibration set)."
+                )
         y = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
         if y.ndim != 2:
-            raise ValueError(f"Expected `labels` to have shape (N, L) of 0/1 labels (multi-hot), but got shape {y.shape}: a "
-                             "multi-class head's sets are ConformalPredictor's.")
+            raise ValueError(
+                f"Expected `labels` to have shape (N, L) of 0/1 labels (multi-hot), but got shape {y.shape}: a "
+                "multi-class head's sets are ConformalPredictor's."
+            )
         y = binary_labels(y, ignore_index=None, name="labels")[0]
         self.fit_info_ = None
         probs, is_logits = self._probabilities(logits, from_logits, calibrator)
         if probs.shape != y.shape:
-            raise ValueError(f"Expected `logits` and `labels` of one shape (N, L), but got {probs.shape} and {y.shape}.")
+            raise ValueError(
+                f"Expected `logits` and `labels` of one shape (N, L), but got {probs.shape} and {y.shape}."
+            )
         grid = self.thresholds if isinstance(self.thresholds, str) else np.asarray(self.thresholds)
         threshold, controlled = crc_threshold(probs, y, alpha, grid)
         n = probs.shape[0]
         if not controlled:
-            warnings.warn(f"Conformal risk control cannot bring the false-negative rate within alpha = {alpha} with n = {n} "
-                          f"calibration samples (the bound's 1/(n + 1) = {1 / (n + 1):.4g} alone exceeds it, or every "
-                          "threshold does): every label is predicted. Use more samples or a larger alpha.", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"Conformal risk control cannot bring the false-negative rate within alpha = {alpha} with n = {n} "
+                f"calibration samples (the bound's 1/(n + 1) = {1 / (n + 1):.4g} alone exceeds it, or every "
+                "threshold does): every label is predicted. Use more samples or a larger alpha.",
+                UserWarning,
+                stacklevel=2,
+            )
         self.threshold.fill_(threshold)
         self.__dict__["calibrator_"] = calibrator
         sets = probs > threshold
-        self.fit_info_ = {"method": KIND, "alpha": alpha, "num_samples": int(n), "num_labels": int(probs.shape[1]),
-                          "threshold": threshold, "controlled": controlled, "input": "logits" if is_logits else "probabilities",
-                          "false_negative_rate": false_negative_rate(sets, y), "mean_set_size": float(sets.sum(axis=1).mean()),
-                          "no_label_samples": int((y.sum(axis=1) == 0).sum()),
-                          "calibrator": None if calibrator is None else {"kind": calibrator.kind}}
+        self.fit_info_ = {
+            "method": KIND,
+            "alpha": alpha,
+            "num_samples": int(n),
+            "num_labels": int(probs.shape[1]),
+            "threshold": threshold,
+            "controlled": controlled,
+            "input": "logits" if is_logits else "probabilities",
+            "false_negative_rate": false_negative_rate(sets, y),
+            "mean_set_size": float(sets.sum(axis=1).mean()),
+            "no_label_samples": int((y.sum(axis=1) == 0).sum()),
+            "calibrator": None if calibrator is None else {"kind": calibrator.kind},
+        }
         return self
 
     def predict_sets(self, logits: Any, *, from_logits: bool | None = None):
@@ -255,8 +292,13 @@ class MultiLabelConformalPredictor(
 
     def evaluate(self, logits: Any, labels: Any, *, from_logits: bool | None = None) -> dict[str, float]:
         """``{"false_negative_rate", "mean_set_size"}`` of the sets on held-out logits and 0/1 labels."""
-        sets = self.predict_sets(np.asarray(logits.detach().cpu() if isinstance(logits, torch.Tensor) else logits), from_logits=from_logits)
-        return {"false_negative_rate": false_negative_rate(sets, labels), "mean_set_size": float(sets.sum(axis=1).mean())}
+        sets = self.predict_sets(
+            np.asarray(logits.detach().cpu() if isinstance(logits, torch.Tensor) else logits), from_logits=from_logits
+        )
+        return {
+            "false_negative_rate": false_negative_rate(sets, labels),
+            "mean_set_size": float(sets.sum(axis=1).mean()),
+        }
 
     def attach(self, pipe: Any) -> Any:
         """Make an image-classification pipeline's rows carry ``"in_set"`` (see ``ConformalPredictor.attach``)."""
@@ -279,19 +321,31 @@ class MultiLabelConformalPredictor(
 
         from hf_calibration._core.version import __version__
 
-        save_model(self, str(save_directory / hub.WEIGHTS_NAME), metadata={"format": "pt", "conformal": KIND,
-                                                                           "format_version": str(FORMAT_VERSION)})
-        config = {**(self._hub_mixin_config or {}), "conformal": KIND, "format_version": FORMAT_VERSION,
-                  "hf_calibration_version": __version__, "fit": self.fit_info_}
+        save_model(
+            self,
+            str(save_directory / hub.WEIGHTS_NAME),
+            metadata={"format": "pt", "conformal": KIND, "format_version": str(FORMAT_VERSION)},
+        )
+        config = {
+            **(self._hub_mixin_config or {}),
+            "conformal": KIND,
+            "format_version": FORMAT_VERSION,
+            "hf_calibration_version": __version__,
+            "fit": self.fit_info_,
+        }
         (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
 
     def generate_model_card(self, *args, **kwargs):
         info = self.fit_info_ or {}
-        values = {"threshold": f"{info.get('threshold', float('nan')):.6g}", "alpha": info.get("alpha"),
-                  "num_samples": info.get("num_samples"), "num_labels": info.get("num_labels"),
-                  "fnr": f"{info.get('false_negative_rate', float('nan')):.4f}",
-                  "set_size": f"{info.get('mean_set_size', float('nan')):.3f}",
-                  "calibrated": "calibrated " if info.get("calibrator") else ""}
+        values = {
+            "threshold": f"{info.get('threshold', float('nan')):.6g}",
+            "alpha": info.get("alpha"),
+            "num_samples": info.get("num_samples"),
+            "num_labels": info.get("num_labels"),
+            "fnr": f"{info.get('false_negative_rate', float('nan')):.4f}",
+            "set_size": f"{info.get('mean_set_size', float('nan')):.3f}",
+            "calibrated": "calibrated " if info.get("calibrator") else "",
+        }
         return super().generate_model_card(*args, **{**values, **kwargs})
 
     def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
@@ -304,23 +358,44 @@ class MultiLabelConformalPredictor(
             raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
         folder = Path(save_directory)
         check_save_folder(folder, overwrite=overwrite)
-        out = hub.save_recorded(self, folder, lambda: super(MultiLabelConformalPredictor, self).save_pretrained(folder, **kwargs),
-                                overwrite=overwrite, card_kwargs=kwargs.get("model_card_kwargs"), subfolder="conformal")
+        out = hub.save_recorded(
+            self,
+            folder,
+            lambda: super(MultiLabelConformalPredictor, self).save_pretrained(folder, **kwargs),
+            overwrite=overwrite,
+            card_kwargs=kwargs.get("model_card_kwargs"),
+            subfolder="conformal",
+        )
         if self.calibrator is not None:
             self.calibrator.save_pretrained(folder / CALIBRATOR_SUBFOLDER, overwrite=overwrite)
         return out
 
-    def push_to_hub(self, repo_id: str, *, path_in_repo: str | None = None, dry_run: bool = False,
-                    commit_message: str | None = None, **kwargs: Any) -> str:
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        path_in_repo: str | None = None,
+        dry_run: bool = False,
+        commit_message: str | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Upload the predictor (and its calibrator), as ``ConformalPredictor.push_to_hub``."""
         self._check_fitted()
-        return Calibrator.push_to_hub(self, repo_id, path_in_repo=path_in_repo, dry_run=dry_run,
-                                      commit_message=commit_message or "Upload multi-label conformal predictor", **kwargs)
+        return Calibrator.push_to_hub(
+            self,
+            repo_id,
+            path_in_repo=path_in_repo,
+            dry_run=dry_run,
+            commit_message=commit_message or "Upload multi-label conformal predictor",
+            **kwargs,
+        )
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *, subfolder: str | None = None, **kwargs: Any):
         """Load a saved predictor (and its calibrator) strictly from a folder or Hub repo."""
-        folder, config, download = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors")
+        folder, config, download = hub.open_checkpoint(
+            pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors"
+        )
         cls._check_config(config, folder)
         predictor = super().from_pretrained(folder, **kwargs)
         if config["fit"].get("calibrator"):
@@ -336,18 +411,34 @@ class MultiLabelConformalPredictor(
     @classmethod
     def _check_config(cls, config: dict, where) -> None:
         if config.get("conformal") != KIND:
-            raise ValueError(f"Expected a multi-label conformal checkpoint (config `conformal` = {KIND!r}) in {str(where)!r}, "
-                             f"but its config has conformal={config.get('conformal')!r}.")
+            raise ValueError(
+                f"Expected a multi-label conformal checkpoint (config `conformal` = {KIND!r}) in {str(where)!r}, "
+                f"but its config has conformal={config.get('conformal')!r}."
+            )
         if config.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"Expected checkpoint format_version {FORMAT_VERSION}, but {str(where)!r} has "
-                             f"{config.get('format_version')!r}.")
+            raise ValueError(
+                f"Expected checkpoint format_version {FORMAT_VERSION}, but {str(where)!r} has "
+                f"{config.get('format_version')!r}."
+            )
         fit = config.get("fit")
         if not isinstance(fit, dict) or not isinstance(fit.get("num_labels"), int) or fit["num_labels"] < 1:
             raise ValueError(f"The checkpoint in {str(where)!r} has no valid `fit` record in its config.")
 
     @classmethod
-    def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download, local_files_only, token,
-                         map_location: str = "cpu", strict: bool = True, config: dict | None = None, **model_kwargs):
+    def _from_pretrained(
+        cls,
+        *,
+        model_id: str,
+        revision,
+        cache_dir,
+        force_download,
+        local_files_only,
+        token,
+        map_location: str = "cpu",
+        strict: bool = True,
+        config: dict | None = None,
+        **model_kwargs,
+    ):
         cls._check_config(config or {}, model_id)
         predictor = cls(**model_kwargs)
         metadata = hub.load_weights(predictor, model_id, what="conformal predictor", map_location=map_location)
@@ -356,4 +447,3 @@ class MultiLabelConformalPredictor(
         predictor.fit_info_ = dict(config["fit"])
         predictor.eval()
         return predictor
-

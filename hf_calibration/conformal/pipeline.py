@@ -38,7 +38,9 @@ def _logits_of(output: Any) -> torch.Tensor:
         return output
     logits = output.get("logits") if isinstance(output, dict) else None
     if logits is None and isinstance(output, tuple):
-        logits = next((t for t in output if isinstance(t, torch.Tensor) and t.ndim == 2 and t.is_floating_point()), None)
+        logits = next(
+            (t for t in output if isinstance(t, torch.Tensor) and t.ndim == 2 and t.is_floating_point()), None
+        )
     if logits is None:
         raise ValueError("The model's output holds no (N, K) logits to build prediction sets from.")
     return logits
@@ -47,7 +49,9 @@ def _logits_of(output: Any) -> torch.Tensor:
 def _check_pipeline(pipe: Any):
     transformers = sys.modules.get("transformers")  # a pipeline object means transformers is already imported
     if transformers is None or not isinstance(pipe, transformers.ImageClassificationPipeline):
-        raise TypeError(f"Expected argument `pipe` to be an image-classification transformers pipeline, but got {type(pipe).__name__}.")
+        raise TypeError(
+            f"Expected argument `pipe` to be an image-classification transformers pipeline, but got {type(pipe).__name__}."
+        )
     return pipe
 
 
@@ -69,14 +73,20 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
     if predictor.__dict__.get("_attached_to") is not None:
         raise RuntimeError("This ConformalPredictor is already attached to a pipeline; call detach() first.")
     if pipe.__dict__.get(_ATTR) is not None:
-        raise ValueError("Expected argument `pipe` to have no ConformalPredictor attached, but one is; detach it first.")
+        raise ValueError(
+            "Expected argument `pipe` to have no ConformalPredictor attached, but one is; detach it first."
+        )
     model = pipe.model
     num_labels = int(model.config.num_labels)
     if num_labels != predictor.num_classes:
-        raise ValueError(f"Expected a pipeline whose model has {predictor.num_classes} classes (the predictor's), but it has {num_labels}.")
+        raise ValueError(
+            f"Expected a pipeline whose model has {predictor.num_classes} classes (the predictor's), but it has {num_labels}."
+        )
     labels = [model.config.id2label[i] for i in range(num_labels)]
     if len(set(labels)) != num_labels:
-        raise ValueError("Expected the model's id2label to name each class once: the pipeline's rows are matched to classes by label.")
+        raise ValueError(
+            "Expected the model's id2label to name each class once: the pipeline's rows are matched to classes by label."
+        )
     index_of = {label: i for i, label in enumerate(labels)}
     attached = attached_calibrator(model)
     if attached is not None and not attached.is_identity:  # an identity (left uncalibrated) changes nothing
@@ -95,7 +105,9 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
         if attached_calibrator(model) is not None:  # the model's own logits, before the calibrator inside its forward
             remove = observe_uncalibrated(model, lambda output: captured.append(_logits_of(output)))
         else:
-            remove = model.register_forward_hook(lambda module, args, output: captured.append(_logits_of(output)), prepend=True).remove
+            remove = model.register_forward_hook(
+                lambda module, args, output: captured.append(_logits_of(output)), prepend=True
+            ).remove
         try:
             outputs = forward(model_inputs, **kwargs)
         finally:

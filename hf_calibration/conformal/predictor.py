@@ -39,20 +39,18 @@ from torch import nn
 
 from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.checks import check_choice, check_float, check_int
-from hf_calibration._core.inputs import scores_kind
 from hf_calibration._core.inputs import logits_and_labels as _labels_of
-from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator
+from hf_calibration._core.inputs import read_multiclass, scores_kind
 from hf_calibration._core.tensors import as_tensor, log_probabilities, native_array
 from hf_calibration._core.threads import torch_single_threaded
-from hf_calibration._core.inputs import read_multiclass
+from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator
 from hf_calibration.conformal import metrics as _metrics
+from hf_calibration.conformal._kernels import label_scores, set_rows
 from hf_calibration.conformal.card import CONFORMAL_CARD_TEMPLATE, card_values
 from hf_calibration.conformal.draws import input_draws
 from hf_calibration.conformal.quantile import check_alpha, check_enough_samples, conformal_quantile
-from hf_calibration.conformal._kernels import label_scores, set_rows
 from hf_calibration.conformal.scores import METHODS, conformity_scores, sets_from_scores
 from hf_calibration.conformal.tuning import LAMBDA_GRID, choose_k_reg_rows, choose_penalty_rows
-
 
 FORMAT_VERSION = 1
 CALIBRATOR_SUBFOLDER = "calibrator"
@@ -122,15 +120,21 @@ class ConformalPredictor(
             if not isinstance(value, bool):
                 raise TypeError(f"Expected argument `{name}` to be a bool, but got {value!r}.")
         if randomized and method == "thr":
-            raise ValueError("Expected argument `randomized` to be False (or None) for method='thr': THR has no randomised form.")
+            raise ValueError(
+                "Expected argument `randomized` to be False (or None) for method='thr': THR has no randomised form."
+            )
         self.randomized, self.allow_empty = randomized, allow_empty
         if method != "raps":
             for name, value in (("k_reg", k_reg), ("penalty", penalty)):
                 if value is not None:
-                    raise ValueError(f"Expected argument `{name}` to be None for method={method!r}: it is a RAPS parameter.")
+                    raise ValueError(
+                        f"Expected argument `{name}` to be None for method={method!r}: it is a RAPS parameter."
+                    )
         self.k_reg = AUTO if k_reg in (None, AUTO) else check_int(k_reg, "k_reg", minimum=0)
         self.penalty = AUTO if penalty in (None, AUTO) else check_float(penalty, "penalty", minimum=0.0)
-        self.tune_fraction = check_float(tune_fraction, "tune_fraction", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+        self.tune_fraction = check_float(
+            tune_fraction, "tune_fraction", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False
+        )
         self.seed = check_int(seed, "seed", minimum=0)
         self.register_buffer("q_hat", torch.tensor(float("nan"), dtype=torch.float64))
         self.fit_info_: dict[str, Any] | None = None
@@ -154,7 +158,9 @@ class ConformalPredictor(
 
     def _check_fitted(self) -> None:
         if not self.is_fitted:
-            raise NotFittedError("This ConformalPredictor is not fitted yet: call fit(logits, labels) or load one with from_pretrained() first.")
+            raise NotFittedError(
+                "This ConformalPredictor is not fitted yet: call fit(logits, labels) or load one with from_pretrained() first."
+            )
 
     def _reset_stream(self) -> None:
         """Restart the predictions' random stream from ``seed`` (after a fit or a load)."""
@@ -166,7 +172,9 @@ class ConformalPredictor(
 
     # ------------------------------------------------------------------ inputs
     def _probabilities(self, logits: Any, from_logits: bool | None) -> torch.Tensor:
-        return _probabilities(logits, from_logits, self.calibrator, self.num_classes, fitted=(self.fit_info_ or {}).get("input"))
+        return _probabilities(
+            logits, from_logits, self.calibrator, self.num_classes, fitted=(self.fit_info_ or {}).get("input")
+        )
 
     def _draws(self, n: int, generator: torch.Generator, device) -> torch.Tensor | None:
         """The randomised score's uniform draws (one per row), or None when the scores are not randomised."""
@@ -186,7 +194,7 @@ class ConformalPredictor(
         alpha: float = 0.1,
         calibrator: Calibrator | None = None,
         from_logits: bool | None = None,
-    ) -> "ConformalPredictor":
+    ) -> ConformalPredictor:
         """Calibrate the threshold on held-out logits and labels (never the test split); returns ``self``.
 
         Args:
@@ -201,7 +209,9 @@ class ConformalPredictor(
         """
         alpha = check_alpha(alpha)
         if calibrator is not None and not isinstance(calibrator, Calibrator):
-            raise TypeError(f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}.")
+            raise TypeError(
+                f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}."
+            )
         logits, labels = _labels_of(logits, labels)
         logits, from_logits, one_logit = _two_columns(logits, from_logits)
         inputs = read_multiclass(logits, labels, from_logits=from_logits, preds_name="logits", target_name="labels")
@@ -210,9 +220,15 @@ class ConformalPredictor(
         y = inputs.target
         n, k = z.shape
         if calibrator is not None and calibrator.is_fitted and calibrator.fit_info_.get("num_classes") not in (None, k):
-            raise ValueError(f"Expected argument `calibrator` to be fitted on K = {k} classes, but it was fitted on {calibrator.fit_info_['num_classes']}.")
+            raise ValueError(
+                f"Expected argument `calibrator` to be fitted on K = {k} classes, but it was fitted on {calibrator.fit_info_['num_classes']}."
+            )
         generator = _generator(_seed_streams(self.seed)[0])
-        tuned = [f"choose RAPS's {name}" for name, value in (("k_reg", self.k_reg), ("lambda", self.penalty)) if value == AUTO and self.method == "raps"]
+        tuned = [
+            f"choose RAPS's {name}"
+            for name, value in (("k_reg", self.k_reg), ("lambda", self.penalty))
+            if value == AUTO and self.method == "raps"
+        ]
         if calibrator is not None and not calibrator.is_fitted:
             tuned.append(f"fit the {calibrator.kind} calibrator")
         if tuned:
@@ -220,10 +236,14 @@ class ConformalPredictor(
             n_tune = math.ceil(self.tune_fraction * n)
             tune, cal = order[:n_tune], order[n_tune:]
             if n - n_tune < 1:
-                raise ValueError(f"Expected more than {n_tune} samples: tune_fraction={self.tune_fraction} leaves none to calibrate on.")
+                raise ValueError(
+                    f"Expected more than {n_tune} samples: tune_fraction={self.tune_fraction} leaves none to calibrate on."
+                )
         else:
             tune, cal = torch.arange(0), torch.arange(n)
-        check_enough_samples(int(cal.numel()), alpha, "calibration samples" + (" after the tuning split" if tuned else ""))
+        check_enough_samples(
+            int(cal.numel()), alpha, "calibration samples" + (" after the tuning split" if tuned else "")
+        )
 
         with torch_single_threaded():  # the kernels choose their own threads (by the machine's load)
             self._fit(z, y, inputs.from_logits, alpha, calibrator, generator, tune.numpy(), cal.numpy(), tuned)
@@ -231,7 +251,7 @@ class ConformalPredictor(
             self.fit_info_["task"] = "binary"  # one sigmoid logit z, read as the two softmax logits [0, z]
         return self
 
-    def _fit(self, z, y, is_logits, alpha, calibrator, generator, tune, cal, tuned) -> "ConformalPredictor":
+    def _fit(self, z, y, is_logits, alpha, calibrator, generator, tune, cal, tuned) -> ConformalPredictor:
         given = "logits" if is_logits else "probabilities"
         if calibrator is not None and not calibrator.is_fitted:
             calibrator.fit(z[tune], y[tune], from_logits=is_logits, progress_bar=False)
@@ -241,18 +261,38 @@ class ConformalPredictor(
         k_reg, penalty, tuning = self._resolve_raps(z, tune, y[tune], alpha, generator, from_probs)
         u = self._draws(int(cal.shape[0]), generator, "cpu")
         u = None if u is None else u.numpy()
-        scores, _ = label_scores(z, y[cal], self.method, rows=cal, u=u, k_reg=k_reg, penalty=penalty, from_probs=from_probs)
+        scores, _ = label_scores(
+            z, y[cal], self.method, rows=cal, u=u, k_reg=k_reg, penalty=penalty, from_probs=from_probs
+        )
         q_hat = conformal_quantile(torch.from_numpy(scores), alpha)
         ties = int((scores == q_hat).sum())  # 1: the threshold itself; more: the coverage ceiling does not hold
         if ties > 1 and self.allow_empty:
             warnings.warn(
                 f"{ties} of the {int(cal.shape[0])} calibration scores tie at the threshold q_hat = {q_hat:.6g}"
-                + (" (the non-randomised score of the last-ranked class is 1 for every image)" if q_hat == 1.0 and self.method != "thr" else "")
+                + (
+                    " (the non-randomised score of the last-ranked class is 1 for every image)"
+                    if q_hat == 1.0 and self.method != "thr"
+                    else ""
+                )
                 + ": coverage is still at least 1 - alpha, but the ceiling 1 - alpha + 1/(n+1) that allow_empty=True "
-                "aims at does not hold. randomized=True breaks the ties.", UserWarning, stacklevel=3)
+                "aims at does not hold. randomized=True breaks the ties.",
+                UserWarning,
+                stacklevel=3,
+            )
         # the calibration data's sets, same draws: their coverage and mean size for the record
-        _, sizes, covered = set_rows(z, self.method, q_hat, rows=cal, u=u, k_reg=k_reg, penalty=penalty, allow_empty=self.allow_empty,
-                                     from_probs=from_probs, labels=y[cal], masks=False)
+        _, sizes, covered = set_rows(
+            z,
+            self.method,
+            q_hat,
+            rows=cal,
+            u=u,
+            k_reg=k_reg,
+            penalty=penalty,
+            allow_empty=self.allow_empty,
+            from_probs=from_probs,
+            labels=y[cal],
+            masks=False,
+        )
         self.q_hat.fill_(q_hat)
         self.__dict__["calibrator_"] = calibrator
         self.fit_info_ = {
@@ -274,13 +314,26 @@ class ConformalPredictor(
             "mean_set_size": float(sizes.mean()),
             "calibrator": None
             if calibrator is None
-            else {"kind": calibrator.kind, "fitted_on": "fitted on the tuning split" if any(t.startswith("fit the") for t in tuned) else "given fitted"},
+            else {
+                "kind": calibrator.kind,
+                "fitted_on": "fitted on the tuning split"
+                if any(t.startswith("fit the") for t in tuned)
+                else "given fitted",
+            },
             **({"lambda_set_sizes": tuning} if tuning else {}),
         }
         self._reset_stream()
         return self
 
-    def _resolve_raps(self, z: np.ndarray, rows: np.ndarray, labels: np.ndarray, alpha: float, generator: torch.Generator, from_probs: bool):
+    def _resolve_raps(
+        self,
+        z: np.ndarray,
+        rows: np.ndarray,
+        labels: np.ndarray,
+        alpha: float,
+        generator: torch.Generator,
+        from_probs: bool,
+    ):
         """``(k_reg, lambda, {lambda: tuning set size})`` for RAPS (``"auto"`` chosen on the tuning rows), zeros otherwise."""
         if self.method != "raps":
             return 0, 0.0, None
@@ -292,13 +345,29 @@ class ConformalPredictor(
             return k_reg, self.penalty, None
         draws = [self._draws(rows.shape[0], generator, "cpu") for _ in range(2)]
         u_calibrate, u_predict = (None if u is None else u.numpy() for u in draws)
-        penalty, sizes = choose_penalty_rows(z, rows, labels, alpha, k_reg, u_calibrate, u_predict, allow_empty=self.allow_empty,
-                                             from_probs=from_probs, grid=LAMBDA_GRID)
+        penalty, sizes = choose_penalty_rows(
+            z,
+            rows,
+            labels,
+            alpha,
+            k_reg,
+            u_calibrate,
+            u_predict,
+            allow_empty=self.allow_empty,
+            from_probs=from_probs,
+            grid=LAMBDA_GRID,
+        )
         return k_reg, penalty, {str(lam): size for lam, size in sizes.items()}
 
     # ------------------------------------------------------------------ predict
-    def predict_sets(self, logits: Any, *, from_logits: bool | None = None, generator: torch.Generator | int | None = None,
-                     draws_from: Any = None):
+    def predict_sets(
+        self,
+        logits: Any,
+        *,
+        from_logits: bool | None = None,
+        generator: torch.Generator | int | None = None,
+        draws_from: Any = None,
+    ):
         """The prediction sets of (N, K) logits (or probabilities) as an (N, K) boolean mask: a torch tensor on the
         input's device for torch input, numpy otherwise (numpy arrays, nested lists).
 
@@ -329,30 +398,51 @@ class ConformalPredictor(
         u = self._prediction_draws(z.shape[0], torch.device("cpu"), logits, generator, draws_from)
         if self.calibrator is not None:
             z, is_logits = _calibrated(self.calibrator, z, is_logits), True
-        sets, _, _ = set_rows(z, self.method, float(self.q_hat), u=None if u is None else u.numpy(), allow_empty=self.allow_empty,
-                              from_probs=not is_logits, **self._params())
+        sets, _, _ = set_rows(
+            z,
+            self.method,
+            float(self.q_hat),
+            u=None if u is None else u.numpy(),
+            allow_empty=self.allow_empty,
+            from_probs=not is_logits,
+            **self._params(),
+        )
         return torch.from_numpy(sets) if isinstance(logits, torch.Tensor) else sets
 
-    def _prediction_draws(self, n: int, device: Any, logits: Any, generator: Any, draws_from: Any) -> torch.Tensor | None:
+    def _prediction_draws(
+        self, n: int, device: Any, logits: Any, generator: Any, draws_from: Any
+    ) -> torch.Tensor | None:
         """The randomised score's draws at prediction (None when the scores are not randomised); see ``predict_sets``."""
         if draws_from is not None:
             if generator is not None:
                 raise ValueError("Expected at most one of arguments `generator` and `draws_from`, but got both.")
             if isinstance(draws_from, str):
                 if draws_from != "logits":
-                    raise ValueError(f"Expected argument `draws_from` to be 'logits', an (N, ...) tensor or array, or None, but got {draws_from!r}.")
-                draws_from = as_tensor(logits, "logits") if isinstance(logits, (torch.Tensor, np.ndarray)) else torch.as_tensor(np.asarray(logits, dtype=np.float64))
+                    raise ValueError(
+                        f"Expected argument `draws_from` to be 'logits', an (N, ...) tensor or array, or None, but got {draws_from!r}."
+                    )
+                draws_from = (
+                    as_tensor(logits, "logits")
+                    if isinstance(logits, (torch.Tensor, np.ndarray))
+                    else torch.as_tensor(np.asarray(logits, dtype=np.float64))
+                )
             elif not isinstance(draws_from, (torch.Tensor, np.ndarray)):
-                raise TypeError(f"Expected argument `draws_from` to be 'logits', a torch.Tensor or numpy array, or None, but got {type(draws_from).__name__}.")
+                raise TypeError(
+                    f"Expected argument `draws_from` to be 'logits', a torch.Tensor or numpy array, or None, but got {type(draws_from).__name__}."
+                )
             if draws_from.shape[0] != n:
-                raise ValueError(f"Expected argument `draws_from` to have one row per row of `logits` ({n}), but got {draws_from.shape[0]}.")
+                raise ValueError(
+                    f"Expected argument `draws_from` to have one row per row of `logits` ({n}), but got {draws_from.shape[0]}."
+                )
             return input_draws(draws_from, self.seed).to(device) if self.randomized else None
         if isinstance(generator, int) and not isinstance(generator, bool):
             generator = _generator(generator)
         elif generator is None:
             generator = self.__dict__["_predict_generator"]
         elif not isinstance(generator, torch.Generator):
-            raise TypeError(f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}.")
+            raise TypeError(
+                f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}."
+            )
         return self._draws(n, generator, device)
 
     def draw_uniforms(self, n: int, *, generator: torch.Generator | int | None = None) -> torch.Tensor | None:
@@ -366,7 +456,9 @@ class ConformalPredictor(
         elif generator is None:
             generator = self.__dict__["_predict_generator"]
         elif not isinstance(generator, torch.Generator):
-            raise TypeError(f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}.")
+            raise TypeError(
+                f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}."
+            )
         return self._draws(n, generator, torch.device("cpu"))
 
     def forward(self, logits: Any, from_logits: bool | None = None):
@@ -401,7 +493,9 @@ class ConformalPredictor(
 
     def extra_repr(self) -> str:
         info = self.fit_info_
-        return f"method={self.method!r}, " + (f"alpha={info['alpha']}, q_hat={info['q_hat']:.6g}" if info else "not fitted")
+        return f"method={self.method!r}, " + (
+            f"alpha={info['alpha']}, q_hat={info['q_hat']:.6g}" if info else "not fitted"
+        )
 
     # ------------------------------------------------------------------ Hub
     def _save_pretrained(self, save_directory) -> None:
@@ -412,8 +506,12 @@ class ConformalPredictor(
         save_model(
             self,
             str(save_directory / hub.WEIGHTS_NAME),
-            metadata={"format": "pt", "conformal": self.method, "format_version": str(FORMAT_VERSION),
-                      "settings": json.dumps(self._settings(), sort_keys=True)},
+            metadata={
+                "format": "pt",
+                "conformal": self.method,
+                "format_version": str(FORMAT_VERSION),
+                "settings": json.dumps(self._settings(), sort_keys=True),
+            },
         )
         config = {
             **(self._hub_mixin_config or {}),
@@ -453,24 +551,45 @@ class ConformalPredictor(
             if not any(sub.iterdir()):
                 sub.rmdir()
         # a predictor or a calibrator saved there is replaced whole, card included; a user's files are never touched
-        out = hub.save_recorded(self, folder, lambda: super(ConformalPredictor, self).save_pretrained(folder, **kwargs),
-                                overwrite=overwrite, card_kwargs=kwargs.get("model_card_kwargs"), subfolder="conformal")
+        out = hub.save_recorded(
+            self,
+            folder,
+            lambda: super(ConformalPredictor, self).save_pretrained(folder, **kwargs),
+            overwrite=overwrite,
+            card_kwargs=kwargs.get("model_card_kwargs"),
+            subfolder="conformal",
+        )
         if self.calibrator is not None:
             self.calibrator.save_pretrained(sub, overwrite=overwrite)
         return out
 
-    def push_to_hub(self, repo_id: str, *, path_in_repo: str | None = None, dry_run: bool = False, commit_message: str | None = None, **kwargs: Any) -> str:
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        path_in_repo: str | None = None,
+        dry_run: bool = False,
+        commit_message: str | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Upload the predictor (and its calibrator) to the Hub repo ``repo_id``, e.g. ``path_in_repo="conformal"`` beside
         a model; returns the commit URL (``dry_run=True``: the local folder that would be uploaded). The other arguments
         (``private``, ``token``, ``branch``, ``create_pr``, ``model_card_kwargs``) and the errors are those of
         ``Calibrator.push_to_hub``."""
         self._check_fitted()
         return Calibrator.push_to_hub(
-            self, repo_id, path_in_repo=path_in_repo, dry_run=dry_run, commit_message=commit_message or f"Upload {self.method} conformal predictor", **kwargs
+            self,
+            repo_id,
+            path_in_repo=path_in_repo,
+            dry_run=dry_run,
+            commit_message=commit_message or f"Upload {self.method} conformal predictor",
+            **kwargs,
         )
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *, subfolder: str | None = None, **kwargs: Any) -> "ConformalPredictor":
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *, subfolder: str | None = None, **kwargs: Any
+    ) -> ConformalPredictor:
         """Load a saved predictor (and its calibrator) strictly from a local folder or a Hub repo.
 
         Args:
@@ -478,8 +597,9 @@ class ConformalPredictor(
             subfolder: the predictor's folder inside it (e.g. ``"conformal"`` beside a model).
             **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
         """
-        folder, config, download = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors",
-                                                       what="conformal predictor")
+        folder, config, download = hub.open_checkpoint(
+            pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors", what="conformal predictor"
+        )
         cls._check_config(config, folder)
         predictor = super().from_pretrained(folder, **kwargs)
         local = Path(folder) / CALIBRATOR_SUBFOLDER
@@ -487,27 +607,37 @@ class ConformalPredictor(
         is_local = Path(pretrained_model_name_or_path).is_dir()
         if not recorded:
             if hub.read_config_or_none(local) is not None:
-                raise ValueError(f"The conformal predictor in {str(folder)!r} records no calibrator (its config's fit.calibrator is "
-                                 f"null), but {str(local)!r} holds one: its config.json was edited after the save, or the "
-                                 "folders were mixed up. Save the predictor again.")
+                raise ValueError(
+                    f"The conformal predictor in {str(folder)!r} records no calibrator (its config's fit.calibrator is "
+                    f"null), but {str(local)!r} holds one: its config.json was edited after the save, or the "
+                    "folders were mixed up. Save the predictor again."
+                )
             return predictor
         if not isinstance(recorded, dict) or not isinstance(recorded.get("kind"), str):
-            raise ValueError(f"The checkpoint in {str(folder)!r} is corrupted: its config's fit.calibrator is {recorded!r}.")
+            raise ValueError(
+                f"The checkpoint in {str(folder)!r} is corrupted: its config's fit.calibrator is {recorded!r}."
+            )
         if is_local and not local.is_dir():
-            raise ValueError(f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator in "
-                             f"{str(local)!r}, but that folder is missing: the sets need it. Copy the whole folder, or save the "
-                             "predictor again.")
+            raise ValueError(
+                f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator in "
+                f"{str(local)!r}, but that folder is missing: the sets need it. Copy the whole folder, or save the "
+                "predictor again."
+            )
         if local.is_dir():
             calibrator = load_calibrator(local, map_location=kwargs.get("map_location", "cpu"))
         else:  # a Hub repo: the calibrator's files are downloaded from its own subfolder
             nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
             calibrator = load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
         if calibrator.kind != recorded["kind"]:
-            raise ValueError(f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator, but "
-                             f"{str(local)!r} holds a {calibrator.kind} one.")
+            raise ValueError(
+                f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator, but "
+                f"{str(local)!r} holds a {calibrator.kind} one."
+            )
         if calibrator.fit_info_.get("num_classes") not in (None, predictor.num_classes):
-            raise ValueError(f"The calibrator saved with the predictor in {str(local)!r} was fitted on K = "
-                             f"{calibrator.fit_info_.get('num_classes')} classes, the predictor on K = {predictor.num_classes}.")
+            raise ValueError(
+                f"The calibrator saved with the predictor in {str(local)!r} was fitted on K = "
+                f"{calibrator.fit_info_.get('num_classes')} classes, the predictor on K = {predictor.num_classes}."
+            )
         predictor.__dict__["calibrator_"] = calibrator
         return predictor
 
@@ -516,7 +646,8 @@ class ConformalPredictor(
         if config.get("conformal") not in METHODS:
             raise ValueError(
                 f"Expected a ConformalPredictor checkpoint (config `conformal` in {list(METHODS)}) in {str(where)!r}, but its "
-                f"config has conformal={config.get('conformal')!r}" + (" (it is a calibrator: use load_calibrator)." if "calibrator" in config else ".")
+                f"config has conformal={config.get('conformal')!r}"
+                + (" (it is a calibrator: use load_calibrator)." if "calibrator" in config else ".")
             )
         if config.get("format_version") != FORMAT_VERSION:
             raise ValueError(
@@ -525,20 +656,38 @@ class ConformalPredictor(
             )
         fit = config.get("fit")
         if not isinstance(fit, dict) or not isinstance(fit.get("num_classes"), int) or fit["num_classes"] < 2:
-            raise ValueError(f"The checkpoint in {str(where)!r} has no valid `fit` record in its config: it is corrupted or was never fitted.")
+            raise ValueError(
+                f"The checkpoint in {str(where)!r} has no valid `fit` record in its config: it is corrupted or was never fitted."
+            )
 
     @classmethod
-    def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download, local_files_only, token,
-                         map_location: str = "cpu", strict: bool = True, config: dict | None = None, **model_kwargs):
+    def _from_pretrained(
+        cls,
+        *,
+        model_id: str,
+        revision,
+        cache_dir,
+        force_download,
+        local_files_only,
+        token,
+        map_location: str = "cpu",
+        strict: bool = True,
+        config: dict | None = None,
+        **model_kwargs,
+    ):
         cls._check_config(config or {}, model_id)
         try:
             predictor = cls(**model_kwargs)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"The checkpoint's config in {model_id!r} does not fit ConformalPredictor: {err}") from None
+            raise ValueError(
+                f"The checkpoint's config in {model_id!r} does not fit ConformalPredictor: {err}"
+            ) from None
         metadata = hub.load_weights(predictor, model_id, what="conformal predictor", map_location=map_location)
         path = f"{model_id}/{hub.WEIGHTS_NAME}"
         if metadata.get("conformal") != predictor.method or not bool(torch.isfinite(predictor.q_hat)):
-            raise ValueError(f"The weights in {path!r} do not belong to a fitted {predictor.method!r} ConformalPredictor.")
+            raise ValueError(
+                f"The weights in {path!r} do not belong to a fitted {predictor.method!r} ConformalPredictor."
+            )
         predictor.fit_info_ = dict(config["fit"])
         _check_settings(predictor, metadata.get("settings"), model_id)
         predictor._reset_stream()
@@ -560,7 +709,9 @@ def _calibrated(calibrator: Calibrator, z: np.ndarray, is_logits: bool) -> np.nd
         return _kernel_input(calibrator(torch.from_numpy(z), from_logits=is_logits).numpy())
 
 
-def _checked(logits: Any, from_logits: bool | None, num_classes: int | None, fitted: str | None = None) -> tuple[np.ndarray, bool]:
+def _checked(
+    logits: Any, from_logits: bool | None, num_classes: int | None, fitted: str | None = None
+) -> tuple[np.ndarray, bool]:
     """Checked CPU (N, K) input for the kernels, and whether it holds logits (``_input_kind``; ``fitted``: the fit's
     input kind): shape, K, finite values, and for probabilities the rule every entry point applies (values in [0, 1],
     rows summing to 1 within 1e-2). A binary head's (N,) / (N, 1) logits are read as two softmax logits."""
@@ -572,7 +723,9 @@ def _checked(logits: Any, from_logits: bool | None, num_classes: int | None, fit
     if not z.is_floating_point():
         raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
     if num_classes is not None and z.shape[1] != num_classes:
-        raise ValueError(f"Expected `logits` to have K = {num_classes} classes (the predictor was fitted on {num_classes}), but got K = {z.shape[1]}.")
+        raise ValueError(
+            f"Expected `logits` to have K = {num_classes} classes (the predictor was fitted on {num_classes}), but got K = {z.shape[1]}."
+        )
     if z.shape[0] == 0:
         raise ValueError("Expected `logits` to hold at least one row, but got N = 0.")
     zn = _kernel_input((z.float() if z.dtype == torch.bfloat16 else z).detach().numpy())
@@ -611,14 +764,16 @@ def _first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:
     return None if saved == loaded else path
 
 
-def _check_settings(predictor: "ConformalPredictor", settings: str | None, where: str) -> None:
+def _check_settings(predictor: ConformalPredictor, settings: str | None, where: str) -> None:
     """Refuse a ``config.json`` that says other than the weights it came with: the settings saved in the weights file's
     metadata (saves since they were recorded), and always the threshold and the fit record's own consistency."""
     info, config = predictor.fit_info_, f"{where}/{hub.CONFIG_NAME}"
 
     def refuse(what: str) -> None:
-        raise ValueError(f"The conformal predictor's {config!r} does not match its weights ({what}): it was edited after the save "
-                         "or is corrupted. Save the predictor again rather than editing its config.")
+        raise ValueError(
+            f"The conformal predictor's {config!r} does not match its weights ({what}): it was edited after the save "
+            "or is corrupted. Save the predictor again rather than editing its config."
+        )
 
     if settings is not None:
         try:
@@ -639,8 +794,10 @@ def _check_settings(predictor: "ConformalPredictor", settings: str | None, where
     except (TypeError, ValueError):
         consistent = False
     if not consistent:
-        refuse(f"fit.alpha = {info.get('alpha')!r} with fit.num_samples = {info.get('num_samples')!r} does not give "
-               f"fit.quantile_rank = {info.get('quantile_rank')!r}")
+        refuse(
+            f"fit.alpha = {info.get('alpha')!r} with fit.num_samples = {info.get('num_samples')!r} does not give "
+            f"fit.quantile_rank = {info.get('quantile_rank')!r}"
+        )
 
 
 def _as_input(logits: Any) -> torch.Tensor:
@@ -651,8 +808,12 @@ def _as_input(logits: Any) -> torch.Tensor:
         try:
             return torch.from_numpy(np.asarray(logits, dtype=np.float64))
         except (TypeError, ValueError) as err:
-            raise TypeError(f"Expected `logits` to be an (N, K) array of numbers, but the list given is not one ({err}).") from None
-    raise TypeError(f"Expected `logits` to be a torch.Tensor, a numpy array or a nested list, but got {type(logits).__name__}.")
+            raise TypeError(
+                f"Expected `logits` to be an (N, K) array of numbers, but the list given is not one ({err})."
+            ) from None
+    raise TypeError(
+        f"Expected `logits` to be a torch.Tensor, a numpy array or a nested list, but got {type(logits).__name__}."
+    )
 
 
 def _input_kind(z: torch.Tensor, from_logits: bool | None, fitted: str | None) -> bool:
@@ -679,8 +840,13 @@ def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | Non
     return pair, is_logits, True
 
 
-def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator | None, num_classes: int | None = None,
-                   fitted: str | None = None) -> torch.Tensor:
+def _probabilities(
+    logits: Any,
+    from_logits: bool | None,
+    calibrator: Calibrator | None,
+    num_classes: int | None = None,
+    fitted: str | None = None,
+) -> torch.Tensor:
     """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one; ``fitted``:
     the input kind of the fit (see ``_input_kind``). A binary head's (N,) / (N, 1) logits are read as two softmax
     logits (``_two_columns``)."""
@@ -692,13 +858,17 @@ def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator
     if not z.is_floating_point():
         raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
     if num_classes is not None and z.shape[1] != num_classes:
-        raise ValueError(f"Expected `logits` to have K = {num_classes} classes (the predictor was fitted on {num_classes}), but got K = {z.shape[1]}.")
+        raise ValueError(
+            f"Expected `logits` to have K = {num_classes} classes (the predictor was fitted on {num_classes}), but got K = {z.shape[1]}."
+        )
     if z.shape[0] == 0:
         raise ValueError("Expected `logits` to hold at least one row, but got N = 0.")
     if not bool(torch.isfinite(z.sum())):  # one reduction; a NaN, an inf or an overflowing total lands here
         finite = torch.isfinite(z).all(dim=1)
         if not bool(finite.all()):
-            raise ValueError(f"Expected `logits` to be finite, but row {int((~finite).nonzero()[0])} contains NaN or inf.")
+            raise ValueError(
+                f"Expected `logits` to be finite, but row {int((~finite).nonzero()[0])} contains NaN or inf."
+            )
     is_logits = _input_kind(z, from_logits, fitted)
     if calibrator is not None:
         z, is_logits = calibrator(z, from_logits=is_logits), True
@@ -707,13 +877,24 @@ def _probabilities(logits: Any, from_logits: bool | None, calibrator: Calibrator
     return torch.softmax(z, dim=1, dtype=torch.float64)  # cast inside the kernel: no float64 copy of the logits
 
 
-def check_save_folder(folder: str | Path, *, overwrite: bool, what: str = "argument `save_directory`",
-                      overwrite_flag: str = "overwrite=True") -> str | None:
+def check_save_folder(
+    folder: str | Path,
+    *,
+    overwrite: bool,
+    what: str = "argument `save_directory`",
+    overwrite_flag: str = "overwrite=True",
+) -> str | None:
     """Check that a predictor may be saved in ``folder`` (the rules of ``hub.check_save_folder``, where a predictor
     saved there counts as ours); returns ``"conformal"`` or ``"calibrator"`` when one is there to replace, else None."""
     folder = Path(folder)
     if _predictor_config(folder) is None:
-        return "calibrator" if hub.check_save_folder(folder, overwrite=overwrite, what=what, overwrite_flag=overwrite_flag, subfolder="conformal") else None
+        return (
+            "calibrator"
+            if hub.check_save_folder(
+                folder, overwrite=overwrite, what=what, overwrite_flag=overwrite_flag, subfolder="conformal"
+            )
+            else None
+        )
     if not overwrite:
         raise ValueError(
             f"Expected {what} to be a new or empty folder, but {str(folder)!r} holds a conformal predictor; "

@@ -35,7 +35,9 @@ def rank_penalty(num_classes: int, k_reg: int, penalty: float, *, dtype=torch.fl
     return penalty * (ranks - k_reg).clamp_min(0)
 
 
-def ranked_scores(ordered: torch.Tensor, u: torch.Tensor | None = None, *, k_reg: int = 0, penalty: float = 0.0) -> torch.Tensor:
+def ranked_scores(
+    ordered: torch.Tensor, u: torch.Tensor | None = None, *, k_reg: int = 0, penalty: float = 0.0
+) -> torch.Tensor:
     """APS / RAPS scores of the ranks, from probabilities already sorted in decreasing order along each row: entry
     ``(i, j)`` is the score of the class of rank ``j + 1`` (non-decreasing along each row).
 
@@ -107,7 +109,9 @@ def sort_probabilities_graph(probs: torch.Tensor) -> tuple[torch.Tensor, torch.T
     if k > PAIRWISE_MAX_K:
         return torch.topk(probs, k, dim=1, largest=True, sorted=True)
     index = torch.arange(k, device=probs.device)
-    before = (probs[:, :, None] > probs[:, None, :]) | ((probs[:, :, None] == probs[:, None, :]) & (index[:, None] < index[None, :]))
+    before = (probs[:, :, None] > probs[:, None, :]) | (
+        (probs[:, :, None] == probs[:, None, :]) & (index[:, None] < index[None, :])
+    )
     rank = before.sum(dim=1)  # (N, K): the rank of each class, 0 for the most probable
     order = torch.zeros_like(rank).scatter(1, rank, index.expand_as(rank))  # the class at each rank
     return probs.gather(1, order), order
@@ -134,7 +138,9 @@ def conformity_scores_graph(
     return torch.zeros_like(ranked).scatter(1, order, ranked)
 
 
-def sets_from_scores_graph(scores: torch.Tensor, q_hat: float | torch.Tensor, *, allow_empty: bool = False) -> torch.Tensor:
+def sets_from_scores_graph(
+    scores: torch.Tensor, q_hat: float | torch.Tensor, *, allow_empty: bool = False
+) -> torch.Tensor:
     """:func:`sets_from_scores` without a branch on values, for tracers (``torch.export``, ONNX): the same sets."""
     sets = scores <= q_hat
     if allow_empty:

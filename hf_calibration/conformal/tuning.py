@@ -68,8 +68,19 @@ def choose_k_reg_rows(ranks: np.ndarray, alpha: float) -> int:
     return int(np.quantile(np.asarray(ranks) - 1, 1 - alpha, method="higher")) + 1
 
 
-def choose_penalty_rows(z: np.ndarray, rows: np.ndarray, labels: np.ndarray, alpha: float, k_reg: int, u_calibrate, u_predict, *,
-                        allow_empty: bool = False, from_probs: bool = False, grid: tuple[float, ...] = LAMBDA_GRID):
+def choose_penalty_rows(
+    z: np.ndarray,
+    rows: np.ndarray,
+    labels: np.ndarray,
+    alpha: float,
+    k_reg: int,
+    u_calibrate,
+    u_predict,
+    *,
+    allow_empty: bool = False,
+    from_probs: bool = False,
+    grid: tuple[float, ...] = LAMBDA_GRID,
+):
     """``choose_penalty`` on the rows ``rows`` of the logits ``z`` by the compiled kernels (no (N, K) array): the label
     scores and ranks once (the penalty only adds by rank), then each lambda's threshold and mean set size."""
     from hf_calibration.conformal._kernels import label_scores, set_rows
@@ -81,8 +92,18 @@ def choose_penalty_rows(z: np.ndarray, rows: np.ndarray, labels: np.ndarray, alp
     for lam in grid:
         scores = base + lam * np.maximum(ranks.astype(np.float64) - k_reg, 0.0)
         q_hat = float(np.partition(scores, k - 1)[k - 1])
-        _, size, _ = set_rows(z, "raps", q_hat, rows=rows, u=u_predict, k_reg=k_reg, penalty=lam, allow_empty=allow_empty,
-                              from_probs=from_probs, masks=False)
+        _, size, _ = set_rows(
+            z,
+            "raps",
+            q_hat,
+            rows=rows,
+            u=u_predict,
+            k_reg=k_reg,
+            penalty=lam,
+            allow_empty=allow_empty,
+            from_probs=from_probs,
+            masks=False,
+        )
         sizes[lam] = float(size.mean())
     best = min(grid, key=lambda lam: (sizes[lam], grid.index(lam)))
     return best, sizes

@@ -19,8 +19,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hf_calibration.hub.metric_scripts import list_metric_scripts, metric_path
 
@@ -48,8 +49,11 @@ def package_requirement() -> str:
     try:
         dist = metadata.distribution(DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        logger.warning("hf-calibration runs from a source tree, not an install: the Spaces will ask PyPI for "
-                       "hf-calibration==%s (pass `requirement` to say otherwise).", __version__)
+        logger.warning(
+            "hf-calibration runs from a source tree, not an install: the Spaces will ask PyPI for "
+            "hf-calibration==%s (pass `requirement` to say otherwise).",
+            __version__,
+        )
         return f"{DISTRIBUTION}=={__version__}"
     direct = dist.read_text("direct_url.json")
     if not direct:
@@ -80,7 +84,9 @@ def _check_names(names: Sequence[str] | None) -> list[str]:
     if names is None:
         return available
     if isinstance(names, str) or not names:
-        raise ValueError(f"Expected argument `names` to be a non-empty list of metrics among {available}, but got {names!r}.")
+        raise ValueError(
+            f"Expected argument `names` to be a non-empty list of metrics among {available}, but got {names!r}."
+        )
     unknown = [n for n in names if n not in available]
     if unknown:
         raise ValueError(f"Expected argument `names` to hold metrics among {available}, but got {unknown}.")
@@ -92,11 +98,15 @@ def check_namespace(namespace: Any) -> str:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if not isinstance(namespace, str) or not namespace.strip() or "/" in namespace:
-        raise ValueError(f"Expected argument `namespace` to be a Hub user or organisation name (no '/'), but got {namespace!r}.")
+        raise ValueError(
+            f"Expected argument `namespace` to be a Hub user or organisation name (no '/'), but got {namespace!r}."
+        )
     try:
         validate_repo_id(f"{namespace}/ece")
     except HFValidationError as err:
-        raise ValueError(f"Expected argument `namespace` to be a Hub user or organisation name, but got {namespace!r}: {err}") from None
+        raise ValueError(
+            f"Expected argument `namespace` to be a Hub user or organisation name, but got {namespace!r}: {err}"
+        ) from None
     return namespace
 
 
@@ -106,7 +116,8 @@ def space_files(name: str, requirement: str) -> dict[str, bytes]:
     files = {
         path.relative_to(folder).as_posix(): path.read_bytes()
         for path in sorted(folder.rglob("*"))
-        if path.is_file() and not any(part in _SKIPPED or part.endswith(_SKIPPED) for part in path.relative_to(folder).parts)
+        if path.is_file()
+        and not any(part in _SKIPPED or part.endswith(_SKIPPED) for part in path.relative_to(folder).parts)
     }
     files[REQUIREMENTS_NAME] = (_check_requirement(requirement) + "\n").encode()
     return files
@@ -134,8 +145,10 @@ def _check_out(out: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         shown = ", ".join(p.name for p in entries[:3])
-        raise ValueError(f"Expected argument `out` to be a new or empty folder, but {str(out)!r} holds {shown}; pass "
-                         "overwrite=True (--overwrite) to replace the metric folders an earlier call wrote there.")
+        raise ValueError(
+            f"Expected argument `out` to be a new or empty folder, but {str(out)!r} holds {shown}; pass "
+            "overwrite=True (--overwrite) to replace the metric folders an earlier call wrote there."
+        )
     recorded = _recorded(out)
     for entry in entries:
         if entry.name == RECORD_NAME and entry.is_file():
@@ -145,19 +158,29 @@ def _check_out(out: Path, overwrite: bool) -> None:
         found = {p.relative_to(entry).as_posix() for p in entry.rglob("*") if p.is_file()} if ours else set()
         if not ours or not found <= expected:
             what = sorted(found - expected)[0] if ours else entry.name
-            raise ValueError(f"Expected argument `out` to hold only metric folders written by an earlier call, but "
-                             f"{str(out / (entry.name if not ours else entry.name + '/' + what))!r} is not one of their "
-                             "files: it is never replaced; choose another folder.")
+            raise ValueError(
+                f"Expected argument `out` to hold only metric folders written by an earlier call, but "
+                f"{str(out / (entry.name if not ours else entry.name + '/' + what))!r} is not one of their "
+                "files: it is never replaced; choose another folder."
+            )
         for relative in sorted(found):
             key = f"{entry.name}/{relative}"
             if recorded.get(key) != file_digest(entry / relative):
-                raise ValueError(f"Expected argument `out` to hold only files an earlier call wrote, unchanged, but "
-                                 f"{str(entry / relative)!r} " + ("was changed since it was written" if key in recorded else
-                                 "is not in that call's record") + ": it is never replaced; move it away or choose another folder.")
+                raise ValueError(
+                    f"Expected argument `out` to hold only files an earlier call wrote, unchanged, but "
+                    f"{str(entry / relative)!r} "
+                    + ("was changed since it was written" if key in recorded else "is not in that call's record")
+                    + ": it is never replaced; move it away or choose another folder."
+                )
 
 
-def build_metric_spaces(out: str | os.PathLike, names: Sequence[str] | None = None, *, requirement: str | None = None,
-                        overwrite: bool = False) -> dict[str, Path]:
+def build_metric_spaces(
+    out: str | os.PathLike,
+    names: Sequence[str] | None = None,
+    *,
+    requirement: str | None = None,
+    overwrite: bool = False,
+) -> dict[str, Path]:
     """Write one Space folder per metric into ``out`` (``out/<name>/``); returns ``{name: folder}``.
 
     Args:
@@ -189,8 +212,14 @@ def build_metric_spaces(out: str | os.PathLike, names: Sequence[str] | None = No
     return folders
 
 
-def push_metric_spaces(namespace: str, names: Sequence[str] | None = None, *, requirement: str | None = None,
-                       private: bool | None = None, token: str | None = None) -> dict[str, str]:
+def push_metric_spaces(
+    namespace: str,
+    names: Sequence[str] | None = None,
+    *,
+    requirement: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+) -> dict[str, str]:
     """Create (or update) the Space ``<namespace>/<name>`` of each metric and upload its folder; returns
     ``{name: Space URL}``. ``evaluate.load("<namespace>/<name>")`` then loads the script.
 
@@ -199,8 +228,8 @@ def push_metric_spaces(namespace: str, names: Sequence[str] | None = None, *, re
     """
     from huggingface_hub import HfApi
 
-    from hf_calibration._core.version import __version__
     from hf_calibration._core.checkpoints import HubUnreachableError, unreachable_reason
+    from hf_calibration._core.version import __version__
 
     names = _check_names(names)
     check_namespace(namespace)
@@ -210,10 +239,15 @@ def push_metric_spaces(namespace: str, names: Sequence[str] | None = None, *, re
     urls = {}
     try:
         for name, folder in folders.items():
-            repo_id = api.create_repo(repo_id=f"{namespace}/{name}", repo_type="space", space_sdk="gradio",
-                                      private=private, exist_ok=True).repo_id
-            api.upload_folder(repo_id=repo_id, repo_type="space", folder_path=str(folder),
-                              commit_message=f"Upload the {name} metric (hf-calibration {__version__})")
+            repo_id = api.create_repo(
+                repo_id=f"{namespace}/{name}", repo_type="space", space_sdk="gradio", private=private, exist_ok=True
+            ).repo_id
+            api.upload_folder(
+                repo_id=repo_id,
+                repo_type="space",
+                folder_path=str(folder),
+                commit_message=f"Upload the {name} metric (hf-calibration {__version__})",
+            )
             urls[name] = f"https://huggingface.co/spaces/{repo_id}"
             logger.info("%s: published %s", name, urls[name])
     except Exception as err:
@@ -222,7 +256,10 @@ def push_metric_spaces(namespace: str, names: Sequence[str] | None = None, *, re
             shutil.rmtree(root, ignore_errors=True)
             raise
         done = f" ({', '.join(urls)} already published)" if urls else ""
-        raise HubUnreachableError(f"Could not publish the metric Spaces: the Hugging Face Hub is unreachable ({reason}){done}; "
-                                  f"the folders to upload are in {str(root)!r}.", reason) from None
+        raise HubUnreachableError(
+            f"Could not publish the metric Spaces: the Hugging Face Hub is unreachable ({reason}){done}; "
+            f"the folders to upload are in {str(root)!r}.",
+            reason,
+        ) from None
     shutil.rmtree(root, ignore_errors=True)
     return urls

@@ -49,7 +49,9 @@ def select_split(splits, split: str | None, what: str, default_split: str | None
             if name in splits:
                 return name
         if split is not None:
-            raise ValueError(f"Expected argument `split` to name a split of {what}, but got {split!r}; it has {sorted(splits)}.")
+            raise ValueError(
+                f"Expected argument `split` to name a split of {what}, but got {split!r}; it has {sorted(splits)}."
+            )
     if len(splits) == 1:
         return splits[0]
     raise ValueError(f"{what} has several splits {sorted(splits)}; choose one with `split`.")
@@ -92,8 +94,12 @@ def load_image_dataset(
         if _is_saved_dataset(folder):
             return _pick(datasets.load_from_disk(str(folder)), split, default_split, str(folder))
         if config_name is not None:
-            raise ValueError(f"Expected no `config_name` for the image folder {str(folder)!r}, but got {config_name!r}.")
-        return _pick(datasets.load_dataset("imagefolder", data_dir=str(folder), **load_kwargs), split, default_split, str(folder))
+            raise ValueError(
+                f"Expected no `config_name` for the image folder {str(folder)!r}, but got {config_name!r}."
+            )
+        return _pick(
+            datasets.load_dataset("imagefolder", data_dir=str(folder), **load_kwargs), split, default_split, str(folder)
+        )
     check_folder_or_hub_id(path_or_name, "dataset", "dataset")
     name = str(path_or_name)
     if split is None:  # ask the Hub which splits there are before downloading one
@@ -118,8 +124,15 @@ def _pick(data, split: str | None, default_split: str | None, what: str):
         if data.split is None:  # Datasets built in memory and saved keep no split name: record the key it was under
             data._split = datasets.NamedSplit(name)
         return data
-    if split is not None and data.split is not None and str(data.split) != split and split not in SPLIT_ALIASES.get(str(data.split), ()):
-        raise ValueError(f"Expected argument `split` to name a split of {what}, but got {split!r}; it holds the {str(data.split)!r} split only.")
+    if (
+        split is not None
+        and data.split is not None
+        and str(data.split) != split
+        and split not in SPLIT_ALIASES.get(str(data.split), ())
+    ):
+        raise ValueError(
+            f"Expected argument `split` to name a split of {what}, but got {split!r}; it holds the {str(data.split)!r} split only."
+        )
     return data
 
 
@@ -133,17 +146,23 @@ def find_image_column(features, image_column: str | None = None) -> str:
 
     if image_column is not None:
         if image_column not in features:
-            raise ValueError(f"Expected argument `image_column` to name a column, but got {image_column!r}; the columns are {_describe(features)}.")
+            raise ValueError(
+                f"Expected argument `image_column` to name a column, but got {image_column!r}; the columns are {_describe(features)}."
+            )
         if isinstance(features[image_column], (datasets.ClassLabel, datasets.Value)):  # numbers or strings: no pixels
-            raise ValueError(f"Expected argument `image_column` to name a column of images, but {image_column!r} holds "
-                             f"{type(features[image_column]).__name__} values; the columns are {_describe(features)}.")
+            raise ValueError(
+                f"Expected argument `image_column` to name a column of images, but {image_column!r} holds "
+                f"{type(features[image_column]).__name__} values; the columns are {_describe(features)}."
+            )
         return image_column
     found = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
     if len(found) == 1:
         return found[0]
     if found:
         raise ValueError(f"The dataset has several image columns {found}; choose one with `image_column`.")
-    raise ValueError(f"The dataset has no datasets.Image column (columns: {_describe(features)}); name it with `image_column`.")
+    raise ValueError(
+        f"The dataset has no datasets.Image column (columns: {_describe(features)}); name it with `image_column`."
+    )
 
 
 def _is_integer(feature) -> bool:
@@ -169,7 +188,9 @@ def _is_multilabel(feature) -> bool:
     import datasets
 
     inner = _list_inner(feature)
-    return isinstance(inner, datasets.ClassLabel) or (isinstance(inner, datasets.Value) and inner.dtype.startswith(("int", "uint", "float", "bool")))
+    return isinstance(inner, datasets.ClassLabel) or (
+        isinstance(inner, datasets.Value) and inner.dtype.startswith(("int", "uint", "float", "bool"))
+    )
 
 
 def multi_hot_labels(data, column: str, num_labels: int) -> np.ndarray:
@@ -182,25 +203,32 @@ def multi_hot_labels(data, column: str, num_labels: int) -> np.ndarray:
     rows = data[column]
     out = np.zeros((len(rows), num_labels), dtype=np.int64)
     as_indices = isinstance(inner, datasets.ClassLabel) or (
-        isinstance(inner, datasets.Value) and inner.dtype.startswith(("int", "uint"))
+        isinstance(inner, datasets.Value)
+        and inner.dtype.startswith(("int", "uint"))
         and any(len(r) != num_labels for r in rows)
     )
     for i, row in enumerate(rows):
         if as_indices:
             for j in row:
                 if not 0 <= int(j) < num_labels:
-                    raise ValueError(f"Expected the {column!r} column to hold class indices in [0, {num_labels}) (the model's "
-                                     f"num_labels), but row {i} holds {j}.")
+                    raise ValueError(
+                        f"Expected the {column!r} column to hold class indices in [0, {num_labels}) (the model's "
+                        f"num_labels), but row {i} holds {j}."
+                    )
                 out[i, int(j)] = 1
         else:
             if len(row) != num_labels:
-                raise ValueError(f"Expected each multi-hot row of the {column!r} column to have the model's {num_labels} "
-                                 f"labels, but row {i} has {len(row)}.")
+                raise ValueError(
+                    f"Expected each multi-hot row of the {column!r} column to have the model's {num_labels} "
+                    f"labels, but row {i} has {len(row)}."
+                )
             values = np.asarray(row, dtype=np.float64)
             bad = ~((values == 0) | (values == 1) | (values == -100))
             if bad.any():
-                raise ValueError(f"Expected the {column!r} column to hold 0/1 labels (or -100, ignored) for a multi-label model, "
-                                 f"but row {i} holds {values[bad][0].item()!r}: soft labels are not rounded.")
+                raise ValueError(
+                    f"Expected the {column!r} column to hold 0/1 labels (or -100, ignored) for a multi-label model, "
+                    f"but row {i} holds {values[bad][0].item()!r}: soft labels are not rounded."
+                )
             out[i] = values.astype(np.int64)
     return out
 
@@ -215,22 +243,30 @@ def find_label_column(features, label_column: str | None = None, *, multilabel: 
     if multilabel:
         if label_column is not None:
             if label_column not in features:
-                raise ValueError(f"Expected argument `label_column` to name a column, but got {label_column!r}; the columns are {_describe(features)}.")
+                raise ValueError(
+                    f"Expected argument `label_column` to name a column, but got {label_column!r}; the columns are {_describe(features)}."
+                )
             if not _is_multilabel(features[label_column]):
-                raise ValueError(f"Expected argument `label_column` to name a multi-label column (a list of class indices, or a "
-                                 f"multi-hot vector) for a multi-label model, but {label_column!r} is {features[label_column]}.")
+                raise ValueError(
+                    f"Expected argument `label_column` to name a multi-label column (a list of class indices, or a "
+                    f"multi-hot vector) for a multi-label model, but {label_column!r} is {features[label_column]}."
+                )
             return label_column
         found = [name for name, feature in features.items() if _is_multilabel(feature)]
         named = [name for name in LABEL_NAMES if name in found]
         if len(named) == 1 or len(found) == 1:
             return named[0] if len(named) == 1 else found[0]
-        raise ValueError(f"Expected one multi-label column (a list of class indices, or a multi-hot vector) for a multi-label "
-                         f"model (config.problem_type='multi_label_classification'), but found {found or 'none'} among "
-                         f"{_describe(features)}; name it with `label_column`.")
+        raise ValueError(
+            f"Expected one multi-label column (a list of class indices, or a multi-hot vector) for a multi-label "
+            f"model (config.problem_type='multi_label_classification'), but found {found or 'none'} among "
+            f"{_describe(features)}; name it with `label_column`."
+        )
 
     if label_column is not None:
         if label_column not in features:
-            raise ValueError(f"Expected argument `label_column` to name a column, but got {label_column!r}; the columns are {_describe(features)}.")
+            raise ValueError(
+                f"Expected argument `label_column` to name a column, but got {label_column!r}; the columns are {_describe(features)}."
+            )
         if not _is_integer(features[label_column]):
             raise ValueError(
                 f"Expected argument `label_column` to name a column of class indices (ClassLabel or integer), "

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from hf_calibration._core.checks import check_folder_or_hub_id, check_int
 from hf_calibration._core import distributed
+from hf_calibration._core.checks import check_folder_or_hub_id, check_int
+from hf_calibration._core.disk_logits import LogitsWriter
 from hf_calibration._core.inputs import whole_labels
 from hf_calibration.io.data import find_image_column, find_label_column, load_image_dataset
-from hf_calibration._core.disk_logits import LogitsWriter
 from hf_calibration.io.logits_cache import cache_key, load_cached, save_cached
 from hf_calibration.io.model_loading import load_image_classifier
 
@@ -81,13 +81,16 @@ def _labels(data, column: str, model: nn.Module) -> np.ndarray:
         return labels
     if sorted(model_names) == sorted(names) and len(set(names)) == len(names):
         index = {name: i for i, name in enumerate(model_names)}
-        logger.info("the dataset orders the class names differently from the model: mapping labels onto the model's indices")
+        logger.info(
+            "the dataset orders the class names differently from the model: mapping labels onto the model's indices"
+        )
         mapping = np.array([index[name] for name in names], dtype=np.int64)
         valid = (labels >= 0) & (labels < len(names))
         return np.where(valid, mapping[np.clip(labels, 0, len(names) - 1)], labels)
     logger.warning(
         "the dataset's class names (%s...) differ from the model's id2label (%s...); using the label indices as they are",
-        list(names)[:3], model_names[:3],
+        list(names)[:3],
+        model_names[:3],
     )
     return labels
 
@@ -102,12 +105,27 @@ def _warn_if_classes_are_missing(data, column: str, max_samples: int) -> None:
             "max_samples=%d keeps the first %d rows, which hold %d of the %d classes of the split (an image folder "
             "lists its images class by class): the metrics, or a calibrator fitted on them, describe those classes "
             "only. Shuffle the dataset first (dataset.shuffle(seed=0)) or use more samples.",
-            max_samples, max_samples, len(kept), len(present),
+            max_samples,
+            max_samples,
+            len(kept),
+            len(present),
         )
 
 
-def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, *, batch_size: int, device: torch.device,
-         num_workers: int, progress: bool, num_labels: int, sink=None) -> torch.Tensor | None:
+def _run(
+    model: nn.Module,
+    processor: Any,
+    data,
+    column: str,
+    mode: str | None,
+    *,
+    batch_size: int,
+    device: torch.device,
+    num_workers: int,
+    progress: bool,
+    num_labels: int,
+    sink=None,
+) -> torch.Tensor | None:
     """The logits of ``data`` in order: into one preallocated (N, K) float32 tensor (no list of batches to concatenate:
     the peak is the logits once), or, with ``sink`` (a ``disk_logits.LogitsWriter`` factory taking K), written batch by
     batch to disk (None is returned)."""
@@ -127,8 +145,12 @@ def _run(model: nn.Module, processor: Any, data, column: str, mode: str | None, 
     row = 0
     try:
         with torch.inference_mode():
-            for pixel_values in progress_iter(loader, desc="logits", enabled=progress, unit="batch", dynamic_ncols=True):
-                logits = model(pixel_values=pixel_values.to(device, dtype=dtype, non_blocking=True)).logits.float().cpu()
+            for pixel_values in progress_iter(
+                loader, desc="logits", enabled=progress, unit="batch", dynamic_ncols=True
+            ):
+                logits = (
+                    model(pixel_values=pixel_values.to(device, dtype=dtype, non_blocking=True)).logits.float().cpu()
+                )
                 if sink is not None:
                     writer = writer or sink(logits.shape[1])
                     writer.write(logits.numpy())
@@ -169,14 +191,20 @@ def check_device(device: Any) -> torch.device:
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"Expected argument `device` to be a device such as 'cpu', 'cuda', 'cuda:1' or 'mps', but got {device!r}.") from None
+        raise ValueError(
+            f"Expected argument `device` to be a device such as 'cpu', 'cuda', 'cuda:1' or 'mps', but got {device!r}."
+        ) from None
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available.get(device.type, True):
-        raise ValueError(f"Expected argument `device` to be a device this machine has, but got {str(device)!r} "
-                         f"({device.type} is not available here).")
+        raise ValueError(
+            f"Expected argument `device` to be a device this machine has, but got {str(device)!r} "
+            f"({device.type} is not available here)."
+        )
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"Expected argument `device` to be a device this machine has, but got {str(device)!r} "
-                         f"({torch.cuda.device_count()} CUDA device(s)).")
+        raise ValueError(
+            f"Expected argument `device` to be a device this machine has, but got {str(device)!r} "
+            f"({torch.cuda.device_count()} CUDA device(s))."
+        )
     return device
 
 
@@ -287,8 +315,15 @@ def predict_logits(
 
     key = None
     if cache_dir is not None:
-        key, description = cache_key(model, processor, data, split=data.split, image_column=image_column,
-                                     label_column=label_column, image_mode=mode)
+        key, description = cache_key(
+            model,
+            processor,
+            data,
+            split=data.split,
+            image_column=image_column,
+            label_column=label_column,
+            image_mode=mode,
+        )
         if key is None:
             logger.warning("the logits are not cached: %s", description["not_cached"])
         else:
@@ -315,8 +350,19 @@ def predict_logits(
     stream = output is not None and world_size == 1  # one process writes as it goes; several gather first
     sink = (lambda k: LogitsWriter(output, len(data), k, labels, overwrite=overwrite)) if stream else None
     try:
-        logits = _run(model, processor, data.select(shard), image_column, mode, batch_size=batch_size, device=device,
-                      num_workers=num_workers, progress=progress and rank == 0, num_labels=num_labels, sink=sink)
+        logits = _run(
+            model,
+            processor,
+            data.select(shard),
+            image_column,
+            mode,
+            batch_size=batch_size,
+            device=device,
+            num_workers=num_workers,
+            progress=progress and rank == 0,
+            num_labels=num_labels,
+            sink=sink,
+        )
     finally:
         model.train(was_training)
     if stream:

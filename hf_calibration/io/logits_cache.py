@@ -32,8 +32,15 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["CACHE_FORMAT_VERSION", "cache_key", "default_cache_dir", "load_cached", "model_fingerprint", "save_cached",
-           "uncacheable_reason"]
+__all__ = [
+    "CACHE_FORMAT_VERSION",
+    "cache_key",
+    "default_cache_dir",
+    "load_cached",
+    "model_fingerprint",
+    "save_cached",
+    "uncacheable_reason",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +92,9 @@ def _foreign_hooks(model: nn.Module) -> list[str]:
     from hf_calibration.calibrators.attach import _ATTR
 
     attachment = model.__dict__.get(_ATTR)
-    modules = [("", m) for m in model.modules()] + ([("calibrator ", attachment.calibrator)] if attachment is not None else [])
+    modules = [("", m) for m in model.modules()] + (
+        [("calibrator ", attachment.calibrator)] if attachment is not None else []
+    )
     found = []
     for prefix, module in modules:
         where = prefix + type(module).__name__
@@ -110,13 +119,23 @@ def uncacheable_reason(model: nn.Module, processor: Any) -> str | None:
     if hooks:
         return f"the model has forward hooks the cache cannot key ({'; '.join(hooks[:3])}{'; ...' if len(hooks) > 3 else ''})"
     if not callable(getattr(processor, "to_dict", None)):
-        return (f"the image processor is a {type(processor).__name__} without to_dict(), whose settings the cache cannot "
-                "key (pass a transformers image processor to cache)")
+        return (
+            f"the image processor is a {type(processor).__name__} without to_dict(), whose settings the cache cannot "
+            "key (pass a transformers image processor to cache)"
+        )
     return None
 
 
-def cache_key(model: nn.Module, processor: Any, dataset, *, split: str | None, image_column: str, label_column: str,
-              image_mode: str | None) -> tuple[str, dict[str, Any]]:
+def cache_key(
+    model: nn.Module,
+    processor: Any,
+    dataset,
+    *,
+    split: str | None,
+    image_column: str,
+    label_column: str,
+    image_mode: str | None,
+) -> tuple[str, dict[str, Any]]:
     """``(hex key, description)`` for a model run over a dataset; a ``None`` key when the run cannot be keyed
     (``description["not_cached"]`` says why: a dataset without fingerprint, see also :func:`uncacheable_reason`)."""
     fingerprint = getattr(dataset, "_fingerprint", None)
@@ -126,7 +145,11 @@ def cache_key(model: nn.Module, processor: Any, dataset, *, split: str | None, i
     description = {
         "format": CACHE_FORMAT_VERSION,
         "model": model_fingerprint(model),
-        "dataset": {"fingerprint": fingerprint, "split": None if split is None else str(split), "num_rows": len(dataset)},
+        "dataset": {
+            "fingerprint": fingerprint,
+            "split": None if split is None else str(split),
+            "num_rows": len(dataset),
+        },
         "preprocessing": {
             "image_processor": processor.to_dict(),
             "image_column": image_column,
@@ -153,13 +176,17 @@ def load_cached(cache_dir: str | os.PathLike, key: str) -> tuple[np.ndarray, np.
         return None
 
 
-def save_cached(cache_dir: str | os.PathLike, key: str, description: dict[str, Any], logits: np.ndarray, labels: np.ndarray) -> Path | None:
+def save_cached(
+    cache_dir: str | os.PathLike, key: str, description: dict[str, Any], logits: np.ndarray, labels: np.ndarray
+) -> Path | None:
     """Write the entry atomically; a cache that cannot be written is a warning, never an error."""
     folder = Path(cache_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for suffix, write in ((".json", lambda f: f.write(json.dumps(description, indent=1, sort_keys=True, default=str).encode())),
-                              (".npz", lambda f: np.savez(f, logits=logits, labels=labels))):
+        for suffix, write in (
+            (".json", lambda f: f.write(json.dumps(description, indent=1, sort_keys=True, default=str).encode())),
+            (".npz", lambda f: np.savez(f, logits=logits, labels=labels)),
+        ):
             with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{key}", suffix=suffix, delete=False) as tmp:
                 write(tmp)
             os.replace(tmp.name, folder / f"{key}{suffix}")

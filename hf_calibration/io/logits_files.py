@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hf_calibration._core.inputs import read_inputs, read_task, whole_labels
 from hf_calibration._core.checks import IGNORE_INDEX, check_classification_shapes, check_labels_in_range, to_numpy
+from hf_calibration._core.inputs import read_inputs, read_task, whole_labels
 
 __all__ = ["LogitsFileError", "Logits", "load_logits", "save_logits", "npz_path", "available_splits", "SUFFIXES"]
 
@@ -58,12 +58,16 @@ def _read_arrays(path: Path) -> dict[str, Any]:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises many kinds (UnpicklingError, RuntimeError...)
-            raise LogitsFileError(f"{path}: not a readable torch file ({type(err).__name__}: {err}).".splitlines()[0]) from None
+            raise LogitsFileError(
+                f"{path}: not a readable torch file ({type(err).__name__}: {err}).".splitlines()[0]
+            ) from None
         if isinstance(obj, (tuple, list)) and len(obj) == 2:
             return {"logits": obj[0], "labels": obj[1]}
         if isinstance(obj, dict):
             return dict(obj)
-        raise LogitsFileError(f"{path}: expected a dict of arrays or a (logits, labels) pair, but found {type(obj).__name__}.")
+        raise LogitsFileError(
+            f"{path}: expected a dict of arrays or a (logits, labels) pair, but found {type(obj).__name__}."
+        )
     if suffix == ".safetensors":
         from safetensors.numpy import load_file
 
@@ -71,7 +75,9 @@ def _read_arrays(path: Path) -> dict[str, Any]:
             return load_file(str(path))
         except Exception as err:
             raise LogitsFileError(f"{path}: not a readable .safetensors file ({err}).") from None
-    raise LogitsFileError(f"{path}: unknown logits file type {suffix or '(none)'!r}; expected one of {', '.join(SUFFIXES)}.")
+    raise LogitsFileError(
+        f"{path}: unknown logits file type {suffix or '(none)'!r}; expected one of {', '.join(SUFFIXES)}."
+    )
 
 
 def _check_path(path: str | os.PathLike, name: str) -> Path:
@@ -88,7 +94,9 @@ def _check_path(path: str | os.PathLike, name: str) -> Path:
 def available_splits(keys) -> list[str]:
     """Split names with both ``logits_<split>`` and ``labels_<split>`` among ``keys``."""
     keys = set(keys)
-    return sorted(k[len("logits_") :] for k in keys if k.startswith("logits_") and "labels_" + k[len("logits_") :] in keys)
+    return sorted(
+        k[len("logits_") :] for k in keys if k.startswith("logits_") and "labels_" + k[len("logits_") :] in keys
+    )
 
 
 def load_logits(
@@ -149,11 +157,15 @@ def load_logits(
         elif labels_key in label_arrays:
             labels = label_arrays[labels_key]
         else:
-            raise LogitsFileError(f"{labels_file}: expected an array `{labels_key}`, but found keys {sorted(label_arrays)}.")
+            raise LogitsFileError(
+                f"{labels_file}: expected an array `{labels_key}`, but found keys {sorted(label_arrays)}."
+            )
     elif labels_key in arrays:
         labels = arrays[labels_key]
     elif path.suffix.lower() == ".npy":
-        raise LogitsFileError(f"{path}: a .npy file holds the logits only; give the labels file too (--labels LABELS.npy).")
+        raise LogitsFileError(
+            f"{path}: a .npy file holds the logits only; give the labels file too (--labels LABELS.npy)."
+        )
     else:
         raise LogitsFileError(f"{path}: expected an array `{labels_key}` beside `{logits_key}`, but found keys {keys}.")
 
@@ -165,8 +177,15 @@ def load_logits(
             check_classification_shapes(logits, labels, "logits", "labels")
             check_labels_in_range(labels, logits.shape[1], "labels", ignore_index)
         else:  # a sigmoid head: one score column (binary) or (N, L) 0/1 labels (multi-label), checked as the metrics do
-            read_inputs(logits, labels, task=task, from_logits=True, ignore_index=ignore_index, preds_name="logits",
-                        target_name="labels")
+            read_inputs(
+                logits,
+                labels,
+                task=task,
+                from_logits=True,
+                ignore_index=ignore_index,
+                preds_name="logits",
+                target_name="labels",
+            )
             labels = whole_labels(labels, "labels")
     except (ValueError, TypeError) as err:
         raise LogitsFileError(f"{source}: {err}") from None
@@ -182,7 +201,12 @@ def npz_path(path: str | os.PathLike) -> Path:
 
 
 def save_logits(
-    path: str | os.PathLike, logits: Any = None, labels: Any = None, *, overwrite: bool = False, **splits: tuple[Any, Any]
+    path: str | os.PathLike,
+    logits: Any = None,
+    labels: Any = None,
+    *,
+    overwrite: bool = False,
+    **splits: tuple[Any, Any],
 ) -> Path:
     """Write an ``.npz`` logits file that :func:`load_logits` and ``hf-calibration`` read; returns its path.
 
@@ -195,7 +219,9 @@ def save_logits(
         raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
     target = npz_path(path)
     if target.exists() and not overwrite:
-        raise ValueError(f"Expected argument `path` to name a new file, but {str(target)!r} exists; pass overwrite=True to replace it.")
+        raise ValueError(
+            f"Expected argument `path` to name a new file, but {str(target)!r} exists; pass overwrite=True to replace it."
+        )
     arrays: dict[str, np.ndarray] = {}
     if logits is not None or labels is not None:
         if logits is None or labels is None:

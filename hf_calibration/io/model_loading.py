@@ -20,19 +20,28 @@ __all__ = ["load_image_classifier", "load_image_processor"]
 logger = logging.getLogger(__name__)
 
 _MACCAL_CONFIG_KEY = "maccal_head"  # what a MaC-Cal checkpoint's config records (see hf_calibration.load_maccal_model)
-_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token")  # where the files come from: config and weights alike
+_HUB_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "local_files_only",
+    "token",
+)  # where the files come from: config and weights alike
 
 
 def _load_model(name_or_path: str | os.PathLike, revision: str | None, **kwargs: Any) -> nn.Module:
     from transformers import AutoConfig, AutoModelForImageClassification, TimmWrapperForImageClassification
 
-    config = AutoConfig.from_pretrained(name_or_path, revision=revision, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+    config = AutoConfig.from_pretrained(
+        name_or_path, revision=revision, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+    )
     if isinstance(getattr(config, _MACCAL_CONFIG_KEY, None), dict):  # also checkpoints older than the Auto registration
         from hf_calibration.maccal import load_maccal_model
 
         logger.info("%s is a MaC-Cal checkpoint: loading its bottleneck head", name_or_path)
         return load_maccal_model(name_or_path, config=config, revision=revision, **kwargs)
-    model_class = TimmWrapperForImageClassification if config.model_type == "timm_wrapper" else AutoModelForImageClassification
+    model_class = (
+        TimmWrapperForImageClassification if config.model_type == "timm_wrapper" else AutoModelForImageClassification
+    )
     return model_class.from_pretrained(name_or_path, config=config, revision=revision, **kwargs)
 
 
@@ -74,13 +83,19 @@ def load_image_classifier(
         source = model
         model = _load_model(model, revision, **kwargs)
     else:
-        raise TypeError(f"Expected argument `model` to be a folder, a Hub id or a torch.nn.Module, but got {type(model).__name__}.")
+        raise TypeError(
+            f"Expected argument `model` to be a folder, a Hub id or a torch.nn.Module, but got {type(model).__name__}."
+        )
     if image_processor is None:
         if source is None:
-            raise ValueError("Expected argument `image_processor` for a model object that does not record where it was loaded from.")
+            raise ValueError(
+                "Expected argument `image_processor` for a model object that does not record where it was loaded from."
+            )
         image_processor = load_image_processor(source, revision)
     elif isinstance(image_processor, (str, os.PathLike)):
         image_processor = load_image_processor(image_processor)
     if not callable(image_processor):
-        raise TypeError(f"Expected argument `image_processor` to be callable on a list of images, but got {type(image_processor).__name__}.")
+        raise TypeError(
+            f"Expected argument `image_processor` to be callable on a list of images, but got {type(image_processor).__name__}."
+        )
     return model, image_processor

@@ -4,11 +4,23 @@ the asymmetric loss for sigmoid (binary, multi-label) heads. Usable as Trainer's
 from hf_calibration.losses._base import CalibrationLoss
 from hf_calibration.losses._registry import LOSS_MAPPING, get_loss, list_losses
 from hf_calibration.losses.cross_entropy import CrossEntropyLoss
-from hf_calibration.losses.fedlas import BidirectionalCalibrationGate, FeDLaSLoss, FeDLaSLSLoss, FeDLaSMbLSLoss, straight_through_sign
+from hf_calibration.losses.fedlas import (
+    BidirectionalCalibrationGate,
+    FeDLaSLoss,
+    FeDLaSLSLoss,
+    FeDLaSMbLSLoss,
+    straight_through_sign,
+)
 from hf_calibration.losses.focal import FLSD53Loss, FocalLoss
 from hf_calibration.losses.label_smoothing import LabelSmoothingLoss
 from hf_calibration.losses.margin import MbLSLoss
-from hf_calibration.losses.multilabel import AsymmetricLoss, BinaryCrossEntropyLoss, BinaryLabelSmoothingLoss, SigmoidFocalLoss, SigmoidLoss
+from hf_calibration.losses.multilabel import (
+    AsymmetricLoss,
+    BinaryCrossEntropyLoss,
+    BinaryLabelSmoothingLoss,
+    SigmoidFocalLoss,
+    SigmoidLoss,
+)
 
 __all__ = [
     "AsymmetricLoss",

@@ -8,7 +8,12 @@ from hf_calibration.losses.fedlas import FeDLaSLSLoss, FeDLaSMbLSLoss
 from hf_calibration.losses.focal import FLSD53Loss, FocalLoss
 from hf_calibration.losses.label_smoothing import LabelSmoothingLoss
 from hf_calibration.losses.margin import MbLSLoss
-from hf_calibration.losses.multilabel import AsymmetricLoss, BinaryCrossEntropyLoss, BinaryLabelSmoothingLoss, SigmoidFocalLoss
+from hf_calibration.losses.multilabel import (
+    AsymmetricLoss,
+    BinaryCrossEntropyLoss,
+    BinaryLabelSmoothingLoss,
+    SigmoidFocalLoss,
+)
 
 LOSS_MAPPING = {
     "ce": CrossEntropyLoss,

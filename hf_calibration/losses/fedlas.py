@@ -27,9 +27,9 @@ from torch import nn
 from hf_calibration._core.checks import check_choice, check_float, check_int
 from hf_calibration.losses._base import CalibrationLoss, _stats_dtype
 from hf_calibration.losses._fedlas_fused import FeDLaSFunction
+from hf_calibration.losses.cross_entropy import nll_per_sample
 from hf_calibration.losses.label_smoothing import label_smoothing_per_sample
 from hf_calibration.losses.margin import margin_penalty_per_sample
-from hf_calibration.losses.cross_entropy import nll_per_sample
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,9 @@ def all_reduce_moments(moments: torch.Tensor) -> torch.Tensor:
     return moments
 
 
-def ema_update(mean: torch.Tensor, std: torch.Tensor, moments: torch.Tensor, theta: float, thresholds: torch.Tensor | None = None) -> None:
+def ema_update(
+    mean: torch.Tensor, std: torch.Tensor, moments: torch.Tensor, theta: float, thresholds: torch.Tensor | None = None
+) -> None:
     """In place: ``μ ← θ·μ_batch + (1-θ)·μ`` and ``σ ← θ·σ_batch + (1-θ)·σ`` (paper Eqs. 11-12).
 
     σ_batch is the unbiased (Bessel-corrected) standard deviation, like ``torch.std`` in the official
@@ -367,7 +369,10 @@ class FeDLaSLoss(CalibrationLoss):
                 f"Expected `logits` to have num_classes = {self.num_classes} columns, but got {logits.shape[1]}."
             )
         if self.nci_mean.device != logits.device:
-            logger.warning("Moving FeDLaSLoss to %s, the device of the logits; move it with the model to avoid this.", logits.device)
+            logger.warning(
+                "Moving FeDLaSLoss to %s, the device of the logits; move it with the model to avoid this.",
+                logits.device,
+            )
             self.to(logits.device)
 
     def _count_nonfinite(self, finite: torch.Tensor, mask: torch.Tensor) -> None:

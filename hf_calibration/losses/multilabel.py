@@ -50,7 +50,8 @@ class SigmoidLoss(CalibrationLoss):
                 f"Expected `logits` and `labels` of one shape, (N, L) for a multi-label head or (N,) for a binary one, but got "
                 f"{tuple(logits.shape)} and {tuple(labels.shape)}. Integer class indices (N,) with (N, K) logits belong to a "
                 "softmax head (config.problem_type='single_label_classification'): train it with CrossEntropyLoss, "
-                "FocalLoss, LabelSmoothingLoss, ...")
+                "FocalLoss, LabelSmoothingLoss, ..."
+            )
         if logits.shape[0] == 0:
             raise ValueError(f"Expected `logits` to be non-empty, but got shape {tuple(logits.shape)}.")
         if labels.is_complex():
@@ -74,14 +75,21 @@ class SigmoidLoss(CalibrationLoss):
         host = torch.stack([v.to(device=t.device, dtype=torch.float64) for v in values]).tolist()
         if host[0]:
             found = batch.raw_labels[batch.mask][((t < 0) | (t > 1))[batch.mask]][0]
-            raise ValueError(f"Expected `labels` to hold targets in [0, 1] (0/1 labels; or {self.ignore_index}, ignored) for a "
-                             f"sigmoid head, but found {float(found)!r}.")
+            raise ValueError(
+                f"Expected `labels` to hold targets in [0, 1] (0/1 labels; or {self.ignore_index}, ignored) for a "
+                f"sigmoid head, but found {float(found)!r}."
+            )
         if isinstance(count, torch.Tensor):
             self._check_count(host[1], batch.mask)
         return False
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor, features: torch.Tensor | None = None,
-                num_items_in_batch: Any = None) -> torch.Tensor:
+    def forward(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        features: torch.Tensor | None = None,
+        num_items_in_batch: Any = None,
+    ) -> torch.Tensor:
         batch = self._format(logits, labels, num_items_in_batch)
         self._validate(batch)
         per_element = self.per_element_loss(batch.logits, batch.labels)

@@ -10,7 +10,13 @@
 
 from hf_calibration.maccal.config import MaCCalConfig
 from hf_calibration.maccal.head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
-from hf_calibration.maccal.persistence import MODEL_TYPE, head_path, install_head, load_maccal_model, maccal_config_class
+from hf_calibration.maccal.persistence import (
+    MODEL_TYPE,
+    head_path,
+    install_head,
+    load_maccal_model,
+    maccal_config_class,
+)
 from hf_calibration.maccal.retention import clip_bound, update_retention
 from hf_calibration.maccal.stage import MaCCalResult, cache_features, maccal_stage, train_masked_head
 

@@ -98,10 +98,14 @@ class MaCCalConfig:
         check_float(self.rho_min, "rho_min", minimum=0.0, maximum=1.0, min_inclusive=False)
         check_float(self.rho_max, "rho_max", minimum=0.0, maximum=1.0, min_inclusive=False)
         if self.rho_min > self.rho_max:
-            raise ValueError(f"Expected argument `rho_min` to be <= `rho_max`, but got {self.rho_min} > {self.rho_max}.")
+            raise ValueError(
+                f"Expected argument `rho_min` to be <= `rho_max`, but got {self.rho_min} > {self.rho_max}."
+            )
         check_float(self.rho0, "rho0", minimum=0.0, maximum=1.0, min_inclusive=False)
         if not self.rho_min <= self.rho0 <= self.rho_max:
-            raise ValueError(f"Expected argument `rho0` to lie in [rho_min, rho_max] = [{self.rho_min}, {self.rho_max}], but got {self.rho0}.")
+            raise ValueError(
+                f"Expected argument `rho0` to lie in [rho_min, rho_max] = [{self.rho_min}, {self.rho_max}], but got {self.rho0}."
+            )
         for name in ("adaptive", "rescale", "cache_features", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Expected argument `{name}` to be a bool, but got {getattr(self, name)!r}.")

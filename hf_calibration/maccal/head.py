@@ -17,6 +17,8 @@ How a model carries the head (its config, saving and loading) is in :mod:`~hf_ca
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -79,7 +81,9 @@ class MaskedBottleneckHead(nn.Module):
                 f"Linear({linear.in_features}, {linear.out_features})."
             )
         if self.hidden < 2 * k:
-            raise ValueError(f"Expected `hidden` >= 2 · num_labels = {2 * k} to start from the linear head, but got {self.hidden}.")
+            raise ValueError(
+                f"Expected `hidden` >= 2 · num_labels = {2 * k} to start from the linear head, but got {self.hidden}."
+            )
         weight = linear.weight.detach().to(self.fc1.weight)
         bias = (linear.bias.detach() if linear.bias is not None else torch.zeros(k)).to(self.fc1.bias)
         self.fc1.weight[:k], self.fc1.weight[k : 2 * k] = weight, -weight

@@ -57,7 +57,9 @@ def head_path(model: nn.Module, head: str | None = None) -> str:
     for name, module in model.named_modules():
         if module is linear:
             return name
-    raise ValueError("Expected the classification head to be a submodule of `model`, but it is not.")  # pragma: no cover
+    raise ValueError(
+        "Expected the classification head to be a submodule of `model`, but it is not."
+    )  # pragma: no cover
 
 
 def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
@@ -122,7 +124,12 @@ def maccal_config_class(base: type) -> type:
         cls = type(
             f"MaCCal{base.__name__}",
             (_MaCCalConfig, base),
-            {"model_type": MODEL_TYPE, "maccal_base": base, "__module__": __name__, "__doc__": maccal_config_class.__doc__},
+            {
+                "model_type": MODEL_TYPE,
+                "maccal_base": base,
+                "__module__": __name__,
+                "__doc__": maccal_config_class.__doc__,
+            },
         )
         AutoModelForImageClassification.register(cls, MaCCalForImageClassification, exist_ok=True)
         _CONFIG_CLASSES[base] = cls
@@ -255,7 +262,9 @@ def load_maccal_model(path: str | os.PathLike, model_class=None, config=None, **
         try:
             config = AutoConfig.from_pretrained(path, **hub_kwargs)
         except OSError as err:
-            raise ValueError(f"Expected argument `path` to be a saved model folder or a Hub model, but got {path!r}: {err}") from err
+            raise ValueError(
+                f"Expected argument `path` to be a saved model folder or a Hub model, but got {path!r}: {err}"
+            ) from err
     spec = _head_spec(config, repr(path))
     prefix = spec["path"] + "."
     verbosity = hf_logging.get_verbosity()
@@ -270,7 +279,9 @@ def load_maccal_model(path: str | os.PathLike, model_class=None, config=None, **
     stray += [k for k in info.get("unexpected_keys", []) if not k.startswith(prefix)]
     stray += list(info.get("mismatched_keys", []))
     if stray:
-        raise ValueError(f"Checkpoint {path!r} does not fit the model outside the MaC-Cal head: {sorted(map(str, stray))[:10]}.")
+        raise ValueError(
+            f"Checkpoint {path!r} does not fit the model outside the MaC-Cal head: {sorted(map(str, stray))[:10]}."
+        )
     old = model.get_submodule(spec["path"])
     weight = old.weight if isinstance(old, nn.Linear) else next(old.parameters())
     head = MaskedBottleneckHead(spec["in_features"], spec["hidden"], spec["num_labels"])

@@ -15,8 +15,9 @@ import copy
 import inspect
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,8 +25,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from hf_calibration._core.checks import IGNORE_INDEX, check_int, check_labels_in_range
-from hf_calibration._core.progress import progress_iter
 from hf_calibration._core.features import capture_features, find_classifier_head
+from hf_calibration._core.progress import progress_iter
 from hf_calibration.maccal.config import MaCCalConfig
 from hf_calibration.maccal.head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
 from hf_calibration.maccal.persistence import head_path, install_head
@@ -62,10 +63,14 @@ def _labels_of(batch) -> torch.Tensor:
         for key in _LABEL_KEYS:
             if key in batch and batch[key] is not None:
                 return torch.as_tensor(batch[key])
-        raise ValueError(f"Expected each batch to carry labels under one of {list(_LABEL_KEYS)}, but got keys {list(batch.keys())}.")
+        raise ValueError(
+            f"Expected each batch to carry labels under one of {list(_LABEL_KEYS)}, but got keys {list(batch.keys())}."
+        )
     if isinstance(batch, (list, tuple)) and len(batch) >= 2:
         return torch.as_tensor(batch[1])
-    raise TypeError(f"Expected each batch to be a dict with labels or an (inputs, labels) pair, but got {type(batch).__name__}.")
+    raise TypeError(
+        f"Expected each batch to be a dict with labels or an (inputs, labels) pair, but got {type(batch).__name__}."
+    )
 
 
 def _forward(model: nn.Module, batch, device: torch.device, accepted: set[str] | None) -> None:
@@ -109,10 +114,14 @@ def _loader(data, batch_size: int, data_collator, model: nn.Module, shuffle: boo
             return torch.utils.data.default_collate(items)
         return data_collator(items)
 
-    return torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=generator)
+    return torch.utils.data.DataLoader(
+        data, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=generator
+    )
 
 
-def _batches_features(model, loader, head: str | None, progress: bool, desc: str) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+def _batches_features(
+    model, loader, head: str | None, progress: bool, desc: str
+) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(features, labels)`` per batch: the head's input under a frozen, eval-mode forward pass."""
     device = _model_device(model)
     accepted = _forward_keys(model)
@@ -178,7 +187,9 @@ def _check_features_argument(features: Any, in_features: int) -> tuple[torch.Ten
                 raise TypeError(f"Expected argument `{name}` to hold real numbers, but got dtype {value.dtype}.")
             value = torch.from_numpy(value)
         elif not isinstance(value, torch.Tensor):
-            raise TypeError(f"Expected argument `{name}` to be a torch.Tensor or numpy array, but got {type(value).__name__}.")
+            raise TypeError(
+                f"Expected argument `{name}` to be a torch.Tensor or numpy array, but got {type(value).__name__}."
+            )
         pair.append(value.detach())
     x, y = pair
     if x.is_complex() or x.dtype == torch.bool:
@@ -232,7 +243,9 @@ def _resolve_loss(loss, num_labels: int):
         needs_k = cls is not None and "num_classes" in inspect.signature(cls.__init__).parameters
         return get_loss(loss, num_classes=num_labels) if needs_k else get_loss(loss)
     if not callable(loss):
-        raise TypeError(f"Expected argument `loss` to be a loss name, a callable or None, but got {type(loss).__name__}.")
+        raise TypeError(
+            f"Expected argument `loss` to be a loss name, a callable or None, but got {type(loss).__name__}."
+        )
     if not isinstance(loss, nn.Module):
         return loss
     loss = copy.deepcopy(loss)
@@ -327,7 +340,9 @@ def train_masked_head(
                             leaf = logits.detach().requires_grad_()
                             with torch.enable_grad():
                                 value = _loss_value(loss_fn, leaf, y, x)
-                            grad_logits, *loss_grads = torch.autograd.grad(value, [leaf, *loss_params], allow_unused=True)
+                            grad_logits, *loss_grads = torch.autograd.grad(
+                                value, [leaf, *loss_params], allow_unused=True
+                            )
                             if grad_logits is None:  # a loss that ignores the logits
                                 grad_logits = torch.zeros_like(logits)
                             losses.append(value.detach() * y.numel())
@@ -363,8 +378,12 @@ def train_masked_head(
                 "loss": loss_sum / n,
             }
             history.append(record)
-            bar.set_postfix(rho=f"{rho:.3f}", acc=f"{acc:.3f}", conf=f"{conf:.3f}", refresh=False)  # a refresh ignores the delay
-            logger.info("MaC-Cal epoch %d: rho=%.4f acc=%.4f conf=%.4f loss=%.4f", epoch, rho, acc, conf, record["loss"])
+            bar.set_postfix(
+                rho=f"{rho:.3f}", acc=f"{acc:.3f}", conf=f"{conf:.3f}", refresh=False
+            )  # a refresh ignores the delay
+            logger.info(
+                "MaC-Cal epoch %d: rho=%.4f acc=%.4f conf=%.4f loss=%.4f", epoch, rho, acc, conf, record["loss"]
+            )
             if log_fn is not None:
                 log_fn({f"maccal/{k}": v for k, v in record.items()})
             if config.adaptive:
@@ -434,7 +453,9 @@ def maccal_stage(
     path = head_path(model, head)
     _, _, linear = find_classifier_head(model, head)
     if not isinstance(linear, nn.Linear):
-        raise ValueError(f"Expected the classification head at {path!r} to be a Linear layer, but got {type(linear).__name__}.")
+        raise ValueError(
+            f"Expected the classification head at {path!r} to be a Linear layer, but got {type(linear).__name__}."
+        )
     in_features, num_labels = linear.in_features, linear.out_features
     device, dtype = linear.weight.device, linear.weight.dtype
     if features is not None:  # checked before anything is built or trained
@@ -443,7 +464,9 @@ def maccal_stage(
     hidden = config.hidden or max(in_features // 2, 2 * num_labels)
 
     if config.init == "linear" and hidden < 2 * num_labels:
-        raise ValueError(f"Expected `hidden` >= 2 · num_labels = {2 * num_labels} with init='linear', but got {hidden}.")
+        raise ValueError(
+            f"Expected `hidden` >= 2 · num_labels = {2 * num_labels} with init='linear', but got {hidden}."
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         new_head = MaskedBottleneckHead(in_features, hidden, num_labels).to(device)
@@ -460,7 +483,12 @@ def maccal_stage(
             x_all, y_all = x_all[keep], y_all[keep]
         elif config.cache_features:
             x_all, y_all = cache_features(
-                model, dataset, head=path, data_collator=data_collator, batch_size=config.feature_batch_size, progress=config.progress
+                model,
+                dataset,
+                head=path,
+                data_collator=data_collator,
+                batch_size=config.feature_batch_size,
+                progress=config.progress,
             )
             _check_stage_data(x_all, y_all, num_labels, "the backbone's features on argument `dataset`", "dataset")
         else:
@@ -477,7 +505,10 @@ def maccal_stage(
 
             def batches(epoch, generator):
                 perm = torch.randperm(x_all.shape[0], generator=generator).to(device)
-                x_perm, y_perm = x_all.index_select(0, perm), y_all.index_select(0, perm)  # one gather per epoch, then views
+                x_perm, y_perm = (
+                    x_all.index_select(0, perm),
+                    y_all.index_select(0, perm),
+                )  # one gather per epoch, then views
                 return zip(x_perm.split(config.batch_size), y_perm.split(config.batch_size))
 
         else:

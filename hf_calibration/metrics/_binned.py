@@ -9,7 +9,14 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from hf_calibration.metrics.binning import _adaptive_bin_index, _bin_means, _bin_sums, _calibration_gaps, _run_sizes, _uniform_bin_index
+from hf_calibration.metrics.binning import (
+    _adaptive_bin_index,
+    _bin_means,
+    _bin_sums,
+    _calibration_gaps,
+    _run_sizes,
+    _uniform_bin_index,
+)
 from hf_calibration.metrics.bootstrap import Bootstrap, advance, frame, segment_sums
 
 
@@ -64,8 +71,16 @@ def _binned_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
         gap = (sums[..., 1] - sums[..., 2]) / n
         with np.errstate(invalid="ignore", divide="ignore"):
             bin_gap = np.where(sums[..., 0] > 0, np.abs(sums[..., 2] - sums[..., 1]) / sums[..., 0], 0.0)
-        return np.stack([np.abs(gap).sum(axis=1), bin_gap.max(axis=1), np.clip(gap, 0, None).sum(axis=1),
-                         np.clip(-gap, 0, None).sum(axis=1), sums[..., 2].sum(axis=1) / n], axis=1)
+        return np.stack(
+            [
+                np.abs(gap).sum(axis=1),
+                bin_gap.max(axis=1),
+                np.clip(gap, 0, None).sum(axis=1),
+                np.clip(-gap, 0, None).sum(axis=1),
+                sums[..., 2].sum(axis=1) / n,
+            ],
+            axis=1,
+        )
 
     return statistic
 
@@ -73,7 +88,9 @@ def _binned_statistic(confidence: np.ndarray, correct: np.ndarray, n_bins: int):
 BINNED_COLUMNS = ("ece", "mce", "o_ece", "u_ece", "accuracy")  # the columns of _binned_statistic
 
 
-def _top_label_interval(boot: Bootstrap, confidence: np.ndarray, correct: np.ndarray, n_bins: int, column: int, value: float):
+def _top_label_interval(
+    boot: Bootstrap, confidence: np.ndarray, correct: np.ndarray, n_bins: int, column: int, value: float
+):
     """``value`` with the interval of column ``column`` of ``_binned_statistic`` (0 ECE, 1 MCE, 2 O-ECE, 3 U-ECE)."""
     if BINNED_COLUMNS[column] == "mce":  # no interval (bootstrap.INTERVALS): no resamples either
         return boot.interval(value, np.zeros(0), "mce")

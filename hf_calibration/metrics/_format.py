@@ -35,6 +35,21 @@ from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label
 
 _raise_row_error = raise_row_error  # the name the metrics' passes use
 
+__all__ = [  # the metrics' input toolkit: the core's input type and top-label pass, and the metrics' own helpers
+    "AVERAGES",
+    "Inputs",
+    "TopLabel",
+    "check_average_for",
+    "check_rows",
+    "prepare",
+    "probability_chunks",
+    "read_inputs",
+    "read_metric_inputs",
+    "top_label",
+    "top_label_bin_sums",
+    "validate",
+]
+
 _CHUNK_ELEMENTS = 1 << 22  # ~32 MB of float64 per chunk
 
 
@@ -59,7 +74,9 @@ def validate(
         if not keep.all():
             preds, target = preds[keep], target[keep]
             if preds.shape[0] == 0:
-                raise ValueError(f"Expected at least one label in `{target_name}` that is not ignore_index={ignore_index}.")
+                raise ValueError(
+                    f"Expected at least one label in `{target_name}` that is not ignore_index={ignore_index}."
+                )
     return preds, target.astype(np.int64, copy=False)
 
 
@@ -70,16 +87,19 @@ def check_average_for(task: str, average: Any) -> str:
     """``average`` checked for the head ``task``: it means something for multi-label heads only."""
     if task == "multiclass":
         if average != "macro":
-            raise ValueError(f"Expected argument `average` to be left at 'macro' for a multi-class (softmax) head, but got "
-                             f"{average!r}: averaging over labels applies to task='multilabel'.")
+            raise ValueError(
+                f"Expected argument `average` to be left at 'macro' for a multi-class (softmax) head, but got "
+                f"{average!r}: averaging over labels applies to task='multilabel'."
+            )
         return average
     if average not in AVERAGES:
         raise ValueError(f"Expected argument `average` to be one of {sorted(AVERAGES)}, but got {average!r}.")
     return average
 
 
-def read_metric_inputs(preds: Any, target: Any, *, task: str | None, average: str, from_logits: bool | None,
-                       ignore_index: int | None) -> Inputs:
+def read_metric_inputs(
+    preds: Any, target: Any, *, task: str | None, average: str, from_logits: bool | None, ignore_index: int | None
+) -> Inputs:
     """A metric function's inputs, read once: head type, kind and labels (:func:`~hf_calibration._core.inputs.read_inputs`),
     and ``average`` checked for that head."""
     inputs = read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index)
@@ -97,8 +117,14 @@ def prepare(
     target_name: str = "target",
 ) -> Inputs:
     """Multi-class :class:`~hf_calibration._core.inputs.Inputs` (:func:`~hf_calibration._core.inputs.read_multiclass`)."""
-    return read_multiclass(preds, target, from_logits=from_logits, ignore_index=ignore_index, preds_name=preds_name,
-                           target_name=target_name)
+    return read_multiclass(
+        preds,
+        target,
+        from_logits=from_logits,
+        ignore_index=ignore_index,
+        preds_name=preds_name,
+        target_name=target_name,
+    )
 
 
 def _chunks(n: int, k: int):

@@ -22,8 +22,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from hf_calibration.metrics._format import Inputs, check_rows
 from hf_calibration._core.bins import uniform_bin, uniform_edges
+from hf_calibration.metrics._format import Inputs, check_rows
 from hf_calibration.metrics.bootstrap import Bootstrap
 
 _CHUNK_ELEMENTS = 1 << 23  # rows of one chunk (>= 256): 64 MB of float64 lowest-bin values, 8,000 rows at K = 1,000
@@ -88,7 +88,9 @@ def _exp_shifted(d, e, t):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _rows(preds, target, start, stop, from_logits, edges, classwise, cells, scores, split, lowest, where, values):  # pragma: no cover - compiled
+def _rows(
+    preds, target, start, stop, from_logits, edges, classwise, cells, scores, split, lowest, where, values
+):  # pragma: no cover - compiled
     """Rows ``start..stop``: add the signed sums into ``cells`` (when ``classwise``) and write ``scores[i]``. With
     ``split``, also ``lowest[i - start, k]`` (the row's signed value ``p_k - [y == k]`` where ``p_k`` is in the lowest
     bin, else 0) and, for every other class, ``where[m] = (row, k * n_bins + bin)``, ``values[m]`` = that value.
@@ -181,8 +183,15 @@ def _entry_sums(counts_t, position, where, values, out):  # pragma: no cover - c
             out[b] += abs(acc[b])
 
 
-def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True, boot: Bootstrap | None = None,
-                     position: np.ndarray | None = None, checked: bool = False) -> ProbabilityRows:
+def probability_rows(
+    inputs: Inputs,
+    n_bins: int = 15,
+    *,
+    classwise: bool = True,
+    boot: Bootstrap | None = None,
+    position: np.ndarray | None = None,
+    checked: bool = False,
+) -> ProbabilityRows:
     """The pass over ``inputs`` (as :func:`~hf_calibration.metrics._format.prepare` leaves them).
 
     ``boot`` (with ``position``, each row's frame position: the resamples' counts are over the frame, see
@@ -201,15 +210,30 @@ def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True
     scores = np.empty((n, 2))
     step = max(_MIN_CHUNK_ROWS, min(_CHUNK_ELEMENTS // k, _CHUNK_ROWS))
     if boot is None:
-        _rows(preds, target, 0, n, from_logits, edges, classwise, cells, scores, False, np.zeros((0, 0)),
-              np.zeros((0, 2), np.int64), np.zeros(0))
+        _rows(
+            preds,
+            target,
+            0,
+            n,
+            from_logits,
+            edges,
+            classwise,
+            cells,
+            scores,
+            False,
+            np.zeros((0, 0)),
+            np.zeros((0, 2), np.int64),
+            np.zeros(0),
+        )
         replicates = None
     else:
         rows = min(n, step)
         room = rows * min(k, n_bins)  # at most n_bins - 1 classes of a row are above the lowest bin
         # two sets of buffers: the pass over chunk i + 1 (one core, in a thread: _rows releases the GIL) runs while
         # the matrix product of chunk i runs on the other; the chunks still go through _rows in order (same sums)
-        buffers = [(np.empty((rows, k), dtype=_GEMM), np.empty((room, 2), dtype=np.int64), np.empty(room)) for _ in range(2)]
+        buffers = [
+            (np.empty((rows, k), dtype=_GEMM), np.empty((room, 2), dtype=np.int64), np.empty(room)) for _ in range(2)
+        ]
         chunks = [(start, min(n, start + step)) for start in range(0, n, step)]
         parts = []
         with ThreadPoolExecutor(1) as pool:
@@ -221,8 +245,21 @@ def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True
                 def run(c, first_block=b == 0):
                     start, stop = chunks[c]
                     lowest, where, values = buffers[c % 2]
-                    return _rows(preds, target, start, stop, from_logits, edges, classwise and first_block, cells, scores,
-                                 True, lowest, where, values)
+                    return _rows(
+                        preds,
+                        target,
+                        start,
+                        stop,
+                        from_logits,
+                        edges,
+                        classwise and first_block,
+                        cells,
+                        scores,
+                        True,
+                        lowest,
+                        where,
+                        values,
+                    )
 
                 pending = pool.submit(run, 0)
                 for c, (start, stop) in enumerate(chunks):
@@ -241,8 +278,15 @@ def probability_rows(inputs: Inputs, n_bins: int = 15, *, classwise: bool = True
                     kept_values.append(values[:m].copy())
                 out = np.abs(totals).sum(axis=0)
                 cell_order = np.argsort(np.concatenate(kept_where)[:, 1], kind="stable")
-                _entry_sums(counts_t, position, np.concatenate(kept_where)[cell_order], np.concatenate(kept_values)[cell_order], out)
+                _entry_sums(
+                    counts_t,
+                    position,
+                    np.concatenate(kept_where)[cell_order],
+                    np.concatenate(kept_values)[cell_order],
+                    out,
+                )
                 parts.append(out / k / n)
         replicates = np.concatenate(parts)
-    return ProbabilityRows(cells if classwise else None, scores, float(scores[:, 0].sum() / n),
-                           float((scores[:, 1] / n).sum()), replicates)
+    return ProbabilityRows(
+        cells if classwise else None, scores, float(scores[:, 0].sum() / n), float((scores[:, 1] / n).sum()), replicates
+    )

@@ -32,7 +32,8 @@ the CPU's to float32 precision (~1e-7), float64 logits to 1e-15.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -47,10 +48,19 @@ from hf_calibration._core.checks import (
     resolve_from_logits,
     to_numpy,
 )
+from hf_calibration._core.inputs import whole_labels
 from hf_calibration.metrics._format import prepare, top_label
 from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
-from hf_calibration._core.inputs import whole_labels
-from hf_calibration.metrics.binning import BinSums, _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index, uniform_bin, uniform_edges
+from hf_calibration.metrics.binning import (
+    BinSums,
+    _bin_means,
+    _bin_sums,
+    _calibration_gaps,
+    _check_n_bins,
+    _uniform_bin_index,
+    uniform_bin,
+    uniform_edges,
+)
 from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, frame, weighted_means
 from hf_calibration.metrics.ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute
 from hf_calibration.metrics.report import CalibrationReport
@@ -121,8 +131,15 @@ def _probability_sums(preds, target, from_logits, edges, classwise):  # pragma: 
     return brier, nll
 
 
-def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool,
-                with_scores: bool = False) -> tuple[_Rows, bool]:
+def _rows_numpy(
+    preds,
+    target,
+    from_logits: bool | None,
+    ignore_index,
+    n_bins: int,
+    with_probabilities: bool,
+    with_scores: bool = False,
+) -> tuple[_Rows, bool]:
     """The batch functions' own path: ``prepare`` + ``top_label`` (same float64 confidences), then the compiled pass.
     Returns the rows and what ``from_logits`` resolved to on the kept rows."""
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
@@ -132,14 +149,22 @@ def _rows_numpy(preds, target, from_logits: bool | None, ignore_index, n_bins: i
         classwise = np.zeros((inputs.preds.shape[1], n_bins))
         preds = inputs.preds  # the compiled pass reads native float32 / float64 (float16 → float32 is exact)
         work = np.float64 if preds.dtype.itemsize >= 8 else np.float32
-        brier, nll = _probability_sums(np.ascontiguousarray(preds, dtype=work), inputs.target, inputs.from_logits,
-                                       uniform_edges(n_bins), classwise)
+        brier, nll = _probability_sums(
+            np.ascontiguousarray(preds, dtype=work), inputs.target, inputs.from_logits, uniform_edges(n_bins), classwise
+        )
     scores = _row_scores(inputs) if with_scores else None
     return _Rows(top.confidence, top.correct, classwise, brier, nll, scores), inputs.from_logits
 
 
-def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_index, n_bins: int, with_probabilities: bool,
-                with_scores: bool = False) -> tuple[_Rows, bool]:
+def _rows_torch(
+    preds: torch.Tensor,
+    target,
+    from_logits: bool | None,
+    ignore_index,
+    n_bins: int,
+    with_probabilities: bool,
+    with_scores: bool = False,
+) -> tuple[_Rows, bool]:
     """The same quantities reduced on ``preds.device``; only per-row values and the K·B sums leave it."""
     target = torch.as_tensor(target, device=preds.device)
     check_classification_shapes(preds, target, "preds", "target")
@@ -167,9 +192,13 @@ def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_in
     else:
         probs = z64
         if bool((probs < 0).any() | (probs > 1).any()):
-            raise ValueError("Expected `preds` to hold probabilities in [0, 1] (from_logits=False), but found values outside.")
+            raise ValueError(
+                "Expected `preds` to hold probabilities in [0, 1] (from_logits=False), but found values outside."
+            )
         if float((probs.sum(dim=1) - 1).abs().max()) > PROBABILITY_DETECTION_TOLERANCE:
-            raise ValueError(f"Expected each row of `preds` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} (from_logits=False), but some rows do not.")
+            raise ValueError(
+                f"Expected each row of `preds` to sum to 1 within {PROBABILITY_DETECTION_TOLERANCE:g} (from_logits=False), but some rows do not."
+            )
         confidence, prediction = probs.max(dim=1)
         log_py = torch.log(probs[rows, target])
     correct = (prediction == target).double()
@@ -179,7 +208,9 @@ def _rows_torch(preds: torch.Tensor, target, from_logits: bool | None, ignore_in
         scores = torch.stack([(probs * probs).sum(dim=1) - 2.0 * p_true + 1.0, -log_py], dim=1).cpu().numpy()
     if with_probabilities:
         interior = torch.from_numpy(uniform_edges(n_bins)[1:-1]).to(preds.device)
-        index = torch.bucketize(probs, interior, right=False)  # edges[b] < p <= edges[b + 1], as searchsorted(side="left")
+        index = torch.bucketize(
+            probs, interior, right=False
+        )  # edges[b] < p <= edges[b + 1], as searchsorted(side="left")
         flat = (torch.arange(k, device=preds.device) * n_bins + index).reshape(-1)
         sums = torch.bincount(flat, weights=probs.reshape(-1), minlength=k * n_bins)
         sums -= torch.bincount(target * n_bins + index[rows, target], minlength=k * n_bins).double()
@@ -259,16 +290,22 @@ class CalibrationAccumulator:
             check_task(task)
         self.task = task
         if from_logits is not None and not isinstance(from_logits, bool):
-            raise TypeError(f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}.")
+            raise TypeError(
+                f"Expected argument `from_logits` to be None (detect), True or False, but got {from_logits!r}."
+            )
         self.from_logits = from_logits
-        if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
+        if ignore_index is not None and (
+            isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))
+        ):
             raise TypeError(f"Expected argument `ignore_index` to be an integer or None, but got {ignore_index!r}.")
         self.ignore_index = ignore_index
         if metrics is None:
             chosen = set(METRICS)
         else:
             if isinstance(metrics, str):
-                raise TypeError(f"Expected argument `metrics` to be a list of metric names, but got the string {metrics!r}.")
+                raise TypeError(
+                    f"Expected argument `metrics` to be a list of metric names, but got the string {metrics!r}."
+                )
             chosen = set(metrics)
             unknown = sorted(chosen - set(METRICS))
             if unknown:
@@ -283,7 +320,7 @@ class CalibrationAccumulator:
         self.reset()
 
     # ------------------------------------------------------------------ state
-    def reset(self) -> "CalibrationAccumulator":
+    def reset(self) -> CalibrationAccumulator:
         """Forget every sample (the settings stay)."""
         self.num_classes: int | None = None
         self.from_logits_: bool | None = None  # what from_logits resolved to on the first batch
@@ -318,18 +355,25 @@ class CalibrationAccumulator:
             raise ValueError(f"Expected a multi-class batch like the earlier ones, but this one is a {task} head's.")
         from hf_calibration.metrics.multilabel_accumulator import SigmoidState
 
-        self._sigmoid = SigmoidState(task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot,
-                                     self._smooth_boot)
+        self._sigmoid = SigmoidState(
+            task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot, self._smooth_boot
+        )
         return self._sigmoid
 
     def _snapshot(self) -> dict[str, Any]:
         return {
-            "num_classes": self.num_classes, "from_logits_": self.from_logits_, "n": self.n,
-            "_count": self._count.copy(), "_confidence_sum": self._confidence_sum.copy(),
+            "num_classes": self.num_classes,
+            "from_logits_": self.from_logits_,
+            "n": self.n,
+            "_count": self._count.copy(),
+            "_confidence_sum": self._confidence_sum.copy(),
             "_accuracy_sum": self._accuracy_sum.copy(),
             "_classwise": None if self._classwise is None else self._classwise.copy(),
-            "_brier": self._brier, "_nll": self._nll,
-            "_confidence": list(self._confidence), "_correct": list(self._correct), "_scores": list(self._scores),
+            "_brier": self._brier,
+            "_nll": self._nll,
+            "_confidence": list(self._confidence),
+            "_correct": list(self._correct),
+            "_scores": list(self._scores),
         }
 
     def _unsync(self) -> None:
@@ -342,7 +386,9 @@ class CalibrationAccumulator:
         """Fix K and the resolved from_logits on first sight; later batches / states must agree (checked before any
         change). ``check_only``: check, fix nothing (a batch that may still fail)."""
         if self.num_classes is not None and num_classes != self.num_classes:
-            raise ValueError(f"Expected {what} to have K = {self.num_classes} classes as before, but got K = {num_classes}.")
+            raise ValueError(
+                f"Expected {what} to have K = {self.num_classes} classes as before, but got K = {num_classes}."
+            )
         if from_logits is not None and self.from_logits_ is not None and from_logits != self.from_logits_:
             seen, now = ("logits" if x else "probabilities" for x in (self.from_logits_, from_logits))
             raise ValueError(
@@ -361,12 +407,32 @@ class CalibrationAccumulator:
     def _add(self, rows: _Rows) -> None:
         index = _uniform_bin_index(rows.confidence, self.n_bins)
         sums = _bin_sums(index, rows.confidence, rows.correct, self.n_bins)
-        pairs = ([rows.confidence.astype(_PAIR_DTYPES[self.confidence_dtype])], [rows.correct.astype(np.uint8)]) if self._with_pairs else ([], [])
-        self._accumulate(sums, rows.classwise, rows.brier, rows.nll, rows.confidence.shape[0], *pairs,
-                         [rows.scores] if self._with_scores else [])
+        pairs = (
+            ([rows.confidence.astype(_PAIR_DTYPES[self.confidence_dtype])], [rows.correct.astype(np.uint8)])
+            if self._with_pairs
+            else ([], [])
+        )
+        self._accumulate(
+            sums,
+            rows.classwise,
+            rows.brier,
+            rows.nll,
+            rows.confidence.shape[0],
+            *pairs,
+            [rows.scores] if self._with_scores else [],
+        )
 
-    def _accumulate(self, sums: BinSums, classwise, brier: float, nll: float, n: int, confidence: list, correct: list,
-                    scores: list | None = None) -> None:
+    def _accumulate(
+        self,
+        sums: BinSums,
+        classwise,
+        brier: float,
+        nll: float,
+        n: int,
+        confidence: list,
+        correct: list,
+        scores: list | None = None,
+    ) -> None:
         """Add sums (of a batch, or of another accumulator) and pair arrays to the state."""
         self._count += sums.count
         self._confidence_sum += sums.confidence
@@ -384,7 +450,7 @@ class CalibrationAccumulator:
             self._scores = [np.concatenate(self._scores)] if self._scores else []
 
     # ------------------------------------------------------------------ API
-    def update(self, preds: Any, target: Any) -> "CalibrationAccumulator":
+    def update(self, preds: Any, target: Any) -> CalibrationAccumulator:
         """Add a batch: ``preds`` ``(n, K)`` logits or probabilities (torch on any device, or numpy), ``target`` ``(n,)``.
 
         Rows whose label is ``ignore_index`` are skipped; a batch with no other rows (or no rows) adds nothing. In an
@@ -394,14 +460,18 @@ class CalibrationAccumulator:
         """
         return self._update(preds, target, loader_batch=True)
 
-    def _update(self, preds: Any, target: Any, *, loader_batch: bool) -> "CalibrationAccumulator":
+    def _update(self, preds: Any, target: Any, *, loader_batch: bool) -> CalibrationAccumulator:
         """``update``; ``loader_batch``: the batch is this process's own from a DataLoader (not the Trainer's gathered
         predictions, which accelerate has already trimmed)."""
         self._unsync()
         if loader_batch:
             preds, target = self._drop_even_batches_padding(preds, target)
         if _on_device(preds):
-            target = torch.as_tensor(target, device=preds.device) if isinstance(target, torch.Tensor) else torch.as_tensor(to_numpy(target, "target"), device=preds.device)
+            target = (
+                torch.as_tensor(target, device=preds.device)
+                if isinstance(target, torch.Tensor)
+                else torch.as_tensor(to_numpy(target, "target"), device=preds.device)
+            )
         else:
             preds, target = to_numpy(preds, "preds"), to_numpy(target, "target")
         sigmoid = self._sigmoid_for(preds, target)
@@ -411,8 +481,12 @@ class CalibrationAccumulator:
             target = torch.as_tensor(whole_labels(target, "target"), device=target.device)
         if sigmoid is not None:
             if preds.shape[0]:
-                sigmoid.update(preds if not _on_device(preds) else preds.detach().cpu(),
-                               target if not isinstance(target, torch.Tensor) else target.cpu(), self.from_logits, self.ignore_index)
+                sigmoid.update(
+                    preds if not _on_device(preds) else preds.detach().cpu(),
+                    target if not isinstance(target, torch.Tensor) else target.cpu(),
+                    self.from_logits,
+                    self.ignore_index,
+                )
                 self.n, self.num_classes, self.from_logits_ = sigmoid.n, sigmoid.num_labels, sigmoid.from_logits
             return self
         if preds.ndim == 2 and target.ndim == 1 and preds.shape[0] == target.shape[0] == 0:
@@ -427,16 +501,19 @@ class CalibrationAccumulator:
         recorded = self.from_logits is None and self.from_logits_ is not None
         kind = self.from_logits if self.from_logits is not None else self.from_logits_
         try:
-            rows, from_logits = compute_rows(preds, target, kind, self.ignore_index, self.n_bins, self._with_probabilities,
-                                             self._with_scores)
+            rows, from_logits = compute_rows(
+                preds, target, kind, self.ignore_index, self.n_bins, self._with_probabilities, self._with_scores
+            )
         except ValueError as err:
             if not (recorded and "(from_logits=False)" in str(err)):
                 raise
             detail = str(err).split(", but ", 1)[-1].rstrip(".")
-            raise ValueError(f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other scores "
-                             f"({detail}): the first batch was read as probabilities (every row in [0, 1] summing to 1), and "
-                             "the accumulator reads every batch the same way. Pass `from_logits=True` or `False` to the "
-                             "accumulator if that is wrong.") from None
+            raise ValueError(
+                f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other scores "
+                f"({detail}): the first batch was read as probabilities (every row in [0, 1] summing to 1), and "
+                "the accumulator reads every batch the same way. Pass `from_logits=True` or `False` to the "
+                "accumulator if that is wrong."
+            ) from None
         self._settle(preds.shape[1], from_logits, "`preds`")
         self._add(rows)
         return self
@@ -456,7 +533,8 @@ class CalibrationAccumulator:
                     "samples to even out the processes, and this one cannot be matched to the DataLoader's batches "
                     f"(n = {n}), so any repeated sample is counted twice. Prepare the DataLoader with "
                     "DataLoaderConfiguration(even_batches=False), or update with each batch as the loader gives it.",
-                    UserWarning, stacklevel=3,
+                    UserWarning,
+                    stacklevel=3,
                 )
             return preds, target
         if padding:
@@ -464,42 +542,72 @@ class CalibrationAccumulator:
             return preds[:keep], target[:keep]
         return preds, target
 
-    def merge(self, other: "CalibrationAccumulator") -> "CalibrationAccumulator":
+    def merge(self, other: CalibrationAccumulator) -> CalibrationAccumulator:
         """Add ``other``'s samples to this accumulator (same settings required); ``other`` is unchanged."""
         if not isinstance(other, CalibrationAccumulator):
-            raise TypeError(f"Expected argument `other` to be a CalibrationAccumulator, but got {type(other).__name__}.")
+            raise TypeError(
+                f"Expected argument `other` to be a CalibrationAccumulator, but got {type(other).__name__}."
+            )
         for name in ("n_bins", "metrics", "confidence_dtype", "ignore_index"):
             if getattr(other, name) != getattr(self, name):
-                raise ValueError(f"Expected argument `other` to have {name} = {getattr(self, name)!r}, but got {getattr(other, name)!r}.")
+                raise ValueError(
+                    f"Expected argument `other` to have {name} = {getattr(self, name)!r}, but got {getattr(other, name)!r}."
+                )
         if other._boot != self._boot:  # the constructor's ci / n_boot / seed, by their public names
 
             def asked(boot):
-                return "no interval (ci=None)" if boot is None else f"ci={boot.level!r}, n_boot={boot.n_boot!r}, seed={boot.seed!r}"
+                return (
+                    "no interval (ci=None)"
+                    if boot is None
+                    else f"ci={boot.level!r}, n_boot={boot.n_boot!r}, seed={boot.seed!r}"
+                )
 
-            raise ValueError(f"Expected argument `other` to have the same bootstrap settings, {asked(self._boot)}, but got {asked(other._boot)}.")
+            raise ValueError(
+                f"Expected argument `other` to have the same bootstrap settings, {asked(self._boot)}, but got {asked(other._boot)}."
+            )
         if self._sigmoid is not None or other._sigmoid is not None:
             if (self.n and self._sigmoid is None) or (other.n and other._sigmoid is None):
-                raise ValueError("Expected argument `other` to hold the same kind of head (binary / multi-label or multi-class).")
+                raise ValueError(
+                    "Expected argument `other` to hold the same kind of head (binary / multi-label or multi-class)."
+                )
             if self._sigmoid is None:
                 from hf_calibration.metrics.multilabel_accumulator import SigmoidState
 
-                self._sigmoid = SigmoidState(other._sigmoid.task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype],
-                                             self._boot, self._smooth_boot)
+                self._sigmoid = SigmoidState(
+                    other._sigmoid.task,
+                    self.n_bins,
+                    self.metrics,
+                    _PAIR_DTYPES[self.confidence_dtype],
+                    self._boot,
+                    self._smooth_boot,
+                )
             if other._sigmoid is not None:
                 self._unsync()
                 self._sigmoid.merge(other._sigmoid)
-                self.n, self.num_classes, self.from_logits_ = self._sigmoid.n, self._sigmoid.num_labels, self._sigmoid.from_logits
+                self.n, self.num_classes, self.from_logits_ = (
+                    self._sigmoid.n,
+                    self._sigmoid.num_labels,
+                    self._sigmoid.from_logits,
+                )
             return self
         self._unsync()
         if other.num_classes is None:
             return self
         self._settle(other.num_classes, other.from_logits_, "argument `other`")
         sums = BinSums(other._count, other._confidence_sum, other._accuracy_sum)
-        self._accumulate(sums, other._classwise, other._brier, other._nll, other.n, list(other._confidence), list(other._correct),
-                         list(other._scores))
+        self._accumulate(
+            sums,
+            other._classwise,
+            other._brier,
+            other._nll,
+            other.n,
+            list(other._confidence),
+            list(other._correct),
+            list(other._scores),
+        )
         return self
 
-    def sync(self) -> "CalibrationAccumulator":
+    def sync(self) -> CalibrationAccumulator:
         """Replace this process's state by the total over all processes (``torch.distributed``, as set up by
         ``torchrun`` / ``accelerate launch``); every process must call it. Shards may differ in size, and a
         process may have seen no sample at all. Returns self; in a single process it does nothing.
@@ -513,21 +621,37 @@ class CalibrationAccumulator:
             return self
         conflict = distributed.accelerate_disagrees()  # the same answer on every process: all raise, or none
         if conflict is not None:
-            raise RuntimeError(f"Cannot sync: {conflict}, so summing them would count samples several times. "
-                               "Launch so that both agree (on CPUs: Accelerator(cpu=True) under torchrun), or shard yourself.")
+            raise RuntimeError(
+                f"Cannot sync: {conflict}, so summing them would count samples several times. "
+                "Launch so that both agree (on CPUs: Accelerator(cpu=True) under torchrun), or shard yourself."
+            )
         self._unsync()  # a repeated sync() starts again from this process's own samples: every process joins every collective
         if self._sigmoid is not None or self.task in ("binary", "multilabel"):
             if self._sigmoid is None:
                 from hf_calibration.metrics.multilabel_accumulator import SigmoidState
 
-                self._sigmoid = SigmoidState(self.task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot,
-                                             self._smooth_boot)
+                self._sigmoid = SigmoidState(
+                    self.task,
+                    self.n_bins,
+                    self.metrics,
+                    _PAIR_DTYPES[self.confidence_dtype],
+                    self._boot,
+                    self._smooth_boot,
+                )
             import copy
 
-            local = {"_sigmoid": copy.deepcopy(self._sigmoid), "n": self.n, "num_classes": self.num_classes,
-                     "from_logits_": self.from_logits_}
+            local = {
+                "_sigmoid": copy.deepcopy(self._sigmoid),
+                "n": self.n,
+                "num_classes": self.num_classes,
+                "from_logits_": self.from_logits_,
+            }
             self._sigmoid.sync(distributed)
-            self.n, self.num_classes, self.from_logits_ = self._sigmoid.n, self._sigmoid.num_labels, self._sigmoid.from_logits
+            self.n, self.num_classes, self.from_logits_ = (
+                self._sigmoid.n,
+                self._sigmoid.num_labels,
+                self._sigmoid.from_logits,
+            )
             self._local = local  # a later update / sync() starts again from this process's own samples
             return self
         headers = distributed.all_gather_object((self.num_classes, self.from_logits_))
@@ -536,9 +660,18 @@ class CalibrationAccumulator:
             if num_classes is not None:
                 self._settle(num_classes, from_logits, "another process's batches")
         k = self.num_classes
-        classwise = self._classwise if self._classwise is not None else np.zeros((0, self.n_bins))  # (K, B) on every process, or none
-        packed = np.concatenate([self._count.astype(np.float64), self._confidence_sum, self._accuracy_sum,
-                                 classwise.reshape(-1), [self._brier, self._nll, float(self.n)]])
+        classwise = (
+            self._classwise if self._classwise is not None else np.zeros((0, self.n_bins))
+        )  # (K, B) on every process, or none
+        packed = np.concatenate(
+            [
+                self._count.astype(np.float64),
+                self._confidence_sum,
+                self._accuracy_sum,
+                classwise.reshape(-1),
+                [self._brier, self._nll, float(self.n)],
+            ]
+        )
         total = distributed.all_reduce_sum(torch.from_numpy(packed)).numpy()
         b = self.n_bins
         self._count = np.rint(total[:b]).astype(np.int64)
@@ -572,12 +705,22 @@ class CalibrationAccumulator:
         """Each computed metric (classwise ECE aside) with its bootstrap interval, from the kept rows."""
         n, boot, chosen = self.n, self._boot, set(self.metrics)
         binned, ada, scores = boot.replicates(
-            [_binned_statistic(confidence, correct, self.n_bins),
-             _adaece_statistic(confidence, correct, self.n_bins) if "adaece" in chosen else (lambda c: np.zeros(len(c))),
-             weighted_means(self._score_rows(), frame(confidence)) if self._with_scores else (lambda c: np.zeros((len(c), 2)))], n)
+            [
+                _binned_statistic(confidence, correct, self.n_bins),
+                _adaece_statistic(confidence, correct, self.n_bins)
+                if "adaece" in chosen
+                else (lambda c: np.zeros(len(c))),
+                weighted_means(self._score_rows(), frame(confidence))
+                if self._with_scores
+                else (lambda c: np.zeros((len(c), 2))),
+            ],
+            n,
+        )
         replicates = {name: binned[:, column] for column, name in enumerate(BINNED_COLUMNS)}
         replicates.update(adaece=ada, brier=scores[:, 0], nll=scores[:, 1])
-        out = {key: boot.interval(values[key], reps, key) for key, reps in replicates.items() if values[key] is not None}
+        out = {
+            key: boot.interval(values[key], reps, key) for key, reps in replicates.items() if values[key] is not None
+        }
         smooth = [name for name in ("smce", "smece") if name in chosen]
         if smooth:
             statistics = {"smce": _smce_statistic(confidence, correct), "smece": _smece_statistic(confidence, correct)}
@@ -591,7 +734,9 @@ class CalibrationAccumulator:
         if self._sigmoid is not None:
             return self._sigmoid.compute()
         if self.n == 0:
-            raise ValueError("Expected at least one sample with a label other than ignore_index, but the accumulator is empty.")
+            raise ValueError(
+                "Expected at least one sample with a label other than ignore_index, but the accumulator is empty."
+            )
         n, chosen = self.n, set(self.metrics)
         sums = BinSums(self._count, self._confidence_sum, self._accuracy_sum)
         gaps = _calibration_gaps(sums, n)
@@ -635,7 +780,9 @@ class CalibrationAccumulator:
             return None
         report = self.compute()
         self.reset()
-        if not isinstance(report, CalibrationReport):  # a sigmoid head: macro values under the metric's name, pooled as _micro
+        if not isinstance(
+            report, CalibrationReport
+        ):  # a sigmoid head: macro values under the metric's name, pooled as _micro
             values = {**report.macro, **{f"{key}_micro": value for key, value in report.micro.items()}}
             return flat_intervals({key: value for key, value in values.items() if value is not None})
         return flat_intervals({key: value for key, value in report.to_dict().items() if value is not None})
@@ -655,7 +802,9 @@ class CalibrationAccumulator:
             "count": torch.from_numpy(self._count.copy()),
             "confidence_sum": torch.from_numpy(self._confidence_sum.copy()),
             "accuracy_sum": torch.from_numpy(self._accuracy_sum.copy()),
-            "classwise": torch.from_numpy(self._classwise.copy() if self._classwise is not None else np.zeros((0, self.n_bins))),
+            "classwise": torch.from_numpy(
+                self._classwise.copy() if self._classwise is not None else np.zeros((0, self.n_bins))
+            ),
             "brier_sum": torch.tensor(self._brier, dtype=torch.float64),
             "nll_sum": torch.tensor(self._nll, dtype=torch.float64),
             "confidence": torch.from_numpy(confidence.copy()),
@@ -663,36 +812,50 @@ class CalibrationAccumulator:
             **scores,
         }
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> "CalibrationAccumulator":
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> CalibrationAccumulator:
         """Restore a :meth:`state_dict` written by an accumulator with the same settings."""
         if isinstance(state, dict) and "sigmoid_sums" in state:
             from hf_calibration.metrics.multilabel_accumulator import SigmoidState
 
             self.reset()
             task = "multilabel" if int(state["sigmoid_task"]) else "binary"
-            self._sigmoid = SigmoidState(task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot,
-                                         self._smooth_boot)
-            self._sigmoid.load_state_dict({key[len("sigmoid_"):]: value for key, value in state.items()})
-            self.n, self.num_classes, self.from_logits_ = self._sigmoid.n, self._sigmoid.num_labels, self._sigmoid.from_logits
+            self._sigmoid = SigmoidState(
+                task, self.n_bins, self.metrics, _PAIR_DTYPES[self.confidence_dtype], self._boot, self._smooth_boot
+            )
+            self._sigmoid.load_state_dict({key[len("sigmoid_") :]: value for key, value in state.items()})
+            self.n, self.num_classes, self.from_logits_ = (
+                self._sigmoid.n,
+                self._sigmoid.num_labels,
+                self._sigmoid.from_logits,
+            )
             return self
         expected = set(self.state_dict())
         if not isinstance(state, dict) or set(state) != expected:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"Expected argument `state` to be a CalibrationAccumulator.state_dict() with keys {sorted(expected)}, but got {got}.")
+            raise ValueError(
+                f"Expected argument `state` to be a CalibrationAccumulator.state_dict() with keys {sorted(expected)}, but got {got}."
+            )
         k, n = int(state["num_classes"]), int(state["n"])
         b = self.n_bins
         checks = {
-            "count": (b,), "confidence_sum": (b,), "accuracy_sum": (b,),
+            "count": (b,),
+            "confidence_sum": (b,),
+            "accuracy_sum": (b,),
             "classwise": (k if (k > 0 and self._with_probabilities) else 0, b),
-            "confidence": (n if self._with_pairs else 0,), "correct": (n if self._with_pairs else 0,),
+            "confidence": (n if self._with_pairs else 0,),
+            "correct": (n if self._with_pairs else 0,),
             **({"scores": (n, 2)} if self._with_scores else {}),
         }
         for name, shape in checks.items():
             if tuple(state[name].shape) != shape:
-                raise ValueError(f"Expected state `{name}` to have shape {shape} for these settings, but got {tuple(state[name].shape)}.")
+                raise ValueError(
+                    f"Expected state `{name}` to have shape {shape} for these settings, but got {tuple(state[name].shape)}."
+                )
         dtype = _PAIR_DTYPES[self.confidence_dtype]
         if state["confidence"].numpy().dtype != dtype:
-            raise ValueError(f"Expected state `confidence` to be {np.dtype(dtype)} (confidence_dtype), but got {state['confidence'].dtype}.")
+            raise ValueError(
+                f"Expected state `confidence` to be {np.dtype(dtype)} (confidence_dtype), but got {state['confidence'].dtype}."
+            )
         self.reset()
         self.num_classes = None if k < 0 else k
         self.from_logits_ = None if int(state["from_logits"]) < 0 else bool(int(state["from_logits"]))

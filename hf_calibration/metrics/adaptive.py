@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
-import numpy as np
-
 from hf_calibration._core.checks import IGNORE_INDEX
-from hf_calibration.metrics._format import read_metric_inputs, top_label
 from hf_calibration.metrics._binned import _adaece_compute, _adaece_replicates, _adaece_statistic  # noqa: F401
-from hf_calibration.metrics.binning import _adaptive_bin_index, _bin_sums, _calibration_gaps, _check_n_bins, _run_sizes
+from hf_calibration.metrics._format import read_metric_inputs, top_label
+from hf_calibration.metrics.binning import _check_n_bins
+from hf_calibration.metrics.bootstrap import check_bootstrap
 from hf_calibration.metrics.multilabel import sigmoid_metric
-from hf_calibration.metrics.bootstrap import advance, check_bootstrap, frame
 
 
 def adaece(
@@ -64,7 +61,9 @@ def adaece(
     """
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_metric_inputs(
+        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
+    )
     if inputs.task != "multiclass":
         return sigmoid_metric("adaece", inputs, n_bins, average=average, boot=boot)
     top = top_label(inputs)

@@ -30,6 +30,8 @@ from hf_calibration._core.checks import check_int
 
 _uniform_bin_index = uniform_bin_index  # the metrics' name for it
 
+__all__ = ["BinSums", "MAX_BINS", "uniform_bin", "uniform_bin_index", "uniform_edges"]
+
 
 class BinSums(NamedTuple):
     """Per-bin sample count, sum of confidences and sum of correctness (length ``n_bins``)."""
@@ -70,7 +72,9 @@ def _adaptive_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     ones in another, and turns a perfectly calibrated tied sample into a large "error".
     """
     n = confidence.shape[0]
-    last = np.cumsum(_run_sizes(n, n_bins)[:-1]) - 1  # sorted position closing each run but the final one (>= 0: run 0 is never empty)
+    last = (
+        np.cumsum(_run_sizes(n, n_bins)[:-1]) - 1
+    )  # sorted position closing each run but the final one (>= 0: run 0 is never empty)
     upper = np.sort(confidence)[last]
     # side="left": the number of upper edges strictly below p, i.e. the first bin with p <= hi
     return np.searchsorted(upper, confidence, side="left")

@@ -49,17 +49,28 @@ integers: one ``seed`` gives the same intervals whatever the block size.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numba
 import numpy as np
 
 from hf_calibration._core.checks import check_float, check_int, check_seed
 
-__all__ = ["MetricInterval", "Bootstrap", "INTERVALS", "IntervalRule", "check_bootstrap", "flat_intervals", "frame",
-           "frame_position", "reframed", "weighted_means"]
+__all__ = [
+    "MetricInterval",
+    "Bootstrap",
+    "INTERVALS",
+    "IntervalRule",
+    "check_bootstrap",
+    "flat_intervals",
+    "frame",
+    "frame_position",
+    "reframed",
+    "weighted_means",
+]
 
 DEFAULT_N_BOOT = 1000
 # smCE / smECE: each resample costs a sweep or a bandwidth search of ~11 kernel smoothings, so their
@@ -87,8 +98,17 @@ class MetricInterval(float):
 
     __slots__ = ("low", "high", "level", "n_boot", "method", "flag", "note")
 
-    def __new__(cls, value: float, low: float, high: float, level: float, n_boot: int, method: str = "percentile",
-                flag: str = "", note: str = ""):
+    def __new__(
+        cls,
+        value: float,
+        low: float,
+        high: float,
+        level: float,
+        n_boot: int,
+        method: str = "percentile",
+        flag: str = "",
+        note: str = "",
+    ):
         self = super().__new__(cls, value)
         self.low, self.high, self.level, self.n_boot = float(low), float(high), float(level), int(n_boot)
         self.method, self.flag, self.note = str(method), str(flag), str(note)
@@ -104,7 +124,10 @@ class MetricInterval(float):
         return not (np.isnan(self.low) or np.isnan(self.high))
 
     def __reduce__(self):
-        return (type(self), (float(self), self.low, self.high, self.level, self.n_boot, self.method, self.flag, self.note))
+        return (
+            type(self),
+            (float(self), self.low, self.high, self.level, self.n_boot, self.method, self.flag, self.note),
+        )
 
     @property
     def short_note(self) -> str:
@@ -115,22 +138,34 @@ class MetricInterval(float):
         """``"3.21 % [2.40, 4.05]"`` for ``format(100, 2, " %")``; ``"14.05 % [no interval]"`` without one.
         ``short_note=True`` appends the note in a few words: ``"0.41 % [0.00, 0.58] (interval reaches 0)"``."""
         head = f"{scale * float(self):.{digits}f}{unit}"
-        body = (f"[{scale * self.low:.{digits}f}, {scale * self.high:.{digits}f}]" if self.has_interval else "[no interval]")
+        body = (
+            f"[{scale * self.low:.{digits}f}, {scale * self.high:.{digits}f}]" if self.has_interval else "[no interval]"
+        )
         return f"{head} {body}" + (f" ({self.short_note})" if short_note and self.short_note else "")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values: ``low`` / ``high`` are None without an interval."""
         ends = (self.low, self.high) if self.has_interval else (None, None)
-        return {"value": float(self), "low": ends[0], "high": ends[1], "level": self.level, "n_boot": self.n_boot,
-                "method": self.method, "note": self.note}
+        return {
+            "value": float(self),
+            "low": ends[0],
+            "high": ends[1],
+            "level": self.level,
+            "n_boot": self.n_boot,
+            "method": self.method,
+            "note": self.note,
+        }
 
     def __str__(self) -> str:
         return self.format() + (f" ({self.note})" if self.note else "")
 
     def __repr__(self) -> str:
-        return (f"MetricInterval(value={float(self)!r}, low={self.low!r}, high={self.high!r}, "
-                f"level={self.level!r}, n_boot={self.n_boot}, method={self.method!r}"
-                + (f", note={self.note!r}" if self.note else "") + ")")
+        return (
+            f"MetricInterval(value={float(self)!r}, low={self.low!r}, high={self.high!r}, "
+            f"level={self.level!r}, n_boot={self.n_boot}, method={self.method!r}"
+            + (f", note={self.note!r}" if self.note else "")
+            + ")"
+        )
 
 
 @dataclass(frozen=True)
@@ -145,11 +180,18 @@ class IntervalRule:
 
 
 _ERROR = IntervalRule("basic", 0.0, 1.0)
-_MCE_REASON = ("MCE is a maximum over bins: its bootstrap is inconsistent when several bins are near the maximum "
-               "(Andrews 2000), which the data cannot rule out, so no interval is given")
+_MCE_REASON = (
+    "MCE is a maximum over bins: its bootstrap is inconsistent when several bins are near the maximum "
+    "(Andrews 2000), which the data cannot rule out, so no interval is given"
+)
 # per metric, by the coverage measured in benchmarks/bootstrap_coverage.py (see the module docstring)
 INTERVALS: dict[str, IntervalRule] = {
-    "ece": _ERROR, "adaece": _ERROR, "classwise_ece": _ERROR, "o_ece": _ERROR, "u_ece": _ERROR, "smce": _ERROR,
+    "ece": _ERROR,
+    "adaece": _ERROR,
+    "classwise_ece": _ERROR,
+    "o_ece": _ERROR,
+    "u_ece": _ERROR,
+    "smce": _ERROR,
     "smece": _ERROR,
     "debiased_ece": IntervalRule("basic_plugin", 0.0, 1.0),
     "mce": IntervalRule("none", reason=_MCE_REASON),
@@ -160,16 +202,22 @@ INTERVALS: dict[str, IntervalRule] = {
 _PERCENTILE = IntervalRule("percentile")
 # flag -> (short text for a table cell, the note)
 FLAGS = {
-    "above": ("estimate above its interval",
-              "the estimate lies above its bias-corrected interval: its resamples are biased upwards by more than their "
-              "spread (bin noise), as close to 0"),
+    "above": (
+        "estimate above its interval",
+        "the estimate lies above its bias-corrected interval: its resamples are biased upwards by more than their "
+        "spread (bin noise), as close to 0",
+    ),
     "below": ("estimate below its interval", "the estimate lies below its interval"),
-    "zero": ("interval reaches 0",
-             "the interval reaches 0: the data are consistent with a true value of 0, where no bootstrap interval is "
-             "reliable; read its upper end as rough"),
-    "null": ("no interval",
-             "no interval: the bias-corrected interval lies below 0, the estimate is within noise of 0, where no "
-             "bootstrap interval is reliable"),
+    "zero": (
+        "interval reaches 0",
+        "the interval reaches 0: the data are consistent with a true value of 0, where no bootstrap interval is "
+        "reliable; read its upper end as rough",
+    ),
+    "null": (
+        "no interval",
+        "no interval: the bias-corrected interval lies below 0, the estimate is within noise of 0, where no "
+        "bootstrap interval is reliable",
+    ),
     "none": ("no interval", ""),
 }
 
@@ -319,8 +367,12 @@ class Bootstrap:
         for start, size in self._sizes(n, block_elements):
             yield self._draw(n, start, size)
 
-    def replicates(self, statistics: Sequence[Callable[[np.ndarray], np.ndarray]], n: int,
-                   limits: Sequence[int | None] | None = None) -> list[np.ndarray]:
+    def replicates(
+        self,
+        statistics: Sequence[Callable[[np.ndarray], np.ndarray]],
+        n: int,
+        limits: Sequence[int | None] | None = None,
+    ) -> list[np.ndarray]:
         """Each statistic on every resample of ``n`` rows: ``statistic(counts)`` takes a block of count
         vectors (rows of an int32 (B, n) array) and returns its values, (B,) or (B, m). All statistics
         see the same resamples (paired). Returns one (n_boot,) or (n_boot, m) array per statistic.
@@ -332,12 +384,16 @@ class Bootstrap:
         number of threads: each resample has its own stream and the blocks are put back in order.
         """
 
-        limits = [self.n_boot if limit is None else min(limit, self.n_boot) for limit in (limits or [None] * len(statistics))]
+        limits = [
+            self.n_boot if limit is None else min(limit, self.n_boot) for limit in (limits or [None] * len(statistics))
+        ]
 
         def block(job: tuple[int, int]) -> list[np.ndarray | None]:
             counts = self._draw(n, *job)
-            return [np.asarray(statistic(counts[: limit - job[0]]), dtype=np.float64) if limit > job[0] else None
-                    for statistic, limit in zip(statistics, limits)]
+            return [
+                np.asarray(statistic(counts[: limit - job[0]]), dtype=np.float64) if limit > job[0] else None
+                for statistic, limit in zip(statistics, limits)
+            ]
 
         jobs = self._sizes(n)
         threads = min(len(jobs), _THREADS, os.cpu_count() or 1)
@@ -348,8 +404,16 @@ class Bootstrap:
             results = [block(job) for job in jobs]
         return [np.concatenate([r[i] for r in results if r[i] is not None]) for i in range(len(statistics))]
 
-    def interval(self, value: float, replicates: np.ndarray, metric: str | IntervalRule | None = None, *,
-                 plugin: float | None = None, estimate: float | None = None, power: int = 1) -> MetricInterval:
+    def interval(
+        self,
+        value: float,
+        replicates: np.ndarray,
+        metric: str | IntervalRule | None = None,
+        *,
+        plugin: float | None = None,
+        estimate: float | None = None,
+        power: int = 1,
+    ) -> MetricInterval:
         """``value`` with the interval of ``metric`` (a key of ``INTERVALS`` or a rule; None: percentile) from its
         ``replicates``. ``plugin``: the sample's plug-in value, for ``"basic_plugin"`` (``debiased_ece``).
         ``power``: the replicates, ``plugin`` and ``estimate`` (default ``value``) are on the scale ``x^power``,
@@ -361,7 +425,10 @@ class Bootstrap:
         if np.isfinite(replicates).all():
             q_low, q_high = np.quantile(replicates, [alpha, 1.0 - alpha])
         else:  # an infinite NLL resample: interpolating between two infinities gives NaN, so take the order statistics outwards
-            q_low, q_high = np.quantile(replicates, alpha, method="lower"), np.quantile(replicates, 1.0 - alpha, method="higher")
+            q_low, q_high = (
+                np.quantile(replicates, alpha, method="lower"),
+                np.quantile(replicates, 1.0 - alpha, method="higher"),
+            )
         if rule.method == "percentile":
             low, high = q_low, q_high
         elif rule.method in ("basic", "basic_plugin"):
@@ -369,13 +436,17 @@ class Bootstrap:
             centre = own + (own if rule.method == "basic" else plugin)
             low, high = centre - q_high, centre - q_low
         else:
-            raise ValueError(f"Expected an interval method of {sorted({r.method for r in INTERVALS.values()})}, but got {rule.method!r}.")
+            raise ValueError(
+                f"Expected an interval method of {sorted({r.method for r in INTERVALS.values()})}, but got {rule.method!r}."
+            )
         if power != 1:
             low, high = (max(x, 0.0) ** (1.0 / power) for x in (low, high))
         flag = ""
         if rule.floor is not None and rule.method != "percentile" and low <= rule.floor:
             if high < rule.floor:  # even the upper end below 0: bias larger than estimate and spread together
-                return MetricInterval(value, np.nan, np.nan, self.level, self.n_boot, rule.method, "null", FLAGS["null"][1])
+                return MetricInterval(
+                    value, np.nan, np.nan, self.level, self.n_boot, rule.method, "null", FLAGS["null"][1]
+                )
             flag = "zero"
         low = low if rule.floor is None else max(low, rule.floor)
         high = high if rule.floor is None else max(high, rule.floor)
@@ -385,7 +456,9 @@ class Bootstrap:
             flag = "above"
         elif value < low:
             flag = "below"
-        return MetricInterval(value, low, high, self.level, self.n_boot, rule.method, flag, FLAGS[flag][1] if flag else "")
+        return MetricInterval(
+            value, low, high, self.level, self.n_boot, rule.method, flag, FLAGS[flag][1] if flag else ""
+        )
 
 
 def flat_intervals(values: dict[str, Any], suffixes: tuple[str, str] = ("_ci_low", "_ci_high")) -> dict[str, Any]:
@@ -412,10 +485,14 @@ def check_bootstrap(ci: Any, n_boot: Any, seed: Any, *, default_n_boot: int = DE
     seed = check_seed(seed)  # [0, 2**64), as every other seed of the package
     if ci is None:
         if given:  # it would be ignored without a word
-            raise ValueError("Expected argument `ci` (a confidence level such as 0.95) since `n_boot` is given: `n_boot` is the "
-                             "number of resamples of the interval `ci` asks for, and without `ci` there is none.")
+            raise ValueError(
+                "Expected argument `ci` (a confidence level such as 0.95) since `n_boot` is given: `n_boot` is the "
+                "number of resamples of the interval `ci` asks for, and without `ci` there is none."
+            )
         return None
     if isinstance(ci, (int, float, np.floating, np.integer)) and not isinstance(ci, bool) and not 0.0 < float(ci) < 1.0:
-        raise ValueError(f"Expected argument `ci` to be a confidence level in (0, 1) such as 0.95, or None, but got {ci!r}.")
+        raise ValueError(
+            f"Expected argument `ci` to be a confidence level in (0, 1) such as 0.95, or None, but got {ci!r}."
+        )
     level = check_float(ci, "ci", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
     return Bootstrap(level, n_boot, seed)

@@ -44,10 +44,14 @@ __all__ = ["debiased_ece"]
 _MODES = ("top-label", "marginal")
 _BINNINGS = ("equal_mass", "distinct")
 _COLUMN_BLOCK_ELEMENTS = 1 << 22  # marginal mode: class columns are formed this many values at a time
-_DISTINCT = IntervalRule("none", reason=(
-    "binning='distinct' on values that are mostly distinct (N/4 or more distinct values, the reference's own test for "
-    "binned outputs): a resample duplicates rows into bins the data do not have, so its estimate says nothing about "
-    "this one's spread; no interval is given"))
+_DISTINCT = IntervalRule(
+    "none",
+    reason=(
+        "binning='distinct' on values that are mostly distinct (N/4 or more distinct values, the reference's own test for "
+        "binned outputs): a resample duplicates rows into bins the data do not have, so its estimate says nothing about "
+        "this one's spread; no interval is given"
+    ),
+)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -71,8 +75,10 @@ def _debiased_value(count, sum_p, sum_y, n, power, raw=False):  # pragma: no cov
             plug += w * abs(d)
             s = math.sqrt(mean_y * (1.0 - mean_y) / m)
             if s > 0.0:
-                correction += w * (s * math.sqrt(2.0 / math.pi) * math.exp(-d * d / (2.0 * s * s))
-                                   + d * (1.0 - math.erfc(d / (s * math.sqrt(2.0)))))
+                correction += w * (
+                    s * math.sqrt(2.0 / math.pi) * math.exp(-d * d / (2.0 * s * s))
+                    + d * (1.0 - math.erfc(d / (s * math.sqrt(2.0))))
+                )
             else:
                 correction += w * abs(d)
     if power == 2:
@@ -200,8 +206,10 @@ class _Sorted:
 def _monte_carlo_l1(count, sum_p, sum_y, mc_samples: int, rng: np.random.RandomState) -> float:
     """The reference's L1 correction by ``mc_samples`` normal draws (``normal_debiased_ce``), in its order."""
     if count.min() <= 1:
-        raise ValueError("Expected every bin to hold at least 2 samples for the Monte Carlo debiasing (p=1, mc_samples), "
-                         "as the reference requires; use fewer bins or mc_samples=None (exact).")
+        raise ValueError(
+            "Expected every bin to hold at least 2 samples for the Monte Carlo debiasing (p=1, mc_samples), "
+            "as the reference requires; use fewer bins or mc_samples=None (exact)."
+        )
     weights = count / count.sum()
     label_means, model_vals = sum_y / count, sum_p / count
     scale = np.sqrt(label_means * (1 - label_means) / count)
@@ -307,7 +315,9 @@ def debiased_ece(
         if column.mostly_distinct():
             return boot.interval(value, np.zeros(0), _DISTINCT)
         replicates = boot.replicates([lambda counts: column.replicates(counts, p, raw=True)], n)[0]
-        return boot.interval(value, replicates, "debiased_ece", plugin=column.plugin(p) ** p, estimate=column.raw(p), power=p)
+        return boot.interval(
+            value, replicates, "debiased_ece", plugin=column.plugin(p) ** p, estimate=column.raw(p), power=p
+        )
 
     per_class, plugins, raws, replicates, distinct = [], [], [], [], False
     position = None
@@ -315,7 +325,10 @@ def debiased_ece(
         position = np.empty(n, dtype=np.int64)
         position[frame(top_label(inputs).confidence)] = np.arange(n)
     for classes, block in _class_columns(inputs):
-        columns = [_Sorted(block[:, j], (inputs.target == k).astype(np.float64), n_bins, binning) for j, k in enumerate(classes)]
+        columns = [
+            _Sorted(block[:, j], (inputs.target == k).astype(np.float64), n_bins, binning)
+            for j, k in enumerate(classes)
+        ]
         per_class += [c.value(p, mc_samples, rng) ** p for c in columns]
         if boot is None:
             continue
@@ -324,12 +337,19 @@ def debiased_ece(
         distinct = distinct or any(c.mostly_distinct() for c in columns)
         if not distinct:  # every block sees the same resamples (the same seed)
             statistic = lambda counts: np.stack(  # noqa: E731
-                [c.replicates(np.take(counts, position[c.order], axis=1), p, raw=True) for c in columns], axis=1)
+                [c.replicates(np.take(counts, position[c.order], axis=1), p, raw=True) for c in columns], axis=1
+            )
             replicates.append(boot.replicates([statistic], n)[0])
     value = float(np.mean(per_class) ** (1.0 / p))
     if boot is None:
         return value
     if distinct:
         return boot.interval(value, np.zeros(0), _DISTINCT)
-    return boot.interval(value, np.mean(np.concatenate(replicates, axis=1), axis=1), "debiased_ece",
-                         plugin=float(np.mean(plugins)), estimate=float(np.mean(raws)), power=p)
+    return boot.interval(
+        value,
+        np.mean(np.concatenate(replicates, axis=1), axis=1),
+        "debiased_ece",
+        plugin=float(np.mean(plugins)),
+        estimate=float(np.mean(raws)),
+        power=p,
+    )

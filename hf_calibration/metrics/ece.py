@@ -12,14 +12,11 @@ caller that already has them (``calibration_report``) never re-runs the softmax.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from hf_calibration._core.checks import IGNORE_INDEX
-from hf_calibration.metrics._format import prepare, read_metric_inputs, top_label, top_label_bin_sums
-from hf_calibration.metrics.multilabel import sigmoid_metric
-from hf_calibration.metrics._probability_pass import probability_rows
 from hf_calibration.metrics._binned import (  # noqa: F401 - the computations live there; imported here by name too
     BINNED_COLUMNS,
     ECESplit,
@@ -31,8 +28,15 @@ from hf_calibration.metrics._binned import (  # noqa: F401 - the computations li
     _top_label_interval,
     _uniform_gaps,
 )
-from hf_calibration.metrics.binning import _bin_means, _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
-from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, Bootstrap, check_bootstrap, frame, frame_position, segment_sums
+from hf_calibration.metrics._format import prepare, read_metric_inputs, top_label, top_label_bin_sums
+from hf_calibration.metrics._probability_pass import probability_rows
+from hf_calibration.metrics.binning import _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
+from hf_calibration.metrics.bootstrap import (
+    SMOOTH_N_BOOT,
+    check_bootstrap,
+    frame_position,
+)
+from hf_calibration.metrics.multilabel import sigmoid_metric
 
 
 def ece(
@@ -101,7 +105,9 @@ def ece(
     """
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_metric_inputs(
+        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
+    )
     if inputs.task != "multiclass":
         return sigmoid_metric("ece", inputs, n_bins, average=average, boot=boot)
     if boot is None:  # one fused pass to the bin sums: no per-row arrays
@@ -133,7 +139,9 @@ def mce(
     :class:`~hf_calibration.metrics.MetricInterval` with NaN ends and a ``note`` saying why."""
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_metric_inputs(
+        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
+    )
     if inputs.task != "multiclass":
         return sigmoid_metric("mce", inputs, n_bins, average=average, boot=boot)
     if boot is None:
@@ -170,7 +178,9 @@ def rmsce(
 
     n_bins = _check_n_bins(n_bins)
     boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_metric_inputs(
+        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
+    )
     if inputs.task != "multiclass":
         return sigmoid_metric("rmsce", inputs, n_bins, average=average, boot=boot)
     top = top_label(inputs)
@@ -209,7 +219,9 @@ def ece_split(
     top = top_label(inputs)
     split = _ece_split_compute(top.confidence, top.correct, n_bins)
     replicates = boot.replicates([_binned_statistic(top.confidence, top.correct, n_bins)], top.confidence.shape[0])[0]
-    return ECESplit(boot.interval(split.over, replicates[:, 2], "o_ece"), boot.interval(split.under, replicates[:, 3], "u_ece"))
+    return ECESplit(
+        boot.interval(split.over, replicates[:, 2], "o_ece"), boot.interval(split.under, replicates[:, 3], "u_ece")
+    )
 
 
 def _classwise_ece_update(probs: np.ndarray, target: np.ndarray, n_bins: int) -> np.ndarray:
@@ -251,6 +263,8 @@ def classwise_ece(
     boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     position = None if boot is None else frame_position(top_label(inputs).confidence)
-    rows = probability_rows(inputs, n_bins, boot=boot, position=position, checked=position is not None)  # top_label checked them
+    rows = probability_rows(
+        inputs, n_bins, boot=boot, position=position, checked=position is not None
+    )  # top_label checked them
     value = _classwise_ece_compute(rows.cells, inputs.preds.shape[0])
     return value if boot is None else boot.interval(value, rows.replicates, "classwise_ece")

@@ -30,18 +30,25 @@ as every other metric (its interval method included).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from hf_calibration._core.checks import IGNORE_INDEX, check_choice, to_numpy
+from hf_calibration._core.checks import IGNORE_INDEX, check_choice
 from hf_calibration._core.inputs import Inputs, read_inputs
-from hf_calibration._core.tasks import check_shapes_for_task
-from hf_calibration.metrics._format import AVERAGES, check_average_for  # noqa: F401 - also their names here
 from hf_calibration.metrics._binned import _adaece_compute, _adaece_statistic, _ece_split_compute
-from hf_calibration.metrics.binning import _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index
-from hf_calibration.metrics.bootstrap import INTERVALS, Bootstrap, MetricInterval, check_bootstrap, reframed, segment_sums
+from hf_calibration.metrics._format import AVERAGES, check_average_for  # noqa: F401 - also their names here
+from hf_calibration.metrics.binning import _bin_sums, _check_n_bins, _uniform_bin_index
+from hf_calibration.metrics.bootstrap import (
+    INTERVALS,
+    Bootstrap,
+    MetricInterval,
+    check_bootstrap,
+    reframed,
+    segment_sums,
+)
 
 __all__ = [
     "AVERAGES",
@@ -101,8 +108,17 @@ def prepare_sigmoid(
     target_name: str = "target",
 ) -> SigmoidInputs:
     """Check and convert binary / multi-label inputs (module docstring) to :class:`SigmoidInputs`, in float64."""
-    return sigmoid_inputs(read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index,
-                                      preds_name=preds_name, target_name=target_name))
+    return sigmoid_inputs(
+        read_inputs(
+            preds,
+            target,
+            task=task,
+            from_logits=from_logits,
+            ignore_index=ignore_index,
+            preds_name=preds_name,
+            target_name=target_name,
+        )
+    )
 
 
 def sigmoid_inputs(inputs: Inputs) -> SigmoidInputs:
@@ -219,16 +235,25 @@ def _binned_statistic(p: np.ndarray, y: np.ndarray, rows: np.ndarray, n_bins: in
         out = []
         step = max(1, _GATHER_ELEMENTS // max(1, rows.size))
         for start in range(0, counts.shape[0], step):
-            gathered = np.ascontiguousarray(np.take(counts[start:start + step], rows, axis=1))
+            gathered = np.ascontiguousarray(np.take(counts[start : start + step], rows, axis=1))
             sums = segment_sums(gathered, starts, columns)  # (b, bins, [count, p, y, hit])
             count, conf, hit = sums[..., 0], sums[..., 1], sums[..., 2]
             total = count.sum(axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
                 gap = (conf - hit) / total[:, None]
-                out.append(np.stack([
-                    np.abs(gap).sum(axis=1), _binned_from_sums(count, conf, hit, "max"), _binned_from_sums(count, conf, hit, "l2"),
-                    np.clip(gap, 0, None).sum(axis=1), np.clip(-gap, 0, None).sum(axis=1), sums[..., 3].sum(axis=1) / total,
-                ], axis=1))
+                out.append(
+                    np.stack(
+                        [
+                            np.abs(gap).sum(axis=1),
+                            _binned_from_sums(count, conf, hit, "max"),
+                            _binned_from_sums(count, conf, hit, "l2"),
+                            np.clip(gap, 0, None).sum(axis=1),
+                            np.clip(-gap, 0, None).sum(axis=1),
+                            sums[..., 3].sum(axis=1) / total,
+                        ],
+                        axis=1,
+                    )
+                )
         return np.concatenate(out)
 
     return statistic
@@ -262,13 +287,17 @@ def _smooth_or_adaptive_statistic(name: str, p: np.ndarray, y: np.ndarray, n_bin
     from hf_calibration.metrics import smooth
     from hf_calibration.metrics.bootstrap import frame
 
-    factory = {"adaece": lambda: _adaece_statistic(p, y, n_bins), "smce": lambda: smooth._smce_statistic(p, y),
-               "smece": lambda: smooth._smece_statistic(p, y)}[name]
+    factory = {
+        "adaece": lambda: _adaece_statistic(p, y, n_bins),
+        "smce": lambda: smooth._smce_statistic(p, y),
+        "smece": lambda: smooth._smece_statistic(p, y),
+    }[name]
     return reframed(factory(), frame(p))
 
 
-def _intervals(inputs: SigmoidInputs, names: Sequence[str], n_bins: int, boot: Bootstrap,
-               smooth_boot: Bootstrap | None = None) -> dict[str, tuple[list, MetricInterval, MetricInterval]]:
+def _intervals(
+    inputs: SigmoidInputs, names: Sequence[str], n_bins: int, boot: Bootstrap, smooth_boot: Bootstrap | None = None
+) -> dict[str, tuple[list, MetricInterval, MetricInterval]]:
     """For each metric of ``names``: (per-label intervals, macro interval, micro interval), paired resamples. AdaECE /
     smCE / smECE get intervals only when no element is ignored (a resample of rows then has N elements per label);
     otherwise they are left out of the result."""
@@ -300,8 +329,10 @@ def _intervals(inputs: SigmoidInputs, names: Sequence[str], n_bins: int, boot: B
                 warnings.simplefilter("ignore", RuntimeWarning)  # a label absent from a resample: NaN, left out
                 macro_reps = np.nanmean(per_label_reps, axis=1)
         rule = INTERVALS.get(name, INTERVALS["ece"])  # the multi-class metric's interval method (RMSCE: ECE's)
-        label_intervals = [float("nan") if np.isnan(v) else b.interval(float(v), per_label_reps[:, l], rule)
-                           for l, v in enumerate(per_label)]  # NaN: a label with no kept sample
+        label_intervals = [
+            float("nan") if np.isnan(v) else b.interval(float(v), per_label_reps[:, l], rule)
+            for l, v in enumerate(per_label)
+        ]  # NaN: a label with no kept sample
         out[name] = (label_intervals, b.interval(macro, macro_reps, rule), b.interval(micro, micro_reps, rule))
 
     if binned:
@@ -321,15 +352,25 @@ def _intervals(inputs: SigmoidInputs, names: Sequence[str], n_bins: int, boot: B
     if rest:
         b = smooth_boot or boot
         for name in rest:
-            stats = [_smooth_or_adaptive_statistic(name, inputs.probs[:, l], inputs.target[:, l], n_bins) for l in range(num_labels)]
+            stats = [
+                _smooth_or_adaptive_statistic(name, inputs.probs[:, l], inputs.target[:, l], n_bins)
+                for l in range(num_labels)
+            ]
             if num_labels > 1:
                 pooled_p, pooled_y = inputs.probs.reshape(-1), inputs.target.reshape(-1)
                 frame_pooled = np.argsort(pooled_p, kind="stable")
                 inner = {"adaece": lambda: _adaece_statistic(pooled_p, pooled_y, n_bins)}.get(name)
                 from hf_calibration.metrics import smooth
 
-                inner = inner() if inner else (smooth._smce_statistic(pooled_p, pooled_y) if name == "smce"
-                                                else smooth._smece_statistic(pooled_p, pooled_y))
+                inner = (
+                    inner()
+                    if inner
+                    else (
+                        smooth._smce_statistic(pooled_p, pooled_y)
+                        if name == "smce"
+                        else smooth._smece_statistic(pooled_p, pooled_y)
+                    )
+                )
                 element_row = np.repeat(np.arange(n), num_labels)[frame_pooled]
                 stats.append(lambda counts, inner=inner, rows=element_row: inner(np.take(counts, rows, axis=1)))
             reps = b.replicates(stats, n)
@@ -345,7 +386,9 @@ def _check_average(average: Any) -> str:
     return check_choice(average, "average", AVERAGES)
 
 
-def sigmoid_metric(name: str, inputs: Inputs, n_bins: int = 15, *, average: str = "macro", boot: Bootstrap | None = None):
+def sigmoid_metric(
+    name: str, inputs: Inputs, n_bins: int = 15, *, average: str = "macro", boot: Bootstrap | None = None
+):
     """Metric ``name`` (``"ece"``, ``"rmsce"``, ``"mce"``, ``"adaece"``, ``"brier"``, ``"nll"``, ...) of a binary or
     multi-label head's :class:`~hf_calibration._core.inputs.Inputs` (read once by the public function): a float
     (binary, or ``average="macro"`` / ``"micro"``), a ``(L,)`` array (``"none"``), or with a bootstrap a
@@ -358,8 +401,10 @@ def sigmoid_metric(name: str, inputs: Inputs, n_bins: int = 15, *, average: str 
             return float(per_label[0])
         return {"macro": macro, "micro": micro, "none": per_label}[average]
     if name in ("adaece",) and not sig.full:
-        raise ValueError("Expected no ignored labels for an AdaECE interval (its bins are re-cut on each resample of the "
-                         "samples, which needs every sample to carry every label); drop ci=, or the ignored labels.")
+        raise ValueError(
+            "Expected no ignored labels for an AdaECE interval (its bins are re-cut on each resample of the "
+            "samples, which needs every sample to carry every label); drop ci=, or the ignored labels."
+        )
     labels, macro, micro = _intervals(sig, [name], n_bins, boot)[name]
     if task == "binary":
         return labels[0]
@@ -369,9 +414,19 @@ def sigmoid_metric(name: str, inputs: Inputs, n_bins: int = 15, *, average: str 
 # ----------------------------------------------------------------------------------------------- report
 
 _REPORT_METRICS = ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
-_LABELS = {"accuracy": ("Accuracy (p > 0.5)", True), "ece": ("ECE", True), "adaece": ("AdaECE", True), "mce": ("MCE", True),
-           "rmsce": ("RMSCE", True), "o_ece": ("O-ECE", True), "u_ece": ("U-ECE", True), "smce": ("smCE", True),
-           "smece": ("smECE", True), "brier": ("Brier", False), "nll": ("NLL (BCE)", False)}
+_LABELS = {
+    "accuracy": ("Accuracy (p > 0.5)", True),
+    "ece": ("ECE", True),
+    "adaece": ("AdaECE", True),
+    "mce": ("MCE", True),
+    "rmsce": ("RMSCE", True),
+    "o_ece": ("O-ECE", True),
+    "u_ece": ("U-ECE", True),
+    "smce": ("smCE", True),
+    "smece": ("smECE", True),
+    "brier": ("Brier", False),
+    "nll": ("NLL (BCE)", False),
+}
 
 
 def _cell(name: str, value: Any) -> str:
@@ -418,9 +473,15 @@ class SigmoidCalibrationReport:
                 return [plain(x) for x in v]
             return v.to_dict() if isinstance(v, MetricInterval) else v
 
-        return {"task": self.task, "n": self.n, "num_labels": self.num_labels, "n_bins": self.n_bins,
-                "macro": {k: plain(v) for k, v in self.macro.items()}, "micro": {k: plain(v) for k, v in self.micro.items()},
-                "per_label": {k: plain(v) for k, v in self.per_label.items()}}
+        return {
+            "task": self.task,
+            "n": self.n,
+            "num_labels": self.num_labels,
+            "n_bins": self.n_bins,
+            "macro": {k: plain(v) for k, v in self.macro.items()},
+            "micro": {k: plain(v) for k, v in self.micro.items()},
+            "per_label": {k: plain(v) for k, v in self.per_label.items()},
+        }
 
     def _names(self, i: int) -> str:
         return self.label_names[i] if self.label_names else str(i)
@@ -428,23 +489,37 @@ class SigmoidCalibrationReport:
     def __str__(self) -> str:
         intervals = any(isinstance(v, MetricInterval) for v in self.macro.values())
         header = "value" if self.task == "binary" else "macro (mean over labels)"
-        rows = [(_LABELS[k][0] + (" (%)" if _LABELS[k][1] else ""), _cell(k, self.macro[k]),
-                 _cell(k, self.micro[k])) for k in self.macro]
+        rows = [
+            (_LABELS[k][0] + (" (%)" if _LABELS[k][1] else ""), _cell(k, self.macro[k]), _cell(k, self.micro[k]))
+            for k in self.macro
+        ]
         if self.task == "binary":
             rows = [(a, b) for a, b, _ in rows]
             cols = ["metric", header]
         else:
             cols = ["metric", header, "pooled (micro)"]
         widths = [max(len(str(r[i])) for r in [cols] + rows) for i in range(len(cols))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths))),
-                 "-" * (sum(widths) + 2 * (len(cols) - 1))]
-        lines += ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-        what = ("binary head: one sigmoid probability per sample" if self.task == "binary" else
-                f"multi-label head, {self.num_labels} labels: macro = mean of the per-label values, pooled (micro) = "
-                "every (sample, label) pair as one binary problem")
+        lines = [
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths))),
+            "-" * (sum(widths) + 2 * (len(cols) - 1)),
+        ]
+        lines += [
+            "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+            for r in rows
+        ]
+        what = (
+            "binary head: one sigmoid probability per sample"
+            if self.task == "binary"
+            else f"multi-label head, {self.num_labels} labels: macro = mean of the per-label values, pooled (micro) = "
+            "every (sample, label) pair as one binary problem"
+        )
         inputs = {True: ", from logits", False: ", from probabilities"}.get(self.from_logits, "")
         level = next((v for v in self.macro.values() if isinstance(v, MetricInterval)), None)
-        extra = f"; [{100 * level.level:g} % bootstrap interval over the samples, {level.n_boot} resamples]" if intervals else ""
+        extra = (
+            f"; [{100 * level.level:g} % bootstrap interval over the samples, {level.n_boot} resamples]"
+            if intervals
+            else ""
+        )
         lines.append(f"(N = {self.n}, {what}; {self.n_bins} bins{inputs}{extra})")
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -458,7 +533,11 @@ class SigmoidCalibrationReport:
         widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
 
         def line(cells):
-            return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+            return (
+                "| "
+                + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+                + " |"
+            )
 
         rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
         return "\n".join([line(header), rule] + [line(r) for r in body])
@@ -481,12 +560,25 @@ def sigmoid_calibration_report(
     :func:`hf_calibration.metrics.calibration_report`, which calls this for ``task="binary"`` / ``"multilabel"``)."""
     n_bins = _check_n_bins(n_bins)
     check_bootstrap(ci, n_boot, seed)
-    return sigmoid_report_of(read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index), n_bins,
-                             ci=ci, n_boot=n_boot, seed=seed, label_names=label_names)
+    return sigmoid_report_of(
+        read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index),
+        n_bins,
+        ci=ci,
+        n_boot=n_boot,
+        seed=seed,
+        label_names=label_names,
+    )
 
 
-def sigmoid_report_of(inputs: Inputs, n_bins: int = 15, *, ci: float | None = None, n_boot: int | None = None, seed: int = 0,
-                      label_names: Sequence[str] | None = None) -> SigmoidCalibrationReport:
+def sigmoid_report_of(
+    inputs: Inputs,
+    n_bins: int = 15,
+    *,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
+    label_names: Sequence[str] | None = None,
+) -> SigmoidCalibrationReport:
     """:func:`sigmoid_calibration_report` of inputs read once (``n_bins`` checked)."""
     from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT
 
@@ -497,7 +589,9 @@ def sigmoid_report_of(inputs: Inputs, n_bins: int = 15, *, ci: float | None = No
     if label_names is not None:
         label_names = tuple(str(x) for x in label_names)
         if len(label_names) != inputs.num_labels:
-            raise ValueError(f"Expected argument `label_names` to name the {inputs.num_labels} labels, but got {len(label_names)} names.")
+            raise ValueError(
+                f"Expected argument `label_names` to name the {inputs.num_labels} labels, but got {len(label_names)} names."
+            )
     macro, micro, per_label = {}, {}, {}
     for name in _REPORT_METRICS:
         per_label[name], macro[name], micro[name] = _values(inputs, name, n_bins)
@@ -508,7 +602,19 @@ def sigmoid_report_of(inputs: Inputs, n_bins: int = 15, *, ci: float | None = No
             per_label[name], macro[name], micro[name] = labels, mac, mic
         missing = [name for name in _REPORT_METRICS if name not in found]
         if missing:
-            notes.append(f"{', '.join(missing)}: no interval (some labels are ignored for some samples, so a resample's bins "
-                         "cannot be re-cut per label)")
-    return SigmoidCalibrationReport(task, int(inputs.probs.shape[0]), inputs.num_labels, macro, micro, per_label, n_bins,
-                                    inputs.from_logits, label_names, tuple(notes))
+            notes.append(
+                f"{', '.join(missing)}: no interval (some labels are ignored for some samples, so a resample's bins "
+                "cannot be re-cut per label)"
+            )
+    return SigmoidCalibrationReport(
+        task,
+        int(inputs.probs.shape[0]),
+        inputs.num_labels,
+        macro,
+        micro,
+        per_label,
+        n_bins,
+        inputs.from_logits,
+        label_names,
+        tuple(notes),
+    )

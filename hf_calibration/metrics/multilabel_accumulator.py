@@ -36,8 +36,11 @@ class SigmoidState:
 
     def __init__(self, task: str, n_bins: int, metrics: tuple[str, ...], confidence_dtype, boot, smooth_boot):
         self.task, self.n_bins = task, n_bins
-        self.metrics = tuple(m for m in ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
-                             if m in metrics or m in ("rmsce",))
+        self.metrics = tuple(
+            m
+            for m in ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
+            if m in metrics or m in ("rmsce",)
+        )
         self.boot, self.smooth_boot = boot, smooth_boot
         self.dtype = np.float64 if boot is not None else confidence_dtype
         self.with_pairs = boot is not None or any(m in self.metrics for m in PAIR_METRICS)
@@ -52,21 +55,32 @@ class SigmoidState:
     def update(self, preds: Any, target: Any, from_logits: bool | None, ignore_index: int | None) -> None:
         recorded = from_logits is None and self.from_logits is not None  # the kind the first batch was read as
         try:
-            inputs = prepare_sigmoid(preds, target, task=self.task, from_logits=from_logits if from_logits is not None else self.from_logits,
-                                     ignore_index=ignore_index)
+            inputs = prepare_sigmoid(
+                preds,
+                target,
+                task=self.task,
+                from_logits=from_logits if from_logits is not None else self.from_logits,
+                ignore_index=ignore_index,
+            )
         except ValueError as err:
             if not (recorded and "(from_logits=False)" in str(err)):
                 raise
             detail = str(err).split(", but ", 1)[-1].rstrip(".")
-            raise ValueError(f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other "
-                             f"scores ({detail}): the first batch was read as probabilities (every value in [0, 1]), and the "
-                             "accumulator reads every batch the same way. Pass `from_logits=True` or `False` to the accumulator "
-                             "if that is wrong.") from None
+            raise ValueError(
+                f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other "
+                f"scores ({detail}): the first batch was read as probabilities (every value in [0, 1]), and the "
+                "accumulator reads every batch the same way. Pass `from_logits=True` or `False` to the accumulator "
+                "if that is wrong."
+            ) from None
         if self.num_labels is not None and inputs.num_labels != self.num_labels:
-            raise ValueError(f"Expected `preds` to have L = {self.num_labels} labels as before, but got {inputs.num_labels}.")
+            raise ValueError(
+                f"Expected `preds` to have L = {self.num_labels} labels as before, but got {inputs.num_labels}."
+            )
         if self.from_logits is not None and inputs.from_logits != self.from_logits:
-            raise ValueError("Expected `preds` to hold " + ("logits" if self.from_logits else "probabilities") + " like the earlier "
-                             "batches; pass `from_logits=True` or `False` to the accumulator if the detection is wrong.")
+            raise ValueError(
+                "Expected `preds` to hold " + ("logits" if self.from_logits else "probabilities") + " like the earlier "
+                "batches; pass `from_logits=True` or `False` to the accumulator if the detection is wrong."
+            )
         self._allocate(inputs.num_labels)
         self.from_logits = inputs.from_logits
         self._add(inputs)
@@ -91,13 +105,17 @@ class SigmoidState:
         self.scores[2] += mask.sum(axis=0)
         self.n += p.shape[0]
         if self.with_pairs:
-            self.pairs.append((p.astype(self.dtype), y.astype(np.uint8), mask.copy(), nll if self.boot is not None else None))
+            self.pairs.append(
+                (p.astype(self.dtype), y.astype(np.uint8), mask.copy(), nll if self.boot is not None else None)
+            )
 
-    def merge(self, other: "SigmoidState") -> None:
+    def merge(self, other: SigmoidState) -> None:
         if other.sums is None:
             return
         if self.num_labels is not None and other.num_labels != self.num_labels:
-            raise ValueError(f"Expected argument `other` to have L = {self.num_labels} labels, but got {other.num_labels}.")
+            raise ValueError(
+                f"Expected argument `other` to have L = {self.num_labels} labels, but got {other.num_labels}."
+            )
         self._allocate(other.num_labels)
         self.sums += other.sums
         self.scores += other.scores
@@ -120,11 +138,14 @@ class SigmoidState:
         total = count.sum(axis=-1)
         with np.errstate(invalid="ignore", divide="ignore"):
             gap = (p_sum - y_sum) / total[..., None]
-            return {"ece": lambda: _binned_from_sums(count, p_sum, y_sum, "l1"),
-                    "mce": lambda: _binned_from_sums(count, p_sum, y_sum, "max"),
-                    "rmsce": lambda: _binned_from_sums(count, p_sum, y_sum, "l2"),
-                    "o_ece": lambda: np.clip(gap, 0, None).sum(axis=-1), "u_ece": lambda: np.clip(-gap, 0, None).sum(axis=-1),
-                    "accuracy": lambda: hit_sum.sum(axis=-1) / total}[name]()
+            return {
+                "ece": lambda: _binned_from_sums(count, p_sum, y_sum, "l1"),
+                "mce": lambda: _binned_from_sums(count, p_sum, y_sum, "max"),
+                "rmsce": lambda: _binned_from_sums(count, p_sum, y_sum, "l2"),
+                "o_ece": lambda: np.clip(gap, 0, None).sum(axis=-1),
+                "u_ece": lambda: np.clip(-gap, 0, None).sum(axis=-1),
+                "accuracy": lambda: hit_sum.sum(axis=-1) / total,
+            }[name]()
 
     def compute(self, label_names=None) -> SigmoidCalibrationReport:
         import warnings
@@ -144,7 +165,11 @@ class SigmoidState:
                 else:
                     per = self._binned(name, *self.sums)
                     pooled = float(self._binned(name, *self.sums.sum(axis=1)))
-                per_label[name], macro[name], micro[name] = np.asarray(per, dtype=np.float64), float(np.nanmean(per)), float(pooled)
+                per_label[name], macro[name], micro[name] = (
+                    np.asarray(per, dtype=np.float64),
+                    float(np.nanmean(per)),
+                    float(pooled),
+                )
         notes: list[str] = []
         if self.with_pairs:
             inputs = self._inputs()
@@ -158,10 +183,23 @@ class SigmoidState:
                 missing = [name for name in self.metrics if name not in found]
                 if missing:
                     notes.append(f"{', '.join(missing)}: no interval (some labels are ignored for some samples)")
-        order = [m for m in ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll") if m in macro]
-        return SigmoidCalibrationReport(self.task, self.n, self.num_labels, {k: macro[k] for k in order}, {k: micro[k] for k in order},
-                                        {k: per_label[k] for k in order}, self.n_bins, self.from_logits,
-                                        None if label_names is None else tuple(label_names), tuple(notes))
+        order = [
+            m
+            for m in ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
+            if m in macro
+        ]
+        return SigmoidCalibrationReport(
+            self.task,
+            self.n,
+            self.num_labels,
+            {k: macro[k] for k in order},
+            {k: micro[k] for k in order},
+            {k: per_label[k] for k in order},
+            self.n_bins,
+            self.from_logits,
+            None if label_names is None else tuple(label_names),
+            tuple(notes),
+        )
 
     def _inputs(self) -> SigmoidInputs:
         p, y, mask, nll = self.packed()
@@ -171,7 +209,9 @@ class SigmoidState:
                 log_p, log_q = np.log(p), np.log1p(-p)
         else:  # the exact NLL terms: only the one of each element's label is read
             log_p = log_q = -nll
-        return SigmoidInputs(p, log_p, log_q, y.astype(np.float64), mask.astype(bool), self.task, bool(self.from_logits))
+        return SigmoidInputs(
+            p, log_p, log_q, y.astype(np.float64), mask.astype(bool), self.task, bool(self.from_logits)
+        )
 
     # ------------------------------------------------------------------ processes and persistence
     def sync(self, distributed) -> None:
@@ -185,23 +225,30 @@ class SigmoidState:
         total = distributed.all_reduce_sum(torch.from_numpy(packed)).numpy()
         size = self.sums.size
         self.sums = total[:size].reshape(self.sums.shape).copy()
-        self.scores = total[size:size + self.scores.size].reshape(self.scores.shape).copy()
+        self.scores = total[size : size + self.scores.size].reshape(self.scores.shape).copy()
         self.n = int(round(total[-1]))
         self.from_logits = next((h[1] for h in headers if h[1] is not None), None)
         if self.with_pairs:
             p, y, mask, nll = self.packed()
-            gathered = [distributed.all_gather_rows(torch.from_numpy(np.ascontiguousarray(a))).numpy() for a in (p, y, mask.astype(np.uint8))]
+            gathered = [
+                distributed.all_gather_rows(torch.from_numpy(np.ascontiguousarray(a))).numpy()
+                for a in (p, y, mask.astype(np.uint8))
+            ]
             nll = None if nll is None else distributed.all_gather_rows(torch.from_numpy(nll)).numpy()
             self.pairs = [(gathered[0], gathered[1], gathered[2].astype(bool), nll)]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         p, y, mask, nll = self.packed() if self.num_labels is not None else (np.zeros((0, 0)),) * 3 + (None,)
-        out = {"task": torch.tensor(1 if self.task == "multilabel" else 0), "n": torch.tensor(self.n),
-               "from_logits": torch.tensor(-1 if self.from_logits is None else int(self.from_logits)),
-               "sums": torch.from_numpy(self.sums.copy() if self.sums is not None else np.zeros((4, 0, self.n_bins))),
-               "scores": torch.from_numpy(self.scores.copy() if self.scores is not None else np.zeros((3, 0))),
-               "probs": torch.from_numpy(np.ascontiguousarray(p)), "labels": torch.from_numpy(np.ascontiguousarray(y).astype(np.uint8)),
-               "mask": torch.from_numpy(np.ascontiguousarray(mask).astype(bool))}
+        out = {
+            "task": torch.tensor(1 if self.task == "multilabel" else 0),
+            "n": torch.tensor(self.n),
+            "from_logits": torch.tensor(-1 if self.from_logits is None else int(self.from_logits)),
+            "sums": torch.from_numpy(self.sums.copy() if self.sums is not None else np.zeros((4, 0, self.n_bins))),
+            "scores": torch.from_numpy(self.scores.copy() if self.scores is not None else np.zeros((3, 0))),
+            "probs": torch.from_numpy(np.ascontiguousarray(p)),
+            "labels": torch.from_numpy(np.ascontiguousarray(y).astype(np.uint8)),
+            "mask": torch.from_numpy(np.ascontiguousarray(mask).astype(bool)),
+        }
         if nll is not None:
             out["nll_terms"] = torch.from_numpy(np.ascontiguousarray(nll))
         return out
@@ -218,5 +265,11 @@ class SigmoidState:
         self.pairs = []
         if self.with_pairs and self.n:
             nll = state["nll_terms"].numpy().copy() if "nll_terms" in state else None
-            self.pairs = [(state["probs"].numpy().astype(self.dtype).copy(), state["labels"].numpy().copy(),
-                           state["mask"].numpy().astype(bool).copy(), nll)]
+            self.pairs = [
+                (
+                    state["probs"].numpy().astype(self.dtype).copy(),
+                    state["labels"].numpy().copy(),
+                    state["mask"].numpy().astype(bool).copy(),
+                    nll,
+                )
+            ]

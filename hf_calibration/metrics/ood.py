@@ -34,7 +34,9 @@ SCORES = ("msp", "max_logit", "energy")
 def _check_outputs(preds: Any, name: str) -> np.ndarray:
     preds = to_numpy(preds, name)
     if preds.ndim != 2:
-        raise ValueError(f"Expected `{name}` to have shape (N, K) (rank 2), but got rank {preds.ndim} with shape {tuple(preds.shape)}.")
+        raise ValueError(
+            f"Expected `{name}` to have shape (N, K) (rank 2), but got rank {preds.ndim} with shape {tuple(preds.shape)}."
+        )
     if preds.shape[0] == 0:
         raise ValueError(f"Expected `{name}` to be non-empty, but got shape {tuple(preds.shape)}.")
     if preds.shape[1] < 2:
@@ -45,7 +47,12 @@ def _check_outputs(preds: Any, name: str) -> np.ndarray:
 
 
 def ood_scores(
-    preds: Any, score: Score = "msp", *, from_logits: bool | None = None, temperature: float = 1.0, preds_name: str = "preds"
+    preds: Any,
+    score: Score = "msp",
+    *,
+    from_logits: bool | None = None,
+    temperature: float = 1.0,
+    preds_name: str = "preds",
 ) -> np.ndarray:
     """Per-sample OOD score, float64 ``(N,)``, higher = more in-distribution (see the module docstring).
 
@@ -66,7 +73,9 @@ def ood_scores(
             "softmax has removed the logits' offset this score needs. Use score='msp' or pass logits."
         )
     out = np.empty(preds.shape[0], dtype=np.float64)
-    no_labels = np.zeros(preds.shape[0], dtype=np.int64)  # the shared streaming pass checks finiteness / probability rows
+    no_labels = np.zeros(
+        preds.shape[0], dtype=np.int64
+    )  # the shared streaming pass checks finiteness / probability rows
     for rows, probs, _ in probability_chunks(Inputs(preds, no_labels, from_logits, preds_name)):
         if score == "msp":
             out[rows] = probs.max(axis=1)
@@ -108,7 +117,9 @@ def ood_metrics_from_scores(in_scores: Any, out_scores: Any) -> dict[str, float]
         if value.ndim != 1 or value.shape[0] == 0:
             raise ValueError(f"Expected `{name}` to have shape (N,) with N >= 1, but got shape {value.shape}.")
         if not np.isfinite(value).all():
-            raise ValueError(f"Expected `{name}` to be finite, but element {int(np.flatnonzero(~np.isfinite(value))[0])} is not.")
+            raise ValueError(
+                f"Expected `{name}` to be finite, but element {int(np.flatnonzero(~np.isfinite(value))[0])} is not."
+            )
         scores.append(value)
     in_scores, out_scores = scores
     n_in, n_out = len(in_scores), len(out_scores)
@@ -156,6 +167,10 @@ def ood_metrics(
     a = _check_outputs(in_logits, "in_logits")
     b = _check_outputs(out_logits, "out_logits")
     if a.shape[1] != b.shape[1]:
-        raise ValueError(f"Expected `in_logits` and `out_logits` to have the same K, but got {a.shape[1]} and {b.shape[1]}.")
+        raise ValueError(
+            f"Expected `in_logits` and `out_logits` to have the same K, but got {a.shape[1]} and {b.shape[1]}."
+        )
     kw = {"score": score, "from_logits": from_logits, "temperature": temperature}
-    return ood_metrics_from_scores(ood_scores(a, preds_name="in_logits", **kw), ood_scores(b, preds_name="out_logits", **kw))
+    return ood_metrics_from_scores(
+        ood_scores(a, preds_name="in_logits", **kw), ood_scores(b, preds_name="out_logits", **kw)
+    )

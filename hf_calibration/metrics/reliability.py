@@ -9,15 +9,23 @@ ECE its bootstrap interval (:func:`hf_calibration.metrics.ece`'s, bias-corrected
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.special import ndtri
 
 from hf_calibration._core.checks import IGNORE_INDEX, check_choice, check_int
 from hf_calibration.metrics._format import Inputs, read_inputs, top_label
-from hf_calibration.metrics.binning import _adaptive_bin_index, _bin_means, _bin_sums, _check_n_bins, _uniform_bin_index, uniform_edges
+from hf_calibration.metrics.binning import (
+    _adaptive_bin_index,
+    _bin_means,
+    _bin_sums,
+    _check_n_bins,
+    _uniform_bin_index,
+    uniform_edges,
+)
 from hf_calibration.metrics.bootstrap import check_bootstrap
 from hf_calibration.metrics.ece import _ece_compute, _top_label_interval
 
@@ -94,15 +102,19 @@ class ReliabilityTable:
             values = [getattr(self, name)[b] for name in self._columns()[3:]]
             cells = ["-"] * len(values) if c == 0 else [f"{v * scale:.2f}" for v in values]
             lines.append(f"({lo:.3f}, {hi:.3f}]  {int(c):>8d}  " + "  ".join(f"{x:>10}" for x in cells))
-        lines.append(f"N = {self.n}, ECE = {self.ece * scale:.2f}{unit}"
-                     + (f" (acc low / high: {100 * self.ci:g} % Wilson interval)" if self.ci is not None else ""))
+        lines.append(
+            f"N = {self.n}, ECE = {self.ece * scale:.2f}{unit}"
+            + (f" (acc low / high: {100 * self.ci:g} % Wilson interval)" if self.ci is not None else "")
+        )
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.to_string()
 
 
-def _reliability_table_compute(confidence: np.ndarray, correct: np.ndarray, n_bins: int, ci: float | None = None) -> ReliabilityTable:
+def _reliability_table_compute(
+    confidence: np.ndarray, correct: np.ndarray, n_bins: int, ci: float | None = None
+) -> ReliabilityTable:
     edges = uniform_edges(n_bins)
     sums = _bin_sums(_uniform_bin_index(confidence, n_bins), confidence, correct, n_bins)
     conf, acc = _bin_means(sums)
@@ -154,7 +166,9 @@ def _read(preds: Any, target: Any, task: str | None, from_logits, ignore_index, 
     multi-label head, :class:`~hf_calibration._core.inputs.Inputs` for a multi-class one."""
     from hf_calibration.metrics.multilabel import sigmoid_inputs
 
-    inputs = read_inputs(preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index, preds_name=preds_name)
+    inputs = read_inputs(
+        preds, target, task=task, from_logits=from_logits, ignore_index=ignore_index, preds_name=preds_name
+    )
     return inputs if inputs.task == "multiclass" else sigmoid_inputs(inputs)
 
 
@@ -162,7 +176,9 @@ def _check_label(label: Any, num_labels: int) -> int | str:
     if label == "pooled":
         return label
     if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= int(label) < num_labels:
-        raise ValueError(f"Expected argument `label` to be 'pooled' or a label index in [0, {num_labels}), but got {label!r}.")
+        raise ValueError(
+            f"Expected argument `label` to be 'pooled' or a label index in [0, {num_labels}), but got {label!r}."
+        )
     return int(label)
 
 
@@ -210,12 +226,21 @@ _CHAR_WIDTH = 0.62  # average glyph width in em, to wrap titles to the width the
 def _wrap(text: str, width_inches: float, fontsize: float) -> str:
     """Wrap each line of ``text`` to fit ``width_inches`` at ``fontsize`` points (long paths break too)."""
     chars = max(12, int(width_inches * 72 / (fontsize * _CHAR_WIDTH)))
-    return "\n".join(textwrap.fill(line, chars, break_long_words=True, break_on_hyphens=False) or line
-                     for line in text.split("\n"))
+    return "\n".join(
+        textwrap.fill(line, chars, break_long_words=True, break_on_hyphens=False) or line for line in text.split("\n")
+    )
 
 
-def _draw_reliability(ax: Axes, table: ReliabilityTable, title: str | None, cax: Axes | None, *, ece_text: str,
-                      min_count: int, count_scale: str) -> set[str]:
+def _draw_reliability(
+    ax: Axes,
+    table: ReliabilityTable,
+    title: str | None,
+    cax: Axes | None,
+    *,
+    ece_text: str,
+    min_count: int,
+    count_scale: str,
+) -> set[str]:
     """Accuracy bars, gap bars, the per-bin intervals and the diagonal in ``ax``; the per-bin sample counts in
     ``cax``. The summary (ECE, N) goes above the plot, under the title, never over the bars.
     Returns the legend entries this panel uses."""
@@ -239,8 +264,17 @@ def _draw_reliability(ax: Axes, table: ReliabilityTable, title: str | None, cax:
             used.add("thin")
     if table.accuracy_low is not None and filled.any():
         low, high = table.accuracy_low[filled], table.accuracy_high[filled]
-        ax.errorbar(centre[filled], acc[filled], yerr=[acc[filled] - low, high - acc[filled]], fmt="none",
-                    ecolor="black", elinewidth=0.8, capsize=2, zorder=3, label="interval")
+        ax.errorbar(
+            centre[filled],
+            acc[filled],
+            yerr=[acc[filled] - low, high - acc[filled]],
+            fmt="none",
+            ecolor="black",
+            elinewidth=0.8,
+            capsize=2,
+            zorder=3,
+            label="interval",
+        )
         used.add("interval")
     ax.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1)
     ax.set_xlim(0, 1)
@@ -266,8 +300,17 @@ def _draw_reliability(ax: Axes, table: ReliabilityTable, title: str | None, cax:
         cax.set_ylim(0, top * 1.05)
         cax.locator_params(axis="y", nbins=2)
     for b in np.flatnonzero(thin):  # too few to read: say how many
-        cax.annotate(str(int(table.count[b])), (centre[b], table.count[b]), xytext=(0, 1), textcoords="offset points",
-                     ha="center", va="bottom", fontsize=6, color="#d62728", clip_on=False)
+        cax.annotate(
+            str(int(table.count[b])),
+            (centre[b], table.count[b]),
+            xytext=(0, 1),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=6,
+            color="#d62728",
+            clip_on=False,
+        )
     cax.set_box_aspect(0.25)
     cax.set_ylabel("count", fontsize=8)
     cax.set_xlabel("confidence")
@@ -286,13 +329,31 @@ def _legend_handles(used: set[str], level: float | None, min_count: int, counts:
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=_ACCURACY, edgecolor="black", linewidth=0.5, label="accuracy")]
-    handles += [Patch(linewidth=0.5, label=_GAP_LABELS[kind], **_GAP_STYLE[kind]) for kind in ("over", "under") if kind in used]
+    handles += [
+        Patch(linewidth=0.5, label=_GAP_LABELS[kind], **_GAP_STYLE[kind]) for kind in ("over", "under") if kind in used
+    ]
     if "interval" in used:
-        handles.append(Line2D([], [], color="black", marker="_", markersize=8, linewidth=0.8,
-                              label=f"{100 * level:g} % interval of the accuracy (Wilson)"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="black",
+                marker="_",
+                markersize=8,
+                linewidth=0.8,
+                label=f"{100 * level:g} % interval of the accuracy (Wilson)",
+            )
+        )
     if "thin" in used:
-        handles.append(Patch(facecolor=_ACCURACY, edgecolor="black", alpha=_THIN_ALPHA, linewidth=0.5,
-                             label=f"fewer than {min_count} samples" + (" (count in red)" if counts else "")))
+        handles.append(
+            Patch(
+                facecolor=_ACCURACY,
+                edgecolor="black",
+                alpha=_THIN_ALPHA,
+                linewidth=0.5,
+                label=f"fewer than {min_count} samples" + (" (count in red)" if counts else ""),
+            )
+        )
     return handles
 
 
@@ -410,24 +471,41 @@ def reliability_diagram(
     if not isinstance(first, Inputs):
         sigmoid = first
         if margin_groups is not None:
-            raise ValueError("Expected argument `margin_groups` to be None for a binary / multi-label head: a logit margin "
-                             "(top-1 minus top-2) belongs to a softmax head.")
+            raise ValueError(
+                "Expected argument `margin_groups` to be None for a binary / multi-label head: a logit margin "
+                "(top-1 minus top-2) belongs to a softmax head."
+            )
         states = [sigmoid]
         if calibrated is not None:
             states.append(_read(calibrated, target, sigmoid.task, from_logits, ignore_index, "calibrated"))
             if isinstance(names, str) or len(names) != 2 or not all(isinstance(x, str) for x in names):
                 raise ValueError(f"Expected argument `names` to be two strings (before, after), but got {names!r}.")
-        return _sigmoid_diagram(states, labels, label_names, n_bins=n_bins, counts=counts, count_scale=count_scale,
-                                min_count=min_count, boot=boot, names=names, ax=ax, title=title)
+        return _sigmoid_diagram(
+            states,
+            labels,
+            label_names,
+            n_bins=n_bins,
+            counts=counts,
+            count_scale=count_scale,
+            min_count=min_count,
+            boot=boot,
+            names=names,
+            ax=ax,
+            title=title,
+        )
     if labels is not None or label_names is not None:
-        raise ValueError("Expected arguments `labels` / `label_names` only for a binary or multi-label head "
-                         "(task='binary' / 'multilabel').")
+        raise ValueError(
+            "Expected arguments `labels` / `label_names` only for a binary or multi-label head "
+            "(task='binary' / 'multilabel')."
+        )
     states = [first]
     if calibrated is not None:
         shapes = [tuple(x.shape) if hasattr(x, "shape") else np.shape(x) for x in (preds, calibrated)]
         if shapes[1] != shapes[0]:  # before its labels are checked against its K, which would blame `target`
-            raise ValueError(f"Expected argument `calibrated` to have the shape of `preds` {shapes[0]} (the same samples, the "
-                             f"same classes), but got {shapes[1]}.")
+            raise ValueError(
+                f"Expected argument `calibrated` to have the shape of `preds` {shapes[0]} (the same samples, the "
+                f"same classes), but got {shapes[1]}."
+            )
         states.append(_read(calibrated, target, "multiclass", from_logits, ignore_index, "calibrated"))
         if isinstance(names, str) or len(names) != 2 or not all(isinstance(x, str) for x in names):
             raise ValueError(f"Expected argument `names` to be two strings (before, after), but got {names!r}.")
@@ -462,8 +540,15 @@ def reliability_diagram(
         table = _reliability_table_compute(confidence, correct, n_bins, None if boot is None else boot.level)
         parts = ([names[s]] if len(states) == 2 else []) + ([labels[g]] if labels[g] else [])
         ece_text = _ece_text(confidence, correct, n_bins, boot) if table.n else ""
-        used |= _draw_reliability(axis, table, title if single else " · ".join(parts), cax, ece_text=ece_text,
-                                  min_count=min_count, count_scale=count_scale)
+        used |= _draw_reliability(
+            axis,
+            table,
+            title if single else " · ".join(parts),
+            cax,
+            ece_text=ece_text,
+            min_count=min_count,
+            count_scale=count_scale,
+        )
     if title and not single:
         fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
     handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
@@ -489,16 +574,22 @@ def _sigmoid_panels(labels: Any, num_labels: int, task: str) -> list[int | str]:
         labels = [labels]
     panels = [_check_label(label, num_labels) for label in labels]
     if not panels:
-        raise ValueError("Expected argument `labels` to name at least one panel ('pooled' or a label index), but got none.")
+        raise ValueError(
+            "Expected argument `labels` to name at least one panel ('pooled' or a label index), but got none."
+        )
     return panels
 
 
-def _sigmoid_diagram(states, labels, label_names, *, n_bins, counts, count_scale, min_count, boot, names, ax, title) -> Figure:
+def _sigmoid_diagram(
+    states, labels, label_names, *, n_bins, counts, count_scale, min_count, boot, names, ax, title
+) -> Figure:
     """The reliability diagram of a sigmoid head: one panel per label of ``labels`` (or pooled), one row per state."""
     first = states[0]
     panels = _sigmoid_panels(labels, first.num_labels, first.task)
     if label_names is not None and len(label_names) != first.num_labels:
-        raise ValueError(f"Expected argument `label_names` to name the {first.num_labels} labels, but got {len(label_names)}.")
+        raise ValueError(
+            f"Expected argument `label_names` to name the {first.num_labels} labels, but got {len(label_names)}."
+        )
 
     def panel_name(label):
         if first.task == "binary":
@@ -517,8 +608,15 @@ def _sigmoid_diagram(states, labels, label_names, *, n_bins, counts, count_scale
         table = _reliability_table_compute(p, y, n_bins, None if boot is None else boot.level)
         parts = ([names[i // cols]] if rows == 2 else []) + ([panel_name(label)] if panel_name(label) else [])
         ece_text = _ece_text(p, y, n_bins, boot) if table.n else ""
-        used |= _draw_reliability(axis, table, title if single else " · ".join(parts), cax, ece_text=ece_text,
-                                  min_count=min_count, count_scale=count_scale)
+        used |= _draw_reliability(
+            axis,
+            table,
+            title if single else " · ".join(parts),
+            cax,
+            ece_text=ece_text,
+            min_count=min_count,
+            count_scale=count_scale,
+        )
         axis.set_ylabel("observed frequency")
         (cax if cax is not None else axis).set_xlabel("predicted probability")
     if title and not single:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -14,8 +14,23 @@ from hf_calibration.metrics._format import read_inputs, top_label
 from hf_calibration.metrics._probability_pass import probability_rows
 from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
 from hf_calibration.metrics.binning import _check_n_bins
-from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, Bootstrap, MetricInterval, check_bootstrap, frame, frame_position, weighted_means
-from hf_calibration.metrics.ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute, _ece_compute, _ece_split_compute, _mce_compute
+from hf_calibration.metrics.bootstrap import (
+    SMOOTH_N_BOOT,
+    Bootstrap,
+    MetricInterval,
+    check_bootstrap,
+    frame,
+    frame_position,
+    weighted_means,
+)
+from hf_calibration.metrics.ece import (
+    BINNED_COLUMNS,
+    _binned_statistic,
+    _classwise_ece_compute,
+    _ece_compute,
+    _ece_split_compute,
+    _mce_compute,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +145,10 @@ class CalibrationReport(Mapping):
         intervals = self.intervals()
         notes: dict[str, int] = {}
         # with intervals the percent sign goes with the value: "3.21 % [2.40, 4.05]"
-        rows = [(_header(key, not intervals), _format_value(key, getattr(self, key), unit=True, notes=notes)) for key in self._keys()]
+        rows = [
+            (_header(key, not intervals), _format_value(key, getattr(self, key), unit=True, notes=notes))
+            for key in self._keys()
+        ]
         width = max(len(label) for label, _ in rows)
         cell = max([10] + [len(value) for _, value in rows])
         lines = [f"{'metric':<{width}}  {'value':>{cell}}", "-" * (width + cell + 2)]
@@ -155,8 +173,16 @@ def _smooth_metrics(confidence: np.ndarray, correct: np.ndarray) -> tuple[float 
     return smooth.smce_from_confidence(confidence, correct), smooth.smece_from_confidence(confidence, correct)
 
 
-def _with_intervals(values: dict[str, Any], conf: np.ndarray, correct: np.ndarray, scores: np.ndarray,
-                    classwise: np.ndarray | None, n_bins: int, boot: Bootstrap, smooth_boot: Bootstrap) -> dict[str, Any]:
+def _with_intervals(
+    values: dict[str, Any],
+    conf: np.ndarray,
+    correct: np.ndarray,
+    scores: np.ndarray,
+    classwise: np.ndarray | None,
+    n_bins: int,
+    boot: Bootstrap,
+    smooth_boot: Bootstrap,
+) -> dict[str, Any]:
     """Every metric of ``values`` with its bootstrap interval (``bootstrap.INTERVALS``); all metrics see the same
     resamples (smCE, smECE and classwise ECE, whose ``classwise`` replicates are given, the first
     ``smooth_boot.n_boot`` of them)."""
@@ -164,7 +190,11 @@ def _with_intervals(values: dict[str, Any], conf: np.ndarray, correct: np.ndarra
 
     n = conf.shape[0]
     order = frame(conf)
-    statistics = [_binned_statistic(conf, correct, n_bins), _adaece_statistic(conf, correct, n_bins), weighted_means(scores, order)]
+    statistics = [
+        _binned_statistic(conf, correct, n_bins),
+        _adaece_statistic(conf, correct, n_bins),
+        weighted_means(scores, order),
+    ]
     if values["smce"] is not None:
         statistics += [smooth._smce_statistic(conf, correct), smooth._smece_statistic(conf, correct)]
     # smCE / smECE on the first smooth_boot.n_boot of the same resamples (its own draws: one seed, one stream per
@@ -175,7 +205,9 @@ def _with_intervals(values: dict[str, Any], conf: np.ndarray, correct: np.ndarra
     out = {key: boot.interval(values[key], reps, key) for key, reps in replicates.items()}
     out["classwise_ece"] = smooth_boot.interval(values["classwise_ece"], classwise, "classwise_ece")
     if smoothed:
-        out["smce"], out["smece"] = (smooth_boot.interval(values[name], reps, name) for name, reps in zip(("smce", "smece"), smoothed))
+        out["smce"], out["smece"] = (
+            smooth_boot.interval(values[name], reps, name) for name, reps in zip(("smce", "smece"), smoothed)
+        )
     return {**values, **out}
 
 
@@ -231,13 +263,17 @@ def calibration_report(
 
         return sigmoid_report_of(inputs, n_bins, ci=ci, n_boot=n_boot, seed=seed, label_names=label_names)
     if label_names is not None:
-        raise ValueError("Expected argument `label_names` only for a multi-label or binary head (task='multilabel' / 'binary').")
+        raise ValueError(
+            "Expected argument `label_names` only for a multi-label or binary head (task='multilabel' / 'binary')."
+        )
     top = top_label(inputs)
     conf, correct = top.confidence, top.correct
     n = inputs.preds.shape[0]
 
     # one pass over the probabilities: classwise sums, Brier / NLL terms and, with ci, classwise ECE's resamples
-    rows = probability_rows(inputs, n_bins, boot=smooth_boot, position=None if boot is None else frame_position(conf), checked=True)
+    rows = probability_rows(
+        inputs, n_bins, boot=smooth_boot, position=None if boot is None else frame_position(conf), checked=True
+    )
 
     split = _ece_split_compute(conf, correct, n_bins)
     smce_value, smece_value = _smooth_metrics(conf, correct)
@@ -259,8 +295,9 @@ def calibration_report(
     return CalibrationReport(n=n, **values, n_bins=n_bins, from_logits=inputs.from_logits)
 
 
-def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[str] | None = None, *,
-                   average: str = "macro") -> str:
+def format_reports(
+    reports: Mapping[str, CalibrationReport], columns: Sequence[str] | None = None, *, average: str = "macro"
+) -> str:
     """Several methods side by side, one row each (the shape of the papers' tables).
 
     Args:
@@ -275,7 +312,9 @@ def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[s
         interval with a note gets a footnote number, and the notes follow the table).
     """
     if not isinstance(reports, Mapping) or not reports:
-        raise ValueError(f"Expected argument `reports` to be a non-empty mapping of name → CalibrationReport, but got {reports!r}.")
+        raise ValueError(
+            f"Expected argument `reports` to be a non-empty mapping of name → CalibrationReport, but got {reports!r}."
+        )
     columns = tuple(DEFAULT_COLUMNS if columns is None else columns)
     unknown = [c for c in columns if c not in _LABELS]
     if unknown or not columns:
@@ -292,21 +331,39 @@ def format_reports(reports: Mapping[str, CalibrationReport], columns: Sequence[s
 
     header = ["method"] + [_header(c) for c in columns]
     notes: dict[str, int] = {}
-    body = [[str(name)] + [_format_value(c, value(report, c), notes=notes) for c in columns] for name, report in reports.items()]
+    body = [
+        [str(name)] + [_format_value(c, value(report, c), notes=notes) for c in columns]
+        for name, report in reports.items()
+    ]
     widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+        return (
+            "| "
+            + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            + " |"
+        )
 
     rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
     named: dict[str, list[str]] = {}
     for name, report in reports.items():
         for c in columns:
             cell = value(report, c)
-            if isinstance(cell, MetricInterval) and cell.note and f"{name} {_LABELS[c][0]}" not in named.get(cell.note, []):
+            if (
+                isinstance(cell, MetricInterval)
+                and cell.note
+                and f"{name} {_LABELS[c][0]}" not in named.get(cell.note, [])
+            ):
                 named.setdefault(cell.note, []).append(f"{name} {_LABELS[c][0]}")
     lines = [line(header), rule] + [line(row) for row in body]
     if multilabel:
-        lines += ["", "Multi-label: " + ("macro, the mean of the per-label values." if average == "macro"
-                                          else "pooled (micro), every (sample, label) pair as one binary problem.")]
+        lines += [
+            "",
+            "Multi-label: "
+            + (
+                "macro, the mean of the per-label values."
+                if average == "macro"
+                else "pooled (micro), every (sample, label) pair as one binary problem."
+            ),
+        ]
     return "\n".join(lines + ([""] + _footnotes(notes, named) if notes else []))

@@ -9,8 +9,8 @@ import numpy as np
 from hf_calibration._core.checks import IGNORE_INDEX
 from hf_calibration.metrics._format import Inputs, read_metric_inputs, top_label
 from hf_calibration.metrics._probability_pass import probability_rows
-from hf_calibration.metrics.multilabel import sigmoid_metric
 from hf_calibration.metrics.bootstrap import check_bootstrap, frame, weighted_means
+from hf_calibration.metrics.multilabel import sigmoid_metric
 
 
 def _brier_update(probs: np.ndarray, target: np.ndarray) -> float:
@@ -33,10 +33,14 @@ def _row_scores(inputs: Inputs) -> np.ndarray:
 def _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, column: int, task=None, average="macro"):
     """Brier (column 0) or NLL (1), with its percentile interval when ``ci`` is given."""
     boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index)
+    inputs = read_metric_inputs(
+        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
+    )
     if inputs.task != "multiclass":
         return sigmoid_metric(("brier", "nll")[column], inputs, average=average, boot=boot)
-    order = None if boot is None else frame(top_label(inputs).confidence)  # the frame every metric of these rows resamples in
+    order = (
+        None if boot is None else frame(top_label(inputs).confidence)
+    )  # the frame every metric of these rows resamples in
     rows = probability_rows(inputs, classwise=False, checked=order is not None)  # top_label checked the rows
     value = (rows.brier, rows.nll)[column]
     if boot is None:

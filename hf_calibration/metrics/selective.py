@@ -152,7 +152,13 @@ def risk_coverage_plot(
     text = f"AURC {100 * value:.2f} %, E-AURC {100 * (value - _optimal_aurc(n, n_errors)):.2f} %"
     ax.step(np.r_[0, coverage], np.r_[risk[0], risk], where="pre", label=f"{label}: {text}" if label else text)
     k = np.arange(1, n + 1)
-    ax.plot(k / n, np.maximum(0, k - (n - n_errors)) / k, "k--", lw=0.8, label="optimal ranking" if not ax.get_legend() else None)
+    ax.plot(
+        k / n,
+        np.maximum(0, k - (n - n_errors)) / k,
+        "k--",
+        lw=0.8,
+        label="optimal ranking" if not ax.get_legend() else None,
+    )
     ax.set(xlabel="coverage", ylabel="selective risk (error rate)", xlim=(0, 1), ylim=(0, None), title="Risk–coverage")
     ax.legend(fontsize="small")
     return fig

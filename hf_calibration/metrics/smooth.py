@@ -159,6 +159,7 @@ def _smce_sweep(p: np.ndarray, r: np.ndarray, max_moves: int) -> tuple[float, in
                 best += rem
     return best, moves
 
+
 # Balanced-tree fallback.  The stacks above move points one at a time; a block of many light
 # points can be moved back and forth by successive groups (e.g. residuals of alternating sign
 # next to a cluster of tiny ones), costing O(n) per group.  Holding L and R in treaps (ordered by
@@ -172,6 +173,7 @@ def _tag(t, delta, key, lz, sw, swk):
     lz[t] += delta
     swk[t] += delta * sw[t]
 
+
 @numba.njit(cache=True, inline="always")
 def _push(x, key, lz, sw, swk, lc, rc):
     d = lz[x]
@@ -183,6 +185,7 @@ def _push(x, key, lz, sw, swk, lc, rc):
         if c >= 0:
             _tag(c, d, key, lz, sw, swk)
         lz[x] = 0.0
+
 
 @numba.njit(cache=True, inline="always")
 def _pull(x, key, w, sw, swk, lc, rc):
@@ -198,6 +201,7 @@ def _pull(x, key, w, sw, swk, lc, rc):
         sk += swk[c]
     sw[x] = s
     swk[x] = sk
+
 
 @numba.njit(cache=True)
 def _split(t, mode, val, key, w, lz, sw, swk, lc, rc, path):
@@ -249,6 +253,7 @@ def _split(t, mode, val, key, w, lz, sw, swk, lc, rc, path):
         _pull(path[i], key, w, sw, swk, lc, rc)
     return a_root, b_root
 
+
 @numba.njit(cache=True)
 def _merge(a, b, key, w, lz, sw, swk, lc, rc, pri, path):
     if a < 0:
@@ -293,6 +298,7 @@ def _merge(a, b, key, w, lz, sw, swk, lc, rc, pri, path):
         _pull(path[i], key, w, sw, swk, lc, rc)
     return root
 
+
 @numba.njit(cache=True)
 def _take_end(t, leftmost, amount, key, w, lz, sw, swk, lc, rc, path):
     """Remove `amount` of weight from the leftmost (or rightmost) point; return its key."""
@@ -312,6 +318,7 @@ def _take_end(t, leftmost, amount, key, w, lz, sw, swk, lc, rc, path):
         _pull(path[i], key, w, sw, swk, lc, rc)
     return k
 
+
 @numba.njit(cache=True)
 def _new(i, k, weight, key, w, lz, sw, swk, lc, rc, pri):
     key[i] = k
@@ -322,6 +329,7 @@ def _new(i, k, weight, key, w, lz, sw, swk, lc, rc, pri):
     lc[i] = -1
     rc[i] = -1
     pri[i] = np.random.random()
+
 
 @numba.njit(cache=True)
 def _smce_sweep_tree(p, r):  # pragma: no cover - compiled
@@ -472,8 +480,9 @@ def _confidence_correct(confidence: Any, correct: Any) -> tuple[np.ndarray, np.n
     return confidence, correct
 
 
-def smce_from_confidence(confidence: Any, correct: Any, *, ci: float | None = None, n_boot: int | None = None,
-                         seed: int = 0) -> float:
+def smce_from_confidence(
+    confidence: Any, correct: Any, *, ci: float | None = None, n_boot: int | None = None, seed: int = 0
+) -> float:
     """Exact smCE of confidences ``p`` (N,) in [0, 1] against outcomes ``a`` (N,) in [0, 1].
 
     ``max (1/N) sum_i w_i (a_i - p_i)`` over ``|w_i| <= 1``, ``|w_i - w_j| <= |p_i - p_j|``
@@ -488,8 +497,16 @@ def smce_from_confidence(confidence: Any, correct: Any, *, ci: float | None = No
     return boot.interval(value, boot.replicates([_smce_statistic(confidence, correct)], confidence.shape[0])[0], "smce")
 
 
-def smce(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX,
-         ci: float | None = None, n_boot: int | None = None, seed: int = 0) -> float:
+def smce(
+    preds: Any,
+    target: Any,
+    *,
+    from_logits: bool | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
+) -> float:
     """Exact (Lipschitz) smooth calibration error of the top-label confidence, in [0, 1].
 
     ``smCE = sup_w (1/N) sum_i w(p_i) (a_i - p_i)`` over 1-Lipschitz ``w: [0,1] -> [-1,1]``
@@ -585,7 +602,9 @@ def _reflected_smooth(spectrum: np.ndarray, sigma: np.ndarray, m: int) -> np.nda
     t = np.linspace(0, 1, m)
     s = sigma[:, None]
     kernel = np.exp(-((t - 0.5) ** 2) / (2 * s**2)) / (np.sqrt(2 * np.pi) * s)
-    full = scipy.fft.irfft(spectrum * scipy.fft.rfft(kernel, n=_fft_length(m), axis=-1)[:, None, :], n=_fft_length(m), axis=-1)
+    full = scipy.fft.irfft(
+        spectrum * scipy.fft.rfft(kernel, n=_fft_length(m), axis=-1)[:, None, :], n=_fft_length(m), axis=-1
+    )
     start = m - 1 + m // 2
     return full[..., start : start + m]
 
@@ -621,8 +640,10 @@ class _SmoothECE:
     def spectrum(self, m: int, rows: np.ndarray) -> np.ndarray:
         """The reflected spectrum of the (2, m) deposit of each of ``rows``, computed once per grid size."""
         if m not in self._spectra:
-            self._spectra[m] = (np.empty((self.rows, 2, _fft_length(m) // 2 + 1), dtype=np.complex128),
-                                np.zeros(self.rows, dtype=bool))
+            self._spectra[m] = (
+                np.empty((self.rows, 2, _fft_length(m) // 2 + 1), dtype=np.complex128),
+                np.zeros(self.rows, dtype=bool),
+            )
         spectra, done = self._spectra[m]
         missing = rows[~done[rows]]
         if missing.size:
@@ -680,8 +701,15 @@ def _smece_statistic(confidence: np.ndarray, correct: np.ndarray):
     return lambda counts: _fixed_point_sigma(_SmoothECE(f, y, counts))[1]
 
 
-def smece_from_confidence(confidence: Any, correct: Any, *, return_sigma: bool = False, ci: float | None = None,
-                          n_boot: int | None = None, seed: int = 0):
+def smece_from_confidence(
+    confidence: Any,
+    correct: Any,
+    *,
+    return_sigma: bool = False,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
+):
     """Kernel smooth ECE of confidences (N,) against outcomes (N,), both in [0, 1].
 
     Equals ``relplot.smECE(confidence, correct)``; with ``return_sigma=True`` returns
@@ -697,8 +725,16 @@ def smece_from_confidence(confidence: Any, correct: Any, *, return_sigma: bool =
     return (result, sigma) if return_sigma else result
 
 
-def smece(preds: Any, target: Any, *, from_logits: bool | None = None, ignore_index: int | None = IGNORE_INDEX,
-          ci: float | None = None, n_boot: int | None = None, seed: int = 0) -> float:
+def smece(
+    preds: Any,
+    target: Any,
+    *,
+    from_logits: bool | None = None,
+    ignore_index: int | None = IGNORE_INDEX,
+    ci: float | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
+) -> float:
     """Kernel smooth ECE (smECE, Błasiok & Nakkiran 2023) of the top-label confidence, in [0, 1].
 
     The residual ``p_i - a_i`` is smoothed with a reflected Gaussian kernel of bandwidth sigma

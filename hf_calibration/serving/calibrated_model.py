@@ -77,8 +77,15 @@ def _companion_root(source: str, revision: str | None, download: dict[str, Any])
         reason = hub.unreachable_reason(err)
         if reason is None:
             raise
-    _say_once(source, "unreachable", logging.WARNING,
-              "Could not look for %s/ in %s (%s): loaded the plain, uncalibrated model.", CALIBRATOR_FOLDER, source, reason)
+    _say_once(
+        source,
+        "unreachable",
+        logging.WARNING,
+        "Could not look for %s/ in %s (%s): loaded the plain, uncalibrated model.",
+        CALIBRATOR_FOLDER,
+        source,
+        reason,
+    )
     return None
 
 
@@ -86,11 +93,20 @@ def _load_conformal(folder: Path, source: str):
     try:
         module = importlib.import_module(_CONFORMAL_MODULE)
     except ImportError:
-        _say_once(source, "conformal", logging.WARNING,
-                  "%s holds a %s/ predictor, but this hf_calibration has no %s module: prediction sets are not attached "
-                  "(upgrade hf-calibration).", source, CONFORMAL_FOLDER, _CONFORMAL_MODULE)
+        _say_once(
+            source,
+            "conformal",
+            logging.WARNING,
+            "%s holds a %s/ predictor, but this hf_calibration has no %s module: prediction sets are not attached "
+            "(upgrade hf-calibration).",
+            source,
+            CONFORMAL_FOLDER,
+            _CONFORMAL_MODULE,
+        )
         return None
-    load = getattr(module, "load_conformal_predictor", None) or module.ConformalPredictor.from_pretrained  # any kind: THR / APS / RAPS, CRC
+    load = (
+        getattr(module, "load_conformal_predictor", None) or module.ConformalPredictor.from_pretrained
+    )  # any kind: THR / APS / RAPS, CRC
     return load(str(folder))
 
 
@@ -98,31 +114,47 @@ def _companion_folder(root: Path, name: str) -> Path | None:
     """``root / name`` when it holds something to load; None when absent or empty; a file there is refused."""
     folder = root / name
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"Expected {str(folder)!r} to be a folder holding a saved {name} (or nothing there), but it is a file.")
+        raise ValueError(
+            f"Expected {str(folder)!r} to be a folder holding a saved {name} (or nothing there), but it is a file."
+        )
     return folder if folder.is_dir() and any(folder.iterdir()) else None
 
 
 def _check_classes(what: Any, folder: Path, num_classes: int | None, source: str) -> None:
     fitted = (getattr(what, "fit_info_", None) or {}).get("num_classes")
     if num_classes is not None and fitted is not None and fitted != num_classes:
-        raise ValueError(f"The {type(what).__name__} in {str(folder)!r} was fitted on K = {fitted} classes, but the model in "
-                         f"{source!r} has {num_classes} (config.num_labels): it belongs to another model.")
+        raise ValueError(
+            f"The {type(what).__name__} in {str(folder)!r} was fitted on K = {fitted} classes, but the model in "
+            f"{source!r} has {num_classes} (config.num_labels): it belongs to another model."
+        )
 
 
-def _load_companions(source: str, revision: str | None, download: dict[str, Any], num_classes: int | None = None) -> tuple[Any, Any]:
+def _load_companions(
+    source: str, revision: str | None, download: dict[str, Any], num_classes: int | None = None
+) -> tuple[Any, Any]:
     """``(calibrator or None, conformal predictor or None)`` from ``source``'s subfolders, each checked against the
     model's ``num_classes``; says once what is missing. A subfolder that is a file, or holds files but no checkpoint,
     raises ``ValueError`` naming it."""
     root = _companion_root(source, revision, download)
     if root is None:
         return None, None
-    calibrator_dir, conformal_dir = _companion_folder(root, CALIBRATOR_FOLDER), _companion_folder(root, CONFORMAL_FOLDER)
+    calibrator_dir, conformal_dir = (
+        _companion_folder(root, CALIBRATOR_FOLDER),
+        _companion_folder(root, CONFORMAL_FOLDER),
+    )
     calibrator = load_calibrator(calibrator_dir) if calibrator_dir is not None else None
     conformal = _load_conformal(conformal_dir, source) if conformal_dir is not None else None
     if calibrator is None:
-        _say_once(source, "calibrator", logging.WARNING,
-                  "%s has no %s/ folder (or an empty one): loaded the plain, uncalibrated model (save a fitted calibrator in "
-                  "%s/ beside the model to load it calibrated).", source, CALIBRATOR_FOLDER, CALIBRATOR_FOLDER)
+        _say_once(
+            source,
+            "calibrator",
+            logging.WARNING,
+            "%s has no %s/ folder (or an empty one): loaded the plain, uncalibrated model (save a fitted calibrator in "
+            "%s/ beside the model to load it calibrated).",
+            source,
+            CALIBRATOR_FOLDER,
+            CALIBRATOR_FOLDER,
+        )
     else:
         _check_classes(calibrator, calibrator_dir, num_classes, source)
         logger.info("%s: attached the %s calibrator from %s/", source, calibrator.kind, CALIBRATOR_FOLDER)
@@ -151,8 +183,12 @@ def load_calibrated_model(name_or_path: str | os.PathLike, *, revision: str | No
     source = _check_source(name_or_path)
     model = _load_model(source, revision, **kwargs).eval()
     num_classes = getattr(getattr(model, "config", None), "num_labels", None)
-    calibrator, conformal = _load_companions(source, revision, {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs},
-                                             num_classes if isinstance(num_classes, int) else None)
+    calibrator, conformal = _load_companions(
+        source,
+        revision,
+        {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs},
+        num_classes if isinstance(num_classes, int) else None,
+    )
     if calibrator is not None:
         calibrator.attach(model)
     model.__dict__["conformal_predictor"] = conformal  # plain attribute: not a submodule, never saved with the model
@@ -196,7 +232,9 @@ def pipeline(
     import transformers
 
     if task != _TASK:
-        raise ValueError(f"Expected argument `task` to be {_TASK!r} (calibrators act on class scores), but got {task!r}.")
+        raise ValueError(
+            f"Expected argument `task` to be {_TASK!r} (calibrators act on class scores), but got {task!r}."
+        )
     if conformal_draws not in ("input", "stream"):
         raise ValueError(f"Expected argument `conformal_draws` to be 'input' or 'stream', but got {conformal_draws!r}.")
     source = _check_source(model)
@@ -206,7 +244,9 @@ def pipeline(
     loaded = load_calibrated_model(source, revision=revision, **model_kwargs)
     if image_processor is None or isinstance(image_processor, (str, os.PathLike)):
         processor_kwargs = {k: model_kwargs[k] for k in _HUB_KWARGS if k in model_kwargs}
-        image_processor = load_image_processor(source if image_processor is None else image_processor, revision, **processor_kwargs)
+        image_processor = load_image_processor(
+            source if image_processor is None else image_processor, revision, **processor_kwargs
+        )
     if "function_to_apply" not in pipeline_kwargs:
         # the scores' activation follows the head (hf_calibration._core.tasks): a sigmoid per label for a multi-label or
         # one-logit binary head, a softmax otherwise; said explicitly rather than left to the pipeline's own guess

@@ -46,8 +46,10 @@ def handler_source() -> str:
 def _check_requirement(requirement: str | None) -> str:
     requirement = default_requirement() if requirement is None else requirement
     if not isinstance(requirement, str) or not requirement.strip() or "\n" in requirement:
-        raise ValueError(f"Expected argument `requirement` to be one pip requirement line (e.g. 'hf-calibration==0.1.0' or a "
-                         f"git URL), but got {requirement!r}.")
+        raise ValueError(
+            f"Expected argument `requirement` to be one pip requirement line (e.g. 'hf-calibration==0.1.0' or a "
+            f"git URL), but got {requirement!r}."
+        )
     return requirement.strip()
 
 
@@ -59,7 +61,9 @@ def _ours(path: Path) -> bool:
         return False
 
 
-def write_endpoint_handler(folder: str | os.PathLike, *, requirement: str | None = None, overwrite: bool = False) -> list[str]:
+def write_endpoint_handler(
+    folder: str | os.PathLike, *, requirement: str | None = None, overwrite: bool = False
+) -> list[str]:
     """Write ``handler.py`` and ``requirements.txt`` into a calibrated model's ``folder``; returns their paths.
 
     Args:
@@ -81,8 +85,10 @@ def write_endpoint_handler(folder: str | os.PathLike, *, requirement: str | None
     for name in (HANDLER_NAME, REQUIREMENTS_NAME):
         path = folder / name
         if path.exists() and not _ours(path):
-            raise ValueError(f"Expected {str(folder)!r} to hold no {name} of its own, but it does, and hf_calibration did not "
-                             f"write it: it is never replaced (merge the handler by hand, or write it elsewhere).")
+            raise ValueError(
+                f"Expected {str(folder)!r} to hold no {name} of its own, but it does, and hf_calibration did not "
+                f"write it: it is never replaced (merge the handler by hand, or write it elsewhere)."
+            )
         if path.exists() and not overwrite:
             raise ValueError(f"{str(path)!r} holds a handler file written earlier; pass overwrite=True to replace it.")
     if not (folder / "config.json").is_file():
@@ -118,11 +124,20 @@ def push_endpoint_handler(
     from huggingface_hub import HfApi
 
     try:
-        return HfApi(token=token).upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=branch,
-                                                create_pr=create_pr, commit_message=commit_message or "Add an Inference Endpoints handler (hf-calibration)")
+        return HfApi(token=token).upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type="model",
+            revision=branch,
+            create_pr=create_pr,
+            commit_message=commit_message or "Add an Inference Endpoints handler (hf-calibration)",
+        )
     except Exception as err:
         reason = hub.unreachable_reason(err)
         if reason is None:
             raise
-        raise hub.HubUnreachableError(f"Could not push the handler to {repo_id!r}: the Hugging Face Hub is unreachable ({reason}); "
-                                      f"the files are in {str(folder)!r}.", reason) from None
+        raise hub.HubUnreachableError(
+            f"Could not push the handler to {repo_id!r}: the Hugging Face Hub is unreachable ({reason}); "
+            f"the files are in {str(folder)!r}.",
+            reason,
+        ) from None

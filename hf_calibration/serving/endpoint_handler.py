@@ -32,15 +32,21 @@ def _image(item: Any, index: int):
         try:
             item = base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
-            raise ValueError(f"Expected input {index} to be a base64-encoded image, but it is not valid base64.") from None
+            raise ValueError(
+                f"Expected input {index} to be a base64-encoded image, but it is not valid base64."
+            ) from None
     if isinstance(item, (bytes, bytearray)):
         try:
             image = Image.open(io.BytesIO(item))
             image.load()
         except Exception as err:  # noqa: BLE001 - PIL raises several kinds for undecodable data
-            raise ValueError(f"Expected input {index} to be an image file (PNG, JPEG, ...), but it could not be decoded ({err}).") from None
+            raise ValueError(
+                f"Expected input {index} to be an image file (PNG, JPEG, ...), but it could not be decoded ({err})."
+            ) from None
         return image
-    raise TypeError(f"Expected input {index} to be a base64 string, bytes or a PIL image, but got {type(item).__name__}.")
+    raise TypeError(
+        f"Expected input {index} to be a base64 string, bytes or a PIL image, but got {type(item).__name__}."
+    )
 
 
 class EndpointHandler:

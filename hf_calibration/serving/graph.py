@@ -21,7 +21,8 @@ logit for multi-label heads and one-logit binary heads (what ``hf_calibration.pi
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,7 +45,11 @@ HEADS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "multi_label_classification": torch.sigmoid,
     "binary": _binary,
 }
-_KIND_OF_TASK = {"multiclass": "single_label_classification", "multilabel": "multi_label_classification", "binary": "binary"}
+_KIND_OF_TASK = {
+    "multiclass": "single_label_classification",
+    "multilabel": "multi_label_classification",
+    "binary": "binary",
+}
 
 
 def head_kind(model: nn.Module, calibrator: Calibrator | None = None) -> str:
@@ -76,7 +81,9 @@ def model_logits(output: Any) -> torch.Tensor:
         return output
     logits = output.get("logits") if isinstance(output, dict) else None
     if logits is None and isinstance(output, tuple):
-        logits = next((t for t in output if isinstance(t, torch.Tensor) and t.ndim == 2 and t.is_floating_point()), None)
+        logits = next(
+            (t for t in output if isinstance(t, torch.Tensor) and t.ndim == 2 and t.is_floating_point()), None
+        )
     if logits is None:
         raise ValueError("The model's output holds no (N, K) logits.")
     return logits
@@ -99,25 +106,35 @@ class CalibratedClassifier(nn.Module):
             raise TypeError(f"Expected argument `model` to be a torch.nn.Module, but got {type(model).__name__}.")
         if calibrator is not None:
             if not isinstance(calibrator, Calibrator):
-                raise TypeError(f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}.")
+                raise TypeError(
+                    f"Expected argument `calibrator` to be an hf_calibration Calibrator or None, but got {type(calibrator).__name__}."
+                )
             calibrator._check_fitted()
         self.task = head_kind(model, calibrator)
         if predictor is not None and _sigmoid_model(model, self.task):
-            raise ValueError(f"Expected no conformal predictor for a sigmoid head (config.problem_type="
-                             f"{getattr(getattr(model, 'config', None), 'problem_type', None)!r}, head {self.task!r}): prediction "
-                             "sets of one-logit binary and multi-label heads are not in the serving graph; export with "
-                             "conformal=None (the calibrated per-label probabilities are served).")
+            raise ValueError(
+                f"Expected no conformal predictor for a sigmoid head (config.problem_type="
+                f"{getattr(getattr(model, 'config', None), 'problem_type', None)!r}, head {self.task!r}): prediction "
+                "sets of one-logit binary and multi-label heads are not in the serving graph; export with "
+                "conformal=None (the calibrated per-label probabilities are served)."
+            )
         if predictor is not None:
             from hf_calibration.conformal import ConformalPredictor
 
             if not isinstance(predictor, ConformalPredictor):
-                raise TypeError(f"Expected argument `predictor` to be a ConformalPredictor or None, but got {type(predictor).__name__}.")
+                raise TypeError(
+                    f"Expected argument `predictor` to be a ConformalPredictor or None, but got {type(predictor).__name__}."
+                )
             predictor._check_fitted()
         self.model, self.calibrator, self.predictor = model, calibrator, predictor
         self.set_calibrator = None if predictor is None else predictor.calibrator
         if predictor is not None:
             info = predictor.fit_info_
-            self.method, self.allow_empty, self.randomized = predictor.method, predictor.allow_empty, predictor.randomized
+            self.method, self.allow_empty, self.randomized = (
+                predictor.method,
+                predictor.allow_empty,
+                predictor.randomized,
+            )
             self.k_reg, self.penalty = int(info.get("k_reg") or 0), float(info.get("penalty") or 0.0)
             self.register_buffer("q_hat", predictor.q_hat.detach().clone().double(), persistent=False)
 
@@ -136,9 +153,14 @@ class CalibratedClassifier(nn.Module):
         if self.predictor is None:
             return calibrated, probabilities
         z = logits if self.set_calibrator is None else self.set_calibrator.graph_forward(logits)
-        set_probabilities = torch.softmax(z.double(), dim=1)  # as ConformalPredictor, float64 (cast first: an ONNX Softmax of the cast)
+        set_probabilities = torch.softmax(
+            z.double(), dim=1
+        )  # as ConformalPredictor, float64 (cast first: an ONNX Softmax of the cast)
         if self.randomized and u is None:
-            raise ValueError("Expected argument `u` (one Uniform(0, 1) draw per image, float64) for randomised APS / RAPS sets.")
-        scores = conformity_scores_graph(set_probabilities, self.method, u if self.randomized else None,
-                                   k_reg=self.k_reg, penalty=self.penalty)
+            raise ValueError(
+                "Expected argument `u` (one Uniform(0, 1) draw per image, float64) for randomised APS / RAPS sets."
+            )
+        scores = conformity_scores_graph(
+            set_probabilities, self.method, u if self.randomized else None, k_reg=self.k_reg, penalty=self.penalty
+        )
         return calibrated, probabilities, sets_from_scores_graph(scores, self.q_hat, allow_empty=self.allow_empty)

@@ -63,20 +63,26 @@ def _example_shape(model: nn.Module, image_processor: Any) -> tuple[int, int, in
     config = getattr(model, "config", None)
     channels = getattr(config, "num_channels", None)
     size = getattr(config, "image_size", None)
-    pretrained = getattr(config, "pretrained_cfg", None) or getattr(getattr(model, "timm_model", model), "pretrained_cfg", None)
+    pretrained = getattr(config, "pretrained_cfg", None) or getattr(
+        getattr(model, "timm_model", model), "pretrained_cfg", None
+    )
     if isinstance(pretrained, dict) and pretrained.get("input_size"):
         c, h, w = pretrained["input_size"]
         return int(c), int(h), int(w)
     if size is None and image_processor is not None:
-        crop = getattr(image_processor, "crop_size", None) if getattr(image_processor, "do_center_crop", False) else None
+        crop = (
+            getattr(image_processor, "crop_size", None) if getattr(image_processor, "do_center_crop", False) else None
+        )
         target = crop or getattr(image_processor, "size", None) or {}
         if "height" in target and "width" in target:
             size = (target["height"], target["width"])
         elif "shortest_edge" in target:
             size = target["shortest_edge"]
     if size is None:
-        raise ValueError("Could not tell the model's input size from its config or image processor: pass "
-                         "`example_inputs` (a (N, C, H, W) float tensor of pixel values).")
+        raise ValueError(
+            "Could not tell the model's input size from its config or image processor: pass "
+            "`example_inputs` (a (N, C, H, W) float tensor of pixel values)."
+        )
     h, w = (size, size) if isinstance(size, int) else tuple(size)
     return int(channels or 3), int(h), int(w)
 
@@ -88,8 +94,8 @@ def _resolve(model_or_folder: Any, calibrator: Any, conformal: Any) -> tuple[nn.
 
     processor = None
     if isinstance(model_or_folder, (str, os.PathLike)):
-        from hf_calibration.serving.calibrated_model import load_calibrated_model
         from hf_calibration.io.model_loading import load_image_processor
+        from hf_calibration.serving.calibrated_model import load_calibrated_model
 
         model = load_calibrated_model(model_or_folder)
         try:
@@ -99,16 +105,23 @@ def _resolve(model_or_folder: Any, calibrator: Any, conformal: Any) -> tuple[nn.
     elif isinstance(model_or_folder, nn.Module):
         model = model_or_folder
     else:
-        raise TypeError(f"Expected argument `model_or_folder` to be a model, a folder or a Hub id, but got {type(model_or_folder).__name__}.")
+        raise TypeError(
+            f"Expected argument `model_or_folder` to be a model, a folder or a Hub id, but got {type(model_or_folder).__name__}."
+        )
     if calibrator == "attached":
         calibrator = attached_calibrator(model)
     if conformal == "attached":
         conformal = model.__dict__.get("conformal_predictor")
         from hf_calibration.conformal import ConformalPredictor
 
-        if conformal is not None and not isinstance(conformal, ConformalPredictor):  # a multi-label risk-control predictor
-            logger.warning("The model's %s (prediction sets of a sigmoid head) is not exported: the graph serves the "
-                           "calibrated per-label probabilities.", type(conformal).__name__)
+        if conformal is not None and not isinstance(
+            conformal, ConformalPredictor
+        ):  # a multi-label risk-control predictor
+            logger.warning(
+                "The model's %s (prediction sets of a sigmoid head) is not exported: the graph serves the "
+                "calibrated per-label probabilities.",
+                type(conformal).__name__,
+            )
             conformal = None
     elif conformal is False:
         conformal = None
@@ -156,9 +169,14 @@ def export_onnx(
     if not isinstance(overwrite, bool):
         raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
     if path.exists() and (not overwrite or path.is_dir()):
-        raise ValueError(f"Expected argument `path` to be a new file, but {str(path)!r} exists; pass overwrite=True to replace it.")
+        raise ValueError(
+            f"Expected argument `path` to be a new file, but {str(path)!r} exists; pass overwrite=True to replace it."
+        )
     model, calibrator, predictor, processor = _resolve(model_or_folder, calibrator, conformal)
-    for role, cal in (("calibrator", calibrator), ("the conformal predictor's calibrator", getattr(predictor, "calibrator", None))):
+    for role, cal in (
+        ("calibrator", calibrator),
+        ("the conformal predictor's calibrator", getattr(predictor, "calibrator", None)),
+    ):
         reason = None if cal is None else exportable(cal)
         if reason is not None:
             raise ValueError(f"Cannot export {role} {cal.kind!r} to ONNX: {reason}")
@@ -166,7 +184,11 @@ def export_onnx(
     if example_inputs is None:
         generator = torch.Generator().manual_seed(0)
         example_inputs = torch.randn(2, *_example_shape(model, processor), generator=generator)
-    elif not isinstance(example_inputs, torch.Tensor) or example_inputs.ndim != 4 or not example_inputs.is_floating_point():
+    elif (
+        not isinstance(example_inputs, torch.Tensor)
+        or example_inputs.ndim != 4
+        or not example_inputs.is_floating_point()
+    ):
         raise ValueError("Expected argument `example_inputs` to be a (N, C, H, W) floating tensor of pixel values.")
     if example_inputs.shape[0] < 2:  # a batch of 1 would be specialised to 1 by the tracer
         example_inputs = example_inputs.expand(2, *example_inputs.shape[1:]).contiguous()
@@ -175,8 +197,14 @@ def export_onnx(
         args += (torch.rand(example_inputs.shape[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64),)
     _export(graph, args, path, opset_version)
     _write_metadata(path, model, calibrator, predictor, graph)
-    result = ExportResult(path=str(path), inputs=graph.input_names, outputs=graph.output_names,
-                          opset=_opset(path), max_abs_diff=None, sets_equal=None)
+    result = ExportResult(
+        path=str(path),
+        inputs=graph.input_names,
+        outputs=graph.output_names,
+        opset=_opset(path),
+        max_abs_diff=None,
+        sets_equal=None,
+    )
     if verify:
         result.update(_verify(graph, args, path))
     logger.info("Wrote %s (outputs %s)", path, ", ".join(graph.output_names))
@@ -192,8 +220,16 @@ def _export(graph: CalibratedClassifier, args: tuple, path: Path, opset_version:
     except ImportError:
         raise ImportError("export_onnx needs onnx and onnxscript: pip install 'hf-calibration[export]'.") from None
     with torch.no_grad():
-        program = torch.onnx.export(graph, args, dynamo=True, input_names=graph.input_names, output_names=graph.output_names,
-                                    dynamic_shapes=dynamic_shapes, opset_version=opset_version, verbose=False)
+        program = torch.onnx.export(
+            graph,
+            args,
+            dynamo=True,
+            input_names=graph.input_names,
+            output_names=graph.output_names,
+            dynamic_shapes=dynamic_shapes,
+            opset_version=opset_version,
+            verbose=False,
+        )
     program.save(str(path))
 
 
@@ -220,9 +256,15 @@ def _write_metadata(path: Path, model: nn.Module, calibrator, predictor, graph: 
     }
     if predictor is not None:
         info = predictor.fit_info_
-        meta.update({"conformal_method": predictor.method, "conformal_alpha": repr(info["alpha"]), "conformal_q_hat": repr(info["q_hat"]),
-                     "conformal_randomized": str(predictor.randomized).lower(),
-                     "conformal_calibrator": "" if predictor.calibrator is None else predictor.calibrator.kind})
+        meta.update(
+            {
+                "conformal_method": predictor.method,
+                "conformal_alpha": repr(info["alpha"]),
+                "conformal_q_hat": repr(info["q_hat"]),
+                "conformal_randomized": str(predictor.randomized).lower(),
+                "conformal_calibrator": "" if predictor.calibrator is None else predictor.calibrator.kind,
+            }
+        )
     del proto.metadata_props[:]
     for key, value in meta.items():
         entry = proto.metadata_props.add()
@@ -245,6 +287,8 @@ def _verify(graph: CalibratedClassifier, args: tuple, path: Path) -> dict[str, A
     diff = float(np.abs(got[1].astype(np.float64) - expected[1].astype(np.float64)).max())
     sets_equal = bool(np.array_equal(got[2], expected[2])) if len(got) > 2 else None
     if not diff <= PROBABILITY_TOLERANCE or sets_equal is False:
-        raise RuntimeError(f"The ONNX graph {str(path)!r} disagrees with the PyTorch model on the example inputs: largest "
-                           f"probability difference {diff:.3g} (tolerance {PROBABILITY_TOLERANCE:g}), sets equal: {sets_equal}.")
+        raise RuntimeError(
+            f"The ONNX graph {str(path)!r} disagrees with the PyTorch model on the example inputs: largest "
+            f"probability difference {diff:.3g} (tolerance {PROBABILITY_TOLERANCE:g}), sets equal: {sets_equal}."
+        )
     return {"max_abs_diff": diff, "sets_equal": sets_equal}

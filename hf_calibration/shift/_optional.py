@@ -12,5 +12,5 @@ def require(module: str, package: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         raise ImportError(
-            f"hf_calibration.shift needs `{package}` (module `{module}`): pip install \"hf-calibration[shift]\" ({err})"
+            f'hf_calibration.shift needs `{package}` (module `{module}`): pip install "hf-calibration[shift]" ({err})'
         ) from err

@@ -31,9 +31,8 @@ import importlib.resources
 from io import BytesIO
 
 import numpy as np
-from PIL import Image
-
 from numba import njit
+from PIL import Image
 
 from hf_calibration.shift._optional import require
 
@@ -307,7 +306,11 @@ def elastic_transform(image, c, rng, *, size_scale=1.0, **_):
     center_square = np.float32(shape_size) // 2
     square_size = min(shape_size) // 3
     pts1 = np.float32(
-        [center_square + square_size, [center_square[0] + square_size, center_square[1] - square_size], center_square - square_size]
+        [
+            center_square + square_size,
+            [center_square[0] + square_size, center_square[1] - square_size],
+            center_square - square_size,
+        ]
     )
     pts2 = pts1 + rng.uniform(-jitter, jitter, size=pts1.shape).astype(np.float32)
     affine = cv2.getAffineTransform(pts1, pts2)
@@ -340,7 +343,11 @@ def spatter(x, c, rng, **_):
         m /= np.max(m, axis=(0, 1))
         m *= c[4]
         color = np.concatenate(
-            (175 / 255.0 * np.ones_like(m[..., :1]), 238 / 255.0 * np.ones_like(m[..., :1]), 238 / 255.0 * np.ones_like(m[..., :1])),
+            (
+                175 / 255.0 * np.ones_like(m[..., :1]),
+                238 / 255.0 * np.ones_like(m[..., :1]),
+                238 / 255.0 * np.ones_like(m[..., :1]),
+            ),
             axis=2,
         )
         color = cv2.cvtColor(color, cv2.COLOR_BGR2BGRA)
@@ -351,7 +358,12 @@ def spatter(x, c, rng, **_):
     m = gaussian(m.astype(np.float32), sigma=c[4])
     m[m < 0.8] = 0
     color = np.concatenate(
-        (63 / 255.0 * np.ones_like(x[..., :1]), 42 / 255.0 * np.ones_like(x[..., :1]), 20 / 255.0 * np.ones_like(x[..., :1])), axis=2
+        (
+            63 / 255.0 * np.ones_like(x[..., :1]),
+            42 / 255.0 * np.ones_like(x[..., :1]),
+            20 / 255.0 * np.ones_like(x[..., :1]),
+        ),
+        axis=2,
     )
     color *= m[..., np.newaxis]
     x *= 1 - m[..., np.newaxis]
@@ -361,8 +373,24 @@ def spatter(x, c, rng, **_):
 CORRUPTION_FUNCTIONS = {
     f.__name__: f
     for f in (
-        gaussian_noise, shot_noise, impulse_noise, defocus_blur, glass_blur, motion_blur, zoom_blur, snow, frost, fog,
-        brightness, contrast, elastic_transform, pixelate, jpeg_compression,
-        speckle_noise, gaussian_blur, spatter, saturate,
+        gaussian_noise,
+        shot_noise,
+        impulse_noise,
+        defocus_blur,
+        glass_blur,
+        motion_blur,
+        zoom_blur,
+        snow,
+        frost,
+        fog,
+        brightness,
+        contrast,
+        elastic_transform,
+        pixelate,
+        jpeg_compression,
+        speckle_noise,
+        gaussian_blur,
+        spatter,
+        saturate,
     )  # fmt: skip
 }

@@ -19,7 +19,15 @@ import numpy as np
 
 from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS
 from hf_calibration.shift.report import ShiftReport, _calibrator_specs, shift_report
-from hf_calibration.shift.transform import SEVERITIES, _check_name, _check_preset, _check_severity, _corrupt, _image_seed, _to_pil
+from hf_calibration.shift.transform import (
+    SEVERITIES,
+    _check_name,
+    _check_preset,
+    _check_severity,
+    _corrupt,
+    _image_seed,
+    _to_pil,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +49,18 @@ class CorruptingProcessor:
         out = []
         for image in images:
             pil, mode = _to_pil(image)
-            img = Image.fromarray(_corrupt(pil, self.name, self.severity, np.random.RandomState(_image_seed(self.seed, pil)), self.preset))
+            img = Image.fromarray(
+                _corrupt(pil, self.name, self.severity, np.random.RandomState(_image_seed(self.seed, pil)), self.preset)
+            )
             out.append(img.convert(mode) if mode != "RGB" else img)
         return self.processor(images=out, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         inner = self.processor.to_dict() if hasattr(self.processor, "to_dict") else repr(self.processor)
-        return {"processor": inner, "corruption": {"name": self.name, "severity": self.severity, "seed": self.seed, "preset": self.preset}}
+        return {
+            "processor": inner,
+            "corruption": {"name": self.name, "severity": self.severity, "seed": self.seed, "preset": self.preset},
+        }
 
     def __repr__(self) -> str:
         return f"CorruptingProcessor({self.name!r}, {self.severity}, seed={self.seed}, preset={self.preset!r}, processor={self.processor!r})"
@@ -113,9 +126,13 @@ def model_shift_report(
             shifted[(name, severity)] = run(test_data, None, proc, what=f"{name} at severity {severity}")
     ood = None
     if ood_dataset is not None:
-        data = _ood_dataset(ood_dataset, ood_split)  # its own columns: the image / label column options are the test set's
+        data = _ood_dataset(
+            ood_dataset, ood_split
+        )  # its own columns: the image / label column options are the test set's
         z_ood, _ = run(data, None, what="the OOD dataset", image_column=None, label_column=None)
-        ood = {str(ood_dataset) if isinstance(ood_dataset, (str, os.PathLike)) else "ood": z_ood}  # the OOD table names the set
+        ood = {
+            str(ood_dataset) if isinstance(ood_dataset, (str, os.PathLike)) else "ood": z_ood
+        }  # the OOD table names the set
     return shift_report(val, test, shifted, calibrators=calibrators, ood_logits=ood, n_bins=n_bins)
 
 

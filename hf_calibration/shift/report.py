@@ -38,7 +38,9 @@ def _pair(value: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     logits, labels = to_numpy(value[0], f"{name}[0]"), to_numpy(value[1], f"{name}[1]")
     check_classification_shapes(logits, labels, f"{name} logits", f"{name} labels")
     if looks_like_probabilities(logits):
-        raise ValueError(f"Expected `{name}` to hold logits, but its rows are probability vectors: calibrators and the energy score need logits.")
+        raise ValueError(
+            f"Expected `{name}` to hold logits, but its rows are probability vectors: calibrators and the energy score need logits."
+        )
     return logits, labels
 
 
@@ -56,21 +58,29 @@ def _calibrator_specs(calibrators: Sequence[Any] | Mapping[str, Any]) -> list[tu
         if isinstance(item, str):
             kind = _ALIASES.get(item.lower(), item.lower())
             if kind not in list_calibrators():
-                raise ValueError(f"Expected each of `calibrators` to be one of {['ts', *list_calibrators()]} or a Calibrator, but got {item!r}.")
+                raise ValueError(
+                    f"Expected each of `calibrators` to be one of {['ts', *list_calibrators()]} or a Calibrator, but got {item!r}."
+                )
             spec, name = kind, item
         elif isinstance(item, Calibrator):
             spec, name = item, getattr(item, "kind", type(item).__name__)
         else:
-            raise TypeError(f"Expected each of `calibrators` to be a name or a Calibrator, but got {type(item).__name__}.")
+            raise TypeError(
+                f"Expected each of `calibrators` to be a name or a Calibrator, but got {type(item).__name__}."
+            )
         name = name if label is None else label
         if name == UNCALIBRATED or name in (n for n, _ in specs):
-            raise ValueError(f"Expected distinct calibrators, but {name!r} appears twice; "
-                             "pass a mapping {label: calibrator} to tell them apart.")
+            raise ValueError(
+                f"Expected distinct calibrators, but {name!r} appears twice; "
+                "pass a mapping {label: calibrator} to tell them apart."
+            )
         specs.append((name, spec))
     return specs
 
 
-def _fit_calibrators(calibrators: Sequence[Any] | Mapping[str, Any], val: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
+def _fit_calibrators(
+    calibrators: Sequence[Any] | Mapping[str, Any], val: tuple[np.ndarray, np.ndarray]
+) -> dict[str, Any]:
     from hf_calibration.calibrators import create_calibrator
 
     fitted: dict[str, Any] = {}
@@ -164,7 +174,14 @@ class ShiftReport:
             for method in self.methods:
                 cells = [r for r in self.rows if r["method"] == method and r["severity"] == severity]
                 if cells:
-                    body.append([method, f"mean of {len(cells)}", str(severity), *(_fmt(m, np.mean([c[m] for c in cells])) for m in METRICS)])
+                    body.append(
+                        [
+                            method,
+                            f"mean of {len(cells)}",
+                            str(severity),
+                            *(_fmt(m, np.mean([c[m] for c in cells])) for m in METRICS),
+                        ]
+                    )
         lines += _grid(header, body)
         if self.ood:
             lines += ["", "OOD detection (in-distribution = clean test set, positive; %)"]
@@ -197,8 +214,12 @@ class ShiftReport:
         for method, values in means.items():
             ax.plot(self.severities, [scale * v for v in values], marker="o", label=method)
         label = {"accuracy": "accuracy", "ece": "ECE", "adaece": "AdaECE", "smce": "smCE", "nll": "NLL"}[metric]
-        ax.set(xlabel="severity (0 = clean)", ylabel=label + (" (%)" if scale == 100 else ""), xticks=self.severities,
-               title=f"{label}, mean of {len(self.corruptions)} corruptions")
+        ax.set(
+            xlabel="severity (0 = clean)",
+            ylabel=label + (" (%)" if scale == 100 else ""),
+            xticks=self.severities,
+            title=f"{label}, mean of {len(self.corruptions)} corruptions",
+        )
         ax.legend(fontsize="small")
         return fig
 
@@ -211,7 +232,10 @@ def _fmt(metric: str, value: float | None) -> str:
 
 def _grid(header: list[str], body: list[list[str]]) -> list[str]:
     widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-    fmt = lambda row: "  ".join(c.ljust(w) if not c[:1].isdigit() else c.rjust(w) for c, w in zip(map(str, row), widths))  # noqa: E731
+
+    def fmt(row):
+        return "  ".join(c.ljust(w) if not c[:1].isdigit() else c.rjust(w) for c, w in zip(map(str, row), widths))
+
     return [fmt(header), "-" * (sum(widths) + 2 * (len(widths) - 1)), *(fmt(r) for r in body)]
 
 
@@ -247,10 +271,17 @@ def shift_report(
 
     val, test = _pair(val, "val"), _pair(test, "test")
     if not isinstance(shifted, Mapping):
-        raise TypeError(f"Expected `shifted` to be a mapping {{(corruption, severity): (logits, labels)}}, but got {type(shifted).__name__}.")
+        raise TypeError(
+            f"Expected `shifted` to be a mapping {{(corruption, severity): (logits, labels)}}, but got {type(shifted).__name__}."
+        )
     sets = {(CLEAN, 0): test}
     for key, value in shifted.items():
-        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str) and isinstance(key[1], (int, np.integer))):
+        if not (
+            isinstance(key, tuple)
+            and len(key) == 2
+            and isinstance(key[0], str)
+            and isinstance(key[1], (int, np.integer))
+        ):
             raise TypeError(f"Expected the keys of `shifted` to be (corruption, severity) pairs, but got {key!r}.")
         sets[(key[0], int(key[1]))] = _pair(value, f"shifted[{key!r}]")
     k = val[0].shape[1]
@@ -267,8 +298,10 @@ def shift_report(
         if z.ndim != 2 or z.shape[1] != k:
             raise ValueError(f"Expected `ood_logits` ({name}) to have shape (N, {k}), but got {tuple(z.shape)}.")
         if looks_like_probabilities(z):  # scored as logits they would be softmax-ed twice: a wrong AUROC, not an error
-            raise ValueError(f"Expected `ood_logits` ({name}) to hold logits, but its rows are probability vectors: the OOD "
-                             "scores are computed on the logits (and on each calibrator's outputs), as for `test`.")
+            raise ValueError(
+                f"Expected `ood_logits` ({name}) to hold logits, but its rows are probability vectors: the OOD "
+                "scores are computed on the logits (and on each calibrator's outputs), as for `test`."
+            )
     for score in ood_scores:
         check_choice(score, "ood_scores", ("msp", "max_logit", "energy"))
 
@@ -276,7 +309,14 @@ def shift_report(
     rows, ood = [], []
     for method, calibrator in methods.items():
         for (corruption, severity), (z, y) in sets.items():  # clean first, then in the order given
-            rows.append({"method": method, "corruption": corruption, "severity": severity, **_metrics(_apply(calibrator, z), y, n_bins)})
+            rows.append(
+                {
+                    "method": method,
+                    "corruption": corruption,
+                    "severity": severity,
+                    **_metrics(_apply(calibrator, z), y, n_bins),
+                }
+            )
         z_in = _apply(calibrator, test[0]) if ood_sets else None
         logit_level = _keeps_logit_level(calibrator)
         for name, z in ood_sets.items():

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from hf_calibration._core.checks import check_int, check_seed
-from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, EXTRA_CORRUPTIONS, FROST_SCALE, PRESETS, REFERENCE_SIZE
+from hf_calibration.shift.parameters import (
+    BENCHMARK_CORRUPTIONS,
+    EXTRA_CORRUPTIONS,
+    FROST_SCALE,
+    PRESETS,
+    REFERENCE_SIZE,
+)
 
 CORRUPTIONS = BENCHMARK_CORRUPTIONS + EXTRA_CORRUPTIONS
 SEVERITIES = (1, 2, 3, 4, 5)
@@ -32,7 +39,9 @@ def _check_severity(severity: Any) -> int:
 
 def _check_preset(preset: Any) -> str | None:
     if preset is not None and preset not in PRESETS:
-        raise ValueError(f"Expected argument `preset` to be None (by image size), 'cifar' or 'imagenet', but got {preset!r}.")
+        raise ValueError(
+            f"Expected argument `preset` to be None (by image size), 'cifar' or 'imagenet', but got {preset!r}."
+        )
     return preset
 
 
@@ -59,7 +68,9 @@ def _to_pil(image: Any) -> tuple[Image.Image, str]:
             "0-255 pixel values)."
         )
     if min(image.size) < _MIN_SIDE:
-        raise ValueError(f"Expected `image` to be at least {_MIN_SIDE} × {_MIN_SIDE} pixels, but got {image.size[0]} × {image.size[1]}.")
+        raise ValueError(
+            f"Expected `image` to be at least {_MIN_SIDE} × {_MIN_SIDE} pixels, but got {image.size[0]} × {image.size[1]}."
+        )
     mode = "L" if image.mode in ("L", "1") else "RGB"
     return image.convert("RGB"), mode
 
@@ -71,7 +82,9 @@ def preset_for_size(height: int, width: int) -> str:
     return "cifar" if abs(math.log(side / 32)) <= abs(math.log(side / 224)) else "imagenet"
 
 
-def _corrupt(image: Image.Image, name: str, severity: int, rng: np.random.RandomState, preset: str | None) -> np.ndarray:
+def _corrupt(
+    image: Image.Image, name: str, severity: int, rng: np.random.RandomState, preset: str | None
+) -> np.ndarray:
     from hf_calibration.shift.corruptions import CORRUPTION_FUNCTIONS  # needs the `shift` extra (OpenCV, scikit-image)
 
     width, height = image.size
@@ -168,4 +181,6 @@ def _find_image_column(batch: dict) -> str:
     for column, values in batch.items():
         if len(values) and isinstance(values[0], Image.Image):
             return column
-    raise ValueError(f"Expected a column of PIL images in the batch (pass `image_column=`), but got columns {list(batch)}.")
+    raise ValueError(
+        f"Expected a column of PIL images in the batch (pass `image_column=`), but got columns {list(batch)}."
+    )

@@ -33,7 +33,14 @@ import numpy as np
 
 from hf_calibration.serving.calibrated_model import CALIBRATOR_FOLDER
 
-__all__ = ["CalibrateOnEvalMixin", "EvalCalibration", "MetricValue", "dataset_fields", "fit_eval_calibration", "resolve_calibrator"]
+__all__ = [
+    "CalibrateOnEvalMixin",
+    "EvalCalibration",
+    "MetricValue",
+    "dataset_fields",
+    "fit_eval_calibration",
+    "resolve_calibrator",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,17 +72,25 @@ def _measure(logits: np.ndarray, labels: np.ndarray, task: str | None = None) ->
 
     extra = {} if task is None else {"task": task}
     functions = {"ece": lambda z, y, **kw: ece(z, y, N_BINS, **kw), "nll": nll}
-    values = {key: functions[key](logits, labels, from_logits=True, ci=CI_LEVEL, n_boot=N_BOOT, seed=0, **extra) for key in CARD_METRICS}
-    return {key: MetricValue(float(v), (float(v.low), float(v.high)) if v.has_interval else None, v.short_note or (
-        "" if v.has_interval else "no interval")) for key, v in values.items()}
+    values = {
+        key: functions[key](logits, labels, from_logits=True, ci=CI_LEVEL, n_boot=N_BOOT, seed=0, **extra)
+        for key in CARD_METRICS
+    }
+    return {
+        key: MetricValue(
+            float(v),
+            (float(v.low), float(v.high)) if v.has_interval else None,
+            v.short_note or ("" if v.has_interval else "no interval"),
+        )
+        for key, v in values.items()
+    }
 
 
 def resolve_calibrator(spec: Any, task: str | None = None):
     """The unfitted calibrator ``calibrate_on_eval`` names: ``True`` (temperature scaling; a sigmoid head's for a binary
     or multi-label ``task``), a registered kind (``"smart"``, ...) or a ``Calibrator`` instance (copied, so the instance
     given stays as it is). A kind for another head than ``task``'s is a ``ValueError`` naming ``problem_type``."""
-    from hf_calibration.calibrators import create_calibrator, list_calibrators
-    from hf_calibration.calibrators import Calibrator
+    from hf_calibration.calibrators import Calibrator, create_calibrator, list_calibrators
 
     sigmoid = task in ("binary", "multilabel")
     if spec is True:
@@ -83,16 +98,22 @@ def resolve_calibrator(spec: Any, task: str | None = None):
     if task is not None and isinstance(spec, (str, Calibrator)):
         kind = spec if isinstance(spec, str) else spec.kind
         if kind in list_calibrators() and kind not in list_calibrators(task):
-            raise ValueError(f"Expected argument `calibrate_on_eval` to name a calibrator for the model's {task} head "
-                             f"({list_calibrators(task)}), but {kind!r} calibrates a {'softmax' if sigmoid else 'sigmoid'} "
-                             "head (see the model's config.problem_type).")
+            raise ValueError(
+                f"Expected argument `calibrate_on_eval` to name a calibrator for the model's {task} head "
+                f"({list_calibrators(task)}), but {kind!r} calibrates a {'softmax' if sigmoid else 'sigmoid'} "
+                "head (see the model's config.problem_type)."
+            )
     if isinstance(spec, str):
         if spec not in list_calibrators():
-            raise ValueError(f"Expected argument `calibrate_on_eval` to be True, a calibrator instance or one of {list_calibrators()}, but got {spec!r}.")
+            raise ValueError(
+                f"Expected argument `calibrate_on_eval` to be True, a calibrator instance or one of {list_calibrators()}, but got {spec!r}."
+            )
         return create_calibrator(spec)
     if isinstance(spec, Calibrator):
         return copy.deepcopy(spec)
-    raise TypeError(f"Expected argument `calibrate_on_eval` to be True, a calibrator kind (str) or a Calibrator instance, but got {spec!r}.")
+    raise TypeError(
+        f"Expected argument `calibrate_on_eval` to be True, a calibrator kind (str) or a Calibrator instance, but got {spec!r}."
+    )
 
 
 def _interval_text(value: MetricValue, percent: bool) -> str:
@@ -116,7 +137,9 @@ class EvalCalibration:
 
     calibrator: Any  # the calibrator kept: the one fitted, or the identity when it did not qualify (``reason``)
     before: dict[str, MetricValue]
-    after: dict[str, MetricValue] | None  # the fitted method's cross-fitted numbers; None when a fold could not be fitted
+    after: (
+        dict[str, MetricValue] | None
+    )  # the fitted method's cross-fitted numbers; None when a fold could not be fitted
     num_samples: int
     cv: int
     seed: int
@@ -135,8 +158,14 @@ class EvalCalibration:
         self.calibrator.save_pretrained(target, overwrite=True)
         return target
 
-    def eval_results(self, *, dataset_type: str, dataset_name: str, dataset_config: str | None = None,
-                     dataset_split: str | None = None) -> list:
+    def eval_results(
+        self,
+        *,
+        dataset_type: str,
+        dataset_name: str,
+        dataset_config: str | None = None,
+        dataset_split: str | None = None,
+    ) -> list:
         """The metrics as ``huggingface_hub.EvalResult`` s (one per metric and state), for a card's ``model-index``."""
         from huggingface_hub import EvalResult
 
@@ -147,47 +176,81 @@ class EvalCalibration:
         for config, state, values in states:
             for key, label in CARD_METRICS.items():
                 value = values[key]
-                out.append(EvalResult(
-                    task_type=_TASK, dataset_type=dataset_type, dataset_name=dataset_name, dataset_config=dataset_config,
-                    dataset_split=dataset_split, metric_type=key, metric_value=round(value.value, 6),
-                    metric_name=f"{label} ({state})" + _interval_text(value, key == "ece"),
-                    metric_config=config, metric_args={"n_bins": N_BINS} if key == "ece" else None,
-                ))
+                out.append(
+                    EvalResult(
+                        task_type=_TASK,
+                        dataset_type=dataset_type,
+                        dataset_name=dataset_name,
+                        dataset_config=dataset_config,
+                        dataset_split=dataset_split,
+                        metric_type=key,
+                        metric_value=round(value.value, 6),
+                        metric_name=f"{label} ({state})" + _interval_text(value, key == "ece"),
+                        metric_config=config,
+                        metric_args={"n_bins": N_BINS} if key == "ece" else None,
+                    )
+                )
         return out
 
     def card_section(self, repo_id: str | None = None) -> str:
         """The model card's calibration section (Markdown); ``repo_id``: the model's repo, for the loading example."""
         repo = repo_id or "<this repo>"
-        rows = [f"| {CARD_METRICS[key]} | {_cell(key, self.before[key])} | {_cell(key, None if self.after is None else self.after[key])} |"
-                for key in CARD_METRICS]
-        after = (f"after: each sample calibrated by a `{self.method}` fitted on the other {self.cv - 1} of {self.cv} "
-                 "stratified folds (cross-fitted), so the numbers are not measured on the data a calibrator was fitted on"
-                 if self.after is not None else "after: not measured (a cross-fitting fold could not be fitted)")
+        rows = [
+            f"| {CARD_METRICS[key]} | {_cell(key, self.before[key])} | {_cell(key, None if self.after is None else self.after[key])} |"
+            for key in CARD_METRICS
+        ]
+        after = (
+            f"after: each sample calibrated by a `{self.method}` fitted on the other {self.cv - 1} of {self.cv} "
+            "stratified folds (cross-fitted), so the numbers are not measured on the data a calibrator was fitted on"
+            if self.after is not None
+            else "after: not measured (a cross-fitting fold could not be fitted)"
+        )
         if self.reason is None:
-            saved = (f"A `{self.method}` calibrator fitted on the {self.num_samples} samples of the evaluation split is saved in "
-                     f"`{CALIBRATOR_FOLDER}/`. With `pip install hf-calibration`, one call loads the model calibrated:")
+            saved = (
+                f"A `{self.method}` calibrator fitted on the {self.num_samples} samples of the evaluation split is saved in "
+                f"`{CALIBRATOR_FOLDER}/`. With `pip install hf-calibration`, one call loads the model calibrated:"
+            )
         else:
-            saved = (f"A `{self.method}` calibrator was fitted on the {self.num_samples} samples of the evaluation split, but not "
-                     f"kept: {self.reason}. `{CALIBRATOR_FOLDER}/` holds the identity (temperature scaling fixed at T = 1), so "
-                     "the loaded model gives the uncalibrated scores:")
-        return "\n".join([
-            _SECTION, "",
-            saved, "",
-            "```python",
-            "import hf_calibration",
-            "",
-            f'classifier = hf_calibration.pipeline("image-classification", model="{repo}")   # calibrated scores',
-            f'model = hf_calibration.load_calibrated_model("{repo}")   # calibrated logits',
-            "```", "",
-            "Without it, transformers loads the plain (uncalibrated) model from the same repo.", "",
-            f"| evaluation split | uncalibrated | {self.method} |", "|---|---:|---:|", *rows, "",
-            f"ECE: {N_BINS} equal-width bins" + (
-                "; a multi-label head's ECE and NLL (binary cross-entropy) are macro averages over its labels"
-                if self.task == "multilabel" else "; a binary head's: its probability against its 0/1 label"
-                if self.task == "binary" else "") + f". Before: the model's logits; {after}.", "",
-        ])
+            saved = (
+                f"A `{self.method}` calibrator was fitted on the {self.num_samples} samples of the evaluation split, but not "
+                f"kept: {self.reason}. `{CALIBRATOR_FOLDER}/` holds the identity (temperature scaling fixed at T = 1), so "
+                "the loaded model gives the uncalibrated scores:"
+            )
+        return "\n".join(
+            [
+                _SECTION,
+                "",
+                saved,
+                "",
+                "```python",
+                "import hf_calibration",
+                "",
+                f'classifier = hf_calibration.pipeline("image-classification", model="{repo}")   # calibrated scores',
+                f'model = hf_calibration.load_calibrated_model("{repo}")   # calibrated logits',
+                "```",
+                "",
+                "Without it, transformers loads the plain (uncalibrated) model from the same repo.",
+                "",
+                f"| evaluation split | uncalibrated | {self.method} |",
+                "|---|---:|---:|",
+                *rows,
+                "",
+                f"ECE: {N_BINS} equal-width bins"
+                + (
+                    "; a multi-label head's ECE and NLL (binary cross-entropy) are macro averages over its labels"
+                    if self.task == "multilabel"
+                    else "; a binary head's: its probability against its 0/1 label"
+                    if self.task == "binary"
+                    else ""
+                )
+                + f". Before: the model's logits; {after}.",
+                "",
+            ]
+        )
 
-    def add_to_model_card(self, readme: str | os.PathLike, *, model_name: str, repo_id: str | None = None, **dataset: Any) -> None:
+    def add_to_model_card(
+        self, readme: str | os.PathLike, *, model_name: str, repo_id: str | None = None, **dataset: Any
+    ) -> None:
         """Add the results to the ``model-index`` of the card at ``readme`` and its calibration section (both replaced
         if an earlier call wrote them). ``dataset``: ``dataset_type``, ``dataset_name``, ``dataset_config``, ``dataset_split``;
         ``repo_id``: the model's Hub repo, named in the loading example."""
@@ -202,7 +265,7 @@ class EvalCalibration:
         if _SECTION in text:  # an earlier section of ours: up to the next section of the same level
             head, _, rest = text.partition(_SECTION)
             nxt = rest.find("\n## ")
-            text = head + (rest[nxt + 1:] if nxt >= 0 else "")
+            text = head + (rest[nxt + 1 :] if nxt >= 0 else "")
         card.text = text.rstrip("\n") + "\n\n" + self.card_section(repo_id)
         card.save(readme)
 
@@ -212,7 +275,9 @@ def _written_here(result: Any) -> bool:
     return result.metric_type in CARD_METRICS and (config == _UNCALIBRATED or config.endswith(_CROSS_FITTED))
 
 
-def dataset_fields(dataset: Any, dataset_tags: Any = None, dataset_name: Any = None, dataset_args: Any = None) -> dict[str, Any]:
+def dataset_fields(
+    dataset: Any, dataset_tags: Any = None, dataset_name: Any = None, dataset_args: Any = None
+) -> dict[str, Any]:
     """``dataset_type`` / ``dataset_name`` / ``dataset_config`` / ``dataset_split`` of the eval split for an
     ``EvalResult``: what ``Trainer.create_model_card`` was given (``dataset_tags``, ``dataset``, ``dataset_args``),
     else the ``datasets.Dataset``'s own info, else a generic description."""
@@ -235,8 +300,15 @@ def dataset_fields(dataset: Any, dataset_tags: Any = None, dataset_name: Any = N
     }
 
 
-def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFAULT_CALIBRATOR, *, cv: int = 5,
-                         seed: int = 0, task: str | None = None) -> EvalCalibration:
+def fit_eval_calibration(
+    logits: Any,
+    labels: Any = None,
+    calibrator: Any = DEFAULT_CALIBRATOR,
+    *,
+    cv: int = 5,
+    seed: int = 0,
+    task: str | None = None,
+) -> EvalCalibration:
     """Fit ``calibrator`` on an eval split and measure ECE / NLL before and after (cross-fitted, ``cv`` folds); keep it
     only if it qualifies by ``AutoCalibrator``'s rule (module docstring), else keep the identity and warn.
 
@@ -249,25 +321,38 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
         task: the head's kind (``hf_calibration._core.tasks``); None reads it from the shapes. A binary or multi-label head's
             numbers are macro averages over its labels, and -100 leaves out one label of a sample.
     """
-    from hf_calibration.calibrators import compare_calibrators
     from hf_calibration._core.inputs import logits_and_labels as _labels_of
-    from hf_calibration.calibrators import held_out_checked
-    from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator
-    from hf_calibration.calibrators.selection import sigmoid_task_of
     from hf_calibration._core.inputs import read_multiclass
+    from hf_calibration.calibrators import compare_calibrators, held_out_checked
+    from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator, sigmoid_task_of
 
     logits, labels = _labels_of(logits, labels)
     sigmoid = sigmoid_task_of(logits, labels, task)
-    template = resolve_calibrator(calibrator if sigmoid is None or calibrator != DEFAULT_CALIBRATOR else True,
-                                  sigmoid or "multiclass")
+    template = resolve_calibrator(
+        calibrator if sigmoid is None or calibrator != DEFAULT_CALIBRATOR else True, sigmoid or "multiclass"
+    )
     if sigmoid is not None:
         return _fit_eval_sigmoid(np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid)
-    inputs = read_multiclass(logits, labels, from_logits=True, preds_name="logits", target_name="labels")  # drops -100 rows
+    inputs = read_multiclass(
+        logits, labels, from_logits=True, preds_name="logits", target_name="labels"
+    )  # drops -100 rows
     z, y = np.asarray(inputs.preds, dtype=np.float64), np.asarray(inputs.target)
     before = _measure(z, y)
     try:
-        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed, metric="ece",
-                                    race=False, fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True, progress_bar=False)
+        table = compare_calibrators(
+            z,
+            y,
+            {template.kind: dict(template._hub_mixin_config or {})},
+            cv=cv,
+            seed=seed,
+            metric="ece",
+            race=False,
+            fit_seeds=1,
+            n_bins=N_BINS,
+            from_logits=True,
+            keep_predictions=True,
+            progress_bar=False,
+        )
         crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
         chosen, reason = table.decide("ece")
     except ValueError as err:  # fewer samples than folds
@@ -277,32 +362,55 @@ def fit_eval_calibration(logits: Any, labels: Any = None, calibrator: Any = DEFA
     if crossfit is not None and np.isfinite(crossfit).all():
         after = _measure(crossfit, y)
     else:
-        logger.warning("calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
-                       "the uncalibrated numbers only.", template.kind, len(y), errors)
+        logger.warning(
+            "calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
+            "the uncalibrated numbers only.",
+            template.kind,
+            len(y),
+            errors,
+        )
     if chosen == UNCALIBRATED:
         reason = f"{template.kind} did not qualify: {reason}"
         fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval")
     else:
         with held_out_checked():  # the cross-fitting above is its held-out check
             fitted = template.fit(z, y, from_logits=True, progress_bar=False)
-    result = EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, candidate=template.kind, reason=reason)
-    logger.info("calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s", template.kind, len(y),
-                _cell("ece", before["ece"]), _cell("ece", None if after is None else after["ece"]),
-                "" if reason is None else "; not kept, the model stays uncalibrated")
+    result = EvalCalibration(
+        fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, candidate=template.kind, reason=reason
+    )
+    logger.info(
+        "calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s",
+        template.kind,
+        len(y),
+        _cell("ece", before["ece"]),
+        _cell("ece", None if after is None else after["ece"]),
+        "" if reason is None else "; not kept, the model stays uncalibrated",
+    )
     return result
 
 
 def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str) -> EvalCalibration:
     """``fit_eval_calibration`` for a binary or multi-label head, kept by the same rule."""
-    from hf_calibration.calibrators import compare_calibrators
-    from hf_calibration.calibrators import held_out_checked
+    from hf_calibration.calibrators import compare_calibrators, held_out_checked
     from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator
 
     before = _measure(z, y, task)
     try:
-        table = compare_calibrators(z, y, {template.kind: dict(template._hub_mixin_config or {})}, cv=cv, seed=seed, metric="ece",
-                                    race=False, fit_seeds=1, n_bins=N_BINS, from_logits=True, keep_predictions=True,
-                                    progress_bar=False, task=task)
+        table = compare_calibrators(
+            z,
+            y,
+            {template.kind: dict(template._hub_mixin_config or {})},
+            cv=cv,
+            seed=seed,
+            metric="ece",
+            race=False,
+            fit_seeds=1,
+            n_bins=N_BINS,
+            from_logits=True,
+            keep_predictions=True,
+            progress_bar=False,
+            task=task,
+        )
         crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
         chosen, reason = table.decide("ece")
     except ValueError as err:
@@ -312,16 +420,30 @@ def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed
     if crossfit is not None and np.isfinite(crossfit).all():
         after = _measure(crossfit.reshape(z.shape) if crossfit.size == z.size else crossfit, y, task)
     else:
-        logger.warning("calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
-                       "uncalibrated numbers only.", template.kind, len(y), errors)
+        logger.warning(
+            "calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
+            "uncalibrated numbers only.",
+            template.kind,
+            len(y),
+            errors,
+        )
     if chosen == UNCALIBRATED:
         reason = f"{template.kind} did not qualify: {reason}"
         fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval", task=task)
     else:
         with held_out_checked():  # the cross-fitting above is its held-out check
             fitted = template.fit(z, y, from_logits=True, progress_bar=False, task=task)
-    return EvalCalibration(fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, task=task,
-                           candidate=template.kind, reason=reason)
+    return EvalCalibration(
+        fitted,
+        before,
+        after,
+        num_samples=int(len(y)),
+        cv=cv,
+        seed=seed,
+        task=task,
+        candidate=template.kind,
+        reason=reason,
+    )
 
 
 IGNORE_INDEX = -100  # the label of a row the loss and the calibrator skip (transformers' convention)
@@ -335,7 +457,9 @@ def _labelled_rows(dataset: Any, needed: int, label_names: tuple[str, ...]) -> i
         name = next((n for n in label_names if n in columns), None)
         if name is None:
             return None
-        plain = dataset.with_format(None) if hasattr(dataset, "with_format") else dataset  # no transform: no image decoded
+        plain = (
+            dataset.with_format(None) if hasattr(dataset, "with_format") else dataset
+        )  # no transform: no image decoded
         return int(sum(1 for v in plain[name] if v is not None and np.any(np.asarray(v) != IGNORE_INDEX)))
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         return None
@@ -355,27 +479,34 @@ def _labelled_rows(dataset: Any, needed: int, label_names: tuple[str, ...]) -> i
     return count
 
 
-def check_calibrate_on_eval(spec: Any, eval_dataset: Any, label_names: tuple[str, ...] = ("labels", "label"),
-                            task: str | None = None) -> None:
+def check_calibrate_on_eval(
+    spec: Any, eval_dataset: Any, label_names: tuple[str, ...] = ("labels", "label"), task: str | None = None
+) -> None:
     """Fail before training, not after it: a calibrator spec that does not resolve (or is for another head than
     ``task``'s), no single eval split, or one too small to fit the calibrator on (its rows with a label other than
     -100, which the fit counts)."""
     template = resolve_calibrator(spec, task)
     if eval_dataset is None:
-        raise ValueError("Expected an `eval_dataset` to fit the calibrator on, since `calibrate_on_eval` is set, but got None.")
+        raise ValueError(
+            "Expected an `eval_dataset` to fit the calibrator on, since `calibrate_on_eval` is set, but got None."
+        )
     if isinstance(eval_dataset, dict):
         raise ValueError(
             "Expected one `eval_dataset` for `calibrate_on_eval`, but got a dict of several: fit on one with "
             "trainer.fit_calibrator(eval_dataset[name])."
         )
     if hasattr(eval_dataset, "__len__") and len(eval_dataset) < template.min_samples:
-        raise ValueError(f"Expected an `eval_dataset` of at least {template.min_samples} samples to fit {type(template).__name__} "
-                         f"on (`calibrate_on_eval`), but it holds {len(eval_dataset)}.")
+        raise ValueError(
+            f"Expected an `eval_dataset` of at least {template.min_samples} samples to fit {type(template).__name__} "
+            f"on (`calibrate_on_eval`), but it holds {len(eval_dataset)}."
+        )
     labelled = _labelled_rows(eval_dataset, template.min_samples, label_names)
     if labelled is not None and labelled < template.min_samples:
-        raise ValueError(f"Expected an `eval_dataset` with at least {template.min_samples} labelled samples to fit "
-                         f"{type(template).__name__} on (`calibrate_on_eval`), but only {labelled} of its {len(eval_dataset)} rows "
-                         f"have a label other than {IGNORE_INDEX}.")
+        raise ValueError(
+            f"Expected an `eval_dataset` with at least {template.min_samples} labelled samples to fit "
+            f"{type(template).__name__} on (`calibrate_on_eval`), but only {labelled} of its {len(eval_dataset)} rows "
+            f"have a label other than {IGNORE_INDEX}."
+        )
 
 
 class CalibrateOnEvalMixin:
@@ -387,11 +518,17 @@ class CalibrateOnEvalMixin:
         self.calibrate_on_eval = None if spec is None or spec is False else spec
         self.eval_calibration: EvalCalibration | None = None
         if self.calibrate_on_eval is not None:
-            check_calibrate_on_eval(self.calibrate_on_eval, self.eval_dataset, self._label_names(), getattr(self, "head_task", None))
+            check_calibrate_on_eval(
+                self.calibrate_on_eval, self.eval_dataset, self._label_names(), getattr(self, "head_task", None)
+            )
         if not isinstance(endpoint_handler, (bool, str)):
-            raise TypeError(f"Expected argument `endpoint_handler` to be a bool or a requirement line (str), but got {endpoint_handler!r}.")
+            raise TypeError(
+                f"Expected argument `endpoint_handler` to be a bool or a requirement line (str), but got {endpoint_handler!r}."
+            )
         if endpoint_handler is not False and self.calibrate_on_eval is None:
-            raise ValueError("Expected argument `calibrate_on_eval` with `endpoint_handler`: the handler serves the calibrated model.")
+            raise ValueError(
+                "Expected argument `calibrate_on_eval` with `endpoint_handler`: the handler serves the calibrated model."
+            )
         self.endpoint_handler = endpoint_handler
 
     def _label_names(self) -> tuple[str, ...]:
@@ -413,8 +550,9 @@ class CalibrateOnEvalMixin:
         task = getattr(self, "head_task", None)
         check_calibrate_on_eval(spec, eval_dataset, self._label_names(), task)
         prediction = self.predict(eval_dataset, metric_key_prefix="calibration")
-        self.eval_calibration = fit_eval_calibration(prediction, calibrator=resolve_calibrator(spec, task), seed=self.args.seed,
-                                                     task=task)
+        self.eval_calibration = fit_eval_calibration(
+            prediction, calibrator=resolve_calibrator(spec, task), seed=self.args.seed, task=task
+        )
         return self.eval_calibration
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -442,5 +580,7 @@ class CalibrateOnEvalMixin:
             os.path.join(self.args.output_dir, "README.md"),
             model_name=given.get("model_name") or Path(self.args.output_dir).absolute().name,
             repo_id=getattr(self, "hub_model_id", None) or self.args.hub_model_id,
-            **dataset_fields(self.eval_dataset, given.get("dataset_tags"), given.get("dataset"), given.get("dataset_args")),
+            **dataset_fields(
+                self.eval_dataset, given.get("dataset_tags"), given.get("dataset"), given.get("dataset_args")
+            ),
         )

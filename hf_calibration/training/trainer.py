@@ -35,15 +35,16 @@ import copy
 import dataclasses
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback
 
 from hf_calibration._core.checks import check_float
-from hf_calibration.training.eval_calibration import CalibrateOnEvalMixin
 from hf_calibration._core.features import FeatureCapture, find_classifier_head
+from hf_calibration.training.eval_calibration import CalibrateOnEvalMixin
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +96,12 @@ def _head_task(model: Any) -> str | None:
 
 
 # softmax losses with a sigmoid counterpart: what to use on a multi-label / binary head instead
-_SIGMOID_COUNTERPART = {"CrossEntropyLoss": "BinaryCrossEntropyLoss", "LabelSmoothingLoss": "BinaryLabelSmoothingLoss",
-                        "FocalLoss": "SigmoidFocalLoss", "FLSD53Loss": "SigmoidFocalLoss"}
+_SIGMOID_COUNTERPART = {
+    "CrossEntropyLoss": "BinaryCrossEntropyLoss",
+    "LabelSmoothingLoss": "BinaryLabelSmoothingLoss",
+    "FocalLoss": "SigmoidFocalLoss",
+    "FLSD53Loss": "SigmoidFocalLoss",
+}
 
 
 def check_loss_for_head(loss: Any, task: str | None, model: Any = None) -> None:
@@ -113,18 +118,24 @@ def check_loss_for_head(loss: Any, task: str | None, model: Any = None) -> None:
     if task in ("binary", "multilabel") and not sigmoid_loss:
         counterpart = _SIGMOID_COUNTERPART.get(name)
         if counterpart is None:
-            why = (f"{name} is defined by its paper for a softmax head (MbLS penalises the gaps to the largest logit, FeDLaS "
-                   "gates label smoothing by a softmax over the logits), and has no sigmoid form")
+            why = (
+                f"{name} is defined by its paper for a softmax head (MbLS penalises the gaps to the largest logit, FeDLaS "
+                "gates label smoothing by a softmax over the logits), and has no sigmoid form"
+            )
             fix = "use BinaryCrossEntropyLoss, SigmoidFocalLoss, BinaryLabelSmoothingLoss or AsymmetricLoss"
         else:
             why = f"{name} reads the logits as one softmax over classes"
             fix = f"use {counterpart} (its sigmoid form), or AsymmetricLoss"
-        raise ValueError(f"Expected a loss for the model's {task} sigmoid head (config.problem_type={problem_type!r}), but {why}: "
-                         f"{fix}.")
+        raise ValueError(
+            f"Expected a loss for the model's {task} sigmoid head (config.problem_type={problem_type!r}), but {why}: "
+            f"{fix}."
+        )
     if task == "multiclass" and sigmoid_loss:
-        raise ValueError(f"Expected a softmax loss for the model's multi-class head (config.problem_type={problem_type!r}), but "
-                         f"{name} treats every logit as its own sigmoid: use CrossEntropyLoss, FocalLoss, LabelSmoothingLoss, "
-                         "... (or set config.problem_type='multi_label_classification' if each image carries several labels).")
+        raise ValueError(
+            f"Expected a softmax loss for the model's multi-class head (config.problem_type={problem_type!r}), but "
+            f"{name} treats every logit as its own sigmoid: use CrossEntropyLoss, FocalLoss, LabelSmoothingLoss, "
+            "... (or set config.problem_type='multi_label_classification' if each image carries several labels)."
+        )
 
 
 class CalibrationLossCallback(TrainerCallback):
@@ -218,7 +229,9 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
             # the model's own loss sees one label per sample: mix through ours (the sigmoid head's own loss is BCE)
             loss = BinaryCrossEntropyLoss() if self.head_task in ("binary", "multilabel") else CrossEntropyLoss()
         if isinstance(loss, type) and not issubclass(loss, nn.Module):
-            raise TypeError(f"Expected argument `{name}` to be a loss instance or a loss class (an nn.Module), but got {loss!r}.")
+            raise TypeError(
+                f"Expected argument `{name}` to be a loss instance or a loss class (an nn.Module), but got {loss!r}."
+            )
         if loss is not None and not callable(loss):
             raise TypeError(f"Expected argument `{name}` to be callable, but got {loss!r}.")
         self.calibration_loss = loss  # a class is built below, once the model is known
@@ -252,7 +265,8 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
                 f"{getattr(self.model.config, 'problem_type', None)!r} (a {self.head_task} sigmoid head): MaC-Cal's adaptive "
                 "retention is driven by the softmax confidence against the accuracy (Ni et al. 2025), which a sigmoid head "
                 "does not have. Train it without `maccal`, and calibrate it post hoc (calibrate_on_eval=True fits a sigmoid "
-                "temperature scaling).")
+                "temperature scaling)."
+            )
         self._init_calibrate_on_eval(calibrate_on_eval, endpoint_handler)
 
     def _prepare_loss(self, loss: nn.Module) -> None:

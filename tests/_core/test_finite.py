@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from hf_calibration._core import finite as _finite
-
 from hf_calibration._core import row_kinds as _row_kinds
 from hf_calibration.calibrators import _base, create_calibrator
 from hf_calibration.calibrators._fitting import rows as _rows

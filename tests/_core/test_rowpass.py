@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hf_calibration._core import parallel as _parallel
-from hf_calibration.metrics import ece, ece_split, mce
 from hf_calibration._core import rowpass as _rowpass
+from hf_calibration.metrics import ece, ece_split, mce
 from hf_calibration.metrics._format import prepare, top_label
 from hf_calibration.metrics.binning import _uniform_bin_index, uniform_edges
 
@@ -52,7 +52,12 @@ def test_the_bin_rule_is_searchsorted_at_the_edges(n_bins):
     edges = uniform_edges(n_bins)
     values = np.concatenate([edges, np.nextafter(edges, 2), np.nextafter(edges, -1), [0.2, 0.8, 0.5, 1.0, 0.0]])
     values = np.clip(values, 0.0, 1.0)
-    half = torch.softmax(torch.randn(500, 4, generator=torch.Generator().manual_seed(0)).half(), 1).double().numpy().ravel()
+    half = (
+        torch.softmax(torch.randn(500, 4, generator=torch.Generator().manual_seed(0)).half(), 1)
+        .double()
+        .numpy()
+        .ravel()
+    )
     values = np.concatenate([values, half])
     reference = np.searchsorted(edges[1:-1], values, side="left")
     np.testing.assert_array_equal(_uniform_bin_index(values, n_bins), reference)
@@ -69,7 +74,9 @@ def test_ece_from_the_fused_bin_sums_equals_the_per_row_path():
     for n_bins in (10, 15):
         assert ece(probs, y, n_bins) == pytest.approx(_ece_compute(top.confidence, top.correct, n_bins), abs=1e-15)
         assert mce(probs, y, n_bins) == pytest.approx(_mce_compute(top.confidence, top.correct, n_bins), abs=1e-15)
-        assert tuple(ece_split(probs, y, n_bins)) == pytest.approx(tuple(_ece_split_compute(top.confidence, top.correct, n_bins)), abs=1e-15)
+        assert tuple(ece_split(probs, y, n_bins)) == pytest.approx(
+            tuple(_ece_split_compute(top.confidence, top.correct, n_bins)), abs=1e-15
+        )
 
 
 def test_the_same_numbers_on_one_thread_and_several(monkeypatch):
@@ -83,7 +90,6 @@ def test_the_same_numbers_on_one_thread_and_several(monkeypatch):
     several = (top_label(prepare(z, y)).confidence, ece(z, y))
     np.testing.assert_array_equal(one[0], several[0])
     assert one[1] == several[1]
-
 
 
 @pytest.mark.parametrize("k", [1, 3, 10, 13, 127, 129])
@@ -106,6 +112,7 @@ def test_short_rows_grouped_into_one_exp_call_give_the_row_by_row_numbers(k, dty
     assert _rowpass.top_label_pass(bad, y, True, n_bins=15)[3] == (500, _rowpass.NOT_FINITE)
     bad[500, 0] = 0.0
     assert _rowpass.top_label_pass(bad, y, True, n_bins=15)[3] == (503, _rowpass.NOT_FINITE)
+
 
 def test_threads_follow_the_load_of_other_processes(monkeypatch):
     """Threads: the cores the load average leaves, less this process's own share of it (a fit keeping both cores busy
@@ -167,7 +174,9 @@ def test_a_short_block_of_long_rows_is_split_across_threads(monkeypatch):
     """A fit's report passes blocks of ~190 rows at K = 21,843: one 256-row task left one thread doing the work."""
     seen = []
     run = _rowpass.run_pass
-    monkeypatch.setattr(_rowpass, "run_pass", lambda kernel, size, *args: seen.append(args[-1]) or run(kernel, size, *args))
+    monkeypatch.setattr(
+        _rowpass, "run_pass", lambda kernel, size, *args: seen.append(args[-1]) or run(kernel, size, *args)
+    )
     monkeypatch.setattr(_rowpass, "pass_threads", lambda size: 2)
     z = np.random.default_rng(0).normal(size=(190, 21_843)).astype(np.float32)
     conf = _rowpass.top_label_pass(z, None, True)[0]

@@ -63,12 +63,17 @@ def test_explicit_task_is_checked_against_the_data():
 
 def test_config_without_labels_reads_nothing():
     assert task_of_config(None) is None
-    assert resolve_task(model=torch.nn.Linear(2, 2), preds=np.zeros((3, 2)), target=np.zeros(3, dtype=int)) == "multiclass"
+    assert (
+        resolve_task(model=torch.nn.Linear(2, 2), preds=np.zeros((3, 2)), target=np.zeros(3, dtype=int)) == "multiclass"
+    )
 
 
 def test_compatible_head_refuses_the_other_kind_naming_problem_type():
     multi = _model("multi_label_classification", 3)
-    with pytest.raises(ValueError, match=r"softmax \(multi-class\) head.*multi-label sigmoid one.*problem_type='multi_label_classification'"):
+    with pytest.raises(
+        ValueError,
+        match=r"softmax \(multi-class\) head.*multi-label sigmoid one.*problem_type='multi_label_classification'",
+    ):
         compatible_head("multiclass", multi)
     with pytest.raises(ValueError, match=r"problem_type='single_label_classification'"):
         compatible_head("multilabel", _model("single_label_classification", 3))

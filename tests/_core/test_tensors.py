@@ -34,21 +34,34 @@ def test_logits_and_their_softmax_calibrate_alike(name, seed, k):
         "probs (from_logits=False)": create_calibrator(name).fit(p, y, from_logits=False, progress_bar=False),
     }
     assert fits["logits"].fit_info_["input"] == "logits"
-    assert fits["probs (detected)"].fit_info_["input"] == fits["probs (from_logits=False)"].fit_info_["input"] == "probabilities"
+    assert (
+        fits["probs (detected)"].fit_info_["input"]
+        == fits["probs (from_logits=False)"].fit_info_["input"]
+        == "probabilities"
+    )
     z_new, _ = _logits(seed + 100, 300, k)  # held-out rows
     p_new = _softmax(z_new)
     reference = fits["logits"].predict_proba(z_new).numpy()
-    assert not np.allclose(reference, p_new, atol=1e-3), "the calibrator must do something for the comparison to mean anything"
+    assert not np.allclose(reference, p_new, atol=1e-3), (
+        "the calibrator must do something for the comparison to mean anything"
+    )
     for fitted_on, cal in fits.items():
         # the kind is read once: an explicit from_logits, else the kind the fit recorded (no detection per call)
         on_probs = fitted_on != "logits"
-        given = [("logits, from_logits=True", cal.predict_proba(z_new, from_logits=True)),
-                 ("probs, from_logits=False", cal.predict_proba(p_new, from_logits=False)),
-                 ("probs via forward", torch.softmax(cal(torch.from_numpy(p_new), from_logits=False), dim=1)),
-                 ("as fitted", cal.predict_proba(p_new if on_probs else z_new))]
+        given = [
+            ("logits, from_logits=True", cal.predict_proba(z_new, from_logits=True)),
+            ("probs, from_logits=False", cal.predict_proba(p_new, from_logits=False)),
+            ("probs via forward", torch.softmax(cal(torch.from_numpy(p_new), from_logits=False), dim=1)),
+            ("as fitted", cal.predict_proba(p_new if on_probs else z_new)),
+        ]
         for what, out in given:
-            np.testing.assert_allclose(out.numpy(), reference, rtol=0, atol=1e-9, err_msg=f"fitted on {fitted_on}, given {what}")
-        assert torch.equal(cal(p_new, from_logits=False).argmax(1), torch.from_numpy(p_new).argmax(1)) or not cal.preserves_argmax
+            np.testing.assert_allclose(
+                out.numpy(), reference, rtol=0, atol=1e-9, err_msg=f"fitted on {fitted_on}, given {what}"
+            )
+        assert (
+            torch.equal(cal(p_new, from_logits=False).argmax(1), torch.from_numpy(p_new).argmax(1))
+            or not cal.preserves_argmax
+        )
         if on_probs:  # logits given to a calibrator fitted on probabilities contradict its record
             with pytest.raises(ValueError, match=r"fitted on.*input='probabilities'.*from_logits=True"):
                 cal.predict_proba(z_new)
@@ -105,7 +118,6 @@ def test_probabilities_that_are_not_are_refused(name):
         cal(torch.from_numpy(p), from_logits=True)
 
 
-
 @pytest.mark.parametrize("name", ["temperature_scaling", "smart", "isotonic"])
 def test_a_malformed_probability_row_is_refused_wherever_it_is(name):
     # issue 23 item 1: a defect in the first 4,096 rows made predict_proba treat probabilities as logits, silently
@@ -117,7 +129,9 @@ def test_a_malformed_probability_row_is_refused_wherever_it_is(name):
         bad = p.copy()
         bad[row] *= 1.02
         for call in (cal.predict_proba, cal, lambda x: create_calibrator(name).fit(x, y, progress_bar=False)):
-            with pytest.raises(ValueError, match=rf"`logits` to hold either logits or probabilities.* row {row} is not"):
+            with pytest.raises(
+                ValueError, match=rf"`logits` to hold either logits or probabilities.* row {row} is not"
+            ):
                 call(torch.from_numpy(bad))
         for call in (on_probs.predict_proba, on_probs):  # fitted on probabilities: the row breaks what the fit recorded
             with pytest.raises(ValueError, match=rf"input=.probabilities.*row {row} (sums to|holds)"):
@@ -126,7 +140,10 @@ def test_a_malformed_probability_row_is_refused_wherever_it_is(name):
     with pytest.raises(ValueError, match="either logits or probabilities"):
         cal.predict_proba(mixed)
     np.testing.assert_allclose(cal.predict_proba(p, from_logits=False).numpy(), cal.predict_proba(z).numpy(), atol=1e-6)
-    np.testing.assert_allclose(on_probs.predict_proba(p).numpy(), on_probs.predict_proba(z, from_logits=True).numpy(), atol=1e-6)
+    np.testing.assert_allclose(
+        on_probs.predict_proba(p).numpy(), on_probs.predict_proba(z, from_logits=True).numpy(), atol=1e-6
+    )
+
 
 @pytest.mark.parametrize("name", list_calibrators("multiclass"))
 def test_zero_probabilities_stay_finite(name):
@@ -158,7 +175,9 @@ def test_numpy_layouts_torch_cannot_wrap(name):
     assert torch.equal(cal(np.asfortranarray(z32)), cal(torch.from_numpy(z32)))
     assert torch.equal(cal.predict_proba(z32[:, ::-1]), cal.predict_proba(np.ascontiguousarray(z32[:, ::-1])))
     refit = create_calibrator(name).fit(z.astype(">f8")[::-1], y[::-1].astype(">i8"), progress_bar=False)
-    torch.testing.assert_close(refit(z32), create_calibrator(name).fit(z[::-1].copy(), y[::-1].copy(), progress_bar=False)(z32), rtol=0, atol=0)
+    torch.testing.assert_close(
+        refit(z32), create_calibrator(name).fit(z[::-1].copy(), y[::-1].copy(), progress_bar=False)(z32), rtol=0, atol=0
+    )
     with pytest.raises(TypeError, match="`logits` to be float16, float32 or float64"):
         cal(z.astype(np.longdouble))
     with pytest.raises(TypeError, match="`logits` to be a floating array"):
@@ -199,7 +218,9 @@ def test_a_map_that_is_not_shift_invariant_sees_row_maxima_at_zero():
     expected = _softmax(w * (z - z.max(axis=1, keepdims=True)))
     for c in (cal, from_probs):
         for x, from_logits in ((z, True), (p, False)):
-            np.testing.assert_allclose(c.predict_proba(x, from_logits=from_logits).numpy(), expected, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(
+                c.predict_proba(x, from_logits=from_logits).numpy(), expected, rtol=0, atol=1e-12
+            )
     assert set(cal.seen_row_maxima) == {0.0}
     # the same map on raw logits would depend on the rows' offsets: the canonical form is what makes them agree
     assert not np.allclose(_softmax(w * z), expected, atol=1e-3)

@@ -63,7 +63,9 @@ def test_falls_back_to_one_thread_when_contention_starts():
     state = {"busy": False}
 
     def fn():
-        time.sleep(0.2 if numba.get_num_threads() > 1 and state["busy"] else (0.01 if numba.get_num_threads() > 1 else 0.04))
+        time.sleep(
+            0.2 if numba.get_num_threads() > 1 and state["busy"] else (0.01 if numba.get_num_threads() > 1 else 0.04)
+        )
 
     chooser = ThreadCountChooser(fn, period=1000)
     for _ in range(5):

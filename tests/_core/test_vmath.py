@@ -38,14 +38,20 @@ def test_exp_clamps_instead_of_returning_subnormals_or_inf_and_keeps_nan():
 
 def test_log_matches_numpy_over_positive_normals():
     rng = np.random.default_rng(1)
-    x = np.concatenate([10.0 ** rng.uniform(-307, 308, 20_000), rng.uniform(0.5, 2.0, 20_000), 1 + rng.normal(scale=1e-9, size=1000)])
-    x = np.concatenate([x, [1.0, 2.0, 0.5, np.sqrt(0.5), np.sqrt(2.0), 2.2250738585072014e-308, 1.7976931348623157e308]])
+    x = np.concatenate(
+        [10.0 ** rng.uniform(-307, 308, 20_000), rng.uniform(0.5, 2.0, 20_000), 1 + rng.normal(scale=1e-9, size=1000)]
+    )
+    x = np.concatenate(
+        [x, [1.0, 2.0, 0.5, np.sqrt(0.5), np.sqrt(2.0), 2.2250738585072014e-308, 1.7976931348623157e308]]
+    )
     expected = np.log(x)
     np.testing.assert_allclose(_log(x), expected, rtol=4e-16, atol=3e-16)
     assert _log(np.array([1.0]))[0] == 0.0
 
 
-@pytest.mark.parametrize("fn, ref, x", [(exp_into, np.exp, np.linspace(-30, 5, 777)), (log_into, np.log, np.linspace(0.01, 50, 777))])
+@pytest.mark.parametrize(
+    "fn, ref, x", [(exp_into, np.exp, np.linspace(-30, 5, 777)), (log_into, np.log, np.linspace(0.01, 50, 777))]
+)
 def test_in_place_and_sliced_calls_agree_with_separate_buffers(fn, ref, x):
     separate = np.empty_like(x)
     fn(x, separate, np.empty_like(x))
@@ -75,7 +81,9 @@ def test_float32_exp_matches_numpy_to_float32_rounding():
     from hf_calibration._core.vmath import exp_into_f32
 
     rng = np.random.default_rng(2)
-    x = np.concatenate([rng.uniform(-87, 88, 20_000), rng.uniform(-1, 1, 20_000), [0.0, -87.0, 88.0]]).astype(np.float32)
+    x = np.concatenate([rng.uniform(-87, 88, 20_000), rng.uniform(-1, 1, 20_000), [0.0, -87.0, 88.0]]).astype(
+        np.float32
+    )
     out, bits = np.empty_like(x), np.empty_like(x)
     exp_into_f32(x, out, bits)
     assert out.dtype == np.float32

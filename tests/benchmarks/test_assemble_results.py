@@ -21,8 +21,10 @@ def test_links_to_files_beside_a_section_point_into_results(tmp_path, monkeypatc
     monkeypatch.setattr(assemble_results, "SECTIONS", [("a.md", "a.py"), ("missing.md", "missing.py")])
     assemble_results.main()
     text = (tmp_path / "RESULTS.md").read_text()
-    assert ("![plot](results/curve.png) [raw](results/runs.json) [web](https://x.org/p.png) [up](../RESULTS.md) "
-            "[there](results/b.png) [anchor](#a) ![abs](/tmp/c.png)") in text
+    assert (
+        "![plot](results/curve.png) [raw](results/runs.json) [web](https://x.org/p.png) [up](../RESULTS.md) "
+        "[there](results/b.png) [anchor](#a) ![abs](/tmp/c.png)"
+    ) in text
     assert "Not run yet: `python benchmarks/missing.py`." in text
 
 

@@ -53,8 +53,16 @@ def _fake_runner(calls):
         calls.append((regime, loss_key, seed))
         stages = ["stage1", "maccal"] if loss_key in tc.MACCAL_LOSSES else ["stage1"]
         return [
-            {"regime": regime, "loss": loss_key, "seed": seed, "stage": s, **{k: 0.1 for k in tc.METRICS},
-             "mean_confidence": 0.5, "train_accuracy": 1.0, "seconds": 1.0}
+            {
+                "regime": regime,
+                "loss": loss_key,
+                "seed": seed,
+                "stage": s,
+                **{k: 0.1 for k in tc.METRICS},
+                "mean_confidence": 0.5,
+                "train_accuracy": 1.0,
+                "seconds": 1.0,
+            }
             for s in stages
         ]
 
@@ -77,7 +85,12 @@ def test_resume_skips_finished_runs_and_redoes_incomplete_ones(tmp_path):
     tc.run_all(plan, {}, TINY, out, progress=False, runner=_fake_runner(calls))
     assert calls == [("overconfident", "CE", 0)]
     records = json.loads(out.read_text())["records"]
-    assert sorted((r["loss"], r["stage"]) for r in records) == [("CE", "maccal"), ("CE", "stage1"), ("LS", "stage1"), ("LS", "stage1")]
+    assert sorted((r["loss"], r["stage"]) for r in records) == [
+        ("CE", "maccal"),
+        ("CE", "stage1"),
+        ("LS", "stage1"),
+        ("LS", "stage1"),
+    ]
 
 
 def test_resume_refuses_other_settings(tmp_path):
@@ -100,8 +113,19 @@ def test_json_is_written_atomically(tmp_path):
 def test_table_shows_mean_and_std_over_seeds(tmp_path):
     records = []
     for seed, ece in enumerate((0.10, 0.20, 0.36)):
-        records.append({"regime": "overconfident", "loss": "LS", "seed": seed, "stage": "stage1",
-                        **{k: 0.5 for k in tc.METRICS}, "ece": ece, "mean_confidence": 0.7, "train_accuracy": 1.0, "val_ece": 0.2})
+        records.append(
+            {
+                "regime": "overconfident",
+                "loss": "LS",
+                "seed": seed,
+                "stage": "stage1",
+                **{k: 0.5 for k in tc.METRICS},
+                "ece": ece,
+                "mean_confidence": 0.7,
+                "train_accuracy": 1.0,
+                "val_ece": 0.2,
+            }
+        )
     row = [line for line in tc.table(records, "overconfident").splitlines() if line.startswith("| LS")][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
     eces = np.array([10.0, 20.0, 36.0])

@@ -29,7 +29,9 @@ def affine_objective(x, features, labels, diagonal=False, reg_lambda=0.0, reg_mu
         return nll + (reg_lambda * np.sum(d**2) + reg_mu * np.sum(b**2)) / k, grad, nll
     off = ~np.eye(k, dtype=bool)
     d = np.diag(w) - np.diag(w).mean()
-    penalty = reg_lambda / (k * (k - 1)) * np.sum(w[off] ** 2) + reg_mu / k * np.sum(b**2) + reg_diagonal / k * np.sum(d**2)
+    penalty = (
+        reg_lambda / (k * (k - 1)) * np.sum(w[off] ** 2) + reg_mu / k * np.sum(b**2) + reg_diagonal / k * np.sum(d**2)
+    )
     grad_w = g.T @ features + 2 * reg_lambda / (k * (k - 1)) * np.where(off, w, 0.0) + np.diag(2 * reg_diagonal / k * d)
     grad_b = g.sum(0) + 2 * reg_mu / k * b
     return nll + penalty, np.concatenate([grad_w.reshape(-1), grad_b]), nll
@@ -56,7 +58,10 @@ def structured_objective(x, features, labels, diagonal, off_diagonal, diagonal_w
 
 def _minimise(objective, x0):
     result = scipy.optimize.minimize(
-        lambda x: objective(x)[:2], x0, jac=True, method="L-BFGS-B",
+        lambda x: objective(x)[:2],
+        x0,
+        jac=True,
+        method="L-BFGS-B",
         options={"maxiter": 50_000, "maxfun": 100_000, "ftol": 1e-15, "gtol": 1e-11, "maxcor": 30},
     )
     return result.x
@@ -69,7 +74,10 @@ def _identity(k, diagonal):
 def fit_affine_reference(features, labels, diagonal=False, reg_lambda=0.0, reg_mu=0.0, reg_diagonal=0.0):
     """scipy L-BFGS-B from the identity; returns ``(x, objective, nll)``."""
     k = features.shape[1]
-    x = _minimise(lambda v: affine_objective(v, features, labels, diagonal, reg_lambda, reg_mu, reg_diagonal), _identity(k, diagonal))
+    x = _minimise(
+        lambda v: affine_objective(v, features, labels, diagonal, reg_lambda, reg_mu, reg_diagonal),
+        _identity(k, diagonal),
+    )
     objective, _, nll = affine_objective(x, features, labels, diagonal, reg_lambda, reg_mu, reg_diagonal)
     return x, objective, nll
 
@@ -77,7 +85,10 @@ def fit_affine_reference(features, labels, diagonal=False, reg_lambda=0.0, reg_m
 def fit_structured_reference(features, labels, diagonal, off_diagonal, diagonal_weight, bias):
     """scipy L-BFGS-B from the identity on ``structured_objective``; returns ``(x, objective, nll)``."""
     k = features.shape[1]
-    x = _minimise(lambda v: structured_objective(v, features, labels, diagonal, off_diagonal, diagonal_weight, bias), _identity(k, diagonal))
+    x = _minimise(
+        lambda v: structured_objective(v, features, labels, diagonal, off_diagonal, diagonal_weight, bias),
+        _identity(k, diagonal),
+    )
     objective, _, nll = structured_objective(x, features, labels, diagonal, off_diagonal, diagonal_weight, bias)
     return x, objective, nll
 
@@ -107,7 +118,9 @@ def smoothed_temperature_features(logits, labels):
         s = z / np.exp(log_t)
         return float(np.mean(logsumexp(s, axis=1) - s[np.arange(n), labels]))
 
-    t = float(np.exp(minimize_scalar(nll, bounds=(np.log(0.05), np.log(100)), method="bounded", options={"xatol": 1e-12}).x))
+    t = float(
+        np.exp(minimize_scalar(nll, bounds=(np.log(0.05), np.log(100)), method="bounded", options={"xatol": 1e-12}).x)
+    )
     s = z / t
     p = np.exp(s - logsumexp(s, axis=1, keepdims=True))
     eps = 1.0 / (n + 1)
@@ -123,7 +136,10 @@ def probmetrics_fit(kind, logits, labels):
     cal = get_calibrator(kind)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cal.fit(np.exp(np.asarray(logits, np.float64) - logsumexp(np.asarray(logits, np.float64), axis=1, keepdims=True)), labels)
+        cal.fit(
+            np.exp(np.asarray(logits, np.float64) - logsumexp(np.asarray(logits, np.float64), axis=1, keepdims=True)),
+            labels,
+        )
     return cal
 
 

@@ -80,7 +80,11 @@ def natural_spline_lstsq(t: np.ndarray, y: np.ndarray, knots: np.ndarray):
 
     def d(x, k, power, scale):
         # d_k(x) = ((x - xi_k)^3_+ - (x - xi_K)^3_+) / (xi_K - xi_k), and its derivative (power 2, scale 3)
-        return scale * (np.clip(x - knots[k], 0, None) ** power - np.clip(x - knots[-1], 0, None) ** power) / (knots[-1] - knots[k])
+        return (
+            scale
+            * (np.clip(x - knots[k], 0, None) ** power - np.clip(x - knots[-1], 0, None) ** power)
+            / (knots[-1] - knots[k])
+        )
 
     def basis(x, derivative=False):
         if derivative:

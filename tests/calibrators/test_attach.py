@@ -40,7 +40,9 @@ def test_attach_calibrates_and_detach_restores_bit_for_bit(name, kind):
     torch.testing.assert_close(tuple_out[0], expected, **tol)
     torch.testing.assert_close(with_loss.logits, expected, **tol)
     assert torch.equal(during.logits.argmax(1), before.argmax(1))
-    assert not any(k.startswith("_hf") or "calibr" in k for k in model.state_dict())  # the model's checkpoint is unchanged
+    assert not any(
+        k.startswith("_hf") or "calibr" in k for k in model.state_dict()
+    )  # the model's checkpoint is unchanged
     assert cal.detach() is model and attached_calibrator(model) is None
     with torch.no_grad():
         after = model(pixel_values=x).logits
@@ -90,7 +92,9 @@ def test_pipeline_scores_are_calibrated():
     calibrated = clf(images, top_k=10)
     # expected: the model's own logits on the processed images, calibrated, softmaxed
     with torch.no_grad():
-        logits = model.__class__.forward(model, pixel_values=processor(images, return_tensors="pt")["pixel_values"]).logits
+        logits = model.__class__.forward(
+            model, pixel_values=processor(images, return_tensors="pt")["pixel_values"]
+        ).logits
     expected = torch.softmax(cal(logits), 1)
     for i in range(4):
         got = {d["label"]: d["score"] for d in calibrated[i]}

@@ -26,7 +26,11 @@ from hf_calibration.calibrators._registry import get_calibrator_class
 # fewer steps for speed; 20 fit samples per bin so that per-class histogram binning has bins on 600 samples
 # vector scaling unregularised (Guo et al.'s fit): its default shrinkage trades fit-set ECE (0.047 -> 0.054 on these
 # 600 samples, short of halving it) for held-out NLL
-FAST = {"smart": {"max_steps": 300}, "histogram_binning": {"points_per_bin": 20}, "vector_scaling": {"reg_lambda": 0.0, "reg_mu": 0.0}}
+FAST = {
+    "smart": {"max_steps": 300},
+    "histogram_binning": {"points_per_bin": 20},
+    "vector_scaling": {"reg_lambda": 0.0, "reg_mu": 0.0},
+}
 
 
 # SMS / SVS lower this set's ECE from 0.103 to 0.055 / 0.058, not to half: the authors' probmetrics 1.3 gives the same
@@ -55,7 +59,9 @@ def test_registry():
     from hf_calibration import calibrators
 
     assert list_calibrators() == sorted(list_calibrators())
-    assert {"histogram_binning", "isotonic", "isotonic_ovr", "smart", "spline", "temperature_scaling"} <= set(list_calibrators("multiclass"))
+    assert {"histogram_binning", "isotonic", "isotonic_ovr", "smart", "spline", "temperature_scaling"} <= set(
+        list_calibrators("multiclass")
+    )
     parametric = {
         "ets": calibrators.EnsembleTemperatureScaling,
         "vector_scaling": calibrators.VectorScaling,
@@ -110,7 +116,9 @@ def test_forward_dtype_device_shape_and_argmax(fitted, data):
     proba = fitted.predict_proba(z)
     assert proba.dtype == torch.float32
     torch.testing.assert_close(proba.sum(1), torch.ones(len(z)), rtol=0, atol=1e-5)
-    if isinstance(fitted, TemperatureCalibrator):  # calibrated logits are z / T with the reported per-sample temperatures
+    if isinstance(
+        fitted, TemperatureCalibrator
+    ):  # calibrated logits are z / T with the reported per-sample temperatures
         temps = fitted.temperature(z.double())
         assert temps.shape == (len(z),) and (temps > 0).all()
         torch.testing.assert_close(fitted(z.double()), z.double() / temps[:, None], rtol=1e-12, atol=0)
@@ -222,7 +230,9 @@ def test_all_samples_correct(name, caplog):
     assert torch.isfinite(out).all()
     assert torch.equal(out.argmax(1), torch.from_numpy(z).argmax(1)) or not cal.preserves_argmax
     # nothing is ever wrong, so the calibrated model should be (at least) as confident as before
-    assert cal.predict_proba(z).max(1).values.mean() >= torch.softmax(torch.from_numpy(z), 1).max(1).values.mean() - 1e-6
+    assert (
+        cal.predict_proba(z).max(1).values.mean() >= torch.softmax(torch.from_numpy(z), 1).max(1).values.mean() - 1e-6
+    )
     if name == "temperature_scaling":  # NLL keeps sharpening: T stops at its documented lower bound
         assert cal.fitted_temperature == pytest.approx(0.05)
         assert "bound" in caplog.text
@@ -323,7 +333,10 @@ def test_early_stopping_stops_on_a_plateau(data):
     assert info["steps"] < 2000 and info["steps"] - info["best_step"] == 5
 
 
-@pytest.mark.parametrize("kwargs, match", [({"hidden_size": 0}, "hidden_size"), ({"lr": -1.0}, "lr"), ({"eps": 0.0}, "eps"), ({"seed": 1.5}, "seed")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"hidden_size": 0}, "hidden_size"), ({"lr": -1.0}, "lr"), ({"eps": 0.0}, "eps"), ({"seed": 1.5}, "seed")],
+)
 def test_smart_bad_arguments(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         SMARTCalibrator(**kwargs)
@@ -371,13 +384,19 @@ def test_smart_on_saturated_logits_falls_back_to_temperature_scaling(caplog):
     before = torch.softmax(torch.from_numpy(z).double(), 1).max(1).values.numpy()
     after = smart.predict_proba(torch.from_numpy(z)).double().max(1).values.numpy()
     top = z.argmax(1)
-    saturated = [int(k) for k in np.unique(top) if (np.abs(after - before)[top == k] < 1e-5).all() and (before[top == k] > 1 - 1e-5).all()]
+    saturated = [
+        int(k)
+        for k in np.unique(top)
+        if (np.abs(after - before)[top == k] < 1e-5).all() and (before[top == k] > 1 - 1e-5).all()
+    ]
     assert saturated and smart.fit_info_["uncalibrated"]["classes"] == saturated
     assert "saturated softmax" in smart.fit_info_["uncalibrated"]["reason"]
     # independent: the NLL-optimal constant temperature (scipy, float64), in TS's range [0.05, 100]
     z64 = z.astype(np.float64)
     nll = lambda log_t: -log_softmax(z64 / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
-    t_ref = float(np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x))
+    t_ref = float(
+        np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x)
+    )
     temps = smart.temperature(z)
     assert torch.equal(temps, temps[:1].expand_as(temps))  # one temperature for every margin
     assert float(temps[0]) == pytest.approx(t_ref, rel=1e-4) and float(temps[0]) > 1
@@ -403,7 +422,9 @@ def test_smart_that_barely_moves_on_saturated_logits_falls_back_too(seed, scale,
     assert 0 < history[0] - history.min() < 1e-3 * history[0]  # it did move, by a hair
     assert "flat" in caplog.text and smart.fit_info_["fallback"] == "temperature_scaling"
     nll = lambda log_t: -log_softmax(z / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
-    t_ref = float(np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x))
+    t_ref = float(
+        np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x)
+    )
     temps = smart.temperature(z)
     assert torch.equal(temps, temps[:1].expand_as(temps))
     assert float(temps[0]) == pytest.approx(t_ref, rel=1e-4)
@@ -427,9 +448,14 @@ def test_smart_on_separable_logits_falls_back_without_crashing(caplog):
     assert smart.history_[0] == 0.0 and smart.fit_info_["fallback"] == "temperature_scaling"
     assert "by nothing: it is 0 from the start" in caplog.text
     nll = lambda log_t: -log_softmax(z / np.exp(log_t), axis=1)[np.arange(len(y)), y].mean()  # noqa: E731
-    t_ref = float(np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x))
+    t_ref = float(
+        np.exp(minimize_scalar(nll, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-9}).x)
+    )
     # the objective is flat: any T <= 1 is optimal to rounding (NLL ~ e^-50); the fallback's is as good as scipy's
-    assert nll(np.log(smart.fit_info_["temperature"])) == pytest.approx(nll(np.log(t_ref)), abs=1e-12) and nll(np.log(t_ref)) < 1e-12
+    assert (
+        nll(np.log(smart.fit_info_["temperature"])) == pytest.approx(nll(np.log(t_ref)), abs=1e-12)
+        and nll(np.log(t_ref)) < 1e-12
+    )
     table = compare_calibrators(z, y, ["smart"], race=False, progress_bar=False)
     assert table["smart"].errors == [] and len(table["smart"].fold_ids) == 5
 
@@ -441,7 +467,10 @@ def test_smart_on_learnable_logits_does_not_fall_back(data, caplog):
     assert "fallback" not in smart.fit_info_ and smart.fit_info_["best_step"] > 0 and "flat" not in caplog.text
 
 
-@pytest.mark.parametrize("name", [n for n in list_calibrators("multiclass") if "seed" in inspect.signature(get_calibrator_class(n)).parameters])
+@pytest.mark.parametrize(
+    "name",
+    [n for n in list_calibrators("multiclass") if "seed" in inspect.signature(get_calibrator_class(n)).parameters],
+)
 def test_seeds_are_one_range_for_every_seeded_calibrator(name):
     # issue 23 item 12: SMART took seed=-1 (torch maps it to 2**64 - 1) where PTS refused it
     cls = get_calibrator_class(name)
@@ -455,7 +484,9 @@ def test_seeds_are_one_range_for_every_seeded_calibrator(name):
             cls(seed=seed)
 
 
-@pytest.mark.parametrize("name", [n for n in list_calibrators("multiclass") if "soft_ece" in get_calibrator_class(n).objectives])
+@pytest.mark.parametrize(
+    "name", [n for n in list_calibrators("multiclass") if "soft_ece" in get_calibrator_class(n).objectives]
+)
 @pytest.mark.parametrize("sigma", [1e-300, 1e-160, 1e200, 0.0, -1.0])
 def test_soft_bin_width_out_of_range_is_a_clear_error(name, data, sigma):
     z, y = data
@@ -562,6 +593,8 @@ def test_identity_on_some_classes_names_them():
         warnings.simplefilter("always")
         cal = OnlyClassZero().fit(z, y, progress_bar=False)
     raised = [str(w.message) for w in caught if issubclass(w.category, UncalibratedWarning)]
-    assert raised == ["OnlyClassZero leaves the predictions of 4 of the 5 predicted classes (1, 2, 3, 4) uncalibrated (as the "
-                      "model gave them): " + cal.fit_info_["uncalibrated"]["reason"] + "."]
+    assert raised == [
+        "OnlyClassZero leaves the predictions of 4 of the 5 predicted classes (1, 2, 3, 4) uncalibrated (as the "
+        "model gave them): " + cal.fit_info_["uncalibrated"]["reason"] + "."
+    ]
     assert cal.fit_info_["uncalibrated"]["classes"] == [1, 2, 3, 4]

@@ -16,9 +16,13 @@ from hf_calibration.calibrators import DirichletCalibration
 def test_fit_reaches_the_scipy_minimum_on_log_probabilities(lam, mu, nu):
     z, y = overconfident(400, 4, seed=11)
     z[:20] *= 20  # some probabilities below float64 eps: the clipped log matters
-    dc = DirichletCalibration(reg_lambda=lam, reg_mu=mu, reg_diagonal=nu, tol=1e-14, max_iter=5000).fit(z, y, progress_bar=False)
+    dc = DirichletCalibration(reg_lambda=lam, reg_mu=mu, reg_diagonal=nu, tol=1e-14, max_iter=5000).fit(
+        z, y, progress_bar=False
+    )
     nu = 4 / 100 if nu is None else nu
-    _, ref_objective, ref_nll = fit_affine_reference(log_probabilities(z), y, reg_lambda=lam, reg_mu=mu, reg_diagonal=nu)
+    _, ref_objective, ref_nll = fit_affine_reference(
+        log_probabilities(z), y, reg_lambda=lam, reg_mu=mu, reg_diagonal=nu
+    )
     assert dc.fit_info_["best_objective"] == pytest.approx(ref_objective, abs=1e-6)
     assert dc.fit_info_["nll"] == pytest.approx(ref_nll, abs=1e-6)
     f = torch.from_numpy(log_probabilities(z))
@@ -54,12 +58,18 @@ def _torch_uncertainty_comparison(ours_cls, peer_name, file):
     peer = getattr(tu, peer_name)(num_classes=zv.shape[1])
     peer.fit(DataLoader(TensorDataset(zv, yv), batch_size=len(yv)), progress=False)
     with torch.no_grad():
-        return (torch.nn.functional.cross_entropy(ours(zt).double(), yt).item(),
-                torch.nn.functional.cross_entropy(peer(zt).double(), yt).item())
+        return (
+            torch.nn.functional.cross_entropy(ours(zt).double(), yt).item(),
+            torch.nn.functional.cross_entropy(peer(zt).double(), yt).item(),
+        )
 
 
-@pytest.mark.skipif(not (SHARED_LOGITS / "cifar10_resnet50_cross_entropy_calibench.npz").is_file(), reason="shared logits absent")
+@pytest.mark.skipif(
+    not (SHARED_LOGITS / "cifar10_resnet50_cross_entropy_calibench.npz").is_file(), reason="shared logits absent"
+)
 def test_never_worse_than_torch_uncertainty_on_test_nll():
     # (vector and matrix scaling, and every shared file, K = 100 included, are compared in benchmarks/calibrator_fits.py)
-    ours, peer = _torch_uncertainty_comparison(DirichletCalibration, "DirichletScaler", "cifar10_resnet50_cross_entropy_calibench.npz")
+    ours, peer = _torch_uncertainty_comparison(
+        DirichletCalibration, "DirichletScaler", "cifar10_resnet50_cross_entropy_calibench.npz"
+    )
     assert ours <= peer  # measured: 0.1939 vs 0.2045

@@ -31,11 +31,17 @@ def _paper_ets(logits, labels, loss):
             return loss_of(softmax(z / t[0], axis=1))
         return -np.mean(log_softmax(z / t[0], axis=1)[np.arange(n), labels])
 
-    t = scipy.optimize.minimize(t_loss, [1.0], method="L-BFGS-B", bounds=[(0.05, 100.0)], options={"ftol": 1e-15, "gtol": 1e-12}).x[0]
+    t = scipy.optimize.minimize(
+        t_loss, [1.0], method="L-BFGS-B", bounds=[(0.05, 100.0)], options={"ftol": 1e-15, "gtol": 1e-12}
+    ).x[0]
     p_t, p_1, p_u = softmax(z / t, axis=1), softmax(z, axis=1), np.full((n, k), 1.0 / k)
     w = scipy.optimize.minimize(
-        lambda w: loss_of(w[0] * p_t + w[1] * p_1 + w[2] * p_u), [1.0, 0.0, 0.0], method="SLSQP", bounds=[(0.0, 1.0)] * 3,
-        constraints={"type": "eq", "fun": lambda w: np.sum(w) - 1}, options={"ftol": 1e-15, "maxiter": 1000},
+        lambda w: loss_of(w[0] * p_t + w[1] * p_1 + w[2] * p_u),
+        [1.0, 0.0, 0.0],
+        method="SLSQP",
+        bounds=[(0.0, 1.0)] * 3,
+        constraints={"type": "eq", "fun": lambda w: np.sum(w) - 1},
+        options={"ftol": 1e-15, "maxiter": 1000},
     ).x
     return t, w, loss_of(w[0] * p_t + w[1] * p_1 + w[2] * p_u)
 

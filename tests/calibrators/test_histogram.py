@@ -46,7 +46,9 @@ def test_default_is_gupta_ramdas_top_label_binning(name, zv, yv, zt):
         fit, test = top == label, top_t == label
         n_bins = int(fit.sum()) // 50
         if test.any():
-            recalibrated[test] = (uniform_mass_binning(conf[fit], correct[fit], n_bins) if n_bins else pooled)(conf_t[test])
+            recalibrated[test] = (uniform_mass_binning(conf[fit], correct[fit], n_bins) if n_bins else pooled)(
+                conf_t[test]
+            )
     with warnings.catch_warnings():
         warnings.simplefilter("error", UncalibratedWarning)
         hb = HistogramBinning().fit(zv, yv, progress_bar=False)
@@ -134,12 +136,22 @@ def test_a_small_calibration_set_is_calibrated_not_left_alone(case):
 @pytest.mark.parametrize("per_class", [True, False])
 def test_too_few_samples_for_one_bin_warns_and_says_why(per_class):
     z, y = overconfident(40, 10, seed=5)
-    with pytest.warns(UncalibratedWarning, match=r"every prediction uncalibrated.*40 samples, fewer than points_per_bin = 50"):
+    with pytest.warns(
+        UncalibratedWarning, match=r"every prediction uncalibrated.*40 samples, fewer than points_per_bin = 50"
+    ):
         hb = HistogramBinning(per_class=per_class).fit(z, y, progress_bar=False)
-    assert hb.fit_info_["uncalibrated"]["classes"] == "all" and "points_per_bin" in hb.fit_info_["uncalibrated"]["reason"]
+    assert (
+        hb.fit_info_["uncalibrated"]["classes"] == "all" and "points_per_bin" in hb.fit_info_["uncalibrated"]["reason"]
+    )
     assert hb.fit_info_["bins"] == 0
-    torch.testing.assert_close(hb.predict_proba(torch.from_numpy(z).double()), torch.softmax(torch.from_numpy(z).double(), 1),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        hb.predict_proba(torch.from_numpy(z).double()),
+        torch.softmax(torch.from_numpy(z).double(), 1),
+        rtol=0,
+        atol=1e-12,
+    )
     with warnings.catch_warnings():  # asked for: bins of 8
         warnings.simplefilter("error", UncalibratedWarning)
-        assert HistogramBinning(points_per_bin=8, per_class=per_class).fit(z, y, progress_bar=False).fit_info_["bins"] >= 5
+        assert (
+            HistogramBinning(points_per_bin=8, per_class=per_class).fit(z, y, progress_bar=False).fit_info_["bins"] >= 5
+        )

@@ -10,8 +10,14 @@ import pytest
 import torch
 from _calibrator_data import overconfident  # noqa: I001
 
-from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, create_calibrator, list_calibrators, load_calibrator
 from hf_calibration._core.checkpoints import CHECKPOINT_FORMAT_VERSION
+from hf_calibration.calibrators import (
+    SMARTCalibrator,
+    TemperatureScaling,
+    create_calibrator,
+    list_calibrators,
+    load_calibrator,
+)
 from hf_calibration.metrics._format import prepare, top_label
 
 
@@ -124,7 +130,11 @@ def test_strict_load_refuses_mismatches(data, tmp_path):
         SMARTCalibrator.from_pretrained(tamper(smart_dir, "h8", set_config("hidden_size", 8)))
     with pytest.raises(ValueError, match="corrupted"):  # truncated weights
         SMARTCalibrator.from_pretrained(
-            tamper(smart_dir, "trunc", lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:60]))
+            tamper(
+                smart_dir,
+                "trunc",
+                lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:60]),
+            )
         )
     with pytest.raises(ValueError, match="not valid JSON"):
         SMARTCalibrator.from_pretrained(tamper(smart_dir, "badjson", lambda d: (d / "config.json").write_text("{oops")))
@@ -195,7 +205,11 @@ def test_push_to_hub_is_intercepted(monkeypatch, data, path_in_repo):
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
-    url = smart.push_to_hub("me/vit-calibrated", path_in_repo=path_in_repo) if path_in_repo else smart.push_to_hub("me/vit-calibrated")
+    url = (
+        smart.push_to_hub("me/vit-calibrated", path_in_repo=path_in_repo)
+        if path_in_repo
+        else smart.push_to_hub("me/vit-calibrated")
+    )
     assert url.endswith("/commit/0")
     upload = calls["upload"]
     assert calls["create_repo"] == "me/vit-calibrated" and upload["repo_id"] == "me/vit-calibrated"
@@ -245,22 +259,33 @@ def test_tampered_checkpoints_are_refused(data, tmp_path):
     ts = _save(ts_model, tmp_path / "ts")
     cases = [
         # margin_std = 0 reached numba's dispatcher as a SystemError at the first forward
-        (_copy_with(smart, tmp_path / "std0", tensors={"margin_std": torch.tensor(0.0, dtype=torch.float64)}), "margin_std"),
-        (_copy_with(smart, tmp_path / "stdneg", tensors={"margin_std": torch.tensor(-1.0, dtype=torch.float64)}), "margin_std"),
+        (
+            _copy_with(smart, tmp_path / "std0", tensors={"margin_std": torch.tensor(0.0, dtype=torch.float64)}),
+            "margin_std",
+        ),
+        (
+            _copy_with(smart, tmp_path / "stdneg", tensors={"margin_std": torch.tensor(-1.0, dtype=torch.float64)}),
+            "margin_std",
+        ),
         # a string class count logged a formatting traceback at every forward
         (_copy_with(smart, tmp_path / "kstr", config={"fit.num_classes": "6"}), "fit.num_classes"),
         (_copy_with(ts, tmp_path / "k1", config={"fit.num_classes": 1}), "fit.num_classes"),
         # a log temperature beyond the fitted range was clamped silently
-        (_copy_with(ts, tmp_path / "tbig", tensors={"log_temperature": torch.tensor(9.0, dtype=torch.float64)}), "log_temperature"),
+        (
+            _copy_with(ts, tmp_path / "tbig", tensors={"log_temperature": torch.tensor(9.0, dtype=torch.float64)}),
+            "log_temperature",
+        ),
         # an in-range edit disagrees with the T the fit recorded
-        (_copy_with(ts, tmp_path / "tedit", tensors={"log_temperature": torch.tensor(0.5, dtype=torch.float64)}), "do not match"),
+        (
+            _copy_with(ts, tmp_path / "tedit", tensors={"log_temperature": torch.tensor(0.5, dtype=torch.float64)}),
+            "do not match",
+        ),
     ]
     for folder, fragment in cases:
         with pytest.raises(ValueError, match=fragment):
             load_calibrator(folder)
     # untouched checkpoints still load, and a fitted T at its bound is stored in range
     assert load_calibrator(ts).fitted_temperature == ts_model.fitted_temperature
-
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -278,6 +303,7 @@ def test_a_temperature_resaved_in_a_narrower_float_still_loads(data, tmp_path, d
     nudged = torch.nextafter(stored, torch.tensor(10.0, dtype=dtype))
     with pytest.raises(ValueError, match="do not match their config"):
         load_calibrator(_copy_with(ts, tmp_path / "nudged", tensors={"log_temperature": nudged}))
+
 
 def test_all_correct_fit_stores_the_bounded_temperature(tmp_path):
     from hf_calibration.calibrators.temperature import T_MIN
@@ -335,7 +361,9 @@ def test_save_refuses_a_non_empty_folder_unless_overwrite(data, tmp_path):
     ts = TemperatureScaling().fit(z, y, progress_bar=False)
     smart.save_pretrained(tmp_path / "cal")
     before = _snapshot(tmp_path / "cal")
-    with pytest.raises(ValueError, match=r"argument `save_directory` to be a new or empty folder.*holds a calibrator.*overwrite=True"):
+    with pytest.raises(
+        ValueError, match=r"argument `save_directory` to be a new or empty folder.*holds a calibrator.*overwrite=True"
+    ):
         ts.save_pretrained(tmp_path / "cal")
     assert _snapshot(tmp_path / "cal") == before
     # overwrite replaces the whole calibrator: the card describes the new weights (the mixin kept the old README)
@@ -383,7 +411,6 @@ def test_overwrite_keeps_files_that_are_not_the_calibrators(data, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {"notes.txt", "config.json", "model.safetensors", "README.md"}
 
 
-
 def test_a_users_readme_is_never_replaced_or_deleted(data, tmp_path, caplog):
     # issue 23 item 5: the first save kept the user's README.md and silently wrote no card; the second deleted it
     z, y = data
@@ -399,10 +426,18 @@ def test_a_users_readme_is_never_replaced_or_deleted(data, tmp_path, caplog):
         assert title in card and card.count("calibrator |") == 1  # the card of the weights saved now
         config = json.loads((tmp_path / "config.json").read_text())
         assert sorted(config["files"]) == ["README.hf_calibration.md", "model.safetensors"]
-        assert all(config["files"][name] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in config["files"])
+        assert all(
+            config["files"][name] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+            for name in config["files"]
+        )
         caplog.clear()
     assert load_calibrator(tmp_path).fitted_temperature == ts.fitted_temperature
-    assert {p.name for p in tmp_path.iterdir()} == {"README.md", "README.hf_calibration.md", "config.json", "model.safetensors"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "README.md",
+        "README.hf_calibration.md",
+        "config.json",
+        "model.safetensors",
+    }
 
 
 def test_only_the_files_a_save_wrote_are_replaced(data, tmp_path):
@@ -430,6 +465,7 @@ def test_only_the_files_a_save_wrote_are_replaced(data, tmp_path):
     assert (tmp_path / "c" / "README.md").read_bytes() == readme
     assert load_calibrator(tmp_path / "c").fitted_temperature == ts.fitted_temperature
 
+
 # ----------------------------------------------------------------------------- push_to_hub: offline, dry run
 
 
@@ -443,11 +479,17 @@ def test_push_offline_is_one_sentence_naming_the_folder(data, path_in_repo):
     assert os.environ.get("HF_HUB_OFFLINE") == "1"  # huggingface_hub raises OfflineModeIsEnabled at create_repo
     z, y = data
     ts = TemperatureScaling().fit(z, y, progress_bar=False)
-    with pytest.raises(HubUnreachableError, match="unreachable \\(offline mode is on: HF_HUB_OFFLINE=1\\); nothing was uploaded") as info:
+    with pytest.raises(
+        HubUnreachableError, match="unreachable \\(offline mode is on: HF_HUB_OFFLINE=1\\); nothing was uploaded"
+    ) as info:
         ts.push_to_hub("me/ts", path_in_repo=path_in_repo)
     assert isinstance(info.value, ConnectionError) and "\n" not in str(info.value)
     folder = Path(str(info.value).split("'")[-2])
-    assert folder.name == (path_in_repo or folder.name) and {p.name for p in folder.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+    assert folder.name == (path_in_repo or folder.name) and {p.name for p in folder.iterdir()} == {
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    }
     assert load_calibrator(folder).fitted_temperature == ts.fitted_temperature
 
 
@@ -464,7 +506,11 @@ def test_push_dry_run_builds_the_exact_folder_and_uploads_nothing(data, monkeypa
     z, y = data
     smart = SMARTCalibrator(max_steps=20).fit(z, y, progress_bar=False)
     folder = Path(smart.push_to_hub("me/vit-digits", path_in_repo="calibrator", dry_run=True))
-    assert folder.name == "calibrator" and {p.name for p in folder.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+    assert folder.name == "calibrator" and {p.name for p in folder.iterdir()} == {
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    }
     loaded = load_calibrator(folder.parent, subfolder="calibrator")
     assert torch.equal(loaded(torch.from_numpy(z)), smart(torch.from_numpy(z)))
     for bad, error in ((("a/b/c",), ValueError), ((3,), TypeError)):
@@ -472,7 +518,6 @@ def test_push_dry_run_builds_the_exact_folder_and_uploads_nothing(data, monkeypa
             smart.push_to_hub(*bad, dry_run=True)
     with pytest.raises(ValueError, match="path_in_repo"):
         smart.push_to_hub("me/x", path_in_repo="/", dry_run=True)
-
 
 
 def test_a_dry_run_leaves_no_temporary_folder_behind(tmp_path):
@@ -495,8 +540,11 @@ print(folder, sorted(os.listdir(folder)))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     folder, files = out.stdout.strip().split(" ", 1)
-    assert folder.startswith(str(tmp_path)) and files == "['README.md', 'config.json', 'model.safetensors']"  # readable meanwhile
+    assert (
+        folder.startswith(str(tmp_path)) and files == "['README.md', 'config.json', 'model.safetensors']"
+    )  # readable meanwhile
     assert not Path(folder).exists() and list(tmp_path.glob("hf_calibration_push_*")) == []
+
 
 # ----------------------------------------------------------------------------- references on the card
 

@@ -23,7 +23,9 @@ def test_top_label_matches_sklearn(name, zv, yv, zt):
     reference = SklearnIsotonic(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(conf, (top == yv).astype(float))
     ours = IsotonicRegression().fit(zv, yv, progress_bar=False)
     probs = ours.predict_proba(torch.from_numpy(zt).double()).numpy()
-    np.testing.assert_allclose(probs[np.arange(len(zt)), top_t], expected_top(reference.predict(conf_t), floor_t), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(
+        probs[np.arange(len(zt)), top_t], expected_top(reference.predict(conf_t), floor_t), rtol=0, atol=1e-9
+    )
     assert (probs.argmax(1) == top_t).all()
 
 

@@ -21,7 +21,9 @@ from hf_calibration.calibrators._fitting.cv import stratified_folds
 def test_fit_reaches_the_scipy_minimum_of_the_same_objective(lam, mu, nu):
     z, y = overconfident(400, 4, seed=5)
     f = canonical(z)  # what the map sees
-    ms = MatrixScaling(reg_lambda=lam, reg_mu=mu, reg_diagonal=nu, tol=1e-14, max_iter=5000).fit(z, y, progress_bar=False)
+    ms = MatrixScaling(reg_lambda=lam, reg_mu=mu, reg_diagonal=nu, tol=1e-14, max_iter=5000).fit(
+        z, y, progress_bar=False
+    )
     nu = 4 / 100 if nu is None else nu  # the default: K / 100
     assert ms.fit_info_["reg_diagonal"] == pytest.approx(nu)
     _, ref_objective, ref_nll = fit_affine_reference(f, y, reg_lambda=lam, reg_mu=mu, reg_diagonal=nu)
@@ -91,9 +93,13 @@ def test_the_default_search_finds_the_best_point_of_the_authors_grid(monkeypatch
             scores[(lam, mu)] = total
     ms = MatrixScaling(cv=3).fit(z, y, progress_bar=False)
     chosen = (ms.fit_info_["reg_lambda"], ms.fit_info_["reg_mu"])
-    assert scores[min(scores, key=lambda c: abs(c[0] - chosen[0]) + abs(c[1] - chosen[1]))] <= min(scores.values()) + 1e-4
+    assert (
+        scores[min(scores, key=lambda c: abs(c[0] - chosen[0]) + abs(c[1] - chosen[1]))] <= min(scores.values()) + 1e-4
+    )
     assert len(ms.fit_info_["cv"]) < len(scores) / 3  # it visits a fraction of the grid
-    first = ms.fit_info_["cv"][0]  # the walk starts at the strongest point, mu tied to lambda (the same weight per entry)
+    first = ms.fit_info_["cv"][
+        0
+    ]  # the walk starts at the strongest point, mu tied to lambda (the same weight per entry)
     assert first["reg_lambda"] == pytest.approx(k * (k - 1) * 100) and first["reg_mu"] == pytest.approx(k * 100)
     assert "cross-validation" in ms._card_description()
 
@@ -129,7 +135,9 @@ def test_warns_and_names_smaller_calibrators_when_temperature_scaling_cross_vali
             s = zz / np.exp(log_t)
             return float(np.mean(logsumexp(s, axis=1) - s[np.arange(len(yy)), yy]))
 
-        t = np.exp(minimize_scalar(nll, args=(zt, y[train]), bounds=(-3, 4), method="bounded", options={"xatol": 1e-10}).x)
+        t = np.exp(
+            minimize_scalar(nll, args=(zt, y[train]), bounds=(-3, 4), method="bounded", options={"xatol": 1e-10}).x
+        )
         total += nll(np.log(t), zv, y[val]) * len(val) / len(y)
     assert ms.fit_info_["cv_nll_temperature_scaling"] == pytest.approx(total, abs=1e-6)
 
@@ -167,7 +175,10 @@ def test_a_diverging_fit_is_a_value_error_that_says_why(monkeypatch):
     rng = np.random.default_rng(0)
     y = np.array([0, 1, 2, 3] * 5)
     z = rng.normal(size=(20, 6)).astype(np.float32)
-    with pytest.raises(ValueError, match=r"diverged on 20 labelled samples with K = 6 classes \(2 of them never a label\).*temperature_scaling"):
+    with pytest.raises(
+        ValueError,
+        match=r"diverged on 20 labelled samples with K = 6 classes \(2 of them never a label\).*temperature_scaling",
+    ):
         MatrixScaling(reg_lambda=1e-3, reg_mu=1e-3).fit(z, y, progress_bar=False)
 
 
@@ -178,7 +189,9 @@ def test_the_papers_free_diagonal_has_no_optimum_when_a_class_is_always_right():
     y = rng.integers(0, 3, 300)
     z = rng.normal(size=(300, 3)) + 1.5 * np.eye(3)[y]
     z[y == 0, 0] += 5.0
-    free = MatrixScaling(reg_lambda=1.0, reg_mu=1.0, reg_diagonal=0.0, max_iter=300).fit(z.astype(np.float32), y, progress_bar=False)
+    free = MatrixScaling(reg_lambda=1.0, reg_mu=1.0, reg_diagonal=0.0, max_iter=300).fit(
+        z.astype(np.float32), y, progress_bar=False
+    )
     shrunk = MatrixScaling(reg_lambda=1.0, reg_mu=1.0).fit(z.astype(np.float32), y, progress_bar=False)
     free_w, shrunk_w = float(free.weight.detach()[0, 0]), float(shrunk.weight.detach()[0, 0])
     assert free_w > 10 * shrunk_w and shrunk_w < 5
@@ -220,4 +233,3 @@ def test_densenet_cifar100_matrix_scaling_no_longer_overfits():
     ms = MatrixScaling().fit(zv, yv, progress_bar=False)
     assert _test_nll(ms, zt, yt) < 0.881
     assert float(torch.diagonal(ms.weight).max()) < 2  # no runaway diagonal weight
-

@@ -133,12 +133,25 @@ def _fused_and_autograd(smart, z, y, objective, sigma=0.05, force_exp=False):
     loss = smart._torch_objective(z, y, objective, **({"sigma": sigma} if binned else {}))
     smart.zero_grad()
     loss.backward()
-    grad_torch = torch.cat([smart.hidden.weight.grad[:, 0], smart.hidden.bias.grad, smart.output.weight.grad[0], smart.output.bias.grad])
+    grad_torch = torch.cat(
+        [smart.hidden.weight.grad[:, 0], smart.hidden.bias.grad, smart.output.weight.grad[0], smart.output.bias.grad]
+    )
     table = LogPartitionTable(z, y)
     m_hat = ((logit_margin(torch.from_numpy(z)).double() - smart.margin_mean) / smart.margin_std).numpy()
     value, grad = smart_loss_grad(
-        smart._flat_parameters(), m_hat, table.fd.reshape(-1).numpy(), GRID, table.gap_true.numpy(), table.correct.numpy(),
-        OBJECTIVE_CODES[objective], 15, sigma, 1e-3, smart.eps, workspace(len(y), 15), force_exp,
+        smart._flat_parameters(),
+        m_hat,
+        table.fd.reshape(-1).numpy(),
+        GRID,
+        table.gap_true.numpy(),
+        table.correct.numpy(),
+        OBJECTIVE_CODES[objective],
+        15,
+        sigma,
+        1e-3,
+        smart.eps,
+        workspace(len(y), 15),
+        force_exp,
     )
     return (value, grad), (loss.item(), grad_torch.numpy())
 
@@ -151,8 +164,9 @@ def _assert_matches(fused, reference):
 @pytest.mark.parametrize("n", [300, 700])  # 700: several of the kernel's 256-row chunks, the last one partial
 @pytest.mark.parametrize("objective", sorted(OBJECTIVE_CODES))
 def test_fused_smart_step_matches_autograd(objective, n):
-    from hf_calibration.calibrators import SMARTCalibrator
     from _calibrator_data import overconfident
+
+    from hf_calibration.calibrators import SMARTCalibrator
 
     z, y = overconfident(n, 6, seed=4)
     smart = SMARTCalibrator(seed=5, max_steps=3).fit(z, y, objective=objective, progress_bar=False)
@@ -164,8 +178,9 @@ def test_fused_smart_step_matches_autograd(objective, n):
 @pytest.mark.parametrize("b2", [-30.0, 400.0])  # T ~ eps = 1e-3 (beta above the table) and T ~ 400 (below it)
 @pytest.mark.parametrize("objective", sorted(OBJECTIVE_CODES))
 def test_fused_smart_step_matches_autograd_off_the_table(objective, b2):
-    from hf_calibration.calibrators import SMARTCalibrator
     from _calibrator_data import overconfident
+
+    from hf_calibration.calibrators import SMARTCalibrator
 
     z, y = overconfident(300, 6, seed=7)
     smart = SMARTCalibrator(seed=1, eps=1e-3, max_steps=1).fit(z, y, objective=objective, progress_bar=False)
@@ -177,8 +192,9 @@ def test_fused_smart_step_matches_autograd_off_the_table(objective, b2):
 
 @pytest.mark.parametrize("sigma", [0.05, 0.01])  # 0.01: too narrow for the membership recurrence, one exp per bin
 def test_fused_smart_step_soft_bin_paths_match_autograd_and_each_other(sigma):
-    from hf_calibration.calibrators import SMARTCalibrator
     from _calibrator_data import overconfident
+
+    from hf_calibration.calibrators import SMARTCalibrator
 
     z, y = overconfident(600, 5, seed=11)
     smart = SMARTCalibrator(seed=3, max_steps=2).fit(z, y, progress_bar=False)
@@ -192,9 +208,9 @@ def test_fused_smart_step_soft_bin_paths_match_autograd_and_each_other(sigma):
 @pytest.mark.parametrize("objective", ["nll", "charbonnier_soft_ece"])
 def test_fused_smart_step_does_not_depend_on_the_thread_count(objective):
     import numba
+    from _calibrator_data import overconfident
 
     from hf_calibration.calibrators import SMARTCalibrator
-    from _calibrator_data import overconfident
 
     if numba.get_num_threads() < 2:
         pytest.skip("one numba thread")

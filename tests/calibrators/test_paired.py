@@ -16,8 +16,9 @@ def table():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 4, 600)
     logits = 2.5 * rng.standard_normal((600, 4)) + 3.0 * np.eye(4)[labels]
-    return compare_calibrators(logits, labels, ["temperature_scaling", "isotonic"], cv=3, keep_predictions=True,
-                               progress_bar=False)
+    return compare_calibrators(
+        logits, labels, ["temperature_scaling", "isotonic"], cv=3, keep_predictions=True, progress_bar=False
+    )
 
 
 @pytest.mark.parametrize("metric,function", [("ece", ece), ("adaece", adaece), ("smce", smce), ("nll", nll)])
@@ -46,12 +47,16 @@ def test_pooled_values_and_paired_differences(table, metric, function):
         assert (result.difference[method].low, result.difference[method].high) == pytest.approx((low, high), abs=1e-12)
         # issue 29 item 13: counted on the resampled differences centred on the pooled one (a binned metric's resamples
         # are biased, and "wins 62 %" stood beside a positive, worse, difference)
-        point = function(table.predictions[method], y, from_logits=True) - function(table.predictions[best], y, from_logits=True)
+        point = function(table.predictions[method], y, from_logits=True) - function(
+            table.predictions[best], y, from_logits=True
+        )
         assert result.wins[method] == pytest.approx(np.mean(diff - np.median(diff) + point < 0))
         assert point <= 0 or result.wins[method] <= 0.5
         own = resampled(method)
         q_low, q_high = np.quantile(own, [0.025, 0.975])
-        low, high = (q_low, q_high) if metric == "nll" else (max(2 * full[method] - q_high, 0.0), 2 * full[method] - q_low)
+        low, high = (
+            (q_low, q_high) if metric == "nll" else (max(2 * full[method] - q_high, 0.0), 2 * full[method] - q_low)
+        )
         assert (result.pooled[method].low, result.pooled[method].high) == pytest.approx((low, high), abs=1e-12)
     assert (result.difference[best].low, result.difference[best].high, result.wins[best]) == (0.0, 0.0, 0.0)
     text = str(result)

@@ -9,19 +9,28 @@ import pytest
 import torch
 from _calibrator_data import overconfident
 
-from hf_calibration.calibrators import HistogramBinning, IsotonicRegression, OneVsRestIsotonicRegression, load_calibrator
+from hf_calibration.calibrators import (
+    HistogramBinning,
+    IsotonicRegression,
+    OneVsRestIsotonicRegression,
+    load_calibrator,
+)
 from hf_calibration.calibrators._piecewise import PiecewiseMaps
 
 
 def test_groups_by_hand():
     maps = PiecewiseMaps()
     # group 0: bins (.., 0.5] -> 0.2, (0.5, ..] -> 0.9; group 1: no bins (identity); group 2: one bin -> 0.4
-    maps.set([(np.array([0.5, 1.0]), np.array([0.2, 0.9])), (np.zeros(0), np.zeros(0)), (np.array([1.0]), np.array([0.4]))])
+    maps.set(
+        [(np.array([0.5, 1.0]), np.array([0.2, 0.9])), (np.zeros(0), np.zeros(0)), (np.array([1.0]), np.array([0.4]))]
+    )
     x = np.array([0.1, 0.5, 0.51, 0.3, 0.7, 0.9, 0.6])
     groups = np.array([0, 0, 0, 1, 2, 3, 1])  # group 3 was never fitted: the identity
     np.testing.assert_array_equal(maps.evaluate(x, groups, step=True), [0.2, 0.2, 0.9, 0.3, 0.4, 0.9, 0.6])
     # as linear maps: group 0 interpolates between (0.5, 0.2) and (1.0, 0.9), constant below 0.5
-    np.testing.assert_allclose(maps.evaluate(x, groups, step=False), [0.2, 0.2, 0.214, 0.3, 0.4, 0.9, 0.6], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(
+        maps.evaluate(x, groups, step=False), [0.2, 0.2, 0.214, 0.3, 0.4, 0.9, 0.6], rtol=0, atol=1e-15
+    )
     np.testing.assert_array_equal(maps.evaluate(np.array([0.75]), step=False), [0.55])
     assert maps.inconsistency() is None and maps.num_groups == 3
 
@@ -85,9 +94,16 @@ def test_maps_outside_the_probabilities_are_refused(kind, name, value, tmp_path)
     with pytest.raises(ValueError, match=rf"corrupted: {name.split('.')[1]} hold {value!r}, outside \[0, 1\]"):
         load_calibrator(tmp_path / "bad")
 
-@pytest.mark.parametrize("make", [OneVsRestIsotonicRegression, lambda: HistogramBinning(points_per_bin=10),
-                                  lambda: HistogramBinning(points_per_bin=200)],
-                         ids=["isotonic_ovr", "histogram_binning per_class", "histogram_binning pooled rare classes"])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        OneVsRestIsotonicRegression,
+        lambda: HistogramBinning(points_per_bin=10),
+        lambda: HistogramBinning(points_per_bin=200),
+    ],
+    ids=["isotonic_ovr", "histogram_binning per_class", "histogram_binning pooled rare classes"],
+)
 def test_per_class_maps_refuse_another_number_of_classes(make, tmp_path):
     # issue 23 item 2: class k's map was applied to whatever class k of K = 3 or K = 8 logits was, with a log line only
     z, y = overconfident(600, 5, seed=3)

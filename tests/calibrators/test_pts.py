@@ -74,7 +74,10 @@ def test_fewer_classes_than_inputs_pads_with_the_smallest_logit():
     pts = ParameterizedTemperatureScaling(top_k=6)
     z = torch.tensor([[3.0, -1.0, 2.0, 50.0], [0.0, -150.0, 1.0, 2.0]])
     # relative to the row maximum, clipped at -100, sorted, padded with the smallest
-    assert pts.sorted_inputs(z).tolist() == [[0.0, -47.0, -48.0, -51.0, -51.0, -51.0], [0.0, -1.0, -2.0, -100.0, -100.0, -100.0]]
+    assert pts.sorted_inputs(z).tolist() == [
+        [0.0, -47.0, -48.0, -51.0, -51.0, -51.0],
+        [0.0, -1.0, -2.0, -100.0, -100.0, -100.0],
+    ]
     assert torch.equal(pts.sorted_inputs(z + 5.0), pts.sorted_inputs(z))
 
 
@@ -83,14 +86,18 @@ def test_fit_beats_temperature_scaling_where_the_temperature_should_vary():
     zf, yf, zt, yt, oracle_t = z[:3000], y[:3000], z[3000:], y[3000:], oracle[3000:]
     pts = ParameterizedTemperatureScaling().fit(zf, yf, progress_bar=False)
     # temperature scaling under the same objective, fitted independently (scipy, exact softmax)
-    t_ts = scipy.optimize.minimize_scalar(lambda t: _brier(softmax(zf / t, axis=1), yf), bounds=(0.05, 100), method="bounded",
-                                          options={"xatol": 1e-10}).x
+    t_ts = scipy.optimize.minimize_scalar(
+        lambda t: _brier(softmax(zf / t, axis=1), yf), bounds=(0.05, 100), method="bounded", options={"xatol": 1e-10}
+    ).x
     fit_ts = _brier(softmax(zf / t_ts, axis=1), yf)
     fit_pts = _brier(_paper_pts_proba(zf, _layers(pts)), yf)
     assert fit_pts <= fit_ts  # starts from temperature scaling: does not end worse on the fit objective
     assert pts.fit_info_["temperature_scaling"] == pytest.approx(t_ts, rel=1e-3)
-    test_pts, test_ts, test_oracle = (_brier(_paper_pts_proba(zt, _layers(pts)), yt), _brier(softmax(zt / t_ts, axis=1), yt),
-                                      _brier(oracle_t, yt))
+    test_pts, test_ts, test_oracle = (
+        _brier(_paper_pts_proba(zt, _layers(pts)), yt),
+        _brier(softmax(zt / t_ts, axis=1), yt),
+        _brier(oracle_t, yt),
+    )
     # held out: most of the way from temperature scaling to the true temperatures (measured: 97 %)
     assert test_pts < test_ts - 0.5 * (test_ts - test_oracle)
 
@@ -103,7 +110,9 @@ def test_deterministic_given_seed():
         assert torch.equal(p, q), name
 
 
-@pytest.mark.parametrize("kwargs, match", [({"top_k": 0}, "top_k"), ({"clip": 0.0}, "clip"), ({"hidden_size": 1.5}, "hidden_size")])
+@pytest.mark.parametrize(
+    "kwargs, match", [({"top_k": 0}, "top_k"), ({"clip": 0.0}, "clip"), ({"hidden_size": 1.5}, "hidden_size")]
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         ParameterizedTemperatureScaling(**kwargs)

@@ -27,7 +27,9 @@ def _scipy_temperature(z, y):
         s = z / np.exp(log_t)
         return float(np.mean(logsumexp(s, axis=1) - s[np.arange(len(y)), y]))
 
-    return float(np.exp(minimize_scalar(nll, bounds=(np.log(0.05), np.log(100)), method="bounded", options={"xatol": 1e-10}).x))
+    return float(
+        np.exp(minimize_scalar(nll, bounds=(np.log(0.05), np.log(100)), method="bounded", options={"xatol": 1e-10}).x)
+    )
 
 
 def test_ts_matches_scipy_scalar_minimiser():
@@ -66,7 +68,10 @@ def test_smart_lowers_test_ece_on_every_file(path):
 def test_objective_ablation_runs_end_to_end():
     zv, yv, zt, yt = _load("cifar10_resnet50_cross_entropy_calibench.npz")
     before = ece(zt, yt)
-    for make in (TemperatureScaling, lambda: SMARTCalibrator(max_steps=300)):  # shortened SMART fits: it must run, not converge
+    for make in (
+        TemperatureScaling,
+        lambda: SMARTCalibrator(max_steps=300),
+    ):  # shortened SMART fits: it must run, not converge
         for objective in sorted(OBJECTIVES):
             cal = make().fit(zv, yv, objective=objective, progress_bar=False)
             assert cal.fit_info_["objective"] == objective
@@ -89,4 +94,6 @@ def test_smart_keeps_a_small_real_improvement_without_a_saturation_warning(objec
     assert "fallback" not in smart.fit_info_ and "saturated" not in caplog.text
     ts = TemperatureScaling().fit(zv, yv, progress_bar=False)
     temps = smart.temperature(torch.from_numpy(zv)).double()
-    assert float(temps.max() - temps.min()) > 1e-3 and not torch.allclose(temps, torch.full_like(temps, ts.fitted_temperature))
+    assert float(temps.max() - temps.min()) > 1e-3 and not torch.allclose(
+        temps, torch.full_like(temps, ts.fitted_temperature)
+    )

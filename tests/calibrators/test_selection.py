@@ -33,8 +33,17 @@ def data():
 @pytest.fixture(scope="module")
 def table(data):
     z, y = data
-    return compare_calibrators(z, y, {"temperature_scaling": {}, "isotonic": {}, "smart": FAST_SMART}, cv=3, seed=2,
-                               fit_seeds=2, keep_predictions=True, race=False, progress_bar=False)
+    return compare_calibrators(
+        z,
+        y,
+        {"temperature_scaling": {}, "isotonic": {}, "smart": FAST_SMART},
+        cv=3,
+        seed=2,
+        fit_seeds=2,
+        keep_predictions=True,
+        race=False,
+        progress_bar=False,
+    )
 
 
 def _reference_scores(calibrated: np.ndarray, z: np.ndarray, y: np.ndarray) -> dict[str, float]:
@@ -84,7 +93,9 @@ def test_seeded_methods_are_averaged_over_fit_seeds(table, data):
 def test_a_method_that_fails_is_a_row_not_a_crash(data):
     z, y = data
     # 60 samples, 5 folds: SMART trains on 48 < its 50-sample minimum in every fold
-    table = compare_calibrators(z[:60], y[:60], {"smart": FAST_SMART, "isotonic": {}}, cv=5, race=False, progress_bar=False)
+    table = compare_calibrators(
+        z[:60], y[:60], {"smart": FAST_SMART, "isotonic": {}}, cv=5, race=False, progress_bar=False
+    )
     assert len(table["smart"].errors) == 5 and "at least 50" in table["smart"].errors[0]
     assert np.isnan(table["smart"].mean("ece")) and len(table["isotonic"].folds["ece"]) == 5
     text = str(table)
@@ -107,10 +118,19 @@ def _hand_scores(name, ece, acc=0.0, nll=0.5, errors=(), folds=2):
 
 def test_best_by_hand():
     table = CalibratorComparison(
-        {"uncalibrated": _hand_scores("uncalibrated", 0.1, nll=0.8), "a": _hand_scores("a", 0.02), "b": _hand_scores("b", 0.01, acc=-0.003),
-         "c": _hand_scores("c", 0.005, errors=["fold 1: ValueError: x"]), "d": _hand_scores("d", 0.02),
-         "e": _hand_scores("e", 0.001, folds=1)},
-        cv=2, seed=0, n_bins=15, num_samples=10, num_classes=3,
+        {
+            "uncalibrated": _hand_scores("uncalibrated", 0.1, nll=0.8),
+            "a": _hand_scores("a", 0.02),
+            "b": _hand_scores("b", 0.01, acc=-0.003),
+            "c": _hand_scores("c", 0.005, errors=["fold 1: ValueError: x"]),
+            "d": _hand_scores("d", 0.02),
+            "e": _hand_scores("e", 0.001, folds=1),
+        },
+        cv=2,
+        seed=0,
+        n_bins=15,
+        num_samples=10,
+        num_classes=3,
     )
     # b loses accuracy, c failed on a fold, e ran one fold of two, uncalibrated's ECE is the worst, a before d
     assert table.best("ece") == "a"
@@ -122,16 +142,31 @@ def test_best_by_hand():
 
 def test_a_method_worse_than_uncalibrated_on_nll_is_never_chosen_by_hand():
     table = CalibratorComparison(
-        {"uncalibrated": _hand_scores("uncalibrated", 0.10, nll=0.80), "binning": _hand_scores("binning", 0.01, nll=0.93),
-         "scaling": _hand_scores("scaling", 0.03, nll=0.79)},
-        cv=2, seed=0, n_bins=15, num_samples=10, num_classes=3,
+        {
+            "uncalibrated": _hand_scores("uncalibrated", 0.10, nll=0.80),
+            "binning": _hand_scores("binning", 0.01, nll=0.93),
+            "scaling": _hand_scores("scaling", 0.03, nll=0.79),
+        },
+        cv=2,
+        seed=0,
+        n_bins=15,
+        num_samples=10,
+        num_classes=3,
     )
     for metric in ("ece", "nll", "brier"):
         assert table.best(metric) == "scaling"
     assert "worse than the uncalibrated" in table.exclusions()["binning"]
-    alone = CalibratorComparison({"uncalibrated": _hand_scores("uncalibrated", 0.1, nll=0.8),
-                                  "binning": _hand_scores("binning", 0.01, nll=0.93)},
-                                 cv=2, seed=0, n_bins=15, num_samples=10, num_classes=3)
+    alone = CalibratorComparison(
+        {
+            "uncalibrated": _hand_scores("uncalibrated", 0.1, nll=0.8),
+            "binning": _hand_scores("binning", 0.01, nll=0.93),
+        },
+        cv=2,
+        seed=0,
+        n_bins=15,
+        num_samples=10,
+        num_classes=3,
+    )
     chosen, why = alone.decide("ece")  # nothing qualifies: the model is left as it is, and the reason says why
     assert chosen == alone.best("ece") == "uncalibrated" and "binning: cross-validated NLL 0.9300 is worse" in why
 
@@ -146,9 +181,12 @@ def _fold_scores(name, ece, nll):
 def test_within_one_standard_error_the_lower_nll_wins_by_hand():
     from scipy.stats import sem
 
-    scores = {"uncalibrated": _fold_scores("uncalibrated", [0.10, 0.10, 0.10], 0.8),
-              "a": _fold_scores("a", [0.010, 0.030, 0.020], 0.60), "b": _fold_scores("b", [0.025, 0.020, 0.030], 0.50),
-              "c": _fold_scores("c", [0.050, 0.060, 0.070], 0.40)}
+    scores = {
+        "uncalibrated": _fold_scores("uncalibrated", [0.10, 0.10, 0.10], 0.8),
+        "a": _fold_scores("a", [0.010, 0.030, 0.020], 0.60),
+        "b": _fold_scores("b", [0.025, 0.020, 0.030], 0.50),
+        "c": _fold_scores("c", [0.050, 0.060, 0.070], 0.40),
+    }
     table = CalibratorComparison(scores, cv=3, seed=0, n_bins=15, num_samples=30, num_classes=3)
     b_minus_a = np.subtract(scores["b"].folds["ece"], scores["a"].folds["ece"])
     c_minus_a = np.subtract(scores["c"].folds["ece"], scores["a"].folds["ece"])
@@ -172,7 +210,11 @@ def _qualifies_by_scipy(table, method: str) -> bool:
 
     ours, theirs = _held_out_nll(table, method), _held_out_nll(table, "uncalibrated")
     significant = ttest_rel(theirs, ours, alternative="greater").pvalue < 0.05
-    return bool(significant and theirs.mean() - ours.mean() >= 1e-3 * theirs.mean() and table[method].mean("accuracy_change") >= 0)
+    return bool(
+        significant
+        and theirs.mean() - ours.mean() >= 1e-3 * theirs.mean()
+        and table[method].mean("accuracy_change") >= 0
+    )
 
 
 def test_auto_calibrator_applies_the_one_standard_error_rule(data):
@@ -181,7 +223,9 @@ def test_auto_calibrator_applies_the_one_standard_error_rule(data):
     z, y = overconfident(600, 5, seed=8, scale=5.0)  # over-confident enough for every scaling method to qualify
     methods = ["temperature_scaling", "vector_scaling", "isotonic", "spline"]
     auto = AutoCalibrator(methods=methods, race=False).fit(z, y, progress_bar=False)
-    table = compare_calibrators(z, y, methods, race=False, keep_predictions=True, progress_bar=False)  # the same folds and fits
+    table = compare_calibrators(
+        z, y, methods, race=False, keep_predictions=True, progress_bar=False
+    )  # the same folds and fits
     ok = [m for m in methods if _qualifies_by_scipy(table, m)] + ["uncalibrated"]
     assert "temperature_scaling" in ok and "vector_scaling" in ok
     leader = min(ok, key=lambda m: table[m].mean("ece"))
@@ -218,7 +262,9 @@ def test_auto_calibrator_leaves_a_model_alone_when_nothing_lowers_nll(calibrated
 
     z, y = calibrated_model
     methods = ["isotonic", "histogram_binning", "spline"]
-    with pytest.warns(UncalibratedWarning, match="AutoCalibrator leaves every prediction uncalibrated.*no candidate qualified"):
+    with pytest.warns(
+        UncalibratedWarning, match="AutoCalibrator leaves every prediction uncalibrated.*no candidate qualified"
+    ):
         auto = AutoCalibrator(metric="ece", methods=methods).fit(z, y, progress_bar=False)
     assert auto.method_ == "uncalibrated" and auto.fit_info_["uncalibrated"]["classes"] == "all"
     zt = torch.from_numpy(z).double()
@@ -256,14 +302,26 @@ def test_racing_stops_a_clearly_worse_candidate_and_keeps_the_choice():
     raced = compare_calibrators(z, y, methods, progress_bar=False)
     hb = raced["histogram_binning"]
     ran = len(hb.fold_ids)
-    assert 2 <= ran < 5 and hb.fold_ids == list(range(ran)) and hb.stopped.startswith("clearly worse than") and "on ece" in hb.stopped
+    assert (
+        2 <= ran < 5
+        and hb.fold_ids == list(range(ran))
+        and hb.stopped.startswith("clearly worse than")
+        and "on ece" in hb.stopped
+    )
     leader = hb.stopped.split()[3]
-    pvalues = [ttest_rel(full["histogram_binning"].folds["ece"][:f], full[leader].folds["ece"][:f], alternative="greater").pvalue
-               for f in range(2, ran + 1)]
+    pvalues = [
+        ttest_rel(
+            full["histogram_binning"].folds["ece"][:f], full[leader].folds["ece"][:f], alternative="greater"
+        ).pvalue
+        for f in range(2, ran + 1)
+    ]
     assert pvalues[-1] < 0.01 and all(p >= 0.01 for p in pvalues[:-1])  # stopped at the first fold scipy finds it worse
     assert full["histogram_binning"].mean("nll") >= full[leader].mean("nll")
     assert hb.folds["ece"] == full["histogram_binning"].folds["ece"][:ran]  # the same folds, the same scores
-    assert raced.best() == full.best() and raced["temperature_scaling"].folds["ece"] == full["temperature_scaling"].folds["ece"]
+    assert (
+        raced.best() == full.best()
+        and raced["temperature_scaling"].folds["ece"] == full["temperature_scaling"].folds["ece"]
+    )
     assert "histogram_binning" in raced.exclusions() and f"{ran}/5 stopped" in str(raced)
     assert raced.to_dict()["histogram_binning"]["folds_run"] == ran
 
@@ -272,7 +330,12 @@ def test_table_shows_nll_beside_the_selection_metric(data):
     z, y = overconfident(600, 5, seed=8, scale=5.0)
     table = compare_calibrators(z, y, ["temperature_scaling"], metric="smce", cv=3, progress_bar=False)
     header = str(table).splitlines()[2]
-    assert [cell.strip() for cell in header.strip("|").split("|")][:4] == ["method", "smCE (%)", "NLL", "Δ accuracy (pp)"]
+    assert [cell.strip() for cell in header.strip("|").split("|")][:4] == [
+        "method",
+        "smCE (%)",
+        "NLL",
+        "Δ accuracy (pp)",
+    ]
     assert table.best() == "temperature_scaling" and table.columns()[:2] == ["smce", "nll"]
 
 
@@ -300,7 +363,9 @@ def test_rows_and_probabilities_input(table, data):
         for metric in ("nll", "brier", "smce"):
             np.testing.assert_allclose(again[method].folds[metric], table[method].folds[metric], rtol=0, atol=1e-6)
     # (binned ECE only where the outputs are not ratios of counts sitting on bin edges, as isotonic's are)
-    np.testing.assert_allclose(again["temperature_scaling"].folds["ece"], table["temperature_scaling"].folds["ece"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        again["temperature_scaling"].folds["ece"], table["temperature_scaling"].folds["ece"], rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
@@ -340,7 +405,9 @@ def test_auto_calibrator_refits_the_best_and_saves_as_it(data, tmp_path):
     methods = {"temperature_scaling": {}, "isotonic": {}, "spline": {}}
     auto = AutoCalibrator(metric="nll", cv=3, methods=methods, seed=1).fit(z, y, progress_bar=False)
     table = compare_calibrators(z, y, methods, cv=3, seed=1, metric="nll", progress_bar=False)
-    finished = [m for m in methods if len(table[m].fold_ids) == 3 and table[m].mean("nll") <= table["uncalibrated"].mean("nll")]
+    finished = [
+        m for m in methods if len(table[m].fold_ids) == 3 and table[m].mean("nll") <= table["uncalibrated"].mean("nll")
+    ]
     expected = min(finished, key=lambda m: table[m].mean("nll"))
     assert auto.method_ == expected and type(auto.calibrator_).kind == expected
     refit = type(auto.calibrator_)().fit(z, y, progress_bar=False)

@@ -24,14 +24,20 @@ def test_fit_reaches_the_scipy_minimum_of_the_same_objective(lambdas):
     z = z * np.array([0.7, 1.0, 1.5, 1.2], dtype=np.float32)  # per-class sharpness: something for W to correct
     n, k = z.shape
     li, ld, lo = lambdas
-    sms = StructuredMatrixScaling(lambda_intercept=li, lambda_diagonal=ld, lambda_off_diagonal=lo, tol=1e-14, max_iter=5000)
+    sms = StructuredMatrixScaling(
+        lambda_intercept=li, lambda_diagonal=ld, lambda_off_diagonal=lo, tol=1e-14, max_iter=5000
+    )
     sms.fit(z, y, progress_bar=False)
     features, t, eps = smoothed_temperature_features(z, y)
     assert sms.fit_info_["temperature"] == pytest.approx(t, rel=1e-6)
     assert float(sms.smoothing) == pytest.approx(eps) == pytest.approx(1 / 301)
     # the paper's penalty scaling: lambda K / N for the intercept and the diagonal, lambda K (K - 1) / N off it
     weights = (lo * k * (k - 1) / n, ld * k / n, li * k / n)
-    assert (sms.fit_info_["reg_off_diagonal"], sms.fit_info_["reg_diagonal"], sms.fit_info_["reg_intercept"]) == pytest.approx(weights)
+    assert (
+        sms.fit_info_["reg_off_diagonal"],
+        sms.fit_info_["reg_diagonal"],
+        sms.fit_info_["reg_intercept"],
+    ) == pytest.approx(weights)
     _, ref_objective, ref_nll = fit_structured_reference(features, y, False, *weights)
     assert sms.fit_info_["best_objective"] == pytest.approx(ref_objective, abs=1e-7)
     assert sms.fit_info_["nll"] == pytest.approx(ref_nll, abs=1e-6)
@@ -42,7 +48,9 @@ def test_fit_reaches_the_scipy_minimum_of_the_same_objective(lambdas):
 def test_registered_and_identity_under_overwhelming_penalties():
     assert "sms" in list_calibrators() and type(create_calibrator("sms")) is StructuredMatrixScaling
     z, y = overconfident(400, 5, seed=2)
-    sms = StructuredMatrixScaling(lambda_intercept=1e9, lambda_diagonal=1e9, lambda_off_diagonal=1e9).fit(z, y, progress_bar=False)
+    sms = StructuredMatrixScaling(lambda_intercept=1e9, lambda_diagonal=1e9, lambda_off_diagonal=1e9).fit(
+        z, y, progress_bar=False
+    )
     torch.testing.assert_close(sms.weight.detach(), torch.eye(5, dtype=torch.float64), rtol=0, atol=1e-6)
     # W = I, b = 0: temperature scaling, mixed with the uniform distribution by eps = 1 / (N + 1)
     t, eps = sms.fit_info_["temperature"], 1 / 401
@@ -68,14 +76,18 @@ def test_same_objective_as_probmetrics_and_at_least_as_low():
     peer = probmetrics_fit("sms", z, y)
     ours = StructuredMatrixScaling(tol=1e-12).fit(z, y, progress_bar=False)
     # the authors' objective, written from their fit's own features (their smoothed temperature scaling)
-    x = torch.from_numpy(multiclass_probs_to_logits(peer.ts_.predict_proba(torch.softmax(torch.from_numpy(z).double(), 1).numpy()))).double()
+    x = torch.from_numpy(
+        multiclass_probs_to_logits(peer.ts_.predict_proba(torch.softmax(torch.from_numpy(z).double(), 1).numpy()))
+    ).double()
     n, k = x.shape
 
     def objective(w, b):
         d = w - torch.eye(k, dtype=torch.float64)
         off = d - torch.diag_embed(torch.diagonal(d))
         ce = torch.nn.functional.cross_entropy(x @ w.T + b, torch.from_numpy(y))
-        return float(ce + k / n * (b**2).sum() + k / n * (torch.diagonal(d) ** 2).sum() + k * (k - 1) / n * (off**2).sum())
+        return float(
+            ce + k / n * (b**2).sum() + k / n * (torch.diagonal(d) ** 2).sum() + k * (k - 1) / n * (off**2).sum()
+        )
 
     theirs = objective(torch.from_numpy(peer.W_[:, :k]).double(), torch.from_numpy(peer.W_[:, k]).double())
     at_ours = objective(ours.weight.detach(), ours.bias.detach())

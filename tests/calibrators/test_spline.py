@@ -6,14 +6,22 @@ import numpy as np
 import pytest
 import torch
 from _calibrator_data import overconfident
-from _toplabel_reference import case_id, confidence_as_computed, expected_top, spline_recalibration, splits, top_label_view
+from _toplabel_reference import (
+    case_id,
+    confidence_as_computed,
+    expected_top,
+    spline_recalibration,
+    splits,
+    top_label_view,
+)
 from scipy.special import softmax
 
 from hf_calibration.calibrators import SplineCalibration
 
 
-@pytest.mark.parametrize("name, zv, yv, zt, knots", [(*case, 6) for case in splits(7)] + [(*splits(7)[0], 10)],
-                         ids=case_id)
+@pytest.mark.parametrize(
+    "name, zv, yv, zt, knots", [(*case, 6) for case in splits(7)] + [(*splits(7)[0], 10)], ids=case_id
+)
 def test_matches_the_papers_equations(name, zv, yv, zt, knots):
     """The reference fits the same least-squares natural cubic spline in the truncated-power basis (ESL 5.4)."""
     _, top, conf, _ = top_label_view(zv)
@@ -22,7 +30,9 @@ def test_matches_the_papers_equations(name, zv, yv, zt, knots):
     reference = spline_recalibration(conf, top == yv, knots)
     ours = SplineCalibration(knots=knots).fit(zv, yv, progress_bar=False)
     probs = ours.predict_proba(torch.from_numpy(zt).double()).numpy()
-    np.testing.assert_allclose(probs[np.arange(len(zt)), top_t], expected_top(reference(conf_t), floor_t), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(
+        probs[np.arange(len(zt)), top_t], expected_top(reference(conf_t), floor_t), rtol=0, atol=1e-9
+    )
 
 
 def _calibrated_sample(n: int, seed: int, scale: float = 2.5):
@@ -76,13 +86,15 @@ def test_knots_argument():
         SplineCalibration().fit(z, y, objective="nll")
 
 
-
 def test_the_stored_map_is_the_applied_one_clipped_to_probabilities():
     # issue 23 item 12: spline values left [0, 1] (clipped only when applied), so a tampered value could not be told
     # from a fitted one; the map is now stored as applied and a loaded value outside [0, 1] is refused
     from hf_calibration.calibrators._piecewise import clip_linear_map
 
-    xp, fp = np.array([0.0, 0.5, 0.8, 1.0]), np.array([-0.2, 0.4, 1.3, 0.9])  # by hand: crosses 0 at 1/6, 1 at 0.7 and 0.95
+    xp, fp = (
+        np.array([0.0, 0.5, 0.8, 1.0]),
+        np.array([-0.2, 0.4, 1.3, 0.9]),
+    )  # by hand: crosses 0 at 1/6, 1 at 0.7 and 0.95
     x, v = clip_linear_map(xp, fp)
     np.testing.assert_allclose(x, [0.0, 1 / 6, 0.5, 0.7, 0.8, 0.95, 1.0], rtol=0, atol=1e-15)
     np.testing.assert_allclose(v, [0.0, 0.0, 0.4, 1.0, 1.0, 1.0, 0.9], rtol=0, atol=1e-15)
@@ -97,4 +109,6 @@ def test_the_stored_map_is_the_applied_one_clipped_to_probabilities():
     spline = SplineCalibration().fit(z, y, progress_bar=False)
     knots, values = spline.maps.group(0)
     assert float(values.min()) >= 0.0 and float(values.max()) <= 1.0
-    np.testing.assert_allclose(spline.maps.evaluate(grid, step=False), np.clip(np.interp(grid, raw_x, raw_v), 0, 1), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        spline.maps.evaluate(grid, step=False), np.clip(np.interp(grid, raw_x, raw_v), 0, 1), rtol=0, atol=1e-12
+    )

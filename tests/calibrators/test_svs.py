@@ -18,7 +18,9 @@ def test_fit_reaches_the_scipy_minimum_of_the_same_objective(lambdas):
     z = z * np.array([0.7, 1.0, 1.5, 1.2, 0.9], dtype=np.float32) + np.array([0.5, 0, 0, -0.5, 1.0], dtype=np.float32)
     n, k = z.shape
     li, ld = lambdas
-    svs = StructuredVectorScaling(lambda_intercept=li, lambda_diagonal=ld, tol=1e-14, max_iter=5000).fit(z, y, progress_bar=False)
+    svs = StructuredVectorScaling(lambda_intercept=li, lambda_diagonal=ld, tol=1e-14, max_iter=5000).fit(
+        z, y, progress_bar=False
+    )
     features, t, eps = smoothed_temperature_features(z, y)
     assert svs.fit_info_["temperature"] == pytest.approx(t, rel=1e-6)
     weights = (0.0, ld * k / n, li * k / n)  # the paper's scaling: lambda K / N
@@ -43,7 +45,9 @@ def test_fit_frees_its_working_arrays_without_the_garbage_collector(method):
     import tracemalloc
 
     z, y = overconfident(4000, 200, seed=3)
-    create_calibrator(method).fit(z, y, progress_bar=False)  # every kernel this size runs (serial or parallel) loaded first
+    create_calibrator(method).fit(
+        z, y, progress_bar=False
+    )  # every kernel this size runs (serial or parallel) loaded first
     gc.collect()
     gc.disable()
     tracemalloc.start()

@@ -7,11 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from _calibrator_data import overconfident
 
 from hf_calibration.calibrators import TemperatureScaling
 from hf_calibration.calibrators.temperature import NEWTON_TOL, _newton_beta
-
-from _calibrator_data import overconfident
 
 
 def test_newton_stops_when_a_step_lands_on_the_optimum_to_rounding():
@@ -46,7 +45,9 @@ def _lbfgs_temperature(z: np.ndarray, y: np.ndarray) -> float:
     """The NLL minimised over ``log T`` by torch.optim.LBFGS (strong Wolfe), in float64."""
     logits, labels = torch.from_numpy(z).double(), torch.from_numpy(y)
     t = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([t], lr=1.0, max_iter=200, tolerance_grad=1e-14, tolerance_change=1e-16, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [t], lr=1.0, max_iter=200, tolerance_grad=1e-14, tolerance_change=1e-16, line_search_fn="strong_wolfe"
+    )
 
     def closure():
         opt.zero_grad()

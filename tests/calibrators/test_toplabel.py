@@ -43,7 +43,9 @@ def test_hand_worked_rescaling():
     assert parts.confidence[0] == pytest.approx(0.5, abs=1e-15)
     assert parts.floor[0] == pytest.approx(0.4 / 0.9, abs=1e-15)  # p_2 / (1 - p_1 + p_2)
     # p' = 0.7: the others share 0.3 in proportion 4 : 1
-    np.testing.assert_allclose(_probs(rescale_top_label(parts, np.array([0.7]))), [[0.7, 0.24, 0.06]], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(
+        _probs(rescale_top_label(parts, np.array([0.7]))), [[0.7, 0.24, 0.06]], rtol=0, atol=1e-15
+    )
     # p' = 0.3 would give [0.3, 0.56, 0.14] and promote class 1: clamped to the tie 4/9, 4/9, 1/9
     clamped = rescale_top_label(parts, np.array([0.3]))
     np.testing.assert_allclose(_probs(clamped), [[4 / 9, 4 / 9, 1 / 9]], rtol=0, atol=1e-15)
@@ -65,7 +67,9 @@ def test_argmax_kept_when_the_floor_ties_a_later_class():
     out = cal(logits)
     assert torch.equal(out.argmax(1), torch.tensor([2, 2]))
     np.testing.assert_allclose(_probs(out)[0], [1 / 9, 4 / 9, 4 / 9], rtol=0, atol=1e-6)
-    np.testing.assert_allclose(_probs(out)[1], [1 / 7, 3 / 7, 3 / 7], rtol=0, atol=1e-6)  # floor 0.15 / 0.35 = 3/7 > 0.3
+    np.testing.assert_allclose(
+        _probs(out)[1], [1 / 7, 3 / 7, 3 / 7], rtol=0, atol=1e-6
+    )  # floor 0.15 / 0.35 = 3/7 > 0.3
 
 
 @settings(max_examples=60, deadline=None)

@@ -38,7 +38,9 @@ def test_sized_by_the_fit_and_refuses_other_class_counts():
     assert vs.num_classes == 5 and vs.weight.shape == (5,) and vs._hub_mixin_config["num_classes"] == 5
     with pytest.raises(ValueError, match="K = 5 classes"):
         vs(torch.zeros(2, 6))
-    assert vs.fit_info_["accuracy_after"] == pytest.approx(float((vs(torch.from_numpy(z)).argmax(1).numpy() == y).mean()))
+    assert vs.fit_info_["accuracy_after"] == pytest.approx(
+        float((vs(torch.from_numpy(z)).argmax(1).numpy() == y).mean())
+    )
 
 
 def test_warns_about_classes_without_samples(caplog):
@@ -60,7 +62,11 @@ def test_card_says_it_may_change_predictions(tmp_path):
     z, y = overconfident(300, 5, seed=2)
     VectorScaling().fit(z, y, progress_bar=False).save_pretrained(tmp_path)
     card = (tmp_path / "README.md").read_text()
-    assert "may change the predicted class" in card and "vector scaling, Guo et al. 2017" in card and "lambda = 0.05, mu = 0.005" in card
+    assert (
+        "may change the predicted class" in card
+        and "vector scaling, Guo et al. 2017" in card
+        and "lambda = 0.05, mu = 0.005" in card
+    )
     config = (tmp_path / "config.json").read_text()
     assert '"num_classes": 5' in config and '"calibrator": "vector_scaling"' in config
 
@@ -94,8 +100,11 @@ def test_starts_at_temperature_scaling_and_reports_what_the_forward_gives(kind):
     from hf_calibration.metrics import ece
 
     z, y = overconfident(3000, 40, seed=4)
-    x = {"float32": z, "float64": z.astype(np.float64),
-         "probabilities": torch.softmax(torch.from_numpy(z).double(), 1).numpy()}[kind]
+    x = {
+        "float32": z,
+        "float64": z.astype(np.float64),
+        "probabilities": torch.softmax(torch.from_numpy(z).double(), 1).numpy(),
+    }[kind]
     ts = TemperatureScaling().fit(x, y, progress_bar=False)
     vs = VectorScaling().fit(x, y, progress_bar=False)
     assert vs.fit_info_["start_temperature"] == pytest.approx(ts.fitted_temperature, rel=1e-9)
@@ -120,7 +129,9 @@ def test_the_reports_compiled_map_is_the_forwards_arithmetic_bit_for_bit(dtype):
     expected = (zt - zt.amax(1, keepdim=True)) * torch.from_numpy(w).to(zt.dtype) + torch.from_numpy(b).to(zt.dtype)
     np.testing.assert_array_equal(out, expected.numpy())
     diagonal_map(z, w.astype(dtype), b.astype(dtype), False, out)  # SVS's: the features as they are
-    np.testing.assert_array_equal(out, (zt * torch.from_numpy(w).to(zt.dtype) + torch.from_numpy(b).to(zt.dtype)).numpy())
+    np.testing.assert_array_equal(
+        out, (zt * torch.from_numpy(w).to(zt.dtype) + torch.from_numpy(b).to(zt.dtype)).numpy()
+    )
 
 
 def test_passes_of_seconds_take_their_threads_from_the_load_and_fit_the_same(monkeypatch):

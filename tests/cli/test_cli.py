@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _paths import SHARED_LOGITS  # noqa: E402
 
 from hf_calibration.cli import main
 
-from _paths import SHARED_LOGITS  # noqa: E402
 RESNET50_CE = SHARED_LOGITS / "cifar10_resnet50_cross_entropy_calibench.npz"
 
 
@@ -23,7 +23,9 @@ def _reference_ece(logits: np.ndarray, labels: np.ndarray, n_bins: int = 15) -> 
     from torchmetrics.functional.classification import multiclass_calibration_error
 
     probs = torch.softmax(torch.from_numpy(logits).double(), dim=1)
-    return float(multiclass_calibration_error(probs, torch.from_numpy(labels), logits.shape[1], n_bins=n_bins, norm="l1"))
+    return float(
+        multiclass_calibration_error(probs, torch.from_numpy(labels), logits.shape[1], n_bins=n_bins, norm="l1")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +62,12 @@ def test_help_of_every_subcommand(capsys, command):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: hf-calibration")
-    for option in {"report": ["--logits", "--diagram", "--json", "--split"], "fit": ["--method", "--objective", "--out", "--push-to-hub"],
-                   "apply": ["--calibrator", "--logits"], "demo": ["--output-dir", "--epochs", "--seed"]}.get(command[0] if command else "", []):
+    for option in {
+        "report": ["--logits", "--diagram", "--json", "--split"],
+        "fit": ["--method", "--objective", "--out", "--push-to-hub"],
+        "apply": ["--calibrator", "--logits"],
+        "demo": ["--output-dir", "--epochs", "--seed"],
+    }.get(command[0] if command else "", []):
         assert option in out
 
 
@@ -96,12 +102,16 @@ def test_report_with_bootstrap_intervals(capsys, npz_file, synthetic):
     want = calibration_report(logits, labels, ci=0.9, n_boot=100)
     code, out, err = _run(capsys, "report", "--logits", npz_file, "--ci", "0.9", "--n-boot", "100")
     assert code == 0, err
-    assert re.search(rf"^ECE\s+{re.escape(want.ece.format(100, 2, ' %'))}( \(\d\))?$", out, re.M), out  # "ECE  3.21 % [2.40, 4.05]"
+    assert re.search(rf"^ECE\s+{re.escape(want.ece.format(100, 2, ' %'))}( \(\d\))?$", out, re.M), (
+        out
+    )  # "ECE  3.21 % [2.40, 4.05]"
     assert "MCE" in out and "[no interval]" in out and "maximum over bins" in out
     code, out, err = _run(capsys, "report", "--logits", npz_file, "--ci", "0.9", "--n-boot", "100", "--json")
     data = json.loads(out)
     assert data["ece"] == pytest.approx(float(want.ece), abs=1e-12)
-    assert (data["intervals"]["ece"]["low"], data["intervals"]["nll"]["high"]) == pytest.approx((want.ece.low, want.nll.high), abs=1e-12)
+    assert (data["intervals"]["ece"]["low"], data["intervals"]["nll"]["high"]) == pytest.approx(
+        (want.ece.low, want.nll.high), abs=1e-12
+    )
     assert data["intervals"]["ece"]["method"] == "basic" and data["intervals"]["nll"]["method"] == "percentile"
     # MCE has no interval: null ends (strict JSON) and the reason
     assert data["intervals"]["mce"]["low"] is None and "maximum over bins" in data["intervals"]["mce"]["note"]
@@ -126,8 +136,12 @@ def test_report_json_with_intervals_and_an_infinite_nll(capsys, tmp_path):
     assert data["intervals"]["nll"]["high"] is None
     from hf_calibration.metrics import ece
 
-    assert data["intervals"]["ece"]["high"] == pytest.approx(ece(p, y, from_logits=False, ci=0.9, n_boot=100).high, abs=1e-12)
-    code, _, err = _run(capsys, "report", "--logits", path, "--probs", "--n-boot", "100")  # item 15: not ignored silently
+    assert data["intervals"]["ece"]["high"] == pytest.approx(
+        ece(p, y, from_logits=False, ci=0.9, n_boot=100).high, abs=1e-12
+    )
+    code, _, err = _run(
+        capsys, "report", "--logits", path, "--probs", "--n-boot", "100"
+    )  # item 15: not ignored silently
     assert code == 1 and err.count("\n") == 1 and "n_boot" in err
 
 
@@ -139,8 +153,12 @@ def test_report_reads_npy_pair_pt_and_plain_npz_alike(capsys, tmp_path, syntheti
     torch.save((torch.from_numpy(logits), torch.from_numpy(labels)), tmp_path / "pair.pt")
     np.savez(tmp_path / "plain.npz", logits=logits, labels=labels)
     expected = _reference_ece(logits, labels)
-    for argv in (["--logits", tmp_path / "z.npy", "--labels", tmp_path / "y.npy"], ["--logits", tmp_path / "d.pt"],
-                 ["--logits", tmp_path / "pair.pt"], ["--logits", tmp_path / "plain.npz"]):
+    for argv in (
+        ["--logits", tmp_path / "z.npy", "--labels", tmp_path / "y.npy"],
+        ["--logits", tmp_path / "d.pt"],
+        ["--logits", tmp_path / "pair.pt"],
+        ["--logits", tmp_path / "plain.npz"],
+    ):
         code, out, err = _run(capsys, "report", *argv, "--json")
         assert code == 0, err
         assert json.loads(out)["ece"] == pytest.approx(expected, abs=1e-6)
@@ -178,8 +196,14 @@ def _panels(fig):
     for rel_ax, count_ax in zip(reliability, counts):
         text = " ".join(t.get_text() for t in rel_ax.texts)
         bars = next(c for c in count_ax.containers if c.get_label() == "count")
-        out.append((rel_ax.get_title(), re.search(r"ECE = ([0-9.]+) ?%", text).group(1),
-                    int(re.search(r"N = (\d+)", text).group(1)), [int(p.get_height()) for p in bars.patches]))
+        out.append(
+            (
+                rel_ax.get_title(),
+                re.search(r"ECE = ([0-9.]+) ?%", text).group(1),
+                int(re.search(r"N = (\d+)", text).group(1)),
+                [int(p.get_height()) for p in bars.patches],
+            )
+        )
     return out
 
 
@@ -204,9 +228,15 @@ def test_report_probs_margin_groups_are_the_logit_margin_groups(capsys, tmp_path
     logits, labels = synthetic
     np.savez(tmp_path / "z.npz", logits=logits.astype(np.float64), labels=labels)
     np.savez(tmp_path / "p.npz", logits=torch.softmax(torch.from_numpy(logits).double(), 1).numpy(), labels=labels)
-    assert _run(capsys, "report", "--logits", tmp_path / "z.npz", "--diagram", tmp_path / "z.png", "--margin-groups", "3")[0] == 0
-    code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", *flag, "--diagram", tmp_path / "p.png",
-                          "--margin-groups", "3")
+    assert (
+        _run(capsys, "report", "--logits", tmp_path / "z.npz", "--diagram", tmp_path / "z.png", "--margin-groups", "3")[
+            0
+        ]
+        == 0
+    )
+    code, out, err = _run(
+        capsys, "report", "--logits", tmp_path / "p.npz", *flag, "--diagram", tmp_path / "p.png", "--margin-groups", "3"
+    )
     assert code == 0, err
     from_logits, from_probs = _panels(saved_figures[0]), _panels(saved_figures[1])
     assert len(from_probs) == 3 and from_probs == from_logits  # the same groups, titles, ECEs and counts
@@ -228,11 +258,12 @@ def test_report_detects_probabilities_and_from_logits_overrides(capsys, tmp_path
     with pytest.warns(UserWarning, match="looks like probabilities"):
         code, out, err = _run(capsys, "report", "--logits", tmp_path / "p.npz", "--from-logits", "--json")
     assert code == 0 and json.loads(out)["inputs"] == "logits"
-    assert json.loads(out)["ece"] == pytest.approx(_reference_ece(probs, labels), abs=1e-6)  # softmax of probabilities, as asked
+    assert json.loads(out)["ece"] == pytest.approx(
+        _reference_ece(probs, labels), abs=1e-6
+    )  # softmax of probabilities, as asked
     with pytest.raises(SystemExit) as exit_info:  # one or the other
         main(["report", "--logits", str(tmp_path / "p.npz"), "--probs", "--from-logits"])
     assert exit_info.value.code == 2
-
 
 
 @pytest.mark.parametrize("command", ["report", "fit"])
@@ -251,6 +282,7 @@ def test_a_file_mixing_probability_and_logit_rows_is_refused(capsys, tmp_path, s
         assert "either logits or probabilities" in err and f"row {5 if name == 'malformed' else 100} is not" in err
         assert "--probs" in err and "--from-logits" in err  # the command line's own switches
     assert not (tmp_path / "cal").exists()
+
 
 # ----------------------------------------------------------------------------- fit / apply
 
@@ -273,7 +305,9 @@ def test_fit_ts_then_apply_matches_a_scipy_temperature(capsys, npz_file, synthet
     assert t_printed == pytest.approx(t_ref, rel=2e-3)
 
     saved = tmp_path / "calibrated.npz"
-    code, out, err = _run(capsys, "apply", "--calibrator", out_dir, "--logits", npz_file, "--save-logits", saved, "--json")
+    code, out, err = _run(
+        capsys, "apply", "--calibrator", out_dir, "--logits", npz_file, "--save-logits", saved, "--json"
+    )
     assert code == 0, err
     reports = json.loads(out)["reports"]
     z_test, y_test = synthetic[0][300:], synthetic[1][300:]
@@ -287,12 +321,18 @@ def test_fit_ts_then_apply_matches_a_scipy_temperature(capsys, npz_file, synthet
 
 def test_fit_smart_and_apply_report_before_after(capsys, npz_file, synthetic, tmp_path, saved_figures):
     out_dir = tmp_path / "smart"
-    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "smart", "--objective", "nll", "--seed", "1", "--out", out_dir)
+    code, out, err = _run(
+        capsys, "fit", "--logits", npz_file, "--method", "smart", "--objective", "nll", "--seed", "1", "--out", out_dir
+    )
     assert code == 0, err
     assert "(nll)" in out
     config = json.loads((out_dir / "config.json").read_text())
-    assert config["calibrator"] == "smart" and config["fit"]["objective"] == "nll" and config["fit"]["num_samples"] == 300
-    code, out, err = _run(capsys, "apply", "--calibrator", out_dir, "--logits", npz_file, "--diagram", tmp_path / "after.png")
+    assert (
+        config["calibrator"] == "smart" and config["fit"]["objective"] == "nll" and config["fit"]["num_samples"] == 300
+    )
+    code, out, err = _run(
+        capsys, "apply", "--calibrator", out_dir, "--logits", npz_file, "--diagram", tmp_path / "after.png"
+    )
     assert code == 0, err
     rows = [line for line in out.splitlines() if line.startswith("| uncalibrated") or line.startswith("| smart")]
     assert len(rows) == 2
@@ -353,9 +393,27 @@ def _bad(tmp_path, synthetic, case):
     if case == "unwritable diagram":
         return ["report", "--logits", tmp_path / "ok.npz", "--diagram", blocker / "d.png"], "not a folder"
     if case == "bad method":
-        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "no_such_method", "--out", tmp_path / "o"], "unknown --method 'no_such_method'"
+        return [
+            "fit",
+            "--logits",
+            tmp_path / "ok.npz",
+            "--method",
+            "no_such_method",
+            "--out",
+            tmp_path / "o",
+        ], "unknown --method 'no_such_method'"
     if case == "seed for ts":
-        return ["fit", "--logits", tmp_path / "ok.npz", "--method", "ts", "--seed", "3", "--out", tmp_path / "o"], "--seed applies"
+        return [
+            "fit",
+            "--logits",
+            tmp_path / "ok.npz",
+            "--method",
+            "ts",
+            "--seed",
+            "3",
+            "--out",
+            tmp_path / "o",
+        ], "--seed applies"
     if case == "calibrator folder missing":
         return ["apply", "--calibrator", tmp_path / "none", "--logits", tmp_path / "ok.npz"], "no such folder"
     if case == "calibrator without config":
@@ -370,10 +428,25 @@ def _bad(tmp_path, synthetic, case):
 
 
 BAD_CASES = [
-    "missing file", "wrong keys", "mismatched shapes", "labels out of range", "float labels", "nan logits", "missing split",
-    "npy without labels", "corrupted npz", "unknown suffix", "unwritable output dir", "output dir is a file",
-    "unwritable diagram", "bad method", "seed for ts", "calibrator folder missing", "calibrator without config",
-    "too few samples for smart", "bad demo setting",
+    "missing file",
+    "wrong keys",
+    "mismatched shapes",
+    "labels out of range",
+    "float labels",
+    "nan logits",
+    "missing split",
+    "npy without labels",
+    "corrupted npz",
+    "unknown suffix",
+    "unwritable output dir",
+    "output dir is a file",
+    "unwritable diagram",
+    "bad method",
+    "seed for ts",
+    "calibrator folder missing",
+    "calibrator without config",
+    "too few samples for smart",
+    "bad demo setting",
 ]
 
 
@@ -396,7 +469,9 @@ def test_corrupted_calibrator_checkpoint(capsys, npz_file, tmp_path):
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err and "corrupted" in err
 
 
-@pytest.mark.parametrize("argv", [["report"], ["fit", "--logits", "x.npz"], ["bogus"], ["report", "--logits", "x", "--n-bins", "many"]])
+@pytest.mark.parametrize(
+    "argv", [["report"], ["fit", "--logits", "x.npz"], ["bogus"], ["report", "--logits", "x", "--n-bins", "many"]]
+)
 def test_malformed_command_line_exits_2_with_one_line(capsys, argv):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -408,8 +483,17 @@ def test_malformed_command_line_exits_2_with_one_line(capsys, argv):
 def test_console_script_process_has_no_traceback(tmp_path):
     """The installed entry point, as a user runs it: a missing file is one line on stderr and exit status 1."""
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from hf_calibration.cli import main; sys.exit(main())", "report", "--logits", str(tmp_path / "x.npz")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from hf_calibration.cli import main; sys.exit(main())",
+            "report",
+            "--logits",
+            str(tmp_path / "x.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 1
     assert proc.stdout == ""
@@ -457,8 +541,19 @@ def test_fit_push_to_hub_uploads_the_saved_calibrator(capsys, npz_file, tmp_path
 
     monkeypatch.setattr(huggingface_hub.hub_mixin, "HfApi", FakeApi, raising=False)
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
-    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "ts",
-                          "--push-to-hub", "someone/ts-calibrator", "--private")
+    code, out, err = _run(
+        capsys,
+        "fit",
+        "--logits",
+        npz_file,
+        "--method",
+        "ts",
+        "--out",
+        tmp_path / "ts",
+        "--push-to-hub",
+        "someone/ts-calibrator",
+        "--private",
+    )
     assert code == 0, err
     assert calls["create_repo"] == ("someone/ts-calibrator", True)
     assert {"config.json", "model.safetensors", "README.md"} <= set(calls["files"])
@@ -471,6 +566,7 @@ def test_fit_push_to_hub_uploads_the_saved_calibrator(capsys, npz_file, tmp_path
 
 def _strict_json(text: str):
     """json.loads that refuses NaN / Infinity tokens (not JSON)."""
+
     def refuse(token):
         raise ValueError(f"non-standard JSON token {token}")
 
@@ -499,15 +595,24 @@ def test_fit_never_writes_into_a_model_folder(capsys, npz_file, tmp_path):
     before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
     for extra in ([], ["--overwrite"]):
         code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", model_dir, *extra)
-        assert code == 1 and err.count("\n") == 1 and "holds a model's files" in err and str(model_dir / "calibrator") in err
-    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before  # config.json and model.safetensors used to be replaced
+        assert (
+            code == 1
+            and err.count("\n") == 1
+            and "holds a model's files" in err
+            and str(model_dir / "calibrator") in err
+        )
+    assert {
+        p.name: p.read_bytes() for p in model_dir.iterdir()
+    } == before  # config.json and model.safetensors used to be replaced
     code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", model_dir / "calibrator")
     assert code == 0, err
 
 
 def test_refit_needs_overwrite_and_replaces_the_whole_calibrator(capsys, npz_file, tmp_path):
     out_dir = tmp_path / "cal"
-    assert _run(capsys, "fit", "--logits", npz_file, "--method", "smart", "--objective", "nll", "--out", out_dir)[0] == 0
+    assert (
+        _run(capsys, "fit", "--logits", npz_file, "--method", "smart", "--objective", "nll", "--out", out_dir)[0] == 0
+    )
     code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir)
     assert code == 1 and "holds a calibrator; pass --overwrite" in err
     assert json.loads((out_dir / "config.json").read_text())["calibrator"] == "smart"
@@ -527,7 +632,9 @@ def test_apply_outputs_never_replace_inputs_or_existing_files(capsys, npz_file, 
     for extra in ([], ["--overwrite"]):  # its own input: refused even with --overwrite (the val split would be lost)
         code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", data, *extra)
         assert code == 1 and "is one of this command's input files" in err
-        code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", tmp_path / "data", *extra)
+        code, out, err = _run(
+            capsys, "apply", "--calibrator", cal, "--logits", data, "--save-logits", tmp_path / "data", *extra
+        )
         assert code == 1 and "input files" in err  # `data` is written as data.npz: the same file
     assert data.read_bytes() == original
     taken = tmp_path / "taken.npz"
@@ -555,7 +662,9 @@ def test_report_diagram_never_replaces_an_existing_file(capsys, npz_file, tmp_pa
 def test_apply_prints_the_file_it_wrote(capsys, npz_file, tmp_path):
     cal = tmp_path / "ts"
     assert _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", cal)[0] == 0
-    code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", npz_file, "--save-logits", tmp_path / "cal_out")
+    code, out, err = _run(
+        capsys, "apply", "--calibrator", cal, "--logits", npz_file, "--save-logits", tmp_path / "cal_out"
+    )
     assert code == 0, err
     assert f"calibrated logits: {tmp_path / 'cal_out.npz'}" in out  # printed `cal_out`, wrote `cal_out.npz`
     assert (tmp_path / "cal_out.npz").is_file() and not (tmp_path / "cal_out").exists()
@@ -572,7 +681,9 @@ def test_json_is_strict_when_a_metric_is_infinite(capsys, synthetic, tmp_path):
     assert code == 0, err
     fit = _strict_json(out)  # used to contain `Infinity`
     assert fit["inputs"] == "probabilities"
-    assert fit["reports"]["uncalibrated"]["nll"] is None and fit["reports"]["uncalibrated"]["non_finite"] == {"nll": "inf"}
+    assert fit["reports"]["uncalibrated"]["nll"] is None and fit["reports"]["uncalibrated"]["non_finite"] == {
+        "nll": "inf"
+    }
     code, out, err = _run(capsys, "apply", "--calibrator", cal, "--logits", tmp_path / "p.npz", "--json")
     assert code == 0, err
     applied = _strict_json(out)
@@ -585,9 +696,19 @@ def test_fit_and_apply_on_probabilities_match_logits(capsys, npz_file, synthetic
     """A probabilities file is detected: the same temperature and the same reports as its logits (to print precision)."""
     logits, labels = synthetic
     probs = torch.softmax(torch.from_numpy(logits).double(), 1).numpy()
-    np.savez(tmp_path / "p.npz", logits_val=probs[:300], labels_val=labels[:300], logits_test=probs[300:], labels_test=labels[300:])
+    np.savez(
+        tmp_path / "p.npz",
+        logits_val=probs[:300],
+        labels_val=labels[:300],
+        logits_test=probs[300:],
+        labels_test=labels[300:],
+    )
     results = {}
-    for name, source, extra in (("logits", npz_file, []), ("probs", tmp_path / "p.npz", []), ("forced", tmp_path / "p.npz", ["--probs"])):
+    for name, source, extra in (
+        ("logits", npz_file, []),
+        ("probs", tmp_path / "p.npz", []),
+        ("forced", tmp_path / "p.npz", ["--probs"]),
+    ):
         code, out, err = _run(capsys, "fit", "--logits", source, "--method", "ts", "--out", tmp_path / name, *extra)
         assert code == 0, err
         results[name] = float(re.search(r"T = ([0-9.]+)", out).group(1))
@@ -617,9 +738,14 @@ def test_push_offline_says_where_the_calibrator_is(capsys, npz_file, tmp_path):
 
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     out_dir = tmp_path / "ts"
-    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir, "--push-to-hub", "me/ts")
+    code, out, err = _run(
+        capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", out_dir, "--push-to-hub", "me/ts"
+    )
     assert code == 1 and out == "" and err.count("\n") == 1 and "Traceback" not in err
-    assert "the Hugging Face Hub is unreachable (offline mode is on: HF_HUB_OFFLINE=1)" in err and f"saved in {out_dir}." in err
+    assert (
+        "the Hugging Face Hub is unreachable (offline mode is on: HF_HUB_OFFLINE=1)" in err
+        and f"saved in {out_dir}." in err
+    )
     assert {p.name for p in out_dir.iterdir()} == {"README.md", "config.json", "model.safetensors"}
 
 
@@ -634,8 +760,21 @@ def test_push_dry_run_builds_the_upload_folder(capsys, npz_file, tmp_path, monke
     import tempfile
 
     leftovers = set(Path(tempfile.gettempdir()).glob("hf_calibration_push_*"))
-    code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "ts",
-                          "--push-to-hub", "me/vit", "--path-in-repo", "calibrator", "--dry-run")
+    code, out, err = _run(
+        capsys,
+        "fit",
+        "--logits",
+        npz_file,
+        "--method",
+        "ts",
+        "--out",
+        tmp_path / "ts",
+        "--push-to-hub",
+        "me/vit",
+        "--path-in-repo",
+        "calibrator",
+        "--dry-run",
+    )
     assert code == 0, err
     listed = re.search(r"https://huggingface.co/me/vit/tree/main/calibrator would receive (.*)", out).group(1)
     assert re.findall(r"([\w.]+) \([\d,]+ bytes\)", listed) == ["README.md", "config.json", "model.safetensors"]
@@ -645,7 +784,6 @@ def test_push_dry_run_builds_the_upload_folder(capsys, npz_file, tmp_path, monke
     assert set(Path(tempfile.gettempdir()).glob("hf_calibration_push_*")) == leftovers
     code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "x", "--dry-run")
     assert code == 1 and "apply to --push-to-hub only" in err
-
 
 
 # ----------------------------------------------------------------------------- issue 23: files, and checks before writing
@@ -667,8 +805,10 @@ def test_diagram_without_an_extension_is_the_png_matplotlib_writes(capsys, npz_f
 
 def test_push_arguments_are_checked_before_the_folder_is_written(capsys, npz_file, tmp_path):
     # issue 23 item 7: `fit --out DIR --push-to-hub "bad id!!" --dry-run` wrote DIR and then exited 1
-    for extra, flag in ((["--push-to-hub", "bad id!!", "--dry-run"], "--push-to-hub"),
-                        (["--push-to-hub", "me/ts", "--path-in-repo", "/", "--dry-run"], "--path-in-repo")):
+    for extra, flag in (
+        (["--push-to-hub", "bad id!!", "--dry-run"], "--push-to-hub"),
+        (["--push-to-hub", "me/ts", "--path-in-repo", "/", "--dry-run"], "--path-in-repo"),
+    ):
         code, out, err = _run(capsys, "fit", "--logits", npz_file, "--method", "ts", "--out", tmp_path / "cal", *extra)
         assert code == 1 and f"Expected {flag} to be" in err and err.count("\n") == 1, err
         assert not (tmp_path / "cal").exists()
@@ -697,7 +837,9 @@ def test_an_output_that_cannot_be_written_names_its_option(capsys, npz_file, tmp
         raise FileNotFoundError(2, "No such file or directory")
 
     monkeypatch.setattr(common.tempfile, "mkdtemp", unwritable)  # what a read-only or virtual file system answers
-    for argv, flag in ((["fit", "--method", "ts", "--out", tmp_path / "cal"], "--out"),
-                       (["report", "--diagram", tmp_path / "d.png"], "--diagram")):
+    for argv, flag in (
+        (["fit", "--method", "ts", "--out", tmp_path / "cal"], "--out"),
+        (["report", "--diagram", tmp_path / "d.png"], "--diagram"),
+    ):
         code, out, err = _run(capsys, argv[0], "--logits", npz_file, *argv[1:])
         assert code == 1 and f"{flag} {argv[-1]} is not writable (No such file or directory" in err, err

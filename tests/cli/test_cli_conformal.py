@@ -30,25 +30,48 @@ def _run(capsys, *argv):
 
 def test_json_figures_are_the_librarys(capsys, npz_file, tmp_path):
     path, z, y = npz_file
-    code, out, err = _run(capsys, "conformal", "--logits", path, "--method", "aps", "--alpha", "0.2", "--seed", "4",
-                          "--test-split", "test", "--json", "--out", tmp_path / "cp")
+    code, out, err = _run(
+        capsys,
+        "conformal",
+        "--logits",
+        path,
+        "--method",
+        "aps",
+        "--alpha",
+        "0.2",
+        "--seed",
+        "4",
+        "--test-split",
+        "test",
+        "--json",
+        "--out",
+        tmp_path / "cp",
+    )
     assert code == 0, err
     result = json.loads(out)
     predictor = ConformalPredictor("aps", seed=4).fit(z[:800], y[:800], alpha=0.2)
     sets = predictor.predict_sets(z[800:])
     assert result["q_hat"] == float(predictor.q_hat) and result["num_samples"] == 800
-    assert result["calibration"] == {"coverage": predictor.fit_info_["coverage"], "mean_set_size": predictor.fit_info_["mean_set_size"]}
+    assert result["calibration"] == {
+        "coverage": predictor.fit_info_["coverage"],
+        "mean_set_size": predictor.fit_info_["mean_set_size"],
+    }
     assert result["test"]["coverage"] == coverage(sets, y[800:]) and result["test"]["mean_set_size"] == set_size(sets)
     assert float(ConformalPredictor.from_pretrained(tmp_path / "cp").q_hat) == float(predictor.q_hat)
 
 
 def test_table_with_a_calibrator_method(capsys, npz_file):
     path, z, y = npz_file
-    code, out, err = _run(capsys, "conformal", "--logits", path, "--method", "raps", "--calibrator", "ts", "--test-split", "test")
+    code, out, err = _run(
+        capsys, "conformal", "--logits", path, "--method", "raps", "--calibrator", "ts", "--test-split", "test"
+    )
     assert code == 0, err
     predictor = ConformalPredictor("raps").fit(z[:800], y[:800], calibrator=TemperatureScaling())
     info = predictor.fit_info_
-    assert f"threshold {info['q_hat']:.6g} from 560 samples (240 held out to tune), k_reg = {info['k_reg']}, lambda = {info['penalty']}" in out
+    assert (
+        f"threshold {info['q_hat']:.6g} from 560 samples (240 held out to tune), k_reg = {info['k_reg']}, lambda = {info['penalty']}"
+        in out
+    )
     assert f"{info['coverage']:8.2%}" in out and "split.npz[test]" in out
 
 
@@ -56,13 +79,31 @@ def test_saved_calibrator_folder_and_push_dry_run(capsys, npz_file, tmp_path):
     path, z, y = npz_file
     ts = TemperatureScaling().fit(z[:400], y[:400], progress_bar=False)
     ts.save_pretrained(tmp_path / "ts")
-    code, out, err = _run(capsys, "conformal", "--logits", path, "--method", "thr", "--calibrator", tmp_path / "ts",
-                          "--push-to-hub", "me/vit", "--dry-run", "--json")
+    code, out, err = _run(
+        capsys,
+        "conformal",
+        "--logits",
+        path,
+        "--method",
+        "thr",
+        "--calibrator",
+        tmp_path / "ts",
+        "--push-to-hub",
+        "me/vit",
+        "--dry-run",
+        "--json",
+    )
     assert code == 0, err
     result = json.loads(out)
     names = [entry.split(" (")[0] for entry in result["dry_run_files"]]
-    assert names == ["README.md", "calibrator/README.md", "calibrator/config.json", "calibrator/model.safetensors", "config.json",
-                     "model.safetensors"]
+    assert names == [
+        "README.md",
+        "calibrator/README.md",
+        "calibrator/config.json",
+        "calibrator/model.safetensors",
+        "config.json",
+        "model.safetensors",
+    ]
     assert result["repo_url"] == "https://huggingface.co/me/vit/tree/main/conformal" and "dry_run_folder" not in result
 
 
@@ -74,7 +115,9 @@ def test_dry_run_lists_what_would_be_uploaded_and_leaves_nothing(capsys, npz_fil
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     path, z, y = npz_file
-    code, out, err = _run(capsys, "conformal", "--logits", path, "--method", "thr", "--push-to-hub", "me/vit", "--dry-run")
+    code, out, err = _run(
+        capsys, "conformal", "--logits", path, "--method", "thr", "--push-to-hub", "me/vit", "--dry-run"
+    )
     assert code == 0, err
     ConformalPredictor("thr").fit(z[:800], y[:800]).save_pretrained(tmp_path / "saved")
     sizes = {p.name: p.stat().st_size for p in (tmp_path / "saved").iterdir()}
@@ -83,14 +126,17 @@ def test_dry_run_lists_what_would_be_uploaded_and_leaves_nothing(capsys, npz_fil
     assert list((tmp_path / "tmp").iterdir()) == []  # nothing left, and no path printed that points at nothing
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--alpha", "1.5"], "`alpha`"),
-    (["--alpha", "0.001"], "every set would hold every class"),
-    (["--method", "aps", "--k-reg", "2"], "--k-reg and --penalty apply to --method raps only"),
-    (["--method", "thr", "--not-randomized"], "thr has no randomised form"),
-    (["--dry-run"], "--dry-run applies to --push-to-hub only"),
-    (["--calibrator", "nonsense"], "neither a folder nor a calibrator method"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--alpha", "1.5"], "`alpha`"),
+        (["--alpha", "0.001"], "every set would hold every class"),
+        (["--method", "aps", "--k-reg", "2"], "--k-reg and --penalty apply to --method raps only"),
+        (["--method", "thr", "--not-randomized"], "thr has no randomised form"),
+        (["--dry-run"], "--dry-run applies to --push-to-hub only"),
+        (["--calibrator", "nonsense"], "neither a folder nor a calibrator method"),
+    ],
+)
 def test_bad_input_is_one_line(capsys, npz_file, argv, message):
     path, _, _ = npz_file
     code, out, err = _run(capsys, "conformal", "--logits", path, *argv)

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _image_data import write_route
-from hf_calibration.io import inference
+
 from hf_calibration.cli import main
+from hf_calibration.io import inference
 from hf_calibration.metrics import calibration_report
 
 
@@ -29,11 +29,19 @@ def _reference(root, name: str, source: str, split: str):
     if source == "saved":
         data, column, label = datasets.load_from_disk(str(root / "saved"))[split], "img", "digit"
     else:
-        data, column, label = datasets.load_dataset("imagefolder", data_dir=str(root / "folder"), split=split), "image", "label"
+        data, column, label = (
+            datasets.load_dataset("imagefolder", data_dir=str(root / "folder"), split=split),
+            "image",
+            "label",
+        )
     model = AutoModelForImageClassification.from_pretrained(root / name).eval()
     processor = AutoImageProcessor.from_pretrained(root / name)
     with torch.no_grad():
-        logits = model(pixel_values=processor(images=[im.convert("RGB") for im in data[column]], return_tensors="pt")["pixel_values"]).logits
+        logits = model(
+            pixel_values=processor(images=[im.convert("RGB") for im in data[column]], return_tensors="pt")[
+                "pixel_values"
+            ]
+        ).logits
     return logits.numpy(), np.asarray(data[label])
 
 
@@ -49,7 +57,9 @@ def _model_args(root, name, source, cache):
 
 @pytest.mark.parametrize("name, source", [("vit", "saved"), ("timm", "folder")])
 def test_report_of_a_model_on_a_dataset(capsys, root, tmp_path, name, source):
-    code, out, err = _run(capsys, "report", *_model_args(root, name, source, tmp_path / "cache"), "--split", "test", "--json")
+    code, out, err = _run(
+        capsys, "report", *_model_args(root, name, source, tmp_path / "cache"), "--split", "test", "--json"
+    )
     assert code == 0, err
     got = json.loads(out)
     logits, labels = _reference(root, name, source, "test")
@@ -64,11 +74,17 @@ def test_fit_then_report_with_the_calibrator(capsys, root, tmp_path, monkeypatch
     from hf_calibration import TemperatureScaling
 
     cache = tmp_path / "cache"
-    code, out, err = _run(capsys, "fit", *_model_args(root, "vit", "saved", cache), "--method", "ts", "--out", tmp_path / "ts")
+    code, out, err = _run(
+        capsys, "fit", *_model_args(root, "vit", "saved", cache), "--method", "ts", "--out", tmp_path / "ts"
+    )
     assert code == 0, err
     assert f"on {root / 'vit'} on {root / 'saved'}[validation] (logits, N = 61)" in out
     val_logits, val_labels = _reference(root, "vit", "saved", "validation")
-    want_t = TemperatureScaling().fit(torch.from_numpy(val_logits), torch.from_numpy(val_labels)).temperature(torch.from_numpy(val_logits))
+    want_t = (
+        TemperatureScaling()
+        .fit(torch.from_numpy(val_logits), torch.from_numpy(val_labels))
+        .temperature(torch.from_numpy(val_logits))
+    )
     t = float(out.split("T = ")[1].split()[0])
     assert t == pytest.approx(float(want_t.reshape(-1)[0]), abs=2e-4)
     card = (tmp_path / "ts" / "README.md").read_text()
@@ -80,7 +96,9 @@ def test_fit_then_report_with_the_calibrator(capsys, root, tmp_path, monkeypatch
 
     _run(capsys, "report", *_model_args(root, "vit", "saved", cache), "--json")  # fills the cache for the test split
     monkeypatch.setattr(inference, "_run", no_inference)
-    code, out, err = _run(capsys, "report", *_model_args(root, "vit", "saved", cache), "--calibrator", tmp_path / "ts", "--json")
+    code, out, err = _run(
+        capsys, "report", *_model_args(root, "vit", "saved", cache), "--calibrator", tmp_path / "ts", "--json"
+    )
     assert code == 0, err
     got = json.loads(out)
     assert got["source"].endswith("[test] + temperature_scaling")
@@ -104,13 +122,28 @@ def test_fit_on_the_timm_model_over_an_image_folder_pushes_beside_the_model(caps
             return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
 
         def upload_folder(self, *, repo_id, folder_path, path_in_repo=None, **kwargs):
-            calls.update(repo_id=repo_id, path_in_repo=path_in_repo, files=sorted(p.name for p in Path(folder_path).iterdir()),
-                         card=(Path(folder_path) / "README.md").read_text())
+            calls.update(
+                repo_id=repo_id,
+                path_in_repo=path_in_repo,
+                files=sorted(p.name for p in Path(folder_path).iterdir()),
+                card=(Path(folder_path) / "README.md").read_text(),
+            )
             return f"https://huggingface.co/{repo_id}/commit/0"
 
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
-    code, out, err = _run(capsys, "fit", *_model_args(root, "timm", "folder", tmp_path / "cache"), "--split", "validation",
-                          "--method", "smart", "--out", tmp_path / "smart", "--push-to-hub", "me/tiny-timm")
+    code, out, err = _run(
+        capsys,
+        "fit",
+        *_model_args(root, "timm", "folder", tmp_path / "cache"),
+        "--split",
+        "validation",
+        "--method",
+        "smart",
+        "--out",
+        tmp_path / "smart",
+        "--push-to-hub",
+        "me/tiny-timm",
+    )
     assert code == 0, err
     assert calls["repo_id"] == "me/tiny-timm" and calls["path_in_repo"] == "calibrator"
     assert {"config.json", "model.safetensors", "README.md"} <= set(calls["files"])
@@ -131,7 +164,11 @@ def test_fit_on_the_timm_model_over_an_image_folder_pushes_beside_the_model(caps
 @pytest.mark.parametrize(
     "argv, status, message",
     [
-        (["report", "--logits", "x.npz", "--model", "m", "--dataset", "d"], 2, "either --logits, or --model with --dataset"),
+        (
+            ["report", "--logits", "x.npz", "--model", "m", "--dataset", "d"],
+            2,
+            "either --logits, or --model with --dataset",
+        ),
         (["report", "--model", "m"], 2, "missing --dataset"),
         (["fit", "--dataset", "d", "--method", "ts", "--out", "o"], 2, "missing --model"),
         (["report", "--model", "m", "--dataset", "d", "--labels", "y.npy"], 2, "--labels goes with a .npy --logits"),
@@ -168,7 +205,9 @@ def test_report_applies_a_calibrator_to_a_probability_file(capsys, root, tmp_pat
     t = float(load_calibrator(tmp_path / "ts").temperature(torch.from_numpy(logits)).reshape(-1)[0])
     want = calibration_report(logits / t, labels)
     for flags in (["--probs"], []):  # given, or detected
-        code, out, err = _run(capsys, "report", "--logits", tmp_path / "probs.npz", *flags, "--calibrator", tmp_path / "ts", "--json")
+        code, out, err = _run(
+            capsys, "report", "--logits", tmp_path / "probs.npz", *flags, "--calibrator", tmp_path / "ts", "--json"
+        )
         assert code == 0, err
         got = json.loads(out)
         assert got["inputs"] == "logits" and got["source"].endswith("+ temperature_scaling")
@@ -180,8 +219,18 @@ def test_compare_on_a_model_and_a_dataset(capsys, root, tmp_path):
     """compare --model/--dataset (default split: validation) gives the table compare_calibrators gives on the bare logits."""
     from hf_calibration import compare_calibrators
 
-    code, out, err = _run(capsys, "compare", *_model_args(root, "vit", "folder", tmp_path / "cache"), "--methods", "ts",
-                          "--cv", "3", "--out", tmp_path / "diagrams", "--json")
+    code, out, err = _run(
+        capsys,
+        "compare",
+        *_model_args(root, "vit", "folder", tmp_path / "cache"),
+        "--methods",
+        "ts",
+        "--cv",
+        "3",
+        "--out",
+        tmp_path / "diagrams",
+        "--json",
+    )
     assert code == 0, err
     got = json.loads(out)
     assert got["source"] == f"{root / 'vit'} on {root / 'folder'}[validation]"
@@ -189,9 +238,11 @@ def test_compare_on_a_model_and_a_dataset(capsys, root, tmp_path):
     want = compare_calibrators(logits, labels, ["temperature_scaling"], cv=3, seed=0).to_dict()
     for method in ("uncalibrated", "temperature_scaling"):
         for metric in ("accuracy_change", "ece", "adaece", "nll"):
-            assert got["table"][method][metric]["mean"] == pytest.approx(want[method][metric]["mean"], abs=1e-5), (method, metric)
+            assert got["table"][method][metric]["mean"] == pytest.approx(want[method][metric]["mean"], abs=1e-5), (
+                method,
+                metric,
+            )
     assert (tmp_path / "diagrams" / "reliability_temperature_scaling.png").is_file()
-
 
 
 def test_every_model_route_error_names_the_flag_and_the_cause(capsys, root, tmp_path, monkeypatch):
@@ -206,14 +257,31 @@ def test_every_model_route_error_names_the_flag_and_the_cause(capsys, root, tmp_
     monkeypatch.chdir(tmp_path)
     model, saved = ["--model", str(root / "vit")], ["--dataset", str(root / "saved"), "--split", "test"]
     for argv, message in (
-        (["--model", "./nomodel", *saved], "Expected --model to be a folder or a Hub model id ('owner/name'), but there is no folder './nomodel'"),
-        ([*model, "--dataset", "./nodata"], "Expected --dataset to be a folder or a Hub dataset id ('owner/name'), but there is no folder './nodata'"),
-        ([*model, *saved, "--image-column", "digit"], "Expected --image-column to name a column of images, but 'digit' holds ClassLabel values"),
-        ([*model, "--dataset", str(tmp_path / "unlabelled")], "split 'test' has no labels (its 'digit' column is -1 there, an unlabelled split); choose a labelled one with --split"),
-        ([*model, *saved, "--device", "tpu"], "Expected --device to be a device such as 'cpu', 'cuda', 'cuda:1' or 'mps', but got 'tpu'"),
+        (
+            ["--model", "./nomodel", *saved],
+            "Expected --model to be a folder or a Hub model id ('owner/name'), but there is no folder './nomodel'",
+        ),
+        (
+            [*model, "--dataset", "./nodata"],
+            "Expected --dataset to be a folder or a Hub dataset id ('owner/name'), but there is no folder './nodata'",
+        ),
+        (
+            [*model, *saved, "--image-column", "digit"],
+            "Expected --image-column to name a column of images, but 'digit' holds ClassLabel values",
+        ),
+        (
+            [*model, "--dataset", str(tmp_path / "unlabelled")],
+            "split 'test' has no labels (its 'digit' column is -1 there, an unlabelled split); choose a labelled one with --split",
+        ),
+        (
+            [*model, *saved, "--device", "tpu"],
+            "Expected --device to be a device such as 'cpu', 'cuda', 'cuda:1' or 'mps', but got 'tpu'",
+        ),
     ):
         code, out, err = _run(capsys, "report", *argv, "--no-cache")
         assert code == 1 and err.count("\n") == 1 and message in err and "the model ran" not in err, (argv, err)
     if not torch.cuda.is_available():
         code, out, err = _run(capsys, "report", *model, *saved, "--device", "cuda", "--no-cache")
-        assert code == 1 and "--device to be a device this machine has, but got 'cuda' (cuda is not available here)" in err
+        assert (
+            code == 1 and "--device to be a device this machine has, but got 'cuda' (cuda is not available here)" in err
+        )

@@ -38,7 +38,10 @@ def test_fit_and_apply_sigmoid_calibrator(files, capsys, tmp_path):
     _, multi, binary, z, y = files
     assert main(["fit", "--logits", str(multi), "--method", "platt", "--out", str(tmp_path / "platt")]) == 0
     assert "Multi-label: macro" in capsys.readouterr().out
-    assert main(["apply", "--calibrator", str(tmp_path / "platt"), "--logits", str(multi), "--split", "test", "--json"]) == 0
+    assert (
+        main(["apply", "--calibrator", str(tmp_path / "platt"), "--logits", str(multi), "--split", "test", "--json"])
+        == 0
+    )
     reports = json.loads(capsys.readouterr().out)["reports"]
     assert reports["platt"]["macro"]["nll"] < reports["uncalibrated"]["macro"]["nll"]
     assert main(["fit", "--logits", str(binary), "--method", "auto", "--out", str(tmp_path / "auto")]) == 0
@@ -51,6 +54,12 @@ def test_compare_multilabel(files, capsys, tmp_path):
     _, multi, _, _, _ = files
     assert main(["compare", "--logits", str(multi), "--json", "--out", str(tmp_path / "cmp")]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["table"]) == {"uncalibrated", "sigmoid_temperature_scaling", "platt", "beta", "sigmoid_isotonic",
-                                 "sigmoid_histogram_binning"}
+    assert set(out["table"]) == {
+        "uncalibrated",
+        "sigmoid_temperature_scaling",
+        "platt",
+        "beta",
+        "sigmoid_isotonic",
+        "sigmoid_histogram_binning",
+    }
     assert out["best"] in out["table"] and len(out["diagrams"]) >= 2

@@ -36,16 +36,33 @@ def test_fit_then_apply_diagram_on_real_logits(capsys, tmp_path):
     assert code == 0, err
     for extra in ([], ["--margin-groups", "2"]):
         diagram = tmp_path / f"apply{len(extra)}.png"
-        code, out, err = _run(capsys, "apply", "--calibrator", tmp_path / "cal", "--logits", RESNET50_CE, "--diagram", diagram, *extra)
+        code, out, err = _run(
+            capsys, "apply", "--calibrator", tmp_path / "cal", "--logits", RESNET50_CE, "--diagram", diagram, *extra
+        )
         assert code == 0, err
         assert diagram.read_bytes()[:8] == PNG and "smart" in out
 
 
 def test_compare_out_on_real_logits(capsys, tmp_path):
-    code, out, err = _run(capsys, "compare", "--logits", RESNET50_CE, "--methods", "ts,histogram_binning", "--cv", "3", "--out", tmp_path / "figs")
+    code, out, err = _run(
+        capsys,
+        "compare",
+        "--logits",
+        RESNET50_CE,
+        "--methods",
+        "ts,histogram_binning",
+        "--cv",
+        "3",
+        "--out",
+        tmp_path / "figs",
+    )
     assert code == 0, err
     written = sorted(p.name for p in (tmp_path / "figs").iterdir())
-    assert written == ["reliability_histogram_binning.png", "reliability_temperature_scaling.png", "reliability_uncalibrated.png"]
+    assert written == [
+        "reliability_histogram_binning.png",
+        "reliability_temperature_scaling.png",
+        "reliability_uncalibrated.png",
+    ]
     assert all((tmp_path / "figs" / name).read_bytes()[:8] == PNG for name in written)
 
 
@@ -71,7 +88,15 @@ def test_a_figure_that_cannot_be_written_never_loses_the_table(capsys, tmp_path,
         argv = ["report", "--logits", tmp_path / "z.npz", "--diagram", tmp_path / "d.png"]
     elif command == "apply":
         assert _run(capsys, "fit", "--logits", tmp_path / "z.npz", "--method", "ts", "--out", tmp_path / "cal")[0] == 0
-        argv = ["apply", "--calibrator", tmp_path / "cal", "--logits", tmp_path / "z.npz", "--diagram", tmp_path / "d.png"]
+        argv = [
+            "apply",
+            "--calibrator",
+            tmp_path / "cal",
+            "--logits",
+            tmp_path / "z.npz",
+            "--diagram",
+            tmp_path / "d.png",
+        ]
     else:
         argv = ["compare", "--logits", tmp_path / "z.npz", "--methods", "ts", "--cv", "2", "--out", tmp_path / "figs"]
     code, out, err = _run(capsys, *argv, *flag)

@@ -19,8 +19,17 @@ def _run(capsys, *argv):
 
 
 def test_dry_run_writes_every_space_folder(capsys, tmp_path):
-    code, out, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--dry-run", "--out", tmp_path / "spaces",
-                          "--requirement", SPEC)
+    code, out, err = _run(
+        capsys,
+        "push-metrics",
+        "--namespace",
+        "someorg",
+        "--dry-run",
+        "--out",
+        tmp_path / "spaces",
+        "--requirement",
+        SPEC,
+    )
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "spaces").iterdir() if p.is_dir()) == list_metric_scripts()
     for name in list_metric_scripts():
@@ -28,17 +37,50 @@ def test_dry_run_writes_every_space_folder(capsys, tmp_path):
         assert (tmp_path / "spaces" / name / "requirements.txt").read_text() == SPEC + "\n"
     assert "nothing uploaded" in out
     # a second dry run refuses the folder unless told to replace what the first wrote
-    code, _, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--dry-run", "--out", tmp_path / "spaces", "--requirement", SPEC)
+    code, _, err = _run(
+        capsys,
+        "push-metrics",
+        "--namespace",
+        "someorg",
+        "--dry-run",
+        "--out",
+        tmp_path / "spaces",
+        "--requirement",
+        SPEC,
+    )
     assert code == 1 and err.count("\n") == 1 and "--overwrite" in err
-    code, _, err = _run(capsys, "push-metrics", "--namespace", "someorg", "--dry-run", "--out", tmp_path / "spaces",
-                        "--requirement", SPEC, "--overwrite", "--metrics", "ece,smce")
+    code, _, err = _run(
+        capsys,
+        "push-metrics",
+        "--namespace",
+        "someorg",
+        "--dry-run",
+        "--out",
+        tmp_path / "spaces",
+        "--requirement",
+        SPEC,
+        "--overwrite",
+        "--metrics",
+        "ece,smce",
+    )
     assert code == 0, err
 
 
 def test_overwrite_never_replaces_a_card_edited_after_the_dry_run(capsys, tmp_path):
     """Item 15: --overwrite replaced a README.md edited after a dry run (calibrator saves keep edited cards)."""
     out = tmp_path / "spaces"
-    argv = ["push-metrics", "--namespace", "someorg", "--dry-run", "--out", out, "--requirement", SPEC, "--metrics", "ece"]
+    argv = [
+        "push-metrics",
+        "--namespace",
+        "someorg",
+        "--dry-run",
+        "--out",
+        out,
+        "--requirement",
+        SPEC,
+        "--metrics",
+        "ece",
+    ]
     assert _run(capsys, *argv)[0] == 0
     card = out / "ece" / "README.md"
     card.write_text(card.read_text() + "\nMy notes on this metric.\n")
@@ -72,12 +114,15 @@ def test_push_prints_how_to_load_each_metric(capsys, monkeypatch):
     assert "ece: https://huggingface.co/spaces/someorg/ece  ->  evaluate.load('someorg/ece')" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--namespace", "some/org", "--dry-run"], "`namespace`"),
-    (["--namespace", "someorg", "--metrics", "ece,nope", "--dry-run"], "nope"),
-    (["--namespace", "someorg", "--out", "x"], "--out and --overwrite only apply with --dry-run"),
-    (["--namespace", "someorg", "--requirement", SPEC], "unreachable"),  # HF_HUB_OFFLINE=1 in the tests
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--namespace", "some/org", "--dry-run"], "`namespace`"),
+        (["--namespace", "someorg", "--metrics", "ece,nope", "--dry-run"], "nope"),
+        (["--namespace", "someorg", "--out", "x"], "--out and --overwrite only apply with --dry-run"),
+        (["--namespace", "someorg", "--requirement", SPEC], "unreachable"),  # HF_HUB_OFFLINE=1 in the tests
+    ],
+)
 def test_bad_input_is_one_line(capsys, tmp_path, monkeypatch, argv, message):
     import tempfile
 

@@ -46,17 +46,25 @@ def test_the_card_states_the_fit_and_the_guarantee(data, tmp_path):
     info = exact.fit_info_
     assert f"{100 * info['coverage']:.2f}%" in card and f"{info['mean_set_size']:.3f} of 10 classes" in card
     assert "at least 1 - alpha = 0.9" in card and f"at most 1 - alpha + 1/(n+1) = {0.9 + 1 / 1201:.4g}" in card
-    assert "1200 calibration images" in card and "library_name: hf_calibration" in card and "conformal-prediction" in card
-    assert "(the 1081st smallest of the 1200 calibration scores)" in card and "| checkpoint format | 1 |" in card  # ceil(1201 * 0.9)
+    assert (
+        "1200 calibration images" in card and "library_name: hf_calibration" in card and "conformal-prediction" in card
+    )
+    assert (
+        "(the 1081st smallest of the 1200 calibration scores)" in card and "| checkpoint format | 1 |" in card
+    )  # ceil(1201 * 0.9)
     never_empty = ConformalPredictor("thr").fit(z, y, alpha=0.2)
     never_empty.save_pretrained(tmp_path / "thr")
     card = (tmp_path / "thr" / "README.md").read_text()
-    assert "at least 1 - alpha = 0.8" in card and "may exceed it" in card and "1/(n+1) =" not in card and "Sadinle" in card
+    assert (
+        "at least 1 - alpha = 0.8" in card and "may exceed it" in card and "1/(n+1) =" not in card and "Sadinle" in card
+    )
 
 
 def test_the_calibrator_is_saved_beside_and_loaded_back(data, tmp_path):
     z, y, zt, _ = data
-    predictor = ConformalPredictor("aps", seed=1).fit(z, y, calibrator=TemperatureScaling())  # fitted on the tuning split
+    predictor = ConformalPredictor("aps", seed=1).fit(
+        z, y, calibrator=TemperatureScaling()
+    )  # fitted on the tuning split
     predictor.save_pretrained(tmp_path)
     assert {p.name for p in tmp_path.iterdir()} == FILES | {"calibrator"}
     assert {p.name for p in (tmp_path / "calibrator").iterdir()} == FILES
@@ -89,18 +97,20 @@ def test_files_a_user_owns(data, tmp_path):
     assert ConformalPredictor.from_pretrained(folder).method == "thr"
 
 
-
 def test_a_users_readme_beside_a_predictor_is_kept(data, tmp_path):
     # issue 23 item 5, for the predictors saved with the same machinery: the first save kept the user's README.md and
     # wrote no card, the second deleted it
     z, y, _, _ = data
     (tmp_path / "README.md").write_text("# my project\n")
     for method in ("aps", "thr"):
-        ConformalPredictor(method).fit(z, y, calibrator=TemperatureScaling() if method == "aps" else None).save_pretrained(tmp_path, overwrite=True)
+        ConformalPredictor(method).fit(
+            z, y, calibrator=TemperatureScaling() if method == "aps" else None
+        ).save_pretrained(tmp_path, overwrite=True)
         assert (tmp_path / "README.md").read_text() == "# my project\n"
         assert method.upper() in (tmp_path / "README.hf_calibration.md").read_text()
     assert ConformalPredictor.from_pretrained(tmp_path).method == "thr"
     assert not (tmp_path / "calibrator").exists()  # the earlier predictor's calibrator: the package's files, removed
+
 
 def test_checkpoints_that_are_not_a_predictors(data, tmp_path):
     z, y, _, _ = data
@@ -168,15 +178,23 @@ def test_push_to_hub_is_intercepted(data, monkeypatch, path_in_repo):
         return Repo()
 
     def upload_folder(self, *, repo_id, folder_path, path_in_repo=None, commit_message=None, **kwargs):
-        calls.update(repo_id=repo_id, path_in_repo=path_in_repo, message=commit_message,
-                     files=sorted(p.relative_to(folder_path).as_posix() for p in Path(folder_path).rglob("*") if p.is_file()))
+        calls.update(
+            repo_id=repo_id,
+            path_in_repo=path_in_repo,
+            message=commit_message,
+            files=sorted(p.relative_to(folder_path).as_posix() for p in Path(folder_path).rglob("*") if p.is_file()),
+        )
         calls["loaded"] = ConformalPredictor.from_pretrained(folder_path)
         return "https://huggingface.co/me/vit/commit/0"
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
     assert predictor.push_to_hub("me/vit", path_in_repo=path_in_repo).endswith("/commit/0")
-    assert calls["repo_id"] == "me/vit" and calls["path_in_repo"] == path_in_repo and calls["message"] == "Upload raps conformal predictor"
+    assert (
+        calls["repo_id"] == "me/vit"
+        and calls["path_in_repo"] == path_in_repo
+        and calls["message"] == "Upload raps conformal predictor"
+    )
     assert calls["files"] == sorted([*FILES, *(f"calibrator/{f}" for f in FILES)])
     assert float(calls["loaded"].q_hat) == float(predictor.q_hat)
 
@@ -198,7 +216,9 @@ def test_push_dry_run_and_offline(data, monkeypatch):
     monkeypatch.setattr(HfApi, "upload_folder", no_network)
     folder = Path(predictor.push_to_hub("me/vit", path_in_repo="conformal", dry_run=True))
     assert folder.name == "conformal" and {p.name for p in folder.iterdir()} == FILES
-    assert float(ConformalPredictor.from_pretrained(folder.parent, subfolder="conformal").q_hat) == float(predictor.q_hat)
+    assert float(ConformalPredictor.from_pretrained(folder.parent, subfolder="conformal").q_hat) == float(
+        predictor.q_hat
+    )
     with pytest.raises(ValueError, match="repo_id"):
         predictor.push_to_hub("a/b/c", dry_run=True)
     with pytest.raises(Exception, match="not fitted"):
@@ -209,20 +229,26 @@ def test_push_dry_run_and_offline(data, monkeypatch):
 # ----------------------------------------------------------------------------- issue 29 (fourth sweep)
 
 
-@pytest.mark.parametrize("edit,field", [
-    (lambda c: c["fit"].__setitem__("alpha", 0.2), "fit.alpha"),
-    (lambda c: c["fit"].__setitem__("q_hat", 0.5), "fit.q_hat"),
-    (lambda c: c.__setitem__("randomized", False), "init.randomized"),
-    (lambda c: c["fit"].__setitem__("coverage", 0.99), "fit.coverage"),
-    (lambda c: c["fit"].__setitem__("calibrator", None), "fit.calibrator"),
-])
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda c: c["fit"].__setitem__("alpha", 0.2), "fit.alpha"),
+        (lambda c: c["fit"].__setitem__("q_hat", 0.5), "fit.q_hat"),
+        (lambda c: c.__setitem__("randomized", False), "init.randomized"),
+        (lambda c: c["fit"].__setitem__("coverage", 0.99), "fit.coverage"),
+        (lambda c: c["fit"].__setitem__("calibrator", None), "fit.calibrator"),
+    ],
+)
 def test_a_tampered_config_is_refused(data, tmp_path, edit, field):
     """Item 4: an edited config.json was trusted (alpha and q_hat shown in the card and repr, randomized=False changed
     the sets, calibrator=null dropped calibrator/); its settings are now checked against the weights file's."""
     z, y, zt, _ = data
     predictor = ConformalPredictor("aps", seed=1).fit(z, y, calibrator=TemperatureScaling())
     predictor.save_pretrained(tmp_path)
-    assert np.array_equal(ConformalPredictor.from_pretrained(tmp_path).predict_sets(zt, generator=0), predictor.predict_sets(zt, generator=0))
+    assert np.array_equal(
+        ConformalPredictor.from_pretrained(tmp_path).predict_sets(zt, generator=0),
+        predictor.predict_sets(zt, generator=0),
+    )
     config = json.loads((tmp_path / "config.json").read_text())
     edit(config)
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -237,7 +263,9 @@ def test_a_tampered_config_of_an_older_save_is_checked_for_consistency(data, tmp
     z, y, _, _ = data
     ConformalPredictor("aps", seed=1).fit(z, y).save_pretrained(tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt", "conformal": "aps", "format_version": "1"})
+    save_file(
+        tensors, tmp_path / "model.safetensors", metadata={"format": "pt", "conformal": "aps", "format_version": "1"}
+    )
     ConformalPredictor.from_pretrained(tmp_path)  # untouched: loads
     config = json.loads((tmp_path / "config.json").read_text())
     for key, value, message in (("q_hat", 0.5, "fit.q_hat is 0.5"), ("alpha", 0.3, "fit.alpha = 0.3")):
@@ -259,10 +287,15 @@ def test_missing_calibrator_folder_and_junk_are_named(data, tmp_path):
     z, y, _, _ = data
     ConformalPredictor("thr").fit(z, y, calibrator=TemperatureScaling()).save_pretrained(tmp_path / "saved")
     shutil.rmtree(tmp_path / "saved" / "calibrator")
-    with pytest.raises(ValueError, match=r"temperature_scaling calibrator in '.*saved/calibrator', but that folder is missing"):
+    with pytest.raises(
+        ValueError, match=r"temperature_scaling calibrator in '.*saved/calibrator', but that folder is missing"
+    ):
         ConformalPredictor.from_pretrained(tmp_path / "saved")
     junk = tmp_path / "junk"
     junk.mkdir()
     (junk / "notes.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"Expected a conformal predictor checkpoint with a config.json in '.*junk', but there is none \(it holds notes.txt\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Expected a conformal predictor checkpoint with a config.json in '.*junk', but there is none \(it holds notes.txt\)",
+    ):
         ConformalPredictor.from_pretrained(junk)

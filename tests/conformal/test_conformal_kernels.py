@@ -31,7 +31,9 @@ def test_label_scores_and_ranks_equal_the_torch_definitions(method, randomized):
         probs = torch.softmax(torch.from_numpy(z), 1)
         reference = conformity_scores(probs, method, None if u is None else torch.from_numpy(u), k_reg=3, penalty=0.05)
         scores, ranks = label_scores(z, y, method, u=u, k_reg=3, penalty=0.05)
-        np.testing.assert_allclose(scores, reference[torch.arange(len(y)), torch.from_numpy(y)].numpy(), rtol=0, atol=1e-13)
+        np.testing.assert_allclose(
+            scores, reference[torch.arange(len(y)), torch.from_numpy(y)].numpy(), rtol=0, atol=1e-13
+        )
         np.testing.assert_array_equal(ranks, label_ranks(probs, torch.from_numpy(y)).numpy())
 
 

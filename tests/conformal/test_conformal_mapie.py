@@ -51,8 +51,9 @@ def _data():
 
 def _mapie(probs, labels, alpha, score, seed=None):
     estimator = _GivenProbabilities(probs.shape[1]).fit(probs, labels)
-    return SplitConformalClassifier(estimator, confidence_level=1 - alpha, conformity_score=score, prefit=True,
-                                    random_state=seed).conformalize(probs, labels)
+    return SplitConformalClassifier(
+        estimator, confidence_level=1 - alpha, conformity_score=score, prefit=True, random_state=seed
+    ).conformalize(probs, labels)
 
 
 def _equal_away_from_the_threshold(ours, theirs, scores, q_hat, probs=None):
@@ -92,8 +93,12 @@ def test_randomised_aps_equals_mapies_from_the_same_draws():
             # MAPIE restarts RandomState(5) for the calibration scores and again for the sets: one draw per image each
             u_fit = torch.from_numpy(np.random.RandomState(5).uniform(size=n))
             u_sets = torch.from_numpy(np.random.RandomState(5).uniform(size=len(y) - n))
-            q_hat = conformal_quantile(conformity_scores(p[:n], "aps", u_fit)[torch.arange(n), torch.from_numpy(y[:n])], alpha)
-            assert q_hat == pytest.approx(float(mapie._mapie_classifier.conformity_score_function_.quantiles_[0]), rel=0, abs=1e-12)
+            q_hat = conformal_quantile(
+                conformity_scores(p[:n], "aps", u_fit)[torch.arange(n), torch.from_numpy(y[:n])], alpha
+            )
+            assert q_hat == pytest.approx(
+                float(mapie._mapie_classifier.conformity_score_function_.quantiles_[0]), rel=0, abs=1e-12
+            )
             scores = conformity_scores(p[n:], "aps", u_sets)
             ours = sets_from_scores(scores, q_hat, allow_empty=True).numpy()
             _equal_away_from_the_threshold(ours, theirs[:, :, 0], scores.numpy(), q_hat, probs[n:])

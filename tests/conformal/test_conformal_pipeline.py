@@ -67,7 +67,9 @@ def test_batched_pipeline_and_one_image():
     results = pipe(images)
     single = pipe(images[0])
     for i, rows in enumerate(results):
-        assert {r["label"] for r in rows if r["in_set"]} == {pipe.model.config.id2label[k] for k in np.flatnonzero(expected[i].numpy())}
+        assert {r["label"] for r in rows if r["in_set"]} == {
+            pipe.model.config.id2label[k] for k in np.flatnonzero(expected[i].numpy())
+        }
     assert single == results[0]
     predictor.detach()
 
@@ -85,7 +87,9 @@ def test_sets_come_from_the_models_own_logits_when_a_calibrator_is_attached(capl
     expected = predictor.predict_sets(logits)
     calibrated = torch.softmax(ts(logits), 1)
     for i, rows in enumerate(results):
-        assert {r["label"] for r in rows if r["in_set"]} == {pipe.model.config.id2label[k] for k in np.flatnonzero(expected[i].numpy())}
+        assert {r["label"] for r in rows if r["in_set"]} == {
+            pipe.model.config.id2label[k] for k in np.flatnonzero(expected[i].numpy())
+        }
         for r in rows:  # the printed scores are the calibrated ones
             k = int(pipe.model.config.label2id[r["label"]])
             assert r["score"] == pytest.approx(calibrated[i, k].item(), abs=1e-5)
@@ -118,8 +122,13 @@ def _draws_by_hand(pixel_values: torch.Tensor, seed: int) -> np.ndarray:
     import hashlib
 
     key = seed.to_bytes(8, "little")
-    return np.array([(int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=8, key=key).digest(), "little") >> 11) / 2**53
-                     for row in pixel_values])
+    return np.array(
+        [
+            (int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=8, key=key).digest(), "little") >> 11)
+            / 2**53
+            for row in pixel_values
+        ]
+    )
 
 
 @pytest.mark.parametrize("method", ["aps", "raps"])
@@ -144,8 +153,11 @@ def test_one_image_gets_one_set_alone_in_a_batch_and_call_after_call(method):
     # the sets are those of the randomised score with the hand-hashed draws (an independent computation)
     u = torch.from_numpy(_draws_by_hand(pixel_values, seed=5))
     params = predictor._params()
-    expected = sets_from_scores(conformity_scores(torch.softmax(logits.double(), 1), method, u, **params),
-                                float(predictor.q_hat), allow_empty=True)
+    expected = sets_from_scores(
+        conformity_scores(torch.softmax(logits.double(), 1), method, u, **params),
+        float(predictor.q_hat),
+        allow_empty=True,
+    )
     labels = pipe.model.config.id2label
     assert first == [{labels[k] for k in np.flatnonzero(row.numpy())} for row in expected]
     predictor.detach()
@@ -160,7 +172,9 @@ def test_stream_draws_stay_available_on_request():
     predictor.fit(*_fit_data(), alpha=0.4)  # restarts the stream: the same draws as the pipeline's first call
     expected = predictor.predict_sets(logits)
     labels = pipe.model.config.id2label
-    assert [{r["label"] for r in rows if r["in_set"]} for rows in results] == [{labels[k] for k in np.flatnonzero(row.numpy())} for row in expected]
+    assert [{r["label"] for r in rows if r["in_set"]} for rows in results] == [
+        {labels[k] for k in np.flatnonzero(row.numpy())} for row in expected
+    ]
     predictor.detach()
     with pytest.raises(ValueError, match="`draws`"):
         predictor.attach(pipe, draws="hash")

@@ -89,7 +89,9 @@ def test_seeded_and_reproducible(data):
     assert not np.array_equal(first.predict_sets(zt), a)  # the stream moves on: new draws
     first.fit(z, y)  # a fit restarts it
     assert np.array_equal(first.predict_sets(zt), a)
-    assert np.array_equal(first.predict_sets(zt, generator=9), first.predict_sets(zt, generator=torch.Generator().manual_seed(9)))
+    assert np.array_equal(
+        first.predict_sets(zt, generator=9), first.predict_sets(zt, generator=torch.Generator().manual_seed(9))
+    )
     # non-randomised methods do not depend on the seed at all
     thr = [ConformalPredictor("thr", seed=s).fit(z, y).predict_sets(zt) for s in (0, 1)]
     assert np.array_equal(*thr)
@@ -114,8 +116,13 @@ def test_a_fitted_calibrator_is_applied_first(data):
     with_calibrator = ConformalPredictor("aps", seed=4).fit(z, y, calibrator=ts)
     on_calibrated = ConformalPredictor("aps", seed=4).fit(ts(torch.from_numpy(z)).numpy(), y)
     assert float(with_calibrator.q_hat) == pytest.approx(float(on_calibrated.q_hat), abs=1e-12)
-    assert np.array_equal(with_calibrator.predict_sets(zt), on_calibrated.predict_sets(ts(torch.from_numpy(zt)).numpy()))
-    assert with_calibrator.calibrator is ts and with_calibrator.fit_info_["calibrator"] == {"kind": "temperature_scaling", "fitted_on": "given fitted"}
+    assert np.array_equal(
+        with_calibrator.predict_sets(zt), on_calibrated.predict_sets(ts(torch.from_numpy(zt)).numpy())
+    )
+    assert with_calibrator.calibrator is ts and with_calibrator.fit_info_["calibrator"] == {
+        "kind": "temperature_scaling",
+        "fitted_on": "given fitted",
+    }
 
 
 def test_an_unfitted_calibrator_is_fitted_on_the_tuning_split_only(data):
@@ -141,11 +148,14 @@ def test_raps_auto_lambda_has_the_smallest_tuning_sets():
     p = softmax(z.astype(np.float64), axis=1)
     rng = np.random.default_rng(0)
     u_cal, u_pred = rng.uniform(size=600), rng.uniform(size=600)
-    lam, sizes = choose_penalty(torch.from_numpy(p), torch.from_numpy(y), 0.1, 2, torch.from_numpy(u_cal), torch.from_numpy(u_pred))
+    lam, sizes = choose_penalty(
+        torch.from_numpy(p), torch.from_numpy(y), 0.1, 2, torch.from_numpy(u_cal), torch.from_numpy(u_pred)
+    )
     # every lambda by brute force: the RAPS score of each class from its rank, the threshold, the mean set size
     order = np.argsort(-p, axis=1, kind="stable")
     ordered = np.take_along_axis(p, order, axis=1)
     for grid_lam, size in sizes.items():
+
         def score(u):
             return np.cumsum(ordered, axis=1) - u[:, None] * ordered + grid_lam * np.maximum(np.arange(1, 21) - 2, 0)
 
@@ -160,7 +170,13 @@ def test_raps_tuning_split_and_record(data):
     predictor = ConformalPredictor("raps").fit(z, y, alpha=0.1)
     info = predictor.fit_info_
     assert info["num_tune"] == 450 and info["num_samples"] == 1050
-    assert info["tuned"] == ["choose RAPS's k_reg", "choose RAPS's lambda"] and info["penalty"] in (0.001, 0.01, 0.1, 0.2, 0.5)
+    assert info["tuned"] == ["choose RAPS's k_reg", "choose RAPS's lambda"] and info["penalty"] in (
+        0.001,
+        0.01,
+        0.1,
+        0.2,
+        0.5,
+    )
     fixed = ConformalPredictor("raps", k_reg=info["k_reg"], penalty=info["penalty"]).fit(z, y)
     assert fixed.fit_info_["num_tune"] == 0 and fixed.fit_info_["tuned"] == []
     result = predictor.evaluate(zt, yt)
@@ -193,7 +209,9 @@ def test_bad_inputs_at_fit(data):
     with pytest.raises(TypeError, match="`calibrator`"):
         ConformalPredictor("thr").fit(z, y, calibrator="ts")
     with pytest.raises(ValueError, match="`calibrator`.*K = 10.*fitted on 4"):
-        ConformalPredictor("thr").fit(z, y, calibrator=VectorScaling().fit(*synthetic(400, 4, seed=1), progress_bar=False))
+        ConformalPredictor("thr").fit(
+            z, y, calibrator=VectorScaling().fit(*synthetic(400, 4, seed=1), progress_bar=False)
+        )
 
 
 def test_bad_inputs_at_predict(data):
@@ -248,7 +266,9 @@ def test_the_input_kind_of_the_fit_is_used_not_detected_per_call():
     assert np.array_equal(alone, expected) and np.array_equal(predictor.predict_sets(batch)[:1], expected)
     assert expected.sum() == 2  # both classes: the set a batch gave before, {0} alone (the row read as probabilities)
     assert (softmax(np.log(row.astype(np.float64)), axis=1) >= 1 - q).sum() == 1
-    assert np.array_equal(predictor.predict_sets(row, from_logits=False), softmax(np.log(row.astype(np.float64)), axis=1) >= 1 - q)
+    assert np.array_equal(
+        predictor.predict_sets(row, from_logits=False), softmax(np.log(row.astype(np.float64)), axis=1) >= 1 - q
+    )
 
 
 def test_predict_sets_takes_lists_as_fit_does(data):
@@ -284,7 +304,13 @@ def test_ties_at_the_threshold_are_counted_and_the_ceiling_is_not_claimed():
     covered = predictor.evaluate(zt, yt)["coverage"]
     assert covered > 0.9 + 1 / 1001 + 0.02  # above the ceiling: it does not hold with ties
     guarantee = card_values(predictor)["guarantee"]
-    assert "does not hold here" in guarantee and f"{predictor.fit_info_['ties_at_threshold']} calibration scores tie" in guarantee
+    assert (
+        "does not hold here" in guarantee
+        and f"{predictor.fit_info_['ties_at_threshold']} calibration scores tie" in guarantee
+    )
     randomised = ConformalPredictor("aps", allow_empty=True, seed=1).fit(z, y, alpha=0.1)
-    assert randomised.fit_info_["ties_at_threshold"] == 1 and "at most 1 - alpha + 1/(n+1)" in card_values(randomised)["guarantee"]
+    assert (
+        randomised.fit_info_["ties_at_threshold"] == 1
+        and "at most 1 - alpha + 1/(n+1)" in card_values(randomised)["guarantee"]
+    )
     assert randomised.evaluate(zt, yt)["coverage"] <= 0.9 + 1 / 1001 + 0.01

@@ -12,12 +12,16 @@ ROW = torch.tensor([[0.15, 0.5, 0.05, 0.3]], dtype=torch.float64)  # ranks: clas
 
 
 def test_thr_is_one_minus_the_probability():
-    torch.testing.assert_close(conformity_scores(ROW, "thr"), torch.tensor([[0.85, 0.5, 0.95, 0.7]], dtype=torch.float64))
+    torch.testing.assert_close(
+        conformity_scores(ROW, "thr"), torch.tensor([[0.85, 0.5, 0.95, 0.7]], dtype=torch.float64)
+    )
 
 
 def test_aps_by_hand():
     # cumulated mass up to and including each class, in decreasing order of probability: 0.5, 0.8, 0.95, 1.0
-    torch.testing.assert_close(conformity_scores(ROW, "aps"), torch.tensor([[0.95, 0.5, 1.0, 0.8]], dtype=torch.float64))
+    torch.testing.assert_close(
+        conformity_scores(ROW, "aps"), torch.tensor([[0.95, 0.5, 1.0, 0.8]], dtype=torch.float64)
+    )
     # randomised, u = 0.25: minus a quarter of the class's own probability
     u = torch.tensor([0.25], dtype=torch.float64)
     expected = torch.tensor([[0.95 - 0.0375, 0.5 - 0.125, 1.0 - 0.0125, 0.8 - 0.075]], dtype=torch.float64)
@@ -28,11 +32,15 @@ def test_raps_adds_lambda_per_rank_beyond_k_reg():
     # k_reg = 1, lambda = 0.1: ranks 1..4 pay 0, 0.1, 0.2, 0.3; the randomisation never scales the penalty
     u = torch.tensor([0.5], dtype=torch.float64)
     got = conformity_scores(ROW, "raps", u, k_reg=1, penalty=0.1)
-    expected = torch.tensor([[0.95 - 0.075 + 0.2, 0.5 - 0.25, 1.0 - 0.025 + 0.3, 0.8 - 0.15 + 0.1]], dtype=torch.float64)
+    expected = torch.tensor(
+        [[0.95 - 0.075 + 0.2, 0.5 - 0.25, 1.0 - 0.025 + 0.3, 0.8 - 0.15 + 0.1]], dtype=torch.float64
+    )
     torch.testing.assert_close(got, expected)
     # k_reg = 0 penalises every rank, the first included; aps ignores the RAPS parameters
-    torch.testing.assert_close(conformity_scores(ROW, "raps", k_reg=0, penalty=0.1) - conformity_scores(ROW, "aps"),
-                               torch.tensor([[0.3, 0.1, 0.4, 0.2]], dtype=torch.float64))
+    torch.testing.assert_close(
+        conformity_scores(ROW, "raps", k_reg=0, penalty=0.1) - conformity_scores(ROW, "aps"),
+        torch.tensor([[0.3, 0.1, 0.4, 0.2]], dtype=torch.float64),
+    )
     torch.testing.assert_close(conformity_scores(ROW, "aps", k_reg=0, penalty=0.1), conformity_scores(ROW, "aps"))
 
 
@@ -77,7 +85,9 @@ def test_randomised_sets_are_the_papers_algorithm_3(k_reg, lam):
     for tau in (0.3, 0.7, 0.95, 1.2):
         sets = sets_from_scores(scores, tau, allow_empty=True).numpy()
         for i in range(300):
-            assert set(np.flatnonzero(sets[i]).tolist()) == _paper_algorithm_3(probs[i], tau, k_reg, lam, 1 - u[i], rand=True)
+            assert set(np.flatnonzero(sets[i]).tolist()) == _paper_algorithm_3(
+                probs[i], tau, k_reg, lam, 1 - u[i], rand=True
+            )
 
 
 def test_non_randomised_sets_drop_the_papers_crossing_class():

@@ -27,7 +27,9 @@ def _data():
     path = shared_file("netcal_wideresnet-16-4-cifar-100.npz")
     if path is not None:
         d = np.load(path)
-        cases.append((np.concatenate([d["logits_val"], d["logits_test"]]), np.concatenate([d["labels_val"], d["labels_test"]])))
+        cases.append(
+            (np.concatenate([d["logits_val"], d["logits_test"]]), np.concatenate([d["labels_val"], d["labels_test"]]))
+        )
     return [(z.astype(np.float64), y) for z, y in cases]
 
 
@@ -35,8 +37,11 @@ def _torchcp(method: str, randomized: bool):
     from torchcp.classification.predictor import SplitPredictor
     from torchcp.classification.score import APS, LAC, RAPS
 
-    score = {"thr": lambda: LAC(), "aps": lambda: APS(randomized=randomized),
-             "raps": lambda: RAPS(randomized=randomized, penalty=PENALTY, kreg=K_REG)}[method]()
+    score = {
+        "thr": lambda: LAC(),
+        "aps": lambda: APS(randomized=randomized),
+        "raps": lambda: RAPS(randomized=randomized, penalty=PENALTY, kreg=K_REG),
+    }[method]()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # its `temperature` argument
         return SplitPredictor(score)
@@ -47,8 +52,12 @@ def test_non_randomised_sets_equal_torchcps(method):
     for z, y in _data():
         n = len(y) // 2
         for alpha in ALPHAS:
-            ours = ConformalPredictor(method, randomized=False, allow_empty=True,
-                                      **({"k_reg": K_REG, "penalty": PENALTY} if method == "raps" else {})).fit(z[:n], y[:n], alpha=alpha)
+            ours = ConformalPredictor(
+                method,
+                randomized=False,
+                allow_empty=True,
+                **({"k_reg": K_REG, "penalty": PENALTY} if method == "raps" else {}),
+            ).fit(z[:n], y[:n], alpha=alpha)
             theirs = _torchcp(method, randomized=False)
             theirs.calculate_threshold(torch.from_numpy(z[:n]), torch.from_numpy(y[:n]), alpha)
             # our compiled kernels take the float64 softmax with their own vectorised exp (a few ulp from torch's): the
@@ -57,7 +66,9 @@ def test_non_randomised_sets_equal_torchcps(method):
             assert float(ours.q_hat) == pytest.approx(q_hat, rel=0, abs=1e-12)
             expected = theirs.predict_with_logits(torch.from_numpy(z[n:])).bool().numpy()
             got = ours.predict_sets(z[n:])
-            scores = conformity_scores(torch.softmax(torch.from_numpy(z[n:]), 1), method, k_reg=K_REG, penalty=PENALTY).numpy()
+            scores = conformity_scores(
+                torch.softmax(torch.from_numpy(z[n:]), 1), method, k_reg=K_REG, penalty=PENALTY
+            ).numpy()
             clear = (np.abs(scores - q_hat) > 1e-12).all(axis=1)
             assert got.dtype == np.bool_ and clear.mean() > 0.99 and np.array_equal(got[clear], expected[clear])
 

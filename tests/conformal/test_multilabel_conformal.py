@@ -35,8 +35,9 @@ def test_grid_threshold_equals_mapie(seed, alpha):
     p = 1 / (1 + np.exp(-z))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mapie = MultiLabelClassificationController(predict_function=lambda x: x, risk="recall", method="crc",
-                                                   target_level=1 - alpha).calibrate(p, y)
+        mapie = MultiLabelClassificationController(
+            predict_function=lambda x: x, risk="recall", method="crc", target_level=1 - alpha
+        ).calibrate(p, y)
     grid = np.arange(0, 1, 0.01)
     threshold, controlled = crc_threshold(p, y, alpha, grid)
     assert controlled and threshold == pytest.approx(float(np.atleast_1d(mapie.best_predict_param)[0]))

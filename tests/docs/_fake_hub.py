@@ -14,7 +14,6 @@ import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 COMMIT = "d0c5d0c5d0c5d0c5d0c5d0c5d0c5d0c5d0c5d0c5"  # one revision per repo: pushes accumulate in it
 _REPO_FOLDER_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
@@ -88,16 +87,25 @@ class FakeHub:
         def upload_folder(api, *, repo_id, folder_path, path_in_repo=None, repo_type=None, **kwargs):
             folder = Path(folder_path)
             prefix = (path_in_repo or "").strip("/")
-            ops = [CommitOperationAdd(path_or_fileobj=str(p), path_in_repo=f"{prefix}/{p.relative_to(folder).as_posix()}".lstrip("/"))
-                   for p in sorted(folder.rglob("*")) if p.is_file()]
+            ops = [
+                CommitOperationAdd(
+                    path_or_fileobj=str(p), path_in_repo=f"{prefix}/{p.relative_to(folder).as_posix()}".lstrip("/")
+                )
+                for p in sorted(folder.rglob("*"))
+                if p.is_file()
+            ]
             return _write(repo_id, repo_type, ops)
 
         def upload_file(api, *, path_or_fileobj, path_in_repo, repo_id, repo_type=None, **kwargs):
             source = path_or_fileobj if not isinstance(path_or_fileobj, io.IOBase) else path_or_fileobj.read()
             return _write(repo_id, repo_type, [CommitOperationAdd(path_or_fileobj=source, path_in_repo=path_in_repo)])
 
-        for name, fn in {"create_repo": create_repo, "create_commit": create_commit,
-                         "upload_folder": upload_folder, "upload_file": upload_file}.items():
+        for name, fn in {
+            "create_repo": create_repo,
+            "create_commit": create_commit,
+            "upload_folder": upload_folder,
+            "upload_file": upload_file,
+        }.items():
             monkeypatch.setattr(HfApi, name, fn)
 
     def files(self, repo_id: str, repo_type: str | None = None) -> list[str]:

@@ -50,9 +50,14 @@ def code_blocks(page: Path, languages: tuple[str, ...]) -> list[Block]:
         body, j = [], i + 1
         while j < len(lines):
             closing = FENCE.match(lines[j])
-            if closing and closing["fence"][0] == fence[0] and len(closing["fence"]) >= len(fence) and not closing["info"].strip():
+            if (
+                closing
+                and closing["fence"][0] == fence[0]
+                and len(closing["fence"]) >= len(fence)
+                and not closing["info"].strip()
+            ):
                 break
-            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j].lstrip())
             j += 1
         if j == len(lines):
             raise ValueError(f"{page}:{i + 1}: a ``` fence that is never closed")

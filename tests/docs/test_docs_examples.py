@@ -162,7 +162,7 @@ def test_blocks_are_found_as_markdown_renders_them(tmp_path):
         "~~~python\n"
         "```python\n"
         "~~~\n"
-        "````python title=\"x.py\"\n"
+        '````python title="x.py"\n'
         "z = '```'\n"
         "````\n"
         "``` python\n"
@@ -216,7 +216,11 @@ def test_every_command_line_option_the_pages_show_exists():
         for line, command, rest in _command_lines(page):
             where = f"{page.relative_to(ROOT)}:{line}"
             assert command in commands, f"{where}: no command `hf-calibration {command}`"
-            known = {o for a in commands[command]._actions for o in a.option_strings} | {"--traceback", "--verbose", "-v"}
+            known = {o for a in commands[command]._actions for o in a.option_strings} | {
+                "--traceback",
+                "--verbose",
+                "-v",
+            }
             for option in re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", rest):
                 assert option in known, f"{where}: `hf-calibration {command}` has no option {option}"
             shown += 1

@@ -36,7 +36,11 @@ def _reference_ece(logits, labels) -> float:
     from torchmetrics.functional.classification import multiclass_calibration_error
 
     z = torch.as_tensor(np.asarray(logits)).double()
-    return float(multiclass_calibration_error(torch.softmax(z, 1), torch.as_tensor(np.asarray(labels)), z.shape[1], n_bins=15, norm="l1"))
+    return float(
+        multiclass_calibration_error(
+            torch.softmax(z, 1), torch.as_tensor(np.asarray(labels)), z.shape[1], n_bins=15, norm="l1"
+        )
+    )
 
 
 def _small(tmp_path, *extra):
@@ -72,8 +76,18 @@ def test_evaluate_metrics_example(tmp_path, capsys, source, batched):
 
 def test_evaluate_metrics_example_takes_hub_names():
     example = _load("evaluate_metrics")
-    script, training = example.parse(["--dataset_name", "uoft-cs/cifar10", "--model_name_or_path", "google/vit-base-patch16-224",
-                                      "--output_dir", "x", "--metric_source", "some-org"])
+    script, training = example.parse(
+        [
+            "--dataset_name",
+            "uoft-cs/cifar10",
+            "--model_name_or_path",
+            "google/vit-base-patch16-224",
+            "--output_dir",
+            "x",
+            "--metric_source",
+            "some-org",
+        ]
+    )
     assert script.dataset_name == "uoft-cs/cifar10" and script.model_name_or_path == "google/vit-base-patch16-224"
     assert training.remove_unused_columns is False  # the on-the-fly transform needs the image column
     with pytest.raises(ValueError, match="together"):
@@ -83,11 +97,26 @@ def test_evaluate_metrics_example_takes_hub_names():
 # ----------------------------------------------------------------------------- hub_calibrator.py
 
 
-@pytest.mark.parametrize("arch, model_class", [("vit", "ViTForImageClassification"), ("swin", "SwinForImageClassification")])
+@pytest.mark.parametrize(
+    "arch, model_class", [("vit", "ViTForImageClassification"), ("swin", "SwinForImageClassification")]
+)
 def test_hub_calibrator_example(tmp_path, capsys, arch, model_class):
     example = _load("hub_calibrator")
-    argv = _small(tmp_path, "--arch", arch, "--train_size", "96", "--max_calibration_samples", "60",
-                  "--max_test_samples", "64", "--pipeline_images", "3", "--push_to_hub_repo", "someone/digits-smart")
+    argv = _small(
+        tmp_path,
+        "--arch",
+        arch,
+        "--train_size",
+        "96",
+        "--max_calibration_samples",
+        "60",
+        "--max_test_samples",
+        "64",
+        "--pipeline_images",
+        "3",
+        "--push_to_hub_repo",
+        "someone/digits-smart",
+    )
     result = example.main(argv)
     out = capsys.readouterr().out
     assert type(result["model"]).__name__ == model_class
@@ -105,7 +134,9 @@ def test_hub_calibrator_example(tmp_path, capsys, arch, model_class):
     torch.testing.assert_close(after, before / t[:, None], rtol=1e-5, atol=1e-5)
     assert torch.equal(after.argmax(1), before.argmax(1))
     assert result["reports"]["SMART (attached)"].accuracy == result["reports"]["uncalibrated"].accuracy
-    assert result["reports"]["uncalibrated"].ece == pytest.approx(_reference_ece(before, result["before"].label_ids), abs=1e-6)
+    assert result["reports"]["uncalibrated"].ece == pytest.approx(
+        _reference_ece(before, result["before"].label_ids), abs=1e-6
+    )
 
     # pipeline scores on the first test images are the softmax of the same logits, without and with the calibrator
     for i, (b, a) in enumerate(zip(result["scores_before"], result["scores_after"])):

@@ -7,7 +7,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -33,17 +32,46 @@ def test_multilabel_example(tmp_path, monkeypatch, capsys):
         repo_id = "me/vit-digit-tags"
 
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, **kw: Repo())
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder",
-                        lambda self, **kw: uploads.append((kw["path_in_repo"], sorted(p.name for p in Path(kw["folder_path"]).iterdir())))
-                        or "https://huggingface.co/me/vit-digit-tags/commit/1")
-    monkeypatch.setattr(transformers.PreTrainedModel, "push_to_hub", lambda self, repo, **kw: model_pushes.append(repo) or "model-url")
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "upload_folder",
+        lambda self, **kw: (
+            uploads.append((kw["path_in_repo"], sorted(p.name for p in Path(kw["folder_path"]).iterdir())))
+            or "https://huggingface.co/me/vit-digit-tags/commit/1"
+        ),
+    )
+    monkeypatch.setattr(
+        transformers.PreTrainedModel, "push_to_hub", lambda self, repo, **kw: model_pushes.append(repo) or "model-url"
+    )
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     example = _load()
-    out = example.main(["--output_dir", str(tmp_path / "out"), "--num_train_epochs", "2", "--train_size", "300",
-                        "--calibration_size", "200", "--test_size", "150", "--disable_tqdm", "true",
-                        "--push_to_hub_repo", "me/vit-digit-tags", "--no_dry_run", "--calibrator", "platt"])
+    out = example.main(
+        [
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--num_train_epochs",
+            "2",
+            "--train_size",
+            "300",
+            "--calibration_size",
+            "200",
+            "--test_size",
+            "150",
+            "--disable_tqdm",
+            "true",
+            "--push_to_hub_repo",
+            "me/vit-digit-tags",
+            "--no_dry_run",
+            "--calibrator",
+            "platt",
+        ]
+    )
     assert model_pushes == ["me/vit-digit-tags"]
-    assert uploads and uploads[0][0] == "calibrator" and {"config.json", "model.safetensors", "README.md"} <= set(uploads[0][1])
+    assert (
+        uploads
+        and uploads[0][0] == "calibrator"
+        and {"config.json", "model.safetensors", "README.md"} <= set(uploads[0][1])
+    )
     calibrator = out["calibrator"]
     assert calibrator.kind == "platt" and calibrator.fit_info_["task"] == "multilabel"
     assert out["reports"]["platt"].task == "multilabel"
@@ -59,7 +87,9 @@ def test_multilabel_example(tmp_path, monkeypatch, capsys):
     from hf_calibration.demo import digits_splits
 
     split = digits_splits(42, calibration_size=200, test_size=150, train_size=300)  # TrainingArguments' default seed
-    pixels = AutoImageProcessor.from_pretrained(folder)(images=split.test_images[:3], return_tensors="pt")["pixel_values"]
+    pixels = AutoImageProcessor.from_pretrained(folder)(images=split.test_images[:3], return_tensors="pt")[
+        "pixel_values"
+    ]
     with torch.no_grad():
         expected = torch.sigmoid(model(pixel_values=pixels).logits).numpy()
     for i, rows in enumerate(images):

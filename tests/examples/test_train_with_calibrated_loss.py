@@ -24,9 +24,25 @@ def example():
 
 def _tiny(tmp_path, *extra):
     return [
-        "--output_dir", str(tmp_path), "--num_train_epochs", "1", "--max_train_samples", "128",
-        "--max_eval_samples", "64", "--per_device_train_batch_size", "32", "--hidden_size", "16",
-        "--num_hidden_layers", "1", "--disable_tqdm", "true", "--use_cpu", "true", *extra,
+        "--output_dir",
+        str(tmp_path),
+        "--num_train_epochs",
+        "1",
+        "--max_train_samples",
+        "128",
+        "--max_eval_samples",
+        "64",
+        "--per_device_train_batch_size",
+        "32",
+        "--hidden_size",
+        "16",
+        "--num_hidden_layers",
+        "1",
+        "--disable_tqdm",
+        "true",
+        "--use_cpu",
+        "true",
+        *extra,
     ]
 
 

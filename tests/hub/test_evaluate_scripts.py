@@ -10,10 +10,10 @@ import evaluate
 import numpy as np
 import pytest
 import torch
+from _models import digits, digits_dataset, tiny_vit
 from transformers import Trainer, TrainingArguments
 
 import hf_calibration
-from _models import digits, digits_dataset, tiny_vit
 from hf_calibration import list_metric_scripts, metric_path
 from hf_calibration.metrics import adaece, calibration_report, debiased_ece, ece, smce
 
@@ -78,7 +78,9 @@ def test_hand_worked_values(metrics) -> None:
     assert report["calibration_n"] == 4 and report["calibration_accuracy"] == pytest.approx(0.5)
     assert report["calibration_ece"] == pytest.approx(0.25, abs=1e-6)
     assert report["calibration_adaece"] == pytest.approx(0.425, abs=1e-6)
-    assert report["calibration_o_ece"] + report["calibration_u_ece"] == pytest.approx(report["calibration_ece"], abs=1e-12)
+    assert report["calibration_o_ece"] + report["calibration_u_ece"] == pytest.approx(
+        report["calibration_ece"], abs=1e-12
+    )
     assert report["calibration_smce"] == pytest.approx(0.258125, abs=1e-6)
     # debiased L2, 2 equal-mass bins {0.65, 0.70} (conf 0.675, acc 0) and {0.75, 0.90} (conf 0.825, acc 1): no label
     # variance in either, so sqrt((0.675^2 + 0.175^2) / 2)
@@ -170,7 +172,6 @@ def test_bad_input_is_reported(metrics) -> None:
         metrics["smce"].compute(predictions=PROBS, references=[0, 1, 0, 2])  # label out of range
 
 
-
 @pytest.mark.parametrize("name", NAMES)
 def test_batches_of_probabilities_then_logits_are_refused(name: str, metrics) -> None:
     # issue 23 item 1: add_batch(probabilities) then add_batch(logits) was scored as logits, silently
@@ -187,6 +188,7 @@ def test_batches_of_probabilities_then_logits_are_refused(name: str, metrics) ->
     got = metric.compute()
     for key in expected:
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+
 
 def test_combine_ece_and_adaece() -> None:
     combined = evaluate.combine([metric_path("ece"), metric_path("adaece")])
@@ -230,7 +232,9 @@ def _trainer(tmp_path, compute_metrics, **kw) -> Trainer:
         dataloader_num_workers=0,
         **kw,
     )
-    return Trainer(model=tiny_vit(seed=0), args=args, eval_dataset=digits_dataset(EVAL_ROWS), compute_metrics=compute_metrics)
+    return Trainer(
+        model=tiny_vit(seed=0), args=args, eval_dataset=digits_dataset(EVAL_ROWS), compute_metrics=compute_metrics
+    )
 
 
 def _expected_eval_logits() -> tuple[np.ndarray, np.ndarray]:
@@ -296,5 +300,7 @@ def test_scripts_take_multilabel_and_binary_heads(tmp_path, monkeypatch):
     report = calibration_report(z, y)
     assert any(v == pytest.approx(float(report.macro["nll"])) for k, v in got.items() if k.endswith("nll"))
     assert any(k.endswith("ece_micro") for k in got)
-    binary = evaluate.load(metric_path("ece")).compute(predictions=z[:, 0].tolist(), references=y[:, 0].tolist(), task="binary")
+    binary = evaluate.load(metric_path("ece")).compute(
+        predictions=z[:, 0].tolist(), references=y[:, 0].tolist(), task="binary"
+    )
     assert binary["ece"] == pytest.approx(ece(z[:, 0], y[:, 0]), rel=1e-9)

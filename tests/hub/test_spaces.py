@@ -31,7 +31,11 @@ def hub_loader(monkeypatch):
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def test_space_folders_load_as_org_metrics_through_evaluate(tmp_path, hub_loader, monkeypatch):
@@ -44,7 +48,9 @@ def test_space_folders_load_as_org_metrics_through_evaluate(tmp_path, hub_loader
     for name, folder in folders.items():
         shipped = _files(Path(metric_path(name)))
         published = _files(folder)
-        assert set(published) == set(shipped) and {f"{name}.py", "README.md", "app.py", "requirements.txt"} <= set(published)
+        assert set(published) == set(shipped) and {f"{name}.py", "README.md", "app.py", "requirements.txt"} <= set(
+            published
+        )
         assert published["requirements.txt"].decode() == SPEC + "\n"
         assert all(published[f] == shipped[f] for f in shipped if f != "requirements.txt")
 
@@ -52,7 +58,9 @@ def test_space_folders_load_as_org_metrics_through_evaluate(tmp_path, hub_loader
     monkeypatch.chdir(tmp_path / "someorg")  # no ./someorg/ece/ece.py here: evaluate goes to its Hub loader
     used = []
     factory = loading.HubEvaluationModuleFactory
-    monkeypatch.setattr(loading, "HubEvaluationModuleFactory", lambda name, **kw: used.append(name) or factory(name, **kw))
+    monkeypatch.setattr(
+        loading, "HubEvaluationModuleFactory", lambda name, **kw: used.append(name) or factory(name, **kw)
+    )
     metric = evaluate.load("someorg/ece")
     assert used == ["someorg/ece"]
     g = torch.Generator().manual_seed(0)
@@ -106,9 +114,14 @@ def test_push_creates_one_gradio_space_per_metric_and_uploads_its_folder(monkeyp
     uploads = [c for c in _RecordingApi.calls if c[0] == "upload_folder"]
     assert [c[1] for c in creates] == [f"someorg/{n}" for n in names] == [c[1] for c in uploads]
     for _, _, kwargs in creates:
-        assert kwargs["repo_type"] == "space" and kwargs["space_sdk"] == "gradio" and kwargs["private"] is True and kwargs["exist_ok"]
+        assert (
+            kwargs["repo_type"] == "space"
+            and kwargs["space_sdk"] == "gradio"
+            and kwargs["private"] is True
+            and kwargs["exist_ok"]
+        )
     dry = build_metric_spaces(tmp_path / "dry", requirement=SPEC)
-    for (_, repo_id, kwargs), name in zip(uploads, names):
+    for (_, _repo_id, kwargs), name in zip(uploads, names):
         assert kwargs["repo_type"] == "space" and kwargs["files"] == _files(dry[name])  # the dry run is the upload
 
 
@@ -156,13 +169,20 @@ class _Dist:
         return None if self._direct is None else json.dumps(self._direct)
 
 
-@pytest.mark.parametrize("direct, want", [
-    (None, "hf-calibration==1.2.3"),
-    ({"url": "https://github.com/me/hf-calibration", "vcs_info": {"vcs": "git", "commit_id": "abc123"}},
-     "hf-calibration @ git+https://github.com/me/hf-calibration@abc123"),
-    ({"url": "https://example.org/hf_calibration-1.2.3-py3-none-any.whl", "archive_info": {}},
-     "hf-calibration @ https://example.org/hf_calibration-1.2.3-py3-none-any.whl"),
-])
+@pytest.mark.parametrize(
+    "direct, want",
+    [
+        (None, "hf-calibration==1.2.3"),
+        (
+            {"url": "https://github.com/me/hf-calibration", "vcs_info": {"vcs": "git", "commit_id": "abc123"}},
+            "hf-calibration @ git+https://github.com/me/hf-calibration@abc123",
+        ),
+        (
+            {"url": "https://example.org/hf_calibration-1.2.3-py3-none-any.whl", "archive_info": {}},
+            "hf-calibration @ https://example.org/hf_calibration-1.2.3-py3-none-any.whl",
+        ),
+    ],
+)
 def test_the_requirement_installs_the_code_installed_here(monkeypatch, direct, want):
     from importlib import metadata
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datasets
 import pytest
-
 from _image_data import digits_dataset_dict, write_image_folder
+
 from hf_calibration.io.data import find_image_column, find_label_column, load_image_dataset, select_split
 
 
@@ -35,9 +35,21 @@ def test_columns_are_found_from_the_features(features, image, label):
     "features, which, match",
     [
         (_features(a=IMAGE, b=IMAGE, label=LABEL), "image", r"several image columns \['a', 'b'\]"),
-        (_features(path=datasets.Value("string"), label=LABEL), "image", r"no datasets.Image column \(columns: path \(Value\)"),
-        (_features(image=IMAGE, fine_label=LABEL, coarse_label=LABEL), "label", r"several ClassLabel columns \['fine_label', 'coarse_label'\]"),
-        (_features(image=IMAGE, label=datasets.Value("int64"), labels=datasets.Value("int64")), "label", r"both integer columns \['label', 'labels'\]"),
+        (
+            _features(path=datasets.Value("string"), label=LABEL),
+            "image",
+            r"no datasets.Image column \(columns: path \(Value\)",
+        ),
+        (
+            _features(image=IMAGE, fine_label=LABEL, coarse_label=LABEL),
+            "label",
+            r"several ClassLabel columns \['fine_label', 'coarse_label'\]",
+        ),
+        (
+            _features(image=IMAGE, label=datasets.Value("int64"), labels=datasets.Value("int64")),
+            "label",
+            r"both integer columns \['label', 'labels'\]",
+        ),
         (_features(image=IMAGE, target=datasets.Value("int64")), "label", r"no ClassLabel column.*target \(Value\)"),
         (_features(image=IMAGE, label=datasets.Value("string")), "label", r"no ClassLabel column"),
     ],

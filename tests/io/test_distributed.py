@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _distributed_worker import PARTS, accumulator_data
 from _image_data import digits_dataset_dict, save_classifier
 from _torchrun import run_torchrun
+
 from hf_calibration import CalibrationAccumulator, predict_logits
 from hf_calibration._core.distributed import shard_range
 from hf_calibration.metrics import calibration_report

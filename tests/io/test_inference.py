@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from _image_data import write_route
 from _models import digits_dataset, make_model
+
 from hf_calibration import predict_logits
 from hf_calibration.io import inference
 
@@ -36,7 +36,9 @@ def _bare_logits(model_dir, data, image_column: str) -> np.ndarray:
 
     model = AutoModelForImageClassification.from_pretrained(model_dir).eval()
     processor = AutoImageProcessor.from_pretrained(model_dir)
-    pixel_values = processor(images=[im.convert("RGB") for im in data[image_column]], return_tensors="pt")["pixel_values"]
+    pixel_values = processor(images=[im.convert("RGB") for im in data[image_column]], return_tensors="pt")[
+        "pixel_values"
+    ]
     with torch.no_grad():
         return model(pixel_values=pixel_values).logits.numpy()
 
@@ -46,8 +48,14 @@ def _bare_logits(model_dir, data, image_column: str) -> np.ndarray:
 def test_logits_equal_a_bare_model_loop_in_dataset_order(root, name, source):
     data = _split(root, source)
     column, label = ("img", "digit") if source == "saved" else ("image", "label")
-    logits, labels = predict_logits(str(root / name), str(root / source), split="test", batch_size=8, progress=False,
-                                    num_workers=2 if (name, source) == ("vit", "saved") else 0)
+    logits, labels = predict_logits(
+        str(root / name),
+        str(root / source),
+        split="test",
+        batch_size=8,
+        progress=False,
+        num_workers=2 if (name, source) == ("vit", "saved") else 0,
+    )
     assert logits.dtype == np.float32 and labels.dtype == np.int64 and logits.shape == (37, 10)
     np.testing.assert_allclose(logits, _bare_logits(root / name, data, column), rtol=0, atol=ATOL)
     np.testing.assert_array_equal(labels, np.asarray(data[label]))
@@ -106,7 +114,6 @@ def test_the_cache_serves_a_second_run_and_recomputes_a_changed_model(root, tmp_
     assert len(list(cache.glob("*.npz"))) == 3
 
 
-
 def test_a_hook_that_rewrites_the_logits_is_never_served_cached_logits(root, tmp_path, caplog):
     # issue 23 item 4: the cache key ignored forward hooks other than an attached calibrator's
     from transformers import AutoModelForImageClassification
@@ -126,6 +133,7 @@ def test_a_hook_that_rewrites_the_logits_is_never_served_cached_logits(root, tmp
     np.testing.assert_allclose(hooked - plain, np.tile(np.arange(10.0), (plain.shape[0], 1)), rtol=0, atol=1e-5)
     assert "not cached" in caplog.text and "shift" in caplog.text
     assert len(list(cache.glob("*.npz"))) == 1  # nothing written under a key that does not describe the hook
+
 
 def test_labels_follow_the_model_class_names(root, tmp_path):
     """A model whose id2label lists the dataset's classes in another order gets labels in its own indices."""
@@ -152,7 +160,9 @@ def test_a_maccal_checkpoint_runs_with_its_bottleneck_head(root, tmp_path):
     model = make_model("vit", seed=0, num_channels=3).eval()
     with torch.no_grad():
         linear_head = model(pixel_values=pixel_values).logits.numpy()
-    maccal_stage(model, digits_dataset(slice(0, 64), num_channels=3), MaCCalConfig(epochs=1, batch_size=32, progress=False))
+    maccal_stage(
+        model, digits_dataset(slice(0, 64), num_channels=3), MaCCalConfig(epochs=1, batch_size=32, progress=False)
+    )
     model.eval().save_pretrained(tmp_path / "maccal")
     processor.save_pretrained(tmp_path / "maccal")
     logits, _ = predict_logits(str(tmp_path / "maccal"), data, progress=False)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from _image_data import MEAN, STD, digits_dataset_dict
 from _models import make_model
+
 from hf_calibration import predict_logits
 
 
@@ -29,7 +29,9 @@ def setup(tmp_path_factory):
     test = digits_dataset_dict()["test"]
     digits = list(test["digit"])
     names = ["below 5", "even", "closed loop"]
-    features = datasets.Features({"img": datasets.Image(), "labels": datasets.Sequence(datasets.ClassLabel(names=names))})
+    features = datasets.Features(
+        {"img": datasets.Image(), "labels": datasets.Sequence(datasets.ClassLabel(names=names))}
+    )
     as_indices = datasets.Dataset.from_dict({"img": list(test["img"]), "labels": _tags(digits)}, features=features)
     hot = np.zeros((len(digits), 3), dtype=np.float32)
     for i, tags in enumerate(_tags(digits)):
@@ -44,7 +46,9 @@ def setup(tmp_path_factory):
 @pytest.mark.parametrize("form", ["indices", "vectors"])
 def test_multi_hot_labels(setup, form):
     folder, as_indices, as_vectors, hot, expected = setup
-    logits, labels = predict_logits(str(folder), as_indices if form == "indices" else as_vectors, progress=False, num_workers=0)
+    logits, labels = predict_logits(
+        str(folder), as_indices if form == "indices" else as_vectors, progress=False, num_workers=0
+    )
     assert labels.shape == (len(hot), 3) and np.array_equal(labels, hot)
     assert np.allclose(logits, expected, atol=1e-5)
 

@@ -7,9 +7,9 @@ import logging
 
 import numpy as np
 import torch
-
 from _image_data import digits_dataset_dict
 from _models import make_model
+
 from hf_calibration.io.logits_cache import cache_key, load_cached, model_fingerprint, save_cached
 
 
@@ -66,7 +66,9 @@ def test_a_dataset_without_fingerprint_is_not_cached():
     class Rows(list):
         pass
 
-    key, description = cache_key(make_model("vit"), _processor(), Rows([1, 2]), split=None, image_column="i", label_column="l", image_mode=None)
+    key, description = cache_key(
+        make_model("vit"), _processor(), Rows([1, 2]), split=None, image_column="i", label_column="l", image_mode=None
+    )
     assert key is None and description["dataset"]["fingerprint"] is None
     assert description["not_cached"] == "the dataset has no fingerprint"
 
@@ -80,8 +82,18 @@ def test_what_the_key_cannot_describe_is_not_cached():
     assert _key(model) is not None
     handle = model.register_forward_hook(lambda module, args, output: output)
     assert _key(model) is None
-    assert "forward hooks the cache cannot key" in cache_key(model, _processor(), digits_dataset_dict()["test"], split="test",
-                                                              image_column="img", label_column="digit", image_mode="RGB")[1]["not_cached"]
+    assert (
+        "forward hooks the cache cannot key"
+        in cache_key(
+            model,
+            _processor(),
+            digits_dataset_dict()["test"],
+            split="test",
+            image_column="img",
+            label_column="digit",
+            image_mode="RGB",
+        )[1]["not_cached"]
+    )
     handle.remove()
     handle = model.classifier.register_forward_pre_hook(lambda module, args: None)  # on a submodule
     assert _key(model) is None
@@ -99,8 +111,15 @@ def test_what_the_key_cannot_describe_is_not_cached():
         calibrator.detach()
     assert _key(model) is not None
     for processor in (lambda images, return_tensors: None, "P"):
-        key, description = cache_key(model, processor, digits_dataset_dict()["test"], split="test", image_column="img",
-                                     label_column="digit", image_mode="RGB")
+        key, description = cache_key(
+            model,
+            processor,
+            digits_dataset_dict()["test"],
+            split="test",
+            image_column="img",
+            label_column="digit",
+            image_mode="RGB",
+        )
         assert key is None and "without to_dict()" in description["not_cached"]
 
 
@@ -121,4 +140,3 @@ def test_entries_round_trip_and_broken_ones_are_ignored(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="hf_calibration.io.logits_cache"):
         assert save_cached(blocker / "sub", "k", {}, logits, labels) is None  # warns, never raises
     assert "could not write" in caplog.text
-

@@ -1,12 +1,13 @@
 """FeDLaS: NCI statistics, BCG gate with straight-through sign, per-sample weights, reductions, multi-process sync."""
 
 import math
+
+import _loss_reference as ref
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-import _loss_reference as ref
 from hf_calibration.losses import FeDLaSLoss, LabelSmoothingLoss, get_loss
 from hf_calibration.losses.cross_entropy import nll_per_sample
 from hf_calibration.losses.label_smoothing import label_smoothing_per_sample
@@ -112,7 +113,15 @@ def test_against_reference_loop(variant, base, beta):
         bm, bs = ref.batch_stats(kept_norms)
         mu, sigma = theta * bm + (1 - theta) * mu, theta * bs + (1 - theta) * sigma
         expected, weights = ref.fedlas(
-            logits.tolist(), labels.tolist(), features.double().tolist(), variant, base, beta, 2.0, mu, sigma,
+            logits.tolist(),
+            labels.tolist(),
+            features.double().tolist(),
+            variant,
+            base,
+            beta,
+            2.0,
+            mu,
+            sigma,
             _gate_weights(loss),
         )
         got = loss(logits, labels, features=features)
@@ -200,9 +209,9 @@ def test_beta_zero_mbls_is_the_convex_combination_exactly():
     fed = FeDLaSLoss(6, "mbls", base=0.1, beta=0.0, margin=2.0)
     got = fed.per_sample_loss(logits, labels.clamp_min(0), labels != -100, features)
     lam = torch.tensor(0.1)
-    expected = (1 - lam) * nll_per_sample(F.log_softmax(logits, -1), labels.clamp_min(0)) + lam * margin_penalty_per_sample(
-        logits, 2.0
-    )
+    expected = (1 - lam) * nll_per_sample(
+        F.log_softmax(logits, -1), labels.clamp_min(0)
+    ) + lam * margin_penalty_per_sample(logits, 2.0)
     assert torch.equal(got, expected)
 
 
@@ -230,8 +239,10 @@ def test_gradient_accumulation_invariance(variant):
 
     full = grads(lambda z: loss(z, labels, features=features))
     split = grads(
-        lambda z: loss(z[:8], labels[:8], features=features[:8], num_items_in_batch=count)
-        + loss(z[8:], labels[8:], features=features[8:], num_items_in_batch=count)
+        lambda z: (
+            loss(z[:8], labels[:8], features=features[:8], num_items_in_batch=count)
+            + loss(z[8:], labels[8:], features=features[8:], num_items_in_batch=count)
+        )
     )
     torch.testing.assert_close(split[0], full[0], rtol=1e-12, atol=0)
     torch.testing.assert_close(split[1], full[1], rtol=1e-12, atol=1e-15)

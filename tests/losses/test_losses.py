@@ -2,13 +2,13 @@
 
 import math
 
+import _loss_reference as ref
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers.modeling_outputs import ImageClassifierOutput
 
-import _loss_reference as ref
 from hf_calibration.losses import (
     CrossEntropyLoss,
     FLSD53Loss,
@@ -171,7 +171,9 @@ def test_gradient_accumulation_invariance(loss):
     torch.testing.assert_close(halves.grad, full_logits.grad, rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("loss", [CrossEntropyLoss(), LabelSmoothingLoss(0.1), MbLSLoss(2.0, 0.1), FLSD53Loss()], ids=str)
+@pytest.mark.parametrize(
+    "loss", [CrossEntropyLoss(), LabelSmoothingLoss(0.1), MbLSLoss(2.0, 0.1), FLSD53Loss()], ids=str
+)
 def test_ignored_rows_have_no_effect(loss):
     logits, labels = _random_case(n=10, seed=8, ignored=(4, 7))
     kept = labels != -100
@@ -274,8 +276,22 @@ ALL_LOSSES = [CrossEntropyLoss(), LabelSmoothingLoss(0.1), MbLSLoss(2.0, 0.1), F
 
 
 @pytest.mark.parametrize("loss", ALL_LOSSES, ids=str)
-@pytest.mark.parametrize("count", [0, -3, float("nan"), float("inf"), 0.0, torch.tensor(0), torch.tensor(-2.0),
-                                   torch.tensor(float("nan")), torch.tensor(float("inf")), torch.tensor([-1, -1])], ids=repr)
+@pytest.mark.parametrize(
+    "count",
+    [
+        0,
+        -3,
+        float("nan"),
+        float("inf"),
+        0.0,
+        torch.tensor(0),
+        torch.tensor(-2.0),
+        torch.tensor(float("nan")),
+        torch.tensor(float("inf")),
+        torch.tensor([-1, -1]),
+    ],
+    ids=repr,
+)
 def test_num_items_in_batch_must_be_a_positive_finite_count(loss, count):
     # before: 0 gave inf, a negative count turned training into gradient ascent
     logits, labels = _random_case(n=6, ignored=())
@@ -344,9 +360,7 @@ def test_focal_gradient_is_finite_and_exact_on_confident_float32_rows(gamma):
         np.testing.assert_allclose(z.grad[i].numpy(), expected, rtol=2e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "loss", [FLSD53Loss(), FocalLoss(0.5), LabelSmoothingLoss(0.1), MbLSLoss(2.0, 0.1)], ids=str
-)
+@pytest.mark.parametrize("loss", [FLSD53Loss(), FocalLoss(0.5), LabelSmoothingLoss(0.1), MbLSLoss(2.0, 0.1)], ids=str)
 def test_confident_rows_give_finite_gradients(loss):
     z = torch.tensor([[80.0, 0.0, -5.0], [0.0, 120.0, 3.0]], requires_grad=True)
     loss(z, torch.tensor([0, 1])).backward()
@@ -358,7 +372,14 @@ def test_confident_rows_give_finite_gradients(loss):
 def test_a_loss_class_called_as_compute_loss_func_says_to_pass_an_instance(cls):
     logits, labels = _random_case(n=4, ignored=())
     outputs = ImageClassifierOutput(logits=logits)
-    for call in (lambda: cls(outputs, labels, num_items_in_batch=4), lambda: cls(outputs, labels), lambda: cls(logits, labels)):
-        with pytest.raises(TypeError, match=rf"^{cls.__name__} is a loss class.*pass an instance, e\.g\. `compute_loss_func={cls.__name__}\(\)`\.$"):
+    for call in (
+        lambda: cls(outputs, labels, num_items_in_batch=4),
+        lambda: cls(outputs, labels),
+        lambda: cls(logits, labels),
+    ):
+        with pytest.raises(
+            TypeError,
+            match=rf"^{cls.__name__} is a loss class.*pass an instance, e\.g\. `compute_loss_func={cls.__name__}\(\)`\.$",
+        ):
             call()
     assert isinstance(cls(), cls)  # building one with its defaults is untouched

@@ -27,7 +27,9 @@ def _batch(n=64, labels=5, seed=0):
 
 def test_bce_equals_torch():
     z, y = _batch()
-    assert float(BinaryCrossEntropyLoss()(z, y)) == pytest.approx(float(F.binary_cross_entropy_with_logits(z, y.double())), rel=1e-12)
+    assert float(BinaryCrossEntropyLoss()(z, y)) == pytest.approx(
+        float(F.binary_cross_entropy_with_logits(z, y.double())), rel=1e-12
+    )
     # ignored elements leave the mean, element by element
     masked = y.clone()
     masked[::3, 1] = -100
@@ -63,7 +65,9 @@ def test_binary_label_smoothing():
     z, y = _batch(seed=2)
     expected = F.binary_cross_entropy_with_logits(z, y.double() * 0.8 + 0.1)
     assert float(BinaryLabelSmoothingLoss(alpha=0.2)(z, y)) == pytest.approx(float(expected), rel=1e-12)
-    assert float(BinaryLabelSmoothingLoss(alpha=0.0)(z, y)) == pytest.approx(float(BinaryCrossEntropyLoss()(z, y)), rel=1e-12)
+    assert float(BinaryLabelSmoothingLoss(alpha=0.0)(z, y)) == pytest.approx(
+        float(BinaryCrossEntropyLoss()(z, y)), rel=1e-12
+    )
 
 
 def _asl_reference(x, y, gamma_neg=4.0, gamma_pos=1.0, clip=0.05, eps=1e-8):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn import functional as F
-
 from _models import digits, make_model
+from torch.nn import functional as F
 
 
 def train_briefly(model, x, y, steps=30, seed=0):

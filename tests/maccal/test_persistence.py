@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _models import HEAD_PATHS, digits, digits_dataset, head_input, make_model
 from transformers import AutoConfig, AutoModelForImageClassification, ViTImageProcessor, pipeline
 
 from hf_calibration.maccal import MODEL_TYPE, MaCCalConfig, MaskedBottleneckHead, load_maccal_model, maccal_stage
-
-from _models import HEAD_PATHS, digits, digits_dataset, head_input, make_model
 
 torch.set_num_threads(1)
 FAST = dict(epochs=3, batch_size=64, progress=False)
@@ -52,7 +51,13 @@ def test_config_names_the_head_and_the_backbone(vit_folder):
     folder, model = vit_folder
     saved = json.loads((folder / "config.json").read_text())
     assert saved["model_type"] == MODEL_TYPE
-    assert saved["maccal_head"] == {"path": "classifier", "in_features": 16, "hidden": 20, "num_labels": 10, "base_model_type": "vit"}
+    assert saved["maccal_head"] == {
+        "path": "classifier",
+        "in_features": 16,
+        "hidden": 20,
+        "num_labels": 10,
+        "base_model_type": "vit",
+    }
     # in memory the config is still the backbone's own class (the ViT reads its fields as before)
     from transformers import ViTConfig
 
@@ -89,7 +94,11 @@ def test_pipeline_from_the_folder_uses_the_bottleneck(vit_folder):
     image = Image.fromarray((x[0].permute(1, 2, 0).numpy() * 255).astype(np.uint8))
     for clf in (
         pipeline("image-classification", model=str(folder)),
-        pipeline("image-classification", model=load_maccal_model(folder), image_processor=ViTImageProcessor.from_pretrained(folder)),
+        pipeline(
+            "image-classification",
+            model=load_maccal_model(folder),
+            image_processor=ViTImageProcessor.from_pretrained(folder),
+        ),
     ):
         model = clf.model
         assert type(model.classifier) is MaskedBottleneckHead
@@ -141,7 +150,9 @@ print("hf_calibration imported:", "hf_calibration" in sys.modules)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "hf_calibration imported: False"
-    assert len(lines) == 3 and all(line.startswith("refused:") and f"`{MODEL_TYPE}`" in line for line in lines[:2]), out.stdout
+    assert len(lines) == 3 and all(line.startswith("refused:") and f"`{MODEL_TYPE}`" in line for line in lines[:2]), (
+        out.stdout
+    )
 
 
 def test_importing_hf_calibration_first_is_enough(vit_folder):

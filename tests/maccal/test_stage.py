@@ -8,13 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from _models import digits, digits_dataset, head_input, make_model
 from torch.nn import functional as F
 from transformers import TrainerCallback
 
 from hf_calibration._core.features import find_classifier_head
 from hf_calibration.maccal import MaCCalConfig, MaskedBottleneckHead, cache_features, load_maccal_model, maccal_stage
-
-from _models import digits, digits_dataset, head_input, make_model
 
 torch.set_num_threads(1)
 FAST = dict(epochs=3, batch_size=64, progress=False)
@@ -47,7 +46,13 @@ def test_stage_freezes_backbone_installs_head_and_logs(trained_vit):
     assert all(torch.equal(after[k], v) for k, v in backbone.items())
     # head replaced and recorded
     assert isinstance(model.classifier, MaskedBottleneckHead) and model.classifier is result.head
-    assert model.config.maccal_head == {"path": "classifier", "in_features": 16, "hidden": 20, "num_labels": 10, "base_model_type": "vit"}
+    assert model.config.maccal_head == {
+        "path": "classifier",
+        "in_features": 16,
+        "hidden": 20,
+        "num_labels": 10,
+        "base_model_type": "vit",
+    }
     assert find_classifier_head(model)[2] is model.classifier
     # one log record per epoch, with the documented keys
     assert len(logs) == 3 and len(result.history) == 3
@@ -78,7 +83,9 @@ def test_stage_is_reproducible_and_seeded(trained_vit):
 
 
 def test_fixed_retention_stays_fixed(trained_vit):
-    result = maccal_stage(_clone(trained_vit), digits_dataset(slice(0, 128)), MaCCalConfig(**FAST, adaptive=False, rho0=0.7))
+    result = maccal_stage(
+        _clone(trained_vit), digits_dataset(slice(0, 128)), MaCCalConfig(**FAST, adaptive=False, rho0=0.7)
+    )
     assert result.retention == [0.7, 0.7, 0.7]
 
 
@@ -127,7 +134,12 @@ def test_base_loss_receives_the_cached_features(trained_vit):
 @pytest.mark.parametrize("loss", ["ls", "focal", "fedlas_ls"])
 def test_project_losses_work_as_base_loss(trained_vit, loss):
     pytest.importorskip("hf_calibration.losses")
-    result = maccal_stage(_clone(trained_vit), digits_dataset(slice(0, 96)), MaCCalConfig(epochs=2, batch_size=32, progress=False), loss=loss)
+    result = maccal_stage(
+        _clone(trained_vit),
+        digits_dataset(slice(0, 96)),
+        MaCCalConfig(epochs=2, batch_size=32, progress=False),
+        loss=loss,
+    )
     assert all(math.isfinite(h["loss"]) for h in result.history)
 
 
@@ -137,7 +149,11 @@ def test_stage_rejects_bad_arguments(trained_vit):
     with pytest.raises(TypeError, match="`config`"):
         maccal_stage(_clone(trained_vit), digits_dataset(slice(0, 8)), {"epochs": 1})
     with pytest.raises(ValueError, match="features"):
-        maccal_stage(_clone(trained_vit), features=(torch.zeros(8, 5), torch.zeros(8, dtype=torch.long)), config=MaCCalConfig(**FAST))
+        maccal_stage(
+            _clone(trained_vit),
+            features=(torch.zeros(8, 5), torch.zeros(8, dtype=torch.long)),
+            config=MaCCalConfig(**FAST),
+        )
     with pytest.raises(TypeError, match="`loss`"):
         maccal_stage(_clone(trained_vit), digits_dataset(slice(0, 8)), MaCCalConfig(**FAST), loss=3)
 
@@ -252,16 +268,29 @@ def test_calibration_trainer_runs_the_real_stage_and_logs_it(tmp_path, loss_name
     from hf_calibration.training.trainer import CalibrationTrainer
 
     args = TrainingArguments(
-        output_dir=str(tmp_path / "run"), per_device_train_batch_size=16, max_steps=3, learning_rate=1e-2,
-        report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, disable_tqdm=True,
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=16,
+        max_steps=3,
+        learning_rate=1e-2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
     )
     loss = get_loss(loss_name, num_classes=10) if loss_name.startswith("fedlas") else get_loss(loss_name)
     ds = digits_dataset(slice(0, 96))
     model = make_model("vit", seed=0)
     recorder = _LogSteps()
-    trainer = CalibrationTrainer(model=model, args=args, train_dataset=ds, eval_dataset=digits_dataset(slice(96, 128)),
-                                 compute_loss_func=loss, maccal=MaCCalConfig(epochs=2, batch_size=32, progress=False),
-                                 callbacks=[recorder])
+    trainer = CalibrationTrainer(
+        model=model,
+        args=args,
+        train_dataset=ds,
+        eval_dataset=digits_dataset(slice(96, 128)),
+        compute_loss_func=loss,
+        maccal=MaCCalConfig(epochs=2, batch_size=32, progress=False),
+        callbacks=[recorder],
+    )
     trainer.train()
     assert isinstance(trainer.model.classifier, MaskedBottleneckHead)
     # Trainer.log received one record per stage-2 epoch: that is what TensorBoard / W&B callbacks see
@@ -334,7 +363,9 @@ def _reference_training(params, loss_params, draws, epochs_batches, lr, momentum
 
 
 @pytest.mark.parametrize("loss_name", [None, "fedlas_ls"])
-@pytest.mark.parametrize("momentum, weight_decay, rescale, adaptive", [(0.9, 0.01, True, True), (0.0, 0.0, False, False)])
+@pytest.mark.parametrize(
+    "momentum, weight_decay, rescale, adaptive", [(0.9, 0.01, True, True), (0.0, 0.0, False, False)]
+)
 def test_fast_training_equals_autograd_with_reference_masked_sgd(loss_name, momentum, weight_decay, rescale, adaptive):
     from hf_calibration.maccal import train_masked_head
 
@@ -342,7 +373,9 @@ def test_fast_training_equals_autograd_with_reference_masked_sgd(loss_name, mome
     x_all = x_all.flatten(1).double()
     x_all = (x_all - x_all.mean(0)) / (x_all.std(0) + 0.1)  # centred, like backbone features: ReLU units stay alive
     order = [torch.randperm(150, generator=torch.Generator().manual_seed(e)) for e in range(4)]
-    epochs_batches = [[(x_all[o[s : s + 40]], y_all[o[s : s + 40]]) for s in range(0, 150, 40)] for o in order]  # 40, 40, 40, 30
+    epochs_batches = [
+        [(x_all[o[s : s + 40]], y_all[o[s : s + 40]]) for s in range(0, 150, 40)] for o in order
+    ]  # 40, 40, 40, 30
 
     torch.manual_seed(0)
     head = MaskedBottleneckHead(64, 12, 10).double()
@@ -363,15 +396,26 @@ def test_fast_training_equals_autograd_with_reference_masked_sgd(loss_name, mome
         return masks
 
     head.draw_masks = spy_draw
-    config = MaCCalConfig(epochs=4, lr=0.1, momentum=momentum, weight_decay=weight_decay, rho0=0.6, rho_min=0.5,
-                          rescale=rescale, adaptive=adaptive, progress=False)
+    config = MaCCalConfig(
+        epochs=4,
+        lr=0.1,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        rho0=0.6,
+        rho_min=0.5,
+        rescale=rescale,
+        adaptive=adaptive,
+        progress=False,
+    )
     snapshot = lambda record: snapshots.append([p.detach().clone() for p in (head.fc1.weight, head.fc2.weight)])  # noqa: E731
     history = train_masked_head(head, lambda epoch, g: iter(epochs_batches[epoch]), config, loss=loss, log_fn=snapshot)
 
     assert all(0 < m1.mean().item() < 1 for m1, _, _ in draws)  # real masks
     # (the FeDLaS gate's parameters are trained in both: if the fast path skipped them, its weights would drift)
     loss_params = [p for p in ref_loss.parameters()] if ref_loss is not None else []
-    expected, epoch_losses = _reference_training(params0, loss_params, draws, epochs_batches, 0.1, momentum, weight_decay, ref_loss)
+    expected, epoch_losses = _reference_training(
+        params0, loss_params, draws, epochs_batches, 0.1, momentum, weight_decay, ref_loss
+    )
     for got, want in zip((head.fc1.weight, head.fc1.bias, head.fc2.weight, head.fc2.bias), expected):
         torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-6)
     np.testing.assert_allclose([h["loss"] for h in history], epoch_losses, rtol=1e-9)
@@ -395,7 +439,9 @@ def test_fast_training_ignores_an_outer_autocast():
         torch.manual_seed(0)
         head = MaskedBottleneckHead(64, 16, 10)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            train_masked_head(head, lambda e, g: iter([(x[:64], y[:64]), (x[64:], y[64:])]), MaCCalConfig(epochs=2, progress=False))
+            train_masked_head(
+                head, lambda e, g: iter([(x[:64], y[:64]), (x[64:], y[64:])]), MaCCalConfig(epochs=2, progress=False)
+            )
         heads.append(head)
     assert heads[1].fc1.weight.dtype == torch.float32
     for p, q in zip(heads[0].parameters(), heads[1].parameters()):
@@ -418,5 +464,7 @@ def test_a_short_stage_prints_no_progress(capfd, monkeypatch, trained_vit):
     from hf_calibration._core import progress as _progress
 
     monkeypatch.setattr(_progress, "DELAY_S", 3600.0)
-    maccal_stage(_clone(trained_vit), digits_dataset(slice(0, 96)), MaCCalConfig(epochs=3, batch_size=32, progress=True))
+    maccal_stage(
+        _clone(trained_vit), digits_dataset(slice(0, 96)), MaCCalConfig(epochs=3, batch_size=32, progress=True)
+    )
     assert "MaC-Cal" not in capfd.readouterr().err

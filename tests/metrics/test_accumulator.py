@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from hf_calibration.metrics import adaece, calibration_report, ece, smce, smece
 from hf_calibration.metrics import accumulator as accumulator_module
+from hf_calibration.metrics import adaece, calibration_report, ece, smce, smece
+from hf_calibration.metrics._format import prepare, top_label
 from hf_calibration.metrics.accumulator import METRICS, CalibrationAccumulator
 from hf_calibration.metrics.adaptive import _adaece_compute
-from hf_calibration.metrics._format import prepare, top_label
 from hf_calibration.metrics.smooth import smce_from_confidence, smece_from_confidence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for _models
@@ -180,7 +180,12 @@ def test_reset_empty_and_fully_ignored_batches():
     [
         (np.zeros((4, 7, 1), np.float32), np.zeros(4, np.int64), ValueError, "rank 2"),
         (np.zeros((4, 7), np.float32), np.zeros(3, np.int64), ValueError, "same number of samples"),
-        (np.zeros((4, 7), np.float32), np.full(4, 0.5, np.float32), ValueError, r"`target` to hold class indices.*found 0.5"),
+        (
+            np.zeros((4, 7), np.float32),
+            np.full(4, 0.5, np.float32),
+            ValueError,
+            r"`target` to hold class indices.*found 0.5",
+        ),
         (np.zeros((4, 7), np.float32), np.array([0, 1, 7, 2]), ValueError, r"class indices in \[0, 7\)"),
         (np.array([[0.0, np.nan] + [0.0] * 5] * 4, np.float32), np.zeros(4, np.int64), ValueError, "finite"),
         (np.zeros((4, 6), np.float32), np.zeros(4, np.int64), ValueError, "K = 7 classes as before, but got K = 6"),
@@ -218,13 +223,19 @@ def test_device_path_equals_the_batch_functions(monkeypatch, dtype, tol):
     got = _stream(z, y, confidence_dtype="float64").compute()
     _assert_report(got, calibration_report(z, y), tol=tol)
     probs = torch.softmax(z.double(), 1)
-    _assert_report(_stream(probs, y, confidence_dtype="float64").compute(), calibration_report(probs, y, from_logits=False), tol=tol)
+    _assert_report(
+        _stream(probs, y, confidence_dtype="float64").compute(),
+        calibration_report(probs, y, from_logits=False),
+        tol=tol,
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensors_are_reduced_on_the_device():
     logits, labels = _data(n=5000, dtype=np.float32, ignored_every=7)
-    got = _stream(torch.from_numpy(logits).cuda(), torch.from_numpy(labels).cuda(), confidence_dtype="float64").compute()
+    got = _stream(
+        torch.from_numpy(logits).cuda(), torch.from_numpy(labels).cuda(), confidence_dtype="float64"
+    ).compute()
     _assert_report(got, calibration_report(logits, labels), tol=1e-6)
 
 
@@ -249,14 +260,19 @@ def test_sync_is_a_no_op_in_a_single_process():
 
 @pytest.mark.parametrize("batch_eval_metrics", [True, False])
 def test_trainer_compute_metrics(tmp_path, batch_eval_metrics):
-    from transformers import Trainer, TrainingArguments
-
     from _models import digits_dataset, make_model
+    from transformers import Trainer, TrainingArguments
 
     model = make_model("vit", seed=0)
     eval_set = digits_dataset(slice(0, 70))  # 70 = 4 x 16 + 6: a partial last batch
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=16, use_cpu=True, report_to=[],
-                             batch_eval_metrics=batch_eval_metrics, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_eval_batch_size=16,
+        use_cpu=True,
+        report_to=[],
+        batch_eval_metrics=batch_eval_metrics,
+        disable_tqdm=True,
+    )
     trainer = Trainer(model=model, args=args, compute_metrics=CalibrationAccumulator(confidence_dtype="float64"))
     metrics = trainer.evaluate(eval_set)
     again = trainer.evaluate(eval_set)  # the accumulator reset itself after the last batch
@@ -331,8 +347,12 @@ def test_even_batches_padding_by_hand(monkeypatch):
 
     from hf_calibration._core.distributed import even_batches_padding
 
-    loader = types.SimpleNamespace(batch_sampler=types.SimpleNamespace(even_batches=True), total_batch_size=100,
-                                   end_of_dataloader=True, remainder=97)
+    loader = types.SimpleNamespace(
+        batch_sampler=types.SimpleNamespace(even_batches=True),
+        total_batch_size=100,
+        end_of_dataloader=True,
+        remainder=97,
+    )
 
     def fake_state(rank, world=2):
         class GradientState:
@@ -344,7 +364,11 @@ def test_even_batches_padding_by_hand(monkeypatch):
         class PartialState:
             num_processes, process_index = world, rank
 
-        monkeypatch.setitem(sys.modules, "accelerate.state", types.SimpleNamespace(GradientState=GradientState, PartialState=PartialState))
+        monkeypatch.setitem(
+            sys.modules,
+            "accelerate.state",
+            types.SimpleNamespace(GradientState=GradientState, PartialState=PartialState),
+        )
 
     fake_state(rank=0)
     assert even_batches_padding(50) == 0
@@ -371,7 +395,7 @@ def test_even_batches_padding_by_hand(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for start in range(0, 50, 20):
-            pieces.update(logits[start:start + 20], labels[start:start + 20])
+            pieces.update(logits[start : start + 20], labels[start : start + 20])
     _assert_report(pieces.compute(), calibration_report(logits, labels))
     fake_state(rank=1)
     trainer_side = CalibrationAccumulator(confidence_dtype="float64")  # gathered and trimmed by the Trainer: kept whole
@@ -397,7 +421,10 @@ def test_intervals_equal_the_batch_reports(as_torch, tmp_path):
     want = calibration_report(logits, labels, ci=0.9, n_boot=150, seed=1)
     for key in ("accuracy", "ece", "adaece", "mce", "o_ece", "u_ece", "smce", "smece", "brier", "nll"):
         for part in ("low", "high"):
-            assert getattr(got[key], part) == pytest.approx(getattr(want[key], part), abs=1e-12, nan_ok=True), (key, part)
+            assert getattr(got[key], part) == pytest.approx(getattr(want[key], part), abs=1e-12, nan_ok=True), (
+                key,
+                part,
+            )
         assert (got[key].method, got[key].note) == (want[key].method, want[key].note)
         assert float(got[key]) == pytest.approx(float(want[key]), abs=1e-12)
     assert type(got.classwise_ece) is float and got.classwise_ece == pytest.approx(want.classwise_ece, abs=1e-12)
@@ -411,7 +438,9 @@ def test_intervals_equal_the_batch_reports(as_torch, tmp_path):
     second.update(logits[900:], labels[900:])
     assert first.merge(second).compute().brier.low == pytest.approx(got.brier.low, abs=1e-12)
     # issue 29 item 11: the message named the private attribute ("_boot = Bootstrap(...)"), now the arguments
-    with pytest.raises(ValueError, match=r"same bootstrap settings, ci=0.9, n_boot=150, seed=1, but got no interval \(ci=None\)"):
+    with pytest.raises(
+        ValueError, match=r"same bootstrap settings, ci=0.9, n_boot=150, seed=1, but got no interval \(ci=None\)"
+    ):
         CalibrationAccumulator(**kwargs).merge(CalibrationAccumulator(confidence_dtype="float64"))
 
 
@@ -424,7 +453,9 @@ def test_intervals_reach_the_trainer_as_flat_keys():
     out = CalibrationAccumulator(ci=0.95, n_boot=100)(EvalPrediction())
     want = calibration_report(logits, labels, ci=0.95, n_boot=100)
     assert out["ece"] == pytest.approx(float(want.ece), abs=1e-6)
-    assert out["ece_ci_low"] == pytest.approx(want.ece.low, abs=1e-6) and out["nll_ci_high"] == pytest.approx(want.nll.high, abs=1e-6)
+    assert out["ece_ci_low"] == pytest.approx(want.ece.low, abs=1e-6) and out["nll_ci_high"] == pytest.approx(
+        want.nll.high, abs=1e-6
+    )
     assert "classwise_ece_ci_low" not in out and "ece_ci_low" not in CalibrationAccumulator()(EvalPrediction())
     with pytest.raises(ValueError, match="`ci`"):
         CalibrationAccumulator(ci=1.5)

@@ -1,9 +1,9 @@
 """AdaECE: equal-count bins, every sample in one bin; the difference from the reference code's convention."""
 
+import _metric_reference as ref
 import numpy as np
 import pytest
 
-import _metric_reference as ref
 from hf_calibration.metrics import adaece, ece
 from hf_calibration.metrics.binning import _adaptive_bin_index
 
@@ -71,8 +71,9 @@ def test_ties_do_not_make_it_order_dependent():
     conf = np.full(8, 0.6)
     target = np.array([0, 1, 0, 1, 0, 1, 0, 1])
     probs = _probs(conf)
-    values = {round(adaece(probs[p], target[p], 3), 15) for p in
-              (np.random.default_rng(s).permutation(8) for s in range(10))}
+    values = {
+        round(adaece(probs[p], target[p], 3), 15) for p in (np.random.default_rng(s).permutation(8) for s in range(10))
+    }
     assert len(values) == 1
     # {8 x 0.6}, accuracy 1/2: |0.6 - 0.5| = 0.1 (ordering ties by correctness gave 0.35 here)
     assert values.pop() == pytest.approx(0.1, abs=1e-12)

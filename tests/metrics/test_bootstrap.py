@@ -8,15 +8,16 @@ import json
 import pickle
 from types import SimpleNamespace
 
+import _metric_reference as ref
 import numpy as np
 import pytest
 import relplot
 from scipy import integrate, stats
 
-import _metric_reference as ref
 from hf_calibration.metrics import (
     MetricInterval,
     adaece,
+    bootstrap,
     brier,
     calibration_report,
     classwise_ece,
@@ -28,7 +29,6 @@ from hf_calibration.metrics import (
     smce,
     smece,
 )
-from hf_calibration.metrics import bootstrap
 from hf_calibration.metrics._format import prepare, top_label
 from hf_calibration.metrics._probability_pass import probability_rows
 from hf_calibration.metrics.adaptive import _adaece_statistic
@@ -71,7 +71,9 @@ def test_each_resample_is_the_metric_of_the_resampled_rows(ties):
         "adaece": _adaece_statistic(conf, correct, 15)(counts),
         "adaece_many_bins": _adaece_statistic(conf, correct, 4000)(counts),  # more bins than rows
         # the same resamples (seed 3), drawn inside the pass
-        "classwise": probability_rows(inputs, 15, boot=check_bootstrap(0.95, 10, 3), position=frame_position(conf)).replicates,
+        "classwise": probability_rows(
+            inputs, 15, boot=check_bootstrap(0.95, 10, 3), position=frame_position(conf)
+        ).replicates,
         "scores": weighted_means(_row_scores(inputs), order)(counts),
         "smce": _smce_statistic(conf, correct)(counts),
         "smece": _smece_statistic(conf, correct)(counts),
@@ -95,7 +97,9 @@ def test_each_resample_is_the_metric_of_the_resampled_rows(ties):
         assert values["smece"][b] == pytest.approx(relplot.smECE(c, a), abs=1e-9)
 
 
-@pytest.mark.parametrize("block", [3, 10])  # resamples per block: fewer than the 7 classes, and more (both product forms)
+@pytest.mark.parametrize(
+    "block", [3, 10]
+)  # resamples per block: fewer than the 7 classes, and more (both product forms)
 def test_classwise_pass_in_chunks_and_blocks(monkeypatch, block):
     """Classwise ECE's resamples when the pass runs in many row chunks (the next chunk's pass overlapping the
     product of this one) and several blocks of resamples: every resample against the loop on its rows, the
@@ -116,7 +120,9 @@ def test_classwise_pass_in_chunks_and_blocks(monkeypatch, block):
     order = frame(conf)
     for b, row in enumerate(np.concatenate(list(boot._blocks(len(labels))))):
         idx = order[_expanded(row)]
-        assert split.replicates[b] == pytest.approx(ref.loop_classwise_ece(ref.softmax(logits[idx]), labels[idx], 15), abs=1e-12)
+        assert split.replicates[b] == pytest.approx(
+            ref.loop_classwise_ece(ref.softmax(logits[idx]), labels[idx], 15), abs=1e-12
+        )
         assert split.replicates[b] == pytest.approx(whole.replicates[b], abs=1e-14)
 
 
@@ -141,21 +147,39 @@ def _scipy_interval(logits, labels, statistic, replicates, method, level):
     """scipy.stats.bootstrap's interval of ``method`` from the given replicates (``n_resamples=0``: it resamples
     nothing and takes ``bootstrap_result``'s distribution), the value from ``statistic`` on the rows."""
     given = SimpleNamespace(bootstrap_distribution=np.asarray(replicates))
-    return stats.bootstrap((np.arange(len(labels)),), lambda i: statistic(logits[i], labels[i]), vectorized=False,
-                           n_resamples=0, bootstrap_result=given, method=method, confidence_level=level).confidence_interval
+    return stats.bootstrap(
+        (np.arange(len(labels)),),
+        lambda i: statistic(logits[i], labels[i]),
+        vectorized=False,
+        n_resamples=0,
+        bootstrap_result=given,
+        method=method,
+        confidence_level=level,
+    ).confidence_interval
 
 
 def _replicates(f, logits, labels, n_boot, seed, **kw):
     """f on every resample of ``check_bootstrap(.., n_boot, seed)``, the rows gathered explicitly (counts in frame order)."""
     order = frame(ref.softmax(logits).max(1))
-    return np.array([f(logits[order[_expanded(c)]], labels[order[_expanded(c)]], **kw)
-                     for c in np.concatenate(list(check_bootstrap(0.9, n_boot, seed)._blocks(len(labels))))])
+    return np.array(
+        [
+            f(logits[order[_expanded(c)]], labels[order[_expanded(c)]], **kw)
+            for c in np.concatenate(list(check_bootstrap(0.9, n_boot, seed)._blocks(len(labels))))
+        ]
+    )
 
 
-@pytest.mark.parametrize("name, f, method", [
-    ("ece", ece, "basic"), ("adaece", adaece, "basic"), ("classwise_ece", classwise_ece, "basic"),
-    ("smce", smce, "basic"), ("brier", brier, "percentile"), ("nll", nll, "percentile"),
-])
+@pytest.mark.parametrize(
+    "name, f, method",
+    [
+        ("ece", ece, "basic"),
+        ("adaece", adaece, "basic"),
+        ("classwise_ece", classwise_ece, "basic"),
+        ("smce", smce, "basic"),
+        ("brier", brier, "percentile"),
+        ("nll", nll, "percentile"),
+    ],
+)
 def test_interval_is_scipys_interval_of_the_same_resamples(name, f, method):
     """scipy's basic / percentile interval of the metric recomputed on every explicitly resampled set of rows (the
     value from the reference loops where there is one) equals ours."""
@@ -177,9 +201,16 @@ def test_basic_interval_against_an_independent_resampling():
     logits, labels = _case(n=800, seed=5)
     conf, correct = ref.top_label(ref.softmax(logits), labels)
     ours = ece(logits, labels, ci=0.9, n_boot=4000, seed=1)
-    theirs = stats.bootstrap((conf, correct), lambda c, a: ref.loop_ece(c, a, 15), paired=True, vectorized=False,
-                             n_resamples=4000, confidence_level=0.9, method="basic",
-                             rng=np.random.default_rng(2)).confidence_interval
+    theirs = stats.bootstrap(
+        (conf, correct),
+        lambda c, a: ref.loop_ece(c, a, 15),
+        paired=True,
+        vectorized=False,
+        n_resamples=4000,
+        confidence_level=0.9,
+        method="basic",
+        rng=np.random.default_rng(2),
+    ).confidence_interval
     width = ours.high - ours.low
     assert ours.low == pytest.approx(theirs.low, abs=0.1 * width)
     assert ours.high == pytest.approx(theirs.high, abs=0.1 * width)
@@ -205,7 +236,9 @@ def test_interval_rules_by_hand():
     assert np.isnan(null.low) and not null.has_interval and null.flag == "null" and "no interval" in str(null)
     zero = boot.interval(0.0, np.zeros(10), "u_ece")  # every resample exactly 0 (no under-confident bin at all)
     assert (zero.low, zero.high, zero.flag) == (0.0, 0.0, "zero")
-    squared = boot.interval(0.1, reps, "debiased_ece", plugin=0.05, estimate=0.04, power=2)  # sqrt of 0.09 - (0.085, 0.035)
+    squared = boot.interval(
+        0.1, reps, "debiased_ece", plugin=0.05, estimate=0.04, power=2
+    )  # sqrt of 0.09 - (0.085, 0.035)
     assert (squared.low, squared.high) == pytest.approx((np.sqrt(0.005), np.sqrt(0.055)))
     none = boot.interval(0.2, reps, "mce")
     assert np.isnan(none.low) and none.method == "none" and "maximum over bins" in none.note
@@ -231,9 +264,21 @@ def test_default_call_unchanged_and_the_interval_behaves_like_the_float():
     value = ece(logits, labels, ci=0.95)
     assert value.note == "" and str(value) == f"{float(value):.4f} [{value.low:.4f}, {value.high:.4f}]"
     assert value.format(100, 2, " %") == f"{100 * float(value):.2f} % [{100 * value.low:.2f}, {100 * value.high:.2f}]"
-    assert flat_intervals({"ece": value, "n": 3}) == {"ece": float(value), "ece_ci_low": value.low, "ece_ci_high": value.high, "n": 3}
-    assert value.to_dict() == {"value": float(value), "low": value.low, "high": value.high, "level": 0.95, "n_boot": 1000,
-                               "method": "basic", "note": ""}
+    assert flat_intervals({"ece": value, "n": 3}) == {
+        "ece": float(value),
+        "ece_ci_low": value.low,
+        "ece_ci_high": value.high,
+        "n": 3,
+    }
+    assert value.to_dict() == {
+        "value": float(value),
+        "low": value.low,
+        "high": value.high,
+        "level": 0.95,
+        "n_boot": 1000,
+        "method": "basic",
+        "note": "",
+    }
     split = ece_split(logits, labels, ci=0.95)
     assert float(split.over) + float(split.under) == pytest.approx(ece(logits, labels), abs=1e-12)
 
@@ -262,8 +307,11 @@ def test_infinite_nll_resamples_give_an_infinite_upper_end():
 def test_bad_bootstrap_arguments_name_the_argument(f):
     logits, labels = _case(n=50)
     for kwargs, err, word in [
-        ({"ci": 95}, ValueError, "`ci`"), ({"ci": 1.0}, ValueError, "`ci`"), ({"ci": "0.95"}, TypeError, "`ci`"),
-        ({"ci": 0.95, "n_boot": 5}, ValueError, "`n_boot`"), ({"ci": 0.95, "n_boot": 1.5}, TypeError, "`n_boot`"),
+        ({"ci": 95}, ValueError, "`ci`"),
+        ({"ci": 1.0}, ValueError, "`ci`"),
+        ({"ci": "0.95"}, TypeError, "`ci`"),
+        ({"ci": 0.95, "n_boot": 5}, ValueError, "`n_boot`"),
+        ({"ci": 0.95, "n_boot": 1.5}, TypeError, "`n_boot`"),
         ({"ci": 0.95, "seed": -1}, ValueError, "`seed`"),
     ]:
         with pytest.raises(err, match=word):
@@ -273,8 +321,16 @@ def test_bad_bootstrap_arguments_name_the_argument(f):
 def test_report_intervals_are_the_functions_intervals_and_print_as_the_papers():
     logits, labels = _case(n=700, seed=9)
     report = calibration_report(logits, labels, ci=0.95, n_boot=300, seed=4)
-    functions = {"ece": ece, "adaece": adaece, "mce": mce, "classwise_ece": classwise_ece, "smce": smce,
-                 "smece": smece, "brier": brier, "nll": nll}
+    functions = {
+        "ece": ece,
+        "adaece": adaece,
+        "mce": mce,
+        "classwise_ece": classwise_ece,
+        "smce": smce,
+        "smece": smece,
+        "brier": brier,
+        "nll": nll,
+    }
     for name, f in functions.items():  # the same seed gives the same resamples: the same intervals, exactly
         value = f(logits, labels, ci=0.95, n_boot=300, seed=4)
         assert float(report[name]) == float(value), name
@@ -286,7 +342,9 @@ def test_report_intervals_are_the_functions_intervals_and_print_as_the_papers():
     assert f"{100 * float(report.ece):.2f} % [{100 * report.ece.low:.2f}, {100 * report.ece.high:.2f}]" in text
     assert "(95 % bootstrap intervals, 300 resamples; " in text  # n_boot given: every metric's
     assert "basic (bias-corrected): ECE" in text and "percentile: Accuracy" in text and "none: MCE" in text
-    assert f"{100 * float(report.mce):.2f} % [no interval] (1)" in text and "(1) MCE: MCE is a maximum over bins" in text
+    assert (
+        f"{100 * float(report.mce):.2f} % [no interval] (1)" in text and "(1) MCE: MCE is a maximum over bins" in text
+    )
     assert "[" not in str(calibration_report(logits, labels))  # the default table is unchanged
     assert calibration_report(logits, labels).intervals() == {}
 
@@ -329,7 +387,10 @@ def _f(p):
 def _true_values() -> dict[str, float]:
     gap = 0.3 * (1 + _LO) / 2
     other = lambda p: (1 - p) / 2  # noqa: E731
-    brier_row = lambda p: _f(p) * ((1 - p) ** 2 + 2 * other(p) ** 2) + (1 - _f(p)) * (p**2 + (1 - other(p)) ** 2 + other(p) ** 2)  # noqa: E731
+
+    def brier_row(p):
+        return _f(p) * ((1 - p) ** 2 + 2 * other(p) ** 2) + (1 - _f(p)) * (p**2 + (1 - other(p)) ** 2 + other(p) ** 2)
+
     nll_row = lambda p: -(_f(p) * np.log(p) + (1 - _f(p)) * np.log(other(p)))  # noqa: E731
     mean = lambda g: integrate.quad(g, _LO, 1)[0] / (1 - _LO)  # noqa: E731
     return {"ece": gap, "adaece": gap, "smce": gap, "brier": mean(brier_row), "nll": mean(nll_row)}
@@ -340,7 +401,9 @@ def test_true_values_by_a_huge_sample():
     rng = np.random.default_rng(0)
     probs, labels = _synthetic(rng, 2_000_000)
     for name, value in _true_values().items():
-        assert {"ece": ece, "adaece": adaece, "smce": smce, "brier": brier, "nll": nll}[name](probs, labels) == pytest.approx(value, abs=2e-3)
+        assert {"ece": ece, "adaece": adaece, "smce": smce, "brier": brier, "nll": nll}[name](
+            probs, labels
+        ) == pytest.approx(value, abs=2e-3)
 
 
 def _synthetic(rng, n):

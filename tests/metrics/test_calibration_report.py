@@ -1,12 +1,13 @@
 """calibration_report: one call, the same numbers as each function, printed as the papers print them."""
 
+import _metric_reference as ref
 import numpy as np
 import pytest
 import torch
 
-import _metric_reference as ref
 from hf_calibration.metrics import (
     CalibrationReport,
+    _format,
     adaece,
     brier,
     calibration_report,
@@ -17,7 +18,6 @@ from hf_calibration.metrics import (
     mce,
     nll,
 )
-from hf_calibration.metrics import _format
 
 
 def _case(n=1500, k=10, seed=0):
@@ -83,7 +83,12 @@ def test_mapping_and_printing():
     with pytest.raises(KeyError):
         report["n_bins"]
     text = str(report)
-    for label, key in [("ECE (%)", "ece"), ("AdaECE (%)", "adaece"), ("O-ECE (%)", "o_ece"), ("Accuracy (%)", "accuracy")]:
+    for label, key in [
+        ("ECE (%)", "ece"),
+        ("AdaECE (%)", "adaece"),
+        ("O-ECE (%)", "o_ece"),
+        ("Accuracy (%)", "accuracy"),
+    ]:
         line = next(l for l in text.splitlines() if l.startswith(label + " "))
         assert line.split()[-1] == f"{100 * report[key]:.2f}"
     assert f"{report.nll:.4f}" in text
@@ -96,7 +101,12 @@ def test_format_reports_side_by_side():
     lines = table.splitlines()
     assert lines[0].split("|")[1].strip() == "method"
     assert [c.strip() for c in lines[0].split("|")[2:-1]] == [
-        "Accuracy (%)", "ECE (%)", "AdaECE (%)", "smCE (%)", "O-ECE (%)", "U-ECE (%)"
+        "Accuracy (%)",
+        "ECE (%)",
+        "AdaECE (%)",
+        "smCE (%)",
+        "O-ECE (%)",
+        "U-ECE (%)",
     ]
     row = [c.strip() for c in lines[3].split("|")[1:-1]]
     r = reports["T = 2"]

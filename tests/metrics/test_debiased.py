@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import _metric_reference as ref
 import numpy as np
 import pytest
 
-import _metric_reference as ref
 from hf_calibration.metrics import debiased_ece
 
 calibration = pytest.importorskip("calibration")  # pip install uncertainty-calibration (the test extra)
@@ -27,9 +27,12 @@ def _test_probs(path):
 def test_equals_uncertainty_calibration_on_the_shared_logits(path):
     probs, labels = _test_probs(path)
     assert not calibration.utils.is_discrete(probs)  # the reference takes its equal-mass (scaling) path
-    assert debiased_ece(probs, labels) == pytest.approx(calibration.get_top_calibration_error(probs, labels, 2, debias=True), abs=1e-9)
+    assert debiased_ece(probs, labels) == pytest.approx(
+        calibration.get_top_calibration_error(probs, labels, 2, debias=True), abs=1e-9
+    )
     assert debiased_ece(probs, labels, mode="marginal") == pytest.approx(
-        calibration.get_calibration_error(probs, labels, 2, debias=True, mode="marginal"), abs=1e-9)
+        calibration.get_calibration_error(probs, labels, 2, debias=True, mode="marginal"), abs=1e-9
+    )
     # L1: the reference draws 1,000 normal samples from numpy's global stream; the same draws here
     np.random.seed(7)
     reference = calibration.get_top_calibration_error(probs, labels, 1, debias=True)
@@ -43,7 +46,9 @@ def test_marginal_l1_and_logits_input():
     probs, labels = _test_probs(next(p for p in LOGITS if "lenet-5-cifar-10" in p.name))
     np.random.seed(3)
     reference = calibration.get_calibration_error(probs, labels, 1, debias=True, mode="marginal")
-    assert debiased_ece(probs, labels, p=1, mode="marginal", mc_samples=1000, mc_seed=3) == pytest.approx(reference, abs=1e-9)
+    assert debiased_ece(probs, labels, p=1, mode="marginal", mc_samples=1000, mc_seed=3) == pytest.approx(
+        reference, abs=1e-9
+    )
     logits = np.load(next(p for p in LOGITS if "lenet-5-cifar-10" in p.name))["logits_test"].astype(np.float64)
     assert debiased_ece(logits, labels) == pytest.approx(debiased_ece(probs, labels), abs=1e-12)  # logits detected
 
@@ -58,7 +63,9 @@ def test_distinct_binning_equals_the_reference_binning_estimator():
     assert calibration.utils.is_discrete(probs)
     for power in (2, 1):
         np.random.seed(11)
-        reference = calibration.get_top_calibration_error(probs, labels, power, debias=True)  # picks the distinct path itself
+        reference = calibration.get_top_calibration_error(
+            probs, labels, power, debias=True
+        )  # picks the distinct path itself
         mc = {"mc_samples": 1000, "mc_seed": 11} if power == 1 else {}
         assert debiased_ece(probs, labels, p=power, binning="distinct", **mc) == pytest.approx(reference, abs=1e-9)
 
@@ -94,11 +101,18 @@ def test_debiasing_removes_the_plug_in_bias_of_a_calibrated_model():
     assert np.mean(np.square(plug_in)) > 3 * np.mean(np.square(debiased))
 
 
-@pytest.mark.parametrize("kwargs,err,word", [
-    ({"p": 3}, ValueError, "`p`"), ({"mode": "classwise"}, ValueError, "`mode`"), ({"binning": "uniform"}, ValueError, "`binning`"),
-    ({"p": 2, "mc_samples": 100}, ValueError, "`mc_samples`"), ({"p": 1, "mc_samples": 100, "ci": 0.9}, ValueError, "`mc_samples`"),
-    ({"n_bins": 0}, ValueError, "`n_bins`"), ({"ci": 2.0}, ValueError, "`ci`"),
-])
+@pytest.mark.parametrize(
+    "kwargs,err,word",
+    [
+        ({"p": 3}, ValueError, "`p`"),
+        ({"mode": "classwise"}, ValueError, "`mode`"),
+        ({"binning": "uniform"}, ValueError, "`binning`"),
+        ({"p": 2, "mc_samples": 100}, ValueError, "`mc_samples`"),
+        ({"p": 1, "mc_samples": 100, "ci": 0.9}, ValueError, "`mc_samples`"),
+        ({"n_bins": 0}, ValueError, "`n_bins`"),
+        ({"ci": 2.0}, ValueError, "`ci`"),
+    ],
+)
 def test_bad_arguments(kwargs, err, word):
     probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
     with pytest.raises(err, match=word):
@@ -130,9 +144,12 @@ def test_interval_is_the_reference_bootstrap_on_the_same_resamples(mode, monkeyp
         def f(d):
             p, y = zip(*d)
             return calibration.utils.lower_bound_scaling_ce(np.array(p), np.array(y), 2, debias, 10, mode=mode) ** 2
+
         return f
 
-    low, _, high = calibration.utils.bootstrap_uncertainty(data, squared(False), squared(True), alpha=10.0, num_samples=12)
+    low, _, high = calibration.utils.bootstrap_uncertainty(
+        data, squared(False), squared(True), alpha=10.0, num_samples=12
+    )
     assert float(value) == pytest.approx(np.sqrt(squared(True)(data)), abs=1e-9)
     assert (value.low, value.high) == pytest.approx((np.sqrt(max(low, 0.0)), np.sqrt(high)), abs=1e-9)
     assert value.method == "basic_plugin" and value.low <= float(value) <= value.high

@@ -1,5 +1,6 @@
 """ECE, MCE, O-/U-ECE and classwise ECE against torchmetrics, netcal, loop references and hand-worked cases."""
 
+import _metric_reference as ref
 import numpy as np
 import pytest
 import torch
@@ -8,7 +9,6 @@ from netcal.metrics import MCE as NetcalMCE
 from torchmetrics.classification import MulticlassCalibrationError
 from torchmetrics.functional.classification.calibration_error import _ce_compute
 
-import _metric_reference as ref
 from hf_calibration.metrics import ECESplit, classwise_ece, ece, ece_split, mce
 
 
@@ -18,7 +18,9 @@ def _random_case(seed: int, n: int, k: int, scale: float = 1.5):
     logits = rng.normal(size=(n, k)) * scale
     target = np.where(rng.random(n) < 0.7, logits.argmax(axis=1), rng.integers(0, k, n))
     probs = ref.softmax(logits)
-    assert probs.max() < 1.0 - 1e-6  # even in float32 (torchmetrics casts) away from torchmetrics' p = 1.0 bug (tested separately below)
+    assert (
+        probs.max() < 1.0 - 1e-6
+    )  # even in float32 (torchmetrics casts) away from torchmetrics' p = 1.0 bug (tested separately below)
     return logits, target, probs
 
 
@@ -45,7 +47,9 @@ def test_ece_mce_equal_torchmetrics(seed, k, n_bins):
     assert ece(logits, target, n_bins) == pytest.approx(_torchmetrics(probs, target, n_bins, "l1"), abs=1e-6)
     assert mce(logits, target, n_bins) == pytest.approx(_torchmetrics(probs, target, n_bins, "max"), abs=1e-6)
     # probabilities in, same answer
-    assert ece(probs, target, n_bins, from_logits=False) == pytest.approx(_torchmetrics(probs, target, n_bins, "l1"), abs=1e-6)
+    assert ece(probs, target, n_bins, from_logits=False) == pytest.approx(
+        _torchmetrics(probs, target, n_bins, "l1"), abs=1e-6
+    )
 
 
 @pytest.mark.parametrize("n_bins", [1, 15])
@@ -60,8 +64,12 @@ def test_ece_mce_equal_torchmetrics_binning_in_float64(seed, k, n_bins):
 @pytest.mark.parametrize("seed,k", CASES[1:])  # netcal reads a 2-column input as binary (class-1) calibration
 def test_ece_mce_equal_netcal(seed, k, n_bins):
     _, target, probs = _random_case(seed + 10, 2000, k)
-    assert ece(probs, target, n_bins, from_logits=False) == pytest.approx(NetcalECE(bins=n_bins).measure(probs, target), abs=1e-9)
-    assert mce(probs, target, n_bins, from_logits=False) == pytest.approx(NetcalMCE(bins=n_bins).measure(probs, target), abs=1e-9)
+    assert ece(probs, target, n_bins, from_logits=False) == pytest.approx(
+        NetcalECE(bins=n_bins).measure(probs, target), abs=1e-9
+    )
+    assert mce(probs, target, n_bins, from_logits=False) == pytest.approx(
+        NetcalMCE(bins=n_bins).measure(probs, target), abs=1e-9
+    )
 
 
 @pytest.mark.parametrize("seed,k", CASES)
@@ -183,4 +191,6 @@ def test_classwise_ties_are_not_split_by_correctness():
     assert classwise_ece(uniform, labels) == pytest.approx((0.15 + 0.25 + 0.25 + 0.35) / 4, abs=1e-12)
     assert classwise_ece(uniform, labels) == pytest.approx(ref.loop_classwise_ece(uniform, labels, 15), abs=1e-12)
     shuffled = np.random.default_rng(0).permutation(1000)
-    assert classwise_ece(uniform[shuffled], labels[shuffled]) == pytest.approx(classwise_ece(uniform, labels), abs=1e-12)
+    assert classwise_ece(uniform[shuffled], labels[shuffled]) == pytest.approx(
+        classwise_ece(uniform, labels), abs=1e-12
+    )

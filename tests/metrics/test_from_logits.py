@@ -51,10 +51,23 @@ def _case(seed: int, n: int, k: int, scale: float):
 
 
 # seeded sweep: sizes, class counts and logit scales from near-uniform to sharp (no underflow to 0)
-SWEEP = [(seed, n, k, scale) for seed, (n, k, scale) in enumerate(
-    [(1, 2, 1.0), (7, 3, 0.05), (50, 2, 3.0), (200, 10, 1.0), (300, 5, 4.0), (500, 20, 2.0), (1000, 100, 0.5),
-     (400, 7, 6.0), (2000, 3, 0.3), (64, 50, 1.5)]
-)]
+SWEEP = [
+    (seed, n, k, scale)
+    for seed, (n, k, scale) in enumerate(
+        [
+            (1, 2, 1.0),
+            (7, 3, 0.05),
+            (50, 2, 3.0),
+            (200, 10, 1.0),
+            (300, 5, 4.0),
+            (500, 20, 2.0),
+            (1000, 100, 0.5),
+            (400, 7, 6.0),
+            (2000, 3, 0.3),
+            (64, 50, 1.5),
+        ]
+    )
+]
 
 
 @pytest.mark.parametrize("fn", METRICS, ids=lambda f: f.__name__)
@@ -66,7 +79,9 @@ def test_logits_softmax_detected_and_softmax_declared_agree(fn, seed, n, k, scal
     np.testing.assert_allclose(_values(fn(probs, target)), from_z, rtol=0, atol=1e-9)
     np.testing.assert_allclose(_values(fn(probs, target, from_logits=False)), from_z, rtol=0, atol=1e-9)
     # torch inputs follow the same rule
-    np.testing.assert_allclose(_values(fn(torch.from_numpy(probs), torch.from_numpy(target))), from_z, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(
+        _values(fn(torch.from_numpy(probs), torch.from_numpy(target))), from_z, rtol=0, atol=1e-9
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -158,8 +173,11 @@ def _softmax_case(n=5000, k=5, seed=0):
     return softmax(z, axis=1), z.argmax(1)
 
 
-DEFECTS = {"row x 1.02": lambda row: row * 1.02, "a value -1e-9": lambda row: np.r_[-1e-9, row[1:]],
-           "a value 1 + 1e-7": lambda row: np.r_[1 + 1e-7, row[1:]]}
+DEFECTS = {
+    "row x 1.02": lambda row: row * 1.02,
+    "a value -1e-9": lambda row: np.r_[-1e-9, row[1:]],
+    "a value 1 + 1e-7": lambda row: np.r_[1 + 1e-7, row[1:]],
+}
 
 
 @pytest.mark.parametrize("defect", list(DEFECTS))
@@ -170,7 +188,7 @@ def test_a_malformed_probability_row_raises_wherever_it_is(defect, row):
     bad = probs.copy()
     bad[row] = DEFECTS[defect](bad[row])
     message = rf"4999 of its 5000 rows are probability vectors .* row {row} is not"
-    for preds, name in ((bad, "preds"), (torch.from_numpy(bad), "preds")):
+    for preds in (bad, torch.from_numpy(bad)):
         with pytest.raises(ValueError, match=message):
             ece(preds, target)
     with pytest.raises(ValueError, match=message):
@@ -218,12 +236,25 @@ def test_coarse_rows_read_as_logits_beside_logit_rows():
         ece(mixed, np.zeros(303, dtype=np.int64))
 
 
-
 def test_one_probability_row_among_few_small_logits_is_chance():
     # hypothesis found it: 13 rows of N(0, 1) logits, K = 2, one of them [0.903, 0.094] sums to 0.997
-    z = np.array([[0.1257, -0.1321], [0.6404, 0.1049], [-0.5357, 0.3616], [1.3040, 0.9471], [-0.7037, -1.2654],
-                  [-0.6233, 0.0413], [-2.3250, -0.2188], [-1.2459, -0.7323], [-0.5443, -0.3163], [0.4116, 1.0425],
-                  [-0.1285, 1.3665], [-0.6652, 0.3515], [0.9035, 0.0940]])
+    z = np.array(
+        [
+            [0.1257, -0.1321],
+            [0.6404, 0.1049],
+            [-0.5357, 0.3616],
+            [1.3040, 0.9471],
+            [-0.7037, -1.2654],
+            [-0.6233, 0.0413],
+            [-2.3250, -0.2188],
+            [-1.2459, -0.7323],
+            [-0.5443, -0.3163],
+            [0.4116, 1.0425],
+            [-0.1285, 1.3665],
+            [-0.6652, 0.3515],
+            [0.9035, 0.0940],
+        ]
+    )
     target = np.array([0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1])
     assert ece(z, target) == ece(z, target, from_logits=True)
     pair = np.array([[0.9035, 0.0940], [0.6404, 0.1049]])  # but a half of probability rows is not chance

@@ -4,7 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from hf_calibration.metrics import adaece, brier, calibration_report, ece, mce, nll, reliability_diagram, reliability_table, rmsce
+from hf_calibration.metrics import (
+    adaece,
+    brier,
+    calibration_report,
+    ece,
+    mce,
+    nll,
+    reliability_diagram,
+    reliability_table,
+    rmsce,
+)
 from hf_calibration.metrics.bootstrap import INTERVALS, Bootstrap
 from hf_calibration.metrics.multilabel import SigmoidCalibrationReport
 

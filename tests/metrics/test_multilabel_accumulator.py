@@ -19,14 +19,16 @@ def _close(a, b):
     for key in b.macro:
         assert float(a.macro[key]) == pytest.approx(float(b.macro[key]), rel=1e-9, abs=1e-12), key
         assert float(a.micro[key]) == pytest.approx(float(b.micro[key]), rel=1e-9, abs=1e-12), key
-        assert np.allclose(np.asarray(a.per_label[key], float), np.asarray(b.per_label[key], float), rtol=1e-9, equal_nan=True), key
+        assert np.allclose(
+            np.asarray(a.per_label[key], float), np.asarray(b.per_label[key], float), rtol=1e-9, equal_nan=True
+        ), key
 
 
 def test_batches_equal_the_batch_report():
     z, y = _data()
     acc = CalibrationAccumulator(confidence_dtype="float64")
     for start in range(0, len(z), 128):
-        acc.update(torch.from_numpy(z[start:start + 128]), torch.from_numpy(y[start:start + 128]))
+        acc.update(torch.from_numpy(z[start : start + 128]), torch.from_numpy(y[start : start + 128]))
     _close(acc.compute(), calibration_report(z, y))
 
 
@@ -39,7 +41,9 @@ def test_binary_head_and_intervals():
     report = acc.compute()
     assert report.task == "binary"
     for key in ("ece", "nll", "brier", "mce"):
-        assert (report.macro[key].low, report.macro[key].high) == pytest.approx((batch.macro[key].low, batch.macro[key].high), rel=1e-9, nan_ok=True)  # MCE: no interval, NaN ends
+        assert (report.macro[key].low, report.macro[key].high) == pytest.approx(
+            (batch.macro[key].low, batch.macro[key].high), rel=1e-9, nan_ok=True
+        )  # MCE: no interval, NaN ends
 
 
 def test_merge_state_dict_and_trainer_call():

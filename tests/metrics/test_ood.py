@@ -24,7 +24,9 @@ def references(in_scores: np.ndarray, out_scores: np.ndarray) -> dict[str, float
     y = np.r_[np.ones(len(in_scores)), np.zeros(len(out_scores))]
     s = np.r_[in_scores, out_scores]
     fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
-    assert abs(fpr[np.argmax(tpr >= 0.95 - 1e-15)] - brute_force_fpr95(in_scores, out_scores)) < 1e-12  # two references agree
+    assert (
+        abs(fpr[np.argmax(tpr >= 0.95 - 1e-15)] - brute_force_fpr95(in_scores, out_scores)) < 1e-12
+    )  # two references agree
     return {
         "auroc": roc_auc_score(y, s),
         "aupr_in": average_precision_score(y, s),
@@ -37,7 +39,10 @@ def references(in_scores: np.ndarray, out_scores: np.ndarray) -> dict[str, float
 def test_metrics_from_scores_match_sklearn_with_and_without_ties(seed):
     rng = np.random.default_rng(seed)
     if seed % 2:  # heavy ties
-        a, b = rng.integers(0, 5, rng.integers(1, 60)).astype(float), rng.integers(0, 5, rng.integers(1, 60)).astype(float)
+        a, b = (
+            rng.integers(0, 5, rng.integers(1, 60)).astype(float),
+            rng.integers(0, 5, rng.integers(1, 60)).astype(float),
+        )
     else:
         a, b = rng.normal(1.0, 1.0, rng.integers(1, 300)), rng.normal(0.0, 1.0, rng.integers(1, 300))
     got, ref = ood_metrics_from_scores(a, b), references(a, b)
@@ -61,7 +66,9 @@ def test_scores_from_logits(score):
         assert abs(got[key] - ref[key]) <= 1e-12, key
     # torch, float32 in and float32 out: same numbers as their float64 upcast
     t = ood_metrics(torch.tensor(z_in, dtype=torch.float32), torch.tensor(z_out, dtype=torch.float32), score)
-    assert t == ood_metrics(z_in.astype(np.float32).astype(np.float64), z_out.astype(np.float32).astype(np.float64), score)
+    assert t == ood_metrics(
+        z_in.astype(np.float32).astype(np.float64), z_out.astype(np.float32).astype(np.float64), score
+    )
 
 
 def test_energy_temperature():

@@ -6,10 +6,10 @@ such folder, so these tests skip cleanly without it.
 
 from pathlib import Path
 
+import _metric_reference as ref
 import numpy as np
 import pytest
 
-import _metric_reference as ref
 from hf_calibration.metrics import calibration_report, ece
 
 LOGITS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "logits"
@@ -57,7 +57,9 @@ def test_paper_reference_code_agrees_on_all_published_cases():
     ]:
         logits, labels = _load(name)
         for t in temperatures:
-            assert ece(logits / t, labels) == pytest.approx(ref.focal_calibration_ece_torch(logits, labels, t), abs=1e-6)
+            assert ece(logits / t, labels) == pytest.approx(
+                ref.focal_calibration_ece_torch(logits, labels, t), abs=1e-6
+            )
 
 
 def test_resnet50_flsd53_published_ts_value_is_reached_by_a_temperature_that_rounds_to_1_1():

@@ -1,11 +1,11 @@
 """Reliability table (hand-worked) and diagrams, overall and per logit-margin group."""
 
+import _metric_reference as ref
 import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
 
-import _metric_reference as ref
 from hf_calibration.metrics import ece, reliability_diagram, reliability_table
 
 
@@ -197,6 +197,7 @@ def test_bad_margin_groups(bad, err):
 
 # ------------------------------------------------------------------ as a person reads them
 
+
 def _render(fig):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -284,11 +285,22 @@ def test_titles_and_legend_stay_inside_the_figure(layout):
     fig = reliability_diagram(logits, target, title=title, **kwargs)
     renderer, _ = _render(fig)
     width, height = fig.bbox.width, fig.bbox.height
-    texts = [a.title for a in fig.axes if a.get_title()] + ([fig._suptitle] if fig._suptitle else []) + list(fig.legends)
-    assert any(t.get_text().replace("\n", "").replace(" ", "") == title.replace(" ", "") for t in texts if hasattr(t, "get_text"))
+    texts = (
+        [a.title for a in fig.axes if a.get_title()] + ([fig._suptitle] if fig._suptitle else []) + list(fig.legends)
+    )
+    assert any(
+        t.get_text().replace("\n", "").replace(" ", "") == title.replace(" ", "")
+        for t in texts
+        if hasattr(t, "get_text")
+    )
     for artist in texts:
         box = artist.get_window_extent(renderer)
-        assert box.x0 >= -1 and box.x1 <= width + 1 and box.y0 >= -1 and box.y1 <= height + 1, (artist, box, width, height)
+        assert box.x0 >= -1 and box.x1 <= width + 1 and box.y0 >= -1 and box.y1 <= height + 1, (
+            artist,
+            box,
+            width,
+            height,
+        )
 
 
 def test_per_bin_interval_is_the_wilson_interval():
@@ -366,7 +378,11 @@ def test_every_diagram_draws(case, layout):
 
     logits, target, n_bins = case
     # at most one group per sample: two groups of one sample are refused, rightly (seen with N = 1)
-    kwargs = {"single": {}, "pair": {"calibrated": logits / 3}, "margin_groups": {"margin_groups": min(2, len(target))}}[layout]
+    kwargs = {
+        "single": {},
+        "pair": {"calibrated": logits / 3},
+        "margin_groups": {"margin_groups": min(2, len(target))},
+    }[layout]
     fig = reliability_diagram(logits, target, n_bins, n_boot=50, from_logits=True, **kwargs)
     try:
         fig.canvas.draw()

@@ -2,12 +2,12 @@
 
 import math
 
+import _metric_reference as ref
 import numpy as np
 import pytest
 import torch
 from sklearn.metrics import brier_score_loss, log_loss
 
-import _metric_reference as ref
 from hf_calibration.metrics import brier, nll
 
 
@@ -33,7 +33,9 @@ def test_equal_sklearn_and_direct_formula(k):
         brier_score_loss(target, probs, labels=np.arange(k), scale_by_half=False), abs=1e-12
     )
     assert nll(logits, target) == pytest.approx(log_loss(target, probs, labels=np.arange(k)), abs=1e-10)
-    assert nll(probs, target, from_logits=False) == pytest.approx(log_loss(target, probs, labels=np.arange(k)), abs=1e-10)
+    assert nll(probs, target, from_logits=False) == pytest.approx(
+        log_loss(target, probs, labels=np.arange(k)), abs=1e-10
+    )
     # torch's cross-entropy is the same NLL
     ce = torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(target)).item()
     assert nll(torch.from_numpy(logits), torch.from_numpy(target)) == pytest.approx(ce, abs=1e-12)

@@ -167,7 +167,9 @@ def test_smece_at_fixed_bandwidth_equals_relplot(sigma: float) -> None:
     rng = np.random.default_rng(7)
     p = rng.uniform(size=5000)
     a = (rng.uniform(size=5000) < p).astype(np.float64)
-    assert _SmoothECE(p, a)(np.array([sigma]), np.array([0]))[0] == pytest.approx(relplot.smECE_sigma(p, a, sigma), abs=1e-9)
+    assert _SmoothECE(p, a)(np.array([sigma]), np.array([0]))[0] == pytest.approx(
+        relplot.smECE_sigma(p, a, sigma), abs=1e-9
+    )
 
 
 def test_smece_from_logits_equals_relplot() -> None:
@@ -231,7 +233,11 @@ def _tied_cases():
     """(probs, target) pairs where every confidence is tied, in label-sorted order (the trap's worst case)."""
     yield "0.6/0.4, calibrated", np.tile([0.6, 0.4], (1000, 1)), np.repeat([0, 1], [600, 400])
     yield "uniform K=4, 40% right", np.full((1000, 4), 0.25), np.repeat([0, 3], [400, 600])
-    yield "two tie groups", np.repeat([[0.7, 0.3], [0.55, 0.45]], [500, 500], axis=0), np.r_[np.repeat([0, 1], [400, 100]), np.repeat([1, 0], [300, 200])]
+    yield (
+        "two tie groups",
+        np.repeat([[0.7, 0.3], [0.55, 0.45]], [500, 500], axis=0),
+        np.r_[np.repeat([0, 1], [400, 100]), np.repeat([1, 0], [300, 200])],
+    )
 
 
 @pytest.mark.parametrize("case", list(_tied_cases()), ids=lambda c: c[0])

@@ -7,7 +7,6 @@ import functools
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -17,14 +16,14 @@ from _models import make_model  # noqa: E402
 IMAGE_SIZE = 16
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def splits():
     from hf_calibration.demo import digits_splits
 
     return digits_splits(0, calibration_size=300, test_size=200)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def processor():
     from hf_calibration.demo import digits_image_processor
 
@@ -43,7 +42,7 @@ def build(name: str, seed: int = 0):
     return make_model(name, seed=seed, num_channels=3, image_size=IMAGE_SIZE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trained(name: str, epochs: int = 15, seed: int = 0):
     """``name``'s tiny model trained with Adam on the digits' training split (eval mode)."""
     data = splits()

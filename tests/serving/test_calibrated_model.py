@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _image_data import MEAN, STD, digits_dataset_dict
 from _models import make_model
+
 from hf_calibration import TemperatureScaling, load_calibrated_model, pipeline
 from hf_calibration.calibrators.attach import attached_calibrator
 
@@ -103,7 +103,9 @@ def test_load_calibrated_model_from_a_folder(repo, images):
     np.testing.assert_allclose(got, _plain_logits(model, pixels) / T, rtol=1e-5, atol=1e-5)
     assert type(attached_calibrator(loaded)).__name__ == "TemperatureScaling" and not loaded.training
     assert loaded.conformal_predictor is None
-    assert not any("calibrator" in key for key in loaded.state_dict())  # the hook is no submodule: save_pretrained unchanged
+    assert not any(
+        "calibrator" in key for key in loaded.state_dict()
+    )  # the hook is no submodule: save_pretrained unchanged
 
 
 def test_pipeline_scores_are_the_calibrated_softmax(repo, images):
@@ -127,8 +129,9 @@ def test_a_hub_repo_loads_calibrated_from_the_hub_cache(repo, images, tmp_path):
     loaded = load_calibrated_model("me/vit", cache_dir=cache)
     pixels = _pixels(folder, images)
     with torch.no_grad():
-        np.testing.assert_allclose(loaded(pixel_values=pixels).logits.double().numpy(), _plain_logits(model, pixels) / T,
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            loaded(pixel_values=pixels).logits.double().numpy(), _plain_logits(model, pixels) / T, rtol=1e-5, atol=1e-5
+        )
     classify = pipeline("image-classification", model="me/vit", model_kwargs={"cache_dir": cache}, top_k=10)
     np.testing.assert_allclose(_scores(classify(images)), _softmax(_plain_logits(model, pixels) / T), atol=1e-5)
 
@@ -148,7 +151,9 @@ def test_without_calibrator_the_plain_model_and_one_warning(repo, images, tmp_pa
     assert len(warnings) == 1 and "no calibrator/" in warnings[0] and "uncalibrated" in warnings[0], warnings
     assert attached_calibrator(loaded) is None
     with torch.no_grad():
-        np.testing.assert_allclose(loaded(pixel_values=pixels).logits.double().numpy(), _plain_logits(model, pixels), atol=1e-6)
+        np.testing.assert_allclose(
+            loaded(pixel_values=pixels).logits.double().numpy(), _plain_logits(model, pixels), atol=1e-6
+        )
     np.testing.assert_allclose(_scores(classify(images)), _softmax(_plain_logits(model, pixels)), atol=1e-5)
 
 
@@ -186,8 +191,13 @@ with torch.no_grad():
 results = pipeline("image-classification", model=folder, top_k=10)(paths)
 print(json.dumps({{"logits": logits, "results": results, "type": type(model).__name__}}))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": ""})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["type"] == "ViTForImageClassification"
@@ -219,7 +229,9 @@ def test_conformal_predictor_is_loaded_and_attached_to_the_pipeline(repo, tmp_pa
             calls["attached"], calls["draws"] = pipe, draws
             return pipe
 
-    monkeypatch.setitem(sys.modules, "hf_calibration.conformal", types.SimpleNamespace(ConformalPredictor=ConformalPredictor))
+    monkeypatch.setitem(
+        sys.modules, "hf_calibration.conformal", types.SimpleNamespace(ConformalPredictor=ConformalPredictor)
+    )
     model = load_calibrated_model(both)
     assert isinstance(model.conformal_predictor, ConformalPredictor) and calls["path"] == both / "conformal"
     assert attached_calibrator(model) is not None
@@ -256,7 +268,9 @@ def test_real_conformal_predictor_round_trip(repo, images, tmp_path):
     predictor.save_pretrained(both / "conformal")
     loaded = load_calibrated_model(both)
     assert type(loaded.conformal_predictor) is conformal.ConformalPredictor
-    np.testing.assert_array_equal(np.asarray(loaded.conformal_predictor.predict_sets(z)), np.asarray(predictor.predict_sets(z)))
+    np.testing.assert_array_equal(
+        np.asarray(loaded.conformal_predictor.predict_sets(z)), np.asarray(predictor.predict_sets(z))
+    )
     pipeline("image-classification", model=both)(images)  # attach(pipeline) runs on real inputs
 
 
@@ -283,7 +297,10 @@ def test_a_calibrator_folder_that_is_not_one_is_named_not_skipped(repo, tmp_path
     partial = tmp_path / "partial"
     shutil.copytree(folder, partial)
     (partial / "calibrator" / "config.json").unlink()
-    with pytest.raises(ValueError, match=r"Expected a calibrator checkpoint with a config.json in '.*partial/calibrator', but there is none \(it holds"):
+    with pytest.raises(
+        ValueError,
+        match=r"Expected a calibrator checkpoint with a config.json in '.*partial/calibrator', but there is none \(it holds",
+    ):
         load_calibrated_model(partial)
     a_file = tmp_path / "a_file"
     shutil.copytree(folder, a_file, ignore=shutil.ignore_patterns("calibrator"))
@@ -294,7 +311,9 @@ def test_a_calibrator_folder_that_is_not_one_is_named_not_skipped(repo, tmp_path
     shutil.copytree(folder, empty, ignore=shutil.ignore_patterns("calibrator"))
     (empty / "calibrator").mkdir()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert attached_calibrator(load_calibrated_model(empty)) is None  # nothing there: the plain model, as without it
+        assert (
+            attached_calibrator(load_calibrated_model(empty)) is None
+        )  # nothing there: the plain model, as without it
     assert "(or an empty one)" in caplog.text
 
 
@@ -307,11 +326,17 @@ def test_a_calibrator_for_another_number_of_classes_is_refused_at_load(repo, tmp
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 5, (300,), generator=g)
     z = 3 * torch.randn(300, 5, generator=g) + 3 * torch.nn.functional.one_hot(y, 5)
-    for calibrator in (TemperatureScaling().fit(z, y, progress_bar=False), VectorScaling().fit(z, y, progress_bar=False)):
+    for calibrator in (
+        TemperatureScaling().fit(z, y, progress_bar=False),
+        VectorScaling().fit(z, y, progress_bar=False),
+    ):
         other = tmp_path / calibrator.kind
         shutil.copytree(folder, other, ignore=shutil.ignore_patterns("calibrator"))
         calibrator.save_pretrained(other / "calibrator")
-        with pytest.raises(ValueError, match=rf"{type(calibrator).__name__} in '.*{calibrator.kind}/calibrator' was fitted on K = 5 classes, but the model .* has 10"):
+        with pytest.raises(
+            ValueError,
+            match=rf"{type(calibrator).__name__} in '.*{calibrator.kind}/calibrator' was fitted on K = 5 classes, but the model .* has 10",
+        ):
             load_calibrated_model(other)
 
 
@@ -320,5 +345,7 @@ def test_a_missing_folder_or_a_file_is_named(repo, tmp_path):
     folder, _, _ = repo
     with pytest.raises(ValueError, match=r"`model` to be a folder or a Hub model id .* no folder '\./no/such/folder'"):
         load_calibrated_model("./no/such/folder")
-    with pytest.raises(ValueError, match=r"`model` to be a folder or a Hub model id, but '.*model.safetensors' is a file"):
+    with pytest.raises(
+        ValueError, match=r"`model` to be a folder or a Hub model id, but '.*model.safetensors' is a file"
+    ):
         pipeline("image-classification", model=folder / "model.safetensors")

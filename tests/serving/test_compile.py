@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _trained import logits_of, pixels, splits, trained
+
 from hf_calibration.calibrators import create_calibrator
 
 torch.set_num_threads(1)

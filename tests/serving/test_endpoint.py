@@ -14,11 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-
 from _trained import IMAGE_SIZE, processor, splits
+
 from hf_calibration.serving import write_endpoint_handler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,8 +62,14 @@ def _serve(folder: Path, images, tmp_path: Path) -> dict:
     images_file = tmp_path / "images.json"
     images_file.write_text(json.dumps([base64.b64encode(_png(im)).decode() for im in images]))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(folder), str(images_file)], capture_output=True, text=True,
-                         env=env, cwd=folder, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(folder), str(images_file)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=folder,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -84,12 +89,27 @@ def fine_tuned(tmp_path_factory):
     train = PixelDataset(data.train_images, data.train_labels, proc)
     calibration = PixelDataset(data.calibration_images[:150], data.calibration_labels[:150], proc)
     folder = tmp_path_factory.mktemp("fine_tuned") / "vit-digits"
-    args = TrainingArguments(output_dir=str(folder), num_train_epochs=15, per_device_train_batch_size=64, learning_rate=3e-3,
-                             report_to=[], save_strategy="no", logging_strategy="no", seed=0, use_cpu=True,
-                             disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(folder),
+        num_train_epochs=15,
+        per_device_train_batch_size=64,
+        learning_rate=3e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     model = tiny_vit(image_size=IMAGE_SIZE, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    trainer = CalibrationTrainer(model=model, args=args, train_dataset=train, eval_dataset=calibration,
-                                 calibrate_on_eval=True, endpoint_handler=True)
+    trainer = CalibrationTrainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=calibration,
+        calibrate_on_eval=True,
+        endpoint_handler=True,
+    )
     trainer.train()
     trainer.save_model(str(folder))
     proc.save_pretrained(folder)
@@ -103,7 +123,9 @@ def fine_tuned(tmp_path_factory):
 def test_the_saved_folder_has_the_handler_files(fine_tuned):
     assert (fine_tuned / "handler.py").read_text().startswith("# Written by hf-calibration")
     assert (fine_tuned / "requirements.txt").read_text().splitlines()[-1].startswith("hf-calibration==")
-    assert (fine_tuned / "calibrator" / "config.json").is_file() and (fine_tuned / "conformal" / "config.json").is_file()
+    assert (fine_tuned / "calibrator" / "config.json").is_file() and (
+        fine_tuned / "conformal" / "config.json"
+    ).is_file()
 
 
 def test_handler_answers_equal_the_pipeline(fine_tuned, tmp_path):
@@ -111,7 +133,9 @@ def test_handler_answers_equal_the_pipeline(fine_tuned, tmp_path):
     answers = _serve(fine_tuned, images, tmp_path)
     assert answers["handler"] == answers["pipeline"]
     rows = answers["handler"]["bytes"][0]
-    assert all("in_set" in row for row in rows) and abs(sum(r["score"] for r in rows) - 1) < 1  # calibrated scores, sets
+    assert (
+        all("in_set" in row for row in rows) and abs(sum(r["score"] for r in rows) - 1) < 1
+    )  # calibrated scores, sets
     assert len(answers["handler"]["base64"]) == 6 and all(isinstance(r, list) for r in answers["handler"]["base64"])
 
 
@@ -126,7 +150,10 @@ def test_onnx_and_the_handler_serve_the_pipelines_probabilities_and_sets(fine_tu
     images = splits().test_images[:40]
     path = tmp_path / "vit-digits.onnx"
     result = export_onnx(fine_tuned, path)
-    assert result["outputs"] == ["logits", "probabilities", "prediction_set"] and result["inputs"] == ["pixel_values", "u"]
+    assert result["outputs"] == ["logits", "probabilities", "prediction_set"] and result["inputs"] == [
+        "pixel_values",
+        "u",
+    ]
 
     pipe = pipeline("image-classification", model=str(fine_tuned), top_k=10)
     expected = pipe(images)  # one uniform draw per image, derived from its pixel values (draws="input", the default)

@@ -16,8 +16,8 @@ pytest.importorskip("onnxscript")
 
 import onnx  # noqa: E402
 import onnxruntime  # noqa: E402
-
 from _trained import accuracy, logits_of, pixels, splits, trained  # noqa: E402
+
 from hf_calibration.calibrators import TemperatureScaling, create_calibrator, list_calibrators  # noqa: E402
 from hf_calibration.conformal import ConformalPredictor  # noqa: E402
 from hf_calibration.serving import CalibratedClassifier, export_onnx, exportable  # noqa: E402
@@ -49,8 +49,12 @@ def test_onnx_graph_matches_the_calibrated_model_on_real_images(tmp_path, name, 
     z_cal = logits_of(model, x_cal)
     half = len(z_cal) // 2
     calibrator = create_calibrator(kind).fit(z_cal[:half], data.calibration_labels[:half], progress_bar=False)
-    predictor = ConformalPredictor(method).fit(z_cal[half:], data.calibration_labels[half:], alpha=0.1,
-                                               calibrator=None if set_kind is None else create_calibrator(set_kind))
+    predictor = ConformalPredictor(method).fit(
+        z_cal[half:],
+        data.calibration_labels[half:],
+        alpha=0.1,
+        calibrator=None if set_kind is None else create_calibrator(set_kind),
+    )
     calibrator.attach(model)
     model.__dict__["conformal_predictor"] = predictor
     path = tmp_path / f"{name}.onnx"
@@ -69,7 +73,9 @@ def test_onnx_graph_matches_the_calibrated_model_on_real_images(tmp_path, name, 
     assert np.abs(probabilities.astype(np.float64) - expected).max() <= TOLERANCE
     np.testing.assert_array_equal(sets, expected_sets)
     assert sets.any(1).all()
-    if name != "resnet":  # sets of several classes occur (the ResNet is 99.5 % accurate: its THR sets are single classes)
+    if (
+        name != "resnet"
+    ):  # sets of several classes occur (the ResNet is 99.5 % accurate: its THR sets are single classes)
         assert sets.sum(1).max() > 1
     np.testing.assert_array_equal(logits.argmax(1), raw.numpy().argmax(1))  # these calibrators keep the prediction
 
@@ -118,7 +124,13 @@ def test_a_calibrator_that_cannot_export_is_refused_by_name(tmp_path, real_logit
     z_fit, y_fit, _ = real_logits
     calibrator = _Unexportable().fit(z_fit, y_fit, progress_bar=False)
     with pytest.raises(ValueError, match="temperature_scaling.*Python library"):
-        export_onnx(Logits(), tmp_path / "x.onnx", calibrator=calibrator, conformal=None, example_inputs=z_fit[:2, :, None, None])
+        export_onnx(
+            Logits(),
+            tmp_path / "x.onnx",
+            calibrator=calibrator,
+            conformal=None,
+            example_inputs=z_fit[:2, :, None, None],
+        )
     assert not (tmp_path / "x.onnx").exists()
 
 

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _image_data import MEAN, STD, digits_dataset_dict  # noqa: E402
 from _models import make_model  # noqa: E402
+
 from hf_calibration.calibrators import create_calibrator, list_calibrators  # noqa: E402
 from hf_calibration.serving import CalibratedClassifier, export_onnx  # noqa: E402
 
@@ -64,8 +65,11 @@ def test_graph_forward_equals_forward(kind, layout, dtype):
         z, y = _multilabel_data(600, 1, seed=1)
         calibrator = create_calibrator(kind).fit(z[:400], y[:400, 0], task="binary", progress_bar=False)
         test_z = torch.from_numpy(z[400:])
-        test_z = {"vector": test_z[:, 0], "column": test_z,
-                  "softmax2": torch.cat([-test_z / 2 + 0.3, test_z / 2 + 0.3], dim=1)}[layout]  # a shift: only z_1 - z_0 counts
+        test_z = {
+            "vector": test_z[:, 0],
+            "column": test_z,
+            "softmax2": torch.cat([-test_z / 2 + 0.3, test_z / 2 + 0.3], dim=1),
+        }[layout]  # a shift: only z_1 - z_0 counts
     test_z = test_z.to(dtype)
     eager = calibrator(test_z, from_logits=True)
     graph = calibrator.graph_forward(test_z)
@@ -75,7 +79,9 @@ def test_graph_forward_equals_forward(kind, layout, dtype):
     assert float((p_eager - p_graph).abs().max()) <= tol
     if layout in ("multilabel", "softmax2") and dtype == torch.float32:
         torch._dynamo.reset()
-        compiled = torch.compile(calibrator.graph_forward, fullgraph=True, backend="eager")  # traced whole: no graph break
+        compiled = torch.compile(
+            calibrator.graph_forward, fullgraph=True, backend="eager"
+        )  # traced whole: no graph break
         assert float((torch.sigmoid(compiled(test_z).double()) - p_eager).abs().max()) <= tol
 
 
@@ -84,7 +90,9 @@ def test_graph_forward_equals_forward(kind, layout, dtype):
 def test_every_sigmoid_calibrator_exports(tmp_path, kind, task):
     labels = 4 if task == "multilabel" else 1
     z, y = _multilabel_data(700, labels, seed=2)
-    calibrator = create_calibrator(kind).fit(z[:400], y[:400] if labels > 1 else y[:400, 0], task=task, progress_bar=False)
+    calibrator = create_calibrator(kind).fit(
+        z[:400], y[:400] if labels > 1 else y[:400, 0], task=task, progress_bar=False
+    )
     test = torch.from_numpy(z[400:]).float()
     path = tmp_path / f"{kind}.onnx"
     result = export_onnx(Logits(), path, calibrator=calibrator, conformal=None, example_inputs=test[:4, :, None, None])
@@ -105,7 +113,9 @@ def calibrated_folder(tmp_path_factory):
     from hf_calibration import PlattScaling
 
     folder = tmp_path_factory.mktemp("serving_multilabel") / "vit"
-    model = make_model("vit", seed=0, num_channels=3, num_labels=LABELS, problem_type="multi_label_classification").eval()
+    model = make_model(
+        "vit", seed=0, num_channels=3, num_labels=LABELS, problem_type="multi_label_classification"
+    ).eval()
     with torch.no_grad():
         model.classifier.weight.mul_(40.0)  # random-init logits are ~0.05: make the calibration visible
     model.save_pretrained(folder)
@@ -115,7 +125,9 @@ def calibrated_folder(tmp_path_factory):
     labels = np.stack([digits < 5, digits % 2 == 0, np.isin(digits, [0, 6, 8, 9])], axis=1).astype(np.int64)
     processor = AutoImageProcessor.from_pretrained(folder)
     with torch.no_grad():
-        z = model(pixel_values=processor(images=list(data["validation"]["img"]), return_tensors="pt")["pixel_values"]).logits
+        z = model(
+            pixel_values=processor(images=list(data["validation"]["img"]), return_tensors="pt")["pixel_values"]
+        ).logits
     platt = PlattScaling().fit(z.double(), labels, progress_bar=False)
     platt.save_pretrained(folder / "calibrator")
     test_images = list(data["test"]["img"][:6])

@@ -14,6 +14,7 @@ pytest.importorskip("cv2")
 pytest.importorskip("imagecorruptions")
 
 from _image_data import write_route  # noqa: E402
+
 from hf_calibration.cli import main  # noqa: E402
 from hf_calibration.shift import corruption_transform, shift_report  # noqa: E402
 
@@ -54,7 +55,11 @@ def test_shift_command_equals_shift_report_on_a_bare_loop(capsys, root, tmp_path
         assert (g["method"], g["corruption"], g["severity"]) == (w["method"], w["corruption"], w["severity"])
         for key in ("accuracy", "ece", "adaece", "smce", "nll"):
             assert g[key] == pytest.approx(w[key], abs=1e-5), (g["method"], g["corruption"], key)
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ece_vs_severity.png", "shift_report.json", "shift_report.txt"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "ece_vs_severity.png",
+        "shift_report.json",
+        "shift_report.txt",
+    ]
     # one cache entry per clean split and per corruption x severity: 2 + 4
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == 6
     # the outputs are never replaced silently; a second run with --overwrite reads every logit from the cache
@@ -66,7 +71,9 @@ def test_shift_command_equals_shift_report_on_a_bare_loop(capsys, root, tmp_path
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == 6
 
 
-@pytest.mark.parametrize("flag, value, message", [("--severities", "0-3", "severities"), ("--corruptions", "rain", "unknown corruption")])
+@pytest.mark.parametrize(
+    "flag, value, message", [("--severities", "0-3", "severities"), ("--corruptions", "rain", "unknown corruption")]
+)
 def test_bad_arguments(capsys, root, flag, value, message):
     with pytest.raises(SystemExit) as exit_info:  # a malformed command line: argparse's status 2, one line
         main(["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), flag, value])
@@ -76,7 +83,9 @@ def test_bad_arguments(capsys, root, flag, value, message):
 def test_unknown_method_and_missing_split(capsys, root, tmp_path):
     base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path)]
     assert main([*base, "--calibrator", "no_such_method"]) == 1
-    assert "--calibrator 'no_such_method' is neither a method name (ts, " in capsys.readouterr().err  # issue 23 item 11: not "--method"
+    assert (
+        "--calibrator 'no_such_method' is neither a method name (ts, " in capsys.readouterr().err
+    )  # issue 23 item 11: not "--method"
     assert main([*base, "--val-split", "train", "--corruptions", "fog", "--severities", "1"]) == 1
     assert "train" in capsys.readouterr().err
     assert main(["shift", "--logits", str(tmp_path / "z.npz")]) == 1 and "not --logits" in capsys.readouterr().err
@@ -92,7 +101,9 @@ def test_ood_dataset_without_labels(root, tmp_path):
     noise = np.random.default_rng(0).integers(0, 256, (20, 8, 8, 3), dtype=np.uint8)
     from PIL import Image
 
-    unlabeled = datasets.Dataset.from_dict({"picture": [Image.fromarray(x) for x in noise]}, features=datasets.Features({"picture": datasets.Image()}))
+    unlabeled = datasets.Dataset.from_dict(
+        {"picture": [Image.fromarray(x) for x in noise]}, features=datasets.Features({"picture": datasets.Image()})
+    )
     report = model_shift_report(root / "vit", str(root / "saved"), split="test", val_split="validation", calibrators=[],
                                 corruptions=["contrast"], severities=[2], ood_dataset=unlabeled, batch_size=8, device="cpu")  # fmt: skip
     from transformers import AutoImageProcessor, AutoModelForImageClassification
@@ -100,7 +111,9 @@ def test_ood_dataset_without_labels(root, tmp_path):
     model = AutoModelForImageClassification.from_pretrained(root / "vit").eval()
     processor = AutoImageProcessor.from_pretrained(root / "vit")
     with torch.no_grad():
-        z_ood = model(pixel_values=processor(images=list(unlabeled["picture"]), return_tensors="pt")["pixel_values"]).logits.numpy()
+        z_ood = model(
+            pixel_values=processor(images=list(unlabeled["picture"]), return_tensors="pt")["pixel_values"]
+        ).logits.numpy()
     z_test, _ = _bare_logits(root, "test")
     for row in report.ood:
         assert row["auroc"] == pytest.approx(ood_metrics(z_test, z_ood, row["score"])["auroc"], abs=1e-6)
@@ -149,7 +162,15 @@ def test_calibrator_lists_are_checked_before_the_model_runs(capsys, root, tmp_pa
     monkeypatch.chdir(tmp_path)
     _saved_ts(tmp_path / "ts")  # what `hf-calibration fit ... --out ts` leaves behind
     _saved_ts(tmp_path / "smart")
-    base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path / "cache")]
+    base = [
+        "shift",
+        "--model",
+        str(root / "vit"),
+        "--dataset",
+        str(root / "saved"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     # issue 23 item 11: the spelling decides (a path is a folder, a bare method name the method), so these reach the
     # model (which raises here); the bare name beside a folder of that name says which it took
     for calibrators in (["temperature_scaling", "smart", "./smart"], ["ts"], [str(tmp_path / "ts"), "ts"]):
@@ -157,16 +178,20 @@ def test_calibrator_lists_are_checked_before_the_model_runs(capsys, root, tmp_pa
         err = capsys.readouterr().err
         assert "ran the model before checking the calibrators" in err, (calibrators, err)
     assert main([*base, "--calibrator", "ts"]) == 1
-    assert "--calibrator ts: the temperature_scaling method, fitted on --val-split; a folder ts is here too: write ./ts" in capsys.readouterr().err
-    for calibrators, message in ((["smart", "SMART"], "'SMART' and 'smart' name the same method"),
-                                 (["ts", "temperature_scaling"], "'temperature_scaling' and 'ts' name the same method"),
-                                 (["./ts", str(tmp_path / "ts")], "name the same folder"),
-                                 (["./nothing"], "--calibrator './nothing': no such folder")):
+    assert (
+        "--calibrator ts: the temperature_scaling method, fitted on --val-split; a folder ts is here too: write ./ts"
+        in capsys.readouterr().err
+    )
+    for calibrators, message in (
+        (["smart", "SMART"], "'SMART' and 'smart' name the same method"),
+        (["ts", "temperature_scaling"], "'temperature_scaling' and 'ts' name the same method"),
+        (["./ts", str(tmp_path / "ts")], "name the same folder"),
+        (["./nothing"], "--calibrator './nothing': no such folder"),
+    ):
         assert main([*base, "--calibrator", *calibrators]) == 1
         assert message in capsys.readouterr().err, calibrators
     with pytest.raises(ValueError, match="appears twice"):
         model_shift_report(root / "vit", str(root / "saved"), val_split="validation", calibrators=["ts", "ts"])
-
 
 
 def test_out_refuses_a_model_folder_and_a_test_split_used_for_fitting_warns(capsys, root, tmp_path, monkeypatch):
@@ -174,8 +199,19 @@ def test_out_refuses_a_model_folder_and_a_test_split_used_for_fitting_warns(caps
     from hf_calibration.io import inference
 
     monkeypatch.setattr(inference, "_run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model ran")))
-    base = ["shift", "--model", str(root / "vit"), "--dataset", str(root / "saved"), "--cache-dir", str(tmp_path / "cache"),
-            "--corruptions", "contrast", "--severities", "1"]
+    base = [
+        "shift",
+        "--model",
+        str(root / "vit"),
+        "--dataset",
+        str(root / "saved"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--corruptions",
+        "contrast",
+        "--severities",
+        "1",
+    ]
     before = sorted(p.name for p in (root / "vit").iterdir())
     assert main([*base, "--out", str(root / "vit")]) == 1
     assert "--out" in (err := capsys.readouterr().err) and "is a model's folder" in err and "the model ran" not in err

@@ -6,7 +6,6 @@ an independent implementation of the same scripts."""
 from __future__ import annotations
 
 import re
-
 from io import BytesIO
 
 import numpy as np
@@ -83,7 +82,9 @@ def test_motion_blur_kernel_matches_imagecorruptions(radius, sigma, angle):
     from imagecorruptions.corruptions import _motion_blur
 
     x = smooth_image(64).astype(np.float64)
-    np.testing.assert_allclose(C.magick_motion_blur(x, radius, sigma, angle), _motion_blur(x, radius, sigma, angle), atol=1e-3)
+    np.testing.assert_allclose(
+        C.magick_motion_blur(x, radius, sigma, angle), _motion_blur(x, radius, sigma, angle), atol=1e-3
+    )
 
 
 # ----------------------------------------------------------------------------- 32 px: the published definitions
@@ -145,7 +146,9 @@ def test_gaussian_blur_is_scipys_gaussian_filter_with_sigma_c(severity):
 
     x = smooth_image(32)
     sigma = PUBLISHED_32["gaussian_blur"][severity - 1]
-    expected = np.floor(np.clip(gaussian_filter(x / 255.0, (sigma, sigma, 0), mode="nearest", truncate=4.0), 0, 1) * 255)
+    expected = np.floor(
+        np.clip(gaussian_filter(x / 255.0, (sigma, sigma, 0), mode="nearest", truncate=4.0), 0, 1) * 255
+    )
     np.testing.assert_array_equal(run(x, "gaussian_blur", severity, preset="cifar"), expected)
 
 
@@ -154,7 +157,7 @@ def _disk_by_hand(radius: float, alias: float) -> np.ndarray:
     xx, yy = np.meshgrid(grid, grid)
     d = ((xx**2 + yy**2) <= radius**2).astype(np.float64)
     d /= d.sum()
-    g = np.exp(-np.arange(-1, 2) ** 2 / (2 * alias**2))  # OpenCV's 3-tap Gaussian for ksize (3, 3)
+    g = np.exp(-(np.arange(-1, 2) ** 2) / (2 * alias**2))  # OpenCV's 3-tap Gaussian for ksize (3, 3)
     g /= g.sum()
     from scipy.ndimage import correlate1d
 
@@ -183,7 +186,9 @@ def test_jpeg_uses_the_ijg_quantisation_table_of_the_published_quality(preset, p
     for severity, quality in enumerate(published["jpeg_compression"], start=1):
         buf = BytesIO()
         Image.fromarray(image).save(buf, "JPEG", quality=quality)
-        np.testing.assert_array_equal(run(image, "jpeg_compression", severity, preset=preset), np.asarray(Image.open(buf)))
+        np.testing.assert_array_equal(
+            run(image, "jpeg_compression", severity, preset=preset), np.asarray(Image.open(buf))
+        )
         out = C.jpeg_compression(Image.fromarray(image), quality, None)  # the decoded file's own quantisation table
         scale = 5000 // quality if quality < 50 else 200 - 2 * quality  # libjpeg's jpeg_quality_scaling (integer)
         expected = np.clip((luminance * scale + 50) // 100, 1, 255)
@@ -199,7 +204,9 @@ def test_pixelate_averages_blocks():
     for severity, c in enumerate(PUBLISHED_32["pixelate"], start=1):  # box down to int(32·c) px, box back up to 32
         side = int(32 * c)
         expected = small.resize((side, side), Image.BOX).resize((32, 32), Image.BOX)
-        np.testing.assert_array_equal(run(np.asarray(small), "pixelate", severity, preset="cifar"), np.asarray(expected))
+        np.testing.assert_array_equal(
+            run(np.asarray(small), "pixelate", severity, preset="cifar"), np.asarray(expected)
+        )
 
 
 @pytest.mark.parametrize("severity", range(1, 6))
@@ -221,7 +228,11 @@ def test_hsv_shift_by_matplotlib(name, channel):
     hsv = rgb_to_hsv(x / 255.0)
     for severity, c in enumerate(PUBLISHED_32[name], start=1):
         out = rgb_to_hsv(run(x, name, severity, preset="cifar") / 255.0)
-        expected = np.clip(hsv[..., channel] + c, 0, 1) if name == "brightness" else np.clip(hsv[..., channel] * c[0] + c[1], 0, 1)
+        expected = (
+            np.clip(hsv[..., channel] + c, 0, 1)
+            if name == "brightness"
+            else np.clip(hsv[..., channel] * c[0] + c[1], 0, 1)
+        )
         assert np.abs(out[..., channel] - expected).max() < 0.02  # 8-bit output
 
 
@@ -253,7 +264,9 @@ def test_zoom_blur_averages_the_published_zoom_factors():
     got = run(x, "zoom_blur", 1, preset="cifar")  # factors 1.00 ... 1.05 of make_cifar_c.py
     factors = np.arange(1, 1.06, 0.01)  # make_cifar_c.py severity 1; float rounding makes it end at 1.06
     assert len(factors) == 7
-    expected = (2 * x.astype(np.float32) / 255.0 + sum(C.clipped_zoom(x.astype(np.float32) / 255.0, f) for f in factors[1:])) / 8
+    expected = (
+        2 * x.astype(np.float32) / 255.0 + sum(C.clipped_zoom(x.astype(np.float32) / 255.0, f) for f in factors[1:])
+    ) / 8
     assert np.abs(got - np.floor(np.clip(expected, 0, 1) * 255)).max() <= 1
     # zoom 1.00 is the identity, so the output is (2·x + Σ_{f > 1} zoom_f(x)) / 7: closer to x than any single zoom
     single = C.clipped_zoom(x / 255.0, 1.05) * 255
@@ -277,7 +290,9 @@ def test_elastic_severity_1_is_the_pure_affine_jitter():
     # scipy works in (row, col) = (y, x): swap the axes of the inverse map
     swap = np.array([[0, 1, 0], [1, 0, 0], [0, 0, 1]])
     m = swap @ inverse @ swap
-    expected = np.stack([affine_transform(x[..., ch] / 255.0, m[:2, :2], m[:2, 2], order=1, mode="mirror") for ch in range(3)], -1)
+    expected = np.stack(
+        [affine_transform(x[..., ch] / 255.0, m[:2, :2], m[:2, 2], order=1, mode="mirror") for ch in range(3)], -1
+    )
     got = run(x, "elastic_transform", 1, seed=seed, preset="cifar")
     assert np.abs(got - np.floor(np.clip(expected, 0, 1) * 255))[2:-2, 2:-2].max() <= 2  # OpenCV's 5-bit interpolation
 
@@ -326,7 +341,9 @@ def test_deterministic_in_the_seed_and_same_size(name):
     assert a.shape == x.shape
 
 
-@pytest.mark.parametrize("name", ["gaussian_noise", "glass_blur", "frost", "fog", "snow", "elastic_transform", "impulse_noise"])
+@pytest.mark.parametrize(
+    "name", ["gaussian_noise", "glass_blur", "frost", "fog", "snow", "elastic_transform", "impulse_noise"]
+)
 def test_random_corruptions_change_with_the_seed(name):
     x = smooth_image(32)
     assert not np.array_equal(run(x, name, 5, seed=1), run(x, name, 5, seed=2))
@@ -365,7 +382,11 @@ def test_greyscale_and_array_inputs():
         ({"severity": 2.0}, TypeError, "`severity`"),
         ({"severity": True}, TypeError, "`severity`"),
         ({"seed": -1}, ValueError, "`seed`"),
-        ({"seed": 2**32}, ValueError, r"`seed` to be an integer in \[0, 2\*\*32 - 1\]"),  # issue 23 item 12: numpy's own message
+        (
+            {"seed": 2**32},
+            ValueError,
+            r"`seed` to be an integer in \[0, 2\*\*32 - 1\]",
+        ),  # issue 23 item 12: numpy's own message
         ({"preset": "tiny"}, ValueError, "`preset`"),
     ],
 )
@@ -384,13 +405,15 @@ def test_bad_images():
         corrupt(np.zeros((4, 32, 3), np.uint8), "fog", 1)
 
 
-
-
 @pytest.mark.parametrize("mode", ["I;16", "I", "F"])
 def test_images_of_more_than_8_bits_are_refused_not_clipped(mode):
     # issue 23 item 3: a uint16 ramp came back 99.6 % white and an "F" image in [0, 1] as values 12-13
     ramp = np.tile(np.linspace(0, 1, 64), (64, 1))
-    values = {"I;16": (ramp * 65535).astype(np.uint16), "I": (ramp * 65535).astype(np.int32), "F": ramp.astype(np.float32)}
+    values = {
+        "I;16": (ramp * 65535).astype(np.uint16),
+        "I": (ramp * 65535).astype(np.int32),
+        "F": ramp.astype(np.float32),
+    }
     image = Image.fromarray(values[mode], mode=mode if mode != "I;16" else None)
     assert image.mode == mode
     with pytest.raises(ValueError, match=rf"`image` to be an 8-bit image .* got mode '{re.escape(mode)}'"):

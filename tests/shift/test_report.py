@@ -46,7 +46,13 @@ def test_rows_equal_the_metrics_of_logits_calibrated_on_val_only(data, report):
         z, y = sets[(row["corruption"], row["severity"])]
         if row["method"] == "ts":
             z = ts(torch.from_numpy(z)).numpy()
-        expected = {"accuracy": float((z.argmax(1) == y).mean()), "ece": ece(z, y), "adaece": adaece(z, y), "smce": smce(z, y), "nll": nll(z, y)}
+        expected = {
+            "accuracy": float((z.argmax(1) == y).mean()),
+            "ece": ece(z, y),
+            "adaece": adaece(z, y),
+            "smce": smce(z, y),
+            "nll": nll(z, y),
+        }
         for key, value in expected.items():
             assert row[key] == pytest.approx(value, abs=1e-12), (row["method"], row["corruption"], key)
 
@@ -61,7 +67,9 @@ def test_ood_rows(data, report):
         expected = ood_metrics(z_in, z_out, row["score"])
         assert {k: row[k] for k in expected} == pytest.approx(expected, abs=1e-12)
     assert len(report.ood) == 2 * 2 * 3
-    assert {(r["method"], r["score"]) for r in report.ood} == {(m, s) for m in ("uncalibrated", "ts") for s in ("msp", "energy", "max_logit")}
+    assert {(r["method"], r["score"]) for r in report.ood} == {
+        (m, s) for m in ("uncalibrated", "ts") for s in ("msp", "energy", "max_logit")
+    }
     single = shift_report(val, test, {}, calibrators=[], ood_logits=ood)  # one unnamed OOD set
     assert [r["ood"] for r in single.ood] == ["ood", "ood"] and single.ood[0]["auroc"] == report.ood[0]["auroc"]
 
@@ -70,7 +78,9 @@ def test_severity_means_plot_table_and_json(report, tmp_path):
     means = report.severity_means("ece")
     assert report.severities == [0, 1, 3] and report.corruptions == ["noise", "blur"]
     for method in report.methods:
-        by_hand = [np.mean([r["ece"] for r in report.rows if r["method"] == method and r["severity"] == s]) for s in (0, 1, 3)]
+        by_hand = [
+            np.mean([r["ece"] for r in report.rows if r["method"] == method and r["severity"] == s]) for s in (0, 1, 3)
+        ]
         assert means[method] == pytest.approx(by_hand, abs=1e-15)
     fig = report.plot("ece")
     lines = fig.axes[0].get_lines()
@@ -105,7 +115,9 @@ def test_bad_input(data):
         shift_report(val, test, {("noise", 1): (test[0][:, :4], test[1] % 4)})
     with pytest.raises(ValueError, match="`calibrators`"):
         shift_report(val, test, shifted, calibrators=["no_such_method"])
-    with pytest.raises(ValueError, match="a sigmoid calibrator.*problem_type"):  # a binary / multi-label one on a softmax head
+    with pytest.raises(
+        ValueError, match="a sigmoid calibrator.*problem_type"
+    ):  # a binary / multi-label one on a softmax head
         shift_report(val, test, shifted, calibrators=["platt"])
     with pytest.raises(ValueError, match="twice"):
         shift_report(val, test, shifted, calibrators=["ts", "ts"])
@@ -149,7 +161,9 @@ def test_logit_level_scores_only_where_a_temperature_keeps_the_level(data):
 
     val, test, _, ood = data
     methods = [m for m in ("isotonic", "vector_scaling", "cts", "dirichlet") if m in list_calibrators()]
-    report = shift_report(val, test, {}, calibrators=[*methods, "ts"], ood_logits=ood, ood_scores=("msp", "energy", "max_logit"))
+    report = shift_report(
+        val, test, {}, calibrators=[*methods, "ts"], ood_logits=ood, ood_scores=("msp", "energy", "max_logit")
+    )
     rows = {(r["method"], r["score"]): r for r in report.ood}
     for method in methods:
         assert rows[(method, "energy")]["auroc"] is None and rows[(method, "max_logit")]["auroc"] is None
@@ -159,5 +173,7 @@ def test_logit_level_scores_only_where_a_temperature_keeps_the_level(data):
     ts = TemperatureScaling().fit(*val, progress_bar=False)
     expected = ood_metrics(ts(test[0]).numpy(), ts(ood).numpy(), "energy")["auroc"]
     assert rows[("ts", "energy")]["auroc"] == pytest.approx(expected, abs=1e-12)
-    assert rows[("uncalibrated", "energy")]["auroc"] == pytest.approx(ood_metrics(test[0], ood, "energy")["auroc"], abs=1e-12)
+    assert rows[("uncalibrated", "energy")]["auroc"] == pytest.approx(
+        ood_metrics(test[0], ood, "energy")["auroc"], abs=1e-12
+    )
     assert " - " in report.table()

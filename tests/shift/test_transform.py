@@ -13,7 +13,7 @@ datasets = pytest.importorskip("datasets")
 from hf_calibration.shift import corruption_transform  # noqa: E402
 
 
-def make_dataset(n: int = 4, column: str = "img") -> "datasets.Dataset":
+def make_dataset(n: int = 4, column: str = "img") -> datasets.Dataset:
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(n)]
     return datasets.Dataset.from_dict({column: images, "label": list(range(n))})

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import TrainerCallback, TrainingArguments
-
 from _models import digits_dataset, make_model
 from _paths import SHARED_LOGITS
+from transformers import TrainerCallback, TrainingArguments
+
 from hf_calibration import CalibrationTrainer, SMARTCalibrator, load_calibrated_model
 from hf_calibration.calibrators._fitting.cv import stratified_folds
 from hf_calibration.calibrators.attach import attached_calibrator
@@ -24,17 +24,33 @@ TRAIN, EVAL = slice(0, 1200), slice(1200, 1500)
 
 
 def _args(tmp_path, **kw) -> TrainingArguments:
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=32, per_device_eval_batch_size=100, max_steps=80,
-                learning_rate=5e-3, report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
-                disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=32,
+        per_device_eval_batch_size=100,
+        max_steps=80,
+        learning_rate=5e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
     base.update(kw)
     return TrainingArguments(**base)
 
 
 def _trainer(tmp_path, **kw) -> CalibrationTrainer:
     args = _args(tmp_path, **kw.pop("args", {}))
-    return CalibrationTrainer(model=make_model("vit", seed=0), args=args, train_dataset=digits_dataset(TRAIN),
-                              eval_dataset=digits_dataset(EVAL), **kw)
+    return CalibrationTrainer(
+        model=make_model("vit", seed=0),
+        args=args,
+        train_dataset=digits_dataset(TRAIN),
+        eval_dataset=digits_dataset(EVAL),
+        **kw,
+    )
 
 
 def _eval_logits(trainer) -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +74,9 @@ def _scipy_temperature(z: np.ndarray, y: np.ndarray) -> float:
     """The NLL-optimal temperature by scipy's bounded scalar search over log T (independent of LBFGS)."""
     from scipy.optimize import minimize_scalar
 
-    result = minimize_scalar(lambda t: _nll(z / np.exp(t), y), bounds=(-5, 5), method="bounded", options={"xatol": 1e-9})
+    result = minimize_scalar(
+        lambda t: _nll(z / np.exp(t), y), bounds=(-5, 5), method="bounded", options={"xatol": 1e-9}
+    )
     return float(np.exp(result.x))
 
 
@@ -68,8 +86,9 @@ def _temperature(calibrator) -> float:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    trainer = _trainer(tmp_path_factory.mktemp("trained") / "out", calibrate_on_eval=True,
-                       args={"hub_model_id": "me/vit-calibrated"})
+    trainer = _trainer(
+        tmp_path_factory.mktemp("trained") / "out", calibrate_on_eval=True, args={"hub_model_id": "me/vit-calibrated"}
+    )
     trainer.train()
     return trainer
 
@@ -140,7 +159,9 @@ def test_push_to_hub_uploads_the_calibrator_and_the_model_index(trained, monkeyp
     trained.push_to_hub()  # a second push replaces the results, never duplicates them
     upload = api.uploads[-1]
     assert upload["repo_id"] == "me/vit-calibrated"
-    assert {"model.safetensors", "config.json", "calibrator/config.json", "calibrator/model.safetensors"} <= set(upload["files"])
+    assert {"model.safetensors", "config.json", "calibrator/config.json", "calibrator/model.safetensors"} <= set(
+        upload["files"]
+    )
     (tmp_path / "README.md").write_text(upload["readme"])
     card = ModelCard.load(tmp_path / "README.md")
     results = {(r.metric_type, r.metric_config): r for r in card.data.eval_results}
@@ -168,8 +189,12 @@ def test_calibrator_is_fitted_after_the_maccal_stage(tmp_path):
                 self.logits = model(pixel_values=digits_dataset(EVAL).pixel_values).logits.double().numpy()
 
     seen = EndOfTraining()
-    trainer = _trainer(tmp_path, calibrate_on_eval="temperature_scaling", callbacks=[seen],
-                       maccal=MaCCalConfig(epochs=2, batch_size=64, progress=False))
+    trainer = _trainer(
+        tmp_path,
+        calibrate_on_eval="temperature_scaling",
+        callbacks=[seen],
+        maccal=MaCCalConfig(epochs=2, batch_size=64, progress=False),
+    )
     trainer.train()
     z, y = _eval_logits(trainer)
     assert np.abs(z - seen.logits).max() > 0.1  # the stage changed the logits
@@ -199,12 +224,21 @@ def test_bad_calibrate_on_eval_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match="eval_dataset"):
         CalibrationTrainer(model=model, args=args, train_dataset=train, calibrate_on_eval=True)
     with pytest.raises(ValueError, match="calibrate_on_eval"):
-        CalibrationTrainer(model=model, args=args, train_dataset=train, eval_dataset=digits_dataset(EVAL), calibrate_on_eval="nope")
+        CalibrationTrainer(
+            model=model, args=args, train_dataset=train, eval_dataset=digits_dataset(EVAL), calibrate_on_eval="nope"
+        )
     with pytest.raises(TypeError, match="calibrate_on_eval"):
-        CalibrationTrainer(model=model, args=args, train_dataset=train, eval_dataset=digits_dataset(EVAL), calibrate_on_eval=3)
+        CalibrationTrainer(
+            model=model, args=args, train_dataset=train, eval_dataset=digits_dataset(EVAL), calibrate_on_eval=3
+        )
     with pytest.raises(ValueError, match="one `eval_dataset`"):
-        CalibrationTrainer(model=model, args=args, train_dataset=train, calibrate_on_eval=True,
-                           eval_dataset={"a": digits_dataset(EVAL), "b": digits_dataset(EVAL)})
+        CalibrationTrainer(
+            model=model,
+            args=args,
+            train_dataset=train,
+            calibrate_on_eval=True,
+            eval_dataset={"a": digits_dataset(EVAL), "b": digits_dataset(EVAL)},
+        )
 
 
 def test_the_card_keeps_other_results_and_names_the_dataset(tmp_path):
@@ -213,21 +247,41 @@ def test_the_card_keeps_other_results_and_names_the_dataset(tmp_path):
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     readme = tmp_path / "README.md"
-    accuracy = EvalResult(task_type="image-classification", dataset_type="digits", dataset_name="digits",
-                          metric_type="accuracy", metric_value=0.9)
+    accuracy = EvalResult(
+        task_type="image-classification",
+        dataset_type="digits",
+        dataset_name="digits",
+        metric_type="accuracy",
+        metric_value=0.9,
+    )
     ModelCard.from_template(ModelCardData(model_name="m", eval_results=[accuracy])).save(readme)
-    split = datasets.Dataset.from_dict({"x": [1]}, info=datasets.DatasetInfo(dataset_name="digits", config_name="default"),
-                                       split="validation")
+    split = datasets.Dataset.from_dict(
+        {"x": [1]}, info=datasets.DatasetInfo(dataset_name="digits", config_name="default"), split="validation"
+    )
     fields = dataset_fields(split)
-    assert fields == {"dataset_type": "digits", "dataset_name": "digits", "dataset_config": "default", "dataset_split": "validation"}
+    assert fields == {
+        "dataset_type": "digits",
+        "dataset_name": "digits",
+        "dataset_config": "default",
+        "dataset_split": "validation",
+    }
     assert dataset_fields(split, dataset_tags=["me/digits"], dataset_name="Digits")["dataset_name"] == "Digits"
-    result = EvalCalibration(calibrator=SMARTCalibrator(), before={"ece": MetricValue(0.1), "nll": MetricValue(0.5)},
-                             after={"ece": MetricValue(0.02, (0.01, 0.03)), "nll": MetricValue(0.4)}, num_samples=300, cv=5, seed=0)
+    result = EvalCalibration(
+        calibrator=SMARTCalibrator(),
+        before={"ece": MetricValue(0.1), "nll": MetricValue(0.5)},
+        after={"ece": MetricValue(0.02, (0.01, 0.03)), "nll": MetricValue(0.4)},
+        num_samples=300,
+        cv=5,
+        seed=0,
+    )
     result.add_to_model_card(readme, model_name="m", **fields)
     card = ModelCard.load(readme)
     assert [r.metric_type for r in card.data.eval_results] == ["accuracy", "ece", "nll", "ece", "nll"]
     ece_after = card.data.eval_results[3]
-    assert ece_after.metric_name == "ECE (smart, 5-fold cross-fitted) [1.00, 3.00]" and ece_after.dataset_split == "validation"
+    assert (
+        ece_after.metric_name == "ECE (smart, 5-fold cross-fitted) [1.00, 3.00]"
+        and ece_after.dataset_split == "validation"
+    )
     assert "| ECE | 10.00 % | 2.00 % [1.00, 3.00] |" in card.text
 
 
@@ -239,8 +293,8 @@ def test_real_logits_published_temperature_and_an_honest_after():
     """ResNet-50 CIFAR-10 (cross-entropy), val part as the eval split: the NLL temperature is the published 2.50, and
     the cross-fitted ECE of a flexible calibrator (isotonic) is not flattered by its own fit set, as the fit-set ECE is:
     it is the closer of the two to the held-out test ECE."""
-    from hf_calibration.training.eval_calibration import fit_eval_calibration
     from hf_calibration.metrics import ece
+    from hf_calibration.training.eval_calibration import fit_eval_calibration
 
     data = np.load(CE_LOGITS)
     z, y = data["logits_val"].astype(np.float64), data["labels_val"]
@@ -270,7 +324,12 @@ def test_too_small_an_eval_split_reports_before_only(caplog, tmp_path):
     assert [r.metric_config for r in result.eval_results(dataset_type="d", dataset_name="d")] == ["uncalibrated"] * 2
     assert "after: not measured" in result.card_section()
     with pytest.raises(ValueError, match="at least 10"):
-        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), calibrate_on_eval=True, eval_dataset=digits_dataset(slice(0, 9)))
+        CalibrationTrainer(
+            model=make_model("vit"),
+            args=_args(tmp_path),
+            calibrate_on_eval=True,
+            eval_dataset=digits_dataset(slice(0, 9)),
+        )
 
 
 def test_card_numbers_carry_bootstrap_intervals(trained):
@@ -309,12 +368,16 @@ def test_a_calibrator_that_does_not_help_is_not_kept(tmp_path):
     rng = np.random.default_rng(3)
     y = rng.integers(0, 2, 200)
     z = 2.2 * (rng.normal(size=(200, 2)) + 1.1 * np.eye(2)[y])  # softmax(z) is the Bayes posterior: nothing to fix
-    with pytest.warns(UncalibratedWarning, match="calibrate_on_eval leaves every prediction uncalibrated.*smart did not qualify"):
+    with pytest.warns(
+        UncalibratedWarning, match="calibrate_on_eval leaves every prediction uncalibrated.*smart did not qualify"
+    ):
         result = fit_eval_calibration(z, y, "smart")
     table = compare_calibrators(z, y, ["smart"], cv=5, seed=0, race=False, keep_predictions=True, progress_bar=False)
     held_out = {m: -log_softmax(table.predictions[m], axis=1)[np.arange(200), y] for m in ("uncalibrated", "smart")}
     assert ttest_rel(held_out["uncalibrated"], held_out["smart"], alternative="greater").pvalue >= 0.05
-    assert result.after["nll"].value == pytest.approx(held_out["smart"].mean(), abs=1e-9)  # the rejected method's numbers
+    assert result.after["nll"].value == pytest.approx(
+        held_out["smart"].mean(), abs=1e-9
+    )  # the rejected method's numbers
     assert result.method == "smart" and result.reason is not None and result.calibrator.is_identity
     np.testing.assert_allclose(result.calibrator(torch.from_numpy(z)).numpy(), z, rtol=0, atol=1e-12)
     section = result.card_section()
@@ -340,7 +403,9 @@ def test_the_uncalibrated_model_wins_where_its_ece_is_clearly_lower():
 
     uncal = scores("uncalibrated", [0.015, 0.017, 0.016], [0.90, 0.91, 0.92])
     ts = scores("temperature_scaling", [0.036, 0.040, 0.038], [0.85, 0.86, 0.86])
-    table = CalibratorComparison({"uncalibrated": uncal, "temperature_scaling": ts}, cv=3, seed=0, n_bins=15, num_samples=300, num_classes=3)
+    table = CalibratorComparison(
+        {"uncalibrated": uncal, "temperature_scaling": ts}, cv=3, seed=0, n_bins=15, num_samples=300, num_classes=3
+    )
     gap = np.subtract(ts.folds["ece"], uncal.folds["ece"])
     assert gap.mean() > sem(gap) and table.nll_gain_is_significant("temperature_scaling")
     chosen, why = table.decide("ece")
@@ -356,13 +421,30 @@ def test_labelled_rows_are_counted_before_training(tmp_path):
     eval_set = digits_dataset(slice(1200, 1260))
     eval_set.labels = eval_set.labels.clone()
     eval_set.labels[5:] = -100
-    with pytest.raises(ValueError, match="at least 10 labelled samples .* only 5 of its 60 rows have a label other than -100"):
-        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(TRAIN), eval_dataset=eval_set,
-                           calibrate_on_eval=True)
+    with pytest.raises(
+        ValueError, match="at least 10 labelled samples .* only 5 of its 60 rows have a label other than -100"
+    ):
+        CalibrationTrainer(
+            model=make_model("vit"),
+            args=_args(tmp_path),
+            train_dataset=digits_dataset(TRAIN),
+            eval_dataset=eval_set,
+            calibrate_on_eval=True,
+        )
     table = datasets.Dataset.from_dict({"x": list(range(60)), "label": [0, 1, 2, 3, 4] + [-100] * 55})
     with pytest.raises(ValueError, match="only 5 of its 60 rows"):
-        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(TRAIN), eval_dataset=table,
-                           calibrate_on_eval=True)
+        CalibrationTrainer(
+            model=make_model("vit"),
+            args=_args(tmp_path),
+            train_dataset=digits_dataset(TRAIN),
+            eval_dataset=table,
+            calibrate_on_eval=True,
+        )
     eval_set.labels[5:15] = 3  # 15 labelled rows: enough for temperature scaling (10)
-    CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(TRAIN), eval_dataset=eval_set,
-                       calibrate_on_eval=True)
+    CalibrationTrainer(
+        model=make_model("vit"),
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(TRAIN),
+        eval_dataset=eval_set,
+        calibrate_on_eval=True,
+    )

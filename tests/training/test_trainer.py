@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _models import HEAD_PATHS, MODEL_NAMES, DictDataset, digits, digits_dataset, head_input, make_model
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from _models import HEAD_PATHS, MODEL_NAMES, DictDataset, digits, digits_dataset, head_input, make_model
 from hf_calibration import CalibrationTrainer
 from hf_calibration._core.features import find_classifier_head
 from hf_calibration.losses import CalibrationLoss, FeDLaSLoss, LabelSmoothingLoss, get_loss
@@ -90,7 +90,9 @@ def test_two_steps_every_loss_on_vit(tmp_path, name):
     assert logged[0] == pytest.approx(expected, rel=1e-5)
     if name == "ce":
         with torch.no_grad():
-            assert expected == pytest.approx(F.cross_entropy(make_model("vit", seed=0)(pixel_values=x).logits, y).item(), rel=1e-6)
+            assert expected == pytest.approx(
+                F.cross_entropy(make_model("vit", seed=0)(pixel_values=x).logits, y).item(), rel=1e-6
+            )
     after = _state(model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     if name in FEATURE_LOSSES:
@@ -171,8 +173,11 @@ def test_user_named_head(tmp_path):
         torch.testing.assert_close(spy.seen[0], model.body(x))
     # and it trains
     trainer = CalibrationTrainer(
-        model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
-        compute_loss_func=_loss("fedlas_ls"), head="readout",
+        model=model,
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(slice(0, 32)),
+        compute_loss_func=_loss("fedlas_ls"),
+        head="readout",
     )
     trainer.train()
 
@@ -204,8 +209,11 @@ def test_gate_is_in_the_optimizer_and_its_gradients_do_not_leak_across_steps(tmp
     model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
     probe = _GradProbe(loss)
     trainer = CalibrationTrainer(
-        model=model, args=_args(tmp_path, max_steps=3, optim="sgd", weight_decay=0.1),
-        train_dataset=digits_dataset(slice(0, 48)), compute_loss_func=loss, callbacks=[probe],
+        model=model,
+        args=_args(tmp_path, max_steps=3, optim="sgd", weight_decay=0.1),
+        train_dataset=digits_dataset(slice(0, 48)),
+        compute_loss_func=loss,
+        callbacks=[probe],
     )
     gate = {n: p.detach().clone() for n, p in loss.gate.named_parameters()}
     trainer.train()
@@ -228,8 +236,17 @@ class _NormProbe(TrainerCallback):
         self.model, self.loss, self.norms = model, loss, []
 
     def on_pre_optimizer_step(self, args, state, control, **kw):
-        norm = lambda ps: float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in ps if p.grad is not None])))  # noqa: E731
-        self.norms.append((norm(self.model.parameters()), norm(self.loss.parameters()), norm([*self.model.parameters(), *self.loss.parameters()])))
+
+        def norm(ps):
+            return float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in ps if p.grad is not None])))
+
+        self.norms.append(
+            (
+                norm(self.model.parameters()),
+                norm(self.loss.parameters()),
+                norm([*self.model.parameters(), *self.loss.parameters()]),
+            )
+        )
 
 
 def test_max_grad_norm_clips_model_and_gate_together(tmp_path):
@@ -237,8 +254,11 @@ def test_max_grad_norm_clips_model_and_gate_together(tmp_path):
         model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
         probe = _NormProbe(model, loss)
         trainer = CalibrationTrainer(
-            model=model, args=_args(tmp_path, max_steps=1, optim="sgd", max_grad_norm=max_norm),
-            train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=loss, callbacks=[probe],
+            model=model,
+            args=_args(tmp_path, max_steps=1, optim="sgd", max_grad_norm=max_norm),
+            train_dataset=digits_dataset(slice(0, 32)),
+            compute_loss_func=loss,
+            callbacks=[probe],
         )
         trainer.train()
         return probe.norms[0]
@@ -257,7 +277,10 @@ def test_user_optimizer_without_loss_parameters_warns(tmp_path, caplog):
     model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = CalibrationTrainer(
-        model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=loss,
+        model=model,
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(slice(0, 32)),
+        compute_loss_func=loss,
         optimizers=(opt, None),
     )
     with caplog.at_level("WARNING", logger="hf_calibration.training.trainer"):
@@ -345,11 +368,26 @@ def test_load_best_model_at_end_restores_every_weight_and_the_loss_state(tmp_pat
     scores = iter([0.9, 0.1, 0.2])  # evaluations after steps 1, 2, 3: step 1 is the best, not the last
     model, loss = make_model(arch, seed=0), _loss("fedlas_ls")
     at_step = _StateAtStep(model)
-    args = _args(tmp_path / "run", max_steps=3, optim="sgd", learning_rate=0.5, eval_strategy="steps", eval_steps=1,
-                 save_strategy="steps", save_steps=1, load_best_model_at_end=True, metric_for_best_model="score")
+    args = _args(
+        tmp_path / "run",
+        max_steps=3,
+        optim="sgd",
+        learning_rate=0.5,
+        eval_strategy="steps",
+        eval_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        load_best_model_at_end=True,
+        metric_for_best_model="score",
+    )
     trainer = CalibrationTrainer(
-        model=model, args=args, train_dataset=digits_dataset(slice(0, 48)), eval_dataset=digits_dataset(slice(100, 116)),
-        compute_loss_func=loss, compute_metrics=lambda prediction: {"score": next(scores)}, callbacks=[at_step],
+        model=model,
+        args=args,
+        train_dataset=digits_dataset(slice(0, 48)),
+        eval_dataset=digits_dataset(slice(100, 116)),
+        compute_loss_func=loss,
+        compute_metrics=lambda prediction: {"score": next(scores)},
+        callbacks=[at_step],
     )
     with _trainer_warnings() as warnings:
         trainer.train()
@@ -387,7 +425,10 @@ def test_eval_gives_plain_logits_and_leaves_ema_alone(tmp_path):
     model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
     eval_ds = digits_dataset(slice(100, 140))
     trainer = CalibrationTrainer(
-        model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)), eval_dataset=eval_ds,
+        model=model,
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(slice(0, 32)),
+        eval_dataset=eval_ds,
         compute_loss_func=loss,
     )
     trainer.train()
@@ -420,8 +461,15 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, trainer_cls, name
     runs = {}
     for bs, ga in ((16, 2), (32, 1)):
         model = make_model("vit", seed=0)
-        args = _args(tmp_path / f"{bs}", per_device_train_batch_size=bs, gradient_accumulation_steps=ga,
-                     max_steps=2, optim="sgd", max_grad_norm=0.0, learning_rate=0.5)
+        args = _args(
+            tmp_path / f"{bs}",
+            per_device_train_batch_size=bs,
+            gradient_accumulation_steps=ga,
+            max_steps=2,
+            optim="sgd",
+            max_grad_norm=0.0,
+            learning_rate=0.5,
+        )
         trainer = trainer_cls(model=model, args=args, train_dataset=data, compute_loss_func=_loss(name))
         trainer.train()
         runs[ga] = (_state(model), [h["loss"] for h in trainer.state.log_history if "loss" in h])
@@ -436,15 +484,20 @@ def test_plain_trainer_trains_with_feature_free_losses(tmp_path):
     model, loss = make_model("vit", seed=0), _loss("ls")
     x, y = digits(slice(0, 16))
     expected = _expected_first_loss(model, "vit", loss, x, y)
-    trainer = Trainer(model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
-                      compute_loss_func=loss)
+    trainer = Trainer(
+        model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=loss
+    )
     trainer.train()
     assert trainer.state.log_history[0]["loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_plain_trainer_with_fedlas_says_to_use_calibration_trainer(tmp_path):
-    trainer = Trainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
-                      compute_loss_func=_loss("fedlas_ls"))
+    trainer = Trainer(
+        model=make_model("vit"),
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(slice(0, 32)),
+        compute_loss_func=_loss("fedlas_ls"),
+    )
     with pytest.raises(ValueError, match="CalibrationTrainer"):
         trainer.train()
 
@@ -456,13 +509,18 @@ def test_plain_trainer_with_fedlas_says_to_use_calibration_trainer(tmp_path):
 def test_a_fedlas_class_is_built_with_its_defaults_and_the_models_num_labels(tmp_path, spelling):
     """`CalibrationTrainer(..., compute_loss=FeDLaSLoss)`: the same run as with `FeDLaSLoss(num_classes=10)`."""
     data = digits_dataset(slice(0, 32))
-    by_class = CalibrationTrainer(model=make_model("vit", seed=0), args=_args(tmp_path / "a"), train_dataset=data,
-                                  **{spelling: FeDLaSLoss})
+    by_class = CalibrationTrainer(
+        model=make_model("vit", seed=0), args=_args(tmp_path / "a"), train_dataset=data, **{spelling: FeDLaSLoss}
+    )
     loss = by_class.calibration_loss
     assert type(loss) is FeDLaSLoss and loss.num_classes == 10
     assert (loss.variant, loss.base, loss.beta, loss.theta) == ("ls", 0.05, 4.0, 0.95)  # the paper's defaults
-    by_instance = CalibrationTrainer(model=make_model("vit", seed=0), args=_args(tmp_path / "b"), train_dataset=data,
-                                     compute_loss_func=FeDLaSLoss(num_classes=10))
+    by_instance = CalibrationTrainer(
+        model=make_model("vit", seed=0),
+        args=_args(tmp_path / "b"),
+        train_dataset=data,
+        compute_loss_func=FeDLaSLoss(num_classes=10),
+    )
     x, y = digits(slice(0, 16))
     expected = _expected_first_loss(by_class.model, "vit", loss, x, y)
     by_class.train()
@@ -474,8 +532,9 @@ def test_a_fedlas_class_is_built_with_its_defaults_and_the_models_num_labels(tmp
 
 def test_a_feature_free_loss_class_and_an_instance_without_num_classes(tmp_path):
     data = digits_dataset(slice(0, 32))
-    trainer = CalibrationTrainer(model=make_model("vit", seed=0), args=_args(tmp_path), train_dataset=data,
-                                 compute_loss_func=LabelSmoothingLoss)
+    trainer = CalibrationTrainer(
+        model=make_model("vit", seed=0), args=_args(tmp_path), train_dataset=data, compute_loss_func=LabelSmoothingLoss
+    )
     assert type(trainer.calibration_loss) is LabelSmoothingLoss and trainer.calibration_loss.alpha == 0.05
     x, y = digits(slice(0, 16))
     expected = _expected_first_loss(trainer.model, "vit", LabelSmoothingLoss(0.05), x, y)
@@ -491,8 +550,9 @@ def test_a_loss_that_does_not_fit_the_model_fails_at_construction(tmp_path):
     with pytest.raises(ValueError, match="`num_classes` \\(5\\).*number of labels \\(10\\)"):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss_func=FeDLaSLoss(num_classes=5))
     with pytest.raises(TypeError, match="`compute_loss`.*`compute_loss_func`"):
-        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss=FeDLaSLoss,
-                           compute_loss_func=FeDLaSLoss)
+        CalibrationTrainer(
+            model=make_model("vit"), args=_args(tmp_path), compute_loss=FeDLaSLoss, compute_loss_func=FeDLaSLoss
+        )
     with pytest.raises(TypeError, match="`compute_loss`.*loss class"):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss=dict)
 
@@ -501,12 +561,16 @@ def test_a_loss_that_does_not_fit_the_model_fails_at_construction(tmp_path):
     "cls, message",
     [
         (LabelSmoothingLoss, r"^LabelSmoothingLoss is a loss class.*`compute_loss_func=LabelSmoothingLoss\(\)`\.$"),
-        (FeDLaSLoss, r"^FeDLaSLoss is a loss class that needs.*`hf_calibration\.CalibrationTrainer\(\.\.\., compute_loss=FeDLaSLoss\)`\.$"),
+        (
+            FeDLaSLoss,
+            r"^FeDLaSLoss is a loss class that needs.*`hf_calibration\.CalibrationTrainer\(\.\.\., compute_loss=FeDLaSLoss\)`\.$",
+        ),
     ],
 )
 def test_plain_trainer_with_a_loss_class_says_what_to_pass(tmp_path, cls, message):
-    trainer = Trainer(model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
-                      compute_loss_func=cls)
+    trainer = Trainer(
+        model=make_model("vit"), args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)), compute_loss_func=cls
+    )
     with pytest.raises(TypeError, match=message):
         trainer.train()
 
@@ -521,12 +585,18 @@ def test_one_seed_gives_one_run_whatever_the_global_rng(tmp_path):
         model = make_model("vit", seed=0)
         torch.manual_seed(global_seed)  # whatever the script's RNG holds when it builds the loss
         loss = _loss("fedlas_ls")
-        CalibrationTrainer(model=model, args=_args(tmp_path, seed=seed), train_dataset=digits_dataset(slice(0, 32)),
-                           compute_loss_func=loss).train()
+        CalibrationTrainer(
+            model=model,
+            args=_args(tmp_path, seed=seed),
+            train_dataset=digits_dataset(slice(0, 32)),
+            compute_loss_func=loss,
+        ).train()
         runs[global_seed, seed] = (_state(model), _state(loss))
     for a, b in zip(runs[1, 0], runs[2, 0]):
         _assert_state_equal(a, b, rtol=0, atol=0)
-    assert not torch.equal(runs[1, 0][1]["gate.fc_in.weight"], runs[1, 7][1]["gate.fc_in.weight"])  # the seed reaches it
+    assert not torch.equal(
+        runs[1, 0][1]["gate.fc_in.weight"], runs[1, 7][1]["gate.fc_in.weight"]
+    )  # the seed reaches it
 
 
 def test_a_gate_with_its_own_seed_or_a_loaded_state_is_kept(tmp_path):
@@ -549,8 +619,9 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(TypeError, match="`compute_loss_func`"):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss_func="ce")
     with pytest.raises(ValueError, match="`head`"):
-        CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), compute_loss_func=_loss("fedlas_ls"),
-                           head="vit.embeddings")
+        CalibrationTrainer(
+            model=make_model("vit"), args=_args(tmp_path), compute_loss_func=_loss("fedlas_ls"), head="vit.embeddings"
+        )
     with pytest.raises(ValueError, match="`maccal`"):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path)).run_maccal()
     with pytest.raises(TypeError, match="`maccal`"):
@@ -574,7 +645,9 @@ def _fake_stage(monkeypatch) -> list:
 
 @pytest.mark.parametrize("name, expected_loss", [("fedlas_ls", "FeDLaSLSLoss"), ("ls", "LabelSmoothingLoss")])
 @pytest.mark.parametrize("separate_maccal_data", [False, True])
-def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch, caplog, name, expected_loss, separate_maccal_data):
+def test_maccal_runs_after_train_with_the_right_base_loss(
+    tmp_path, monkeypatch, caplog, name, expected_loss, separate_maccal_data
+):
     from hf_calibration.maccal import MaCCalConfig
 
     calls = _fake_stage(monkeypatch)
@@ -582,8 +655,15 @@ def test_maccal_runs_after_train_with_the_right_base_loss(tmp_path, monkeypatch,
     model, data, config = make_model("vit"), digits_dataset(slice(0, 32)), MaCCalConfig(progress=False)
     plain = digits_dataset(slice(32, 64)) if separate_maccal_data else None  # e.g. the non-augmented images
     loss = _loss(name)
-    trainer = CalibrationTrainer(model=model, args=_args(tmp_path), train_dataset=data,
-                                 compute_loss_func=loss, maccal=config, maccal_dataset=plain, head="classifier")
+    trainer = CalibrationTrainer(
+        model=model,
+        args=_args(tmp_path),
+        train_dataset=data,
+        compute_loss_func=loss,
+        maccal=config,
+        maccal_dataset=plain,
+        head="classifier",
+    )
     trainer.train()
     assert len(calls) == 1
     m, d, c, kw = calls[0]
@@ -601,8 +681,9 @@ def test_maccal_progress_bars_follow_disable_tqdm(tmp_path, monkeypatch, disable
     from hf_calibration.maccal import MaCCalConfig
 
     calls = _fake_stage(monkeypatch)
-    trainer = CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path, disable_tqdm=disable_tqdm),
-                                 maccal=MaCCalConfig(epochs=1))
+    trainer = CalibrationTrainer(
+        model=make_model("vit"), args=_args(tmp_path, disable_tqdm=disable_tqdm), maccal=MaCCalConfig(epochs=1)
+    )
     trainer.run_maccal()
     assert calls[0][2].progress is (not disable_tqdm)
     assert calls[0][2].epochs == 1
@@ -615,8 +696,12 @@ def test_real_maccal_after_fedlas_then_evaluate(tmp_path):
     old_head = model.classifier
     eval_ds = digits_dataset(slice(100, 140))
     trainer = CalibrationTrainer(
-        model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 64)), eval_dataset=eval_ds,
-        compute_loss_func=loss, maccal=MaCCalConfig(epochs=1, batch_size=32),
+        model=model,
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(slice(0, 64)),
+        eval_dataset=eval_ds,
+        compute_loss_func=loss,
+        maccal=MaCCalConfig(epochs=1, batch_size=32),
     )
     trainer.train()
     assert model.classifier is not old_head  # the stage replaced the head
@@ -641,7 +726,9 @@ def _mixup_draw(seed: int, step: int, micro: int, n: int) -> tuple[float, torch.
 
 def _record_pixels(model: nn.Module) -> list:
     seen = []
-    model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["pixel_values"].detach().clone()), with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs["pixel_values"].detach().clone()), with_kwargs=True
+    )
     return seen
 
 
@@ -652,8 +739,13 @@ def test_mixup_trains_on_mixed_images_with_the_mixed_loss(tmp_path, loss_name):
     initial = copy.deepcopy(model).eval()
     seen = _record_pixels(model)
     loss = None if loss_name is None else _loss(loss_name)
-    trainer = CalibrationTrainer(model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
-                                 compute_loss_func=loss, mixup_alpha=0.4)
+    trainer = CalibrationTrainer(
+        model=model,
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(slice(0, 32)),
+        compute_loss_func=loss,
+        mixup_alpha=0.4,
+    )
     trainer.train()
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     for step, (lo, hi) in enumerate(((0, 16), (16, 32))):  # sequential sampler: step k trains on samples 16k..16k+15
@@ -665,9 +757,11 @@ def test_mixup_trains_on_mixed_images_with_the_mixed_loss(tmp_path, loss_name):
     lam, perm = _mixup_draw(0, 0, 0, 16)
     with torch.no_grad():
         logits = initial(pixel_values=lam * x + (1 - lam) * x[perm]).logits
+
     def plain(z, t):  # LS by hand: (1 - α)·CE + α·mean_k(-log p_k), α = 0.05
         ce = F.cross_entropy(z, t)
         return ce if loss_name is None else 0.95 * ce + 0.05 * (-F.log_softmax(z, 1).mean(1)).mean()
+
     expected = lam * plain(logits, y) + (1 - lam) * plain(logits, y[perm])
     assert logged[0] == pytest.approx(expected.item(), rel=1e-5)
 
@@ -675,8 +769,13 @@ def test_mixup_trains_on_mixed_images_with_the_mixed_loss(tmp_path, loss_name):
 def test_mixup_with_fedlas_moves_the_statistics_once_per_batch(tmp_path):
     model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
     initial = copy.deepcopy(model).eval()
-    trainer = CalibrationTrainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=digits_dataset(slice(0, 16)),
-                                 compute_loss_func=loss, mixup_alpha=0.4)
+    trainer = CalibrationTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=1),
+        train_dataset=digits_dataset(slice(0, 16)),
+        compute_loss_func=loss,
+        mixup_alpha=0.4,
+    )
     trainer.train()
     x, _ = digits(slice(0, 16))
     lam, perm = _mixup_draw(0, 0, 0, 16)
@@ -689,8 +788,13 @@ def test_mixup_with_fedlas_moves_the_statistics_once_per_batch(tmp_path):
 
 def test_mixup_leaves_evaluation_alone(tmp_path):
     model = make_model("vit", seed=0)
-    trainer = CalibrationTrainer(model=model, args=_args(tmp_path), train_dataset=digits_dataset(slice(0, 32)),
-                                 eval_dataset=digits_dataset(slice(100, 140)), mixup_alpha=1.0)
+    trainer = CalibrationTrainer(
+        model=model,
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(slice(0, 32)),
+        eval_dataset=digits_dataset(slice(100, 140)),
+        mixup_alpha=1.0,
+    )
     trainer.train()
     x, y = digits(slice(100, 140))
     model.eval()
@@ -725,7 +829,12 @@ def test_mixup_bad_arguments(tmp_path):
     with pytest.raises(TypeError, match="`mixup_alpha`"):
         CalibrationTrainer(model=make_model("vit"), args=_args(tmp_path), mixup_alpha="0.2")
     x, y = digits(slice(0, 16))
-    trainer = CalibrationTrainer(model=_NoPixels(), args=_args(tmp_path), train_dataset=_InputsDataset(x, y),
-                                 compute_loss_func=_loss("ce"), mixup_alpha=0.2)
+    trainer = CalibrationTrainer(
+        model=_NoPixels(),
+        args=_args(tmp_path),
+        train_dataset=_InputsDataset(x, y),
+        compute_loss_func=_loss("ce"),
+        mixup_alpha=0.2,
+    )
     with pytest.raises(ValueError, match="`pixel_values`.*`mixup_alpha`.*inputs"):
         trainer.train()

@@ -25,11 +25,10 @@ import numba
 import numpy as np
 import torch
 
-from hf_calibration.calibrators._fitting.lbfgs import LBFGSResult, Preconditioner, QuadraticPenalty, minimize
 from hf_calibration._core.parallel import run_pass
 from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
 from hf_calibration._core.vmath import exp_into, exp_into_f32, max_of, sum_of
-
+from hf_calibration.calibrators._fitting.lbfgs import LBFGSResult, Preconditioner, QuadraticPenalty, minimize
 
 CHUNK = 256  # rows per parallel task of the vector-scaling kernel: fixed, so its sums do not depend on the threads
 DIAGONAL_TASK_VALUES = 1 << 19  # values per parallel task of the block kernel (a block holds 2**22): depends on K only
@@ -328,8 +327,16 @@ class BlockDiagonalNLL:
     def _pass(self, w: np.ndarray, b: np.ndarray, with_grad: bool, with_curvature: bool):
         loss, grad, curv = 0.0, np.zeros(2 * self.k if with_grad else 0), np.zeros((3, self.k if with_curvature else 0))
         for start, block in self.rows.blocks():
-            part = _diagonal_block(block, self._y[start : start + block.shape[0]], w, b, with_grad, with_curvature, self._chunk,
-                                   self._shift)
+            part = _diagonal_block(
+                block,
+                self._y[start : start + block.shape[0]],
+                w,
+                b,
+                with_grad,
+                with_curvature,
+                self._chunk,
+                self._shift,
+            )
             loss += part[0]
             grad += part[1]
             curv += part[2]
@@ -340,7 +347,7 @@ class BlockDiagonalNLL:
         value, grad, _ = self._step(x[:k].numpy(), x[k:].numpy(), with_grad, False)
         return float(value), (torch.from_numpy(grad) if with_grad else None)
 
-    def curvature(self, x: torch.Tensor) -> "AffineCurvature":
+    def curvature(self, x: torch.Tensor) -> AffineCurvature:
         k = self.k
         _, _, sums = self._step(x[:k].detach().numpy(), x[k:].detach().numpy(), False, True)
         sums = torch.from_numpy(sums)
@@ -374,14 +381,24 @@ class AffineNLL:
     autograd: one GEMM each way for a full matrix (in ``products``' dtype), one fused compiled pass for vector scaling.
     """
 
-    def __init__(self, features: torch.Tensor, labels: torch.Tensor, diagonal: bool = False, products: torch.dtype = torch.float64,
-                 softmax: torch.dtype = torch.float64):
+    def __init__(
+        self,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        diagonal: bool = False,
+        products: torch.dtype = torch.float64,
+        softmax: torch.dtype = torch.float64,
+    ):
         self.features, self.labels, self.k, self.diagonal = features, labels.long(), features.shape[1], diagonal
         self._z, self._y = features.numpy(), self.labels.numpy()
         if products not in (torch.float32, torch.float64):
-            raise ValueError(f"Expected argument `products` to be torch.float32 or torch.float64, but got {products!r}.")
+            raise ValueError(
+                f"Expected argument `products` to be torch.float32 or torch.float64, but got {products!r}."
+            )
         if softmax not in (torch.float32, torch.float64) or (softmax == torch.float32 and products != torch.float32):
-            raise ValueError(f"Expected argument `softmax` to be torch.float64, or torch.float32 with float32 `products`, but got {softmax!r}.")
+            raise ValueError(
+                f"Expected argument `softmax` to be torch.float64, or torch.float32 with float32 `products`, but got {softmax!r}."
+            )
         self.products = products  # the dtype of the full matrix's two products
         self._residual = _softmax_residual_f32 if softmax == torch.float32 else _softmax_residual  # its softmax pass
         # the full matrix's product operand (vector scaling's kernel reads float32 or float64 features as they are)
@@ -553,7 +570,9 @@ class _BlockSolve(torch.autograd.Function):
         return torch.from_numpy(_blocks_solve(ctx.upper, grad_output.contiguous().numpy(), False)), None, None
 
 
-def _block_preconditioner(k: int, blocks: torch.Tensor, pen: QuadraticPenalty, dtype: torch.dtype = torch.float64) -> Preconditioner:
+def _block_preconditioner(
+    k: int, blocks: torch.Tensor, pen: QuadraticPenalty, dtype: torch.dtype = torch.float64
+) -> Preconditioner:
     """``u_j = L_j^T theta_j`` for each class's ``theta_j = [W_j., b_j]``, ``L_j L_j^T`` = its block plus the penalty's
     curvature (Cholesky; a relative 1e-9 jitter keeps it positive definite); ``x = L^-T u`` by substitution, never an
     explicit inverse (which cost more than the factorisation). ``dtype`` is that of the factors: float32 halves the
@@ -581,13 +600,20 @@ def _block_preconditioner(k: int, blocks: torch.Tensor, pen: QuadraticPenalty, d
         return torch.from_numpy(_blocks_solve(flipped, u.contiguous().numpy(), True))
 
     def newton(g: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(_blocks_solve(flipped, _blocks_solve(upper, g.detach().contiguous().numpy(), False), True))
+        return torch.from_numpy(
+            _blocks_solve(flipped, _blocks_solve(upper, g.detach().contiguous().numpy(), False), True)
+        )
 
     return Preconditioner(to_x, lambda xx: _blocks_apply(upper, xx.detach()), newton)
 
 
-def affine_preconditioner(nll: AffineNLL, x: torch.Tensor, penalty: QuadraticPenalty | None = None,
-                          curvature: AffineCurvature | None = None, dtype: torch.dtype = torch.float64) -> Preconditioner:
+def affine_preconditioner(
+    nll: AffineNLL,
+    x: torch.Tensor,
+    penalty: QuadraticPenalty | None = None,
+    curvature: AffineCurvature | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Preconditioner:
     """The change of variables that whitens the Gauss-Newton curvature of ``nll`` plus ``penalty``'s at ``x`` (or of a
     ``curvature`` already computed, at a nearby point): with blocks, each class's (K + 1) x (K + 1) block exactly;
     otherwise an exact 2 x 2 block for each class's (own weight, bias) pair and the diagonal for the off-diagonal
@@ -659,11 +685,19 @@ def _fit_rounds(nll, x0, penalty, max_iter, tol, rounds, precondition, blocks, p
         if r > 0 or precondition is None:
             precondition = affine_preconditioner(nll, x, penalty, affine_curvature(nll, x, blocks=blocks))
         result = minimize(
-            nll, x, penalty=penalty, precondition=precondition,
-            max_iter=max(max_iter - iterations, 1), tol=tol, progress_bar=progress_bar, desc=desc,
+            nll,
+            x,
+            penalty=penalty,
+            precondition=precondition,
+            max_iter=max(max_iter - iterations, 1),
+            tol=tol,
+            progress_bar=progress_bar,
+            desc=desc,
         )
         x, iterations, evaluations = result.x, iterations + result.iterations, evaluations + result.evaluations
-        if iterations >= max_iter or (previous is not None and previous - result.objective <= tol * max(abs(previous), 1.0)):
+        if iterations >= max_iter or (
+            previous is not None and previous - result.objective <= tol * max(abs(previous), 1.0)
+        ):
             break
         previous = result.objective
     return LBFGSResult(x, result.objective, iterations, evaluations)

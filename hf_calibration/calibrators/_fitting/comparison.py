@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,13 @@ SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")
 # the candidates of methods="default": see the module docstring (and benchmarks/RESULTS.md, "Choosing a calibrator")
 DEFAULT_METHODS = ("temperature_scaling", "vector_scaling", "ets", "smart", "spline", "histogram_binning", "isotonic")
 # a binary or multi-label (sigmoid) head: every sigmoid calibrator (each fit is a fraction of a second)
-SIGMOID_DEFAULT_METHODS = ("sigmoid_temperature_scaling", "platt", "beta", "sigmoid_isotonic", "sigmoid_histogram_binning")
+SIGMOID_DEFAULT_METHODS = (
+    "sigmoid_temperature_scaling",
+    "platt",
+    "beta",
+    "sigmoid_isotonic",
+    "sigmoid_histogram_binning",
+)
 # one-sided paired t-test level of a racing stop: chosen on the seven shared files' validation folds, where 0.95 stopped
 # the eventual choice early on 2 of 7 files (two folds alike by chance) and 0.99 changed no choice for any metric
 RACE_CONFIDENCE = 0.99
@@ -49,7 +56,9 @@ MIN_ERRORS = 5
 # the non-parametric maps of the top-label confidence (binning, isotonic regression, splines) are candidates only on at
 # least this many samples: below it histogram binning's 50 samples a bin leave fewer than two bins, and isotonic
 # regression, chosen on 50 samples at K = 10, made the test NLL worse (2.163 -> 2.184) while passing the t-test
-NONPARAMETRIC = frozenset({"histogram_binning", "isotonic", "isotonic_ovr", "spline", "sigmoid_histogram_binning", "sigmoid_isotonic"})
+NONPARAMETRIC = frozenset(
+    {"histogram_binning", "isotonic", "isotonic_ovr", "spline", "sigmoid_histogram_binning", "sigmoid_isotonic"}
+)
 MIN_NONPARAMETRIC_SAMPLES = 100
 
 
@@ -70,22 +79,30 @@ def _method_specs(methods: Any, task: str | None = "multiclass") -> dict[str, di
         specs = {}
         for name, kwargs in methods.items():
             if kwargs is not None and not isinstance(kwargs, Mapping):
-                raise TypeError(f"Expected argument `methods` to map names to constructor kwargs (dicts), but {name!r} maps to {kwargs!r}.")
+                raise TypeError(
+                    f"Expected argument `methods` to map names to constructor kwargs (dicts), but {name!r} maps to {kwargs!r}."
+                )
             specs[name] = dict(kwargs or {})
     elif isinstance(methods, Sequence) and all(isinstance(m, str) for m in methods):
         specs = {name: {} for name in methods}
     else:
-        raise TypeError(f"Expected argument `methods` to be 'default', 'all', a method name, a list of names or a dict name -> kwargs, but got {methods!r}.")
+        raise TypeError(
+            f"Expected argument `methods` to be 'default', 'all', a method name, a list of names or a dict name -> kwargs, but got {methods!r}."
+        )
     if not specs:
         raise ValueError("Expected argument `methods` to name at least one calibrator, but got none.")
     for name in specs:
         if name in list_calibrators() and name not in available:
             head = "softmax" if task == "multiclass" else "sigmoid"
-            raise ValueError(f"Expected argument `methods` to name {head} calibrators for this {task} head ({available}), but "
-                             f"{name!r} calibrates a {'sigmoid' if head == 'softmax' else 'softmax'} head (see the model's "
-                             "config.problem_type, or pass task=).")
+            raise ValueError(
+                f"Expected argument `methods` to name {head} calibrators for this {task} head ({available}), but "
+                f"{name!r} calibrates a {'sigmoid' if head == 'softmax' else 'softmax'} head (see the model's "
+                "config.problem_type, or pass task=)."
+            )
         if name not in available:
-            raise ValueError(f"Expected argument `methods` to hold names from {available} (or 'default' / 'all'), but got {name!r}.")
+            raise ValueError(
+                f"Expected argument `methods` to hold names from {available} (or 'default' / 'all'), but got {name!r}."
+            )
     return specs
 
 
@@ -155,7 +172,9 @@ class MethodScores:
         where = {fold: i for i, fold in enumerate(self.fold_ids)}
         return np.array([self.folds[column][where[f]] for f in fold_ids], dtype=np.float64)
 
-    def add_fold(self, fold: int, values: Mapping[str, float], rows: np.ndarray | None = None, nll: np.ndarray | None = None) -> None:
+    def add_fold(
+        self, fold: int, values: Mapping[str, float], rows: np.ndarray | None = None, nll: np.ndarray | None = None
+    ) -> None:
         """Record a fold's scores; ``rows`` (the fold's sample indices) and ``nll`` (their held-out NLL) fill
         ``sample_nll``, allocated for ``num_samples`` rows at the first call."""
         self.fold_ids.append(fold)
@@ -176,11 +195,25 @@ class CalibratorComparison:
     (when asked for; NaN on folds a method did not run).
     """
 
-    def __init__(self, scores: dict[str, MethodScores], *, cv: int, seed: int, n_bins: int, num_samples: int,
-                 num_classes: int, predictions: dict[str, np.ndarray] | None = None, labels: np.ndarray | None = None,
-                 metric: str = "ece", task: str = "multiclass", num_errors: int | None = None):
+    def __init__(
+        self,
+        scores: dict[str, MethodScores],
+        *,
+        cv: int,
+        seed: int,
+        n_bins: int,
+        num_samples: int,
+        num_classes: int,
+        predictions: dict[str, np.ndarray] | None = None,
+        labels: np.ndarray | None = None,
+        metric: str = "ece",
+        task: str = "multiclass",
+        num_errors: int | None = None,
+    ):
         self.scores = scores
-        self.num_errors = num_errors  # misclassified samples of the calibration set (None: unknown, a table built by hand)
+        self.num_errors = (
+            num_errors  # misclassified samples of the calibration set (None: unknown, a table built by hand)
+        )
         self.cv, self.seed, self.n_bins = cv, seed, n_bins
         self.num_samples, self.num_classes = num_samples, num_classes
         self.task = task
@@ -213,7 +246,10 @@ class CalibratorComparison:
             ours, theirs = s.sample_nll, reference.sample_nll
         else:
             ours, theirs = s.on_folds("nll", s.fold_ids), reference.on_folds("nll", s.fold_ids)
-        return bool(clearly_worse(theirs, ours, confidence) and theirs.mean() - ours.mean() >= MIN_RELATIVE_GAIN * abs(theirs.mean()))
+        return bool(
+            clearly_worse(theirs, ours, confidence)
+            and theirs.mean() - ours.mean() >= MIN_RELATIVE_GAIN * abs(theirs.mean())
+        )
 
     def exclusions(self, metric: str | None = None, max_accuracy_drop: float = 0.0) -> dict[str, str]:
         """Why each method that cannot be chosen is out: a non-parametric map on fewer than
@@ -228,8 +264,10 @@ class CalibratorComparison:
             if name == UNCALIBRATED:
                 continue
             if name in NONPARAMETRIC and self.num_samples is not None and self.num_samples < MIN_NONPARAMETRIC_SAMPLES:
-                out[name] = (f"a non-parametric map needs at least {MIN_NONPARAMETRIC_SAMPLES} calibration samples, "
-                             f"and this set holds {self.num_samples}")
+                out[name] = (
+                    f"a non-parametric map needs at least {MIN_NONPARAMETRIC_SAMPLES} calibration samples, "
+                    f"and this set holds {self.num_samples}"
+                )
             elif s.errors:
                 out[name] = f"failed on {len(s.errors)}/{self.cv} folds"
             elif s.stopped is not None:
@@ -239,13 +277,19 @@ class CalibratorComparison:
             elif not math.isfinite(s.mean(metric)):
                 out[name] = f"no finite {metric}"
             elif reference is not None and s.mean("nll") > reference.mean("nll"):
-                out[name] = f"cross-validated NLL {s.mean('nll'):.4f} is worse than the uncalibrated model's {reference.mean('nll'):.4f}"
+                out[name] = (
+                    f"cross-validated NLL {s.mean('nll'):.4f} is worse than the uncalibrated model's {reference.mean('nll'):.4f}"
+                )
             elif reference is not None and not self.nll_gain_is_significant(name):
-                out[name] = (f"cross-validated NLL {s.mean('nll'):.4f} is not significantly lower than the uncalibrated model's "
-                             f"{reference.mean('nll'):.4f} (one-sided paired t-test at {SIGNIFICANCE:g} on {self._test_unit(s)}, "
-                             f"and a gain of at least {100 * MIN_RELATIVE_GAIN:g} %)")
+                out[name] = (
+                    f"cross-validated NLL {s.mean('nll'):.4f} is not significantly lower than the uncalibrated model's "
+                    f"{reference.mean('nll'):.4f} (one-sided paired t-test at {SIGNIFICANCE:g} on {self._test_unit(s)}, "
+                    f"and a gain of at least {100 * MIN_RELATIVE_GAIN:g} %)"
+                )
             elif s.mean("accuracy_change") < -max_accuracy_drop - 1e-12:
-                out[name] = f"loses {-100 * s.mean('accuracy_change'):.2f} accuracy points (max_accuracy_drop={max_accuracy_drop})"
+                out[name] = (
+                    f"loses {-100 * s.mean('accuracy_change'):.2f} accuracy points (max_accuracy_drop={max_accuracy_drop})"
+                )
         return out
 
     @staticmethod
@@ -271,15 +315,19 @@ class CalibratorComparison:
         key: the first listed."""
         return self.decide(metric, max_accuracy_drop, tie_break)[0]
 
-    def decide(self, metric: str | None = None, max_accuracy_drop: float = 0.0, tie_break: str | None = "nll") -> tuple[str, str | None]:
+    def decide(
+        self, metric: str | None = None, max_accuracy_drop: float = 0.0, tie_break: str | None = "nll"
+    ) -> tuple[str, str | None]:
         """``(best(...), why)``: ``why`` says, in a sentence, why the choice is ``"uncalibrated"`` (None otherwise)."""
         metric = check_choice(self.metric if metric is None else metric, "metric", SELECTION_METRICS)
         if tie_break is not None:
             tie_break = check_choice(tie_break, "tie_break", SELECTION_METRICS)
         if self.num_errors is not None and self.num_errors < MIN_ERRORS:
-            return UNCALIBRATED, (f"the calibration set holds {self.num_errors} misclassified sample(s), fewer than the {MIN_ERRORS} "
-                                  "needed to judge any calibrator (how confident the model may be is decided by its errors, "
-                                  "which this sample does not show)")
+            return UNCALIBRATED, (
+                f"the calibration set holds {self.num_errors} misclassified sample(s), fewer than the {MIN_ERRORS} "
+                "needed to judge any calibrator (how confident the model may be is decided by its errors, "
+                "which this sample does not show)"
+            )
         excluded = self.exclusions(metric, max_accuracy_drop)
         candidates = [s for name, s in self.scores.items() if name != UNCALIBRATED and name not in excluded]
         if not candidates:
@@ -291,13 +339,21 @@ class CalibratorComparison:
         if tie_break is None or tie_break == metric:
             chosen = leader
         else:
-            tied = [s for s in candidates if within_one_standard_error(s.on_folds(metric, leader.fold_ids), leader.on_folds(metric, leader.fold_ids))]
+            tied = [
+                s
+                for s in candidates
+                if within_one_standard_error(
+                    s.on_folds(metric, leader.fold_ids), leader.on_folds(metric, leader.fold_ids)
+                )
+            ]
             chosen = min(tied, key=lambda s: s.mean(tie_break))
         if chosen.method != UNCALIBRATED:
             return chosen.method, None
         qualified = ", ".join(s.method for s in candidates if s.method != UNCALIBRATED)
-        return UNCALIBRATED, (f"the uncalibrated model's cross-validated {metric} ({self._cell(chosen, metric)}) is lower than that of "
-                              f"every qualifying candidate ({qualified}) by more than one standard error")
+        return UNCALIBRATED, (
+            f"the uncalibrated model's cross-validated {metric} ({self._cell(chosen, metric)}) is lower than that of "
+            f"every qualifying candidate ({qualified}) by more than one standard error"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         def clean(x: float) -> float | None:
@@ -306,8 +362,14 @@ class CalibratorComparison:
         out: dict[str, Any] = {}
         for name, s in self.scores.items():
             entry: dict[str, Any] = {c: {"mean": clean(s.mean(c)), "std": clean(s.std(c))} for c in COLUMNS}
-            entry.update(failed_folds=len(s.errors), errors=list(s.errors), fit_seeds=s.fit_seeds, kwargs=dict(s.kwargs),
-                         folds_run=len(s.fold_ids), stopped=s.stopped)
+            entry.update(
+                failed_folds=len(s.errors),
+                errors=list(s.errors),
+                fit_seeds=s.fit_seeds,
+                kwargs=dict(s.kwargs),
+                folds_run=len(s.fold_ids),
+                stopped=s.stopped,
+            )
             out[name] = entry
         return out
 
@@ -354,37 +416,53 @@ class CalibratorComparison:
         widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
 
         def line(cells: list[str]) -> str:
-            return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+            return (
+                "| "
+                + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+                + " |"
+            )
 
         rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
         seeds = sorted({s.fit_seeds for s in self.scores.values() if s.fit_seeds > 1})
         lines = [
             f"{self.cv}-fold cross-validation on the calibration set (N = {self.num_samples}, "
-            + (f"K = {self.num_classes}, " if self.task == "multiclass" else
-               f"{self.task} head, L = {self.num_classes} label(s); ECE, AdaECE, smCE, NLL (binary cross-entropy), Brier and "
-               "accuracy at 0.5 are macro averages over the labels, ")
-            + 
-            f"seed {self.seed}), scored on the held-out folds ({self.n_bins} bins): mean ± std over the folds each method ran"
-            + (f"; seeded methods averaged over {seeds[0]} fit seeds" if seeds else "") + ".",
+            + (
+                f"K = {self.num_classes}, "
+                if self.task == "multiclass"
+                else f"{self.task} head, L = {self.num_classes} label(s); ECE, AdaECE, smCE, NLL (binary cross-entropy), Brier and "
+                "accuracy at 0.5 are macro averages over the labels, "
+            )
+            + f"seed {self.seed}), scored on the held-out folds ({self.n_bins} bins): mean ± std over the folds each method ran"
+            + (f"; seeded methods averaged over {seeds[0]} fit seeds" if seeds else "")
+            + ".",
             "",
             line(header),
             rule,
         ] + [line(row) for row in body]
         notes = [(name, e) for name, s in self.scores.items() for e in s.errors]
-        notes += [(name, f"stopped after {len(s.fold_ids)}/{self.cv} folds: {s.stopped}") for name, s in self.scores.items()
-                  if s.stopped is not None and not s.errors]
+        notes += [
+            (name, f"stopped after {len(s.fold_ids)}/{self.cv} folds: {s.stopped}")
+            for name, s in self.scores.items()
+            if s.stopped is not None and not s.errors
+        ]
         if notes:
             lines += [""] + [f"- {name}: {note}" for name, note in notes]
         chosen, why = self.decide()
         lines += ["", f"best by {self.rule()}: {chosen}" + (f" ({why})" if why else "")]
-        lines += [f"- not a candidate: {name}: {reason}" for name, reason in self.exclusions().items()
-                  if not self.scores[name].errors and self.scores[name].stopped is None]
-        lines += ["", "Candidates qualify only with a held-out NLL significantly lower than the uncalibrated model's "
-                  f"(one-sided paired t-test at {SIGNIFICANCE:g} on each sample's out-of-fold NLL, a gain of at least "
-                  f"{100 * MIN_RELATIVE_GAIN:g} %, at least {MIN_ERRORS} misclassified samples in the set, and {MIN_NONPARAMETRIC_SAMPLES} "
-                  "samples for a non-parametric map); the columns are "
-                  "means over the folds, which rank the methods (a binned metric of all held-out predictions pooled is "
-                  "lower: more samples per bin)."]
+        lines += [
+            f"- not a candidate: {name}: {reason}"
+            for name, reason in self.exclusions().items()
+            if not self.scores[name].errors and self.scores[name].stopped is None
+        ]
+        lines += [
+            "",
+            "Candidates qualify only with a held-out NLL significantly lower than the uncalibrated model's "
+            f"(one-sided paired t-test at {SIGNIFICANCE:g} on each sample's out-of-fold NLL, a gain of at least "
+            f"{100 * MIN_RELATIVE_GAIN:g} %, at least {MIN_ERRORS} misclassified samples in the set, and {MIN_NONPARAMETRIC_SAMPLES} "
+            "samples for a non-parametric map); the columns are "
+            "means over the folds, which rank the methods (a binned metric of all held-out predictions pooled is "
+            "lower: more samples per bin).",
+        ]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -405,13 +483,19 @@ def _race(scores: dict[str, MethodScores], running: list[str], metric: str, done
     for name in running:
         if name not in stop and clearly_worse(scores[name].on_folds("nll", done), reference):
             stop[name] = f"its NLL is clearly worse than the uncalibrated model's (paired t-test, {len(done)} folds)"
-    contenders = [name for name in running if name not in stop and scores[name].mean("nll") <= scores[UNCALIBRATED].mean("nll")]
+    contenders = [
+        name for name in running if name not in stop and scores[name].mean("nll") <= scores[UNCALIBRATED].mean("nll")
+    ]
     if not contenders:
         return stop
     leader = min(contenders, key=lambda name: scores[name].mean(metric))
     best = scores[leader].on_folds(metric, done)
     for name in running:
-        if (name not in stop and name != leader and scores[name].mean("nll") >= scores[leader].mean("nll")
-                and clearly_worse(scores[name].on_folds(metric, done), best)):
+        if (
+            name not in stop
+            and name != leader
+            and scores[name].mean("nll") >= scores[leader].mean("nll")
+            and clearly_worse(scores[name].on_folds(metric, done), best)
+        ):
             stop[name] = f"clearly worse than {leader} on {metric} (paired t-test, {len(done)} folds)"
     return stop

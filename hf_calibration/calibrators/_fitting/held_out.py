@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 FOLDS = 5
-MAX_SAMPLES = 1000  # above this a fit of these sizes (49 parameters) has 20 samples a parameter; the check costs FOLDS fits
+MAX_SAMPLES = (
+    1000  # above this a fit of these sizes (49 parameters) has 20 samples a parameter; the check costs FOLDS fits
+)
 _SKIP: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_calibration_held_out_checked", default=False)
 
 
@@ -96,6 +98,7 @@ def run(calibrator: Any, z: np.ndarray, y: np.ndarray, objective: str, options: 
             f"model's: {before:.4f} -> {after:.4f}, each sample calibrated by a fit on the other {FOLDS - 1} of {FOLDS} folds "
             "of the fit set (fit_info_['held_out_check']). Its parameters overfit this few samples: temperature scaling, "
             "or AutoCalibrator (which leaves the model as it is when nothing helps), is the safer choice.",
-            HeldOutWorseWarning, stacklevel=4,
+            HeldOutWorseWarning,
+            stacklevel=4,
         )
     return record

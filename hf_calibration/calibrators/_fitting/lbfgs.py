@@ -27,7 +27,8 @@ objective reported is the one LBFGS evaluated at the final point (evaluated agai
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -42,7 +43,9 @@ class Preconditioner(NamedTuple):
 
     to_x: Callable[[torch.Tensor], torch.Tensor]
     to_u: Callable[[torch.Tensor], torch.Tensor]
-    newton: Callable[[torch.Tensor], torch.Tensor] | None = None  # g -> to_x(to_x^T(g)), the curvature model's inverse applied
+    newton: Callable[[torch.Tensor], torch.Tensor] | None = (
+        None  # g -> to_x(to_x^T(g)), the curvature model's inverse applied
+    )
 
 
 class LBFGSResult(NamedTuple):
@@ -103,7 +106,9 @@ class QuadraticPenalty(NamedTuple):
         return value
 
 
-def odir_penalty(num_classes: int, reg_lambda: float, reg_mu: float, diagonal: bool = False, reg_diagonal: float = 0.0) -> QuadraticPenalty:
+def odir_penalty(
+    num_classes: int, reg_lambda: float, reg_mu: float, diagonal: bool = False, reg_diagonal: float = 0.0
+) -> QuadraticPenalty:
     """ODIR (Kull et al. 2019, Sec. 3.3) for ``x = [W.flatten() (K * K, row-major), b (K)]``:
     ``lambda / (K (K - 1)) * sum_{i != j} W_ij^2 + mu / K * sum_j b_j^2``; the paper leaves the diagonal free, and
     ``reg_diagonal`` adds ``reg_diagonal / K * sum_j (W_jj - mean_j W_jj)^2`` (``matrix.py`` says why).
@@ -133,7 +138,10 @@ def minimize(
 
     Raises ``FloatingPointError`` if the objective or its gradient becomes non-finite.
     """
-    with torch_single_threaded(), torch.enable_grad():  # a fit called under torch.no_grad() (inference code) still needs it
+    with (
+        torch_single_threaded(),
+        torch.enable_grad(),
+    ):  # a fit called under torch.no_grad() (inference code) still needs it
         return _minimize(fun, x0, penalty, precondition, max_iter, tol, history_size, progress_bar, desc)
 
 

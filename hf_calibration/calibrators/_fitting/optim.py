@@ -8,7 +8,8 @@ the same code drives the fused SMART step and any torch-autograd objective. The 
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -59,12 +60,31 @@ def adam_early_stopping(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # O(N) steps: thread hand-offs cost more than they save
     try:
-        return _loop(x, m, v, best, best_x, best_step, stale, history, loss_and_grad, lr, max_steps, patience, progress_bar, desc, betas, eps)
+        return _loop(
+            x,
+            m,
+            v,
+            best,
+            best_x,
+            best_step,
+            stale,
+            history,
+            loss_and_grad,
+            lr,
+            max_steps,
+            patience,
+            progress_bar,
+            desc,
+            betas,
+            eps,
+        )
     finally:
         torch.set_num_threads(threads)
 
 
-def _loop(x, m, v, best, best_x, best_step, stale, history, loss_and_grad, lr, max_steps, patience, show_bar, desc, betas, eps):
+def _loop(
+    x, m, v, best, best_x, best_step, stale, history, loss_and_grad, lr, max_steps, patience, show_bar, desc, betas, eps
+):
     step = 0
     with _progress.progress_bar(total=max_steps, desc=desc, enabled=show_bar) as bar:
         for step in range(max_steps + 1):  # the last pass only evaluates the final weights

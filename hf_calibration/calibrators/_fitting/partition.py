@@ -30,7 +30,10 @@ from hf_calibration.calibrators.objectives import ScaledStats
 LOG2_BETA_MIN = -8  # T = 256
 OCTAVES = 14  # up to beta = 64, T = 1/64
 STEPS = 8  # grid points per octave
-GRID = np.log(2.0 ** LOG2_BETA_MIN * np.array([2.0**o * (STEPS + m) / STEPS for o in range(OCTAVES) for m in range(STEPS)] + [2.0**OCTAVES]))
+GRID = np.log(
+    2.0**LOG2_BETA_MIN
+    * np.array([2.0**o * (STEPS + m) / STEPS for o in range(OCTAVES) for m in range(STEPS)] + [2.0**OCTAVES])
+)
 GRID_SIZE = GRID.shape[0]
 
 
@@ -154,7 +157,12 @@ def _nll_derivatives_rows(z, labels, beta, lo, hi, arg, e, bits):  # pragma: no 
         c0 = c1 = c2 = c3 = 0.0
         j = 0
         while j + 4 <= k:
-            d0, d1, d2, d3 = top - np.float64(row[j]), top - np.float64(row[j + 1]), top - np.float64(row[j + 2]), top - np.float64(row[j + 3])
+            d0, d1, d2, d3 = (
+                top - np.float64(row[j]),
+                top - np.float64(row[j + 1]),
+                top - np.float64(row[j + 2]),
+                top - np.float64(row[j + 3]),
+            )
             w0, w1, w2, w3 = e[j], e[j + 1], e[j + 2], e[j + 3]
             a0 += w0
             a1 += w1
@@ -192,7 +200,8 @@ def _nll_derivatives_parallel(z, labels, beta, rows_per_chunk):  # pragma: no co
     for c in numba.prange(chunks):
         arg, e, bits = np.empty(k), np.empty(k), np.empty(k)
         part[c, 0], part[c, 1], part[c, 2] = _nll_derivatives_rows(
-            z, labels, beta, c * rows_per_chunk, min(n, (c + 1) * rows_per_chunk), arg, e, bits)
+            z, labels, beta, c * rows_per_chunk, min(n, (c + 1) * rows_per_chunk), arg, e, bits
+        )
     out = np.zeros(3)
     for c in range(chunks):  # in chunk order: the same sums for any number of threads
         for r in range(3):
@@ -236,10 +245,13 @@ class LogPartitionTable:
     def __init__(self, logits: np.ndarray, labels: np.ndarray):
         if logits.dtype not in (np.float32, np.float64):
             logits = logits.astype(np.float32)
-        self._build(*_tabulate_checked(np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64)), logits.shape[1])
+        self._build(
+            *_tabulate_checked(np.ascontiguousarray(logits), np.ascontiguousarray(labels, dtype=np.int64)),
+            logits.shape[1],
+        )
 
     @classmethod
-    def from_rows(cls, rows, labels: np.ndarray) -> "LogPartitionTable":
+    def from_rows(cls, rows, labels: np.ndarray) -> LogPartitionTable:
         """The table of a ``FitRows`` (or an array), tabulated a block of rows at a time: no copy of the logits (the
         table itself is N x 226 float64: 90 MB at N = 50,000)."""
         if not hasattr(rows, "blocks"):

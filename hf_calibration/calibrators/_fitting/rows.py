@@ -14,18 +14,21 @@ equals the fit in memory bit for bit, whatever the number of threads.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from hf_calibration._core.checks import to_numpy
-from hf_calibration._core.finite import first_non_finite
 from hf_calibration._core.disk_logits import DiskLogits, as_disk_logits
+from hf_calibration._core.finite import first_non_finite
 
 __all__ = ["BLOCK_ELEMENTS", "FitRows", "as_source", "first_non_finite"]
 
-BLOCK_ELEMENTS = 1 << 22  # values per block (16 MB of float32): small enough to stay cheap, large enough to amortise a call
+BLOCK_ELEMENTS = (
+    1 << 22
+)  # values per block (16 MB of float32): small enough to stay cheap, large enough to amortise a call
 
 
 def as_source(logits: Any) -> np.ndarray | DiskLogits:
@@ -58,8 +61,14 @@ class FitRows:
 
     ndim = 2
 
-    def __init__(self, source: np.ndarray | DiskLogits, keep: np.ndarray | None = None, *, log_probabilities: bool = False,
-                 canonical: bool = False):
+    def __init__(
+        self,
+        source: np.ndarray | DiskLogits,
+        keep: np.ndarray | None = None,
+        *,
+        log_probabilities: bool = False,
+        canonical: bool = False,
+    ):
         self.source = source
         n_source, k = source.shape
         self.keep = None if keep is None or bool(np.all(keep)) else np.asarray(keep, dtype=bool)
@@ -71,11 +80,11 @@ class FitRows:
         self.rows_per_block = max(1, BLOCK_ELEMENTS // k)
 
     @classmethod
-    def prepared(cls, z: np.ndarray) -> "FitRows":
+    def prepared(cls, z: np.ndarray) -> FitRows:
         """Rows already as the map sees them (what ``Calibrator._fit_inputs`` returns): read as they are."""
         return cls(z)
 
-    def view(self, *, log_probabilities: bool, canonical: bool) -> "FitRows":
+    def view(self, *, log_probabilities: bool, canonical: bool) -> FitRows:
         """The same rows seen another way (the source is shared, not copied)."""
         out = FitRows.__new__(FitRows)
         out.__dict__.update(self.__dict__)
@@ -128,8 +137,12 @@ class FitRows:
             yield start, self._transform(raw, buffer[: raw.shape[0]])
 
     def _is_view(self, raw: np.ndarray) -> bool:
-        return (not self.log_probabilities and not self.canonical and raw.dtype == self.compute_dtype
-                and raw.flags.c_contiguous)
+        return (
+            not self.log_probabilities
+            and not self.canonical
+            and raw.dtype == self.compute_dtype
+            and raw.flags.c_contiguous
+        )
 
     def _transform(self, raw: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``raw`` as the map sees it, written into ``out`` (same shape, compute dtype)."""
@@ -146,8 +159,11 @@ class FitRows:
         """The kept rows ``index`` (sorted), as the map sees them: a small (len(index), K) array."""
         source_rows = np.asarray(index, dtype=np.int64) if self.kept is None else self.kept[index]
         if isinstance(self.source, DiskLogits):
-            raw = np.stack([self.source.read(int(r), int(r) + 1)[0] for r in source_rows]) if len(source_rows) else \
-                np.empty((0, self.shape[1]), self.source.native_dtype)
+            raw = (
+                np.stack([self.source.read(int(r), int(r) + 1)[0] for r in source_rows])
+                if len(source_rows)
+                else np.empty((0, self.shape[1]), self.source.native_dtype)
+            )
         else:
             raw = self.source[source_rows]
         if self._is_view(raw):  # fancy indexing made a fresh copy already: as the map sees it

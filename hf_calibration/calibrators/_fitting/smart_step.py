@@ -21,9 +21,9 @@ import math
 import numba
 import numpy as np
 
-from hf_calibration.calibrators._fitting.partition import LOG2_BETA_MIN, STEPS
 from hf_calibration._core.threads import ThreadCountChooser  # noqa: F401 - smart.py runs the step through it
 from hf_calibration._core.vmath import exp_into, log_into
+from hf_calibration.calibrators._fitting.partition import LOG2_BETA_MIN, STEPS
 
 OBJECTIVE_CODES = {"nll": 0, "brier": 1, "soft_ece": 2, "charbonnier_soft_ece": 3}
 CHUNK = 256  # rows per parallel task: fixed, so the summation order is too
@@ -128,7 +128,27 @@ def _chunk_rows(c, n):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=_ARITHMETIC)
-def _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, width, half_width, shrink, recurrence, eps, work, part_loss, part_count, part_sum):  # pragma: no cover - compiled
+def _forward_chunk(
+    c,
+    x,
+    m_hat,
+    fd,
+    grid,
+    gap_true,
+    correct,
+    code,
+    n_bins,
+    inv,
+    width,
+    half_width,
+    shrink,
+    recurrence,
+    eps,
+    work,
+    part_loss,
+    part_count,
+    part_sum,
+):  # pragma: no cover - compiled
     """Pass 1 on chunk ``c``: temperatures, the table at ``beta = 1 / T``, per-row terms (NLL, Brier) or the
     chunk's soft-bin sums; the per-row intermediates stay in ``work`` for pass 2."""
     w1, b1, w2, b2 = _mlp_weights(x)
@@ -241,7 +261,9 @@ def _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, 
 
 
 @numba.njit(cache=True, fastmath=_ARITHMETIC)
-def _backward_chunk(c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, work, part_grad):  # pragma: no cover - compiled
+def _backward_chunk(
+    c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, work, part_grad
+):  # pragma: no cover - compiled
     """Pass 2 on chunk ``c``: d loss / d beta per row (through the soft bins for the binned objectives), then
     back through ``T = softplus(a) + eps``, ``beta = 1 / T`` and the MLP into the chunk's row of ``part_grad``."""
     w1, b1, w2, _ = _mlp_weights(x)
@@ -307,7 +329,9 @@ def _backward_chunk(c, x, m_hat, correct, binned, n_bins, inv, d_count, d_sum, w
 
 
 @numba.njit(cache=True, fastmath=_ARITHMETIC, parallel=True)
-def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, delta, eps, work, force_exp):  # pragma: no cover
+def smart_loss_grad(
+    x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, delta, eps, work, force_exp
+):  # pragma: no cover
     """Objective and gradient (3H + 1,) at parameters ``x``; ``fd``: ``LogPartitionTable.fd`` flattened;
     ``work``: ``workspace(N, n_bins)`` (or ``workspace(N, 1)`` for NLL and Brier). ``force_exp``: the soft-bin
     memberships by one exp each even where the cheaper recurrence is safe (for tests; a required argument, so
@@ -327,7 +351,27 @@ def smart_loss_grad(x, m_hat, fd, grid, gap_true, correct, code, n_bins, sigma, 
     # from bin 0, w_0 >= exp(-inv (1 - c_0)^2) relative to w_{b0} = 1: a normal float while inv (1 - c_0)^2 < 600
     recurrence = inv * (1.0 - half_width) ** 2 < 600.0 and not force_exp
     for c in numba.prange(n_chunks):  # the chunk bodies are separate functions: parfor compiles a big body slowly
-        _forward_chunk(c, x, m_hat, fd, grid, gap_true, correct, code, n_bins, inv, width, half_width, shrink, recurrence, eps, work, part_loss, part_count, part_sum)
+        _forward_chunk(
+            c,
+            x,
+            m_hat,
+            fd,
+            grid,
+            gap_true,
+            correct,
+            code,
+            n_bins,
+            inv,
+            width,
+            half_width,
+            shrink,
+            recurrence,
+            eps,
+            work,
+            part_loss,
+            part_count,
+            part_sum,
+        )
     loss = 0.0
     for c in range(n_chunks):
         loss += part_loss[c]

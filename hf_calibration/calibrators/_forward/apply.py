@@ -46,7 +46,9 @@ def _key(b, shift, mask):  # pragma: no cover - compiled
 def _max_key(bits, start, stop, init, shift, mask):  # pragma: no cover - compiled
     """Largest key of ``bits[start:stop]`` (``init`` if the range is empty)."""
     m = init
-    view = bits[start:stop]  # a loop from 0 over a view vectorises; over range(start, stop) it keeps a wrap-around check
+    view = bits[
+        start:stop
+    ]  # a loop from 0 over a view vectorises; over range(start, stop) it keeps a wrap-around check
     for j in range(view.shape[0]):
         m = np.maximum(m, _key(view[j], shift, mask))
     return m
@@ -99,7 +101,28 @@ def _smart_temperature(margin, mean, std, w1, b1, w2, b2, eps):  # pragma: no co
 
 
 @numba.njit(parallel=True, cache=True)  # no fastmath: finiteness checks, signed zeros and exact division (see _finite)
-def _scale_rows(z, zbits, shift, mask, lowest, scratch, t_fixed, smart, mean, std, w1, b1, w2, b2, eps, posinf, temps, out, outbits, status):  # pragma: no cover - compiled
+def _scale_rows(
+    z,
+    zbits,
+    shift,
+    mask,
+    lowest,
+    scratch,
+    t_fixed,
+    smart,
+    mean,
+    std,
+    w1,
+    b1,
+    w2,
+    b2,
+    eps,
+    posinf,
+    temps,
+    out,
+    outbits,
+    status,
+):  # pragma: no cover - compiled
     n, k = z.shape
     for i in numba.prange(n):
         row = z[i]
@@ -110,7 +133,9 @@ def _scale_rows(z, zbits, shift, mask, lowest, scratch, t_fixed, smart, mean, st
         first = _first_max(row, zbits[i], shift, mask, lowest)
         if smart:
             cell = (scratch[0][i : i + 1], scratch[1][i : i + 1])
-            temps[i] = _smart_temperature(_margin(row, zbits[i], first, shift, mask, lowest, cell), mean, std, w1, b1, w2, b2, eps)
+            temps[i] = _smart_temperature(
+                _margin(row, zbits[i], first, shift, mask, lowest, cell), mean, std, w1, b1, w2, b2, eps
+            )
         else:
             temps[i] = t_fixed  # cast to z's dtype
         t = temps[i]
@@ -178,25 +203,38 @@ def _scratch(n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     return cells, cells.view(np.int32 if cells.dtype == np.float32 else np.int64)
 
 
-def _scale(z: torch.Tensor, temperature: float | None, smart_mlp, out: np.ndarray | None = None
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scale(
+    z: torch.Tensor, temperature: float | None, smart_mlp, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(z / T, T, status)`` as numpy, T in ``z``'s dtype; rows with status != 0 are not divided. ``out``: a contiguous
     array of ``z``'s shape and dtype to write ``z / T`` into (default: a new one)."""
     zn = z.detach().contiguous().numpy()
     n = zn.shape[0]
     temps = np.empty(n, dtype=zn.dtype)
     if out is None:
-        out = np.empty_like(zn)  # numpy asks the kernel for huge pages on large arrays: fewer page faults than torch.empty
+        out = np.empty_like(
+            zn
+        )  # numpy asks the kernel for huge pages on large arrays: fewer page faults than torch.empty
     status = np.empty(n, dtype=np.int8)
     t_fixed = 1.0 if temperature is None else float(temperature)
     scratch = _scratch(n if smart_mlp is not None else 1, zn.dtype)
-    args = (*_bits(zn), scratch, t_fixed, *_mlp_args(smart_mlp), np.full(1, np.inf, dtype=zn.dtype), temps, out, _bits(out)[0])
+    args = (
+        *_bits(zn),
+        scratch,
+        t_fixed,
+        *_mlp_args(smart_mlp),
+        np.full(1, np.inf, dtype=zn.dtype),
+        temps,
+        out,
+        _bits(out)[0],
+    )
     _run_kernel(_scale_rows, zn, *args, status)
     return out, temps, status
 
 
-def scale_rows(z: torch.Tensor, temperature: float | None = None, smart_mlp=None, out: torch.Tensor | None = None
-               ) -> torch.Tensor | None:
+def scale_rows(
+    z: torch.Tensor, temperature: float | None = None, smart_mlp=None, out: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """``z / T`` in one pass (T fixed, or SMART's ``T(m)`` when ``smart_mlp`` is given); None if a row is non-finite
     or would overflow, for the torch path to raise or rescale.
 

@@ -66,7 +66,9 @@ def top_label(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return top, is_top, confidence, floor, others - lse_rest
 
 
-def rescale_top_label(is_top: torch.Tensor, floor: torch.Tensor, rest: torch.Tensor, new_confidence: torch.Tensor) -> torch.Tensor:
+def rescale_top_label(
+    is_top: torch.Tensor, floor: torch.Tensor, rest: torch.Tensor, new_confidence: torch.Tensor
+) -> torch.Tensor:
     """Log-probabilities with top probability ``new_confidence`` (clamped as ``_toplabel.rescale_top_label`` does)."""
 
     p = torch.maximum(torch.minimum(new_confidence, constant(new_confidence, MAX_CONFIDENCE)), floor)

@@ -29,10 +29,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from hf_calibration._core import tensors as _inputs
 from hf_calibration._core.checks import check_choice
 from hf_calibration._core.inputs import binary_labels, scores_kind
 from hf_calibration._core.tasks import SIGMOID_TASKS, check_shapes_for_task
-from hf_calibration._core import tensors as _inputs
 from hf_calibration._core.tensors import logit
 from hf_calibration.calibrators._base import Calibrator, _labels_of
 
@@ -50,14 +50,18 @@ def _layout_of(shape: tuple[int, ...], task: str, name: str = "logits") -> str:
             return "column"
         if len(shape) == 2 and shape[1] == 2:
             return "softmax2"
-        raise ValueError(f"Expected `{name}` to have shape (N,), (N, 1) or (N, 2) (two softmax logits) for a binary head, but "
-                         f"got shape {shape}.")
+        raise ValueError(
+            f"Expected `{name}` to have shape (N,), (N, 1) or (N, 2) (two softmax logits) for a binary head, but "
+            f"got shape {shape}."
+        )
     if len(shape) != 2:
         raise ValueError(f"Expected `{name}` to have shape (N, L) for a multi-label head, but got shape {shape}.")
     return "multilabel"
 
 
-def to_label_logits(z: torch.Tensor, layout: str, is_logits: bool, cdtype: torch.dtype, name: str = "logits") -> torch.Tensor:
+def to_label_logits(
+    z: torch.Tensor, layout: str, is_logits: bool, cdtype: torch.dtype, name: str = "logits"
+) -> torch.Tensor:
     """The ``(N, L)`` per-label logits (compute dtype) the map sees, from checked input of ``layout``."""
     if layout == "softmax2":
         if is_logits:
@@ -70,8 +74,10 @@ def to_label_logits(z: torch.Tensor, layout: str, is_logits: bool, cdtype: torch
         return zc
     low, high = float(zc.min()), float(zc.max())
     if low < 0 or high > 1:
-        raise ValueError(f"Expected `{name}` to hold probabilities in [0, 1] (from_logits=False), but found values in "
-                         f"[{low:.4g}, {high:.4g}].")
+        raise ValueError(
+            f"Expected `{name}` to hold probabilities in [0, 1] (from_logits=False), but found values in "
+            f"[{low:.4g}, {high:.4g}]."
+        )
     return logit(zc)
 
 
@@ -85,12 +91,15 @@ def from_label_logits(g: torch.Tensor, layout: str) -> torch.Tensor:
     return g
 
 
-def detect_from_logits(z: torch.Tensor, layout: str, from_logits: bool | None, name: str = "logits", *,
-                       recorded: str | None = None) -> bool:
+def detect_from_logits(
+    z: torch.Tensor, layout: str, from_logits: bool | None, name: str = "logits", *, recorded: str | None = None
+) -> bool:
     """Whether sigmoid-head input holds logits (:func:`hf_calibration._core.inputs.scores_kind`): an explicit bool wins,
     then the kind a fit ``recorded``; None without one takes values all in [0, 1] for probabilities (two softmax
     columns: rows summing to 1, the multi-class rule)."""
-    return scores_kind(z, from_logits, task="multiclass" if layout == "softmax2" else "binary", recorded=recorded, name=name)
+    return scores_kind(
+        z, from_logits, task="multiclass" if layout == "softmax2" else "binary", recorded=recorded, name=name
+    )
 
 
 class SigmoidCalibrator(Calibrator):
@@ -136,7 +145,9 @@ class SigmoidCalibrator(Calibrator):
     # ------------------------------------------------------------------ sizing
     def _resize(self, num_labels: int, task: str) -> None:
         if self.num_labels is not None and self.num_labels != num_labels:
-            logger.info("%s was built for %d labels; refitting it for %d.", type(self).__name__, self.num_labels, num_labels)
+            logger.info(
+                "%s was built for %d labels; refitting it for %d.", type(self).__name__, self.num_labels, num_labels
+            )
         self.num_labels, self.task = num_labels, task
         self._allocate(num_labels)
         if isinstance(self._hub_mixin_config, dict):
@@ -145,7 +156,10 @@ class SigmoidCalibrator(Calibrator):
 
     # ------------------------------------------------------------------ inputs
     def _resolve_fit_task(self, logits: Any, labels: Any, task: str | None) -> str:
-        shape_z, shape_y = tuple(getattr(logits, "shape", np.shape(logits))), tuple(getattr(labels, "shape", np.shape(labels)))
+        shape_z, shape_y = (
+            tuple(getattr(logits, "shape", np.shape(logits))),
+            tuple(getattr(labels, "shape", np.shape(labels))),
+        )
         if task is not None:
             task = check_choice(task, "task", SIGMOID_TASKS)
         elif len(shape_y) == 2 and shape_y[1] > 1:
@@ -154,10 +168,11 @@ class SigmoidCalibrator(Calibrator):
             task = "binary"
         else:
             raise ValueError(
-            f"Expected binary or multi-label data for {type(self).__name__} (a sigmoid calibrator): (N, L) 0/1 labels, or one "
-            f"logit per sample (or two softmax logits) with (N,) 0/1 labels; but got logits of shape {shape_z} and labels of "
-            f"shape {shape_y}, a multi-class (softmax) problem. A softmax head (config.problem_type="
-            "'single_label_classification') takes a softmax calibrator (temperature_scaling, ...).")
+                f"Expected binary or multi-label data for {type(self).__name__} (a sigmoid calibrator): (N, L) 0/1 labels, or one "
+                f"logit per sample (or two softmax logits) with (N,) 0/1 labels; but got logits of shape {shape_z} and labels of "
+                f"shape {shape_y}, a multi-class (softmax) problem. A softmax head (config.problem_type="
+                "'single_label_classification') takes a softmax calibrator (temperature_scaling, ...)."
+            )
         check_shapes_for_task(task, logits, labels)
         return task
 
@@ -172,15 +187,19 @@ class SigmoidCalibrator(Calibrator):
         if task == "binary":
             y = y.reshape(-1)
         if y.shape[0] != z.shape[0]:
-            raise ValueError(f"Expected `logits` and `labels` to have the same number of samples, but got {z.shape[0]} and {y.shape[0]}.")
+            raise ValueError(
+                f"Expected `logits` and `labels` to have the same number of samples, but got {z.shape[0]} and {y.shape[0]}."
+            )
         y, mask = binary_labels(y, name="labels")
         y = y.reshape(z.shape[0], -1)
         mask = mask.reshape(z.shape[0], -1)
         is_logits = detect_from_logits(z, layout, from_logits)
         zl = to_label_logits(z, layout, is_logits, torch.float64).numpy()
         if zl.shape != y.shape:
-            raise ValueError(f"Expected `labels` to have shape {(zl.shape[0], zl.shape[1])} (one 0/1 label per logit), but got "
-                             f"{tuple(np.shape(labels))}.")
+            raise ValueError(
+                f"Expected `labels` to have shape {(zl.shape[0], zl.shape[1])} (one 0/1 label per logit), but got "
+                f"{tuple(np.shape(labels))}."
+            )
         return np.ascontiguousarray(zl), y, mask, task, layout, is_logits
 
     def _check_sigmoid_logits(self, logits: Any) -> torch.Tensor:
@@ -188,7 +207,9 @@ class SigmoidCalibrator(Calibrator):
         if not z.is_floating_point():
             raise TypeError(f"Expected `logits` to be a floating tensor, but got {z.dtype}.")
         if z.ndim not in (1, 2) or z.shape[0] == 0:
-            raise ValueError(f"Expected `logits` to have shape (N,) or (N, L) with N >= 1, but got shape {tuple(z.shape)}.")
+            raise ValueError(
+                f"Expected `logits` to have shape (N,) or (N, L) with N >= 1, but got shape {tuple(z.shape)}."
+            )
         if not bool(torch.isfinite(z).all()):
             bad = ~torch.isfinite(z.reshape(z.shape[0], -1)).all(dim=1)
             raise ValueError(f"Expected `logits` to be finite, but row {int(bad.nonzero()[0])} contains NaN or inf.")
@@ -199,13 +220,24 @@ class SigmoidCalibrator(Calibrator):
         task = self.task or (self.fit_info_ or {}).get("task")
         layout = _layout_of(tuple(z.shape), task)
         if task == "multilabel" and z.shape[1] != self.num_labels:
-            raise ValueError(f"Expected `logits` to have L = {self.num_labels} labels (one map per label, as fitted), but got "
-                             f"{z.shape[1]}.")
+            raise ValueError(
+                f"Expected `logits` to have L = {self.num_labels} labels (one map per label, as fitted), but got "
+                f"{z.shape[1]}."
+            )
         return layout
 
     # ------------------------------------------------------------------ public API
-    def fit(self, logits: Any, labels: Any = None, *, objective: str | None = None, from_logits: bool | None = None,
-            progress_bar: bool = True, task: str | None = None, **objective_options: Any) -> "SigmoidCalibrator":
+    def fit(
+        self,
+        logits: Any,
+        labels: Any = None,
+        *,
+        objective: str | None = None,
+        from_logits: bool | None = None,
+        progress_bar: bool = True,
+        task: str | None = None,
+        **objective_options: Any,
+    ) -> SigmoidCalibrator:
         """Fit on held-out logits (or probabilities) and 0/1 labels; returns ``self``.
 
         Args:
@@ -227,17 +259,32 @@ class SigmoidCalibrator(Calibrator):
     def _check_objective(self, objective: str | None) -> str:
         objective = self.default_objective if objective is None else objective
         if objective not in self.objectives:
-            raise ValueError(f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but "
-                             f"got {objective!r}.")
+            raise ValueError(
+                f"Expected argument `objective` to be one of {list(self.objectives)} for {type(self).__name__}, but "
+                f"got {objective!r}."
+            )
         return objective
 
-    def _fit_sigmoid(self, z: np.ndarray, y: np.ndarray, mask: np.ndarray, task: str, layout: str, is_logits: bool,
-                     objective: str, progress_bar: bool, *, report: bool = True) -> "SigmoidCalibrator":
+    def _fit_sigmoid(
+        self,
+        z: np.ndarray,
+        y: np.ndarray,
+        mask: np.ndarray,
+        task: str,
+        layout: str,
+        is_logits: bool,
+        objective: str,
+        progress_bar: bool,
+        *,
+        report: bool = True,
+    ) -> SigmoidCalibrator:
         kept = mask.sum(axis=0)
         if int(kept.min()) < self.min_samples:
             label = int(np.argmin(kept))
-            raise ValueError(f"Expected at least {self.min_samples} labelled samples per label to fit {type(self).__name__}, but "
-                             f"label {label} has {int(kept[label])}.")
+            raise ValueError(
+                f"Expected at least {self.min_samples} labelled samples per label to fit {type(self).__name__}, but "
+                f"label {label} has {int(kept[label])}."
+            )
         was_attached = self._attached_to
         self.fit_info_ = None
         self._resize(z.shape[1], task)
@@ -322,21 +369,30 @@ class SigmoidCalibrator(Calibrator):
         if isinstance(fit, dict):
             task = fit.get("task")
             if task not in SIGMOID_TASKS:
-                raise ValueError(f"The checkpoint in {str(where)!r} is not a sigmoid calibrator's: its config's fit.task is "
-                                 f"{task!r}, not 'binary' or 'multilabel' (the head it was fitted for, config.problem_type).")
+                raise ValueError(
+                    f"The checkpoint in {str(where)!r} is not a sigmoid calibrator's: its config's fit.task is "
+                    f"{task!r}, not 'binary' or 'multilabel' (the head it was fitted for, config.problem_type)."
+                )
             labels = fit.get("num_labels")
             if isinstance(labels, bool) or not isinstance(labels, int) or labels < 1:
-                raise ValueError(f"The checkpoint in {str(where)!r} is corrupted: its config's fit.num_labels must be an "
-                                 f"integer >= 1, but is {labels!r}.")
+                raise ValueError(
+                    f"The checkpoint in {str(where)!r} is corrupted: its config's fit.num_labels must be an "
+                    f"integer >= 1, but is {labels!r}."
+                )
         super()._check_config(config, where)
 
     def generate_model_card(self, *args, **kwargs):
         info = self.fit_info_ or {}
         kwargs.setdefault("num_classes", info.get("num_labels", "n/a"))
-        kwargs.setdefault("class_word", f"label(s) of a {info.get('task', 'sigmoid')} (sigmoid) head; ECE below: "
-                                        "the macro average over the labels")
-        kwargs.setdefault("argmax_statement", "Each label's probability goes through its own monotone map: the ranking of the "
-                          "images by a label's score is kept; which labels pass a 0.5 threshold may change.")
+        kwargs.setdefault(
+            "class_word",
+            f"label(s) of a {info.get('task', 'sigmoid')} (sigmoid) head; ECE below: the macro average over the labels",
+        )
+        kwargs.setdefault(
+            "argmax_statement",
+            "Each label's probability goes through its own monotone map: the ranking of the "
+            "images by a label's score is kept; which labels pass a 0.5 threshold may change.",
+        )
         return super().generate_model_card(*args, **kwargs)
 
     def _card_description(self) -> str:
@@ -344,4 +400,3 @@ class SigmoidCalibrator(Calibrator):
 
     def extra_repr(self) -> str:
         return f"num_labels={self.num_labels}, task={self.task!r}, " + ("fitted" if self.is_fitted else "not fitted")
-

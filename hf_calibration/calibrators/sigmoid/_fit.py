@@ -9,7 +9,7 @@ minimises the mean over labels of those objectives (each label weighs the same, 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -24,8 +24,15 @@ def platt_targets(y: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(y > 0.5, (positives + 1) / (positives + 2), 1 / (negatives + 2))
 
 
-def minimise_bce(params: torch.Tensor, logits_fn: Callable[[torch.Tensor], torch.Tensor], targets: np.ndarray,
-                 mask: np.ndarray, *, shared: bool = False, max_iter: int = 200) -> tuple[torch.Tensor, float]:
+def minimise_bce(
+    params: torch.Tensor,
+    logits_fn: Callable[[torch.Tensor], torch.Tensor],
+    targets: np.ndarray,
+    mask: np.ndarray,
+    *,
+    shared: bool = False,
+    max_iter: int = 200,
+) -> tuple[torch.Tensor, float]:
     """Minimise the per-label mean binary cross-entropy of ``logits_fn(params)`` (an ``(N, L)`` tensor) against
     ``targets`` over the kept elements ``mask``: summed over labels, or averaged over them when ``shared``.
     Returns the fitted parameters (a detached float64 tensor) and the objective there."""
@@ -36,8 +43,15 @@ def minimise_bce(params: torch.Tensor, logits_fn: Callable[[torch.Tensor], torch
         weights = weights / mask.shape[1]
     w = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float64))
     x = params.detach().clone().to(torch.float64).requires_grad_(True)
-    optimizer = torch.optim.LBFGS([x], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
-                                  tolerance_grad=1e-10, tolerance_change=1e-14, history_size=20)
+    optimizer = torch.optim.LBFGS(
+        [x],
+        lr=1.0,
+        max_iter=max_iter,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-10,
+        tolerance_change=1e-14,
+        history_size=20,
+    )
 
     def objective() -> torch.Tensor:
         g = logits_fn(x)

@@ -10,7 +10,8 @@ below about ``1 / n_l``, not that it is 0), so that every calibrated logit, and 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,7 +65,11 @@ class PiecewiseSigmoidCalibrator(SigmoidCalibrator):
                 inner = torch.arange(knots.shape[1], device=p.device)[None, :] < (counts - 1)[:, None]  # (L, M)
                 index = ((knots[:, None, :] < x[:, :, None]) & inner[:, None, :]).sum(dim=2)
             else:
-                index = torch.searchsorted(knots[:, :-1].contiguous(), x, right=False) if knots.shape[1] > 1 else torch.zeros_like(x, dtype=torch.long)
+                index = (
+                    torch.searchsorted(knots[:, :-1].contiguous(), x, right=False)
+                    if knots.shape[1] > 1
+                    else torch.zeros_like(x, dtype=torch.long)
+                )
             index = torch.minimum(index, (counts - 1).clamp_min(0)[:, None])
             out = torch.gather(values, 1, index)
         else:  # linear between knots, constant beyond the first and last
@@ -74,7 +79,9 @@ class PiecewiseSigmoidCalibrator(SigmoidCalibrator):
             k_lo, k_hi = torch.gather(knots, 1, lo), torch.gather(knots, 1, hi)
             v_lo, v_hi = torch.gather(values, 1, lo), torch.gather(values, 1, hi)
             width = k_hi - k_lo
-            t = torch.where(width > 0, ((x - k_lo) / torch.where(width > 0, width, 1.0)).clamp(0.0, 1.0), torch.zeros_like(x))
+            t = torch.where(
+                width > 0, ((x - k_lo) / torch.where(width > 0, width, 1.0)).clamp(0.0, 1.0), torch.zeros_like(x)
+            )
             out = torch.where(x <= k_lo, v_lo, v_lo + t * (v_hi - v_lo))
         floor = self.floor.to(p)[:, None]
         return torch.minimum(torch.maximum(out, floor), 1.0 - floor).t()
@@ -90,14 +97,26 @@ class PiecewiseSigmoidCalibrator(SigmoidCalibrator):
         counts = self.counts
         m = self.knots.shape[1]
         if bool((counts < 1).any()) or bool((counts > m).any()):
-            raise ValueError(f"The calibrator weights {where!r} are corrupted: each label's knot count must be in [1, {m}].")
+            raise ValueError(
+                f"The calibrator weights {where!r} are corrupted: each label's knot count must be in [1, {m}]."
+            )
         for l in range(self.knots.shape[0]):
             k, v = self.knots[l, : int(counts[l])], self.values[l, : int(counts[l])]
-            if bool((k < 0).any()) or bool((k > 1).any()) or bool((k[1:] < k[:-1]).any()) or bool((v < 0).any()) or bool((v > 1).any()):
-                raise ValueError(f"The calibrator weights {where!r} are corrupted: label {l}'s map has knots out of order or "
-                                 "knots / values outside [0, 1].")
+            if (
+                bool((k < 0).any())
+                or bool((k > 1).any())
+                or bool((k[1:] < k[:-1]).any())
+                or bool((v < 0).any())
+                or bool((v > 1).any())
+            ):
+                raise ValueError(
+                    f"The calibrator weights {where!r} are corrupted: label {l}'s map has knots out of order or "
+                    "knots / values outside [0, 1]."
+                )
         if bool((self.floor <= 0).any()) or bool((self.floor >= 0.5).any()):
-            raise ValueError(f"The calibrator weights {where!r} are corrupted: the probability floor must be in (0, 0.5).")
+            raise ValueError(
+                f"The calibrator weights {where!r} are corrupted: the probability floor must be in (0, 0.5)."
+            )
 
     def _fit_labels(self, z: np.ndarray, y: np.ndarray, mask: np.ndarray, progress_bar: bool) -> dict[str, Any]:
         from scipy.special import expit

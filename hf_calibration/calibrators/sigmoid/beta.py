@@ -35,8 +35,11 @@ def beta_map(z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor)
 
 
 @register_calibrator
-class BetaCalibration(SigmoidCalibrator, tags=["beta-calibration", "sigmoid", "multi-label"],
-                      paper_url="https://proceedings.mlr.press/v54/kull17a.html"):
+class BetaCalibration(
+    SigmoidCalibrator,
+    tags=["beta-calibration", "sigmoid", "multi-label"],
+    paper_url="https://proceedings.mlr.press/v54/kull17a.html",
+):
     """Beta calibration of a binary or multi-label head: ``logit(p'_l) = a_l ln p_l - b_l ln(1 - p_l) + c_l``.
 
     Fitted per label by binary cross-entropy (full-batch float64 LBFGS, every label at once), with ``a_l, b_l >= 0`` as
@@ -59,8 +62,10 @@ class BetaCalibration(SigmoidCalibrator, tags=["beta-calibration", "sigmoid", "m
     """
 
     kind = "beta"
-    paper_citation = ("M. Kull, T. M. Silva Filho, P. Flach, *Beta calibration: a well-founded and easily implemented "
-                      "improvement on logistic calibration for binary classifiers*, AISTATS 2017")
+    paper_citation = (
+        "M. Kull, T. M. Silva Filho, P. Flach, *Beta calibration: a well-founded and easily implemented "
+        "improvement on logistic calibration for binary classifiers*, AISTATS 2017"
+    )
 
     def __init__(self, num_labels: int | None = None, task: str | None = None, max_iter: int = 200):
         self.max_iter = check_int(max_iter, "max_iter", minimum=1)
@@ -76,8 +81,10 @@ class BetaCalibration(SigmoidCalibrator, tags=["beta-calibration", "sigmoid", "m
 
     def _check_state(self, where: str) -> None:
         if bool((self.a < 0).any()) or bool((self.b < 0).any()):
-            raise ValueError(f"The calibrator weights {where!r} are corrupted: beta calibration keeps a, b >= 0 (a fit never "
-                             "stores a negative one).")
+            raise ValueError(
+                f"The calibrator weights {where!r} are corrupted: beta calibration keeps a, b >= 0 (a fit never "
+                "stores a negative one)."
+            )
 
     def _fit_labels(self, z: np.ndarray, y: np.ndarray, mask: np.ndarray, progress_bar: bool) -> dict[str, Any]:
         zt = torch.from_numpy(z)
@@ -111,9 +118,16 @@ class BetaCalibration(SigmoidCalibrator, tags=["beta-calibration", "sigmoid", "m
             self.a.copy_(params[:, 0].clamp_min(0.0))
             self.b.copy_(params[:, 1].clamp_min(0.0))
             self.c.copy_(params[:, 2])
-        return {"a": self.a.tolist(), "b": self.b.tolist(), "c": self.c.tolist(), "best_objective": loss,
-                "constrained_labels": int(refit.sum())}
+        return {
+            "a": self.a.tolist(),
+            "b": self.b.tolist(),
+            "c": self.c.tolist(),
+            "best_objective": loss,
+            "constrained_labels": int(refit.sum()),
+        }
 
     def _card_description(self) -> str:
-        return ("It maps each label's probability p through the beta calibration map, logit(p') = a ln p - b ln(1 - p) + c "
-                "(Kull et al. 2017, a, b >= 0, one set per label), fitted by binary cross-entropy.")
+        return (
+            "It maps each label's probability p through the beta calibration map, logit(p') = a ln p - b ln(1 - p) + c "
+            "(Kull et al. 2017, a, b >= 0, one set per label), fitted by binary cross-entropy."
+        )

@@ -6,13 +6,16 @@ import numpy as np
 
 from hf_calibration._core.checks import check_choice, check_int
 from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators.sigmoid._piecewise import PiecewiseSigmoidCalibrator
 from hf_calibration.calibrators.histogram import BINNINGS, bin_frequencies, equal_mass_edges
+from hf_calibration.calibrators.sigmoid._piecewise import PiecewiseSigmoidCalibrator
 
 
 @register_calibrator
-class SigmoidHistogramBinning(PiecewiseSigmoidCalibrator, tags=["histogram-binning", "sigmoid", "multi-label"],
-                              paper_url="https://dl.acm.org/doi/10.5555/645530.655813"):
+class SigmoidHistogramBinning(
+    PiecewiseSigmoidCalibrator,
+    tags=["histogram-binning", "sigmoid", "multi-label"],
+    paper_url="https://dl.acm.org/doi/10.5555/645530.655813",
+):
     """Histogram binning of a binary or multi-label head: each label's probability becomes the fraction of positives
     among the fit samples of its bin (``e_{b-1} < p <= e_b``; an empty bin returns its centre), kept off 0 and 1
     (``_sigmoid_piecewise.py``).
@@ -39,11 +42,20 @@ class SigmoidHistogramBinning(PiecewiseSigmoidCalibrator, tags=["histogram-binni
     default_objective = "bin_frequency"
     objectives = ("bin_frequency",)
     step = True
-    paper_citation = ("B. Zadrozny, C. Elkan, *Obtaining calibrated probability estimates from decision trees and naive "
-                      "Bayesian classifiers*, ICML 2001")
+    paper_citation = (
+        "B. Zadrozny, C. Elkan, *Obtaining calibrated probability estimates from decision trees and naive "
+        "Bayesian classifiers*, ICML 2001"
+    )
 
-    def __init__(self, num_labels: int | None = None, task: str | None = None, num_knots: int | None = None,
-                 n_bins: int | None = None, points_per_bin: int = 50, binning: str = "equal_mass"):
+    def __init__(
+        self,
+        num_labels: int | None = None,
+        task: str | None = None,
+        num_knots: int | None = None,
+        n_bins: int | None = None,
+        points_per_bin: int = 50,
+        binning: str = "equal_mass",
+    ):
         self.n_bins = None if n_bins is None else check_int(n_bins, "n_bins", minimum=1)
         self.points_per_bin = check_int(points_per_bin, "points_per_bin", minimum=1)
         self.binning = check_choice(binning, "binning", BINNINGS)
@@ -54,7 +66,9 @@ class SigmoidHistogramBinning(PiecewiseSigmoidCalibrator, tags=["histogram-binni
         n_bins = min(n_bins, p.size) if self.binning == "equal_mass" else n_bins
         edges = equal_mass_edges(p, n_bins) if self.binning == "equal_mass" else np.linspace(0, 1, n_bins + 1)[1:]
         edges[-1] = 1.0
-        edges = np.maximum.accumulate(edges)  # equal-mass edges of tied probabilities repeat: bins then empty, never reversed
+        edges = np.maximum.accumulate(
+            edges
+        )  # equal-mass edges of tied probabilities repeat: bins then empty, never reversed
         return edges, bin_frequencies(p, y, edges)
 
     def _card_description(self) -> str:

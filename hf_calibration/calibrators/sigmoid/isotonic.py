@@ -5,13 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators.sigmoid._piecewise import PiecewiseSigmoidCalibrator
 from hf_calibration.calibrators.isotonic import CITATION, fit_isotonic
+from hf_calibration.calibrators.sigmoid._piecewise import PiecewiseSigmoidCalibrator
 
 
 @register_calibrator
-class SigmoidIsotonicRegression(PiecewiseSigmoidCalibrator, tags=["isotonic-regression", "sigmoid", "multi-label"],
-                                paper_url="https://doi.org/10.1145/775047.775151"):
+class SigmoidIsotonicRegression(
+    PiecewiseSigmoidCalibrator,
+    tags=["isotonic-regression", "sigmoid", "multi-label"],
+    paper_url="https://doi.org/10.1145/775047.775151",
+):
     """Isotonic regression of a binary or multi-label head: one non-decreasing map of each label's probability to its 0/1
     label, fitted by pool-adjacent-violators (scikit-learn's ``IsotonicRegression(out_of_bounds="clip")``: linear between
     its thresholds, constant beyond them), the probability then kept off 0 and 1 (``_sigmoid_piecewise.py``).

@@ -15,8 +15,11 @@ from hf_calibration.calibrators.sigmoid._fit import minimise_bce, platt_targets
 
 
 @register_calibrator
-class PlattScaling(SigmoidCalibrator, tags=["platt-scaling", "sigmoid", "multi-label"],
-                   paper_url="https://www.researchgate.net/publication/2594015"):
+class PlattScaling(
+    SigmoidCalibrator,
+    tags=["platt-scaling", "sigmoid", "multi-label"],
+    paper_url="https://www.researchgate.net/publication/2594015",
+):
     """Platt scaling of a binary or multi-label head: ``sigmoid(a_l z_l + b_l)`` per label ``l``.
 
     Each label's ``(a_l, b_l)`` minimises the binary cross-entropy of its kept fit samples (full-batch float64 LBFGS,
@@ -44,10 +47,14 @@ class PlattScaling(SigmoidCalibrator, tags=["platt-scaling", "sigmoid", "multi-l
     """
 
     kind = "platt"
-    paper_citation = ("J. Platt, *Probabilistic outputs for support vector machines and comparisons to regularized "
-                      "likelihood methods*, Advances in Large Margin Classifiers, 1999")
+    paper_citation = (
+        "J. Platt, *Probabilistic outputs for support vector machines and comparisons to regularized "
+        "likelihood methods*, Advances in Large Margin Classifiers, 1999"
+    )
 
-    def __init__(self, num_labels: int | None = None, task: str | None = None, smooth_targets: bool = True, max_iter: int = 200):
+    def __init__(
+        self, num_labels: int | None = None, task: str | None = None, smooth_targets: bool = True, max_iter: int = 200
+    ):
         if not isinstance(smooth_targets, bool):
             raise TypeError(f"Expected argument `smooth_targets` to be a bool, but got {smooth_targets!r}.")
         self.smooth_targets = smooth_targets
@@ -69,8 +76,12 @@ class PlattScaling(SigmoidCalibrator, tags=["platt-scaling", "sigmoid", "multi-l
         with torch.no_grad():
             self.weight.copy_(params[:, 0])
             self.bias.copy_(params[:, 1])
-        return {"weight": params[:, 0].tolist(), "bias": params[:, 1].tolist(), "best_objective": loss,
-                "smooth_targets": self.smooth_targets}
+        return {
+            "weight": params[:, 0].tolist(),
+            "bias": params[:, 1].tolist(),
+            "best_objective": loss,
+            "smooth_targets": self.smooth_targets,
+        }
 
     def _card_description(self) -> str:
         return "It maps each label's logit z to a z + b (Platt scaling, one a and b per label), fitted by binary cross-entropy."

@@ -20,8 +20,6 @@ import torch
 
 from hf_calibration._core import progress as _progress
 from hf_calibration._core.checks import check_choice, check_int
-from hf_calibration.calibrators._fitting.cv import stratified_folds
-from hf_calibration.calibrators._registry import create_calibrator
 from hf_calibration.calibrators._fitting.comparison import (
     COLUMNS,
     SELECTION_METRICS,
@@ -32,11 +30,15 @@ from hf_calibration.calibrators._fitting.comparison import (
     _race,
     is_stochastic,
 )
+from hf_calibration.calibrators._fitting.cv import stratified_folds
+from hf_calibration.calibrators._registry import create_calibrator
 
 logger = logging.getLogger(__name__)
 
 
-def _sigmoid_scores(calibrated: np.ndarray, z: np.ndarray, y: np.ndarray, mask: np.ndarray, n_bins: int) -> dict[str, float]:
+def _sigmoid_scores(
+    calibrated: np.ndarray, z: np.ndarray, y: np.ndarray, mask: np.ndarray, n_bins: int
+) -> dict[str, float]:
     """Macro averages over labels of the held-out scores of ``calibrated`` (and the accuracy change against ``z``)."""
     from hf_calibration.metrics.multilabel import _values, prepare_sigmoid
 
@@ -54,10 +56,22 @@ def _folds(y: np.ndarray, mask: np.ndarray, task: str, cv: int, seed: int):
     return stratified_folds(np.zeros(y.shape[0], dtype=np.int64), cv=cv, seed=seed)  # a seeded shuffle into cv folds
 
 
-def compare_sigmoid_calibrators(logits: Any, labels: Any, methods: Any = "default", cv: int = 5, seed: int = 0, *,
-                                metric: str = "ece", race: bool = True, fit_seeds: int = 1, n_bins: int = 15,
-                                from_logits: bool | None = None, keep_predictions: bool = False, progress_bar: bool = True,
-                                task: str | None = None) -> CalibratorComparison:
+def compare_sigmoid_calibrators(
+    logits: Any,
+    labels: Any,
+    methods: Any = "default",
+    cv: int = 5,
+    seed: int = 0,
+    *,
+    metric: str = "ece",
+    race: bool = True,
+    fit_seeds: int = 1,
+    n_bins: int = 15,
+    from_logits: bool | None = None,
+    keep_predictions: bool = False,
+    progress_bar: bool = True,
+    task: str | None = None,
+) -> CalibratorComparison:
     """``compare_calibrators`` for a binary or multi-label head (module docstring); arguments as there."""
     cv = check_int(cv, "cv", minimum=2)
     seed = check_int(seed, "seed", minimum=0)
@@ -74,10 +88,14 @@ def compare_sigmoid_calibrators(logits: Any, labels: Any, methods: Any = "defaul
 
     scores = {UNCALIBRATED: MethodScores(UNCALIBRATED)}
     for fold, (_, val) in enumerate(folds):
-        scores[UNCALIBRATED].add_fold(fold, {**_sigmoid_scores(z[val], z[val], y[val], mask[val], n_bins), "fit_seconds": 0.0})
+        scores[UNCALIBRATED].add_fold(
+            fold, {**_sigmoid_scores(z[val], z[val], y[val], mask[val], n_bins), "fit_seconds": 0.0}
+        )
     predictions = {UNCALIBRATED: z} if keep_predictions else None
-    seeds = {name: [seed + i for i in range(fit_seeds)] if is_stochastic(name) and "seed" not in kwargs else [None]
-             for name, kwargs in specs.items()}
+    seeds = {
+        name: [seed + i for i in range(fit_seeds)] if is_stochastic(name) and "seed" not in kwargs else [None]
+        for name, kwargs in specs.items()
+    }
     for name, kwargs in specs.items():
         scores[name] = MethodScores(name, kwargs, fit_seeds=len(seeds[name]))
         if keep_predictions:
@@ -91,14 +109,27 @@ def compare_sigmoid_calibrators(logits: Any, labels: Any, methods: Any = "defaul
                 try:
                     runs, first = [], None
                     for fit_seed in seeds[name]:
-                        calibrator = create_calibrator(name, **specs[name], **({} if fit_seed is None else {"seed": fit_seed}))
+                        calibrator = create_calibrator(
+                            name, **specs[name], **({} if fit_seed is None else {"seed": fit_seed})
+                        )
                         start = time.perf_counter()
-                        calibrator._fit_sigmoid(z[train], y[train], mask[train], task, layout, is_logits,
-                                                calibrator._check_objective(None), False, report=False)
+                        calibrator._fit_sigmoid(
+                            z[train],
+                            y[train],
+                            mask[train],
+                            task,
+                            layout,
+                            is_logits,
+                            calibrator._check_objective(None),
+                            False,
+                            report=False,
+                        )
                         elapsed = time.perf_counter() - start
                         with torch.no_grad():
                             calibrated = calibrator._calibrate_logits(torch.from_numpy(z[val])).numpy()
-                        runs.append({**_sigmoid_scores(calibrated, z[val], y[val], mask[val], n_bins), "fit_seconds": elapsed})
+                        runs.append(
+                            {**_sigmoid_scores(calibrated, z[val], y[val], mask[val], n_bins), "fit_seconds": elapsed}
+                        )
                         first = calibrated if first is None else first
                     values = {column: float(np.mean([run[column] for run in runs])) for column in COLUMNS}
                 except Exception as err:  # noqa: BLE001 - a method that fails is a row of the table, not a crash
@@ -115,9 +146,18 @@ def compare_sigmoid_calibrators(logits: Any, labels: Any, methods: Any = "defaul
                     scores[name].stopped = why
                     running.remove(name)
                     bar.total -= cv - fold - 1
-    return CalibratorComparison(scores, cv=cv, seed=seed, n_bins=n_bins, num_samples=int(z.shape[0]), num_classes=int(z.shape[1]),
-                                predictions=predictions, labels=np.where(mask, y, -100).astype(np.int64) if keep_predictions else None,
-                                metric=metric, task=task)
+    return CalibratorComparison(
+        scores,
+        cv=cv,
+        seed=seed,
+        n_bins=n_bins,
+        num_samples=int(z.shape[0]),
+        num_classes=int(z.shape[1]),
+        predictions=predictions,
+        labels=np.where(mask, y, -100).astype(np.int64) if keep_predictions else None,
+        metric=metric,
+        task=task,
+    )
 
 
 def sigmoid_identity(logits: Any, labels: Any, from_logits: bool | None, task: str, reason: str):
@@ -127,9 +167,15 @@ def sigmoid_identity(logits: Any, labels: Any, from_logits: bool | None, task: s
     identity = SigmoidTemperatureScaling()
     z, y, mask, task, layout, is_logits = identity._sigmoid_fit_inputs(logits, labels, from_logits, task)
     identity._resize(z.shape[1], task)
-    identity.fit_info_ = {"task": task, "head": "softmax2" if layout == "softmax2" else "sigmoid", "objective": "identity",
-                          "input": "logits" if is_logits else "probabilities", "num_samples": int(z.shape[0]),
-                          "num_labels": int(z.shape[1]), "temperature": 1.0}
+    identity.fit_info_ = {
+        "task": task,
+        "head": "softmax2" if layout == "softmax2" else "sigmoid",
+        "objective": "identity",
+        "input": "logits" if is_logits else "probabilities",
+        "num_samples": int(z.shape[0]),
+        "num_labels": int(z.shape[1]),
+        "temperature": 1.0,
+    }
     identity.fit_info_.update(identity._sigmoid_fit_report(z, y, mask))
     identity.fit_info_["uncalibrated"] = {"classes": "all", "reason": reason}
     return identity

@@ -17,8 +17,11 @@ from hf_calibration.calibrators.temperature import T_MAX, T_MIN
 
 
 @register_calibrator
-class SigmoidTemperatureScaling(SigmoidCalibrator, tags=["temperature-scaling", "sigmoid", "multi-label"],
-                                paper_url="https://arxiv.org/abs/1706.04599"):
+class SigmoidTemperatureScaling(
+    SigmoidCalibrator,
+    tags=["temperature-scaling", "sigmoid", "multi-label"],
+    paper_url="https://arxiv.org/abs/1706.04599",
+):
     """Temperature scaling of a binary or multi-label head: ``sigmoid(z_l / T)``, ``T = exp(t)`` in [0.05, 100].
 
     ``per_label=False`` (default): one temperature for every label, minimising the mean over labels of each label's
@@ -46,9 +49,13 @@ class SigmoidTemperatureScaling(SigmoidCalibrator, tags=["temperature-scaling", 
 
     kind = "sigmoid_temperature_scaling"
     preserves_argmax = True
-    paper_citation = "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
+    paper_citation = (
+        "C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, *On Calibration of Modern Neural Networks*, ICML 2017"
+    )
 
-    def __init__(self, num_labels: int | None = None, task: str | None = None, per_label: bool = False, max_iter: int = 100):
+    def __init__(
+        self, num_labels: int | None = None, task: str | None = None, per_label: bool = False, max_iter: int = 100
+    ):
         if not isinstance(per_label, bool):
             raise TypeError(f"Expected argument `per_label` to be a bool, but got {per_label!r}.")
         self.per_label_temperature = per_label
@@ -56,7 +63,9 @@ class SigmoidTemperatureScaling(SigmoidCalibrator, tags=["temperature-scaling", 
         super().__init__(num_labels, task)
 
     def _allocate(self, num_labels: int) -> None:
-        self.log_temperature = nn.Parameter(torch.zeros(num_labels if self.per_label_temperature else 1, dtype=torch.float64))
+        self.log_temperature = nn.Parameter(
+            torch.zeros(num_labels if self.per_label_temperature else 1, dtype=torch.float64)
+        )
 
     def _clamped(self) -> torch.Tensor:
         return self.log_temperature.detach().clamp(math.log(T_MIN), math.log(T_MAX))
@@ -75,14 +84,25 @@ class SigmoidTemperatureScaling(SigmoidCalibrator, tags=["temperature-scaling", 
         zt = torch.from_numpy(z)
         low, high = math.log(T_MIN), math.log(T_MAX)
         start = torch.zeros(z.shape[1] if self.per_label_temperature else 1, dtype=torch.float64)
-        params, loss = minimise_bce(start, lambda t: zt * torch.exp(-t.clamp(low, high)), y, mask,
-                                    shared=not self.per_label_temperature, max_iter=self.max_iter)
+        params, loss = minimise_bce(
+            start,
+            lambda t: zt * torch.exp(-t.clamp(low, high)),
+            y,
+            mask,
+            shared=not self.per_label_temperature,
+            max_iter=self.max_iter,
+        )
         with torch.no_grad():
             self.log_temperature.copy_(params.clamp(low, high))
         temperatures = torch.exp(self._clamped()).tolist()
-        return {"temperature": temperatures if self.per_label_temperature else temperatures[0], "best_objective": loss,
-                "per_label": self.per_label_temperature}
+        return {
+            "temperature": temperatures if self.per_label_temperature else temperatures[0],
+            "best_objective": loss,
+            "per_label": self.per_label_temperature,
+        }
 
     def _card_description(self) -> str:
-        what = "its own temperature per label" if self.per_label_temperature else "one temperature shared by every label"
+        what = (
+            "its own temperature per label" if self.per_label_temperature else "one temperature shared by every label"
+        )
         return f"It divides each label's logit by {what} (temperature scaling of a sigmoid head), fitted by binary cross-entropy."

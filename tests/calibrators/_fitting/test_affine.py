@@ -9,7 +9,13 @@ import pytest
 import torch
 from _affine_reference import affine_objective, fit_affine_reference
 
-from hf_calibration.calibrators._fitting.affine import AffineNLL, affine_curvature, affine_preconditioner, fit_affine, identity_parameters
+from hf_calibration.calibrators._fitting.affine import (
+    AffineNLL,
+    affine_curvature,
+    affine_preconditioner,
+    fit_affine,
+    identity_parameters,
+)
 from hf_calibration.calibrators._fitting.lbfgs import odir_penalty
 
 pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
@@ -64,7 +70,9 @@ def test_matrix_kernels_do_not_depend_on_the_thread_count():
         for threads in sorted({1, default}):
             numba.set_num_threads(threads)
             residual, curvature = s.copy(), s.copy()
-            results.append((*_softmax_residual(residual, y, True), residual, _softmax_curvature(curvature, f), curvature))
+            results.append(
+                (*_softmax_residual(residual, y, True), residual, _softmax_curvature(curvature, f), curvature)
+            )
     finally:
         numba.set_num_threads(default)
     for a, b in zip(results[0], results[-1]):
@@ -102,13 +110,22 @@ def test_vector_kernel_does_not_depend_on_the_thread_count():
     assert torch.equal(results[0][1], results[-1][1])
 
 
-@pytest.mark.parametrize("diagonal, blocks, dtype", [(True, False, torch.float64), (False, False, torch.float64),
-                                                     (False, True, torch.float64), (False, True, torch.float32)])
+@pytest.mark.parametrize(
+    "diagonal, blocks, dtype",
+    [
+        (True, False, torch.float64),
+        (False, False, torch.float64),
+        (False, True, torch.float64),
+        (False, True, torch.float32),
+    ],
+)
 def test_preconditioner_is_an_exact_change_of_variables(diagonal, blocks, dtype):
     f, y = _data()
     k = f.shape[1]
     nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), diagonal)
-    x = identity_parameters(k, diagonal) + 0.1 * torch.from_numpy(np.random.default_rng(3).normal(size=2 * k if diagonal else k * k + k))
+    x = identity_parameters(k, diagonal) + 0.1 * torch.from_numpy(
+        np.random.default_rng(3).normal(size=2 * k if diagonal else k * k + k)
+    )
     penalty = odir_penalty(k, 2.0, 0.5, diagonal, reg_diagonal=0.3)
     p = affine_preconditioner(nll, x, penalty, affine_curvature(nll, x, blocks=blocks), dtype)
     atol = 1e-10 if dtype == torch.float64 else 1e-4  # float32 factors: a float32-rounded map and inverse
@@ -152,7 +169,9 @@ def test_fit_reaches_the_scipy_minimum(diagonal, lam, mu):
     f, y = _data(n=400, k=5, seed=4)
     _, ref_objective, ref_nll = fit_affine_reference(f, y, diagonal, lam, mu)
     nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y), diagonal)
-    ours = fit_affine(nll, identity_parameters(5, diagonal), penalty=odir_penalty(5, lam, mu, diagonal), max_iter=5000, tol=1e-14)
+    ours = fit_affine(
+        nll, identity_parameters(5, diagonal), penalty=odir_penalty(5, lam, mu, diagonal), max_iter=5000, tol=1e-14
+    )
     assert ours.objective == pytest.approx(ref_objective, abs=1e-9)
     with torch.no_grad():
         assert float(nll(ours.x)) == pytest.approx(ref_nll, abs=1e-6)
@@ -181,7 +200,9 @@ def test_float32_softmax_stays_within_float32_rounding_of_numpy():
     ours, ours_grad = nll.value_and_grad(x)
     assert ours == pytest.approx(value, rel=1e-5)
     np.testing.assert_allclose(ours_grad.numpy(), grad, rtol=0, atol=1e-5 * np.abs(grad).max())
-    with pytest.raises(ValueError, match="softmax"):  # a float32 softmax over float64 products would be a silent downcast
+    with pytest.raises(
+        ValueError, match="softmax"
+    ):  # a float32 softmax over float64 products would be a silent downcast
         AffineNLL(torch.from_numpy(f), torch.from_numpy(y), softmax=torch.float32)
 
 
@@ -192,11 +213,15 @@ def test_block_preconditioner_newton_step_and_backward_match_dense_algebra(dtype
     k, d = 5, 5 * 6
     nll = AffineNLL(torch.from_numpy(f), torch.from_numpy(y))
     x = identity_parameters(k) + 0.1 * torch.from_numpy(np.random.default_rng(9).normal(size=d))
-    p = affine_preconditioner(nll, x, odir_penalty(k, 2.0, 0.5, reg_diagonal=0.3), affine_curvature(nll, x, blocks=True), dtype)
+    p = affine_preconditioner(
+        nll, x, odir_penalty(k, 2.0, 0.5, reg_diagonal=0.3), affine_curvature(nll, x, blocks=True), dtype
+    )
     dense = np.stack([p.to_x(torch.eye(d, dtype=torch.float64)[i]).numpy() for i in range(d)], 1)  # x = M u
     g = torch.from_numpy(np.random.default_rng(10).normal(size=d))
     tol = 1e-10 if dtype == torch.float64 else 1e-4
-    np.testing.assert_allclose(p.newton(g).numpy(), dense @ dense.T @ g.numpy(), rtol=0, atol=tol * np.abs(dense @ dense.T @ g.numpy()).max())
+    np.testing.assert_allclose(
+        p.newton(g).numpy(), dense @ dense.T @ g.numpy(), rtol=0, atol=tol * np.abs(dense @ dense.T @ g.numpy()).max()
+    )
     u = torch.zeros(d, dtype=torch.float64, requires_grad=True)
     p.to_x(u).backward(g)
     np.testing.assert_allclose(u.grad.numpy(), dense.T @ g.numpy(), rtol=0, atol=1e-12)

@@ -40,10 +40,14 @@ def test_auto_calibrator_small_sets_end_no_worse_than_uncalibrated(k, n, seed, b
         auto = AutoCalibrator().fit(z, y, progress_bar=False)
     assert auto.method_ == "uncalibrated"
     # out: its gain is not significant, or (under 100 samples) a non-parametric map is not a candidate at all
-    assert any(why in auto.comparison_.exclusions()[before] for why in ("not significantly lower", "non-parametric map needs"))
+    assert any(
+        why in auto.comparison_.exclusions()[before] for why in ("not significantly lower", "non-parametric map needs")
+    )
     assert _test_nll(auto, zt, yt) == pytest.approx(_nll(zt, yt).mean(), abs=1e-9)
     assert before in auto.comparison_.methods  # it was a candidate
-    assert "best by ece, the lowest NLL within one standard error of the lowest ece: uncalibrated" in str(auto.comparison_)
+    assert "best by ece, the lowest NLL within one standard error of the lowest ece: uncalibrated" in str(
+        auto.comparison_
+    )
 
 
 def test_nonparametric_maps_need_a_hundred_samples():
@@ -69,7 +73,9 @@ def test_a_sample_without_errors_supports_no_calibrator():
     z, y = overconfident(20, 2, seed=0, scale=2.2)
     zt, yt = overconfident(20_000, 2, seed=1000, scale=2.2)
     assert (z.argmax(1) != y).sum() < 5
-    assert _test_nll(TemperatureScaling().fit(z, y, progress_bar=False), zt, yt) > 5 * _nll(zt, yt).mean()  # what main kept
+    assert (
+        _test_nll(TemperatureScaling().fit(z, y, progress_bar=False), zt, yt) > 5 * _nll(zt, yt).mean()
+    )  # what main kept
     with pytest.warns(UncalibratedWarning, match="misclassified sample"):
         auto = AutoCalibrator().fit(z, y, progress_bar=False)
     assert auto.method_ == "uncalibrated" and _test_nll(auto, zt, yt) == pytest.approx(_nll(zt, yt).mean(), abs=1e-9)
@@ -81,14 +87,23 @@ def test_nll_gain_significance_is_scipys_paired_t_test():
     from hf_calibration.calibrators import compare_calibrators
 
     z, y, _, _ = small_sample_draws(2, 200, 1, test_size=10)
-    table = compare_calibrators(z, y, ["temperature_scaling", "vector_scaling", "spline", "isotonic"], race=False,
-                                keep_predictions=True, progress_bar=False)
+    table = compare_calibrators(
+        z,
+        y,
+        ["temperature_scaling", "vector_scaling", "spline", "isotonic"],
+        race=False,
+        keep_predictions=True,
+        progress_bar=False,
+    )
     theirs = _nll(table.predictions["uncalibrated"], y)
     verdicts = []
     for method in table.methods[1:]:
         ours = _nll(table.predictions[method], y)
         np.testing.assert_allclose(table[method].sample_nll, ours, rtol=0, atol=1e-9)
-        expected = ttest_rel(theirs, ours, alternative="greater").pvalue < 0.05 and theirs.mean() - ours.mean() >= 1e-3 * theirs.mean()
+        expected = (
+            ttest_rel(theirs, ours, alternative="greater").pvalue < 0.05
+            and theirs.mean() - ours.mean() >= 1e-3 * theirs.mean()
+        )
         assert table.nll_gain_is_significant(method) == expected, method
         verdicts.append(expected)
     assert any(verdicts) and not all(verdicts)  # the case separates them
@@ -98,7 +113,9 @@ def _cross_fitted_nll_by_hand(cls, z, y, **config) -> float:
     """Five stratified folds (seed 0), a fresh calibrator fitted on four, scipy's NLL on the fifth."""
     out = np.empty(len(y))
     for train, val in stratified_folds(y, cv=5, seed=0):
-        fitted = cls(**config)._fit_checked(*fitted_inputs(cls, z[train], y[train]), progress_bar=False, report=False, check_size=False)
+        fitted = cls(**config)._fit_checked(
+            *fitted_inputs(cls, z[train], y[train]), progress_bar=False, report=False, check_size=False
+        )
         with torch.no_grad():
             out[val] = _nll(fitted(torch.from_numpy(z[val]), from_logits=True).double().numpy(), y[val])
     return float(out.mean())
@@ -116,7 +133,9 @@ def test_smart_and_pts_warn_when_their_held_out_check_finds_them_worse(cls, k, n
     """SMART at K = 2, N = 200 took the test NLL from 0.352 to 0.654, PTS at K = 10, N = 50 from 1.296 to 5.121, in
     silence; a fit on at most 1,000 samples now cross-fits itself and warns when that is worse than no calibration."""
     z, y, zt, yt = small_sample_draws(k, n, seed)
-    with pytest.warns(HeldOutWorseWarning, match=rf"{cls.__name__} fitted on {n} samples leaves the held-out NLL worse"):
+    with pytest.warns(
+        HeldOutWorseWarning, match=rf"{cls.__name__} fitted on {n} samples leaves the held-out NLL worse"
+    ):
         fitted = cls().fit(z, y, progress_bar=False)
     check = fitted.fit_info_["held_out_check"]
     assert check["worse"] and check["uncalibrated_nll"] == pytest.approx(_nll(z, y).mean(), abs=1e-9)
@@ -131,7 +150,11 @@ def test_no_warning_where_the_fit_helps_and_no_check_where_it_is_not_wanted(recw
     assert not check["worse"] and check["cross_fitted_nll"] < check["uncalibrated_nll"]
     assert not [w for w in recwarn if issubclass(w.category, HeldOutWorseWarning)]
     big_z, big_y = overconfident(_held_out.MAX_SAMPLES + 1, 5, seed=0)
-    assert "held_out_check" not in SMARTCalibrator(max_steps=20).fit(big_z, big_y, progress_bar=False).fit_info_  # too costly
-    assert "held_out_check" not in TemperatureScaling().fit(z, y, progress_bar=False).fit_info_  # one parameter: not checked
+    assert (
+        "held_out_check" not in SMARTCalibrator(max_steps=20).fit(big_z, big_y, progress_bar=False).fit_info_
+    )  # too costly
+    assert (
+        "held_out_check" not in TemperatureScaling().fit(z, y, progress_bar=False).fit_info_
+    )  # one parameter: not checked
     with _held_out.held_out_checked():  # AutoCalibrator's refit: its cross-validation was the check
         assert "held_out_check" not in SMARTCalibrator().fit(z, y, progress_bar=False).fit_info_

@@ -30,8 +30,14 @@ def _logistic_numpy(w, x, y, l2):
 def test_reaches_scipy_minimum_with_a_masked_l2_penalty():
     x, y = _logistic_problem()
     l2 = 0.01
-    ref = scipy.optimize.minimize(_logistic_numpy, np.zeros(x.shape[1]), args=(x, y, l2), jac=True, method="L-BFGS-B",
-                                  options={"maxiter": 10_000, "ftol": 1e-15, "gtol": 1e-12})
+    ref = scipy.optimize.minimize(
+        _logistic_numpy,
+        np.zeros(x.shape[1]),
+        args=(x, y, l2),
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": 10_000, "ftol": 1e-15, "gtol": 1e-12},
+    )
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     mask = torch.tensor([False] + [True] * (x.shape[1] - 1))
 
@@ -55,8 +61,13 @@ def test_preconditioning_changes_the_path_not_the_minimiser():
 
     scale = torch.from_numpy(x.std(0))  # x = u / scale: a diagonal change of variables
     plain = minimize(fun, torch.zeros(x.shape[1]), max_iter=2000, tol=1e-14)
-    pre = minimize(fun, torch.zeros(x.shape[1]), precondition=Preconditioner(lambda u: u / scale, lambda w: w * scale),
-                   max_iter=2000, tol=1e-14)
+    pre = minimize(
+        fun,
+        torch.zeros(x.shape[1]),
+        precondition=Preconditioner(lambda u: u / scale, lambda w: w * scale),
+        max_iter=2000,
+        tol=1e-14,
+    )
     assert pre.objective == pytest.approx(plain.objective, abs=1e-10)
     np.testing.assert_allclose(pre.x.numpy(), plain.x.numpy(), atol=1e-4)
     assert pre.evaluations < plain.evaluations  # the whitened problem takes fewer steps
@@ -67,7 +78,9 @@ def test_odir_penalty_is_the_papers_formula():
     rng = np.random.default_rng(0)
     w, b = rng.normal(size=(k, k)), rng.normal(size=k)
     lam, mu = 3.0, 0.5
-    expected = lam / (k * (k - 1)) * sum(w[i, j] ** 2 for i in range(k) for j in range(k) if i != j) + mu / k * np.sum(b**2)
+    expected = lam / (k * (k - 1)) * sum(w[i, j] ** 2 for i in range(k) for j in range(k) if i != j) + mu / k * np.sum(
+        b**2
+    )
     x = torch.from_numpy(np.concatenate([w.reshape(-1), b]))
     assert float(odir_penalty(k, lam, mu)(x)) == pytest.approx(expected, rel=1e-14)
     x.requires_grad_(True)

@@ -50,6 +50,10 @@ def test_stops_after_patience_steps_without_improvement_and_returns_the_best_wei
 
 def test_non_finite_objective_or_gradient_raises():
     with pytest.raises(FloatingPointError, match="non-finite"):
-        adam_early_stopping(np.zeros(2), lambda x: (float("nan"), np.zeros(2)), lr=0.1, max_steps=5, patience=5, progress_bar=False)
+        adam_early_stopping(
+            np.zeros(2), lambda x: (float("nan"), np.zeros(2)), lr=0.1, max_steps=5, patience=5, progress_bar=False
+        )
     with pytest.raises(FloatingPointError, match="non-finite"):
-        adam_early_stopping(np.zeros(2), lambda x: (1.0, np.array([0.0, np.inf])), lr=0.1, max_steps=5, patience=5, progress_bar=False)
+        adam_early_stopping(
+            np.zeros(2), lambda x: (1.0, np.array([0.0, np.inf])), lr=0.1, max_steps=5, patience=5, progress_bar=False
+        )

@@ -13,12 +13,11 @@ from _calibrator_data import overconfident
 from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax
 
-from hf_calibration.calibrators import InsufficientMemoryError, create_calibrator, list_calibrators
-from hf_calibration.calibrators import _base
-from hf_calibration.calibrators._fitting import rows as _rows
-from hf_calibration.calibrators._base import FORWARD_BLOCK_ELEMENTS  # noqa: F401 - monkeypatched below
-from hf_calibration.calibrators._fitting.rows import FitRows, MappedRows
 from hf_calibration._core.disk_logits import LogitsWriter, as_disk_logits, open_logits
+from hf_calibration.calibrators import InsufficientMemoryError, _base, create_calibrator, list_calibrators
+from hf_calibration.calibrators._base import FORWARD_BLOCK_ELEMENTS  # noqa: F401 - monkeypatched below
+from hf_calibration.calibrators._fitting import rows as _rows
+from hf_calibration.calibrators._fitting.rows import FitRows, MappedRows
 
 pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
 
@@ -31,7 +30,16 @@ def _params(calibrator) -> dict[str, np.ndarray]:
 
 
 def test_the_methods_that_fit_in_blocks():
-    assert set(BLOCK_METHODS) == {"temperature_scaling", "vector_scaling", "svs", "ets", "smart", "histogram_binning", "isotonic", "spline"}
+    assert set(BLOCK_METHODS) == {
+        "temperature_scaling",
+        "vector_scaling",
+        "svs",
+        "ets",
+        "smart",
+        "histogram_binning",
+        "isotonic",
+        "spline",
+    }
 
 
 def test_blocks_cut_the_same_rows_and_compute_the_view(monkeypatch):
@@ -72,7 +80,11 @@ def test_a_fit_from_disk_equals_the_fit_in_memory(method, stored, monkeypatch):
     monkeypatch.setattr(_rows, "BLOCK_ELEMENTS", SMALL_BLOCK)
     z, y, paths = stored
     memory = create_calibrator(method).fit(z, y, progress_bar=False)
-    sources = [np.load(paths["z.npy"], mmap_mode="r"), open_logits(paths["z.safetensors"]), open_logits(paths["dataset"])]
+    sources = [
+        np.load(paths["z.npy"], mmap_mode="r"),
+        open_logits(paths["z.safetensors"]),
+        open_logits(paths["dataset"]),
+    ]
     for source in sources:
         disk = create_calibrator(method).fit(source, y, progress_bar=False)
         for name, value in _params(memory).items():
@@ -161,7 +173,6 @@ def test_forward_in_blocks_equals_the_whole_array(method, monkeypatch):
         calibrator(bad)
 
 
-
 @pytest.mark.parametrize("method", ["temperature_scaling", "smart"])
 def test_fused_forward_in_blocks_writes_into_the_output(method, monkeypatch):
     """Temperature scaling's and SMART's kernel writes each block straight into the output (no block-sized temporary,
@@ -190,6 +201,7 @@ def test_fused_forward_in_blocks_writes_into_the_output(method, monkeypatch):
         assert np.isfinite(huge_whole[150]).all() and huge_whole[150].argmax() == huge[150].argmax()
     else:
         np.testing.assert_array_equal(calibrator(z).numpy(), whole)
+
 
 def test_mapped_rows_are_kept_in_memory_and_recomputed_from_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(_rows, "BLOCK_ELEMENTS", 5 * 8)

@@ -9,7 +9,6 @@ import torch
 from _calibrator_data import overconfident
 
 from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, logit_margin
-
 from hf_calibration.calibrators._forward import apply as _apply
 
 pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)

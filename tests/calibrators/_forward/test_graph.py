@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from _calibrator_data import overconfident
+
 from hf_calibration.calibrators import create_calibrator, list_calibrators
 from hf_calibration.calibrators._forward import graph as _graph
 from hf_calibration.calibrators._piecewise import PiecewiseMaps

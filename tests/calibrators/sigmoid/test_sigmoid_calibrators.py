@@ -35,7 +35,13 @@ def _multilabel(n=1500, labels=3, seed=0):
 
 
 def test_registry_splits_softmax_and_sigmoid():
-    assert set(SIGMOID) == {"beta", "platt", "sigmoid_histogram_binning", "sigmoid_isotonic", "sigmoid_temperature_scaling"}
+    assert set(SIGMOID) == {
+        "beta",
+        "platt",
+        "sigmoid_histogram_binning",
+        "sigmoid_isotonic",
+        "sigmoid_temperature_scaling",
+    }
     assert set(SIGMOID).isdisjoint(list_calibrators("multiclass"))
     assert sorted(SIGMOID + list_calibrators("multiclass")) == list_calibrators()
 
@@ -78,7 +84,9 @@ def test_beta_equals_betacal(seed, scale):
     got = beta.predict_proba(z).numpy()
     a, b, _ = reference.calibrator_.map_
     tolerance = 1e-3 if scale < 5 else 0.1
-    assert float(beta.a.detach()[0]) == pytest.approx(a, rel=tolerance) and float(beta.b.detach()[0]) == pytest.approx(b, rel=tolerance)
+    assert float(beta.a.detach()[0]) == pytest.approx(a, rel=tolerance) and float(beta.b.detach()[0]) == pytest.approx(
+        b, rel=tolerance
+    )
     assert np.abs(got - expected).mean() < (1e-4 if scale < 5 else 1e-3)
     assert _bce(got, y) <= _bce(expected, y) + 1e-9
 
@@ -126,7 +134,9 @@ def test_histogram_binning_equals_netcal():
     p = 1 / (1 + np.exp(-z))
     reference = netcal.HistogramBinning(bins=10).fit(p, y)
     expected = reference.transform(p)
-    got = SigmoidHistogramBinning(n_bins=10, binning="equal_width").fit(z, y, progress_bar=False).predict_proba(z).numpy()
+    got = (
+        SigmoidHistogramBinning(n_bins=10, binning="equal_width").fit(z, y, progress_bar=False).predict_proba(z).numpy()
+    )
     assert np.abs(got - expected).max() < 1e-6
 
 

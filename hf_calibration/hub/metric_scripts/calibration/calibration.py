@@ -3,9 +3,10 @@
 import datasets
 import evaluate
 import numpy as np
+
 from hf_calibration._core.inputs import whole_labels  # labels travel as floats: 1.7 or 0.9 is refused, never truncated
-from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import calibration_report
+from hf_calibration.metrics.bootstrap import flat_intervals
 
 KEY_PREFIX = "calibration_"  # distinct from the single metrics' keys (`ece`, `adaece`, `smce`) under evaluate.combine
 
@@ -93,9 +94,18 @@ class Calibration(evaluate.Metric):
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=[  # multi-class (K scores, a class index), multi-label (L scores, L 0/1 labels), binary (one score)
-                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("float64")}),
-                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")),
-                                   "references": datasets.Sequence(datasets.Value("float64"))}),
+                datasets.Features(
+                    {
+                        "predictions": datasets.Sequence(datasets.Value("float32")),
+                        "references": datasets.Value("float64"),
+                    }
+                ),
+                datasets.Features(
+                    {
+                        "predictions": datasets.Sequence(datasets.Value("float32")),
+                        "references": datasets.Sequence(datasets.Value("float64")),
+                    }
+                ),
                 datasets.Features({"predictions": datasets.Value("float32"), "references": datasets.Value("float64")}),
             ],
             reference_urls=["https://arxiv.org/abs/1706.04599", "https://arxiv.org/abs/2211.16886"],
@@ -103,8 +113,16 @@ class Calibration(evaluate.Metric):
 
     def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0, task=None):
         preds = np.asarray(predictions, dtype=np.float32)
-        report = calibration_report(preds, whole_labels(references), n_bins=n_bins, from_logits=from_logits,
-                                    ci=ci, n_boot=n_boot, seed=seed, task=_task(self, task))
+        report = calibration_report(
+            preds,
+            whole_labels(references),
+            n_bins=n_bins,
+            from_logits=from_logits,
+            ci=ci,
+            n_boot=n_boot,
+            seed=seed,
+            task=_task(self, task),
+        )
         if hasattr(report, "micro"):  # a binary / multi-label head: macro values, and the pooled ones as <metric>_micro
             values = {**report.macro, **{f"{key}_micro": value for key, value in report.micro.items()}}
             return flat_intervals({f"{KEY_PREFIX}{key}": value for key, value in values.items()})

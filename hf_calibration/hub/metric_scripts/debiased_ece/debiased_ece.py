@@ -3,9 +3,10 @@
 import datasets
 import evaluate
 import numpy as np
+
 from hf_calibration._core.inputs import whole_labels  # labels travel as floats: 1.7 or 0.9 is refused, never truncated
-from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import debiased_ece
+from hf_calibration.metrics.bootstrap import flat_intervals
 
 _DESCRIPTION = """
 Debiased binned calibration error of Kumar, Liang & Ma (2019, "Verified Uncertainty Calibration"). The plug-in
@@ -71,9 +72,30 @@ class DebiasedECE(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1909.10155", "https://github.com/p-lambda/verified_calibration"],
         )
 
-    def _compute(self, predictions, references, n_bins=15, p=2, mode="top-label", binning="equal_mass", from_logits=None,
-                 ci=None, n_boot=None, seed=0):
+    def _compute(
+        self,
+        predictions,
+        references,
+        n_bins=15,
+        p=2,
+        mode="top-label",
+        binning="equal_mass",
+        from_logits=None,
+        ci=None,
+        n_boot=None,
+        seed=0,
+    ):
         preds = np.asarray(predictions, dtype=np.float32)
-        value = debiased_ece(preds, whole_labels(references), n_bins, p=p, mode=mode, binning=binning,
-                             from_logits=from_logits, ci=ci, n_boot=n_boot, seed=seed)
+        value = debiased_ece(
+            preds,
+            whole_labels(references),
+            n_bins,
+            p=p,
+            mode=mode,
+            binning=binning,
+            from_logits=from_logits,
+            ci=ci,
+            n_boot=n_boot,
+            seed=seed,
+        )
         return flat_intervals({"debiased_ece": value})

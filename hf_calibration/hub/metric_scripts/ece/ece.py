@@ -3,9 +3,10 @@
 import datasets
 import evaluate
 import numpy as np
+
 from hf_calibration._core.inputs import whole_labels  # labels travel as floats: 1.7 or 0.9 is refused, never truncated
-from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import ece
+from hf_calibration.metrics.bootstrap import flat_intervals
 
 _DESCRIPTION = """
 Expected Calibration Error (Guo et al. 2017) of the top-label confidence. Predictions are split into
@@ -80,9 +81,18 @@ class ECE(evaluate.Metric):
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=[  # multi-class (K scores, a class index), multi-label (L scores, L 0/1 labels), binary (one score)
-                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("float64")}),
-                datasets.Features({"predictions": datasets.Sequence(datasets.Value("float32")),
-                                   "references": datasets.Sequence(datasets.Value("float64"))}),
+                datasets.Features(
+                    {
+                        "predictions": datasets.Sequence(datasets.Value("float32")),
+                        "references": datasets.Value("float64"),
+                    }
+                ),
+                datasets.Features(
+                    {
+                        "predictions": datasets.Sequence(datasets.Value("float32")),
+                        "references": datasets.Sequence(datasets.Value("float64")),
+                    }
+                ),
                 datasets.Features({"predictions": datasets.Value("float32"), "references": datasets.Value("float64")}),
             ],
             reference_urls=["https://arxiv.org/abs/1706.04599"],
@@ -90,6 +100,14 @@ class ECE(evaluate.Metric):
 
     def _compute(self, predictions, references, n_bins=15, from_logits=None, ci=None, n_boot=None, seed=0, task=None):
         preds = np.asarray(predictions, dtype=np.float32)
-        value = ece(preds, whole_labels(references), n_bins=n_bins, from_logits=from_logits, ci=ci, n_boot=n_boot,
-                      seed=seed, task=_task(self, task))
+        value = ece(
+            preds,
+            whole_labels(references),
+            n_bins=n_bins,
+            from_logits=from_logits,
+            ci=ci,
+            n_boot=n_boot,
+            seed=seed,
+            task=_task(self, task),
+        )
         return flat_intervals({"ece": value})

@@ -3,9 +3,10 @@
 import datasets
 import evaluate
 import numpy as np
+
 from hf_calibration._core.inputs import whole_labels  # labels travel as floats: 1.7 or 0.9 is refused, never truncated
-from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics import smce
+from hf_calibration.metrics.bootstrap import flat_intervals
 
 _DESCRIPTION = """
 Smooth calibration error (Błasiok, Gopalan, Hu & Nakkiran 2023) of the top-label confidence:
