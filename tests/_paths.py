@@ -21,3 +21,12 @@ def needs_shared(path: Path) -> Path:
             "(the shared data beside the clone, ../shared), which is not there"
         )
     return path
+
+
+def shared_params(paths: list[Path]) -> list:
+    """``paths`` as ``parametrize`` values; without ``../shared`` (a plain clone) one skipped case that says so, instead of
+    pytest's bare "got empty parameter set"."""
+    if paths:
+        return paths
+    reason = f"needs {SHARED_LOGITS} (the published logits beside the clone, ../shared), which is not there"
+    return [pytest.param(None, id="no-shared-data", marks=pytest.mark.skip(reason=reason))]

@@ -205,6 +205,10 @@ class MultiLabelConformalPredictor(
         is_logits = scores_kind(
             z, from_logits, task="multilabel", recorded=(self.fit_info_ or {}).get("input"), name="logits"
         )
+        if (
+            not is_logits and calibrator is None
+        ):  # probabilities as given: exact (a logit round trip moves ties by an ulp)
+            return z.double().numpy(), is_logits
         z = z.double() if is_logits else logit(z.double())
         if calibrator is not None:
             z = calibrator(z, from_logits=True).double()

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from hf_calibration._core.bins import uniform_bin, uniform_edges
+from hf_calibration._core.bins import in_lowest_bin, uniform_bin, uniform_edges
 from hf_calibration.metrics._format import Inputs, check_rows
 from hf_calibration.metrics.bootstrap import Bootstrap
 
@@ -98,7 +98,6 @@ def _rows(
     row sums are in SIMD order, the same on every call)."""
     k = preds.shape[1]
     n_bins = edges.shape[0] - 1
-    first = edges[1]  # the lowest bin holds every value <= first (all of them when n_bins == 1)
     p = np.empty(k)
     d = np.empty(k)
     t = np.empty(k)
@@ -133,10 +132,10 @@ def _rows(
             continue
         upper = 0
         for j in range(k):  # the lowest bin's values, 0 where a value is above it
-            above = p[j] > first
+            above = not in_lowest_bin(p[j], edges)
             row[j] = 0.0 if above else p[j]
             upper += above
-        if p[y] <= first:
+        if in_lowest_bin(p[y], edges):
             row[y] = p[y] - 1.0
         if classwise:
             for j in range(k):
@@ -145,9 +144,9 @@ def _rows(
             out = lowest[i - start]
             for j in range(k):
                 out[j] = row[j]
-        if upper or p[y] > first:
+        if upper or not in_lowest_bin(p[y], edges):
             for j in range(k):
-                if p[j] > first:
+                if not in_lowest_bin(p[j], edges):
                     b = uniform_bin(p[j], edges)
                     r = p[j] - 1.0 if j == y else p[j]
                     if classwise:

@@ -355,17 +355,22 @@ class Bootstrap:
         size = max(1, min(self.n_boot, (block_elements or _BLOCK_ELEMENTS) // max(n, 1)))
         return [(start, min(size, self.n_boot - start)) for start in range(0, self.n_boot, size)]
 
-    def _draw(self, n: int, start: int, size: int) -> np.ndarray:
+    def _seeds(self) -> np.ndarray:
+        """One stream seed per resample (so a resample is the same whatever block it is drawn in)."""
+        return np.random.SeedSequence(self.seed).generate_state(self.n_boot, np.uint64)
+
+    def _draw(self, n: int, start: int, size: int, seeds: np.ndarray | None = None) -> np.ndarray:
         """Resamples ``start .. start + size`` as a fresh (size, n) int32 block of counts (a caller may keep it)."""
-        seeds = np.random.SeedSequence(self.seed).generate_state(self.n_boot, np.uint64)[start : start + size]
+        seeds = (self._seeds() if seeds is None else seeds)[start : start + size]
         block = np.empty((size, n), dtype=np.int32)
         _draw_counts(seeds, n, block)
         return block
 
     def _blocks(self, n: int, block_elements: int | None = None):
         """The resamples' count vectors over ``n`` rows, (B, n) int32 blocks of at most ``block_elements`` counts."""
+        seeds = self._seeds()  # once: generating every resample's seed again for each block was O(n_boot^2)
         for start, size in self._sizes(n, block_elements):
-            yield self._draw(n, start, size)
+            yield self._draw(n, start, size, seeds)
 
     def replicates(
         self,
@@ -388,8 +393,10 @@ class Bootstrap:
             self.n_boot if limit is None else min(limit, self.n_boot) for limit in (limits or [None] * len(statistics))
         ]
 
+        seeds = self._seeds()
+
         def block(job: tuple[int, int]) -> list[np.ndarray | None]:
-            counts = self._draw(n, *job)
+            counts = self._draw(n, *job, seeds)
             return [
                 np.asarray(statistic(counts[: limit - job[0]]), dtype=np.float64) if limit > job[0] else None
                 for statistic, limit in zip(statistics, limits)

@@ -30,6 +30,7 @@ as every other metric (its interval method included).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -203,6 +204,14 @@ def _values(inputs: SigmoidInputs, name: str, n_bins: int) -> tuple[np.ndarray, 
         p, y, lp, lq = _label_terms(inputs, l)
         if p.size:
             per_label[l] = _POINT[name](p, y, n_bins, lp, lq)
+    empty = np.flatnonzero(np.isnan(per_label) & ~inputs.mask.any(axis=0))
+    if empty.size and inputs.num_labels > 1:
+        warnings.warn(
+            f"Label(s) {', '.join(map(str, empty[:10]))} have no kept entry (every one is ignore_index): the macro "
+            f"average is over the other {inputs.num_labels - empty.size} label(s), and the per-label value is NaN.",
+            UserWarning,
+            stacklevel=4,
+        )
     macro = float(np.nanmean(per_label))
     if inputs.num_labels == 1:
         micro = per_label[0]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from _affine_reference import affine_objective, canonical, fit_affine_reference
 from _calibrator_data import SHARED_LOGITS, overconfident, shared_files
+from _paths import shared_params
 
 from hf_calibration.calibrators import DirichletCalibration, MatrixScaling, TemperatureScaling
 from hf_calibration.calibrators import matrix as matrix_module
@@ -208,7 +209,7 @@ def _test_nll(cal, zt, yt) -> float:
 
 @needs_shared
 @pytest.mark.parametrize("cls", [MatrixScaling, DirichletCalibration], ids=["matrix", "dirichlet"])
-@pytest.mark.parametrize("path", shared_files(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", shared_params(shared_files()), ids=lambda p: getattr(p, "stem", p))
 def test_never_worse_than_uncalibrated_and_within_0_02_of_temperature_scaling(cls, path):
     with np.load(path) as d:
         zv, yv, zt, yt = d["logits_val"], d["labels_val"], d["logits_test"], d["labels_test"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from _calibrator_data import SHARED_LOGITS, overconfident, shared_files
+from _paths import shared_params
 from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp
 
@@ -55,7 +56,7 @@ def test_ts_flsd53_temperature():
 
 
 @needs_shared
-@pytest.mark.parametrize("path", shared_files(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", shared_params(shared_files()), ids=lambda p: getattr(p, "stem", p))
 def test_smart_lowers_test_ece_on_every_file(path):
     zv, yv, zt, yt = _load(path.name)
     smart = SMARTCalibrator().fit(zv, yv, progress_bar=False)

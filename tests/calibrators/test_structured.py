@@ -8,6 +8,7 @@ import pytest
 import torch
 from _affine_reference import probmetrics_held_out_nll
 from _calibrator_data import overconfident, shared_files
+from _paths import shared_params
 
 from hf_calibration.calibrators import StructuredMatrixScaling, StructuredVectorScaling, load_calibrator
 
@@ -18,7 +19,7 @@ needs_shared = pytest.mark.skipif(not shared_files(), reason="the shared real-lo
 
 @needs_shared
 @pytest.mark.parametrize("cls", [StructuredMatrixScaling, StructuredVectorScaling], ids=["sms", "svs"])
-@pytest.mark.parametrize("path", shared_files(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", shared_params(shared_files()), ids=lambda p: getattr(p, "stem", p))
 def test_held_out_nll_matches_probmetrics_on_the_shared_files(cls, path):
     pytest.importorskip("probmetrics")
     with np.load(path) as d:

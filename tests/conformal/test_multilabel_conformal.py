@@ -131,3 +131,22 @@ def test_binary_thr_coverage_over_random_splits():
         cover.append(predictor.evaluate(z[order[n:]], y[order[n:]])["coverage"])
     cover = np.array(cover)
     assert cover.mean() >= 1 - alpha - 3 * cover.std(ddof=1) / np.sqrt(cover.size)
+
+
+def test_scores_tied_to_a_grid_value_by_hand():
+    """Issue 45: with scores exactly on a grid value, ``p < t`` for ``p <= t`` in the grid's loss gave t = 0.20 for
+    0.19-like cases and a calibration false-negative rate far above alpha. Worked by hand: 19 samples, one true label
+    each, with scores 0.1, 0.2, 0.2 and sixteen at 0.5; alpha = 0.15 allows k misses where k/20 + 1/20 <= 0.15, k <= 2.
+    Sets are {p > t}: at t = 0.1 one label is missed (feasible), at t = 0.2 three (not): t_hat = 0.1, FNR 1/19."""
+    p = np.array([0.1, 0.2, 0.2] + [0.5] * 16)[:, None]
+    probs = np.hstack([p, np.full_like(p, 0.05)])  # a second label, never true
+    labels = np.hstack([np.ones_like(p, dtype=np.int64), np.zeros_like(p, dtype=np.int64)])
+    grid = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    assert crc_threshold(probs, labels, 0.15, grid) == (0.1, True)
+    predictor = MultiLabelConformalPredictor(thresholds=grid).fit(probs, labels, alpha=0.15, from_logits=False)
+    assert predictor.fit_info_["threshold"] == 0.1
+    assert predictor.fit_info_["false_negative_rate"] == pytest.approx(1 / 19, abs=1e-15)
+    # the exact (grid-free) threshold: the loss jumps past the budget 2/19 at 0.2, so t_hat is just below 0.2
+    t, controlled = crc_threshold(probs, labels, 0.15)
+    assert controlled and t == np.nextafter(0.2, -np.inf)
+    assert false_negative_rate(probs > t, labels) == pytest.approx(1 / 19, abs=1e-15)

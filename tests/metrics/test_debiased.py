@@ -8,6 +8,7 @@ from pathlib import Path
 import _metric_reference as ref
 import numpy as np
 import pytest
+from _paths import shared_params
 
 from hf_calibration.metrics import debiased_ece
 
@@ -23,7 +24,7 @@ def _test_probs(path):
 
 
 @needs_shared
-@pytest.mark.parametrize("path", LOGITS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", shared_params(LOGITS), ids=lambda p: getattr(p, "stem", p))
 def test_equals_uncertainty_calibration_on_the_shared_logits(path):
     probs, labels = _test_probs(path)
     assert not calibration.utils.is_discrete(probs)  # the reference takes its equal-mass (scaling) path

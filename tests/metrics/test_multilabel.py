@@ -205,3 +205,49 @@ def test_binary_ignored_samples_are_dropped():
     assert ece(z, y) == pytest.approx(ece(z[25:], y[25:]), rel=1e-12)
     value = adaece(z, y, ci=0.9, n_boot=20)  # an interval needs every kept sample: ignored ones are gone, not masked
     assert float(value) == pytest.approx(adaece(z[25:], y[25:]), rel=1e-12)
+
+
+# ------------------------------------------------------------------ issue 45: changes to the maths no test saw
+
+
+def test_probabilities_with_exact_zeros_and_ones_are_detected_as_probabilities():
+    """Probabilities holding an exact 0.0 or 1.0 are probabilities: a ``<`` for ``<=`` in the detection read them as
+    logits (binary ECE 0.053 -> 0.298, NLL 0.342 -> 0.629). torchmetrics puts p = 1.0 in a phantom bin (its issue 3510),
+    so against it the 1.0 entries are moved one ulp down: in our rule both values share the last bin."""
+    from torchmetrics.functional.classification import binary_calibration_error
+
+    rng = np.random.default_rng(0)
+    p = rng.random(2000)
+    y = (rng.random(2000) < p).astype(np.int64)
+    p[:40], y[:40] = 1.0, 1
+    p[40:70], y[40:70] = 0.0, 0
+    p[70:80] = 1.0  # confidently wrong
+    below_one = np.where(p == 1.0, np.nextafter(1.0, 0.0), p)
+    expected = binary_calibration_error(torch.from_numpy(below_one), torch.from_numpy(y), n_bins=15).item()
+    assert ece(p, y, task="binary") == pytest.approx(expected, abs=1e-12)
+    three = np.stack([p, p, p], axis=1), np.stack([y, y, y], axis=1)  # three copies of the label: the macro is the one
+    assert ece(*three, task="multilabel") == pytest.approx(expected, abs=1e-12)
+    with np.errstate(divide="ignore"):
+        bce = -np.mean(np.where(y == 1, np.log(p), np.log1p(-p)))  # inf: a confidently wrong 1.0
+    assert nll(p, y, task="binary") == bce == np.inf
+    finite = slice(80, None)
+    reference = torch.nn.functional.binary_cross_entropy(
+        torch.from_numpy(p[finite]), torch.from_numpy(y[finite]).double()
+    )
+    assert nll(p[finite], y[finite], task="binary") == pytest.approx(float(reference), rel=1e-12)
+
+
+def test_a_label_whose_entries_are_all_ignored_is_left_out_of_the_macro_average_with_a_warning():
+    """By hand: the macro ECE is the mean over the labels that have kept entries (np.mean would turn it into NaN)."""
+    rng = np.random.default_rng(1)
+    y = (rng.random((500, 3)) < 0.3).astype(np.int64)
+    z = 2 * (2 * y - 1) + 2 * rng.normal(size=y.shape)
+    y_ignored = y.copy()
+    y_ignored[:, 1] = -100
+    by_hand = np.mean([ece(z[:, l], y[:, l], task="binary") for l in (0, 2)])
+    with pytest.warns(UserWarning, match=r"Label\(s\) 1 have no kept entry"):
+        macro = ece(z, y_ignored, task="multilabel")
+    assert macro == pytest.approx(by_hand, abs=1e-15)
+    with pytest.warns(UserWarning, match="no kept entry"):
+        per_label = ece(z, y_ignored, task="multilabel", average="none")
+    assert np.isnan(per_label[1]) and per_label[0] == pytest.approx(ece(z[:, 0], y[:, 0], task="binary"), abs=1e-15)

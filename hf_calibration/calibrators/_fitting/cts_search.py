@@ -25,21 +25,10 @@ import math
 import numba
 import numpy as np
 
+from hf_calibration._core.bins import uniform_bin
 from hf_calibration._core.vmath import exp_into
 
 CHUNK = 512
-
-
-@numba.njit(cache=True)
-def _bin_of(p, edges):  # pragma: no cover - compiled
-    """Bin ``b`` with ``edges[b] < p <= edges[b + 1]`` (0 -> first bin, 1 -> last), edges from np.linspace."""
-    n_bins = edges.shape[0] - 1
-    b = min(int(p * n_bins), n_bins - 1)
-    while b > 0 and p <= edges[b]:
-        b -= 1
-    while b < n_bins - 1 and p > edges[b + 1]:
-        b += 1
-    return b
 
 
 @numba.njit(cache=True)
@@ -76,7 +65,7 @@ def current_bins(labels, j1, tot, edges):  # pragma: no cover - compiled
     for i in range(labels.shape[0]):
         conf = 1.0 / tot[i]
         hit = 1.0 if j1[i] == labels[i] else 0.0
-        gap[_bin_of(conf, edges)] += conf - hit
+        gap[uniform_bin(conf, edges)] += conf - hit
         correct += int(hit)
     total = 0.0
     for b in range(n_bins):
@@ -144,12 +133,7 @@ def candidate_bins(z, labels, k, inv_t, grid_inv, v1, j1, v2, j2, tot, edges):  
                 conf[q] = 1.0 / (1.0 + r[q] * e[q]) if wins else 1.0 / (r[q] + e[q])
                 hit[q] = hit_k[q] if wins else hit_other[q]
             for q in range(rows):
-                b = min(int(conf[q] * n_bins), n_bins - 1)
-                if conf[q] <= edges[b] and b > 0:
-                    b -= 1
-                elif conf[q] > edges[b + 1] and b < n_bins - 1:
-                    b += 1
-                bins[q] = b
+                bins[q] = uniform_bin(conf[q], edges)
             count = 0
             for q in range(rows):
                 gap[g, bins[q]] += conf[q] - hit[q]

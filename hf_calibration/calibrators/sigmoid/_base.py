@@ -97,8 +97,9 @@ def detect_from_logits(
     """Whether sigmoid-head input holds logits (:func:`hf_calibration._core.inputs.scores_kind`): an explicit bool wins,
     then the kind a fit ``recorded``; None without one takes values all in [0, 1] for probabilities (two softmax
     columns: rows summing to 1, the multi-class rule)."""
+    # two softmax logits follow the softmax rule (rows summing to 1); one column or L labels the sigmoid rule ([0, 1])
     return scores_kind(
-        z, from_logits, task="multiclass" if layout == "softmax2" else "binary", recorded=recorded, name=name
+        z, from_logits, task="multiclass" if layout == "softmax2" else "multilabel", recorded=recorded, name=name
     )
 
 

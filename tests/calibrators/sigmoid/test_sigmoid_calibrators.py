@@ -274,3 +274,65 @@ def test_beta_on_a_head_without_signal_is_the_base_rate():
     beta = BetaCalibration().fit(z, y, progress_bar=False)
     assert float(beta.a.detach()[0]) == 0.0 and float(beta.b.detach()[0]) == 0.0
     assert float(torch.sigmoid(beta.c.detach()[0])) == pytest.approx(y.mean(), abs=1e-6)
+
+
+# ------------------------------------------------------------------ issue 45: changes to the maths no test saw
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_platt_equals_scikit_learns_platt_at_thirty_samples(seed):
+    """``sklearn.calibration._sigmoid_calibration`` (Platt's smoothed targets ``(N+ + 1)/(N+ + 2)``, ``1/(N- + 2)``)
+    at N = 30, where the smoothing matters: ``1/(N- + 1)`` moved the weight 0.817 -> 0.808 and the N = 2,000 comparison
+    with a 1e-4 tolerance did not see it. sklearn's P = 1 / (1 + exp(A f + B)): our weight is -A, our bias -B."""
+    from sklearn.calibration import _sigmoid_calibration
+
+    rng = np.random.default_rng(seed)
+    y = (rng.random(30) < 0.4).astype(int)
+    z = 2 * (2 * y - 1) + 2 * rng.normal(size=30)
+    a, b = _sigmoid_calibration(z, y)
+    platt = PlattScaling().fit(z, y, progress_bar=False)
+    assert platt.fit_info_["weight"][0] == pytest.approx(-a, abs=1e-6)
+    assert platt.fit_info_["bias"][0] == pytest.approx(-b, abs=1e-6)
+
+
+def test_the_shared_sigmoid_temperature_with_ignored_labels_minimises_the_documented_objective():
+    """One T for every label minimises the mean over labels of each label's mean BCE over its kept samples (each label
+    weighs the same, however many of its entries are ignored). Weighting by N instead of each label's kept count
+    moved T from 1.016 to 0.453; scipy minimises the documented objective here."""
+    from scipy.optimize import minimize_scalar
+
+    rng = np.random.default_rng(5)
+    y = (rng.random((800, 3)) < 0.3).astype(np.int64)
+    z = np.stack([4 * (2 * y[:, 0] - 1), 0.5 * (2 * y[:, 1] - 1), 2 * (2 * y[:, 2] - 1)], axis=1) + rng.normal(
+        size=(800, 3)
+    )
+    labels = y.copy()
+    labels[: int(0.9 * 800), 0] = -100  # label 0 keeps 80 samples, the others all 800
+    labels[rng.random(800) < 0.3, 2] = -100
+
+    def objective(log_t):
+        g = z / np.exp(log_t)
+        per_label = []
+        for l in range(3):
+            kept = labels[:, l] != -100
+            per_label.append(np.mean(np.logaddexp(0, g[kept, l]) - y[kept, l] * g[kept, l]))
+        return np.mean(per_label)
+
+    best = minimize_scalar(objective, bounds=(np.log(0.05), np.log(100)), method="bounded", options={"xatol": 1e-10})
+    fitted = SigmoidTemperatureScaling().fit(z, labels, progress_bar=False)
+    assert fitted.fitted_temperature == pytest.approx(np.exp(best.x), rel=1e-6)
+    assert fitted.fit_info_["best_objective"] == pytest.approx(best.fun, rel=1e-9)
+
+
+def test_platt_on_probabilities_with_exact_zeros_and_ones_records_probabilities():
+    """An exact 0.0 or 1.0 among the probabilities (a ``>`` for ``>=`` in the detection read them as logits: weight
+    0.006 -> 7.49); the fit must equal the one told ``from_logits=False``."""
+    rng = np.random.default_rng(3)
+    y = (rng.random((600, 2)) < 0.4).astype(np.int64)
+    p = 1 / (1 + np.exp(-(2 * (2 * y - 1) + 2 * rng.normal(size=y.shape))))
+    p[:5, 0], p[5:10, 1] = 1.0, 0.0
+    detected = PlattScaling().fit(torch.from_numpy(p), y, progress_bar=False)
+    told = PlattScaling().fit(p, y, from_logits=False, progress_bar=False)
+    assert detected.fit_info_["input"] == "probabilities"
+    np.testing.assert_allclose(detected.fit_info_["weight"], told.fit_info_["weight"], rtol=0, atol=0)
+    np.testing.assert_allclose(detected.fit_info_["bias"], told.fit_info_["bias"], rtol=0, atol=0)
