@@ -90,8 +90,12 @@ def _peer(name: str):
 
     kind = {"temperature_scaling": "temp-scaling", "svs": "svs", "sms": "sms"}[name]
 
-    def fit(z, y):  # probmetrics takes probabilities (float64, as calibrator_fits.py gives them)
-        probs = torch.softmax(torch.from_numpy(z).double(), 1).numpy()
+    cache = {}
+
+    def fit(
+        z, y
+    ):  # probmetrics takes probabilities: float64, computed once outside the timed calls (calibrator_fits.py)
+        probs = cache.setdefault(id(z), torch.softmax(torch.from_numpy(z).double(), 1).numpy())
         cal = get_calibrator(kind)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -146,6 +150,34 @@ def _summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "n": len(values)}
 
 
+def _lines_of_code(root: Path) -> dict:
+    """Python files and lines of ``root/hf_calibration`` (all lines, and those that are neither blank nor comments)."""
+    files = sorted((root / "hf_calibration").rglob("*.py"))
+    lines = [path.read_text().splitlines() for path in files]
+    code = sum(1 for text in lines for line in text if line.strip() and not line.strip().startswith("#"))
+    return {
+        "files": len(files),
+        "lines": sum(map(len, lines)),
+        "code_lines": code,
+        "root_entries": len([p for p in (root / "hf_calibration").iterdir() if p.name != "__pycache__"]),
+    }
+
+
+def _suite(root: Path) -> dict:
+    """Wall time and summary line of the test suite of the checkout ``root`` (its own tests, its own package)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(root))
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    lines = [line for line in out.stdout.splitlines() if " in " in line and ("passed" in line or "failed" in line)]
+    return {"seconds": time.perf_counter() - start, "summary": lines[-1] if lines else out.stdout[-300:]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, help="a checkout of the earlier version (its repository root)")
@@ -153,6 +185,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20, help="timed calls per process (AutoCalibrator: a quarter)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "fixed_cost.json")
     parser.add_argument("--markdown", action="store_true", help="print the table of --out")
+    parser.add_argument("--suite", action="store_true", help="also time both test suites (about 10 minutes each)")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -160,7 +193,7 @@ def main() -> None:
         child(name, int(n), int(k), side, int(calls))
         return
     if args.markdown:
-        print(markdown(json.loads(args.out.read_text())))
+        print(section(json.loads(args.out.read_text())))
         return
     if args.before is None or not (args.before / "hf_calibration").is_dir():
         parser.error("--before must be a checkout holding hf_calibration/")
@@ -186,9 +219,13 @@ def main() -> None:
             "raw": runs,
         }
         print(key, {side: round(_summary(v)["median"] * 1e3, 3) for side, v in runs.items() if v}, "ms", flush=True)
+    results["lines_of_code"] = {"before": _lines_of_code(args.before), "after": _lines_of_code(REPO)}
+    if args.suite:
+        results["suite"] = {side: _suite(root) for side, root in (("before", args.before), ("after", REPO))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
-    print(markdown(results))
+    (HERE / "results" / "fixed_cost.md").write_text(section(results))
+    print(section(results))
 
 
 def markdown(results: dict) -> str:
@@ -206,6 +243,40 @@ def markdown(results: dict) -> str:
         )
         rows.append(f"| {key} | {before:.2f} | {after:.2f} | {after / before:.2f} | {peer_cells} |")
     return "\n".join(rows)
+
+
+def section(results: dict) -> str:
+    """The RESULTS.md section: the fixed-cost table, the suite's time and the package's size, before and after."""
+    out = [
+        "## Fixed cost per call, before and after the input boundary (`benchmarks/fixed_cost.py`)",
+        "",
+        f"Command: `python benchmarks/fixed_cost.py --before <checkout of 7fbf62a> --suite`. Machine: {results['machine']}, "
+        f"load {results['load_at_start']:.2f} at the start; threads (both sides, the peers' too): torch "
+        f"{results.get('threads', {}).get('torch')}, numba {results.get('threads', {}).get('numba')}. Each case in fresh "
+        "processes, the two sides alternating, one warm-up call each (compiles excluded), median over every timed call "
+        "(before = 7fbf62a, the package before it was regrouped; after = this tree). The peers run in the after process "
+        "on the same arrays: torchmetrics' `multiclass_calibration_error` on the logits, probmetrics' `temp-scaling` / "
+        "`svs` / `sms` on float64 probabilities computed once, outside the timed calls (as `calibrator_fits.py` does).",
+        "",
+        markdown(results),
+    ]
+    loc = results.get("lines_of_code")
+    if loc:
+        b, a = loc["before"], loc["after"]
+        out += [
+            "",
+            "| package | Python files | lines | code lines (no blanks, no comments) | entries at the root |",
+            "|---|---|---|---|---|",
+            f"| before | {b['files']} | {b['lines']:,} | {b['code_lines']:,} | {b['root_entries']} |",
+            f"| after | {a['files']} | {a['lines']:,} | {a['code_lines']:,} | {a['root_entries']} |",
+        ]
+    suite = results.get("suite")
+    if suite:
+        out += ["", "| test suite | wall time | result |", "|---|---|---|"]
+        out += [
+            f"| {side} | {suite[side]['seconds']:.0f} s | {suite[side]['summary']} |" for side in ("before", "after")
+        ]
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
