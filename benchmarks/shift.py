@@ -190,11 +190,10 @@ def train(
         print(f"[{loss_name}] epoch {epoch + 1}/{epochs}: loss {loss.item():.3f}, val acc {val_acc:.4f} "
               f"({time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
     total = time.perf_counter() - start
-    torch.save(
-        {"model": model.state_dict(), "log": log, "seconds": total, "epochs": epochs, "widths": widths},
-        cache / f"model_{loss_name}.pt",
-    )
-    print(f"[{loss_name}] trained in {total / 60:.1f} min -> {cache / f'model_{loss_name}.pt'}")
+    path = model_path(cache, loss_name, seed)
+    torch.save({"model": model.state_dict(), "log": log, "seconds": total, "epochs": epochs, "widths": widths,
+                "seed": seed}, path)  # fmt: skip
+    print(f"[{loss_name}] trained in {total / 60:.1f} min -> {path}")
 
 
 @torch.no_grad()
@@ -204,8 +203,13 @@ def predict(model: nn.Module, images_u8: np.ndarray, batch_size: int = 1000) -> 
     return torch.cat(out).double().numpy()
 
 
-def load_model(cache: Path, loss_name: str) -> tuple[nn.Module, dict]:
-    ckpt = torch.load(cache / f"model_{loss_name}.pt", weights_only=False)
+def model_path(cache: Path, loss_name: str, seed: int) -> Path:
+    """Seed 0's model keeps the name of the first runs; other training seeds carry theirs."""
+    return cache / (f"model_{loss_name}.pt" if seed == 0 else f"model_{loss_name}_seed{seed}.pt")
+
+
+def load_model(cache: Path, loss_name: str, seed: int = 0) -> tuple[nn.Module, dict]:
+    ckpt = torch.load(model_path(cache, loss_name, seed), weights_only=False)
     model = AirNet(ckpt["widths"])
     model.whiten.weight.requires_grad_(False)
     model.load_state_dict(ckpt["model"])
@@ -406,6 +410,281 @@ def _per_corruption(report, severity: int) -> list[str]:
     return lines
 
 
+# ----------------------------------------------------------------------------- calibration that holds under shift
+
+STUDY_METHODS = ("temperature_scaling", "ets", "smart")
+STUDY_NAMES = {"temperature_scaling": "TS", "ets": "ETS", "smart": "SMART"}
+STUDY_METRICS = ("ece", "adaece", "nll", "accuracy")
+
+
+def _score(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    from hf_calibration.metrics import adaece, ece, nll
+
+    return {"ece": ece(logits, labels, from_logits=True), "adaece": adaece(logits, labels, from_logits=True),
+            "nll": nll(logits, labels, from_logits=True), "accuracy": float((logits.argmax(1) == labels).mean())}  # fmt: skip
+
+
+def study_logits(
+    cache: Path, loss: str, seed: int, n_corrupt: int, corrupt_seed: int, levels: int
+) -> dict[str, np.ndarray]:
+    """Every logit array the study needs for one model (cached): the clean validation and test sets, each shifted cell
+    (``n_corrupt`` test images), and the validation set under the Gaussian-noise schedule of ``fit_for_shift``."""
+    from hf_calibration.shift.perturbation import perturb, strength_schedule
+
+    path = cache / f"study_logits_{loss}_seed{seed}_{n_corrupt}_{corrupt_seed}_{levels}.npz"
+    if path.exists():
+        return dict(np.load(path))
+    model, _ = load_model(cache, loss, seed)
+    shifted_x, _, _ = corrupted_test_set(cache, n_corrupt, corrupt_seed)
+    x_val, y_val = load_split(cache, "val")
+    x_test, _ = load_split(cache, "test")
+    t = time.perf_counter()
+    z = {"val": predict(model, x_val), "test": predict(model, x_test)}
+    z.update({f"{c}_{s}": predict(model, v) for (c, s), v in shifted_x.items()})
+    seen: dict[float, np.ndarray] = {}
+
+    def accuracy_of(strength: float) -> float:
+        if strength not in seen:
+            seen[strength] = z["val"] if strength == 0 else predict(model, perturb(x_val, strength, seed=seed))
+        return float((seen[strength].argmax(1) == y_val).mean())
+
+    strengths, accuracies = strength_schedule(accuracy_of, levels=levels, num_classes=10)
+    for i, strength in enumerate(strengths):
+        accuracy_of(strength)
+        z[f"perturbed_{i}"] = seen[strength]
+    z["strengths"], z["strength_accuracies"] = np.array(strengths), np.array(accuracies)
+    np.savez(path, **z)
+    print(f"[{loss} seed {seed}] study logits in {time.perf_counter() - t:.0f} s -> {path}", flush=True)
+    return z
+
+
+def study_one(z: dict[str, np.ndarray], y_val, y_test, y_sub, cells) -> dict:
+    """Rows of one model: for each method, each cell's metrics on the scored half of that cell (clean test: the second
+    half of the 10,000; each corrupted cell: the second half of its images). Adapted calibrators see the other half's
+    logits without labels; the ceiling ("oracle") is fitted on the other half with its labels."""
+    import warnings
+
+    from hf_calibration.calibrators import create_calibrator
+    from hf_calibration.shift.perturbation import fit_on_perturbed
+
+    levels = sorted(int(k.split("_")[1]) for k in z if k.startswith("perturbed_"))
+    recipe = {"perturbation": "gaussian_noise", "strengths": z["strengths"].tolist(),
+              "accuracies": z["strength_accuracies"].tolist(), "levels": len(levels), "seed": 0}  # fmt: skip
+    fitted = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for method in STUDY_METHODS:
+            fitted[method] = create_calibrator(method).fit(z["val"], y_val, from_logits=True, progress_bar=False)
+            fitted[method + "+perturbed"] = fit_on_perturbed([z[f"perturbed_{i}"] for i in levels], y_val, method,
+                                                             recipe=recipe)  # fmt: skip
+    rows = {}
+    for cell in [("clean", 0)] + cells:
+        key = "test" if cell[0] == "clean" else f"{cell[0]}_{cell[1]}"
+        logits = z[key]
+        labels = y_test if cell[0] == "clean" else y_sub
+        half = logits.shape[0] // 2
+        unlabeled, scored, y_fit, y_scored = logits[:half], logits[half:], labels[:half], labels[half:]
+        out = {"uncalibrated": _score(scored, y_scored)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for method in STUDY_METHODS:
+                name = STUDY_NAMES[method]
+                clean_fit = fitted[method]
+                out[name] = _score(clean_fit(scored).double().numpy(), y_scored)
+                out[name + " perturbed"] = _score(fitted[method + "+perturbed"](scored).double().numpy(), y_scored)
+                out[name + " adapted"] = _score(
+                    clean_fit.adapt(unlabeled, from_logits=True)(scored).double().numpy(), y_scored
+                )
+                out[name + " perturbed+adapted"] = _score(
+                    fitted[method + "+perturbed"].adapt(unlabeled, from_logits=True)(scored).double().numpy(), y_scored
+                )
+                oracle = create_calibrator(method).fit(unlabeled, y_fit, from_logits=True, progress_bar=False)
+                out[name + " oracle"] = _score(oracle(scored).double().numpy(), y_scored)
+        rows[f"{cell[0]}|{cell[1]}"] = out
+    return {"rows": rows, "schedule": recipe}
+
+
+def study(
+    cache: Path,
+    losses: list[str],
+    seeds: list[int],
+    n_corrupt: int,
+    corrupt_seed: int,
+    levels: int,
+    out_json: Path,
+    out_md: Path,
+) -> None:
+    """Issue-41 study: every (loss, seed) model, resumable (each model's results are kept in ``out_json`` as they come)."""
+    import json
+
+    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
+
+    results = json.loads(out_json.read_text()) if out_json.exists() else {}
+    _, _, y_sub = corrupted_test_set(cache, n_corrupt, corrupt_seed)
+    _, y_val = load_split(cache, "val")
+    _, y_test = load_split(cache, "test")
+    cells = [(c, s) for c in BENCHMARK_CORRUPTIONS for s in range(1, 6)]
+    for loss in losses:
+        for seed in seeds:
+            key = f"{loss}|{seed}"
+            if key in results:
+                continue
+            if not model_path(cache, loss, seed).exists():
+                print(f"[{key}] no model yet: train it with `train --loss {loss} --train-seed {seed}`", flush=True)
+                continue
+            z = study_logits(cache, loss, seed, n_corrupt, corrupt_seed, levels)
+            t = time.perf_counter()
+            results[key] = study_one(z, y_val, y_test, y_sub, cells)
+            results[key]["seconds"] = time.perf_counter() - t
+            out_json.parent.mkdir(parents=True, exist_ok=True)
+            out_json.write_text(json.dumps(results))
+            print(f"[{key}] studied in {results[key]['seconds']:.0f} s", flush=True)
+    out_md.write_text(study_markdown(results, n_corrupt))
+    first = next((k for k in results if k.startswith("ce|")), None)
+    if first is not None:
+        loss, seed = first.split("|")
+        figure = study_figure(
+            study_logits(cache, loss, int(seed), n_corrupt, corrupt_seed, levels), y_val, y_test, y_sub
+        )
+        figure.savefig(ROOT / "docs" / "img" / "shift_reliability_by_severity.png", dpi=110, bbox_inches="tight")
+    print(out_md.read_text())
+
+
+def study_figure(z: dict[str, np.ndarray], y_val, y_test, y_sub):
+    """Reliability diagrams at severities 0, 1, 3 and 5 (the corruptions pooled): TS fitted on clean data against ETS
+    fitted on the perturbed union and TS adapted without labels; each scored on the second half of each set."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hf_calibration.calibrators import create_calibrator
+    from hf_calibration.metrics import reliability_diagram
+    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
+    from hf_calibration.shift.perturbation import fit_on_perturbed
+
+    levels = sorted(int(k.split("_")[1]) for k in z if k.startswith("perturbed_"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ts = create_calibrator("temperature_scaling").fit(z["val"], y_val, from_logits=True, progress_bar=False)
+        ets = fit_on_perturbed([z[f"perturbed_{i}"] for i in levels], y_val, "ets", recipe={})
+    fig, axes = plt.subplots(3, 4, figsize=(16, 11.5), sharex=True, sharey=True)
+    for col, severity in enumerate((0, 1, 3, 5)):
+        keys = ["test"] if severity == 0 else [f"{c}_{severity}" for c in BENCHMARK_CORRUPTIONS]
+        labels = y_test if severity == 0 else y_sub
+        half = (z[keys[0]].shape[0]) // 2
+        scored = np.concatenate([z[k][half:] for k in keys])
+        target = np.concatenate([labels[half:]] * len(keys))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            adapted = [ts.adapt(z[k][:half], from_logits=True)(z[k][half:]).double().numpy() for k in keys]
+        for row, (name, calibrated) in enumerate(
+            (
+                ("TS (clean fit)", ts(scored).double().numpy()),
+                ("ETS (perturbed fit)", ets(scored).double().numpy()),
+                ("TS adapted (ATC)", np.concatenate(adapted)),
+            )
+        ):
+            reliability_diagram(calibrated, target, from_logits=True, ax=axes[row, col], counts=False, ci=None,
+                                title=f"{name}, severity {severity}")  # fmt: skip
+    fig.suptitle("CIFAR-10 under corruption (cross-entropy model): the 15 corruptions pooled at each severity")
+    return fig
+
+
+def _severity_table(results: dict, loss: str, metric: str, methods: list[str], scale: float = 100.0) -> list[str]:
+    runs = [r for k, r in results.items() if k.split("|")[0] == loss]
+    lines = ["| method | " + " | ".join(str(s) for s in range(6)) + " |", "|---|" + "---|" * 6]
+    for method in methods:
+        cells = []
+        for severity in range(6):
+            per_seed = [np.mean([row[method][metric] for cell, row in run["rows"].items() if int(cell.split("|")[1]) == severity])
+                        for run in runs]  # fmt: skip
+            cells.append(f"{scale * np.mean(per_seed):.2f} ± {scale * np.std(per_seed):.2f}")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def study_markdown(results: dict, n_corrupt: int) -> str:
+    methods = ["uncalibrated"] + [f"{STUDY_NAMES[m]}{suffix}" for m in STUDY_METHODS
+                                  for suffix in ("", " perturbed", " adapted", " perturbed+adapted", " oracle")]  # fmt: skip
+    lines = [
+        "## Calibration that holds under shift: fitted on perturbed images, adapted without labels (`shift.py study`)",
+        "",
+        f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores. Commands: `python benchmarks/shift.py train --loss ce "
+        "--train-seed S` (and `fedlas_ls`), for S = 1, 2; `python benchmarks/shift.py study --seeds 1 2`. Models: the "
+        "airbench-style ResNet of the section below, one per loss and training seed. Calibrators fitted on the clean "
+        "calibration set (5,000 images): TS, ETS, SMART as they are; **perturbed**: the same fitted on the union of "
+        "that set under Gaussian pixel noise at 10 strengths from 0 to where the model's accuracy is within a tenth of "
+        "chance (Tomani et al., CVPR 2021; `hf_calibration.shift.fit_for_shift`'s schedule); **adapted**: the clean fit "
+        "adapted without labels by ATC (Garg et al., ICLR 2022; `calibrator.adapt`) on the unlabeled first half of each "
+        "scored set; **oracle**: refitted on the labelled first half of each shifted set (the SMART paper's setting, a "
+        "ceiling). Every method is scored on the second half of each set: 5,000 clean test images; "
+        f"{n_corrupt // 2:,} images of each of the 15 corruptions × 5 severities. Mean ± std over the training seeds.",
+        "",
+    ]
+    for loss in sorted({k.split("|")[0] for k in results}):
+        seeds = sorted(int(k.split("|")[1]) for k in results if k.split("|")[0] == loss)
+        name = {"ce": "cross-entropy", "fedlas_ls": "FeDLaS-LS"}[loss]
+        lines += [f"### {name} (training seeds {', '.join(map(str, seeds))})", ""]
+        for metric, scale, unit in (("ece", 100, "%"), ("adaece", 100, "%"), ("nll", 1, ""), ("accuracy", 100, "%")):
+            lines += [f"{metric.upper() if metric != 'accuracy' else 'Accuracy'}{f' ({unit})' if unit else ''} by severity "
+                      "(0 = clean), mean over the 15 corruptions:", ""]  # fmt: skip
+            lines += _severity_table(
+                results, loss, metric, methods if metric != "accuracy" else ["uncalibrated"], scale
+            )
+            lines.append("")
+        lines += _per_corruption_table(
+            results, loss, 5, ["uncalibrated", "TS", "ETS perturbed", "TS adapted", "ETS oracle"]
+        )
+        lines += ["", _targets(results, loss), ""]
+    return "\n".join(lines) + "\n"
+
+
+def _per_corruption_table(results: dict, loss: str, severity: int, methods: list[str]) -> list[str]:
+    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
+
+    runs = [r for k, r in results.items() if k.split("|")[0] == loss]
+    lines = [f"ECE (%) per corruption at severity {severity}, mean over seeds:", "",
+             "| corruption | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]  # fmt: skip
+    for c in BENCHMARK_CORRUPTIONS:
+        cells = [f"{100 * np.mean([run['rows'][f'{c}|{severity}'][m]['ece'] for run in runs]):.2f}" for m in methods]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _targets(results: dict, loss: str) -> str:
+    """The issue's targets for the routes that see no shifted label, as measured (mean over seeds)."""
+    runs = [r for k, r in results.items() if k.split("|")[0] == loss]
+
+    def mean(method, predicate, metric="ece"):
+        return float(np.mean([np.mean([row[method][metric] for cell, row in run["rows"].items() if predicate(cell)])
+                              for run in runs]))  # fmt: skip
+
+    sev = lambda s: lambda cell: int(cell.split("|")[1]) == s  # noqa: E731
+    parts = []
+    for method in (
+        "TS perturbed",
+        "ETS perturbed",
+        "SMART perturbed",
+        "TS adapted",
+        "ETS adapted",
+        "ETS perturbed+adapted",
+    ):
+        at5, ts5 = mean(method, sev(5)), mean("TS", sev(5))
+        wins = np.mean([sum(run["rows"][cell][method]["ece"] < run["rows"][cell]["TS"]["ece"]
+                            for cell in run["rows"] if 1 <= int(cell.split("|")[1]) <= 4) for run in runs])  # fmt: skip
+        clean, ts_clean = mean(method, sev(0)), mean("TS", sev(0))
+        acc = mean(method, lambda cell: True, "accuracy") - mean("TS", lambda cell: True, "accuracy")
+        parts.append(f"{method}: severity-5 ECE {100 * at5:.2f} % against TS's {100 * ts5:.2f} % (target <= {50 * ts5:.2f} %: "
+                     f"{'met' if at5 <= ts5 / 2 else 'missed'}); below TS in {wins:.1f} of 60 cells of severities 1-4 (target >= 54: "
+                     f"{'met' if wins >= 54 else 'missed'}); clean ECE {100 * clean:.2f} % against {100 * ts_clean:.2f} % (target "
+                     f"within 0.5 points: {'met' if abs(clean - ts_clean) <= 0.005 else 'missed'}); accuracy change {100 * acc:+.2f} "
+                     "points")  # fmt: skip
+    return "Targets (routes that see no shifted label): " + "; ".join(parts) + "."
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -426,11 +705,19 @@ def main(argv=None) -> None:
         default=(32, 128, 128),
         help="block widths (airbench94: 64 256 256; half by default: this shared 2-core CPU ran 4-10 min per full-width epoch)",
     )
+    t.add_argument("--train-seed", type=int, default=0, help="the model's initialisation and batch order")
     e = sub.add_parser("evaluate")
     e.add_argument("--losses", nargs="+", default=["ce", "fedlas_ls"])
     e.add_argument("--n-corrupt", type=int, default=2000, help="test images per corruption x severity")
     e.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "shift.md"))
-    for q in (p, t, e):
+    st = sub.add_parser("study", help="issue 41: perturbation-fitted and label-free adapted calibrators under shift")
+    st.add_argument("--losses", nargs="+", default=["ce", "fedlas_ls"])
+    st.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="training seeds of the models")
+    st.add_argument("--n-corrupt", type=int, default=2000)
+    st.add_argument("--levels", type=int, default=10, help="perturbation strengths of the perturbed fit")
+    st.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "shift_calibration.json"))
+    st.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "shift_calibration.md"))
+    for q in (p, t, e, st):
         q.add_argument("--cache", default=str(ROOT / ".data" / "shift"))
         q.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -439,7 +726,9 @@ def main(argv=None) -> None:
     if args.step == "prepare":
         prepare(args.npz, cache, args.seed)
     elif args.step == "train":
-        train(cache, args.loss, args.epochs, args.batch_size, args.lr, args.seed, tuple(args.widths))
+        train(cache, args.loss, args.epochs, args.batch_size, args.lr, args.train_seed, tuple(args.widths))
+    elif args.step == "study":
+        study(cache, args.losses, args.seeds, args.n_corrupt, args.seed, args.levels, Path(args.json), Path(args.out))
     else:
         evaluate(cache, args.losses, args.n_corrupt, args.seed, Path(args.out))
 

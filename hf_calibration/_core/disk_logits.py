@@ -60,6 +60,7 @@ class DiskLogits:
         self.offset = int(offset)
         self.labels = labels
         self._arrow_files, self._column = arrow_files, column
+        self._stamp = self._file_stamp()  # what the files were when opened: a fit reads them many times
         if self.dtype.kind != "f" or self.dtype.itemsize not in (2, 4, 8):
             raise TypeError(
                 f"Expected `logits` in {str(self.path)!r} to be float16, float32 or float64, but they are {self.dtype}."
@@ -80,8 +81,31 @@ class DiskLogits:
         """The dtype rows are returned in (the stored one, in native byte order)."""
         return self.dtype.newbyteorder("=")
 
+    def _file_stamp(self) -> list[tuple[int, int, int]]:
+        """Size, modification time (ns) and inode of each file the rows come from."""
+        stamps = []
+        for name in self._arrow_files or [self.path]:
+            st = os.stat(name)
+            stamps.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        return stamps
+
+    def check_unchanged(self) -> None:
+        """Refuse to read on when a file changed since it was opened (rewritten, replaced or resized): a fit reads the
+        rows many times, and passes over two versions of a file would mix them into a number neither gives."""
+        try:
+            now = self._file_stamp()
+        except FileNotFoundError:
+            now = None
+        if now != self._stamp:
+            raise ValueError(
+                f"Expected the logits in {str(self.path)!r} to stay as they were while they are read, but the "
+                "file changed since it was opened (its size, modification time or inode): a result computed "
+                "over both versions would be neither's. Open it again (open_logits) once it is written."
+            )
+
     def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``start:stop`` as a native-order array (into ``out``, C-contiguous (stop - start, K), if given)."""
+        self.check_unchanged()
         start, stop = max(0, int(start)), min(self.shape[0], int(stop))
         if out is None:
             out = np.empty((max(0, stop - start), self.shape[1]), dtype=self.native_dtype)
@@ -117,6 +141,7 @@ class DiskLogits:
         if (
             self._arrow_files is not None
         ):  # one sequential pass over the record batches, regrouped into blocks of `rows`
+            self.check_unchanged()
             filled, start = 0, 0
             for _, batch in self._arrow_batches(0, self.shape[0]):
                 used = 0

@@ -70,7 +70,10 @@ def canonical(z: torch.Tensor) -> torch.Tensor:
 
 
 def logit(p: torch.Tensor) -> torch.Tensor:
-    """``log p - log(1 - p)`` of sigmoid probabilities, finite for p in [0, 1] (``p`` and ``1 - p`` floored at the
-    dtype's smallest normal)."""
-    tiny = torch.finfo(p.dtype).tiny
-    return torch.log(p.clamp_min(tiny)) - torch.log((1.0 - p).clamp_min(tiny))
+    """``log p - log(1 - p)`` of sigmoid probabilities, with ``p`` clipped to ``[eps, 1 - eps]``, ``eps`` the dtype's
+    resolution at 1 (2^-53 for float64, 2^-24 below): a probability stored as 1.0 says only that it is within that of 1,
+    so its logit is at most ``log((1 - eps) / eps)`` (36.7 in float64, as betacal reads it), not the 708 that the
+    smallest normal number would give; one confidently wrong sample then no longer dominates a fit's loss."""
+    eps = 2.0**-53 if p.dtype == torch.float64 else 2.0**-24
+    q = p.clamp(eps, 1.0 - eps)
+    return torch.log(q) - torch.log1p(-q)

@@ -31,7 +31,7 @@ from hf_calibration._core.checks import (
 from hf_calibration._core.disk_logits import as_disk_logits
 from hf_calibration._core.finite import first_non_finite
 from hf_calibration._core.inputs import logits_and_labels, read_multiclass, scores_kind, whole_labels
-from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label_pass
+from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, top_label_pass
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators import attach as _attach
 from hf_calibration.calibrators._card import CALIBRATOR_CARD_TEMPLATE
@@ -39,6 +39,7 @@ from hf_calibration.calibrators._fitting import held_out as _held_out
 from hf_calibration.calibrators._fitting import rows as _rows
 from hf_calibration.calibrators._fitting.rows import FitRows
 from hf_calibration.calibrators._forward import graph as _graph
+from hf_calibration.calibrators.adaptation import atc_threshold
 from hf_calibration.calibrators.objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,33 @@ def _available_memory() -> int:
         import os
 
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _shift_card_text(info: dict) -> str:
+    """The card's paragraph on shift: how the fit was made to survive it (``fit_for_shift``) and whether the calibrator
+    was adapted without labels (``adapt``); empty for a plain fit."""
+    parts = []
+    recipe = info.get("shift_fit")
+    if recipe:
+        accuracies = ", ".join(f"{100 * a:.1f} %" for a in recipe.get("accuracies", []))
+        strengths = ", ".join(f"{s:g}" for s in recipe.get("strengths", []))
+        parts.append(
+            f"Fitted to survive shift ({recipe.get('reference', 'Tomani et al., CVPR 2021')}): the {recipe.get('num_images')} "
+            f"held-out images perturbed by `{recipe.get('perturbation')}` at {recipe.get('levels')} strengths ({strengths}; "
+            f"seed {recipe.get('seed')}), where the model's accuracy was {accuracies}; the calibrator was fitted on all "
+            "of them together."
+        )
+    adaptation = info.get("adaptation")
+    if adaptation:
+        parts.append(
+            f"Adapted without labels ({adaptation.get('method', '').upper()}: {adaptation.get('reference')}) to "
+            f"{adaptation.get('num_samples')} unlabeled samples of the deployment data: estimated accuracy "
+            f"{100 * adaptation.get('estimated_accuracy', float('nan')):.2f} % against a mean calibrated confidence of "
+            f"{100 * adaptation.get('mean_confidence_before', float('nan')):.2f} %, so the calibrated logits are divided by "
+            f"T = {adaptation.get('temperature', float('nan')):.4f}. The fit numbers above are the calibrator's before the "
+            "adaptation."
+        )
+    return "\n\n".join(parts)
 
 
 def _block_classes() -> list[type]:
@@ -423,6 +451,8 @@ class Calibrator(
             if report:
                 fit_set, views = self._fit_set_report(z, y)
                 self.fit_info_.update(fit_set)
+                # ATC's threshold on the calibrated fit set, for a label-free adapt() later (adaptation.py)
+                self.fit_info_["atc_threshold"] = atc_threshold(views[1].confidence, views[1].correct)
                 unchanged, predicted, saturated = self._unchanged_classes(*views, z.shape[1])
                 if unchanged and _FIT_DEPTH.get() == 0:
                     self._warn_uncalibrated(unchanged, predicted, saturated)
@@ -539,6 +569,10 @@ class Calibrator(
         calibrated logits of ``log(p)``. Large CPU inputs are calibrated a block of rows at a time into the output, so
         the map's temporaries stay small (the result is the same: every map is row by row).
         """
+        return self._adapted(self._forward_calibrated(logits, from_logits))
+
+    def _forward_calibrated(self, logits: Any, from_logits: bool | None) -> torch.Tensor:
+        """``forward`` before an adaptation (:meth:`adapt`): the map fitted on the calibration set."""
         self._check_fitted()
         z = self._check_logits(logits)
         is_logits = self._input_kind(z, from_logits)
@@ -614,11 +648,95 @@ class Calibrator(
             limit = torch.finfo(logits.dtype).max
             big = out.abs().amax(dim=1, keepdim=True) > limit
             out = torch.where(big, (out - out.amax(dim=1, keepdim=True)).clamp_min(-limit), out).to(logits.dtype)
+        adaptation = (self.fit_info_ or {}).get("adaptation")
+        if adaptation:  # the label-free adaptation's temperature (adapt), a constant of the graph
+            out = out / float(adaptation["temperature"])
         if self.preserves_argmax:
             top = logits.argmax(dim=1, keepdim=True)
             moved = _graph.one_hot_of(top, logits.shape[1]) & (out.argmax(dim=1, keepdim=True) != top)
             out = torch.where(moved, _graph.next_up(out), out)
         return out
+
+    # ------------------------------------------------------------------ label-free adaptation
+    def _adapted(self, out: torch.Tensor) -> torch.Tensor:
+        """``out / T_a`` when the calibrator was adapted (:meth:`adapt`); the argmax of ``out`` is kept."""
+        adaptation = (self.fit_info_ or {}).get("adaptation")
+        if not adaptation:
+            return out
+        adapted = out / float(adaptation["temperature"])
+        if self.preserves_argmax:
+            top = out.argmax(dim=1)
+            moved = (adapted.argmax(dim=1) != top).nonzero()[:, 0]
+            if moved.numel():  # rounding merged the top logits: keep the winner strictly on top
+                adapted[moved, top[moved]] = _next_up(adapted[moved, top[moved]])
+        return adapted
+
+    def adapt(self, unlabeled_logits: Any, *, from_logits: bool | None = None, source: Any = None) -> Calibrator:
+        """A copy adapted, without labels, to logits of the deployment data (ATC, then one temperature).
+
+        The accuracy on ``unlabeled_logits`` is estimated by Average Thresholded Confidence (Garg et al., ICLR 2022,
+        eq. 1: the share of calibrated confidences above the threshold that matches the accuracy on the labelled fit
+        set); the copy divides its calibrated logits by the temperature whose mean confidence on ``unlabeled_logits``
+        equals that estimate (:mod:`hf_calibration.calibrators.adaptation`, which says when this cannot help: label
+        shift, or data the model cannot classify). The copy's ``fit_info_["adaptation"]`` (saved in its config and
+        named on its card) records the method, the estimate, the temperature and the number of samples; it saves,
+        loads, attaches and exports like any calibrator. Adapting an adapted copy starts again from the fitted map.
+
+        Args:
+            unlabeled_logits: ``(N, K)`` logits (or probabilities) of deployment inputs; no labels.
+            from_logits: their kind; None reads them as the kind the fit recorded.
+            source: ``(logits, labels)`` of labelled source data for the threshold, when the fit predates the threshold
+                being recorded (``fit_info_["atc_threshold"]``); by default the fit set's.
+        """
+        import copy
+
+        from hf_calibration.calibrators import adaptation as atc
+
+        self._check_fitted()
+        if getattr(self, "_sigmoid_head", False):
+            raise ValueError(
+                f"{type(self).__name__} calibrates a sigmoid head; adapt() estimates the accuracy of a softmax "
+                "head's top label (ATC), which a multi-label or binary head does not have."
+            )
+        if source is not None:
+            logits, labels = (
+                logits_and_labels(*source) if isinstance(source, tuple) else logits_and_labels(source, None)
+            )
+            inputs = read_multiclass(logits, labels, from_logits=from_logits, preds_name="source", target_name="labels")
+            with torch.no_grad():
+                calibrated = self._forward_calibrated(
+                    torch.from_numpy(np.ascontiguousarray(inputs.preds)), inputs.from_logits
+                )
+            top = top_label(inputs._replace(preds=calibrated.double().numpy(), from_logits=True))
+            threshold = atc.atc_threshold(top.confidence, top.correct)
+        else:
+            threshold = (self.fit_info_ or {}).get("atc_threshold")
+            if threshold is None:
+                raise ValueError(
+                    "Expected argument `source` = (logits, labels) of labelled source data: this calibrator's "
+                    "fit did not record the ATC threshold (it was fitted by an earlier version)."
+                )
+        z = self._check_logits(unlabeled_logits)
+        with torch.no_grad():
+            calibrated = self._forward_calibrated(z, from_logits).double().cpu()
+        confidence = torch.softmax(calibrated, dim=1).amax(dim=1).numpy()
+        estimate = atc.estimated_accuracy(confidence, threshold)
+        temperature = atc.temperature_for_mean_confidence(calibrated, estimate)
+        adapted = copy.deepcopy(self)
+        adapted.__dict__["_attached_to"] = None
+        adapted.fit_info_ = {
+            **{k: v for k, v in self.fit_info_.items() if k != "adaptation"},
+            "adaptation": {
+                "method": "atc",
+                "reference": atc.ATC_REFERENCE,
+                "num_samples": int(z.shape[0]),
+                "threshold": float(threshold),
+                "estimated_accuracy": estimate,
+                "mean_confidence_before": float(confidence.mean()),
+                "temperature": float(temperature),
+            },
+        }
+        return adapted
 
     def predict_proba(self, logits: Any, from_logits: bool | None = None) -> torch.Tensor:
         """Calibrated probabilities (softmax of ``forward``), float32 (float64 for float64 input); ``logits`` may be
@@ -676,13 +794,19 @@ class Calibrator(
             "ece_before": pct(info.get("ece_before")),
             "ece_after": pct(info.get("ece_after")),
             "format_version": hub.CHECKPOINT_FORMAT_VERSION,
-            "method_description": self._card_description(),
+            "method_description": self._card_description()
+            if not self.is_identity
+            else (
+                "No calibrator qualified, so this is the identity map: the model's confidences are kept exactly as they "
+                f"are ({(info.get('uncalibrated') or {}).get('reason', 'see fit.uncalibrated in config.json')})."
+            ),
             "argmax_statement": (
                 "The predicted class never changes, only the confidences do."
                 if self.preserves_argmax
                 else "It may change the predicted class of some inputs (it is not a monotone map of each row)."
             ),
             "citation": self.paper_citation,
+            "shift": _shift_card_text(info),
         }
         values.update(kwargs)
         return super().generate_model_card(*args, **values)

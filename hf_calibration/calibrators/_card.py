@@ -45,5 +45,8 @@ calibrator.detach()           # back to the original model, bit for bit
 ## How this calibrator was chosen
 
 {{ selection }}
-{% endif %}
-"""
+{% endif %}{% if shift %}
+## Calibration under shift
+
+{{ shift }}
+{% endif %}"""

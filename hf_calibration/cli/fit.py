@@ -52,9 +52,26 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="new folder to save the calibrator in")
     p.add_argument("--overwrite", action="store_true", help="replace the calibrator already saved in --out")
     p.add_argument(
-        "--seed", type=int, default=None, help="seed of the fit (SMART's initialisation; with auto: of the folds)"
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the fit (SMART's initialisation; with auto: of the folds; with --for-shift: of the noise)",
     )
     add_selection_options(p, prefix="with --method auto: ")
+    g = p.add_argument_group(
+        "fitted to survive shift (with --model and --dataset): the held-out images perturbed from clean to near chance, "
+        "the calibrator fitted on all of them (Tomani et al., CVPR 2021; hf_calibration.shift.fit_for_shift)"
+    )
+    add_option(g, "for_shift", action="store_true", help="perturb the --split images and fit on the union")
+    add_option(
+        g, "levels", type=int, default=10, metavar="L", help="perturbation strengths, clean included (default 10)"
+    )
+    g.add_argument(
+        "--perturbation",
+        choices=("gaussian_noise", "corruptions"),
+        default="gaussian_noise",
+        help="Gaussian pixel noise (the paper's generic perturbation, default) or the benchmark corruptions by severity",
+    )
     add_option(p, "push_to_hub", metavar="REPO", default=None, help="also push the calibrator to this Hub repo id")
     add_option(
         p,
@@ -82,7 +99,7 @@ def run(args) -> int:
 
     auto = args.method.lower() == "auto"
     kind = "auto" if auto else method_kind(args.method)
-    if args.seed is not None and not auto and not is_stochastic(kind):
+    if args.seed is not None and not auto and not is_stochastic(kind) and not args.for_shift:
         raise CLIError(f"--seed applies to seeded methods only (smart, ...): {kind} is deterministic.")
     if not args.push_to_hub and (args.dry_run or args.path_in_repo or args.private):
         raise CLIError("--dry-run, --path-in-repo and --private apply to --push-to-hub only.")
@@ -101,7 +118,9 @@ def run(args) -> int:
     from_logits = from_logits_of(args, data.logits, data.task)
     sigmoid = data.task in ("binary", "multilabel")
     task_kw = {"task": data.task} if sigmoid else {}
-    if auto:  # cross-validate every calibrator, refit the best
+    if args.for_shift:
+        calibrator = _fit_for_shift(args, kind, data, sigmoid, auto)
+    elif auto:  # cross-validate every calibrator, refit the best
         calibrator = fit_auto(args, data, from_logits, progress_bar=not args.json)
         kind = calibrator.method_ if calibrator.method_ != "uncalibrated" else "identity"  # no candidate qualified
     else:
@@ -123,6 +142,8 @@ def run(args) -> int:
             **fit_kwargs,
             **task_kw,
         )
+    if args.for_shift:
+        from_logits = True  # the model's own logits
     with writing("--out", out):
         calibrator.save_pretrained(
             out, overwrite=args.overwrite, model_card_kwargs=card_kwargs(data, saved_to=str(out))
@@ -170,6 +191,25 @@ def run(args) -> int:
             else f"pushed to {pushed['repo_url']}"
         )
     return 0
+
+
+def _fit_for_shift(args, kind: str, data, sigmoid: bool, auto: bool):
+    """``--for-shift``: :func:`hf_calibration.shift.fit_for_shift` on the model and the --split images."""
+    from hf_calibration.shift import fit_for_shift
+
+    if data.model is None:
+        raise CLIError("--for-shift perturbs the images: it needs --model and --dataset, not --logits.")
+    if auto or sigmoid:
+        raise CLIError("--for-shift fits one softmax calibrator (ts, ets, smart, ...): not auto, not a sigmoid head.")
+    try:
+        return fit_for_shift(args.model, args.dataset, kind, split=data.split, levels=args.levels,
+                             perturbation=args.perturbation, seed=args.seed or 0, progress_bar=not args.json,
+                             batch_size=args.batch_size, image_column=args.image_column, label_column=args.label_column,
+                             max_samples=args.max_samples, device=args.device, num_workers=args.num_workers,
+                             revision=args.revision, config_name=args.config,
+                             cache_dir=None if args.no_cache else args.cache_dir)  # fmt: skip
+    except (TypeError, ValueError) as err:
+        raise CLIError(str(err)) from None
 
 
 def _push(calibrator, args, out, card: dict | None) -> dict:

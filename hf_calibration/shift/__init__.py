@@ -2,11 +2,14 @@
 
 ``corrupt(image, name, severity, seed=0)`` applies one corruption with the published CIFAR-10-C (32 px) or
 ImageNet-C (224 px) parameters; ``corruption_transform`` does it on the fly for a ``datasets.Dataset``.
-The corruption functions need the ``shift`` extra (``pip install "hf-calibration[shift]"``: OpenCV,
+``fit_for_shift(model, dataset, method="ets")`` fits a calibrator to survive shift (the held-out images perturbed
+from clean to near chance; Tomani et al., CVPR 2021); ``calibrator.adapt(unlabeled_logits)`` adapts a fitted one to
+deployment data without labels (ATC, Garg et al., ICLR 2022). The corruption functions need the ``shift`` extra (``pip install "hf-calibration[shift]"``: OpenCV,
 scikit-image and the ``imagecorruptions`` package's frost textures); they are imported on first use.
 """
 
 from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, EXTRA_CORRUPTIONS, IMAGENET_C
+from hf_calibration.shift.perturbation import fit_for_shift, fit_on_perturbed, perturb, strength_schedule
 from hf_calibration.shift.report import ShiftReport, shift_report
 from hf_calibration.shift.transform import CORRUPTIONS, SEVERITIES, corrupt, corruption_transform, preset_for_size
 
@@ -19,6 +22,10 @@ __all__ = [
     "SEVERITIES",
     "ShiftReport",
     "corrupt",
+    "fit_for_shift",
+    "fit_on_perturbed",
+    "perturb",
+    "strength_schedule",
     "corruption_transform",
     "preset_for_size",
     "shift_report",

@@ -449,3 +449,20 @@ def test_docstring_examples():
         result = doctest.testmod(module)
         assert result.attempted >= 3 and result.failed == 0, module.__name__
     assert IsotonicRegression.__doc__
+
+
+def test_the_identity_says_on_its_card_that_the_model_is_kept_as_it_is(tmp_path):
+    """calibrate_on_eval / AutoCalibrator keep the identity when nothing qualifies; its card described dividing by a
+    temperature (issue 40, item 11)."""
+    import warnings
+
+    from hf_calibration.calibrators.selection import identity_calibrator
+
+    rng = np.random.default_rng(0)
+    z, y = rng.normal(size=(200, 4)), rng.integers(0, 4, 200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        identity = identity_calibrator(z, y, True, "no candidate qualified (a test's reason)", who="test")
+    identity.save_pretrained(tmp_path / "identity")
+    card = (tmp_path / "identity" / "README.md").read_text()
+    assert "the identity map" in card and "a test's reason" in card and "divides" not in card

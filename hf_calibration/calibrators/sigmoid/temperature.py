@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,10 @@ from hf_calibration._core.checks import check_int
 from hf_calibration.calibrators._registry import register_calibrator
 from hf_calibration.calibrators.sigmoid._base import SigmoidCalibrator
 from hf_calibration.calibrators.sigmoid._fit import minimise_bce
-from hf_calibration.calibrators.temperature import T_MAX, T_MIN
+
+# a sigmoid head's logits are each label's log-odds, with no softmax normalisation to absorb a scale: under-confident
+# heads (label-smoothed training) want T well below the softmax bounds' 0.05, logits of 1e4 want T above 100
+T_MIN, T_MAX = 1e-3, 1e3
 
 
 @register_calibrator
@@ -22,7 +26,8 @@ class SigmoidTemperatureScaling(
     tags=["temperature-scaling", "sigmoid", "multi-label"],
     paper_url="https://arxiv.org/abs/1706.04599",
 ):
-    """Temperature scaling of a binary or multi-label head: ``sigmoid(z_l / T)``, ``T = exp(t)`` in [0.05, 100].
+    """Temperature scaling of a binary or multi-label head: ``sigmoid(z_l / T)``, ``T = exp(t)`` in [0.001, 1000] (a
+    warning says when the fit stops at a bound).
 
     ``per_label=False`` (default): one temperature for every label, minimising the mean over labels of each label's
     binary cross-entropy (Guo et al. 2017's one-parameter map, applied to each sigmoid); ``per_label=True``: one
@@ -95,6 +100,15 @@ class SigmoidTemperatureScaling(
         with torch.no_grad():
             self.log_temperature.copy_(params.clamp(low, high))
         temperatures = torch.exp(self._clamped()).tolist()
+        at_bound = [t for t in temperatures if t <= T_MIN * (1 + 1e-6) or t >= T_MAX * (1 - 1e-6)]
+        if at_bound:
+            warnings.warn(
+                f"SigmoidTemperatureScaling stopped at its bound T = {at_bound[0]:g} (the range is [{T_MIN:g}, {T_MAX:g}]): "
+                "one temperature cannot fit these logits (their scale is off by more than that, or a label is separable). "
+                "PlattScaling (a z + b per label) or BetaCalibration fits them.",
+                UserWarning,
+                stacklevel=4,
+            )
         return {
             "temperature": temperatures if self.per_label_temperature else temperatures[0],
             "best_objective": loss,

@@ -1,6 +1,8 @@
 """Calibrators of sigmoid heads (binary, multi-label): against scikit-learn, betacal and the softmax calibrators;
 persistence, attach and the refusals that name problem_type."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,7 @@ from hf_calibration.calibrators import (
     list_calibrators,
     load_calibrator,
 )
+from hf_calibration.metrics import nll
 
 SIGMOID = list_calibrators("multilabel")
 
@@ -336,3 +339,51 @@ def test_platt_on_probabilities_with_exact_zeros_and_ones_records_probabilities(
     assert detected.fit_info_["input"] == "probabilities"
     np.testing.assert_allclose(detected.fit_info_["weight"], told.fit_info_["weight"], rtol=0, atol=0)
     np.testing.assert_allclose(detected.fit_info_["bias"], told.fit_info_["bias"], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ issue 40: saturated probabilities, the TS bounds
+
+
+def test_a_probability_of_one_means_a_logit_of_36_7_not_708():
+    """A float64 p = 1.0 says only that p is within 2^-53 of 1: its logit is log((1 - 2^-53) / 2^-53) = 36.74, as
+    betacal reads it. At 708 one confidently wrong sample dominated Platt's test NLL; with the clip, Platt on
+    probabilities equals scikit-learn's logistic regression on the clipped logits."""
+    from sklearn.linear_model import LogisticRegression
+
+    r = np.random.default_rng(0)
+    m = r.normal(4, 4, 5000)
+    y = (r.random(5000) < 1 / (1 + np.exp(-0.5 * m))).astype(int)
+    mt = r.normal(4, 4, 5000)
+    yt = (r.random(5000) < 1 / (1 + np.exp(-0.5 * mt))).astype(int)
+    mt[0], yt[0] = 40.0, 0
+    p, pt = 1 / (1 + np.exp(-m)), 1 / (1 + np.exp(-mt))
+    assert pt[0] == 1.0
+    platt = PlattScaling(smooth_targets=False).fit(p, y, progress_bar=False)
+    g = platt(torch.from_numpy(pt)).numpy()
+    w, b = platt.fit_info_["weight"][0], platt.fit_info_["bias"][0]
+    assert g[0] == pytest.approx(w * np.log((1 - 2.0**-53) / 2.0**-53) + b, rel=1e-12)
+
+    def clipped_logit(q):
+        q = np.clip(q, 2.0**-53, 1 - 2.0**-53)
+        return np.log(q) - np.log1p(-q)
+
+    lr = LogisticRegression(C=1e12, tol=1e-12, max_iter=10_000).fit(clipped_logit(p)[:, None], y)
+    q = lr.predict_proba(clipped_logit(pt)[:, None])[:, 1]
+    reference = -np.mean(yt * np.log(q) + (1 - yt) * np.log1p(-q))
+    assert nll(g, yt, task="binary", from_logits=True) == pytest.approx(reference, abs=1e-5)
+
+
+def test_sigmoid_temperature_scaling_warns_at_its_bounds():
+    """An under-confident head stopped at T = 0.05 without a word (NLL 0.433 where Platt reaches 0.348); the range is
+    now [0.001, 1000] and a warning names the bound and what fits instead."""
+    rng = np.random.default_rng(0)
+    y = (rng.random(2000) < 0.5).astype(int)
+    under = 0.02 * (2 * y - 1) + 0.005 * rng.normal(size=2000)  # separable, and far too timid: wants T -> 0
+    with pytest.warns(UserWarning, match=r"stopped at its bound T = 0.001.*PlattScaling"):
+        fitted = SigmoidTemperatureScaling().fit(under, y, progress_bar=False)
+    assert fitted.fitted_temperature == pytest.approx(1e-3)
+    timid = 0.05 * (2 * y - 1) + 0.05 * rng.normal(size=2000)  # Bayes logit 40 x: T = 0.025, an inner optimum
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = SigmoidTemperatureScaling().fit(timid, y, progress_bar=False).fitted_temperature
+    assert t == pytest.approx(0.025, rel=0.1)  # below the old bound of 0.05
