@@ -125,6 +125,8 @@ def run(args) -> int:
     test = None
     if args.test_split is not None:
         test = load_inputs(argparse.Namespace(**{**vars(args), "split": args.test_split}), default_split="test")
+    if data.task == "multilabel":
+        return _run_multilabel(args, data, test, calibrator)
     from_logits = from_logits_of(args, data.logits)
     predictor.fit(
         to_tensor(data.logits), to_tensor(data.labels), alpha=args.alpha, calibrator=calibrator, from_logits=from_logits
@@ -191,4 +193,60 @@ def run(args) -> int:
             if args.dry_run
             else f"pushed: {result['commit_url']}"
         )
+    return 0
+
+
+def _run_multilabel(args, data, test, calibrator) -> int:
+    """A multi-label head's sets: conformal risk control of the false-negative rate (``MultiLabelConformalPredictor``);
+    THR / APS / RAPS are sets of one class among K and do not apply."""
+    from hf_calibration.conformal import MultiLabelConformalPredictor
+
+    if (
+        args.method != "raps"
+        or args.k_reg is not None
+        or args.penalty is not None
+        or args.not_randomized
+        or args.allow_empty
+    ):
+        raise CLIError(
+            "a multi-label head's sets are conformal risk control (every label whose probability passes one "
+            "threshold): --method, --k-reg, --penalty, --not-randomized and --allow-empty do not apply."
+        )
+    if calibrator is not None and not calibrator.is_fitted:
+        raise CLIError(
+            "--calibrator for a multi-label head must be a fitted sigmoid calibrator's folder (fit it with "
+            "`hf-calibration fit --method platt` on other data)."
+        )
+    from_logits = from_logits_of(args, data.logits, data.task)
+    try:
+        predictor = MultiLabelConformalPredictor().fit(to_tensor(data.logits), to_tensor(data.labels), alpha=args.alpha,
+                                                       calibrator=calibrator, from_logits=from_logits)  # fmt: skip
+    except (TypeError, ValueError) as err:
+        raise CLIError(str(err)) from None
+    info = predictor.fit_info_
+    result = {"source": data.source, "method": "crc", "alpha": args.alpha, "threshold": info["threshold"],
+              "num_samples": info["num_samples"],
+              "calibration": {"false_negative_rate": info["false_negative_rate"], "mean_set_size": info["mean_set_size"]}}  # fmt: skip
+    if test is not None:
+        result["test"] = {"source": test.source, **predictor.evaluate(test.logits, test.labels,
+                                                                     from_logits=from_logits_of(args, test.logits, test.task))}  # fmt: skip
+    if args.out is not None:
+        predictor.save_pretrained(args.out, overwrite=args.overwrite)
+        result["out"] = str(args.out)
+    if args.push_to_hub:
+        raise CLIError("--push-to-hub: push a multi-label predictor with predictor.push_to_hub(); --out saves it here.")
+    if args.json:
+        print(dump_json(result))
+        return 0
+    print(f"multi-label sets by conformal risk control at alpha = {args.alpha} (false-negative rate <= {args.alpha:g}) on "
+          f"{data.source}: threshold {info['threshold']:.6g} from {info['num_samples']} samples")  # fmt: skip
+    rows = [("calibration split (in-sample)", result["calibration"])] + (
+        [(test.source, result["test"])] if test else []
+    )
+    width = max(len(r[0]) for r in rows)
+    print(f"{'':{width}}  false-negative rate  mean set size")
+    for name, values in rows:
+        print(f"{name:{width}}  {values['false_negative_rate']:19.2%}  {values['mean_set_size']:13.3f}")
+    if args.out is not None:
+        print(f"saved to {args.out}")
     return 0

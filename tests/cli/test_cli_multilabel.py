@@ -63,3 +63,26 @@ def test_compare_multilabel(files, capsys, tmp_path):
         "sigmoid_histogram_binning",
     }
     assert out["best"] in out["table"] and len(out["diagrams"]) >= 2
+
+
+def test_conformal_on_a_multilabel_head_is_conformal_risk_control(tmp_path, capsys):
+    """`hf-calibration conformal --task multilabel` failed with "Expected labels rank 1" (issue 40, item 2): a multi-label
+    head's sets are CRC's, here equal to MultiLabelConformalPredictor's on the same arrays."""
+    from hf_calibration.conformal import MultiLabelConformalPredictor
+
+    rng = np.random.default_rng(4)
+    y = (rng.random((800, 4)) < 0.3).astype(np.int64)
+    z = 2 * (2 * y - 1) + 2 * rng.normal(size=y.shape)
+    path = save_logits(tmp_path / "ml.npz", val=(z[:500], y[:500]), test=(z[500:], y[500:]))
+    code = main(["conformal", "--logits", str(path), "--split", "val", "--task", "multilabel", "--alpha", "0.1",
+                 "--test-split", "test", "--out", str(tmp_path / "crc"), "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    got = json.loads(out)
+    expected = MultiLabelConformalPredictor().fit(z[:500], y[:500], alpha=0.1)
+    assert got["method"] == "crc" and got["threshold"] == pytest.approx(expected.fit_info_["threshold"], abs=1e-12)
+    assert {k: got["test"][k] for k in ("false_negative_rate", "mean_set_size")} == pytest.approx(
+        expected.evaluate(z[500:], y[500:])
+    )
+    code = main(["conformal", "--logits", str(path), "--task", "multilabel", "--method", "aps"])
+    assert code != 0 and "do not apply" in capsys.readouterr().err
