@@ -135,7 +135,9 @@ def _load(args, default_split: str) -> Inputs:
     from hf_calibration.io.inference import _task_of
 
     task = _task_of(args.model, args.revision, getattr(args, "task", None))
-    label_column = find_label_column(dataset.features, args.label_column, multilabel=task == "multilabel")
+    label_column = find_label_column(
+        dataset.features, args.label_column, multilabel=task == "multilabel", binary=task == "binary"
+    )
     if task != "multilabel":
         _check_labelled(dataset, label_column, args)
     cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())

@@ -233,11 +233,26 @@ def multi_hot_labels(data, column: str, num_labels: int) -> np.ndarray:
     return out
 
 
-def find_label_column(features, label_column: str | None = None, *, multilabel: bool = False) -> str:
+def _is_binary_label(feature) -> bool:
+    """What a one-logit binary head's labels may be stored as: class indices, floats (transformers' BCE loss takes float
+    labels), or a one-element list of them (the (N, 1) float labels of ``problem_type="multi_label_classification"``)."""
+    import datasets
+
+    inner = _list_inner(feature)
+    value = inner if inner is not None else feature
+    return isinstance(value, datasets.ClassLabel) or (
+        isinstance(value, datasets.Value) and value.dtype.startswith(("int", "uint", "float", "bool"))
+    )
+
+
+def find_label_column(
+    features, label_column: str | None = None, *, multilabel: bool = False, binary: bool = False
+) -> str:
     """The column holding the class indices: ``label_column`` if given (checked), else the one
     ``datasets.ClassLabel`` column, else an integer column named ``label`` or ``labels``. With ``multilabel``, the
     column of a multi-label dataset: a list of class indices (``Sequence(ClassLabel)``) or a multi-hot vector, named by
-    ``label_column`` or found as the one such column (``labels`` / ``label`` first)."""
+    ``label_column`` or found as the one such column (``labels`` / ``label`` first). With ``binary`` (a one-logit head),
+    also a float column or a column of one-element lists (transformers' BCE labels), 0 / 1 checked when read."""
     import datasets
 
     if multilabel:
@@ -261,6 +276,23 @@ def find_label_column(features, label_column: str | None = None, *, multilabel: 
             f"model (config.problem_type='multi_label_classification'), but found {found or 'none'} among "
             f"{_describe(features)}; name it with `label_column`."
         )
+
+    if binary:  # a one-logit binary head: an integer, float or one-element list column, 0 / 1 checked when read
+        if label_column is not None:
+            if label_column not in features:
+                raise ValueError(
+                    f"Expected argument `label_column` to name a column, but got {label_column!r}; the "
+                    f"columns are {_describe(features)}."
+                )
+            if not _is_binary_label(features[label_column]):
+                raise ValueError(
+                    f"Expected argument `label_column` to name a column of 0/1 labels (integers, floats, or "
+                    f"one-element lists of them), but {label_column!r} is {features[label_column]}."
+                )
+            return label_column
+        named = [name for name in LABEL_NAMES if name in features and _is_binary_label(features[name])]
+        if len(named) == 1 and not any(isinstance(f, datasets.ClassLabel) for f in features.values()):
+            return named[0]
 
     if label_column is not None:
         if label_column not in features:

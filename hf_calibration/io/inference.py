@@ -68,8 +68,10 @@ def _labels(data, column: str, model: nn.Module) -> np.ndarray:
     """The label column as int64, mapped onto the model's class indices when both sides name their classes
     and the names agree in a different order (a silent mismatch would give wrong metrics)."""
     values = np.asarray(data.with_format("numpy", columns=[column])[column])
-    if values.dtype == object:  # a null among integers
+    if values.dtype == object:  # a null among integers, or one-element lists
         values = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    if values.ndim == 2 and values.shape[1] == 1:  # a one-logit binary head's (N, 1) float labels (transformers' BCE)
+        values = values[:, 0]
     labels = whole_labels(values, column).astype(np.int64)
     feature = data.features[column]
     id2label = getattr(getattr(model, "config", None), "id2label", None) or {}
@@ -294,7 +296,9 @@ def predict_logits(
     data = load_image_dataset(dataset, split, config_name=config_name, revision=dataset_revision)
     image_column = find_image_column(data.features, image_column)
     task = _task_of(model, revision, task)
-    label_column = find_label_column(data.features, label_column, multilabel=task == "multilabel")
+    label_column = find_label_column(
+        data.features, label_column, multilabel=task == "multilabel", binary=task == "binary"
+    )
     if max_samples is not None and max_samples < len(data):
         if task != "multilabel":
             _warn_if_classes_are_missing(data, label_column, max_samples)

@@ -58,3 +58,37 @@ def test_a_softmax_model_refuses_a_multi_label_column(setup, tmp_path):
     model = make_model("vit", seed=0, num_channels=3, num_labels=3).eval()
     with pytest.raises(ValueError, match="label"):
         predict_logits(model, as_indices, image_processor=str(setup[0]), progress=False, num_workers=0)
+
+
+def test_soft_multi_hot_labels_are_refused_not_rounded(setup):
+    """0.7 was rounded to 1 and 0.5 to 0 (issue 39): a multi-label dataset's labels are 0 or 1."""
+    import datasets
+
+    folder, _, as_vectors, hot, _ = setup
+    soft = hot.astype(np.float32)
+    soft[3, 1] = 0.7
+    data = datasets.Dataset.from_dict({"img": list(as_vectors["img"]), "labels": soft.tolist()})
+    with pytest.raises(ValueError, match=r"row 3 holds 0\.69999.*not rounded"):  # 0.7 stored as float32
+        predict_logits(str(folder), data, progress=False, num_workers=0)
+
+
+@pytest.mark.parametrize("form", ["float", "one-element lists"])
+def test_a_one_logit_binary_head_takes_float_labels(setup, tmp_path, form):
+    """transformers' BCE loss needs the (N, 1) float labels of a one-logit head; predict_logits refused them ("no ClassLabel
+    column and no integer label/labels column", issue 40 item 3). 0.0 / 1.0 are read as 0 / 1; 0.5 is refused."""
+    import datasets
+    from transformers import ViTImageProcessor
+
+    test = digits_dataset_dict()["test"]
+    y = (np.asarray(test["digit"]) < 5).astype(np.float32)
+    values = y.tolist() if form == "float" else [[v] for v in y.tolist()]
+    data = datasets.Dataset.from_dict({"img": list(test["img"]), "labels": values})
+    model = make_model("vit", seed=1, num_channels=3, num_labels=1, problem_type="multi_label_classification").eval()
+    processor = ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=MEAN, image_std=STD)
+    logits, labels = predict_logits(model, data, processor, progress=False, num_workers=0)
+    assert logits.shape == (len(y), 1) and np.array_equal(labels, y.astype(np.int64))
+    bad = list(values)
+    bad[2] = 0.5 if form == "float" else [0.5]
+    with pytest.raises(ValueError, match="found 0.5"):
+        predict_logits(model, datasets.Dataset.from_dict({"img": list(test["img"]), "labels": bad}), processor,
+                       progress=False, num_workers=0)  # fmt: skip
