@@ -251,13 +251,14 @@ def _safetensors(path: Path, key: str | None) -> DiskLogits:
         )
     labels = None
     for name in ("labels", "label"):
-        if name in tensors and tensors[name]["dtype"] in ("I64", "I32") and len(tensors[name]["shape"]) == 1:
+        if name in tensors and tensors[name]["dtype"] in ("I64", "I32") and len(tensors[name]["shape"]) in (1, 2):
             lo, hi = tensors[name]["data_offsets"]
             with open(path, "rb") as f:
                 f.seek(8 + size + lo)
                 labels = np.frombuffer(f.read(hi - lo), dtype=_SAFETENSORS_DTYPES[tensors[name]["dtype"]]).astype(
                     np.int64
                 )
+            labels = labels.reshape(tensors[name]["shape"])  # (N,) class indices, or a multi-label head's (N, L)
             break
     if len(info["shape"]) != 2:
         raise ValueError(
@@ -388,8 +389,11 @@ class LogitsWriter:
         self.labels = np.ascontiguousarray(
             whole_labels(labels, "labels"), dtype=np.int64
         )  # 1.7 is refused, not truncated
-        if self.labels.shape != (self.shape[0],):
-            raise ValueError(f"Expected {self.shape[0]} labels, but got shape {self.labels.shape}.")
+        if self.labels.ndim not in (1, 2) or self.labels.shape[0] != self.shape[0]:
+            raise ValueError(
+                f"Expected {self.shape[0]} labels of shape (N,) (class indices) or (N, L) (a multi-label "
+                f"head's 0/1 labels), but got shape {self.labels.shape}."
+            )
         self.kind = {".npy": "npy", ".safetensors": "safetensors"}.get(self.path.suffix.lower(), "dataset")
         targets = [self.path] + ([self._labels_path()] if self.kind == "npy" else [])
         for target in targets:
@@ -418,7 +422,9 @@ class LogitsWriter:
             features = datasets.Features(
                 {
                     "logits": datasets.List(datasets.Value("float32"), length=self.shape[1]),
-                    "label": datasets.Value("int64"),
+                    "label": datasets.Value("int64")
+                    if self.labels.ndim == 1
+                    else datasets.List(datasets.Value("int64"), length=self.labels.shape[1]),
                 }
             )
             self._schema = features.arrow_schema
@@ -438,7 +444,11 @@ class LogitsWriter:
         logits_bytes = n * k * 4
         header = {
             "logits": {"dtype": "F32", "shape": [n, k], "data_offsets": [0, logits_bytes]},
-            "labels": {"dtype": "I64", "shape": [n], "data_offsets": [logits_bytes, logits_bytes + n * 8]},
+            "labels": {
+                "dtype": "I64",
+                "shape": list(self.labels.shape),
+                "data_offsets": [logits_bytes, logits_bytes + self.labels.size * 8],
+            },
             "__metadata__": {"format": "np", "written_by": "hf_calibration.predict_logits"},
         }
         blob = json.dumps(header, separators=(",", ":")).encode()
@@ -470,9 +480,13 @@ class LogitsWriter:
         values = np.concatenate(self._queue)
         start = self._written
         column = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), self.shape[1])
-        table = pa.Table.from_arrays(
-            [column, pa.array(self.labels[start : start + values.shape[0]])], schema=self._schema
+        labels = self.labels[start : start + values.shape[0]]
+        labels = (
+            pa.array(labels)
+            if labels.ndim == 1
+            else pa.FixedSizeListArray.from_arrays(pa.array(labels.reshape(-1)), labels.shape[1])
         )
+        table = pa.Table.from_arrays([column, labels], schema=self._schema)
         self._arrow.write_table(table)
         self._written += values.shape[0]
         self._queue = []

@@ -70,11 +70,12 @@ class SigmoidLoss(CalibrationLoss):
         if not self.validate_args:
             return False
         t = batch.labels
-        bad = ((t < 0) | (t > 1)).any()
+        outside = ~((t >= 0) & (t <= 1))  # NaN fails both comparisons: a NaN label is refused, not a NaN loss
+        bad = outside.any()
         values = [bad] + ([count] if isinstance(count, torch.Tensor) else [])
         host = torch.stack([v.to(device=t.device, dtype=torch.float64) for v in values]).tolist()
         if host[0]:
-            found = batch.raw_labels[batch.mask][((t < 0) | (t > 1))[batch.mask]][0]
+            found = batch.raw_labels[batch.mask][outside[batch.mask]][0]
             raise ValueError(
                 f"Expected `labels` to hold targets in [0, 1] (0/1 labels; or {self.ignore_index}, ignored) for a "
                 f"sigmoid head, but found {float(found)!r}."

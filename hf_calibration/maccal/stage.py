@@ -395,6 +395,21 @@ def train_masked_head(
     return history
 
 
+def check_softmax_head(model: nn.Module, what: str = "the MaC-Cal stage (`maccal=`)") -> None:
+    """Refuse a sigmoid head (binary or multi-label, by the model's ``config.problem_type``), naming it: MaC-Cal's adaptive
+    retention is driven by the softmax confidence against the accuracy (Ni et al. 2025), which a sigmoid head has not."""
+    from hf_calibration._core.tasks import task_of_model
+
+    task = task_of_model(model)
+    if task in ("binary", "multilabel"):
+        raise ValueError(
+            f"Expected a softmax head for {what}, but the model's config.problem_type is "
+            f"{getattr(model.config, 'problem_type', None)!r} (a {task} sigmoid head): MaC-Cal's adaptive retention is driven "
+            "by the softmax confidence against the accuracy (Ni et al. 2025), which a sigmoid head does not have. Train it "
+            "without MaC-Cal, and calibrate it post hoc (calibrate_on_eval=True fits a sigmoid temperature scaling)."
+        )
+
+
 def maccal_stage(
     model: nn.Module,
     dataset=None,
@@ -450,6 +465,7 @@ def maccal_stage(
         raise TypeError(f"Expected argument `model` to be a torch.nn.Module, but got {type(model).__name__}.")
     if dataset is None and features is None:
         raise ValueError("Expected argument `dataset` (or `features`) to be given, but got neither.")
+    check_softmax_head(model, "maccal_stage")
     path = head_path(model, head)
     _, _, linear = find_classifier_head(model, head)
     if not isinstance(linear, nn.Linear):

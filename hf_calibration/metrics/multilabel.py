@@ -474,6 +474,16 @@ class SigmoidCalibrationReport:
     def keys(self):
         return self.macro.keys()
 
+    def intervals(self, average: str = "macro") -> dict[str, MetricInterval]:
+        """The metrics that carry a bootstrap interval (``ci=``), by name: the macro values (default), the pooled ones
+        (``average="micro"``), or each label's (``"none"``: a list per metric), as ``CalibrationReport.intervals()``."""
+        values = {"macro": self.macro, "micro": self.micro, "none": self.per_label}[
+            check_average_for(self.task, average)
+        ]
+        if average == "none":
+            return {k: v for k, v in values.items() if isinstance(v, list) and v and isinstance(v[0], MetricInterval)}
+        return {k: v for k, v in values.items() if isinstance(v, MetricInterval)}
+
     def to_dict(self) -> dict[str, Any]:
         def plain(v):
             if isinstance(v, np.ndarray):

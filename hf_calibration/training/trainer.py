@@ -259,14 +259,10 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
                 find_classifier_head(self.model, head)  # fail now, not at the first step, when there is no head
         if isinstance(self.calibration_loss, nn.Module):
             self._prepare_loss(self.calibration_loss)
-        if maccal is not None and self.head_task in ("binary", "multilabel"):
-            raise ValueError(
-                "Expected a softmax head for the MaC-Cal stage (`maccal=`), but the model's config.problem_type is "
-                f"{getattr(self.model.config, 'problem_type', None)!r} (a {self.head_task} sigmoid head): MaC-Cal's adaptive "
-                "retention is driven by the softmax confidence against the accuracy (Ni et al. 2025), which a sigmoid head "
-                "does not have. Train it without `maccal`, and calibrate it post hoc (calibrate_on_eval=True fits a sigmoid "
-                "temperature scaling)."
-            )
+        if maccal is not None and self.model is not None:
+            from hf_calibration.maccal.stage import check_softmax_head
+
+            check_softmax_head(self.model)
         self._init_calibrate_on_eval(calibrate_on_eval, endpoint_handler)
 
     def _prepare_loss(self, loss: nn.Module) -> None:

@@ -92,3 +92,18 @@ def test_a_one_logit_binary_head_takes_float_labels(setup, tmp_path, form):
     with pytest.raises(ValueError, match="found 0.5"):
         predict_logits(model, datasets.Dataset.from_dict({"img": list(test["img"]), "labels": bad}), processor,
                        progress=False, num_workers=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".safetensors", ""])
+def test_a_multi_label_model_writes_its_logits_to_disk_with_its_labels(setup, tmp_path, suffix):
+    """predict_logits(output=...) on a multi-label dataset failed with "Expected 20 labels, but got shape (20, 3)" (issue
+    40): the (N, L) labels go beside the logits in every format, and read back."""
+    from hf_calibration.io import open_logits
+
+    folder, _, as_vectors, hot, expected = setup
+    out = tmp_path / f"ml{suffix}"
+    written, labels = predict_logits(str(folder), as_vectors, progress=False, num_workers=0, output=out)
+    back = open_logits(out)
+    assert np.array_equal(labels, hot) and np.array_equal(back.labels, hot)
+    np.testing.assert_allclose(np.asarray(written), expected, atol=1e-5)
+    np.testing.assert_allclose(back.read(0, len(hot)), expected, atol=1e-5)

@@ -137,3 +137,18 @@ def test_bad_targets_are_named():
             softmax(z, y)
     with pytest.raises(ValueError, match="multi_label_classification"):
         FeDLaSLoss(num_classes=5)(z, y, features=torch.randn(64, 8))
+
+
+@pytest.mark.parametrize("name", ["bce", "focal", "asymmetric", "label_smoothing"])
+def test_a_nan_label_is_refused_not_a_nan_loss(name):
+    """The sigmoid losses returned NaN for a NaN label (issue 40): refused, naming it, as an out-of-range one is."""
+    from hf_calibration.losses import AsymmetricLoss, BinaryCrossEntropyLoss, BinaryLabelSmoothingLoss, SigmoidFocalLoss
+
+    loss = {"bce": BinaryCrossEntropyLoss, "focal": SigmoidFocalLoss, "asymmetric": AsymmetricLoss,
+            "label_smoothing": BinaryLabelSmoothingLoss}[name]()  # fmt: skip
+    z = torch.randn(6, 3)
+    y = (torch.rand(6, 3) < 0.5).float()
+    assert torch.isfinite(loss(z, y))
+    y[2, 1] = float("nan")
+    with pytest.raises(ValueError, match="found nan"):
+        loss(z, y)

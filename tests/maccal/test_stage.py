@@ -468,3 +468,11 @@ def test_a_short_stage_prints_no_progress(capfd, monkeypatch, trained_vit):
         _clone(trained_vit), digits_dataset(slice(0, 96)), MaCCalConfig(epochs=3, batch_size=32, progress=True)
     )
     assert "MaC-Cal" not in capfd.readouterr().err
+
+
+def test_a_sigmoid_head_is_refused_by_name_not_an_index_error():
+    """maccal_stage on a multi-label ViT failed with an IndexError (issue 40); CalibrationTrainer refused the same
+    setup clearly: both now say why, from one check."""
+    model = make_model("vit", seed=0, num_labels=3, problem_type="multi_label_classification")
+    with pytest.raises(ValueError, match=r"softmax head for maccal_stage.*multi_label_classification.*sigmoid head"):
+        maccal_stage(model, digits_dataset(slice(0, 32)), MaCCalConfig(epochs=1))

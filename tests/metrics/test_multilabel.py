@@ -251,3 +251,19 @@ def test_a_label_whose_entries_are_all_ignored_is_left_out_of_the_macro_average_
     with pytest.warns(UserWarning, match="no kept entry"):
         per_label = ece(z, y_ignored, task="multilabel", average="none")
     assert np.isnan(per_label[1]) and per_label[0] == pytest.approx(ece(z[:, 0], y[:, 0], task="binary"), abs=1e-15)
+
+
+def test_a_sigmoid_report_lists_its_intervals_as_the_softmax_one_does():
+    """``report.intervals()``, which the docs use, was missing on a sigmoid head's report (issue 40)."""
+    rng = np.random.default_rng(2)
+    y = (rng.random((600, 3)) < 0.3).astype(np.int64)
+    z = 2 * (2 * y - 1) + 2 * rng.normal(size=y.shape)
+    report = calibration_report(z, y, ci=0.9, n_boot=50)
+    macro = report.intervals()
+    assert set(macro) >= {"ece", "nll"} and all(
+        np.isfinite([macro[k].low, macro[k].high]).all() for k in ("ece", "nll")
+    )
+    assert macro["ece"] == report.macro["ece"] and report.intervals("micro")["ece"] == report.micro["ece"]
+    per_label = report.intervals("none")["ece"]
+    assert len(per_label) == 3 and per_label[0] == pytest.approx(ece(z[:, 0], y[:, 0], task="binary"), abs=1e-12)
+    assert calibration_report(z, y).intervals() == {}
