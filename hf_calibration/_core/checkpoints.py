@@ -454,3 +454,49 @@ def _download(repo_id: str, name: str, subfolder: str | None, **kwargs: Any) -> 
             f"{repo_id!r} is no local folder, and the Hub cannot be reached to download it ({reason}).", reason
         ) from None
     return Path(root) / prefix if prefix else Path(root)
+
+
+# ----------------------------------------------------------------------------------------------- edited configs
+
+SETTINGS_KEY = "settings"  # weights-file metadata: a copy of what config.json says, so an edited config is refused
+
+
+def settings_metadata(settings: dict[str, Any]) -> str:
+    """``settings`` (a save's constructor arguments and fit record) as the JSON stored in the weights file's metadata."""
+    return json.dumps(json.loads(json.dumps(settings)), sort_keys=True)
+
+
+def first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:
+    """The first key path at which two JSON values differ (None: equal)."""
+    if isinstance(saved, dict) and isinstance(loaded, dict):
+        for key in sorted(set(saved) | set(loaded)):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in saved or key not in loaded:
+                return where
+            found = first_difference(saved[key], loaded[key], where)
+            if found is not None:
+                return found
+        return None
+    return None if saved == loaded else path
+
+
+def check_settings(metadata: dict[str, str], settings: dict[str, Any], where: str, what: str) -> None:
+    """Refuse a ``config.json`` that says other than the settings its weights file recorded at the save (saves made
+    before they were recorded carry none, and are not checked here)."""
+    recorded = metadata.get(SETTINGS_KEY)
+    if recorded is None:
+        return
+    config = f"{where}/{CONFIG_NAME}"
+    try:
+        saved = json.loads(recorded)
+    except ValueError:
+        saved = None
+    found = "the settings recorded in the weights file are not JSON" if saved is None else None
+    if found is None:
+        difference = first_difference(saved, json.loads(json.dumps(settings)))
+        found = None if difference is None else f"{difference} differs from what was saved"
+    if found is not None:
+        raise ValueError(
+            f"The {what}'s {config!r} does not match its weights ({found}): it was edited after the save or is "
+            "corrupted. Save it again rather than editing its config."
+        )

@@ -765,7 +765,12 @@ class Calibrator(
         save_model(
             self,
             str(save_directory / hub.WEIGHTS_NAME),
-            metadata={"format": "pt", "calibrator": self.kind, "format_version": str(hub.CHECKPOINT_FORMAT_VERSION)},
+            metadata={
+                "format": "pt",
+                "calibrator": self.kind,
+                "format_version": str(hub.CHECKPOINT_FORMAT_VERSION),
+                hub.SETTINGS_KEY: hub.settings_metadata(self._settings()),  # an edited config.json is refused at load
+            },
         )
         from hf_calibration._core.version import __version__
 
@@ -777,6 +782,11 @@ class Calibrator(
             "fit": self.fit_info_,
         }
         (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
+
+    def _settings(self) -> dict[str, Any]:
+        """What decides the map and what the card states: the constructor's arguments and the fit record (the copy in the
+        weights file's metadata that an edited ``config.json`` is checked against)."""
+        return {"init": dict(self._hub_mixin_config or {}), "fit": self.fit_info_}
 
     def generate_model_card(self, *args, **kwargs):
         info = self.fit_info_ or {}
@@ -988,6 +998,7 @@ class Calibrator(
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise ValueError(f"The calibrator weights {path!r} are corrupted: {name} holds NaN or inf.")
         model.fit_info_ = dict(config["fit"])
+        hub.check_settings(metadata, model._settings(), model_id, "calibrator")
         model._check_state(path)
         model.eval()
         return model

@@ -328,7 +328,12 @@ class MultiLabelConformalPredictor(
         save_model(
             self,
             str(save_directory / hub.WEIGHTS_NAME),
-            metadata={"format": "pt", "conformal": KIND, "format_version": str(FORMAT_VERSION)},
+            metadata={
+                "format": "pt",
+                "conformal": KIND,
+                "format_version": str(FORMAT_VERSION),
+                hub.SETTINGS_KEY: hub.settings_metadata(self._settings()),  # an edited config.json is refused at load
+            },
         )
         config = {
             **(self._hub_mixin_config or {}),
@@ -338,6 +343,10 @@ class MultiLabelConformalPredictor(
             "fit": self.fit_info_,
         }
         (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
+
+    def _settings(self) -> dict[str, Any]:
+        """The constructor's arguments and the fit record: what the weights file's metadata keeps a copy of."""
+        return {"init": dict(self._hub_mixin_config or {}), "fit": self.fit_info_}
 
     def generate_model_card(self, *args, **kwargs):
         info = self.fit_info_ or {}
@@ -449,5 +458,12 @@ class MultiLabelConformalPredictor(
         if metadata.get("conformal") != KIND or math.isnan(float(predictor.threshold)):
             raise ValueError(f"The weights in {model_id!r} do not belong to a fitted MultiLabelConformalPredictor.")
         predictor.fit_info_ = dict(config["fit"])
+        hub.check_settings(metadata, predictor._settings(), model_id, "conformal predictor")
+        if float(predictor.fit_info_.get("threshold", float("nan"))) != float(predictor.threshold):
+            raise ValueError(
+                f"The conformal predictor's {model_id + '/' + hub.CONFIG_NAME!r} does not match its weights "
+                f"(fit.threshold is {predictor.fit_info_.get('threshold')!r}, the weights hold "
+                f"{float(predictor.threshold)!r}): save it again rather than editing its config."
+            )
         predictor.eval()
         return predictor

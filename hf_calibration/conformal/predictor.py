@@ -510,7 +510,7 @@ class ConformalPredictor(
                 "format": "pt",
                 "conformal": self.method,
                 "format_version": str(FORMAT_VERSION),
-                "settings": json.dumps(self._settings(), sort_keys=True),
+                hub.SETTINGS_KEY: hub.settings_metadata(self._settings()),
             },
         )
         config = {
@@ -689,7 +689,7 @@ class ConformalPredictor(
                 f"The weights in {path!r} do not belong to a fitted {predictor.method!r} ConformalPredictor."
             )
         predictor.fit_info_ = dict(config["fit"])
-        _check_settings(predictor, metadata.get("settings"), model_id)
+        _check_settings(predictor, metadata, model_id)
         predictor._reset_stream()
         predictor.eval()
         return predictor
@@ -750,21 +750,7 @@ def _check_rows(z: np.ndarray, is_logits: bool) -> None:
         raise_row_error(z, found, "logits")
 
 
-def _first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:
-    """The first key path at which two JSON values differ (None: equal)."""
-    if isinstance(saved, dict) and isinstance(loaded, dict):
-        for key in sorted(set(saved) | set(loaded)):
-            where = f"{path}.{key}" if path else str(key)
-            if key not in saved or key not in loaded:
-                return where
-            found = _first_difference(saved[key], loaded[key], where)
-            if found is not None:
-                return found
-        return None
-    return None if saved == loaded else path
-
-
-def _check_settings(predictor: ConformalPredictor, settings: str | None, where: str) -> None:
+def _check_settings(predictor: ConformalPredictor, metadata: dict[str, str], where: str) -> None:
     """Refuse a ``config.json`` that says other than the weights it came with: the settings saved in the weights file's
     metadata (saves since they were recorded), and always the threshold and the fit record's own consistency."""
     info, config = predictor.fit_info_, f"{where}/{hub.CONFIG_NAME}"
@@ -775,14 +761,7 @@ def _check_settings(predictor: ConformalPredictor, settings: str | None, where: 
             "or is corrupted. Save the predictor again rather than editing its config."
         )
 
-    if settings is not None:
-        try:
-            saved = json.loads(settings)
-        except ValueError:
-            refuse("the settings recorded in the weights file are not JSON")
-        found = _first_difference(saved, predictor._settings())
-        if found is not None:
-            refuse(f"{found} differs from what was saved")
+    hub.check_settings(metadata, predictor._settings(), where, "conformal predictor")
     if not isinstance(info.get("q_hat"), (int, float)) or float(info["q_hat"]) != float(predictor.q_hat):
         refuse(f"fit.q_hat is {info.get('q_hat')!r}, the weights hold q_hat = {float(predictor.q_hat)!r}")
     for name in ("method", "randomized", "allow_empty"):

@@ -579,3 +579,27 @@ def test_card_links_only_verified_urls_and_names_the_package(fitted, tmp_path):
     assert "pip install hf-calibration" in card and "github.com" not in card
     assert re.findall(r"https?://[^\s)>\]]+", card) == [VERIFIED_PAPER_URLS[fitted.kind]]
     assert fitted.paper_citation and fitted.paper_citation in card
+
+
+@pytest.mark.parametrize(
+    "kind,edit,field",
+    [
+        ("temperature_scaling", {"fit.ece_after": 0.001}, "fit.ece_after"),  # a number the card states, edited
+        ("smart", {"fit.num_samples": 10}, "fit.num_samples"),
+        ("platt", {"fit.task": "binary"}, "fit.task"),  # decides which labels predict() reads
+        ("platt", {"smooth_targets": False}, "init.smooth_targets"),
+    ],
+)
+def test_an_edited_config_is_refused(data, tmp_path, kind, edit, field):
+    """config.json was trusted for everything the weights do not hold (the card's numbers, the task a Platt map was
+    fitted for); the weights file now keeps a copy of the settings, and a config that says otherwise is refused."""
+    z, y = data
+    if kind == "platt":
+        rng = np.random.default_rng(0)
+        z = rng.normal(size=(300, 3))
+        y = (rng.random((300, 3)) < 1 / (1 + np.exp(-z))).astype(np.int64)
+    kw = {"max_steps": 20} if kind == "smart" else {}
+    saved = _save(create_calibrator(kind, **kw).fit(z, y, progress_bar=False), tmp_path / "saved")
+    load_calibrator(saved)  # untouched: loads
+    with pytest.raises(ValueError, match=r"config.json' does not match its weights \(" + field.replace(".", r"\.")):
+        load_calibrator(_copy_with(saved, tmp_path / "edited", config=edit))

@@ -97,6 +97,32 @@ def test_calibrator_is_applied_and_saved(tmp_path):
         MultiLabelConformalPredictor().fit(z, y, calibrator=ts)
 
 
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda c: c["fit"].__setitem__("alpha", 0.3), "fit.alpha"),
+        (lambda c: c["fit"].__setitem__("threshold", 0.25), "fit.threshold"),
+        (lambda c: c["fit"].__setitem__("mean_set_size", 1.0), "fit.mean_set_size"),
+    ],
+)
+def test_an_edited_config_is_refused(tmp_path, edit, field):
+    """The card and repr read alpha and the threshold from config.json, the sets from the weights: an edit that made
+    them disagree loaded silently; the settings are now checked against the weights file's copy."""
+    import json
+
+    z, y = _calibrated_multilabel(400, seed=1)
+    predictor = MultiLabelConformalPredictor().fit(z, y, alpha=0.1)
+    predictor.save_pretrained(tmp_path)
+    assert np.array_equal(
+        MultiLabelConformalPredictor.from_pretrained(tmp_path).predict_sets(z), predictor.predict_sets(z)
+    )
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json' does not match its weights \(" + field.replace(".", r"\.")):
+        MultiLabelConformalPredictor.from_pretrained(tmp_path)
+
+
 def test_multilabel_bad_input():
     z, y = _calibrated_multilabel(100)
     with pytest.raises(ValueError, match="shape \\(N, L\\) of 0/1 labels"):
