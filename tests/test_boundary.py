@@ -209,6 +209,22 @@ def test_conformal_predictors_read_a_row_alone_as_in_a_batch():
     np.testing.assert_array_equal(alone, softmax.predict_sets(np.vstack([srow, Z[:5]]))[:1])
 
 
+def test_a_one_logit_binary_conformal_predictor_reads_a_logit_alone_as_in_a_batch():
+    """One logit of 0.3 alone was read as the probability 0.3 (set {0}), in a batch as a logit (set {1})."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 500)
+    z = (2 * y - 1) * 1.5 + rng.normal(size=500)
+    predictor = ConformalPredictor("thr").fit(z, y, alpha=0.1)
+    alone = predictor.predict_sets(np.array([0.3]))
+    np.testing.assert_array_equal(alone, predictor.predict_sets(np.array([0.3, 5.0]))[:1])
+    # by hand: the two softmax logits [0, 0.3] give class 1 probability sigmoid(0.3) = 0.574; THR keeps p >= 1 - q_hat
+    p1 = 1 / (1 + np.exp(-0.3))
+    np.testing.assert_array_equal(alone[0], [1 - p1 >= 1 - float(predictor.q_hat), p1 >= 1 - float(predictor.q_hat)])
+    probabilities = ConformalPredictor("thr").fit(1 / (1 + np.exp(-z)), y, alpha=0.1)
+    with pytest.raises(ValueError, match="from_logits=True"):
+        probabilities.predict_sets(np.array([3.0]))
+
+
 def test_the_accumulator_names_what_it_read_not_an_argument_the_user_never_passed():
     """One multi-label row of logits in [0, 1] reads as probabilities; the next batch of logits failed citing
     ``from_logits=False``, which the user never passed."""

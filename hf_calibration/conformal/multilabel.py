@@ -173,6 +173,11 @@ class MultiLabelConformalPredictor(
         return self.fit_info_ is not None
 
     @property
+    def randomized(self) -> bool:
+        """False: a label is in the set when its probability exceeds the threshold; no draw is involved."""
+        return False
+
+    @property
     def calibrator(self) -> Calibrator | None:
         return self.__dict__["calibrator_"]
 
@@ -304,11 +309,13 @@ class MultiLabelConformalPredictor(
             "mean_set_size": float(sets.sum(axis=1).mean()),
         }
 
-    def attach(self, pipe: Any) -> Any:
-        """Make an image-classification pipeline's rows carry ``"in_set"`` (see ``ConformalPredictor.attach``)."""
+    def attach(self, pipe: Any, *, draws: str = "input") -> Any:
+        """Make a multi-label image-classification pipeline's rows carry ``"in_set"`` (see
+        ``ConformalPredictor.attach``). The sets are deterministic: ``draws`` is accepted for one call signature across
+        predictors and changes nothing."""
         from hf_calibration.conformal.pipeline import attach
 
-        return attach(self, pipe)
+        return attach(self, pipe, draws=draws)
 
     def detach(self) -> Any:
         from hf_calibration.conformal.pipeline import detach

@@ -9,6 +9,13 @@ the predictor's calibrator if it has one, exactly as ``predict_sets`` does. A ca
 probable classes plus every member of the set ranked beyond them, in the pipeline's usual order, so
 ``[r["label"] for r in pipe(image) if r["in_set"]]`` is the whole set.
 
+Sigmoid heads are served too. A multi-label head with a ``MultiLabelConformalPredictor`` (conformal risk control;
+deterministic, so ``draws`` does not apply): each label's row gets ``"in_set"``. A one-logit binary head with a
+``ConformalPredictor`` fitted on its one logit (sets of the two classes {0, 1}): the pipeline prints one row, the
+model's label with ``sigmoid(z)``; it gets ``"in_set"`` (class 1 in the set), and when class 0 is in the set too a
+second row ``{"label": "not <label>", "score": 1 - sigmoid(z), "in_set": True}`` follows, so the rows with
+``in_set`` still name the whole set.
+
 A randomised predictor (APS / RAPS, the default) needs one uniform draw per image. By default (``draws="input"``)
 each image's draw is derived from its pixel values (``draws.input_draws``, keyed by the predictor's seed): a served
 model gives one answer per image, the same set on every call and whether the image comes alone or in a batch. With
@@ -78,7 +85,9 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
         )
     model = pipe.model
     num_labels = int(model.config.num_labels)
-    if num_labels != predictor.num_classes:
+    multilabel = getattr(predictor, "method", None) == "crc"  # MultiLabelConformalPredictor: one threshold per label
+    one_logit = not multilabel and num_labels == 1 and predictor.num_classes == 2  # a binary head's one logit
+    if num_labels != predictor.num_classes and not one_logit:
         raise ValueError(
             f"Expected a pipeline whose model has {predictor.num_classes} classes (the predictor's), but it has {num_labels}."
         )
@@ -119,13 +128,20 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
         if draws == "input":
             source = _pixels(model_inputs, logits.shape[0])
             source = "logits" if source is None else source
-        outputs[_SETS_KEY] = predictor.predict_sets(logits, from_logits=True, draws_from=source)
+        if multilabel:
+            outputs[_SETS_KEY] = predictor.predict_sets(logits, from_logits=True)
+        else:
+            outputs[_SETS_KEY] = predictor.predict_sets(logits, from_logits=True, draws_from=source)
         return outputs
 
     def _postprocess(model_outputs, **kwargs):
         in_set = model_outputs[_SETS_KEY][0].tolist()  # one image: the pipeline unbatches before postprocess
         top_k = kwargs.pop("top_k", default_top_k)
         rows = postprocess(model_outputs, top_k=num_labels, **kwargs)  # every class, by decreasing score
+        if one_logit:  # sets of the classes {0, 1}; the one row is class 1's
+            row = {**rows[0], "in_set": in_set[1]}
+            negative = {"label": f"not {row['label']}", "score": 1.0 - row["score"], "in_set": True}
+            return [row, negative] if in_set[0] else [row]
         out = []
         for rank, row in enumerate(rows):
             member = in_set[index_of[row["label"]]]

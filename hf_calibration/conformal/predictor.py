@@ -716,7 +716,7 @@ def _checked(
     input kind): shape, K, finite values, and for probabilities the rule every entry point applies (values in [0, 1],
     rows summing to 1 within 1e-2). A binary head's (N,) / (N, 1) logits are read as two softmax logits."""
     if num_classes in (None, 2):
-        logits, from_logits, _ = _two_columns(logits, from_logits)
+        logits, from_logits, _ = _two_columns(logits, from_logits, fitted)
     z = _as_input(logits)
     if z.ndim != 2:
         raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
@@ -801,10 +801,12 @@ def _input_kind(z: torch.Tensor, from_logits: bool | None, fitted: str | None) -
     return scores_kind(z, from_logits, recorded=fitted, name="logits")
 
 
-def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | None, bool]:
+def _two_columns(logits: Any, from_logits: bool | None, fitted: str | None = None) -> tuple[Any, bool | None, bool]:
     """A binary head's one logit per sample ((N,) or (N, 1)) as the two softmax logits ``[0, z]`` (or, for
     probabilities, the rows ``[1 - p, p]``), whose softmax is ``[1 - sigmoid(z), sigmoid(z)]``: THR, APS and RAPS then
-    give sets of the two classes {0, 1}. Other input is returned as it is. Returns ``(input, from_logits, converted)``."""
+    give sets of the two classes {0, 1}. Other input is returned as it is. ``fitted``: the fit's input kind, which
+    decides when ``from_logits`` is None (one logit of 0.3 alone is then read as in a batch, not as a probability).
+    Returns ``(input, from_logits, converted)``."""
     shape = tuple(getattr(logits, "shape", np.shape(logits)))
     if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
         return logits, from_logits, False
@@ -812,7 +814,7 @@ def _two_columns(logits: Any, from_logits: bool | None) -> tuple[Any, bool | Non
     if not z.is_floating_point():
         raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
     z = z.reshape(-1)
-    is_logits = scores_kind(z, from_logits, task="binary", name="logits")
+    is_logits = scores_kind(z, from_logits, task="binary", recorded=fitted, name="logits")
     pair = torch.stack([torch.zeros_like(z), z], dim=1) if is_logits else torch.stack([1 - z, z], dim=1)
     if isinstance(logits, np.ndarray):
         pair = pair.numpy()
@@ -830,7 +832,7 @@ def _probabilities(
     the input kind of the fit (see ``_input_kind``). A binary head's (N,) / (N, 1) logits are read as two softmax
     logits (``_two_columns``)."""
     if num_classes in (None, 2):  # a binary predictor reads a one-logit head's scores; another K keeps its rank check
-        logits, from_logits, _ = _two_columns(logits, from_logits)
+        logits, from_logits, _ = _two_columns(logits, from_logits, fitted)
     z = _as_input(logits)
     if z.ndim != 2:
         raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")

@@ -23,54 +23,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hf_calibration._core.version import package_requirement
 from hf_calibration.hub.metric_scripts import list_metric_scripts, metric_path
 
 __all__ = ["build_metric_spaces", "check_namespace", "package_requirement", "push_metric_spaces", "space_files"]
 
 logger = logging.getLogger(__name__)
 
-DISTRIBUTION = "hf-calibration"
 REQUIREMENTS_NAME = "requirements.txt"
 RECORD_NAME = ".hf_calibration_spaces.json"  # in `out`, beside the folders: {"files": {"<name>/<path>": SHA-256}}
 _SKIPPED = ("__pycache__", ".pyc")  # never published
-
-
-def package_requirement() -> str:
-    """The pip requirement of this package as installed here, for a Space to install the same code.
-
-    An install from PyPI: ``hf-calibration==<version>``; from a VCS URL (``pip install git+https://...``): that URL
-    at the installed commit; from an archive URL: that URL. An install from a local folder (a clone, editable or
-    not) has no address a Space can reach: ``ValueError`` asking for an explicit requirement.
-    """
-    from importlib import metadata
-
-    from hf_calibration._core.version import __version__
-
-    try:
-        dist = metadata.distribution(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        logger.warning(
-            "hf-calibration runs from a source tree, not an install: the Spaces will ask PyPI for "
-            "hf-calibration==%s (pass `requirement` to say otherwise).",
-            __version__,
-        )
-        return f"{DISTRIBUTION}=={__version__}"
-    direct = dist.read_text("direct_url.json")
-    if not direct:
-        return f"{DISTRIBUTION}=={dist.version}"
-    origin = json.loads(direct)
-    url = str(origin.get("url", ""))
-    vcs = origin.get("vcs_info")
-    if isinstance(vcs, dict) and url:
-        return f"{DISTRIBUTION} @ {vcs.get('vcs', 'git')}+{url}@{vcs.get('commit_id') or vcs.get('requested_revision')}"
-    if url and not url.startswith("file:"):
-        return f"{DISTRIBUTION} @ {url}"
-    raise ValueError(
-        f"Expected an hf-calibration installed from PyPI or a URL, so that a Space can install the same code, but it was "
-        f"installed from the local folder {url or '(unknown)'}: pass the requirement explicitly, e.g. "
-        f"'hf-calibration @ git+https://github.com/<you>/hf-calibration@<tag>' (or 'hf-calibration=={dist.version}' once "
-        "that version is on PyPI)."
-    )
 
 
 def _check_requirement(requirement: Any) -> str:

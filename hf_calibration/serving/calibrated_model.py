@@ -121,8 +121,12 @@ def _companion_folder(root: Path, name: str) -> Path | None:
 
 
 def _check_classes(what: Any, folder: Path, num_classes: int | None, source: str) -> None:
-    fitted = (getattr(what, "fit_info_", None) or {}).get("num_classes")
-    if num_classes is not None and fitted is not None and fitted != num_classes:
+    info = getattr(what, "fit_info_", None) or {}
+    method = getattr(what, "method", None)
+    fitted = info.get("num_labels") if method == "crc" else info.get("num_classes")  # a multi-label predictor: labels
+    # a conformal predictor of a binary head's one logit holds sets of its two classes
+    one_logit = num_classes == 1 and fitted == 2 and method in ("thr", "aps", "raps")
+    if num_classes is not None and fitted is not None and fitted != num_classes and not one_logit:
         raise ValueError(
             f"The {type(what).__name__} in {str(folder)!r} was fitted on K = {fitted} classes, but the model in "
             f"{source!r} has {num_classes} (config.num_labels): it belongs to another model."

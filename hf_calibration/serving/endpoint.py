@@ -29,10 +29,11 @@ MARKER = "# Written by hf-calibration for Hugging Face Inference Endpoints"
 
 
 def default_requirement() -> str:
-    """The requirement line that installs this package's version on the Endpoint."""
-    from hf_calibration._core.version import __version__
+    """The requirement line that installs on the Endpoint the code installed here (``package_requirement``: the PyPI
+    version, or the VCS / archive URL it came from); an install from a local folder has none, and says so."""
+    from hf_calibration._core.version import package_requirement
 
-    return f"hf-calibration=={__version__}"
+    return package_requirement()
 
 
 def handler_source() -> str:
@@ -53,6 +54,20 @@ def _check_requirement(requirement: str | None) -> str:
     return requirement.strip()
 
 
+def _check_image_processor(folder: Path) -> None:
+    """The handler reads images through the folder's image processor: refuse now rather than at the Endpoint's start."""
+    from hf_calibration.io.model_loading import load_image_processor
+
+    try:
+        load_image_processor(str(folder))
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"Expected {str(folder)!r} to hold the model's image processor (preprocessor_config.json), which the "
+            f"Endpoint reads images with, but it could not be loaded ({err}). Save it beside the model "
+            "(image_processor.save_pretrained(folder), or the Trainer's processing_class=) first."
+        ) from None
+
+
 def _ours(path: Path) -> bool:
     try:
         with path.open(encoding="utf-8") as handle:
@@ -68,13 +83,16 @@ def write_endpoint_handler(
 
     Args:
         folder: the model's folder (its ``config.json``, weights, ``calibrator/``; ``conformal/`` for sets).
-        requirement: the line that installs hf-calibration on the Endpoint (default: this version,
-            ``hf-calibration==X.Y.Z``; a git URL or a wheel URL works too). Further requirements are the user's.
+        requirement: the line that installs hf-calibration on the Endpoint (default: the code installed here, as
+            ``push-metrics`` writes it: ``hf-calibration==X.Y.Z`` from PyPI, or the git / archive URL it was installed
+            from; an install from a local folder must say, e.g. ``"hf-calibration @ git+https://..."``). Further
+            requirements are the user's.
         overwrite: replace the handler files an earlier call wrote; a file of the same name that this package did not
             write is refused all the same.
 
     The folder should hold a model: without ``config.json`` or without ``calibrator/`` a warning says that the Endpoint
-    would fail or serve uncalibrated scores.
+    would fail or serve uncalibrated scores; a model without its image processor is refused (the Endpoint could not
+    read an image).
     """
     folder = Path(folder)
     requirement = _check_requirement(requirement)
@@ -93,8 +111,10 @@ def write_endpoint_handler(
             raise ValueError(f"{str(path)!r} holds a handler file written earlier; pass overwrite=True to replace it.")
     if not (folder / "config.json").is_file():
         logger.warning("%s holds no config.json: the Endpoint will not find a model there.", folder)
-    elif not (folder / "calibrator" / "config.json").is_file():
-        logger.warning("%s holds no calibrator/: the Endpoint will serve the model's uncalibrated scores.", folder)
+    else:
+        _check_image_processor(folder)
+        if not (folder / "calibrator" / "config.json").is_file():
+            logger.warning("%s holds no calibrator/: the Endpoint will serve the model's uncalibrated scores.", folder)
     (folder / HANDLER_NAME).write_text(handler_source(), encoding="utf-8")
     (folder / REQUIREMENTS_NAME).write_text(f"{MARKER}.\n{requirement}\n", encoding="utf-8")
     return [str(folder / HANDLER_NAME), str(folder / REQUIREMENTS_NAME)]

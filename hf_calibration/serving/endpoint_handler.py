@@ -7,8 +7,8 @@ repository's folder; each request then calls it with ``{"inputs": ..., "paramete
 listed, even beyond ``top_k``).
 
 Inputs: an image, or a list of images, each a base64 string (optionally a ``data:image/...;base64,`` URL), raw
-bytes, or a PIL image (what the Endpoint passes for a binary ``image/*`` request body). Parameters: ``top_k`` (the
-pipeline's). Output: the pipeline's, ``[{"label", "score"[, "in_set"]}, ...]`` for one image, a list of those for a
+bytes, or a PIL image (what the Endpoint passes for a binary ``image/*`` request body); a list runs in batches of
+``BATCH_SIZE``. Parameters: ``top_k`` (the pipeline's; a whole number >= 1). Output: the pipeline's, ``[{"label", "score"[, "in_set"]}, ...]`` for one image, a list of those for a
 list. Paths and URLs are not read: a server must not open files or fetch addresses its callers name.
 """
 
@@ -20,6 +20,7 @@ import io
 from typing import Any
 
 PARAMETERS = ("top_k",)
+BATCH_SIZE = 32  # images per forward for a list of images (the pipeline's own default is one at a time)
 
 
 def _image(item: Any, index: int):
@@ -68,9 +69,13 @@ class EndpointHandler:
         unknown = sorted(set(parameters) - set(PARAMETERS))
         if unknown:
             raise ValueError(f"Unexpected parameter(s) {unknown}: this endpoint takes {list(PARAMETERS)}.")
+        if "top_k" in parameters:
+            top_k = parameters["top_k"]
+            if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+                raise ValueError(f"Expected parameter `top_k` to be a whole number >= 1, but got {top_k!r}.")
         batch = isinstance(inputs, list)
         images = [_image(item, i) for i, item in enumerate(inputs if batch else [inputs])]
         if not images:
             raise ValueError("Expected at least one image in `inputs`, but the list is empty.")
-        results = self.pipeline(images, **parameters)
+        results = self.pipeline(images, batch_size=min(len(images), BATCH_SIZE), **parameters)
         return results if batch else results[0]

@@ -15,8 +15,10 @@
 Probabilities come from the head's kind (``HEADS``, by :mod:`hf_calibration._core.tasks`' rule: the calibrator's recorded
 task, else ``config.problem_type``): a softmax over classes for single-label classifiers; an independent sigmoid per
 logit for multi-label heads and one-logit binary heads (what ``hf_calibration.pipeline`` passes as
-``function_to_apply``), a softmax over a binary head's two softmax logits. Prediction sets of sigmoid heads
-(multi-label conformal risk control) are not in the graph: a sigmoid head with a predictor is refused by name.
+``function_to_apply``), a softmax over a binary head's two softmax logits. Prediction sets of sigmoid heads: a
+multi-label head's ``MultiLabelConformalPredictor`` gives ``sigmoid(z) > threshold`` per label (in float64, through
+its calibrator), (N, L); a one-logit binary head's ``ConformalPredictor`` (fitted on that logit) reads it as the two
+softmax logits ``[0, z]``, as ``predict_sets`` does, and gives the sets of the classes {0, 1}, (N, 2).
 """
 
 from __future__ import annotations
@@ -89,6 +91,46 @@ def model_logits(output: Any) -> torch.Tensor:
     return logits
 
 
+def _set_kind(model: nn.Module, task: str, predictor: Any) -> str:
+    """Which sets the graph computes for ``predictor`` on this head: ``"softmax"`` (a ``ConformalPredictor`` of the
+    model's K classes), ``"one_logit"`` (a ``ConformalPredictor`` of a one-logit binary head's two classes) or
+    ``"multilabel"`` (a ``MultiLabelConformalPredictor`` of a multi-label head's L labels); else a ``ValueError``
+    naming the mismatch."""
+    from hf_calibration.conformal import ConformalPredictor, MultiLabelConformalPredictor
+
+    if not isinstance(predictor, (ConformalPredictor, MultiLabelConformalPredictor)):
+        raise TypeError(
+            "Expected argument `predictor` to be a ConformalPredictor, a MultiLabelConformalPredictor or None, but got "
+            f"{type(predictor).__name__}."
+        )
+    predictor._check_fitted()
+    config = getattr(model, "config", None)
+    num_labels = getattr(config, "num_labels", None)
+    head = f"config.problem_type={getattr(config, 'problem_type', None)!r}, head {task!r}"
+    if isinstance(predictor, MultiLabelConformalPredictor):
+        if task != "multi_label_classification":
+            raise ValueError(
+                f"Expected a multi-label head for a MultiLabelConformalPredictor, but the model has {head}: use "
+                "ConformalPredictor for a single-label head's sets."
+            )
+        kind = "multilabel"
+    elif _sigmoid_model(model, task):
+        if task != "binary" or predictor.num_classes != 2:
+            raise ValueError(
+                f"Expected a single-label head for a ConformalPredictor, but the model has {head}: a multi-label head's "
+                "sets are MultiLabelConformalPredictor's."
+            )
+        return "one_logit"
+    else:
+        kind = "softmax"
+    if isinstance(num_labels, int) and predictor.num_classes != num_labels:
+        raise ValueError(
+            f"Expected a predictor fitted on the model's {num_labels} classes, but it was fitted on "
+            f"{predictor.num_classes}: it belongs to another model."
+        )
+    return kind
+
+
 class CalibratedClassifier(nn.Module):
     """``pixel_values (N, C, H, W) [, u (N,)] -> (logits, probabilities[, prediction_set])``: see the module docstring.
 
@@ -97,7 +139,8 @@ class CalibratedClassifier(nn.Module):
             calibrator attached to it (``Calibrator.attach``) is bypassed (forward hooks on the model too): pass it as
             ``calibrator``.
         calibrator: a fitted calibrator for the scores (None: the model's own logits).
-        predictor: a fitted ``ConformalPredictor`` for the prediction sets (None: no set output).
+        predictor: a fitted ``ConformalPredictor`` (a ``MultiLabelConformalPredictor`` for a multi-label head) for the
+            prediction sets (None: no set output).
     """
 
     def __init__(self, model: nn.Module, calibrator: Calibrator | None = None, predictor: Any = None):
@@ -111,24 +154,13 @@ class CalibratedClassifier(nn.Module):
                 )
             calibrator._check_fitted()
         self.task = head_kind(model, calibrator)
-        if predictor is not None and _sigmoid_model(model, self.task):
-            raise ValueError(
-                f"Expected no conformal predictor for a sigmoid head (config.problem_type="
-                f"{getattr(getattr(model, 'config', None), 'problem_type', None)!r}, head {self.task!r}): prediction "
-                "sets of one-logit binary and multi-label heads are not in the serving graph; export with "
-                "conformal=None (the calibrated per-label probabilities are served)."
-            )
-        if predictor is not None:
-            from hf_calibration.conformal import ConformalPredictor
-
-            if not isinstance(predictor, ConformalPredictor):
-                raise TypeError(
-                    f"Expected argument `predictor` to be a ConformalPredictor or None, but got {type(predictor).__name__}."
-                )
-            predictor._check_fitted()
+        self.set_kind = None if predictor is None else _set_kind(model, self.task, predictor)
         self.model, self.calibrator, self.predictor = model, calibrator, predictor
         self.set_calibrator = None if predictor is None else predictor.calibrator
-        if predictor is not None:
+        if self.set_kind == "multilabel":
+            self.randomized = False
+            self.register_buffer("threshold", predictor.threshold.detach().clone().double(), persistent=False)
+        elif predictor is not None:
             info = predictor.fit_info_
             self.method, self.allow_empty, self.randomized = (
                 predictor.method,
@@ -152,6 +184,11 @@ class CalibratedClassifier(nn.Module):
         probabilities = HEADS[self.task](calibrated)
         if self.predictor is None:
             return calibrated, probabilities
+        if self.set_kind == "multilabel":  # as MultiLabelConformalPredictor.predict_sets: float64, strictly above
+            z = logits.double() if self.set_calibrator is None else self.set_calibrator.graph_forward(logits.double())
+            return calibrated, probabilities, torch.sigmoid(z.double()) > self.threshold
+        if self.set_kind == "one_logit":  # a binary head's one logit as the two softmax logits [0, z]
+            logits = torch.cat([torch.zeros_like(logits), logits.reshape(logits.shape[0], 1)], dim=1)
         z = logits if self.set_calibrator is None else self.set_calibrator.graph_forward(logits)
         set_probabilities = torch.softmax(
             z.double(), dim=1

@@ -3,9 +3,10 @@
 The graph is ``CalibratedClassifier`` (``graph.py``) exported by ``torch.onnx.export`` (the torch.export-based
 exporter, which needs ``onnxscript``; ``pip install "hf-calibration[export]"``): input ``pixel_values`` (what the
 model's image processor returns; dynamic batch size), and ``u`` for randomised APS / RAPS sets; outputs ``logits``
-(calibrated), ``probabilities`` and, with a conformal predictor, ``prediction_set`` (boolean, (N, K)). The graph's
+(calibrated), ``probabilities`` and, with a conformal predictor, ``prediction_set`` (boolean, (N, K); (N, L) for a
+multi-label head's ``MultiLabelConformalPredictor``, (N, 2) for a one-logit binary head: the classes 0 and 1). The graph's
 metadata (``onnx.ModelProto.metadata_props``) records ``id2label``, the calibrator and the predictor (method, alpha,
-q_hat), so a server needs nothing else to label its answers.
+q_hat, or a multi-label predictor's threshold), so a server needs nothing else to label its answers.
 
 Every registered calibrator exports: the linear families, temperature-based ones (TS, SMART, PTS, CTS), ETS, the
 piecewise maps (histogram binning, isotonic regression, splines) as comparisons against their knots, and the sigmoid
@@ -112,17 +113,6 @@ def _resolve(model_or_folder: Any, calibrator: Any, conformal: Any) -> tuple[nn.
         calibrator = attached_calibrator(model)
     if conformal == "attached":
         conformal = model.__dict__.get("conformal_predictor")
-        from hf_calibration.conformal import ConformalPredictor
-
-        if conformal is not None and not isinstance(
-            conformal, ConformalPredictor
-        ):  # a multi-label risk-control predictor
-            logger.warning(
-                "The model's %s (prediction sets of a sigmoid head) is not exported: the graph serves the "
-                "calibrated per-label probabilities.",
-                type(conformal).__name__,
-            )
-            conformal = None
     elif conformal is False:
         conformal = None
     return model, calibrator, conformal, processor
@@ -148,7 +138,8 @@ def export_onnx(
         calibrator: ``"attached"`` (default: the calibrator attached to the model, if any), a fitted calibrator, or
             None (the model's own scores).
         conformal: ``"attached"`` (default: the folder's ``conformal/`` predictor, ``model.conformal_predictor``), a
-            fitted ``ConformalPredictor``, or None / False (no set output).
+            fitted ``ConformalPredictor`` (``MultiLabelConformalPredictor`` for a multi-label head), or None / False
+            (no set output).
         example_inputs: (N, C, H, W) pixel values to trace with (and verify on); default: random values of the
             shape the model's config (or image processor) gives, batch 2. Use real, preprocessed images to verify on
             real inputs.
@@ -260,11 +251,16 @@ def _write_metadata(path: Path, model: nn.Module, calibrator, predictor, graph: 
             {
                 "conformal_method": predictor.method,
                 "conformal_alpha": repr(info["alpha"]),
-                "conformal_q_hat": repr(info["q_hat"]),
                 "conformal_randomized": str(predictor.randomized).lower(),
                 "conformal_calibrator": "" if predictor.calibrator is None else predictor.calibrator.kind,
             }
         )
+        if graph.set_kind == "multilabel":  # a label is in the set when its probability exceeds the threshold
+            meta["conformal_threshold"] = repr(info["threshold"])
+        else:
+            meta["conformal_q_hat"] = repr(info["q_hat"])
+        if graph.set_kind == "one_logit":
+            meta["conformal_set_columns"] = "the classes 0 and 1 of the one-logit binary head (1: the model's label)"
     del proto.metadata_props[:]
     for key, value in meta.items():
         entry = proto.metadata_props.add()

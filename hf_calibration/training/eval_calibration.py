@@ -529,6 +529,17 @@ class CalibrateOnEvalMixin:
             raise ValueError(
                 "Expected argument `calibrate_on_eval` with `endpoint_handler`: the handler serves the calibrated model."
             )
+        if endpoint_handler is not False and getattr(self, "processing_class", None) is None:
+            raise ValueError(
+                "Expected argument `processing_class` (the model's image processor) with `endpoint_handler`: the "
+                "Endpoint reads images through it, and save_model writes it beside the model only when it is given."
+            )
+        if (
+            endpoint_handler is True
+        ):  # resolved now: an install with no address to give fails before training, not after
+            from hf_calibration._core.version import package_requirement
+
+            endpoint_handler = package_requirement()
         self.endpoint_handler = endpoint_handler
 
     def _label_names(self) -> tuple[str, ...]:
@@ -563,8 +574,9 @@ class CalibrateOnEvalMixin:
             if self.endpoint_handler is not False:
                 from hf_calibration.serving import write_endpoint_handler
 
-                requirement = None if self.endpoint_handler is True else self.endpoint_handler
-                write_endpoint_handler(folder, requirement=requirement, overwrite=True)  # the package's own files only
+                write_endpoint_handler(
+                    folder, requirement=self.endpoint_handler, overwrite=True
+                )  # the package's own files only
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """``Trainer.create_model_card``, plus the eval-split calibration results (``model-index`` and a section)."""

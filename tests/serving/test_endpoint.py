@@ -2,7 +2,8 @@
 process as the Endpoint does, called on images as bytes, base64 and PIL; its answers equal ``hf_calibration.pipeline``'s.
 And the issue's end-to-end case: a ViT fine-tuned and calibrated the README's way (``CalibrationTrainer(calibrate_on_eval
 =True, endpoint_handler=True)``), with a conformal predictor, exported to ONNX and served from onnxruntime and from the
-handler, both returning the pipeline's probabilities (to 1e-5) and sets."""
+handler, both returning the pipeline's probabilities (to 1e-5) and sets. What the Endpoint would fail on is refused
+when the files are written: no image processor, an install with no address to put in requirements.txt."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from _trained import IMAGE_SIZE, processor, splits
 
 from hf_calibration.serving import write_endpoint_handler
 
+REQUIREMENT = (
+    "hf-calibration @ git+https://example.org/hf-calibration@v0.1.0"  # what a user installed from a clone gives
+)
 REPO = Path(__file__).resolve().parents[2]
 
 # run in a fresh interpreter inside the saved folder, as the Endpoint does: import handler.py from there, build the
@@ -44,7 +48,7 @@ answers = {
 pipe = hf_calibration.pipeline("image-classification", model=folder)
 reference = {
     "bytes": [pipe(im) for im in pil],
-    "base64": pipe(pil, top_k=3),
+    "base64": pipe(pil, top_k=3, batch_size=len(pil)),  # the handler batches a list
     "pil": [pipe(im) for im in pil],
     "data_url": pipe(pil[0]),
 }
@@ -107,12 +111,12 @@ def fine_tuned(tmp_path_factory):
         args=args,
         train_dataset=train,
         eval_dataset=calibration,
+        processing_class=proc,  # saved beside the model by save_model: the Endpoint reads images through it
         calibrate_on_eval=True,
-        endpoint_handler=True,
+        endpoint_handler=REQUIREMENT,
     )
     trainer.train()
     trainer.save_model(str(folder))
-    proc.save_pretrained(folder)
     held_out = PixelDataset(data.calibration_images[150:], data.calibration_labels[150:], proc)
     with torch.no_grad():
         z = trainer.model.eval()(pixel_values=held_out.pixel_values).logits
@@ -122,7 +126,8 @@ def fine_tuned(tmp_path_factory):
 
 def test_the_saved_folder_has_the_handler_files(fine_tuned):
     assert (fine_tuned / "handler.py").read_text().startswith("# Written by hf-calibration")
-    assert (fine_tuned / "requirements.txt").read_text().splitlines()[-1].startswith("hf-calibration==")
+    assert (fine_tuned / "requirements.txt").read_text().splitlines()[-1] == REQUIREMENT
+    assert (fine_tuned / "preprocessor_config.json").is_file()
     assert (fine_tuned / "calibrator" / "config.json").is_file() and (
         fine_tuned / "conformal" / "config.json"
     ).is_file()
@@ -190,8 +195,8 @@ def test_write_endpoint_handler_never_replaces_a_users_file(tmp_path):
     write_endpoint_handler(folder, requirement="hf-calibration @ git+https://example.org/hf-calibration")
     with pytest.raises(ValueError, match="overwrite=True"):
         write_endpoint_handler(folder)
-    write_endpoint_handler(folder, overwrite=True)
-    assert (folder / "requirements.txt").read_text().splitlines()[-1].startswith("hf-calibration==")
+    write_endpoint_handler(folder, requirement="hf-calibration==0.1.0", overwrite=True)
+    assert (folder / "requirements.txt").read_text().splitlines()[-1] == "hf-calibration==0.1.0"
     with pytest.raises(ValueError, match="requirement"):
         write_endpoint_handler(folder, requirement="a\nb", overwrite=True)
 
@@ -218,3 +223,73 @@ def test_handler_refuses_bad_requests(tmp_path):
         handler({"inputs": 3})
     with pytest.raises(ValueError, match="inputs"):
         handler({"parameters": {}})
+    for top_k in ("2", 1.5, -1, 0, True):  # "2" and 1.5 were TypeErrors inside the pipeline; -1 dropped the last label
+        with pytest.raises(ValueError, match="parameter `top_k`"):
+            handler({"inputs": b"x", "parameters": {"top_k": top_k}})
+
+
+def test_a_list_of_images_runs_in_batches(tmp_path):
+    """32 images ran one forward each (5x slower than pipeline(batch_size=32))."""
+    import importlib.util
+
+    from PIL import Image
+
+    from hf_calibration.serving.endpoint import handler_source
+
+    path = tmp_path / "handler.py"
+    path.write_text(handler_source())
+    spec = importlib.util.spec_from_file_location("written_handler_batches", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    handler = module.EndpointHandler.__new__(module.EndpointHandler)
+    calls = []
+    handler.pipeline = lambda images, **kw: calls.append(kw) or [[{"label": "0", "score": 1.0}] for _ in images]
+    image = Image.new("RGB", (8, 8))
+    assert len(handler({"inputs": [image] * 40})) == 40 and calls[-1]["batch_size"] == module.BATCH_SIZE == 32
+    assert len(handler({"inputs": [image] * 3, "parameters": {"top_k": 2}})) == 3
+    assert calls[-1] == {"batch_size": 3, "top_k": 2}
+
+
+def test_what_the_endpoint_would_fail_on_is_refused_when_the_files_are_written(tmp_path, monkeypatch):
+    """A model saved without its image processor made the Endpoint crash at start ("Found no image processor"); the
+    default requirement pinned a version no index serves for an install from a clone."""
+    from importlib import metadata
+
+    from transformers import TrainingArguments
+
+    from hf_calibration import CalibrationTrainer
+    from hf_calibration.demo import PixelDataset, tiny_vit
+
+    model = tiny_vit(image_size=IMAGE_SIZE, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    with pytest.raises(ValueError, match="image processor.*preprocessor_config.json"):
+        write_endpoint_handler(folder, requirement=REQUIREMENT)
+    assert not (folder / "handler.py").exists()
+    processor().save_pretrained(folder)
+    write_endpoint_handler(folder, requirement=REQUIREMENT)
+
+    data = splits()
+    dataset = PixelDataset(data.calibration_images[:20], data.calibration_labels[:20], processor())
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
+    common = {
+        "model": model,
+        "args": args,
+        "train_dataset": dataset,
+        "eval_dataset": dataset,
+        "calibrate_on_eval": True,
+    }
+    with pytest.raises(ValueError, match="`processing_class`.*`endpoint_handler`"):
+        CalibrationTrainer(**common, endpoint_handler=REQUIREMENT)
+
+    class _LocalInstall:  # what pip records for `pip install -e .` from a clone
+        version = "0.1.0"
+
+        def read_text(self, name):
+            return json.dumps({"url": "file:///home/me/hf-calibration", "dir_info": {"editable": True}})
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: _LocalInstall())
+    with pytest.raises(ValueError, match="installed from the local folder file:///home/me/hf-calibration"):
+        CalibrationTrainer(**common, processing_class=processor(), endpoint_handler=True)  # before training, not after
+    with pytest.raises(ValueError, match="pass the requirement explicitly"):
+        write_endpoint_handler(folder, overwrite=True)

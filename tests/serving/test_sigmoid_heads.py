@@ -159,7 +159,7 @@ def test_multilabel_model_served_by_onnx_export_and_handler(calibrated_folder, t
     # hf_calibration.pipeline and the Endpoint handler (in process; the fresh-process case is test_endpoint.py's)
     classify = pipeline("image-classification", model=str(folder), top_k=LABELS)
     served = shutil.copytree(folder, tmp_path / "endpoint")
-    write_endpoint_handler(served)
+    write_endpoint_handler(served, requirement="hf-calibration @ git+https://example.org/hf-calibration@v0.1.0")
     sys.path.insert(0, str(served))
     try:
         import importlib
@@ -177,8 +177,9 @@ def test_multilabel_model_served_by_onnx_export_and_handler(calibrated_folder, t
             assert np.abs(got - expected[i]).max() <= TOLERANCE
 
 
-def test_a_predictor_with_a_sigmoid_head_is_refused_by_name(calibrated_folder):
+def test_a_predictor_of_another_kind_of_head_is_refused_by_name(calibrated_folder):
     from hf_calibration import load_calibrated_model
+    from hf_calibration.calibrators.attach import attached_calibrator
     from hf_calibration.conformal import ConformalPredictor
 
     folder = calibrated_folder[0]
@@ -186,7 +187,103 @@ def test_a_predictor_with_a_sigmoid_head_is_refused_by_name(calibrated_folder):
     rng = np.random.default_rng(0)
     y = rng.integers(0, LABELS, 200)
     predictor = ConformalPredictor("thr").fit(rng.normal(size=(200, LABELS)) + 3 * np.eye(LABELS)[y], y, alpha=0.2)
-    from hf_calibration.calibrators.attach import attached_calibrator
-
-    with pytest.raises(ValueError, match="problem_type='multi_label_classification'.*conformal=None"):
+    with pytest.raises(ValueError, match="problem_type='multi_label_classification'.*MultiLabelConformalPredictor"):
         CalibratedClassifier(model, attached_calibrator(model), predictor)
+
+
+def _handler(folder: Path):
+    import importlib
+
+    from hf_calibration.serving import write_endpoint_handler
+
+    write_endpoint_handler(folder, requirement="hf-calibration @ git+https://example.org/hf-calibration@v0.1.0")
+    sys.path.insert(0, str(folder))
+    try:
+        module = importlib.import_module("handler")
+        importlib.reload(module)  # another test may have imported another folder's handler
+        return module.EndpointHandler(str(folder))
+    finally:
+        sys.path.remove(str(folder))
+
+
+def test_multilabel_sets_are_served_by_the_pipeline_the_handler_and_onnx(calibrated_folder, tmp_path):
+    """Issue 40 item 1: a multi-label folder with conformal/ raised a TypeError in the pipeline and the handler; the
+    predictor was dropped from the ONNX graph. Each now serves the sets predict_sets gives, computed here by hand."""
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    from hf_calibration import PlattScaling, pipeline
+    from hf_calibration.conformal import MultiLabelConformalPredictor
+
+    folder, images, pixels, _ = calibrated_folder
+    served = shutil.copytree(folder, tmp_path / "served")
+    platt = PlattScaling.from_pretrained(served / "calibrator")
+    model = AutoModelForImageClassification.from_pretrained(served).eval()
+    data = digits_dataset_dict()
+    digits = np.asarray(data["validation"]["digit"])  # Platt's images too: this test is of serving, not of coverage
+    labels = np.stack([digits < 5, digits % 2 == 0, np.isin(digits, [0, 6, 8, 9])], axis=1).astype(np.int64)
+    processor = AutoImageProcessor.from_pretrained(served)
+    with torch.no_grad():
+        z = model(pixel_values=processor(images=list(data["validation"]["img"]), return_tensors="pt")["pixel_values"])
+        z_test = model(pixel_values=pixels).logits.double()
+    predictor = MultiLabelConformalPredictor().fit(z.logits.double(), labels, alpha=0.2, calibrator=platt)
+    predictor.save_pretrained(served / "conformal")
+    a, b = platt.weight.detach().double(), platt.bias.detach().double()
+    expected = (torch.sigmoid(a * z_test + b) > float(predictor.threshold)).numpy()  # by hand: p_l > t
+    assert 0 < expected.sum() < expected.size  # the threshold decides something
+    classify = pipeline("image-classification", model=str(served), top_k=LABELS)
+    handler = _handler(served)
+    id2label = classify.model.config.id2label
+    for i, image in enumerate(images):
+        for rows in (classify(image), handler({"inputs": image})):
+            in_set = {row["label"]: row["in_set"] for row in rows}
+            assert [in_set[id2label[l]] for l in range(LABELS)] == expected[i].tolist()
+    result = export_onnx(served, tmp_path / "vit.onnx", example_inputs=pixels)
+    assert result.outputs == ["logits", "probabilities", "prediction_set"] and result.sets_equal
+    _, _, sets = _run(tmp_path / "vit.onnx", pixels.numpy())
+    np.testing.assert_array_equal(sets, expected)
+
+
+def test_one_logit_binary_sets_are_served_by_the_pipeline_the_handler_and_onnx(tmp_path):
+    """Issue 40 item 1: ConformalPredictor("thr") on a one-logit binary head, as the docs show, was refused by the
+    pipeline, the handler and export_onnx ("fitted on K = 2 classes, but the model has 1"). The sets are of the classes
+    {0, 1}: by hand, class c is in the set when its probability (sigmoid(z) or 1 - sigmoid(z)) is >= 1 - q_hat."""
+    from transformers import ViTImageProcessor
+
+    from hf_calibration import pipeline
+    from hf_calibration.conformal import ConformalPredictor
+
+    folder = tmp_path / "binary"
+    model = make_model("vit", seed=1, num_channels=3, num_labels=1, problem_type="multi_label_classification").eval()
+    model.config.id2label, model.config.label2id = {0: "small digit"}, {"small digit": 0}
+    with torch.no_grad():
+        model.classifier.weight.mul_(40.0)
+    model.save_pretrained(folder)
+    processor = ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=MEAN, image_std=STD)
+    processor.save_pretrained(folder)
+    data = digits_dataset_dict()
+    with torch.no_grad():
+        z = model(pixel_values=processor(images=list(data["validation"]["img"]), return_tensors="pt")["pixel_values"])
+    y = (np.asarray(data["validation"]["digit"]) < 5).astype(np.int64)
+    predictor = ConformalPredictor("thr").fit(z.logits[:, 0], y, alpha=0.3)
+    predictor.save_pretrained(folder / "conformal")
+    images = list(data["test"]["img"][:12])
+    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        p1 = torch.sigmoid(model(pixel_values=pixels).logits[:, 0].double()).numpy()
+    bound = 1 - float(predictor.q_hat)
+    expected = np.stack([1 - p1 >= bound, p1 >= bound], axis=1)
+    sizes = {tuple(row) for row in expected.tolist()}
+    assert {(True, False), (False, True), (True, True)} <= sizes  # {0}, {1} and {0, 1} all occur here
+    classify = pipeline("image-classification", model=str(folder))
+    handler = _handler(folder)
+    for i, image in enumerate(images):
+        for rows in (classify(image), handler({"inputs": image})):
+            assert rows[0]["label"] == "small digit" and rows[0]["in_set"] == bool(expected[i, 1])
+            assert rows[0]["score"] == pytest.approx(p1[i], abs=1e-6)
+            negative = [r for r in rows[1:] if r["label"] == "not small digit"]
+            assert len(rows) == 1 + len(negative) and bool(negative) == bool(expected[i, 0])
+    result = export_onnx(folder, tmp_path / "binary.onnx", example_inputs=pixels)
+    assert result.sets_equal
+    _, probabilities, sets = _run(tmp_path / "binary.onnx", pixels.numpy())
+    assert probabilities.shape == (12, 1) and sets.shape == (12, 2)
+    np.testing.assert_array_equal(sets, expected)
