@@ -186,6 +186,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "fixed_cost.json")
     parser.add_argument("--markdown", action="store_true", help="print the table of --out")
     parser.add_argument("--suite", action="store_true", help="also time both test suites (about 10 minutes each)")
+    parser.add_argument("--cases", nargs="+", help="only these calls (ece, temperature_scaling, svs, sms, auto)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the cases and suite times already in --out that this run does not redo",
+    )
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -203,7 +209,14 @@ def main() -> None:
         "before": str(args.before),
         "cases": {},
     }
+    if args.merge and args.out.is_file():
+        earlier = json.loads(args.out.read_text())
+        results["cases"] = earlier.get("cases", {})
+        if "suite" in earlier:
+            results["suite"] = earlier["suite"]
     for name, n, k in CASES:
+        if args.cases and name not in args.cases:
+            continue
         calls = max(2, args.calls // 4) if name == "auto" else args.calls
         runs = {"before": [], "after": [], "peer": []}
         for _ in range(args.rounds):

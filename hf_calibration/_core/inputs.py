@@ -393,9 +393,9 @@ def _multiclass(preds, target, from_logits, ignore_index, preds_name, target_nam
     target = whole_labels(target, target_name)  # class indices stored as floats: 2.0 is class 2, 1.7 is refused
     check_classification_shapes(preds, target, preds_name, target_name)
     check_labels_in_range(target, preds.shape[1], target_name, ignore_index)
-    if ignore_index is not None:
-        keep = target != ignore_index
-        if not keep.all():
+    if ignore_index is not None and target.size:  # a mask only when ignore_index lies within the labels' range
+        keep = target != ignore_index if target.min() <= ignore_index <= target.max() else None
+        if keep is not None and not keep.all():
             preds, target = preds[keep], target[keep]
             if preds.shape[0] == 0:
                 raise ValueError(

@@ -7,6 +7,8 @@ tests something about the block:
 * ``<!-- docs-test: skip REASON -->``: not run (the page itself must say why to its reader); only compiled.
 * ``<!-- docs-test: shared-logits -->``: reads the real-logit files of the project's shared data folder, which the
   tests put in the page's working folder; skipped, with the rest of its page, where that folder is absent.
+* ``<!-- docs-test: hub -->``: pushes to or loads from the Hub (the page must say so to its reader); run against a
+  local stand-in for the Hub. Every other block runs without it, as a reader without the Hub runs it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 PYTHON = ("python", "py", "python3")
 SHELL = ("bash", "sh", "shell", "console")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
-MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>skip|shared-logits)\b\s*(?P<reason>.*?)\s*-->\s*$")
+MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>skip|shared-logits|hub)\b\s*(?P<reason>.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Block:
     page: Path
     line: int  # 1-based line of the block's first code line
     code: str  # dedented to the fence's indentation
-    marker: str | None = None  # "skip" | "shared-logits" | None
+    marker: str | None = None  # "skip" | "shared-logits" | "hub" | None
     reason: str = ""
 
 

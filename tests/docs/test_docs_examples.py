@@ -4,16 +4,20 @@ The blocks of one page run in order, in one namespace and one scratch working fo
 them one after the other into a Python session would run them: one test per block, named by page and line, and
 a traceback that points at the page's own line. Selecting one block (``-k``) runs the blocks above it first.
 
-Offline, as the rest of the suite (``HF_HUB_OFFLINE=1``): pushes to the Hub land in a local stand-in
-(``_fake_hub.FakeHub``) from which the same page loads the repo back. Markers, in an HTML comment before a
-fence (``_markdown_blocks``): ``docs-test: skip REASON`` (compiled, not run) and ``docs-test: shared-logits``
-(the project's real-logit files, linked into the working folder; skipped where they are absent).
+Offline, as the rest of the suite (``HF_HUB_OFFLINE=1``), and without a Hub: a block runs as a reader without the
+Hub runs it, so a push there fails. Markers, in an HTML comment before a fence (``_markdown_blocks``):
+``docs-test: skip REASON`` (compiled, not run), ``docs-test: shared-logits`` (the project's real-logit files, linked
+into the working folder; skipped where they are absent) and ``docs-test: hub`` (the block pushes to or loads from
+the Hub, and the page says so: it runs against a local stand-in, ``_fake_hub.FakeHub``, from which the page's later
+hub blocks load the repo back). A block that names a Hub repo or pushes without that marker fails
+``test_only_marked_blocks_reach_the_hub``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,9 +62,15 @@ def _in_folder(folder: Path):
         os.chdir(before)
 
 
-def _run(block: Block, run: PageRun) -> None:
+def _run(block: Block, run: PageRun, monkeypatch) -> None:
     code = compile("\n" * (block.line - 1) + block.code, str(block.page), "exec")  # tracebacks name the page's line
     if block.marker == "skip":
+        return
+    if block.marker == "hub":  # only here: every other block runs as it would without a Hub
+        with monkeypatch.context() as hub_patch:
+            _HUB.install(hub_patch)
+            with _in_folder(run.folder):
+                exec(code, run.namespace)
         return
     if block.marker == "shared-logits":
         if not SHARED_LOGITS.is_dir():
@@ -107,7 +117,6 @@ def test_block_runs_as_written(block: Block, scratch, monkeypatch, one_thread):
     matplotlib.use("Agg")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_CALIBRATION_DISABLE_PROGRESS_BARS", "1")
-    _HUB.install(monkeypatch)
     page_blocks = [b for b in BLOCKS if b.page == block.page]
     index = page_blocks.index(block)
     run = _page_run(block.page, scratch)
@@ -118,7 +127,7 @@ def test_block_runs_as_written(block: Block, scratch, monkeypatch, one_thread):
         if run.stopped:
             break
         try:
-            _run(earlier, run)
+            _run(earlier, run, monkeypatch)
         except BaseException:
             run.stopped = f"the block at {_where(earlier)} failed"
             if earlier is block:
@@ -139,6 +148,46 @@ def test_every_page_is_collected_and_the_readme_has_its_examples():
     readme = [b for b in BLOCKS if b.page.name == "README.md"]
     assert len(readme) >= 5 and not any(b.marker == "skip" for b in readme)
     assert all(b.marker != "skip" or b.reason for b in BLOCKS)
+
+
+_HUB_CALL = re.compile(
+    r"push_to_hub\((?![^)]*dry_run=True)|push_endpoint_handler\(|push_metric_spaces\(|upload_folder\("
+)
+_REPO_ID = re.compile(r"[\"']me/[\w.-]+[\"']")  # the pages' placeholder namespace for a user's Hub repos
+
+
+def test_only_marked_blocks_reach_the_hub():
+    """Issue 40 item 12: share.md failed from its first block on a machine without the Hub, and the tests passed only
+    through the stand-in. A block that pushes (anything but a dry run) or names a Hub repo is marked ``hub``; the
+    others run without the stand-in."""
+
+    def code(block: Block) -> str:  # comments may name a repo ("or push_to_hub(...)"): only what runs counts
+        return "\n".join(line.split("#")[0] for line in block.code.splitlines())
+
+    unmarked = [
+        _where(b)
+        for b in BLOCKS
+        if b.marker not in ("hub", "skip") and (_HUB_CALL.search(code(b)) or _REPO_ID.search(code(b)))
+    ]
+    assert not unmarked, f"blocks that reach the Hub without `<!-- docs-test: hub -->`: {unmarked}"
+    assert any(b.marker == "hub" for b in BLOCKS if b.page.name == "share.md")
+
+
+def test_counts_the_pages_state_are_the_registrys():
+    """Issue 40 item 13: the README said "fourteen" calibrators where list_calibrators() has 19, and its table lacked
+    the sigmoid ones: the number words and the README's table follow the registry."""
+    from hf_calibration.calibrators import list_calibrators
+
+    words = {14: "fourteen", 5: "five", 19: "nineteen"}
+    every, softmax = len(list_calibrators()), len(list_calibrators("multiclass"))
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "getting-started.md"):
+        for found in re.finditer(r"(\w+) post-hoc calibrators", page.read_text()):
+            assert found[1] == words[every], f"{page.relative_to(ROOT)} says {found[0]!r}; the registry has {every}"
+    readme = (ROOT / "README.md").read_text()
+    assert f"{words[every]} post-hoc calibrators" in readme
+    assert f"{words[softmax]} for softmax heads, {words[every - softmax]} for sigmoid heads" in readme
+    table = {cell for row in readme.splitlines() if row.startswith("| `") for cell in re.findall(r"`(\w+)`", row)}
+    assert set(list_calibrators()) <= table, sorted(set(list_calibrators()) - table)
 
 
 def test_blocks_are_found_as_markdown_renders_them(tmp_path):
