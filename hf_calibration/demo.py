@@ -31,6 +31,7 @@ import re
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -327,6 +328,8 @@ class DemoResult:
     seconds: float
     temperatures: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # stage → seconds
+    held_out: dict[str, dict] = field(default_factory=dict)  # model → SMART's held-out check (fit_info_)
+    shipped: str = "SMART"  # the calibrator saved beside the CE model: SMART unless its held-out check failed
 
     def summary(self) -> str:
         n = self.reports[next(iter(self.reports))].n
@@ -341,10 +344,24 @@ class DemoResult:
         ]
         if self.temperatures:
             lines.append("Temperature scaling: " + ", ".join(f"{k} T = {v:.3f}" for k, v in self.temperatures.items()))
+        if self.held_out:
+            checks = [
+                f"{name} {r['uncalibrated_nll']:.4f} -> {r['cross_fitted_nll']:.4f}"
+                + (" (worse: its parameters overfit this few samples)" if r["worse"] else "")
+                for name, r in self.held_out.items()
+            ]
+            lines.append(
+                f"SMART's held-out check (NLL, each calibration image calibrated by a fit on the other "
+                f"{next(iter(self.held_out.values()))['folds'] - 1} of 5 folds): " + "; ".join(checks) + "."
+            )
+            if self.shipped != "SMART":
+                lines.append(
+                    f"Saved beside the CE model: {self.shipped}, not SMART, whose held-out check on the CE model failed."
+                )
         if self.pipeline:
             lines += [
                 "",
-                'pipeline("image-classification") on test images, top-1 score without / with SMART attached:',
+                f'pipeline("image-classification") on test images, top-1 score without / with {self.shipped} attached:',
                 "",
             ]
             lines.append("| image | label | predicted | score | calibrated score |")
@@ -546,7 +563,7 @@ def _run(config: DemoConfig) -> DemoResult:
     matplotlib.use("Agg", force=False)
     from transformers import pipeline
 
-    from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, load_calibrator
+    from hf_calibration.calibrators import HeldOutWorseWarning, SMARTCalibrator, TemperatureScaling, load_calibrator
     from hf_calibration.io.logits_files import save_logits
     from hf_calibration.losses import CrossEntropyLoss, FeDLaSLoss
     from hf_calibration.maccal import MaCCalConfig, maccal_stage
@@ -597,18 +614,24 @@ def _run(config: DemoConfig) -> DemoResult:
     # 2. post-hoc calibrators fitted on the calibration split
     rows: dict[str, np.ndarray] = {}
     temperatures: dict[str, float] = {}
-    smart_ce = None
+    held_out: dict[str, dict] = {}
+    shipped_ce = None
     for name, (z_cal, z_test) in logits.items():
         logger.info("Fitting temperature scaling and SMART for the %s model on %d held-out images", name, len(cal))
         ts = TemperatureScaling().fit(z_cal, cal.labels.numpy(), progress_bar=_interactive(config))
-        smart = SMARTCalibrator(seed=config.seed).fit(z_cal, cal.labels.numpy(), progress_bar=_interactive(config))
+        with warnings.catch_warnings():  # its held-out check is stated in the summary, and decides what is shipped
+            warnings.simplefilter("ignore", HeldOutWorseWarning)
+            smart = SMARTCalibrator(seed=config.seed).fit(z_cal, cal.labels.numpy(), progress_bar=_interactive(config))
+        check = smart.fit_info_.get("held_out_check")
+        if check is not None:
+            held_out[name] = check
         temperatures[name] = float(ts.temperature(z_test[:1])[0])
         with torch.no_grad():
             rows[name] = z_test
             rows[f"{name} + TS"] = ts(torch.from_numpy(z_test)).numpy()
             rows[f"{name} + SMART"] = smart(torch.from_numpy(z_test)).numpy()
-        if smart_ce is None:
-            smart_ce = smart
+        if shipped_ce is None:  # the CE model's: SMART, unless its own held-out check says it overfits
+            shipped_ce = ("temperature scaling", ts) if check is not None and check["worse"] else ("SMART", smart)
         path = out / f"logits_vit_{_slug(name)}.npz"
         save_logits(
             path, val=(z_cal, cal.labels.numpy()), test=(z_test, test.labels.numpy()), overwrite=True
@@ -640,11 +663,14 @@ def _run(config: DemoConfig) -> DemoResult:
     model_dir = out / "vit_ce"
     ce_model.save_pretrained(model_dir)
     processor.save_pretrained(model_dir)
-    smart_ce.save_pretrained(model_dir / "calibrator", overwrite=True)  # replaces the previous run's calibrator only
-    files["model + image processor + SMART calibrator"] = model_dir
+    shipped, calibrator_ce = shipped_ce
+    calibrator_ce.save_pretrained(
+        model_dir / "calibrator", overwrite=True
+    )  # replaces the previous run's calibrator only
+    files[f"model + image processor + {shipped} calibrator"] = model_dir
     pipeline_rows: list[PipelineRow] = []
     if config.pipeline_images:
-        logger.info("Loading %s back and running pipeline('image-classification') with SMART attached", model_dir)
+        logger.info("Loading %s back and running pipeline('image-classification') with %s attached", model_dir, shipped)
         classifier = pipeline("image-classification", model=str(model_dir), device="cpu")
         calibrator = load_calibrator(model_dir, subfolder="calibrator")
         images = data.test_images[: config.pipeline_images]
@@ -670,6 +696,8 @@ def _run(config: DemoConfig) -> DemoResult:
         seconds=time.perf_counter() - start,
         temperatures=temperatures,
         timings=timings,
+        held_out=held_out,
+        shipped=shipped,
     )
 
 
