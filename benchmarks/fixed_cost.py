@@ -212,8 +212,9 @@ def main() -> None:
     if args.merge and args.out.is_file():
         earlier = json.loads(args.out.read_text())
         results["cases"] = earlier.get("cases", {})
-        if "suite" in earlier:
-            results["suite"] = earlier["suite"]
+        for key in ("suite", "note"):  # the suites' times and the reading written beside them
+            if key in earlier:
+                results[key] = earlier[key]
     for name, n, k in CASES:
         if args.cases and name not in args.cases:
             continue
@@ -289,6 +290,10 @@ def section(results: dict) -> str:
         out += [
             f"| {side} | {suite[side]['seconds']:.0f} s | {suite[side]['summary']} |" for side in ("before", "after")
         ]
+        if suite.get("note"):
+            out += ["", suite["note"]]
+    if results.get("note"):
+        out += ["", results["note"]]
     return "\n".join(out) + "\n"
 
 
