@@ -163,6 +163,7 @@ def run_one(name: str, kind: str, method: str, rounds: int, threads: int) -> lis
         finally:
             calibrator.detach()
         med = {key: statistics.median(v) for key, v in samples.items()}
+        spread = {key: _iqr(v) for key, v in samples.items()}
         row = {
             "model": name,
             "calibrator": kind,
@@ -171,14 +172,33 @@ def run_one(name: str, kind: str, method: str, rounds: int, threads: int) -> lis
             "rounds": rounds,
             "threads": threads,
             **{f"{key}_s": value for key, value in med.items()},
+            **{f"{key}_iqr_s": value for key, value in spread.items()},
+            "samples_s": samples,
         }
         for engine in ("torch", "onnx"):
-            row[f"share_{engine}"] = (med[f"calibrated_{engine}"] - med[f"plain_{engine}"]) / med[
-                f"calibrated_{engine}"
-            ]
+            plain, calibrated = med[f"plain_{engine}"], med[f"calibrated_{engine}"]
+            row[f"share_{engine}"] = (calibrated - plain) / calibrated
+            # the difference is read as a share only beyond the rounds' own spread (the larger interquartile range)
+            row[f"noise_{engine}"] = max(spread[f"plain_{engine}"], spread[f"calibrated_{engine}"]) / calibrated
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
+def _share(row: dict, engine: str) -> str:
+    """The calibrator's share of the time, or "within noise" when the difference is inside the rounds' spread (a
+    negative share is always noise: the calibrated path does strictly more work)."""
+    share, noise = row[f"share_{engine}"], row.get(f"noise_{engine}")
+    if noise is None:  # a result written before the spread was recorded
+        return f"{100 * share:.1f} %" if share >= 0 else "within noise"
+    return f"{100 * share:.1f} %" if abs(share) > noise and share > 0 else f"within noise (±{100 * noise:.0f} %)"
 
 
 def calibrator_observe(model, sink: list):
@@ -202,8 +222,9 @@ def write_markdown(rows: list[dict], meta: dict) -> None:
         "Latency per image (ms) and throughput (images / s) of a plain model, the calibrated PyTorch model (calibrator "
         "attached, plus the conformal sets from the model's own logits) and the calibrated ONNX graph "
         "(`export_onnx`: calibrator and set inside) in onnxruntime; the calibrator's share is (calibrated - plain) / "
-        "calibrated for each engine (plain ONNX: the same export without calibrator and set). Random-init models from "
-        "configs; median of interleaved rounds.",
+        "calibrated for each engine (plain ONNX: the same export without calibrator and set), shown only where the "
+        'difference exceeds the rounds\' own spread (the larger interquartile range of the two), else "within noise". '
+        "Random-init models from configs; median of interleaved rounds.",
         "",
         f"Machine: {meta['machine']}; {meta['threads']} threads for torch and onnxruntime; torch {meta['torch']}, "
         f"onnxruntime {meta['onnxruntime']}. Load average (1 / 5 / 15 min) before: {meta['load_before']}, after: "
@@ -222,7 +243,7 @@ def write_markdown(rows: list[dict], meta: dict) -> None:
         lines.append(
             f"| {r['model']} | {r['calibrator']} + {r['conformal']} | {b} | {ms['plain_torch']:.2f} | {ms['calibrated_torch']:.2f} | "
             f"{ms['calibrated_onnx']:.2f} | {b / r['plain_torch_s']:.0f} / {b / r['calibrated_torch_s']:.0f} / "
-            f"{b / r['calibrated_onnx_s']:.0f} | {100 * r['share_torch']:.1f} % | {100 * r['share_onnx']:.1f} % |"
+            f"{b / r['calibrated_onnx_s']:.0f} | {_share(r, 'torch')} | {_share(r, 'onnx')} |"
         )
     OUT_MD.write_text("\n".join(lines) + "\n")
     print(OUT_MD.read_text())
