@@ -178,6 +178,9 @@ class Calibrator(
     default_objective: ClassVar[str] = "nll"
     objectives: ClassVar[tuple[str, ...]] = ("nll",)
     preserves_argmax: ClassVar[bool] = True
+    # a strictly increasing, smooth map of the scores; False: binning and isotonic regression, whose flat stretches tie
+    # many scores to one value (AutoCalibrator prefers a smooth map on sigmoid heads unless a flat one is clearly better)
+    smooth: ClassVar[bool] = True
     shift_invariant: ClassVar[bool] = False
     paper_citation: ClassVar[str] = ""
     # whether ``_fit_rows`` is implemented: the fit reads the logits a block of rows at a time (``_rows.FitRows``), so it

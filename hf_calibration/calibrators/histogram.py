@@ -89,6 +89,7 @@ class HistogramBinning(
     """
 
     kind = "histogram_binning"
+    smooth = False
     min_samples = 10
     default_objective = "bin_frequency"
     criterion = "the fraction correct of each confidence bin of the fit set"

@@ -65,6 +65,7 @@ class IsotonicRegression(
     """
 
     kind = "isotonic"
+    smooth = False
     min_samples = 10
     default_objective = "isotonic_pav"
     criterion = "the non-decreasing least-squares fit of correctness on the top-label confidence (PAV)"
@@ -103,6 +104,7 @@ class OneVsRestIsotonicRegression(
     """
 
     kind = "isotonic_ovr"
+    smooth = False
     min_samples = 10
     default_objective = "isotonic_pav"
     criterion = "one non-decreasing least-squares fit of [y = k] on p_k per class k (PAV)"

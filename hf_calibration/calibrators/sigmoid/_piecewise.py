@@ -25,6 +25,8 @@ PAD = 2.0  # knot padding: beyond every probability
 class PiecewiseSigmoidCalibrator(SigmoidCalibrator):
     """A sigmoid calibrator whose per-label maps are piecewise (linear, or step with ``step = True``) in the probability."""
 
+    smooth = False  # binning's steps, isotonic regression's flat stretches
+
     step: bool = False
     objectives = ("nll",)
 
