@@ -24,6 +24,7 @@ SECTIONS = [
     ("calibrator_fits_cv_target.md", "calibrator_fits.py --sections cv-target --baseline <previous main>"),
     ("calibrator_selection.md", "calibrator_selection.py"),
     ("small_sample_selection.md", "small_sample_selection.py"),
+    ("small_sample_rule.md", "small_sample_rule.py --split validation|test --rule before|now"),
     ("conformal.md", "conformal.py"),
     ("losses.md", "losses.py"),
     ("loss_comparison.md", "loss_comparison.py"),
