@@ -144,6 +144,13 @@ def _block_classes() -> list[type]:
     return [c for c in map(get_calibrator_class, list_calibrators()) if c.fits_in_blocks]
 
 
+def _fit_state(calibrator: Calibrator) -> str:
+    """The repr's word on the fit: a calibrator that leaves the model as it is (``is_identity``) says so, not "fitted"."""
+    if not calibrator.is_fitted:
+        return "not fitted"
+    return "identity: the model left as it is" if calibrator.is_identity else "fitted"
+
+
 class Calibrator(
     nn.Module,
     PyTorchModelHubMixin,
@@ -758,7 +765,7 @@ class Calibrator(
         return _attach.detach(self)
 
     def extra_repr(self) -> str:
-        return "fitted" if self.is_fitted else "not fitted"
+        return _fit_state(self)
 
     # ------------------------------------------------------------------ Hub
     def _save_pretrained(self, save_directory) -> None:

@@ -386,6 +386,8 @@ def test_a_calibrator_that_does_not_help_is_not_kept(tmp_path):
     from hf_calibration.calibrators import load_calibrator
 
     assert load_calibrator(tmp_path / "calibrator").is_identity
+    # its repr said "TemperatureScaling(fitted)" beside the warning that nothing was kept (share.md printed it)
+    assert repr(result.calibrator) == "TemperatureScaling(identity: the model left as it is)"
 
 
 def test_the_uncalibrated_model_wins_where_its_ece_is_clearly_lower():

@@ -400,4 +400,6 @@ class SigmoidCalibrator(Calibrator):
         return "It maps each label's logit of a sigmoid (binary or multi-label) head to a calibrated logit."
 
     def extra_repr(self) -> str:
-        return f"num_labels={self.num_labels}, task={self.task!r}, " + ("fitted" if self.is_fitted else "not fitted")
+        from hf_calibration.calibrators._base import _fit_state
+
+        return f"num_labels={self.num_labels}, task={self.task!r}, " + _fit_state(self)
