@@ -1,4 +1,7 @@
-"""Prediction sets in an image-classification ``pipeline``'s results: ``ConformalPredictor.attach(pipe)``.
+"""Prediction sets in a classification ``pipeline``'s results: ``ConformalPredictor.attach(pipe)``.
+
+The pipelines of ``image-classification``, ``text-classification``, ``audio-classification`` and
+``video-classification`` are served alike; below, "image" stands for any of their inputs.
 
 The pipeline's forward is wrapped (on that pipeline object only; the model is untouched outside its calls): the model's
 own logits are read during the call (before an attached calibrator, through ``observe_uncalibrated``; otherwise by a
@@ -17,8 +20,10 @@ second row ``{"label": "not <label>", "score": 1 - sigmoid(z), "in_set": True}``
 ``in_set`` still name the whole set.
 
 A randomised predictor (APS / RAPS, the default) needs one uniform draw per image. By default (``draws="input"``)
-each image's draw is derived from its pixel values (``draws.input_draws``, keyed by the predictor's seed): a served
-model gives one answer per image, the same set on every call and whether the image comes alone or in a batch. With
+each image's draw is derived from its preprocessed input (``draws.input_draws``, keyed by the predictor's seed): the
+pixel values, token ids or audio features, read in the pipeline's ``preprocess``, one input at a time, before a
+batch pads them. A served model gives one answer per input, the same set on every call and whether the input comes
+alone or in a batch. With
 ``draws="stream"`` the draws come from the predictor's random stream, as ``predict_sets`` takes them by default: a
 new draw per image and call, so the same image may get another set (3-6 of 20 images did, call to call).
 """
@@ -33,11 +38,22 @@ from typing import Any
 
 import torch
 
+from hf_calibration.conformal.draws import input_draws
+
 logger = logging.getLogger(__name__)
 
 _ATTR = "_hf_calibration_conformal"  # on the pipeline: the attached predictor
 _SETS_KEY = "prediction_set"  # in the model outputs, between the pipeline's forward and its postprocess
+_DRAWS_KEY = "_hf_calibration_draw"  # in the model inputs, between the pipeline's preprocess and its forward
 DRAWS = ("input", "stream")
+_PIPELINES = (
+    "ImageClassificationPipeline",
+    "TextClassificationPipeline",
+    "AudioClassificationPipeline",
+    "VideoClassificationPipeline",
+)
+# what an input's draw is derived from: the first of these its preprocessed inputs hold (one input, unpadded)
+_DRAW_SOURCES = ("pixel_values", "pixel_values_videos", "input_ids", "input_values", "input_features")
 
 
 def _logits_of(output: Any) -> torch.Tensor:
@@ -55,17 +71,24 @@ def _logits_of(output: Any) -> torch.Tensor:
 
 def _check_pipeline(pipe: Any):
     transformers = sys.modules.get("transformers")  # a pipeline object means transformers is already imported
-    if transformers is None or not isinstance(pipe, transformers.ImageClassificationPipeline):
+    classes = tuple(getattr(transformers, name) for name in _PIPELINES) if transformers is not None else ()
+    if not classes or not isinstance(pipe, classes):
         raise TypeError(
-            f"Expected argument `pipe` to be an image-classification transformers pipeline, but got {type(pipe).__name__}."
+            "Expected argument `pipe` to be an image-, text-, audio- or video-classification transformers pipeline, "
+            f"but got {type(pipe).__name__}."
         )
     return pipe
 
 
-def _pixels(model_inputs: Any, n: int) -> torch.Tensor | None:
-    """The batch's pixel values (one row per image), what an image's draw is derived from; None if there are none."""
-    pixels = model_inputs.get("pixel_values") if isinstance(model_inputs, Mapping) else None  # a dict or a BatchFeature
-    return pixels if isinstance(pixels, torch.Tensor) and pixels.ndim >= 1 and pixels.shape[0] == n else None
+def _draw_source(model_inputs: Any) -> torch.Tensor | None:
+    """One preprocessed input's tensor that its draw is derived from (see ``_DRAW_SOURCES``); None if it has none."""
+    if not isinstance(model_inputs, Mapping):  # a dict, a BatchFeature or a BatchEncoding
+        return None
+    for key in _DRAW_SOURCES:
+        value = model_inputs.get(key)
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == 1:
+            return value
+    return None
 
 
 def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
@@ -104,12 +127,22 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
             "are computed from the model's own logits%s, as the predictor was fitted.",
             " through the predictor's calibrator" if predictor.calibrator is not None else "",
         )
-    forward, postprocess = pipe._forward, pipe.postprocess
+    preprocess, forward, postprocess = pipe.preprocess, pipe._forward, pipe.postprocess
     default_top_k = inspect.signature(postprocess).parameters["top_k"].default
+    legacy = "_legacy" in inspect.signature(postprocess).parameters  # text-classification's one-dict default result
+
+    def _preprocess(inputs, **kwargs):
+        model_inputs = preprocess(inputs, **kwargs)
+        if draws == "input" and not multilabel and predictor.randomized:
+            source = _draw_source(model_inputs)
+            if source is not None:  # a (1,) tensor: the batch's collate concatenates them, and forward pops them
+                model_inputs[_DRAWS_KEY] = input_draws(source, predictor.seed)
+        return model_inputs
 
     def _forward(model_inputs, **kwargs):
         from hf_calibration.calibrators.attach import observe_uncalibrated
 
+        drawn = model_inputs.pop(_DRAWS_KEY, None) if isinstance(model_inputs, Mapping) else None
         captured = []
         if attached_calibrator(model) is not None:  # the model's own logits, before the calibrator inside its forward
             remove = observe_uncalibrated(model, lambda output: captured.append(_logits_of(output)))
@@ -124,19 +157,21 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
         if not captured:
             raise RuntimeError("The pipeline's forward did not run its model: no logits to build prediction sets from.")
         logits = captured[-1].detach()
-        source = None
-        if draws == "input":
-            source = _pixels(model_inputs, logits.shape[0])
-            source = "logits" if source is None else source
         if multilabel:
             outputs[_SETS_KEY] = predictor.predict_sets(logits, from_logits=True)
-        else:
+        elif drawn is not None:
+            outputs[_SETS_KEY] = predictor._predict_sets_with_draws(logits, drawn.detach().cpu().to(torch.float64))
+        else:  # no input tensor to derive the draws from: the logits, or the predictor's stream
+            source = "logits" if draws == "input" else None
             outputs[_SETS_KEY] = predictor.predict_sets(logits, from_logits=True, draws_from=source)
         return outputs
 
     def _postprocess(model_outputs, **kwargs):
         in_set = model_outputs[_SETS_KEY][0].tolist()  # one image: the pipeline unbatches before postprocess
         top_k = kwargs.pop("top_k", default_top_k)
+        top_k = num_labels if top_k is None else top_k
+        if legacy:  # text-classification: the list of rows, sorted, rather than its one-dict default
+            kwargs["_legacy"] = False
         rows = postprocess(model_outputs, top_k=num_labels, **kwargs)  # every class, by decreasing score
         if one_logit:  # sets of the classes {0, 1}; the one row is class 1's
             row = {**rows[0], "in_set": in_set[1]}
@@ -149,7 +184,8 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
                 out.append({**row, "in_set": member})
         return out
 
-    pipe._forward, pipe.postprocess = _forward, _postprocess  # instance attributes shadow the class's methods
+    # instance attributes shadow the class's methods
+    pipe.preprocess, pipe._forward, pipe.postprocess = _preprocess, _forward, _postprocess
     pipe.__dict__[_ATTR] = predictor
     predictor.__dict__["_attached_to"] = pipe
     return pipe
@@ -160,7 +196,7 @@ def detach(predictor) -> Any:
     pipe = predictor.__dict__.get("_attached_to")
     if pipe is None:
         raise RuntimeError("This ConformalPredictor is not attached to any pipeline: nothing to detach.")
-    for name in ("_forward", "postprocess", _ATTR):
+    for name in ("preprocess", "_forward", "postprocess", _ATTR):
         pipe.__dict__.pop(name, None)
     predictor.__dict__["_attached_to"] = None
     return pipe

@@ -388,14 +388,25 @@ class ConformalPredictor(
         with torch_single_threaded():  # see fit
             return self._predict_sets(logits, from_logits, generator, draws_from)
 
-    def _predict_sets(self, logits, from_logits, generator, draws_from=None):
+    def _predict_sets_with_draws(self, logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """The sets of a pipeline batch's (N, K) logits with each row's draw ``u`` (N,) given (``attach``: derived from
+        each input alone, before the batch was padded)."""
+        with torch_single_threaded():
+            return self._predict_sets(logits, True, None, draws=u)
+
+    def _predict_sets(self, logits, from_logits, generator, draws_from=None, draws=None):
         if isinstance(logits, torch.Tensor) and logits.device.type != "cpu":  # on its device, in torch
             probs = self._probabilities(logits, from_logits)
-            u = self._prediction_draws(probs.shape[0], probs.device, logits, generator, draws_from)
+            u = draws.to(probs.device) if draws is not None else None
+            u = self._prediction_draws(probs.shape[0], probs.device, logits, generator, draws_from) if u is None else u
             scores = self._scores(probs, u, **self._params())
             return sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
         z, is_logits = _checked(logits, from_logits, self.num_classes, fitted=(self.fit_info_ or {}).get("input"))
-        u = self._prediction_draws(z.shape[0], torch.device("cpu"), logits, generator, draws_from)
+        u = (
+            draws
+            if draws is not None
+            else self._prediction_draws(z.shape[0], torch.device("cpu"), logits, generator, draws_from)
+        )
         if self.calibrator is not None:
             z, is_logits = _calibrated(self.calibrator, z, is_logits), True
         sets, _, _ = set_rows(

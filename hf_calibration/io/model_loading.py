@@ -1,6 +1,9 @@
-"""An image classifier and its image processor from a folder or a Hub id, through the Auto classes.
+"""A classifier and its preprocessor from a folder or a Hub id, through the Auto classes.
 
-* transformers checkpoints (ViT, Swin, ConvNeXt, ResNet, ...): ``AutoModelForImageClassification``;
+* transformers checkpoints (ViT, Swin, ConvNeXt, ResNet, ...): ``AutoModelForImageClassification``; for the other
+  classification pipelines' tasks, ``AutoModelForSequenceClassification`` (text), ``AutoModelForAudioClassification``
+  and ``AutoModelForVideoClassification`` (:data:`CLASSIFICATION_TASKS`), each with its tokenizer, feature extractor
+  or video processor (:func:`load_processor`);
 * timm checkpoints (``timm/resnet50.a1_in1k``, or a folder with a ``timm_wrapper`` config):
   ``TimmWrapperForImageClassification``, whose image processor is read from ``config.json``;
 * checkpoints saved after the MaC-Cal stage (their config records ``maccal_head``):
@@ -15,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["load_image_classifier", "load_image_processor"]
+__all__ = ["CLASSIFICATION_TASKS", "load_image_classifier", "load_image_processor", "load_processor"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,19 +31,53 @@ _HUB_KWARGS = (
 )  # where the files come from: config and weights alike
 
 
-def _load_model(name_or_path: str | os.PathLike, revision: str | None, **kwargs: Any) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForImageClassification, TimmWrapperForImageClassification
+IMAGE_TASK = "image-classification"
+# the transformers pipeline tasks whose models end in class logits: (Auto model class, preprocessor argument of
+# ``transformers.pipeline``, Auto classes that load that preprocessor, tried in order)
+CLASSIFICATION_TASKS = {
+    IMAGE_TASK: ("AutoModelForImageClassification", "image_processor", ("AutoImageProcessor",)),
+    "text-classification": ("AutoModelForSequenceClassification", "tokenizer", ("AutoTokenizer",)),
+    "audio-classification": ("AutoModelForAudioClassification", "feature_extractor", ("AutoFeatureExtractor",)),
+    # newer video models have a video processor; VideoMAE-era checkpoints may have only an image processor
+    "video-classification": (
+        "AutoModelForVideoClassification",
+        "video_processor",
+        ("AutoVideoProcessor", "AutoImageProcessor"),
+    ),
+}
+
+
+def check_task(task: Any) -> str:
+    """``task`` if it is one of :data:`CLASSIFICATION_TASKS`, else a ``ValueError`` naming the argument."""
+    if not isinstance(task, str) or task not in CLASSIFICATION_TASKS:
+        raise ValueError(
+            f"Expected argument `task` to be one of {sorted(CLASSIFICATION_TASKS)} (calibrators act on class scores), "
+            f"but got {task!r}."
+        )
+    return task
+
+
+def _load_model(
+    name_or_path: str | os.PathLike, revision: str | None, task: str = IMAGE_TASK, **kwargs: Any
+) -> nn.Module:
+    import transformers
+    from transformers import AutoConfig, TimmWrapperForImageClassification
 
     config = AutoConfig.from_pretrained(
         name_or_path, revision=revision, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
     )
+    if task != IMAGE_TASK:
+        model_class = getattr(transformers, CLASSIFICATION_TASKS[task][0])
+        return model_class.from_pretrained(name_or_path, config=config, revision=revision, **kwargs)
     if isinstance(getattr(config, _MACCAL_CONFIG_KEY, None), dict):  # also checkpoints older than the Auto registration
         from hf_calibration.maccal import load_maccal_model
 
         logger.info("%s is a MaC-Cal checkpoint: loading its bottleneck head", name_or_path)
         return load_maccal_model(name_or_path, config=config, revision=revision, **kwargs)
     model_class = (
-        TimmWrapperForImageClassification if config.model_type == "timm_wrapper" else AutoModelForImageClassification
+        TimmWrapperForImageClassification
+        if config.model_type == "timm_wrapper"
+        else transformers.AutoModelForImageClassification
     )
     return model_class.from_pretrained(name_or_path, config=config, revision=revision, **kwargs)
 
@@ -57,6 +94,29 @@ def load_image_processor(name_or_path: str | os.PathLike, revision: str | None =
             f"Found no image processor for {str(name_or_path)!r} (no preprocessor_config.json, or a timm config without "
             f"`pretrained_cfg`); pass `image_processor` (an object, a folder or a Hub id). ({str(err).splitlines()[0]})"
         ) from None
+
+
+def load_processor(task: str, name_or_path: str | os.PathLike, revision: str | None = None, **kwargs: Any):
+    """``(argument, preprocessor)``: what ``transformers.pipeline(task, ...)`` takes to prepare the inputs of ``task``
+    (:data:`CLASSIFICATION_TASKS`: an image processor, a tokenizer, a feature extractor or a video processor), loaded
+    from ``name_or_path`` through the Auto classes, and the name of the pipeline argument it goes to."""
+    if task == IMAGE_TASK:
+        return "image_processor", load_image_processor(name_or_path, revision, **kwargs)
+    import transformers
+
+    argument, loaders = CLASSIFICATION_TASKS[task][1:]
+    errors = []
+    for loader in loaders:
+        try:
+            processor = getattr(transformers, loader).from_pretrained(name_or_path, revision=revision, **kwargs)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            errors.append(f"{loader}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            continue
+        return ("image_processor" if loader == "AutoImageProcessor" else argument), processor
+    raise ValueError(
+        f"Found no {argument.replace('_', ' ')} for {str(name_or_path)!r}; pass `{argument}` (an object, a folder or a "
+        f"Hub id). ({'; '.join(errors)})"
+    )
 
 
 def load_image_classifier(

@@ -29,7 +29,7 @@ from torch import nn
 from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.checks import check_folder_or_hub_id
 from hf_calibration.calibrators import load_calibrator
-from hf_calibration.io.model_loading import _HUB_KWARGS, _load_model, load_image_processor
+from hf_calibration.io.model_loading import _HUB_KWARGS, IMAGE_TASK, _load_model, check_task, load_processor
 
 __all__ = ["CALIBRATOR_FOLDER", "CONFORMAL_FOLDER", "load_calibrated_model", "pipeline"]
 
@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 CALIBRATOR_FOLDER = "calibrator"
 CONFORMAL_FOLDER = "conformal"
 _CONFORMAL_MODULE = "hf_calibration.conformal"  # ConformalPredictor: from_pretrained(path), attach(pipeline)
-_TASK = "image-classification"
 
 _told: set[tuple[str, str]] = set()  # (source, what) already said once in this process
 
@@ -167,12 +166,16 @@ def _load_companions(
     return calibrator, conformal
 
 
-def load_calibrated_model(name_or_path: str | os.PathLike, *, revision: str | None = None, **kwargs: Any) -> nn.Module:
+def load_calibrated_model(
+    name_or_path: str | os.PathLike, *, task: str = IMAGE_TASK, revision: str | None = None, **kwargs: Any
+) -> nn.Module:
     """The model of a folder or Hub repo, its calibrator (``calibrator/``) attached, its conformal predictor
     (``conformal/``) as ``model.conformal_predictor``; in eval mode.
 
     Args:
         name_or_path: a local folder or a Hub repo id.
+        task: the pipeline task the model is for, which picks its Auto class: ``"image-classification"``
+            (default), ``"text-classification"``, ``"audio-classification"`` or ``"video-classification"``.
         revision: the Hub revision (branch, tag or commit), for the model and its subfolders alike.
         **kwargs: passed to ``from_pretrained`` (``dtype``, ``cache_dir``, ``token``, ``local_files_only``, ...);
             the download options also fetch the subfolders.
@@ -185,7 +188,7 @@ def load_calibrated_model(name_or_path: str | os.PathLike, *, revision: str | No
         attached_calibrator(model)                     # the calibrator (hf_calibration.calibrators.attach)
     """
     source = _check_source(name_or_path)
-    model = _load_model(source, revision, **kwargs).eval()
+    model = _load_model(source, revision, check_task(task), **kwargs).eval()
     num_classes = getattr(getattr(model, "config", None), "num_labels", None)
     calibrator, conformal = _load_companions(
         source,
@@ -200,29 +203,35 @@ def load_calibrated_model(name_or_path: str | os.PathLike, *, revision: str | No
 
 
 def pipeline(
-    task: str = _TASK,
+    task: str = IMAGE_TASK,
     model: str | os.PathLike | None = None,
     *,
     image_processor: Any = None,
+    tokenizer: Any = None,
+    feature_extractor: Any = None,
+    video_processor: Any = None,
     revision: str | None = None,
     token: str | bool | None = None,
     model_kwargs: dict[str, Any] | None = None,
     conformal_draws: str = "input",
     **pipeline_kwargs: Any,
 ):
-    """``transformers.pipeline("image-classification", model=...)`` whose scores are calibrated by the repo's
-    ``calibrator/`` and whose results carry the prediction sets of its ``conformal/`` predictor.
+    """``transformers.pipeline(task, model=...)`` whose scores are calibrated by the repo's ``calibrator/`` and whose
+    results carry the prediction sets of its ``conformal/`` predictor.
 
     Args:
-        task: ``"image-classification"`` (the only task a calibrator of class scores applies to).
+        task: a classification pipeline: ``"image-classification"`` (default), ``"text-classification"``,
+            ``"audio-classification"`` or ``"video-classification"`` (the calibrators act on any classifier's logits).
         model: a local folder or a Hub repo id (loaded by :func:`load_calibrated_model`).
-        image_processor: an image processor, or a folder / Hub id; default: the model's own.
-        revision, token: for the model, its subfolders and its image processor.
+        image_processor, tokenizer, feature_extractor, video_processor: the task's preprocessor (an object, or a
+            folder / Hub id); default: the model's own (the image processor, tokenizer, feature extractor or video
+            processor saved with it).
+        revision, token: for the model, its subfolders and its preprocessor.
         model_kwargs: passed to the model's ``from_pretrained`` (``dtype``, ``cache_dir``, ...).
-        conformal_draws: with a randomised ``conformal/`` predictor (APS / RAPS), where each image's uniform draw comes
-            from: ``"input"`` (default: derived from the image's pixel values, so the same image gets the same set on
-            every call, alone or in a batch) or ``"stream"`` (the predictor's random stream: a new draw per image and
-            call). See ``ConformalPredictor.attach``.
+        conformal_draws: with a randomised ``conformal/`` predictor (APS / RAPS), where each input's uniform draw comes
+            from: ``"input"`` (default: derived from the preprocessed input, its pixel values, token ids or audio
+            features, so the same input gets the same set on every call, alone or in a batch) or ``"stream"`` (the
+            predictor's random stream: a new draw per input and call). See ``ConformalPredictor.attach``.
         **pipeline_kwargs: passed to ``transformers.pipeline`` (``device``, ``top_k``, ``batch_size``, ...). The scores'
             ``function_to_apply`` follows the model's head (``config.problem_type``, :mod:`hf_calibration._core.tasks`):
             ``"sigmoid"`` for a multi-label or one-logit binary head (each label's calibrated probability),
@@ -232,32 +241,40 @@ def pipeline(
 
         classify = hf_calibration.pipeline("image-classification", model="me/vit")
         classify(image)          # calibrated scores (and the prediction set, with conformal/)
+        hf_calibration.pipeline("text-classification", model="me/bert-sentiment")("a fine film")
     """
     import transformers
 
-    if task != _TASK:
-        raise ValueError(
-            f"Expected argument `task` to be {_TASK!r} (calibrators act on class scores), but got {task!r}."
-        )
+    check_task(task)
     if conformal_draws not in ("input", "stream"):
         raise ValueError(f"Expected argument `conformal_draws` to be 'input' or 'stream', but got {conformal_draws!r}.")
     source = _check_source(model)
     model_kwargs = dict(model_kwargs or {})
     if token is not None:
         model_kwargs["token"] = token
-    loaded = load_calibrated_model(source, revision=revision, **model_kwargs)
-    if image_processor is None or isinstance(image_processor, (str, os.PathLike)):
-        processor_kwargs = {k: model_kwargs[k] for k in _HUB_KWARGS if k in model_kwargs}
-        image_processor = load_image_processor(
-            source if image_processor is None else image_processor, revision, **processor_kwargs
-        )
+    loaded = load_calibrated_model(source, task=task, revision=revision, **model_kwargs)
+    given = {
+        "image_processor": image_processor,
+        "tokenizer": tokenizer,
+        "feature_extractor": feature_extractor,
+        "video_processor": video_processor,
+    }
+    processor_kwargs = {k: model_kwargs[k] for k in _HUB_KWARGS if k in model_kwargs}
+    preprocessors = {}
+    for argument, value in given.items():  # a folder or Hub id is loaded as the task's preprocessor, an object kept
+        if isinstance(value, (str, os.PathLike)):
+            preprocessors.update([load_processor(task, value, revision, **processor_kwargs)])
+        elif value is not None:
+            preprocessors[argument] = value
+    if not preprocessors:  # the model's own, with an error that says which argument to pass when it has none
+        preprocessors.update([load_processor(task, source, revision, **processor_kwargs)])
     if "function_to_apply" not in pipeline_kwargs:
         # the scores' activation follows the head (hf_calibration._core.tasks): a sigmoid per label for a multi-label or
         # one-logit binary head, a softmax otherwise; said explicitly rather than left to the pipeline's own guess
         from hf_calibration._core.tasks import head_of, task_of_model
 
         pipeline_kwargs["function_to_apply"] = head_of(task_of_model(loaded) or "multiclass")
-    pipe = transformers.pipeline(_TASK, model=loaded, image_processor=image_processor, **pipeline_kwargs)
+    pipe = transformers.pipeline(task, model=loaded, **preprocessors, **pipeline_kwargs)
     conformal = loaded.__dict__.get("conformal_predictor")
     if conformal is not None:
         conformal.attach(pipe, draws=conformal_draws)

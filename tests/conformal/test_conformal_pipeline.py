@@ -99,7 +99,7 @@ def test_sets_come_from_the_models_own_logits_when_a_calibrator_is_attached(capl
 
 def test_attach_refusals():
     pipe, _, _ = _pipeline()
-    with pytest.raises(TypeError, match="image-classification transformers pipeline"):
+    with pytest.raises(TypeError, match="classification transformers pipeline"):
         _predictor().attach(pipe.model)
     z, y = synthetic(500, 4, seed=1)
     with pytest.raises(ValueError, match="4 classes"):

@@ -280,7 +280,7 @@ def test_real_conformal_predictor_round_trip(repo, images, tmp_path):
 def test_bad_arguments_name_themselves(repo):
     folder, _, _ = repo
     with pytest.raises(ValueError, match="`task`"):
-        pipeline("text-classification", model=str(folder))
+        pipeline("object-detection", model=str(folder))
     with pytest.raises(TypeError, match="`model`"):
         pipeline("image-classification", model=make_model("vit"))
     with pytest.raises(TypeError, match="`model`"):
