@@ -35,6 +35,7 @@ SECTIONS = [
     ("multilabel.md", "multilabel.py"),
     ("bad_inputs.md", "bad_inputs.py"),
     ("shift.md", "shift.py"),
+    ("shift_calibration.md", "shift.py study --seeds 1 2"),
     ("serving.md", "serving.py"),
     ("scale.md", "scale.py --sections issue grid peers conformal disk"),
 ]

@@ -9,7 +9,13 @@ scikit-image and the ``imagecorruptions`` package's frost textures); they are im
 """
 
 from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, EXTRA_CORRUPTIONS, IMAGENET_C
-from hf_calibration.shift.perturbation import fit_for_shift, fit_on_perturbed, perturb, strength_schedule
+from hf_calibration.shift.perturbation import (
+    ShiftTradeoffWarning,
+    fit_for_shift,
+    fit_on_perturbed,
+    perturb,
+    strength_schedule,
+)
 from hf_calibration.shift.report import ShiftReport, shift_report
 from hf_calibration.shift.transform import CORRUPTIONS, SEVERITIES, corrupt, corruption_transform, preset_for_size
 
@@ -21,6 +27,7 @@ __all__ = [
     "IMAGENET_C",
     "SEVERITIES",
     "ShiftReport",
+    "ShiftTradeoffWarning",
     "corrupt",
     "fit_for_shift",
     "fit_on_perturbed",

@@ -9,7 +9,7 @@ import torch
 from _image_data import write_route
 
 from hf_calibration.calibrators import create_calibrator, load_calibrator
-from hf_calibration.shift.perturbation import fit_on_perturbed, perturb, strength_schedule
+from hf_calibration.shift.perturbation import ShiftTradeoffWarning, fit_on_perturbed, perturb, strength_schedule
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +50,42 @@ def test_fit_on_perturbed_is_the_fit_on_the_union_with_the_recipe():
         "accuracies": [0.9, 0.6, 0.3],
         "levels": 3,
     }
-    fitted = fit_on_perturbed(levels, y, "temperature_scaling", recipe=recipe)
+    with pytest.warns(ShiftTradeoffWarning):  # the weakest level's confidence is far below the clean one's
+        fitted = fit_on_perturbed(levels, y, "temperature_scaling", recipe=recipe)
     by_hand = create_calibrator("temperature_scaling").fit(np.concatenate(levels), np.tile(y, 3), progress_bar=False)
     assert fitted.fitted_temperature == pytest.approx(by_hand.fitted_temperature, rel=1e-12)
     assert fitted.fit_info_["shift_fit"]["strengths"] == [0.0, 0.2, 0.4]
     assert fitted.fit_info_["shift_fit"]["num_images"] == 400
     with pytest.raises(ValueError, match="softmax calibrator"):
         fit_on_perturbed(levels, y, "platt", recipe=recipe)
+
+
+def test_what_fitting_for_shift_costs_on_clean_data_is_measured_and_warned():
+    """Clean logits drawn calibrated (labels from their own softmax) and two levels of pure noise (labels unrelated):
+    the union's one temperature is far too high for the clean level. The recorded clean ECEs are checked against
+    torchmetrics on the same calibrated outputs, and the fit warns."""
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    rng = np.random.default_rng(4)
+    n, k = 2000, 5
+    clean = 3 * rng.normal(size=(n, k))
+    p = np.exp(clean - clean.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    y = (p.cumsum(1) > rng.random((n, 1))).argmax(1)
+    noise = [3 * rng.normal(size=(n, k)) for _ in range(2)]
+    recipe = {"perturbation": "gaussian_noise", "strengths": [0.0, 0.5, 1.0], "seed": 0, "accuracies": [], "levels": 3}
+    with pytest.warns(ShiftTradeoffWarning, match="under-confident on unshifted data"):
+        fitted = fit_on_perturbed([clean] + noise, y, "temperature_scaling", recipe=recipe)
+    clean_only = create_calibrator("temperature_scaling").fit(clean, y, progress_bar=False)
+
+    def reference(calibrator):
+        out = calibrator(torch.from_numpy(clean)).double()
+        return float(multiclass_calibration_error(out.softmax(1), torch.from_numpy(y), num_classes=k, n_bins=15))
+
+    record = fitted.fit_info_["shift_fit"]
+    assert record["clean_ece"] == pytest.approx(reference(fitted), abs=1e-6)  # torchmetrics: float32
+    assert record["clean_only_ece"] == pytest.approx(reference(clean_only), abs=1e-6)
+    assert record["clean_ece"] > record["clean_only_ece"] + 0.1  # T >> 1 on calibrated logits: far under-confident
 
 
 def test_fit_for_shift_on_a_model_and_a_dataset(root, tmp_path):
