@@ -638,8 +638,29 @@ def study_markdown(results: dict, n_corrupt: int) -> str:
         lines += _per_corruption_table(
             results, loss, 5, ["uncalibrated", "TS", "ETS perturbed", "TS adapted", "ETS oracle"]
         )
+        for metric, scale, unit in (("ece", 100, " (%)"), ("adaece", 100, " (%)"), ("nll", 1, "")):
+            lines += [""] + _per_corruption_means(results, loss, methods, metric, scale, unit)
         lines += ["", _targets(results, loss), ""]
     return "\n".join(lines) + "\n"
+
+
+def _per_corruption_means(
+    results: dict, loss: str, methods: list[str], metric: str, scale: float, unit: str
+) -> list[str]:
+    """Every method by corruption: ``metric`` averaged over severities 1-5 and the seeds."""
+    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
+
+    runs = [r for k, r in results.items() if k.split("|")[0] == loss]
+    label = metric.upper() if metric != "nll" else "NLL"
+    lines = [f"{label}{unit} per corruption, mean over severities 1-5 and seeds:", "",
+             "| method | " + " | ".join(BENCHMARK_CORRUPTIONS) + " |", "|---|" + "---|" * len(BENCHMARK_CORRUPTIONS)]  # fmt: skip
+    for m in methods:
+        cells = [
+            f"{scale * np.mean([run['rows'][f'{c}|{s}'][m][metric] for run in runs for s in range(1, 6)]):.2f}"
+            for c in BENCHMARK_CORRUPTIONS
+        ]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _per_corruption_table(results: dict, loss: str, severity: int, methods: list[str]) -> list[str]:
