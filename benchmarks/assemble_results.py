@@ -38,6 +38,7 @@ SECTIONS = [
     ("shift_calibration.md", "shift.py study --seeds 1 2"),
     ("serving.md", "serving.py"),
     ("scale.md", "scale.py --sections issue grid peers conformal disk"),
+    ("cold_start.md", "cold_start.py --demo"),
 ]
 
 HEADER = """# Benchmark results
