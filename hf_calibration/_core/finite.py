@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hf_calibration._core.parallel import pass_threads, run_pass
+from hf_calibration._core.parallel import parallel_kernel, pass_threads, run_pass
 
 __all__ = ["first_non_finite", "row_finite"]
 
@@ -26,7 +26,7 @@ def row_finite(row):  # pragma: no cover - compiled
     return not bad
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@parallel_kernel(cache=True, nogil=True)
 def _first_non_finite_parallel(x):  # pragma: no cover - compiled
     n = x.shape[0]
     chunks = (n + 255) // 256

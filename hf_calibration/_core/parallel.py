@@ -12,6 +12,15 @@ counted it before). Below ``PARALLEL_MIN_ELEMENTS`` values a pass
 runs on one thread (waking the others costs more than it saves). Every kernel adds its chunks in order, so the thread
 count never changes a result. (numba's dynamic scheduling, ``parallel_chunksize``, made these kernels 5x slower here,
 even on one thread: the loops are split statically.)
+
+A ``prange`` kernel costs about a second more to compile than the same loop compiled serially (numba's parfor
+lowering: 2.8 s against 1.6 s for temperature scaling's objective), which a first call pays in full (see
+``benchmarks/cold_start.py``). A kernel declared with :func:`parallel_kernel` is compiled both ways, each when first
+used. ``run_pass`` runs the serial twin whenever the pass gets one thread, and also on more threads until the twin's
+passes have taken ``PARALLEL_COMPILE_SECONDS`` (its own compile not counted) or a pass is ``PARALLEL_AT_ONCE_ELEMENTS``
+long: the rent-or-buy rule, which costs at most about twice what knowing in advance whether the parallel compile pays
+would. Once the parallel kernel is compiled it is used. The twin is the same code with ``prange`` read as ``range``,
+its chunks and their order unchanged, so the result is the same bit for bit (tested for every such kernel).
 """
 
 from __future__ import annotations
@@ -19,13 +28,69 @@ from __future__ import annotations
 import math
 import os
 import time
+import types
+from typing import Any
 
 import numba
 import torch
 
-__all__ = ["PARALLEL_MIN_ELEMENTS", "pass_threads", "run_pass"]
+__all__ = [
+    "PARALLEL_AT_ONCE_ELEMENTS",
+    "PARALLEL_COMPILE_SECONDS",
+    "PARALLEL_MIN_ELEMENTS",
+    "parallel_kernel",
+    "pass_threads",
+    "run_pass",
+    "run_threads",
+    "serial_twin",
+]
 
 PARALLEL_MIN_ELEMENTS = 1 << 18
+PARALLEL_COMPILE_SECONDS = 1.0  # about what compiling a kernel with parallel=True adds to compiling it serially
+PARALLEL_AT_ONCE_ELEMENTS = 1 << 26  # from this pass size the parallel kernel is compiled at once (see run_threads)
+
+
+class _Twin:
+    """A parallel kernel's serial twin and the seconds its passes took where the parallel kernel could have run."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.seconds = 0.0
+
+
+_TWINS: dict[int, _Twin] = {}  # id(parallel dispatcher) -> its twin
+
+
+def parallel_kernel(**options: Any):
+    """``numba.njit(parallel=True, **options)``, plus a serial twin that ``run_pass`` may run instead (module docstring).
+
+    The twin is a copy of the function under another qualified name (``<name>_serial``), so that numba caches the two
+    compilations apart."""
+
+    def compile_both(function):
+        parallel = numba.njit(parallel=True, **options)(function)
+        copy = types.FunctionType(
+            function.__code__,
+            function.__globals__,
+            function.__name__ + "_serial",
+            function.__defaults__,
+            function.__closure__,
+        )
+        copy.__qualname__, copy.__module__, copy.__doc__ = (
+            function.__qualname__ + "_serial",
+            function.__module__,
+            function.__doc__,
+        )
+        _TWINS[id(parallel)] = _Twin(numba.njit(**options)(copy))
+        return parallel
+
+    return compile_both
+
+
+def serial_twin(kernel):
+    """The serial twin of a :func:`parallel_kernel` (None for another kernel)."""
+    twin = _TWINS.get(id(kernel))
+    return None if twin is None else twin.kernel
 
 
 def _cores() -> int:
@@ -64,8 +129,26 @@ def pass_threads(size: int) -> int:
 
 
 def run_pass(kernel, size: int, *args):
-    """``kernel(*args)`` (a ``prange`` kernel) on ``pass_threads(size)`` threads; torch's thread count is restored (numba's OpenMP layer resets the count torch reads)."""
-    threads = pass_threads(size)
+    """``kernel(*args)`` (a ``prange`` kernel) on ``pass_threads(size)`` threads, or its serial twin (module docstring);
+    torch's thread count is restored (numba's OpenMP layer resets the count torch reads)."""
+    return run_threads(kernel, pass_threads(size), size, *args)
+
+
+def run_threads(kernel, threads: int, size: int, *args):
+    """``kernel(*args)`` on ``threads`` numba threads, or its serial twin where the module docstring's rule says; a
+    pass over ``size`` values of ``PARALLEL_AT_ONCE_ELEMENTS`` or more on several threads runs the parallel kernel at
+    once (a serial pass that long already costs about what the parallel compile does)."""
+    twin = _TWINS.get(id(kernel))
+    if twin is not None and not kernel.overloads:  # the parallel kernel is not compiled (in this process) yet
+        if threads == 1:
+            return twin.kernel(*args)
+        if twin.seconds < PARALLEL_COMPILE_SECONDS and size < PARALLEL_AT_ONCE_ELEMENTS:
+            compiled, start = bool(twin.kernel.overloads), time.perf_counter()
+            try:
+                return twin.kernel(*args)
+            finally:
+                if compiled:  # the passes' time, not the twin's own compile
+                    twin.seconds += time.perf_counter() - start
     before, torch_threads = numba.get_num_threads(), torch.get_num_threads()
     try:
         if threads != before:

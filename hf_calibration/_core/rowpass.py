@@ -31,7 +31,7 @@ import numpy as np
 
 from hf_calibration._core.bins import uniform_bin, uniform_edges
 from hf_calibration._core.checks import PROBABILITY_DETECTION_TOLERANCE
-from hf_calibration._core.parallel import pass_threads, run_pass
+from hf_calibration._core.parallel import parallel_kernel, pass_threads, run_pass
 from hf_calibration._core.vmath import exp_into_f32
 
 __all__ = ["TopLabel", "raise_row_error", "top_label", "top_label_pass"]
@@ -270,7 +270,7 @@ def _serial(x, offset, target, from_logits, tol, edges, conf, pred, sums, group)
     return _rows(x, offset, 0, x.shape[0], target, from_logits, tol, edges, conf, pred, sums, shifted, e, bits)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@parallel_kernel(cache=True, nogil=True)
 def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums, group, rows_per_task):  # pragma: no cover
     n, k = x.shape
     blocks = (n + rows_per_task - 1) // rows_per_task

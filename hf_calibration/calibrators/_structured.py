@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
-from hf_calibration._core.parallel import run_pass
+from hf_calibration._core.parallel import parallel_kernel, run_pass
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration._core.vmath import exp_into, log_into, max_of, sum_of
 from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
@@ -50,7 +50,7 @@ FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being ab
 FIT_MARGIN_BYTES = 64 << 20  # SVS keeps its features up to the input's size less this (or 1/64 of it, if smaller)
 
 
-@numba.njit(parallel=True, cache=True, fastmath={"contract"})
+@parallel_kernel(cache=True, fastmath={"contract"})
 def _features_block(z, inv_t, one_minus_eps, eps_k, out, rows_per_chunk):  # pragma: no cover - compiled
     """``out = log((1 - eps) softmax(z / T) + eps / K)`` row by row, in float64 (rounded to ``out``'s dtype), as
     ``log(c e_j + eps / K)`` with ``e_j = exp(z_j / T - max)`` and ``c = (1 - eps) / sum(e)``: one vectorised ``exp`` and

@@ -26,7 +26,7 @@ import math
 import numba
 import numpy as np
 
-from hf_calibration._core.parallel import run_pass
+from hf_calibration._core.parallel import parallel_kernel, run_pass
 from hf_calibration._core.vmath import exp_into, max_of, sum_of
 
 __all__ = ["THR", "APS", "RAPS", "METHOD_CODES", "label_scores", "set_rows"]
@@ -164,7 +164,7 @@ def _set_of_row(p, q, method, u, k_reg, penalty, allow_empty, out, idx, keys, ma
     return size
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@parallel_kernel(cache=True, nogil=True)
 def _label_scores(z, rows, labels, from_probs, method, u, k_reg, penalty, scores, ranks):  # pragma: no cover - compiled
     n, k = rows.shape[0], z.shape[1]
     chunk = max(1, CHUNK_VALUES // k)
@@ -178,7 +178,7 @@ def _label_scores(z, rows, labels, from_probs, method, u, k_reg, penalty, scores
             )
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@parallel_kernel(cache=True, nogil=True)
 def _sets(
     z, rows, labels, from_probs, method, u, k_reg, penalty, q, allow_empty, out, sizes, covered
 ):  # pragma: no cover

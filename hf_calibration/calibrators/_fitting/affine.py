@@ -25,7 +25,7 @@ import numba
 import numpy as np
 import torch
 
-from hf_calibration._core.parallel import run_pass
+from hf_calibration._core.parallel import parallel_kernel, run_pass
 from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
 from hf_calibration._core.vmath import exp_into, exp_into_f32, max_of, sum_of
 from hf_calibration.calibrators._fitting.lbfgs import LBFGSResult, Preconditioner, QuadraticPenalty, minimize
@@ -288,7 +288,7 @@ def _diagonal_block(z, labels, w, b, with_grad, with_curvature, rows_per_chunk, 
     return loss, grad_out, curv_out
 
 
-@numba.njit(parallel=True, cache=True)  # no fastmath: no fused multiply-add, so rounded as the forward's tensor ops
+@parallel_kernel(cache=True)  # no fastmath: no fused multiply-add, so rounded as the forward's tensor ops
 def diagonal_map(z, w, b, centre, out):  # pragma: no cover - compiled
     """``out = f * w + b`` row by row in ``z``'s dtype, ``f = z - max z`` with ``centre`` (vector scaling) else ``z`` (SVS's
     features): the forward's arithmetic, bit for bit, in one pass into one buffer (the fit-set reports use it)."""

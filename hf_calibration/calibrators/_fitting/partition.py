@@ -23,7 +23,7 @@ import numba
 import numpy as np
 import torch
 
-from hf_calibration._core.parallel import run_pass
+from hf_calibration._core.parallel import parallel_kernel, run_pass
 from hf_calibration._core.vmath import exp_into, max_of
 from hf_calibration.calibrators.objectives import ScaledStats
 
@@ -192,7 +192,7 @@ def _nll_derivatives_rows(z, labels, beta, lo, hi, arg, e, bits):  # pragma: no 
     return f, g, h
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@parallel_kernel(cache=True, nogil=True)
 def _nll_derivatives_parallel(z, labels, beta, rows_per_chunk):  # pragma: no cover - compiled
     n, k = z.shape
     chunks = (n + rows_per_chunk - 1) // rows_per_chunk

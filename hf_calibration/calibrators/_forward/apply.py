@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from hf_calibration._core.finite import row_finite
+from hf_calibration._core.parallel import parallel_kernel, run_threads
 
 OK, NOT_FINITE, OVERFLOW = 0, 1, 2
 
@@ -100,7 +101,7 @@ def _smart_temperature(margin, mean, std, w1, b1, w2, b2, eps):  # pragma: no co
     return max(a, 0.0) + math.log1p(math.exp(-abs(a))) + eps
 
 
-@numba.njit(parallel=True, cache=True)  # no fastmath: finiteness checks, signed zeros and exact division (see _finite)
+@parallel_kernel(cache=True)  # no fastmath: finiteness checks, signed zeros and exact division (see _finite)
 def _scale_rows(
     z,
     zbits,
@@ -169,15 +170,10 @@ PARALLEL_MIN_SIZE = 1 << 18  # logits; below this a parallel region's start-up c
 
 
 def _run_kernel(fn, zn, *args):
-    """Run a kernel on ``zn``: one numba thread for small inputs (a pipeline's few rows), all for large ones."""
-    threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
-    if zn.size < PARALLEL_MIN_SIZE:
-        numba.set_num_threads(1)
-    try:
-        return fn(zn, *args)
-    finally:
-        numba.set_num_threads(numba_threads)
-        torch.set_num_threads(threads)  # numba's OpenMP layer may change the count torch reads
+    """Run a kernel on ``zn``: one numba thread for small inputs (a pipeline's few rows), all for large ones (or the
+    kernel's serial twin: ``_core.parallel.run_threads``)."""
+    threads = 1 if zn.size < PARALLEL_MIN_SIZE else numba.get_num_threads()
+    return run_threads(fn, threads, zn.size, zn, *args)
 
 
 _NO_MLP = np.zeros(0)
