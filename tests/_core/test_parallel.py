@@ -122,3 +122,17 @@ class _Fake:
 
         self.ran.append(self.name)
         time.sleep(self.seconds)
+
+
+def test_the_environment_sets_when_the_parallel_kernels_take_over():
+    import os
+    import subprocess
+    import sys
+
+    code = "from hf_calibration._core import parallel; print(parallel.PARALLEL_COMPILE_SECONDS)"
+    env = dict(os.environ, HF_CALIBRATION_PARALLEL_COMPILE_SECONDS="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert float(out.stdout) == 0.0
+    env.pop("HF_CALIBRATION_PARALLEL_COMPILE_SECONDS")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert float(out.stdout) == 1.0
