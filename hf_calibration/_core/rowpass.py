@@ -16,7 +16,9 @@ pass, the size of the float32 rounding of the logits themselves.
 Speed: rows are independent, so tasks of ``task_rows(K)`` rows (``BLOCK`` rows, fewer for long rows) run in parallel (a ``prange``, on as many threads as the
 machine's load leaves free: ``hf_calibration._core.parallel``) when the array has at least
 ``PARALLEL_MIN_ELEMENTS`` values, serially below that (waking threads costs more than it saves). Per-block bin sums
-are added in block order, so the result does not depend on the number of threads. Float32 / float64 arrays in C order
+are added in block order, and from ``PARALLEL_MIN_ELEMENTS`` values on the pass always runs in those tasks (on one
+thread: the kernel's serial twin), so the result depends on the array's size, never on the number of threads or the
+machine's load. Float32 / float64 arrays in C order
 are read in place; other dtypes and layouts are converted a block of rows at a time, never as a whole copy.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 
 from hf_calibration._core.bins import uniform_bin, uniform_edges
 from hf_calibration._core.checks import PROBABILITY_DETECTION_TOLERANCE
-from hf_calibration._core.parallel import parallel_kernel, pass_threads, run_pass
+from hf_calibration._core.parallel import parallel_kernel, run_pass
 from hf_calibration._core.vmath import exp_into_f32
 
 __all__ = ["TopLabel", "raise_row_error", "top_label", "top_label_pass"]
@@ -306,7 +308,7 @@ def _parallel(x, offset, target, from_logits, tol, edges, conf, pred, sums, grou
 
 def _pass(x, offset, target, from_logits, edges, conf, pred, sums, parallel):
     group = group_rows(x.shape[1])
-    if parallel and pass_threads(x.size) > 1:
+    if parallel:  # in tasks, on the threads the load leaves (one thread: the serial twin, the same tasks and sums)
         return run_pass(
             _parallel,
             x.size,

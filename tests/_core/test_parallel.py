@@ -43,8 +43,7 @@ def _recorded_passes(monkeypatch) -> list:
 
     monkeypatch.setattr(parallel, "run_threads", record)
     monkeypatch.setattr(apply, "run_threads", record)
-    for module in (finite, rowpass):  # the finiteness scan and the top-label pass through run_pass
-        monkeypatch.setattr(module, "pass_threads", lambda size: 2)
+    monkeypatch.setattr(finite, "pass_threads", lambda size: 2)  # the finiteness scan through run_pass
     monkeypatch.setattr(rowpass, "PARALLEL_MIN_ELEMENTS", 0)  # the top-label pass of a small array in tasks too
     rng = np.random.default_rng(0)
     with warnings.catch_warnings():

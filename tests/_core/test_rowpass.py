@@ -177,10 +177,30 @@ def test_a_short_block_of_long_rows_is_split_across_threads(monkeypatch):
     monkeypatch.setattr(
         _rowpass, "run_pass", lambda kernel, size, *args: seen.append(args[-1]) or run(kernel, size, *args)
     )
-    monkeypatch.setattr(_rowpass, "pass_threads", lambda size: 2)
+    from hf_calibration._core import parallel
+
+    monkeypatch.setattr(parallel, "pass_threads", lambda size: 2)
     z = np.random.default_rng(0).normal(size=(190, 21_843)).astype(np.float32)
     conf = _rowpass.top_label_pass(z, None, True)[0]
     assert seen and -(-190 // seen[0]) >= 32  # tasks: many per thread
     z64 = z.astype(np.float64)
     np.testing.assert_allclose(conf, 1.0 / np.exp(z64 - z64.max(1, keepdims=True)).sum(1), rtol=2e-7)
     assert _rowpass.task_rows(10) == _rowpass.BLOCK  # short rows: unchanged
+
+
+def test_the_top_label_pass_does_not_depend_on_the_thread_count(monkeypatch):
+    """From PARALLEL_MIN_ELEMENTS values the pass runs in tasks whatever the threads (one thread: the serial twin of the
+    task kernel). It once ran a plain serial loop on one thread, whose confidence sums rounded otherwise: ECE
+    0.4303693600274182 on one thread, ...181 on two, the thread count set by the machine's load."""
+    from hf_calibration._core import parallel
+    from hf_calibration.metrics import ece
+
+    rng = np.random.default_rng(0)
+    z = (3 * rng.normal(size=(20000, 100))).astype(np.float32)
+    y = rng.integers(0, 100, 20000)
+    monkeypatch.setattr(parallel, "pass_threads", lambda size: 1)
+    one = ece(z, y)
+    monkeypatch.setattr(parallel, "pass_threads", lambda size: 2)
+    monkeypatch.setattr(parallel, "PARALLEL_COMPILE_SECONDS", 0.0)  # the parallel kernel itself
+    two = ece(z, y)
+    assert one == two
