@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -119,6 +120,7 @@ def run_one(name: str, kind: str, method: str, rounds: int, threads: int) -> lis
         key: onnxruntime.InferenceSession(str(folder / f"{key}.onnx"), options, providers=["CPUExecutionProvider"])
         for key in ("plain", "calibrated")
     }
+    shutil.rmtree(folder, ignore_errors=True)  # the sessions hold the graphs; 170 MB a model otherwise left behind
     rows = []
     for batch in BATCHES:
         x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(3))
