@@ -21,18 +21,17 @@ from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS
 from hf_calibration.shift.report import ShiftReport, _calibrator_specs, shift_report
 from hf_calibration.shift.transform import (
     SEVERITIES,
+    ImageChangingProcessor,
     _check_name,
     _check_preset,
     _check_severity,
     _corrupt,
-    _image_seed,
-    _to_pil,
 )
 
 logger = logging.getLogger(__name__)
 
 
-class CorruptingProcessor:
+class CorruptingProcessor(ImageChangingProcessor):
     """An image processor that corrupts each image (per-image seeds, as ``corruption_transform``) and then
     calls the model's own processor. ``to_dict()`` adds the corruption to the inner processor's
     configuration, so a logits cache keyed on it keeps one entry per corruption × severity × seed."""
@@ -43,24 +42,11 @@ class CorruptingProcessor:
         self.processor, self.name, self.severity = processor, _check_name(name), _check_severity(severity)
         self.seed, self.preset = check_int(seed, "seed", minimum=0), _check_preset(preset)
 
-    def __call__(self, images, **kwargs):
-        from PIL import Image
+    def _change(self, image, seed):
+        return _corrupt(image, self.name, self.severity, np.random.RandomState(seed), self.preset)
 
-        out = []
-        for image in images:
-            pil, mode = _to_pil(image)
-            img = Image.fromarray(
-                _corrupt(pil, self.name, self.severity, np.random.RandomState(_image_seed(self.seed, pil)), self.preset)
-            )
-            out.append(img.convert(mode) if mode != "RGB" else img)
-        return self.processor(images=out, **kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        inner = self.processor.to_dict() if hasattr(self.processor, "to_dict") else repr(self.processor)
-        return {
-            "processor": inner,
-            "corruption": {"name": self.name, "severity": self.severity, "seed": self.seed, "preset": self.preset},
-        }
+    def _what(self):
+        return "corruption", {"name": self.name, "severity": self.severity, "seed": self.seed, "preset": self.preset}
 
     def __repr__(self) -> str:
         return f"CorruptingProcessor({self.name!r}, {self.severity}, seed={self.seed}, preset={self.preset!r}, processor={self.processor!r})"

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from hf_calibration.shift.transform import ImageChangingProcessor
+
 __all__ = [
     "PERTURBATIONS",
     "TOMANI_REFERENCE",
@@ -179,31 +181,18 @@ def _clean_tradeoff(calibrator, clean: np.ndarray, labels: np.ndarray, method: s
     return scores[0], scores[1]
 
 
-class PerturbingProcessor:
+class PerturbingProcessor(ImageChangingProcessor):
     """An image processor that adds the seeded Gaussian noise of :func:`perturb` to each image, then calls the model's own
     processor; its ``to_dict()`` names the perturbation, so a logits cache keeps one entry per strength."""
 
     def __init__(self, processor: Any, strength: float, seed: int = 0):
         self.processor, self.strength, self.seed = processor, float(strength), int(seed)
 
-    def __call__(self, images, **kwargs):
-        from PIL import Image
+    def _change(self, image, seed):
+        return _noisy(np.asarray(image), self.strength, seed)
 
-        from hf_calibration.shift.transform import _image_seed, _to_pil
-
-        out = []
-        for image in images:
-            pil, mode = _to_pil(image)  # RGB; each image's noise seeded by its pixels (any batch order, any worker)
-            img = Image.fromarray(_noisy(np.asarray(pil), self.strength, _image_seed(self.seed, pil)))
-            out.append(img.convert(mode) if mode != "RGB" else img)
-        return self.processor(images=out, **kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        inner = self.processor.to_dict() if hasattr(self.processor, "to_dict") else repr(self.processor)
-        return {
-            "processor": inner,
-            "perturbation": {"name": "gaussian_noise", "strength": self.strength, "seed": self.seed},
-        }
+    def _what(self):
+        return "perturbation", {"name": "gaussian_noise", "strength": self.strength, "seed": self.seed}
 
 
 def fit_for_shift(

@@ -131,6 +131,36 @@ def _image_seed(seed: int, image: Image.Image) -> list[int]:
     return [seed, zlib.crc32(image.tobytes())]
 
 
+class ImageChangingProcessor:
+    """Base of the image processors that change each image, then call the model's own processor (``self.processor``).
+    Each image's change is seeded by ``self.seed`` and its pixels (``_image_seed``), so any batch order or worker gives
+    the same; ``to_dict()`` adds the change to the inner processor's configuration, so a logits cache keyed on it keeps
+    one entry per change. A subclass gives ``_change(pil_rgb_image, seed) -> uint8 array`` and ``_what() -> (key,
+    record)``."""
+
+    processor: Any
+    seed: int
+
+    def _change(self, image: Image.Image, seed: list[int]) -> np.ndarray:
+        raise NotImplementedError
+
+    def _what(self) -> tuple[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def __call__(self, images, **kwargs):
+        out = []
+        for image in images:
+            pil, mode = _to_pil(image)
+            changed = Image.fromarray(self._change(pil, _image_seed(self.seed, pil)))
+            out.append(changed.convert(mode) if mode != "RGB" else changed)
+        return self.processor(images=out, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        inner = self.processor.to_dict() if hasattr(self.processor, "to_dict") else repr(self.processor)
+        key, record = self._what()
+        return {"processor": inner, key: record}
+
+
 def corruption_transform(
     name: str,
     severity: int,

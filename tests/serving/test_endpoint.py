@@ -201,17 +201,23 @@ def test_write_endpoint_handler_never_replaces_a_users_file(tmp_path):
         write_endpoint_handler(folder, requirement="a\nb", overwrite=True)
 
 
-def test_handler_refuses_bad_requests(tmp_path):
+def _bare_handler(folder, module_name: str):
+    """``(handler, module)``: the written handler.py's ``EndpointHandler``, built without its ``__init__`` (no model
+    needed to check the requests), and the module it was loaded as."""
     import importlib.util
 
     from hf_calibration.serving.endpoint import handler_source
 
-    path = tmp_path / "handler.py"
+    path = folder / "handler.py"
     path.write_text(handler_source())
-    spec = importlib.util.spec_from_file_location("written_handler", path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    handler = module.EndpointHandler.__new__(module.EndpointHandler)  # no model needed to check the requests
+    return module.EndpointHandler.__new__(module.EndpointHandler), module
+
+
+def test_handler_refuses_bad_requests(tmp_path):
+    handler, _ = _bare_handler(tmp_path, "written_handler")
     handler.pipeline = lambda images, **kw: [[{"label": "0", "score": 1.0}] for _ in images]
     with pytest.raises(ValueError, match="base64"):
         handler({"inputs": "not base64!"})
@@ -230,18 +236,9 @@ def test_handler_refuses_bad_requests(tmp_path):
 
 def test_a_list_of_images_runs_in_batches(tmp_path):
     """32 images ran one forward each (5x slower than pipeline(batch_size=32))."""
-    import importlib.util
-
     from PIL import Image
 
-    from hf_calibration.serving.endpoint import handler_source
-
-    path = tmp_path / "handler.py"
-    path.write_text(handler_source())
-    spec = importlib.util.spec_from_file_location("written_handler_batches", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    handler = module.EndpointHandler.__new__(module.EndpointHandler)
+    handler, module = _bare_handler(tmp_path, "written_handler_batches")
     calls = []
     handler.pipeline = lambda images, **kw: calls.append(kw) or [[{"label": "0", "score": 1.0}] for _ in images]
     image = Image.new("RGB", (8, 8))
