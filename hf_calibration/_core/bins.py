@@ -11,6 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from hf_calibration._core.numpy_twin import NumpyTwin
+
 __all__ = ["in_lowest_bin", "uniform_bin", "uniform_bin_index", "uniform_edges"]
 
 
@@ -44,9 +46,15 @@ def _uniform_bins(values, edges, out):  # pragma: no cover - compiled
         out[i] = uniform_bin(values[i], edges)
 
 
+_TWIN = NumpyTwin(_uniform_bins, compile_seconds=0.07, seconds_per_value=2e-8)
+
+
 def uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     """Bin of each value under ``lo < p <= hi``; 0 → first bin, 1 → last bin (``uniform_bin``). Any shape."""
     values = np.ascontiguousarray(confidence, dtype=np.float64)
+    if _TWIN.use(values.size):  # searchsorted's "left" side is the rule: edges[b] < p <= edges[b + 1]
+        edges = uniform_edges(n_bins)
+        return _TWIN.run(lambda: np.clip(np.searchsorted(edges, values, side="left") - 1, 0, n_bins - 1))
     out = np.empty(values.shape, dtype=np.int64)
     _uniform_bins(values.reshape(-1), uniform_edges(n_bins), out.reshape(-1))
     return out

@@ -11,12 +11,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hf_calibration._core.parallel import parallel_kernel, pass_threads, run_pass
+from hf_calibration._core.numpy_twin import NumpyTwin
+from hf_calibration._core.parallel import parallel_kernel, pass_threads, run_pass, serial_twin
 
 __all__ = ["first_non_finite", "row_finite"]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, fastmath=False)  # explicit, or it would inherit its first caller's fastmath
 def row_finite(row):  # pragma: no cover - compiled
     """Whether every value of the 1-D float ``row`` is finite."""
     bad = False
@@ -50,8 +51,17 @@ def _first_non_finite_serial(x):  # pragma: no cover - compiled
     return -1
 
 
+_TWIN = NumpyTwin(
+    _first_non_finite_serial, _first_non_finite_parallel, serial_twin(_first_non_finite_parallel),
+    compile_seconds=0.3, seconds_per_value=2e-9,
+)  # fmt: skip
+
+
 def first_non_finite(x: np.ndarray) -> int:
     """The first row of the (n, K) float32 / float64 C-ordered ``x`` holding NaN or inf, or -1."""
+    if _TWIN.use(x.size):
+        bad = _TWIN.run(lambda: ~np.isfinite(x).all(axis=1))
+        return int(np.argmax(bad)) if bad.any() else -1
     if pass_threads(x.size) > 1:
         return int(run_pass(_first_non_finite_parallel, x.size, x))
     return int(_first_non_finite_serial(x))

@@ -17,7 +17,8 @@ A ``prange`` kernel costs about a second more to compile than the same loop comp
 lowering: 2.8 s against 1.6 s for temperature scaling's objective), which a first call pays in full (see
 ``benchmarks/cold_start.py``). A kernel declared with :func:`parallel_kernel` is compiled both ways, each when first
 used. ``run_pass`` runs the serial twin whenever the pass gets one thread, and also on more threads until the twin's
-passes have taken ``PARALLEL_COMPILE_SECONDS`` (its own compile not counted) or a pass is ``PARALLEL_AT_ONCE_ELEMENTS``
+passes have taken what the parallel compile adds (``PARALLEL_COMPILE_SECONDS`` times the kernel's measured extra,
+about 1 s; its own compile not counted) or a pass is ``PARALLEL_AT_ONCE_ELEMENTS``
 long: the rent-or-buy rule, which costs at most about twice what knowing in advance whether the parallel compile pays
 would. Once the parallel kernel is compiled it is used. The twin is the same code with ``prange`` read as ``range``,
 its chunks and their order unchanged, so the result is the same bit for bit (tested for every such kernel).
@@ -28,11 +29,12 @@ from __future__ import annotations
 import math
 import os
 import time
-import types
 from typing import Any
 
 import numba
 import torch
+
+from hf_calibration._core.numpy_twin import renamed_copy
 
 __all__ = [
     "PARALLEL_AT_ONCE_ELEMENTS",
@@ -53,37 +55,34 @@ PARALLEL_AT_ONCE_ELEMENTS = 1 << 26  # from this pass size the parallel kernel i
 
 
 class _Twin:
-    """A parallel kernel's serial twin and the seconds its passes took where the parallel kernel could have run."""
+    """A parallel kernel's serial twin, the seconds its passes took where the parallel kernel could have run, and the
+    seconds after which the parallel kernel is compiled instead."""
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, extra_compile_seconds: float):
         self.kernel = kernel
         self.seconds = 0.0
+        self.extra_compile_seconds = extra_compile_seconds
+
+    @property
+    def budget(self) -> float:
+        # PARALLEL_COMPILE_SECONDS (1 s unless the environment says) scales every kernel's measured extra compile
+        return PARALLEL_COMPILE_SECONDS * self.extra_compile_seconds
 
 
 _TWINS: dict[int, _Twin] = {}  # id(parallel dispatcher) -> its twin
 
 
-def parallel_kernel(**options: Any):
+def parallel_kernel(extra_compile_seconds: float = 1.0, **options: Any):
     """``numba.njit(parallel=True, **options)``, plus a serial twin that ``run_pass`` may run instead (module docstring).
 
     The twin is a copy of the function under another qualified name (``<name>_serial``), so that numba caches the two
-    compilations apart."""
+    compilations apart. ``extra_compile_seconds``: what the parallel compile adds to the serial one, as measured here
+    (about a second for most kernels; SMART's step, 10.8 s against 4.6 s): the twin's passes run that long first."""
 
     def compile_both(function):
         parallel = numba.njit(parallel=True, **options)(function)
-        copy = types.FunctionType(
-            function.__code__,
-            function.__globals__,
-            function.__name__ + "_serial",
-            function.__defaults__,
-            function.__closure__,
-        )
-        copy.__qualname__, copy.__module__, copy.__doc__ = (
-            function.__qualname__ + "_serial",
-            function.__module__,
-            function.__doc__,
-        )
-        _TWINS[id(parallel)] = _Twin(numba.njit(**options)(copy))
+        twin = numba.njit(**options)(renamed_copy(function, "_serial"))
+        _TWINS[id(parallel)] = _Twin(twin, extra_compile_seconds)
         return parallel
 
     return compile_both
@@ -144,7 +143,7 @@ def run_threads(kernel, threads: int, size: int, *args):
     if twin is not None and not kernel.overloads:  # the parallel kernel is not compiled (in this process) yet
         if threads == 1:
             return twin.kernel(*args)
-        if twin.seconds < PARALLEL_COMPILE_SECONDS and size < PARALLEL_AT_ONCE_ELEMENTS:
+        if twin.seconds < twin.budget and size < PARALLEL_AT_ONCE_ELEMENTS:
             compiled, start = bool(twin.kernel.overloads), time.perf_counter()
             try:
                 return twin.kernel(*args)

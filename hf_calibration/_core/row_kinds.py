@@ -19,6 +19,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from hf_calibration._core.numpy_twin import NumpyTwin
+
 __all__ = ["RowCounts", "count_rows"]
 
 _BLOCK = 16  # values per block: one 64-byte cache line of float32
@@ -70,6 +72,39 @@ def _count_rows(x, tol, stop_at_other, offset, counts):
     return False
 
 
+def _twin_count_rows(x, tol, stop_at_other, offset, counts):
+    """``_count_rows`` in numpy: the same counts and first rows (a row whose sum is within rounding of ``1 +- tol``
+    could be read either way by the two sums' orders; the tolerance is 1e-2)."""
+    with np.errstate(invalid="ignore"):
+        inside = ((x >= 0.0) & (x <= 1.0)).all(axis=1)
+        probability = inside & (np.abs(x.sum(axis=1, dtype=np.float64) - 1.0) <= tol)
+        quarters = x.astype(np.float64) * 4.0
+        coarse = probability & (quarters == np.floor(quarters)).all(axis=1)
+    other = ~probability
+    stopped = bool(stop_at_other and other.any())
+    if stopped:  # the kernel's rows: up to the first other row, included
+        end = int(np.argmax(other)) + 1
+        inside, probability, coarse, other = inside[:end], probability[:end], coarse[:end], other[:end]
+    fine = probability & ~coarse
+    counts[0] += int(fine.sum())
+    counts[1] += int(coarse.sum())
+    counts[2] += int((other & inside).sum())
+    if counts[3] < 0 and fine.any():
+        counts[3] = offset + int(np.argmax(fine))
+    if counts[4] < 0 and other.any():
+        counts[4] = offset + int(np.argmax(other))
+    return stopped
+
+
+_TWIN = NumpyTwin(_count_rows, compile_seconds=0.2, seconds_per_value=5e-9)
+
+
+def _count(x, tol, stop_at_other, offset, counts):
+    if _TWIN.use(x.size):
+        return _TWIN.run(_twin_count_rows, x, tol, stop_at_other, offset, counts)
+    return _count_rows(x, tol, stop_at_other, offset, counts)
+
+
 class RowCounts(NamedTuple):
     probability: int  # rows that are probability vectors, coarse rows aside
     coarse: int  # probability vectors of exact quarters (one-hot, [0.5, 0.5]): as plausible as rounded logits
@@ -84,13 +119,13 @@ def count_rows(x: np.ndarray, tol: float, *, stop_at_other: bool = False) -> Row
     partial; only ``first_other == -1``, every row a probability vector, is meaningful)."""
     counts = np.array([0, 0, 0, -1, -1], dtype=np.int64)
     if x.dtype in (np.float32, np.float64) and x.dtype.isnative:
-        _count_rows(x, float(tol), stop_at_other, 0, counts)
+        _count(x, float(tol), stop_at_other, 0, counts)
         return RowCounts(*map(int, counts))
     n, k = x.shape
     step = max(1, _CONVERT_ROWS_ELEMENTS // max(k, 1))
     work = np.float64 if x.dtype.itemsize >= 8 else np.float32  # float16 → float32 is exact
     for start in range(0, n, step):
         chunk = np.ascontiguousarray(x[start : start + step], dtype=work)
-        if _count_rows(chunk, float(tol), stop_at_other, start, counts):
+        if _count(chunk, float(tol), stop_at_other, start, counts):
             break
     return RowCounts(*map(int, counts))

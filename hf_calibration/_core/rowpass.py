@@ -33,8 +33,9 @@ import numpy as np
 
 from hf_calibration._core.bins import uniform_bin, uniform_edges
 from hf_calibration._core.checks import PROBABILITY_DETECTION_TOLERANCE
-from hf_calibration._core.parallel import parallel_kernel, run_pass
-from hf_calibration._core.vmath import exp_into_f32
+from hf_calibration._core.numpy_twin import NumpyTwin
+from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
+from hf_calibration._core.vmath import exp_f32_numpy, exp_into_f32
 
 __all__ = ["TopLabel", "raise_row_error", "top_label", "top_label_pass"]
 
@@ -44,6 +45,7 @@ GROUP_VALUES = 128  # logits per exp call when rows are short (see group_rows)
 PARALLEL_MIN_ELEMENTS = 1 << 19  # below this many values one thread is as fast as waking the others (even at 2.6e5)
 _CONVERT_ELEMENTS = 1 << 20  # values converted at a time for dtypes / layouts the kernel does not read in place
 OK, NOT_FINITE, OUT_OF_RANGE, BAD_SUM = 0, 1, 2, 3
+_FLOAT64_EXP_COST = 3  # the twin's float64 logits (libm's exp, a Python call a value) against its float32 ones
 
 
 def exp_row(x, out, bits):  # pragma: no cover - replaced by the overload below in compiled code
@@ -57,7 +59,7 @@ def _libm_exp(x, out, bits):  # pragma: no cover - compiled
         out[j] = math.exp(x[j])
 
 
-@numba.extending.overload(exp_row, jit_options={"cache": True})
+@numba.extending.overload(exp_row, jit_options={"cache": True, "fastmath": False})
 def _exp_row(x, out, bits):  # pragma: no cover - compiled
     if x.dtype == numba.types.float32:
         return lambda x, out, bits: exp_into_f32(x, out, bits)
@@ -71,7 +73,7 @@ def row_sum(e, lo, n):  # pragma: no cover - replaced by the overload below in c
     raise NotImplementedError
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, fastmath=False)
 def _leaf(a, lo, n):  # pragma: no cover - compiled
     """numpy's ``pairwise_sum`` base cases: a plain loop below 8 values, 8 accumulators up to 128."""
     if n < 8:
@@ -98,7 +100,7 @@ def _leaf(a, lo, n):  # pragma: no cover - compiled
     return res
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, fastmath=False)
 def _pairwise(a, lo, n):  # pragma: no cover - compiled
     """numpy's ``pairwise_sum`` of ``a[lo:lo + n]`` (loops_utils.h): above 128 values, the sum of the two halves (the
     first rounded down to a multiple of 8), written as a loop over an explicit stack (numba's cache and recursion do
@@ -150,14 +152,14 @@ def _float32_sum(e, lo, n):  # pragma: no cover - compiled
     return (s0 + s1) + (s2 + s3)
 
 
-@numba.extending.overload(row_sum, jit_options={"cache": True})
+@numba.extending.overload(row_sum, jit_options={"cache": True, "fastmath": False})
 def _row_sum(e, lo, n):  # pragma: no cover - compiled
     if e.dtype == numba.types.float32:
         return _float32_sum
     return lambda e, lo, n: _pairwise(e, lo, n)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, fastmath=False)
 def _max_min(row):  # pragma: no cover - compiled
     """``(max, min)`` of a non-empty row in four interleaved lanes (vectorises; exact in any order). A NaN may be
     skipped here: the caller's ``exp`` sum or value sum catches it."""
@@ -177,7 +179,7 @@ def _max_min(row):  # pragma: no cover - compiled
     return max(max(a0, a1), max(a2, a3)), min(min(b0, b1), min(b2, b3))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, fastmath=False)
 def _first_index_of(row, value):  # pragma: no cover - compiled
     """The first ``j`` with ``row[j] == value`` (0 if none: only for a non-finite row, which is reported anyway)."""
     k = row.shape[0]
@@ -211,7 +213,8 @@ def group_rows(k: int) -> int:
     return max(1, GROUP_VALUES // k)
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+# no fastmath (and its helpers say so, or they would inherit a caller's): the numpy twin computes the same bits
+@numba.njit(cache=True, nogil=True, fastmath=False)
 def _rows(x, offset, lo, hi, target, from_logits, tol, edges, conf, pred, sums, shifted, e, bits):  # pragma: no cover
     """Rows ``lo:hi`` of ``x`` (output rows ``offset + i``). Returns ``(first bad row or -1, its kind)``. Logits go a
     group of ``len(shifted) // K`` rows at a time through one ``exp`` call (elementwise: the same values as row by row)."""
@@ -327,6 +330,83 @@ def _pass(x, offset, target, from_logits, edges, conf, pred, sums, parallel):
     return _serial(x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums, group)
 
 
+def _libm_exp_numpy(x: np.ndarray) -> np.ndarray:
+    """libm's ``exp`` of each value (``math.exp``, which the float64 kernel calls too; numpy's own float64 ``exp`` may
+    be SIMD code an ulp away)."""
+    return _EXP_UFUNC(x).astype(np.float64)
+
+
+_EXP_UFUNC = np.frompyfunc(math.exp, 1, 1)
+
+
+def _twin_rows(x, from_logits):
+    """The numpy twin of ``_rows`` over every row of ``x``: ``(confidence, prediction, first bad row or -1, its
+    kind)``; the same
+    operations in the same order (the float32 ``exp``, the row sums' lanes or pairwise order), so the same bits."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        top = x.max(axis=1)
+        if from_logits:
+            shifted = x - top[:, None]
+            if x.dtype == np.float32:
+                e = exp_f32_numpy(shifted).astype(np.float64)
+                k = x.shape[1]
+                # _float32_sum: four float64 lanes, each added in order (a reduction over a middle axis runs in order)
+                lanes = np.add.reduce(e[:, : k - k % 4].reshape(x.shape[0], k // 4, 4), axis=1, initial=0.0)
+                for j in range(k - k % 4, k):
+                    lanes[:, 0] += e[:, j]
+                total = (lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3])
+            else:
+                total = _libm_exp_numpy(shifted).sum(axis=1)  # numpy's pairwise sum of each row, as _pairwise
+            bad = ~np.isfinite(x).all(axis=1)  # a row of finite logits has a finite sum in [1, K]
+            kind = np.full(x.shape[0], NOT_FINITE)
+            confidence = 1.0 / total
+        else:
+            low = x.min(axis=1)
+            total = np.zeros(x.shape[0])
+            for j in range(x.shape[1]):  # in the kernel's order: one running float64 sum
+                total += x[:, j]
+            not_finite = ~(np.isfinite(total) & np.isfinite(top) & np.isfinite(low))
+            out_of_range = ~not_finite & ((low < 0) | (top > 1))
+            bad_sum = ~not_finite & ~out_of_range & (np.abs(total - 1.0) > PROBABILITY_DETECTION_TOLERANCE)
+            bad = not_finite | out_of_range | bad_sum
+            kind = np.where(not_finite, NOT_FINITE, np.where(out_of_range, OUT_OF_RANGE, BAD_SUM))
+            confidence = top.astype(np.float64)
+    first = int(np.argmax(bad)) if bad.any() else -1
+    return confidence, np.argmax(x, axis=1), first, (int(kind[first]) if first >= 0 else OK)
+
+
+def _twin_pass(x, offset, target, from_logits, edges, conf, pred, sums, parallel):
+    """``_pass`` in numpy (module ``NumpyTwin``): the same confidences, predictions, first bad row and bin sums, added
+    row by row (``np.add.at``), per task from ``parallel`` on as the parallel kernel adds them."""
+    confidence, prediction, bad, kind = _twin_rows(x, from_logits)
+    if bad >= 0:
+        return offset + bad, kind
+    n = x.shape[0]
+    if conf.shape[0]:
+        conf[offset : offset + n] = confidence
+        pred[offset : offset + n] = prediction
+    n_bins = edges.shape[0] - 1
+    if n_bins > 0:
+        b = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, n_bins - 1)  # uniform_bin's rule
+        correct = (prediction == target[offset : offset + n]).astype(np.float64)
+        if parallel:  # per task from zero, the tasks added in order
+            task = np.arange(n) // task_rows(x.shape[1])
+            part = np.zeros((int(task[-1]) + 1 if n else 0, 3, sums.shape[1]))
+            np.add.at(part[:, 0], (task, b), 1.0)
+            np.add.at(part[:, 1], (task, b), confidence)
+            np.add.at(part[:, 2], (task, b), correct)
+            for c in range(part.shape[0]):
+                sums += part[c]
+        else:
+            np.add.at(sums[0], b, 1.0)
+            np.add.at(sums[1], b, confidence)
+            np.add.at(sums[2], b, correct)
+    return -1, OK
+
+
+_TWIN = NumpyTwin(_serial, _parallel, serial_twin(_parallel), compile_seconds=2.0, seconds_per_value=3e-8)
+
+
 def top_label_pass(preds: np.ndarray, target: np.ndarray, from_logits: bool, *, n_bins: int = 0, arrays: bool = True):
     """One pass over the (N, K) float ``preds``: ``(confidence, prediction, bin_sums, bad)``.
 
@@ -342,15 +422,21 @@ def top_label_pass(preds: np.ndarray, target: np.ndarray, from_logits: bool, *, 
     target = np.ascontiguousarray(target, dtype=np.int64) if n_bins else np.zeros(0, np.int64)
     parallel = n * k >= PARALLEL_MIN_ELEMENTS
     native = preds.dtype in (np.float32, np.float64) and preds.dtype.isnative and preds.flags.c_contiguous
+    one_pass = _pass
+    if _TWIN.use(n * k * (_FLOAT64_EXP_COST if from_logits and preds.dtype.itemsize >= 8 else 1)):
+
+        def one_pass(*args):
+            return _TWIN.run(_twin_pass, *args)
+
     if native:
-        bad, kind = _pass(preds, 0, target, from_logits, edges, conf, pred, sums, parallel)
+        bad, kind = one_pass(preds, 0, target, from_logits, edges, conf, pred, sums, parallel)
     else:
         work = np.float64 if preds.dtype.itemsize >= 8 else np.float32  # float16 -> float32 is exact
         step = max(1, _CONVERT_ELEMENTS // k)
         bad, kind = -1, OK
         for start in range(0, n, step):
             block = np.ascontiguousarray(preds[start : start + step], dtype=work)
-            bad, kind = _pass(block, start, target, from_logits, edges, conf, pred, sums, parallel)
+            bad, kind = one_pass(block, start, target, from_logits, edges, conf, pred, sums, parallel)
             if bad >= 0:
                 break
     return conf, pred, (sums if n_bins else None), (None if bad < 0 else (int(bad), int(kind)))

@@ -14,8 +14,12 @@ fold the rounding trick ``(y + SHIFTER) - SHIFTER`` back to ``y``.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
+
+from hf_calibration._core.numpy_twin import renamed_copy
 
 LOG2E = 1.4426950408889634
 LN2_HI = 0.6931471803691238  # ln 2 in two parts: k * LN2_HI is exact for |k| < 2**11
@@ -73,10 +77,33 @@ def exp_into(x, out, bits):  # pragma: no cover - compiled
         out[i] *= bits[i]
 
 
-@numba.njit(cache=True, fastmath={"contract"})
+# ``exp_into`` without FMA contraction: each step one IEEE float64 operation, so ``exp_numpy`` computes the same bits
+# on every CPU (for kernels with a numpy twin: ``_core.numpy_twin``)
+exp_into_exact = numba.njit(cache=True, fastmath=False)(renamed_copy(exp_into.py_func, "_exact"))
+
+
+def exp_numpy(x: np.ndarray) -> np.ndarray:
+    """:func:`exp_into_exact` in numpy (float64), the same operations in the same order: the same bits."""
+    xi = np.where(x < -708.0, -708.0, x)
+    xi = np.where(xi > 709.0, 709.0, xi)
+    kf = xi * LOG2E + SHIFTER
+    k = kf - SHIFTER
+    r = (xi - k * LN2_HI) - k * LN2_LO
+    q = np.full_like(r, 1.0 / 87178291200.0)
+    for c in _TAYLOR_F64:
+        q = q * r + c
+    return q * ((kf.view(np.int64) - SHIFTER_BITS + 1023) << 52).view(np.float64)
+
+
+_TAYLOR_F64 = tuple(1.0 / math.factorial(n) for n in range(13, 0, -1)) + (1.0,)
+
+
+@numba.njit(cache=True, fastmath=False)  # explicit: a helper without it inherits its first caller's fastmath
 def exp_into_f32(x, out, bits):  # pragma: no cover - compiled
     """``exp_into`` for float32 arrays (``out`` and ``bits`` float32): ``x`` clamped to [-87, 88], ``exp(r)`` by its
-    Taylor polynomial of degree 7 (truncation < 6e-9, below float32's rounding), eight lanes to a 256-bit vector."""
+    Taylor polynomial of degree 7 (truncation < 6e-9, below float32's rounding), eight lanes to a 256-bit vector.
+    No FMA contraction: each step is one IEEE float32 operation, so :func:`exp_f32_numpy` computes the same bits on
+    every CPU (the top-label pass's numpy twin)."""
     kb = bits.view(np.int32)
     c7, c6, c5, c4, c3 = TAYLOR_F32
     for i in range(x.shape[0]):
@@ -98,6 +125,28 @@ def exp_into_f32(x, out, bits):  # pragma: no cover - compiled
         kb[i] = (kb[i] - SHIFTER_BITS_F32 + 127) << 23  # 2**k
     for i in range(x.shape[0]):
         out[i] *= bits[i]
+
+
+# ``exp_into_f32`` with FMA contraction, for kernels that fuse their own arithmetic (vector / matrix scaling's float32
+# softmax). numba compiles a helper that sets no ``fastmath`` of its own with the flags of the kernel that first calls
+# it (``inherit_if_not_set``), and caches it so: the exact helpers say ``fastmath=False``, and the fused use has a copy
+exp_into_f32_fused = numba.njit(cache=True, fastmath={"contract"})(renamed_copy(exp_into_f32.py_func, "_fused"))
+
+
+def exp_f32_numpy(x: np.ndarray) -> np.ndarray:
+    """:func:`exp_into_f32` in numpy, the same float32 operations in the same order: the same bits."""
+    xi = np.where(x < EXP_MIN_F32, EXP_MIN_F32, x)
+    xi = np.where(xi > EXP_MAX_F32, EXP_MAX_F32, xi)
+    kf = xi * LOG2E_F32 + SHIFTER_F32
+    k = kf - SHIFTER_F32
+    r = (xi - k * LN2_HI_F32) - k * LN2_LO_F32
+    c7, c6, c5, c4, c3 = TAYLOR_F32
+    q = c7 * r + c6
+    for c in (c5, c4, c3, HALF_F32, ONE_F32, ONE_F32):
+        q = q * r + c
+    # 2**k: k + 127 is in [40, 215] for clamped input, so the int32 shift cannot overflow (NaN: any bits, q is NaN)
+    scale = ((kf.view(np.int32) - np.int32(SHIFTER_BITS_F32 - 127)) << np.int32(23)).view(np.float32)
+    return q * scale
 
 
 @numba.njit(cache=True, fastmath={"contract"})
@@ -131,7 +180,7 @@ def log_into(x, out, bits):  # pragma: no cover - compiled
         out[i] = k * LN2_HI + (2.0 * s + (2.0 * s * z * q + k * LN2_LO))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=False)
 def max_of(x):  # pragma: no cover - compiled
     """``max(x)`` of a non-empty finite array, in four interleaved lanes: a one-accumulator loop waits on each
     comparison in turn (a max is exact in any order, so the result is the same)."""
@@ -150,7 +199,7 @@ def max_of(x):  # pragma: no cover - compiled
     return max(max(m0, m1), max(m2, m3))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=False)
 def sum_of(x):  # pragma: no cover - compiled
     """``sum(x)`` in four interleaved partial sums, added in a fixed order (so the result does not depend on the
     machine's vector width, as a reassociated sum would): about 1.2x faster per row than one running sum."""
