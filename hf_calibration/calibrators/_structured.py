@@ -30,16 +30,17 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
-from hf_calibration._core.parallel import parallel_kernel, run_pass
+from hf_calibration._core.numpy_twin import NumpyTwin
+from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration._core.vmath import exp_into, log_into, max_of, sum_of
 from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
 from hf_calibration.calibrators._fitting.affine import (
     AffineNLL,
     BlockDiagonalNLL,
-    diagonal_map,
     fit_affine,
     identity_parameters,
+    map_diagonal,
 )
 from hf_calibration.calibrators._fitting.lbfgs import QuadraticPenalty
 from hf_calibration.calibrators._fitting.partition import chunk_rows
@@ -74,6 +75,17 @@ def _features_block(z, inv_t, one_minus_eps, eps_k, out, rows_per_chunk):  # pra
             log_into(t, a, bits)
             for j in range(k):
                 out[i, j] = a[j]
+
+
+def _twin_features_block(z, inv_t, one_minus_eps, eps_k, out):
+    """``_features_block`` in numpy, float64 (to rounding: the kernel fuses multiply-adds and has its own exp / log)."""
+    a = z.astype(np.float64) * inv_t
+    a -= a.max(axis=1, keepdims=True)
+    e = np.exp(a)
+    out[...] = np.log((one_minus_eps / e.sum(axis=1, keepdims=True)) * e + eps_k)
+
+
+_TWIN = NumpyTwin(_features_block, serial_twin(_features_block), compile_seconds=0.6, seconds_per_value=4e-8)
 
 
 class StructuredScaling(PerClassCalibrator):
@@ -149,6 +161,9 @@ class StructuredScaling(PerClassCalibrator):
         """``_features`` of one block of rows, in float64 rounded to the block's dtype (one compiled pass)."""
         k = block.shape[1]
         out = np.empty(block.shape, dtype=block.dtype)
+        if _TWIN.use(block.size):
+            _TWIN.run(_twin_features_block, block, 1.0 / temperature, 1.0 - smoothing, smoothing / k, out)
+            return out
         run_pass(
             _features_block, block.size, block, 1.0 / temperature, 1.0 - smoothing, smoothing / k, out, chunk_rows(k)
         )
@@ -214,7 +229,7 @@ class StructuredScaling(PerClassCalibrator):
         weight, bias = self.weight.detach().numpy(), self.bias.detach().numpy()
         for _, x in features.blocks():  # in place: the features' last use (a buffer beside them put the fit 19 MB over
             # the input plus one buffer at 50,000 x 21,843)
-            run_pass(diagonal_map, x.size, x, weight.astype(x.dtype), bias.astype(x.dtype), False, x)
+            map_diagonal(x, weight.astype(x.dtype), bias.astype(x.dtype), False, x)
             yield x
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)

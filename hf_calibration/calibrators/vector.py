@@ -26,9 +26,8 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
-from hf_calibration._core.parallel import run_pass
 from hf_calibration._core.threads import torch_single_threaded
-from hf_calibration.calibrators._fitting.affine import BlockDiagonalNLL, diagonal_map, fit_affine, identity_parameters
+from hf_calibration.calibrators._fitting.affine import BlockDiagonalNLL, fit_affine, identity_parameters, map_diagonal
 from hf_calibration.calibrators._fitting.lbfgs import odir_penalty
 from hf_calibration.calibrators._fitting.rows import FitRows, MappedRows, uncentred
 from hf_calibration.calibrators._per_class import PerClassCalibrator
@@ -106,9 +105,7 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
             if out is None or out.shape[0] < block.shape[0]:
                 out = np.empty(block.shape, dtype=block.dtype)
             mapped = out[: block.shape[0]]
-            run_pass(
-                diagonal_map, block.size, block, weight.astype(block.dtype), bias.astype(block.dtype), True, mapped
-            )
+            map_diagonal(block, weight.astype(block.dtype), bias.astype(block.dtype), True, mapped)
             yield mapped if np.isfinite(mapped.sum()) else self(torch.from_numpy(block), from_logits=True).numpy()
 
     @torch_single_threaded()  # its own heavy steps choose their thread count (_threads.py)

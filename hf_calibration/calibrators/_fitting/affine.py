@@ -25,9 +25,10 @@ import numba
 import numpy as np
 import torch
 
-from hf_calibration._core.parallel import parallel_kernel, run_pass
+from hf_calibration._core.numpy_twin import NumpyTwin
+from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
 from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
-from hf_calibration._core.vmath import exp_into, exp_into_f32, max_of, sum_of
+from hf_calibration._core.vmath import exp_into, exp_into_f32_fused, max_of, sum_of
 from hf_calibration.calibrators._fitting.lbfgs import LBFGSResult, Preconditioner, QuadraticPenalty, minimize
 
 CHUNK = 256  # rows per parallel task of the vector-scaling kernel: fixed, so its sums do not depend on the threads
@@ -173,7 +174,7 @@ def _softmax_residual_f32(s, labels, with_grad):  # pragma: no cover - compiled
             top = max_of(row)
             for j in range(k):
                 shifted[j] = row[j] - top
-            exp_into_f32(shifted, e, bits)
+            exp_into_f32_fused(shifted, e, bits)
             total = sum_of(e)
             y = labels[i]
             loss += math.log(total) - np.float64(shifted[y])
@@ -298,6 +299,102 @@ def diagonal_map(z, w, b, centre, out):  # pragma: no cover - compiled
             out[i, j] = (z[i, j] - m) * w[j] + b[j]
 
 
+# ---------------------------------------------------------------------------------------------- the numpy twins
+# What a fit runs before its kernels' compile has paid for itself (``_core.numpy_twin``). These kernels fuse
+# multiply-adds (``contract``: 27 % faster at 20,000 x 1,000, which the 50,000 x 21,843 fits need), which numpy cannot
+# reproduce, so a twin agrees with its kernel to rounding (~1e-15 relative in the objective), not bit for bit; a fit
+# therefore decides once, when it starts, and runs every pass on one side (``FIT_PASSES`` passes estimated).
+FIT_PASSES = 40  # objective evaluations of a typical vector scaling / SVS / SMS fit, for the twin's estimate
+
+
+def _twin_diagonal_block(z, labels, w, b, with_grad, with_curvature, shift):
+    """``_diagonal_block`` in numpy (to rounding)."""
+    n, k = z.shape
+    f = (z - z.max(axis=1, keepdims=True) if shift else z).astype(np.float64)  # shifted in z's dtype, as the kernel
+    s = w * f + b
+    s -= s.max(axis=1, keepdims=True)
+    e = np.exp(s)
+    total = e.sum(axis=1)
+    rows = np.arange(n)
+    loss = float((np.log(total) - s[rows, labels]).sum())
+    p = e / total[:, None]
+    grad = np.zeros(2 * k if with_grad else 0)
+    if with_grad:
+        grad[:k] = (p * f).sum(axis=0) - np.bincount(labels, weights=f[rows, labels], minlength=k)
+        grad[k:] = p.sum(axis=0) - np.bincount(labels, minlength=k)
+    curv = np.zeros((3, k if with_curvature else 0))
+    if with_curvature:
+        v = p * (1.0 - p)
+        curv[0], curv[1], curv[2] = (v * f * f).sum(axis=0), (v * f).sum(axis=0), v.sum(axis=0)
+    return loss, grad, curv
+
+
+def _twin_softmax(s: np.ndarray, labels: np.ndarray):
+    """``(p, summed NLL)`` of ``softmax(s_i)`` in float64."""
+    x = s.astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    e = np.exp(x)
+    total = e.sum(axis=1)
+    return e / total[:, None], float((np.log(total) - x[np.arange(s.shape[0]), labels]).sum())
+
+
+def _twin_softmax_residual(s, labels, with_grad):
+    """``_softmax_residual`` (and its float32 form) in numpy, float64 (to rounding): ``s`` becomes ``P - Y``."""
+    n, k = s.shape
+    p, loss = _twin_softmax(s, labels)
+    if not with_grad:
+        return loss / n, np.zeros(k)
+    p[np.arange(n), labels] -= 1.0
+    s[...] = p
+    return loss / n, p.sum(axis=0)
+
+
+def _twin_softmax_curvature(s, f):
+    """``_softmax_curvature`` in numpy (to rounding): ``s`` becomes ``v = p (1 - p)``."""
+    p, _ = _twin_softmax(s, np.zeros(s.shape[0], np.int64))
+    v = p * (1.0 - p)
+    s[...] = v
+    return np.stack([(v * f).sum(axis=0), v.sum(axis=0)])
+
+
+def _twin_blocks_solve(factor, vec, reverse):
+    """``_blocks_solve`` by torch's batched triangular solve, float64 (to rounding)."""
+    k = factor.shape[0]
+    t = np.concatenate([vec[: k * k].reshape(k, k), vec[k * k :].reshape(k, 1)], axis=1)  # [W_j., b_j] per class
+    if reverse:
+        t = t[:, ::-1]
+    lower = torch.from_numpy(np.ascontiguousarray(factor, dtype=np.float64)).transpose(1, 2)
+    h = torch.linalg.solve_triangular(lower, torch.from_numpy(np.ascontiguousarray(t))[:, :, None], upper=False)
+    h = h[:, :, 0].numpy()
+    if reverse:
+        h = h[:, ::-1]
+    return np.concatenate([h[:, :k].reshape(-1), h[:, k]])
+
+
+_BLOCK_TWIN = NumpyTwin(_diagonal_block, compile_seconds=3.5, seconds_per_value=5e-8)
+_MATRIX_TWIN = NumpyTwin(
+    _softmax_residual, _softmax_residual_f32, _softmax_curvature, compile_seconds=4.5, seconds_per_value=3e-8
+)
+
+
+_MAP_TWIN = NumpyTwin(diagonal_map, serial_twin(diagonal_map), compile_seconds=0.2, seconds_per_value=1e-8)
+
+
+def _twin_diagonal_map(z, w, b, centre, out):
+    """``diagonal_map`` in numpy: the same operations in ``z``'s dtype (no fused multiply-add there), so the same bits."""
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the caller's to see, as from the kernel
+        out[...] = ((z - z.max(axis=1, keepdims=True)) if centre else z) * w + b
+
+
+def map_diagonal(z: np.ndarray, w: np.ndarray, b: np.ndarray, centre: bool, out: np.ndarray) -> None:
+    """``out = f * w + b`` (``diagonal_map``; ``w``, ``b`` in ``z``'s dtype): the kernel on the threads the load
+    leaves, or its numpy twin."""
+    if _MAP_TWIN.use(z.size):
+        _MAP_TWIN.run(_twin_diagonal_map, z, w, b, centre, out)
+    else:
+        run_pass(diagonal_map, z.size, z, w, b, centre, out)
+
+
 class BlockDiagonalNLL:
     """``AffineNLL(diagonal=True)`` over rows read in blocks (``_rows.FitRows`` or any object with ``shape`` and
     ``blocks()``): the mean NLL of ``softmax(w * f_i + b)``, its gradient and its Gauss-Newton curvature, each one pass
@@ -316,27 +413,25 @@ class BlockDiagonalNLL:
         self._chunk = max(1, DIAGONAL_TASK_VALUES // self.k)
         self._shift = shift
         self._chooser = ThreadCountChooser(self._pass, backend="numba")
+        self._twin = _BLOCK_TWIN.use(self.n * self.k * FIT_PASSES)  # the whole fit on one side (see FIT_PASSES)
 
     def _step(self, *args):
         """One pass: on the threads the load average leaves when it takes seconds (as any long pass), else on the count
-        ``ThreadCountChooser`` times (milliseconds a pass, many of them)."""
+        ``ThreadCountChooser`` times (milliseconds a pass, many of them); or the numpy twin's."""
+        if self._twin:
+            return _BLOCK_TWIN.run(self._pass, *args, twin=True)
         if self.n * self.k >= LONG_PASS_VALUES:
             return run_pass(self._pass, self.n * self.k, *args)
         return self._chooser(*args)
 
-    def _pass(self, w: np.ndarray, b: np.ndarray, with_grad: bool, with_curvature: bool):
+    def _pass(self, w: np.ndarray, b: np.ndarray, with_grad: bool, with_curvature: bool, twin: bool = False):
         loss, grad, curv = 0.0, np.zeros(2 * self.k if with_grad else 0), np.zeros((3, self.k if with_curvature else 0))
         for start, block in self.rows.blocks():
-            part = _diagonal_block(
-                block,
-                self._y[start : start + block.shape[0]],
-                w,
-                b,
-                with_grad,
-                with_curvature,
-                self._chunk,
-                self._shift,
-            )
+            labels = self._y[start : start + block.shape[0]]
+            if twin:
+                part = _twin_diagonal_block(block, labels, w, b, with_grad, with_curvature, self._shift)
+            else:
+                part = _diagonal_block(block, labels, w, b, with_grad, with_curvature, self._chunk, self._shift)
             loss += part[0]
             grad += part[1]
             curv += part[2]
@@ -401,6 +496,7 @@ class AffineNLL:
             )
         self.products = products  # the dtype of the full matrix's two products
         self._residual = _softmax_residual_f32 if softmax == torch.float32 else _softmax_residual  # its softmax pass
+        self.twin = not diagonal and _MATRIX_TWIN.use(features.numel() * FIT_PASSES)  # the whole fit on one side
         # the full matrix's product operand (vector scaling's kernel reads float32 or float64 features as they are)
         self._f = features if diagonal or products == features.dtype else features.to(products)
         self._f_squared: torch.Tensor | None = None
@@ -441,7 +537,10 @@ class AffineNLL:
             return float(value), (torch.from_numpy(grad) if with_grad else None)
         w, b = x[: k * k].view(k, k), x[k * k :]
         s = torch.addmm(b.to(self.products), self._f, w.t().to(self.products))
-        value, column_sums = self._on_torch_threads(self._residual, s.numpy(), self._y, with_grad)  # s becomes P - Y
+        if self.twin:
+            value, column_sums = _MATRIX_TWIN.run(_twin_softmax_residual, s.numpy(), self._y, with_grad)
+        else:  # s becomes P - Y
+            value, column_sums = self._on_torch_threads(self._residual, s.numpy(), self._y, with_grad)
         if not with_grad:
             return float(value), None
         grad_w = (s.t() @ self._f).to(torch.float64).reshape(-1)
@@ -514,7 +613,10 @@ def affine_curvature(nll: AffineNLL, x: torch.Tensor, blocks: bool = False) -> A
             sums = torch.from_numpy(ThreadCountChooser(_diagonal_curvature)(nll._z, x[:k].numpy(), x[k:].numpy())) / n
             return AffineCurvature(sums[0], sums[1], sums[2], None)
         v = nll.logits(x)
-        sums = torch.from_numpy(nll._on_torch_threads(_softmax_curvature, v.numpy(), nll._z)) / n
+        if nll.twin:
+            sums = torch.from_numpy(_MATRIX_TWIN.run(_twin_softmax_curvature, v.numpy(), nll._z)) / n
+        else:
+            sums = torch.from_numpy(nll._on_torch_threads(_softmax_curvature, v.numpy(), nll._z)) / n
         if blocks and k <= BLOCKS_MAX_K:
             return AffineCurvature(None, None, None, None, _class_blocks(nll.features, v))
         weights = (v.t() @ nll.features_squared()) / n  # (class j, input m): sum_i v_ij f_im^2 / N
@@ -549,6 +651,9 @@ def _blocks_solve(factor, vec, reverse):  # pragma: no cover - compiled
     return out
 
 
+_SOLVE_TWIN = NumpyTwin(_blocks_solve, compile_seconds=0.6, seconds_per_value=5e-9)
+
+
 def _blocks_apply(blocks: np.ndarray, vec: torch.Tensor) -> torch.Tensor:
     """``[W, b] -> [A_j [W_j., b_j] for each class j]`` for the flat parameters ``[W (K * K), b (K)]``."""
     k = blocks.shape[0]
@@ -561,13 +666,13 @@ class _BlockSolve(torch.autograd.Function):
     """Autograd node for ``x = U^-1 u``, class by class (``U^-T`` on the way back)."""
 
     @staticmethod
-    def forward(ctx, u, upper, flipped):
-        ctx.upper = upper
-        return torch.from_numpy(_blocks_solve(flipped, u.detach().numpy(), True))
+    def forward(ctx, u, upper, flipped, solve):
+        ctx.upper, ctx.solve = upper, solve
+        return torch.from_numpy(solve(flipped, u.detach().numpy(), True))
 
     @staticmethod
     def backward(ctx, grad_output):
-        return torch.from_numpy(_blocks_solve(ctx.upper, grad_output.contiguous().numpy(), False)), None, None
+        return torch.from_numpy(ctx.solve(ctx.upper, grad_output.contiguous().numpy(), False)), None, None, None
 
 
 def _block_preconditioner(
@@ -594,15 +699,19 @@ def _block_preconditioner(
         upper = lower.transpose(1, 2).contiguous().numpy()  # L^T
         flipped = lower.flip(1, 2).contiguous().numpy()  # L with rows and columns reversed: upper triangular
 
+    solve = _blocks_solve
+    if _SOLVE_TWIN.use(upper.size * FIT_PASSES):  # one side a fit
+
+        def solve(factor, vec, reverse):
+            return _SOLVE_TWIN.run(_twin_blocks_solve, factor, vec, reverse)
+
     def to_x(u: torch.Tensor) -> torch.Tensor:
         if u.requires_grad:
-            return _BlockSolve.apply(u, upper, flipped)
-        return torch.from_numpy(_blocks_solve(flipped, u.contiguous().numpy(), True))
+            return _BlockSolve.apply(u, upper, flipped, solve)
+        return torch.from_numpy(solve(flipped, u.contiguous().numpy(), True))
 
     def newton(g: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(
-            _blocks_solve(flipped, _blocks_solve(upper, g.detach().contiguous().numpy(), False), True)
-        )
+        return torch.from_numpy(solve(flipped, solve(upper, g.detach().contiguous().numpy(), False), True))
 
     return Preconditioner(to_x, lambda xx: _blocks_apply(upper, xx.detach()), newton)
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from hf_calibration._core import progress as _progress
+from hf_calibration._core.numpy_twin import NumpyTwin
 
 REL_TOL = 1e-6  # an improvement must lower the best objective by this fraction
 
@@ -36,6 +37,18 @@ def _adam_update(x, m, v, grad, step_size, root_bias2, beta1, beta2, eps):  # pr
         m[i] = beta1 * m[i] + (1.0 - beta1) * grad[i]
         v[i] = beta2 * v[i] + (1.0 - beta2) * grad[i] * grad[i]
         x[i] -= step_size * m[i] / (math.sqrt(v[i]) / root_bias2 + eps)
+
+
+def _twin_adam_update(x, m, v, grad, step_size, root_bias2, beta1, beta2, eps):
+    """``_adam_update`` in numpy: the same operations in the same order, so the same bits."""
+    m *= beta1
+    m += (1.0 - beta1) * grad
+    v *= beta2
+    v += (1.0 - beta2) * grad * grad
+    x -= step_size * m / (np.sqrt(v) / root_bias2 + eps)
+
+
+_TWIN = NumpyTwin(_adam_update, compile_seconds=0.1, seconds_per_value=2e-5)
 
 
 def adam_early_stopping(
@@ -101,7 +114,11 @@ def _loop(
                 break
             t = step + 1
             step_size, root_bias2 = lr / (1 - betas[0] ** t), math.sqrt(1 - betas[1] ** t)
-            _adam_update(x, m, v, np.asarray(grad, dtype=np.float64), step_size, root_bias2, betas[0], betas[1], eps)
+            update_args = (x, m, v, np.asarray(grad, dtype=np.float64), step_size, root_bias2, betas[0], betas[1], eps)
+            if _TWIN.use(1):
+                _TWIN.run(_twin_adam_update, *update_args)
+            else:
+                _adam_update(*update_args)
             bar.update(1)
             if step % 50 == 0:
                 bar.set_postfix(objective=f"{loss:.5g}", refresh=False)  # a refresh here would ignore the bar's delay

@@ -23,8 +23,9 @@ import numba
 import numpy as np
 import torch
 
-from hf_calibration._core.parallel import parallel_kernel, run_pass
-from hf_calibration._core.vmath import exp_into, max_of
+from hf_calibration._core.numpy_twin import NumpyTwin
+from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
+from hf_calibration._core.vmath import exp_into, exp_into_exact, exp_numpy, max_of
 from hf_calibration.calibrators.objectives import ScaledStats
 
 LOG2_BETA_MIN = -8  # T = 256
@@ -137,7 +138,7 @@ def chunk_rows(k: int) -> int:
     return max(1, (1 << 16) // max(k, 1))
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+@numba.njit(cache=True, nogil=True)  # no FMA contraction: its numpy twin computes the same bits (``_twin_rows``)
 def _nll_derivatives_rows(z, labels, beta, lo, hi, arg, e, bits):  # pragma: no cover - compiled
     """Sums over rows ``lo:hi`` of the NLL of ``softmax(beta z_i)`` and its first two derivatives in ``beta``.
 
@@ -151,7 +152,7 @@ def _nll_derivatives_rows(z, labels, beta, lo, hi, arg, e, bits):  # pragma: no 
         top = np.float64(max_of(row))  # in the row's dtype, four lanes: exact
         for j in range(k):
             arg[j] = -beta * (top - np.float64(row[j]))
-        exp_into(arg, e, bits)
+        exp_into_exact(arg, e, bits)
         a0 = a1 = a2 = a3 = 0.0
         b0 = b1 = b2 = b3 = 0.0
         c0 = c1 = c2 = c3 = 0.0
@@ -209,6 +210,60 @@ def _nll_derivatives_parallel(z, labels, beta, rows_per_chunk):  # pragma: no co
     return out
 
 
+def _lanes(values: np.ndarray) -> np.ndarray:
+    """The kernel's four interleaved lanes of each row of ``values`` (N, K), each added in order from 0 (a reduction
+    over a middle axis runs in order), the tail added to the first lane: (N, 4)."""
+    n, k = values.shape
+    lanes = np.add.reduce(values[:, : k - k % 4].reshape(n, k // 4, 4), axis=1, initial=0.0)
+    for j in range(k - k % 4, k):
+        lanes[:, 0] += values[:, j]
+    return lanes
+
+
+def _sequential_sum(values: np.ndarray) -> float:
+    """``values[0] + values[1] + ...`` in order, as the kernel's running sum (numpy's ``sum`` is pairwise)."""
+    return float(np.cumsum(values)[-1]) if values.shape[0] else 0.0
+
+
+_LOG_UFUNC = np.frompyfunc(math.log, 1, 1)  # libm's log, as the kernel's math.log (numpy's may be SIMD code)
+
+
+def _twin_nll_derivatives(z, labels, beta, rows_per_chunk):
+    """``_nll_derivatives_parallel`` in numpy: the same operations in the same order, so the same three sums."""
+    n = z.shape[0]
+    top = z.max(axis=1).astype(np.float64)
+    gaps = top[:, None] - z.astype(np.float64)
+    e = exp_numpy(-beta * gaps)
+    weighted = e * gaps
+    a = _lanes(e)
+    b = _lanes(weighted)
+    c = _lanes(weighted * gaps)
+    s0, s1, s2 = (
+        (a[:, 0] + a[:, 1]) + (a[:, 2] + a[:, 3]),
+        (b[:, 0] + b[:, 1]) + (b[:, 2] + b[:, 3]),
+        (c[:, 0] + c[:, 1]) + (c[:, 2] + c[:, 3]),
+    )
+    mean = s1 / s0
+    gap_true = top - z[np.arange(n), labels].astype(np.float64)
+    rows = np.stack(
+        [
+            beta * gap_true + _LOG_UFUNC(s0).astype(np.float64),
+            gap_true - mean,
+            np.maximum(s2 / s0 - mean * mean, 0.0),
+        ]
+    )
+    out = np.zeros(3)
+    for lo in range(0, n, rows_per_chunk):  # each chunk's running sums, then the chunks in order
+        for r in range(3):
+            out[r] += _sequential_sum(rows[r, lo : lo + rows_per_chunk])
+    return out
+
+
+_TWIN = NumpyTwin(
+    _nll_derivatives_parallel, serial_twin(_nll_derivatives_parallel), compile_seconds=1.5, seconds_per_value=4e-8
+)
+
+
 def nll_derivatives(rows, labels: np.ndarray, beta: float) -> tuple[float, float, float]:
     """Exact mean NLL of ``softmax(beta * z)`` over ``rows`` (a ``FitRows`` or an (N, K) array) and its first and second
     derivatives in ``beta``, in float64: one pass, a block of rows at a time (blocks and chunks summed in order)."""
@@ -220,7 +275,10 @@ def nll_derivatives(rows, labels: np.ndarray, beta: float) -> tuple[float, float
     total = np.zeros(3)
     for start, block in rows.blocks():
         y = labels[start : start + block.shape[0]]
-        total += run_pass(_nll_derivatives_parallel, block.size, block, y, float(beta), step)
+        if _TWIN.use(block.size):
+            total += _TWIN.run(_twin_nll_derivatives, block, y, float(beta), step)
+        else:
+            total += run_pass(_nll_derivatives_parallel, block.size, block, y, float(beta), step)
     return float(total[0] / n), float(total[1] / n), float(total[2] / n)
 
 

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from hf_calibration._core.finite import row_finite
-from hf_calibration._core.parallel import parallel_kernel, run_threads
+from hf_calibration._core.numpy_twin import NumpyTwin
+from hf_calibration._core.parallel import parallel_kernel, run_threads, serial_twin
 
 OK, NOT_FINITE, OVERFLOW = 0, 1, 2
 
@@ -228,6 +229,25 @@ def _scale(
     return out, temps, status
 
 
+def _twin_scale(z: torch.Tensor, temperature: float | None, out: torch.Tensor | None) -> torch.Tensor | None:
+    """``scale_rows`` for one temperature in torch: the kernel's own operations (``torch.div`` rounds correctly, as the
+    kernel's division; the argmax guard's one ulp up), so the same bits; None where the kernel returns None."""
+    if not bool(torch.isfinite(z).all()):
+        return None
+    result = torch.div(z, torch.tensor(1.0 if temperature is None else temperature, dtype=z.dtype), out=out)
+    if not bool(torch.isfinite(result).all()):
+        return None
+    top = z.argmax(dim=1)
+    moved = (result.argmax(dim=1) != top).nonzero()[:, 0]
+    if moved.numel():  # rounding merged the winner with an earlier entry (-0.0 == +0.0 included): one ulp up
+        winners = result[moved, top[moved]]
+        result[moved, top[moved]] = torch.nextafter(winners, torch.full_like(winners, float("inf")))
+    return result
+
+
+_TWIN = NumpyTwin(_scale_rows, serial_twin(_scale_rows), compile_seconds=0.9, seconds_per_value=1e-8)
+
+
 def scale_rows(
     z: torch.Tensor, temperature: float | None = None, smart_mlp=None, out: torch.Tensor | None = None
 ) -> torch.Tensor | None:
@@ -237,6 +257,8 @@ def scale_rows(
     ``smart_mlp`` = ``(margin_mean, margin_std, W1 (H,), b1 (H,), W2 (H,), b2, eps)``, float64 numpy. ``out``: a
     contiguous CPU tensor of ``z``'s shape and dtype, written and returned (a forward's block of its output).
     """
+    if smart_mlp is None and _TWIN.use(z.numel()):
+        return _TWIN.run(_twin_scale, z, temperature, out)
     result, _, status = _scale(z, temperature, smart_mlp, None if out is None else out.numpy())
     if status.any():
         return None

@@ -191,3 +191,27 @@ def test_fast_path_keeps_argmax_finite_and_agrees_with_torch(z, log_t):
     finally:
         _apply.supports = orig
     assert torch.equal(out, slow)  # one temperature: the same divisions, guard and rescaling as the torch path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scale_twin_is_the_kernel_bit_for_bit(dtype):
+    """``_core.numpy_twin``: a fixed temperature's rows divided in torch until the kernel's compile pays, to the same
+    bits: the correctly rounded division and the argmax guard (ties merged by rounding, signed zeros), and None for the
+    rows the kernel sends back (non-finite input, overflow)."""
+    rng = np.random.default_rng(3)
+    tiny = 1e-39 if dtype == torch.float32 else 1e-300
+    for n, k in ((2000, 100), (50, 6)):
+        z = torch.from_numpy(3 * rng.normal(size=(n, k))).to(dtype)
+        z[0, :3] = z[0].max()
+        z[1, :] = -1.0
+        z[1, 2], z[1, 5] = tiny, tiny * 1.5  # both round to the same value (or 0) divided by a large T
+        z[2, :] = 0.0
+        z[2, 4] = -0.0
+        for t in (1.7, 0.3, 3.0000001, 1e30, 1e-30):
+            kernel = _apply.scale_rows(z, temperature=t)
+            twin = _apply._twin_scale(z, t, None)
+            assert (kernel is None) == (twin is None)
+            if kernel is not None:
+                assert torch.equal(kernel.view(torch.uint8), twin.view(torch.uint8))
+    z[3, 1] = float("nan")
+    assert _apply._twin_scale(z, 2.0, None) is None and _apply.scale_rows(z, temperature=2.0) is None
