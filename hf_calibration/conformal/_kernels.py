@@ -12,8 +12,9 @@ up to ``y``, less ``u p_y``, plus ``lambda max(r - k_reg, 0)``), computed from e
   (one pass) whose total mass exceeds ``q_hat``, a few classes unless the row is nearly flat; only they are sorted and
   scored. Every other class is ranked after all of them, so its score exceeds ``q_hat``.
 
-The probabilities are float64: ``exp`` by ``_vmath.exp_into`` (a few ulp from libm's or torch's), so a threshold agrees
-with the torch computation of ``scores.py`` to ~1e-15, not bit for bit. Rows are independent: they run in parallel
+The probabilities are float64: ``exp`` by ``_vmath.exp_into_exact`` (a few ulp from libm's or torch's), so a threshold
+agrees with the torch computation of ``scores.py`` to ~1e-15, not bit for bit. Until the kernels' compile has paid for
+itself, numpy twins compute the same scores and sets bit for bit (``_core.numpy_twin``; tested). Rows are independent: they run in parallel
 over chunks of rows (``hf_calibration._core.parallel``), the same numbers on any number of threads. Inputs are float32 or
 float64 logits (or probabilities, read as ``log(max(p, tiny))``), indexed by a row list so that a split of the
 calibration data needs no copy.
@@ -26,8 +27,9 @@ import math
 import numba
 import numpy as np
 
-from hf_calibration._core.parallel import parallel_kernel, run_pass
-from hf_calibration._core.vmath import exp_into, max_of, sum_of
+from hf_calibration._core.numpy_twin import NumpyTwin
+from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
+from hf_calibration._core.vmath import exp_into_exact, exp_numpy, max_of, sum_of
 
 __all__ = ["THR", "APS", "RAPS", "METHOD_CODES", "label_scores", "set_rows"]
 
@@ -39,7 +41,7 @@ CANDIDATE_MARGIN = 1e-9  # the candidates' mass exceeds q_hat by this much, beyo
 CHUNK_VALUES = 1 << 15  # values per parallel task
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+@numba.njit(cache=True, nogil=True)  # no FMA contraction: the numpy twin computes the same bits (``_twin_softmax``)
 def _softmax(row, from_probs, p, e, bits):  # pragma: no cover - compiled
     """``p = softmax(row)`` in float64 (of ``log(max(row, tiny))`` when ``from_probs``)."""
     k = row.shape[0]
@@ -52,7 +54,7 @@ def _softmax(row, from_probs, p, e, bits):  # pragma: no cover - compiled
     top = max_of(e)
     for j in range(k):
         e[j] = e[j] - top
-    exp_into(e, p, bits)
+    exp_into_exact(e, p, bits)
     total = sum_of(p)
     for j in range(k):
         p[j] = p[j] / total
@@ -200,6 +202,107 @@ def _sets(
                 covered[i] = target[labels[i]]
 
 
+# ------------------------------------------------------------------------------------------- the numpy twins
+_LOG_UFUNC = np.frompyfunc(math.log, 1, 1)  # libm's log, as the kernel's math.log (numpy's may be SIMD code)
+
+
+def _twin_softmax(x: np.ndarray, from_probs: bool) -> np.ndarray:
+    """``_softmax`` of every row of ``x`` in numpy: the same operations in the same order (the exact ``exp``, the four
+    lanes of ``sum_of``), so the same bits."""
+    e = x.astype(np.float64)
+    if from_probs:
+        e = _LOG_UFUNC(np.maximum(e, TINY)).astype(np.float64)
+    p = exp_numpy(e - e.max(axis=1, keepdims=True))
+    n, k = p.shape
+    lanes = np.add.reduce(p[:, : k - k % 4].reshape(n, k // 4, 4), axis=1, initial=0.0)  # a middle axis: in order
+    for j in range(k - k % 4, k):
+        lanes[:, 0] += p[:, j]
+    return p / ((lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3]))[:, None]
+
+
+def _ranked(p: np.ndarray):
+    """The stable descending order of each row (ties by class index, as ``_sorted_desc``) and the cumulated sums in it."""
+    order = np.argsort(-p, axis=1, kind="stable")
+    return order, np.cumsum(np.take_along_axis(p, order, axis=1), axis=1)
+
+
+def _ranked_scores(cums, ranks, k, p_ranked, method, u, k_reg, penalty):
+    """``_label_score``'s APS / RAPS score at 0-based ``ranks`` of ``k`` (cumulated mass capped at 1, exactly 1 at the
+    last)."""
+    c = np.where(ranks + 1 == k, 1.0, np.minimum(cums, 1.0))
+    score = c - u * p_ranked
+    if method == RAPS:
+        score = score + penalty * np.maximum((ranks + 1).astype(np.float64) - k_reg, 0.0)
+    return score
+
+
+def _twin_label_scores(z, rows, labels, from_probs, method, u, k_reg, penalty, scores, ranks):
+    """``_label_scores`` in numpy, the same bits."""
+    p = _twin_softmax(z[rows], from_probs)
+    n, k = p.shape
+    at = np.arange(n)
+    py = p[at, labels]
+    above = (p > py[:, None]) | ((p == py[:, None]) & (np.arange(k)[None, :] < labels[:, None]))
+    m = above.sum(axis=1)
+    ranks[:] = m + 1
+    if method == THR:
+        scores[:] = 1.0 - py
+        return
+    _, cums = _ranked(p)
+    scores[:] = _ranked_scores(cums[at, m], m, k, py, method, u if u.shape[0] else 0.0, k_reg, penalty)
+
+
+def _buckets(p: np.ndarray) -> np.ndarray:
+    """``_bucket`` of every value."""
+    exponent = np.frexp(p)[1]
+    return np.where(p <= 0.0, BUCKETS - 1, np.clip(1 - exponent, 0, BUCKETS - 1))
+
+
+def _twin_sets(z, rows, labels, from_probs, method, u, k_reg, penalty, q, allow_empty, out, sizes, covered):
+    """``_sets`` in numpy, the same bits (the candidates of APS / RAPS as the kernel finds them)."""
+    p = _twin_softmax(z[rows], from_probs)
+    n, k = p.shape
+    at = np.arange(n)
+    if method == THR:
+        inside = (1.0 - p) <= q
+    else:
+        buckets = _buckets(p)
+        mass = np.zeros((n, BUCKETS))
+        np.add.at(mass, (np.repeat(at, k), buckets.ravel()), p.ravel())  # class by class, as the kernel adds them
+        reached = np.cumsum(mass, axis=1) > q + CANDIDATE_MARGIN
+        last = np.where(reached.any(axis=1), np.argmax(reached, axis=1), BUCKETS - 1)
+        order, cums = _ranked(p)
+        p_ranked = np.take_along_axis(p, order, axis=1)
+        draws = u[:, None] if u.shape[0] else 0.0
+        score = _ranked_scores(cums, np.arange(k)[None, :], k, p_ranked, method, draws, k_reg, penalty)
+        in_ranked = (score <= q) & (np.take_along_axis(buckets, order, axis=1) <= last[:, None])
+        inside = np.zeros((n, k), dtype=np.bool_)
+        np.put_along_axis(inside, order, in_ranked, axis=1)
+    size = inside.sum(axis=1)
+    if not allow_empty:
+        empty = size == 0
+        inside[empty, np.argmax(p[empty], axis=1)] = True
+        size = np.maximum(size, 1)
+    sizes[:] = size
+    if out.shape[0]:
+        out[:] = inside
+    if labels.shape[0]:
+        covered[:] = inside[at, labels]
+
+
+_TWIN = NumpyTwin(
+    _label_scores, serial_twin(_label_scores), _sets, serial_twin(_sets), compile_seconds=4.5, seconds_per_value=2e-7
+)
+
+
+def _run(kernel, twin, size, *args) -> None:
+    """``kernel`` on the threads the load leaves, or (until its compile pays) its numpy twin."""
+    if _TWIN.use(size):
+        _TWIN.run(twin, *args)
+    else:
+        run_pass(kernel, size, *args)
+
+
 def _rows(z: np.ndarray, rows) -> np.ndarray:
     return np.arange(z.shape[0], dtype=np.int64) if rows is None else np.ascontiguousarray(rows, dtype=np.int64)
 
@@ -224,8 +327,9 @@ def label_scores(
     rows = _rows(z, rows)
     n = rows.shape[0]
     scores, ranks = np.empty(n), np.empty(n, dtype=np.int64)
-    run_pass(
+    _run(
         _label_scores,
+        _twin_label_scores,
         n * z.shape[1],
         z,
         rows,
@@ -264,8 +368,9 @@ def set_rows(
     sizes = np.empty(n, dtype=np.int64)
     labels_arr = np.zeros(0, np.int64) if labels is None else np.ascontiguousarray(labels, dtype=np.int64)
     covered = np.empty(n if labels is not None else 0, dtype=np.bool_)
-    run_pass(
+    _run(
         _sets,
+        _twin_sets,
         n * k,
         z,
         rows,

@@ -23,6 +23,7 @@ import numba
 import numpy as np
 
 from hf_calibration._core.bins import in_lowest_bin, uniform_bin, uniform_edges
+from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration.metrics._format import Inputs, check_rows
 from hf_calibration.metrics.bootstrap import Bootstrap
 
@@ -182,6 +183,35 @@ def _entry_sums(counts_t, position, where, values, out):  # pragma: no cover - c
             out[b] += abs(acc[b])
 
 
+def _twin_rows(preds, target, from_logits, edges, classwise, cells, scores):
+    """``_rows`` over every row in numpy (no bootstrap split): the same quantities, to rounding (the kernel's row sums
+    run in the CPU's SIMD order, which numpy does not reproduce; ~1e-16 relative)."""
+    n, k = preds.shape
+    n_bins = edges.shape[0] - 1
+    x = preds.astype(np.float64)
+    rows = np.arange(n)
+    if from_logits:
+        d = x - x.max(axis=1, keepdims=True)
+        p = np.where(d > _EXP_FLOOR, np.exp(np.maximum(d, _EXP_FLOOR)), 0.0)
+        s = p.sum(axis=1)
+        p /= s[:, None]
+        scores[:, 1] = -(d[rows, target] - np.log(s))
+    else:
+        p = x
+        with np.errstate(divide="ignore"):
+            scores[:, 1] = -np.log(p[rows, target])
+    scores[:, 0] = (p * p).sum(axis=1) - 2.0 * p[rows, target] + 1.0
+    if classwise:
+        signed = p.copy()
+        signed[rows, target] -= 1.0
+        bins = np.clip(np.searchsorted(edges, p, side="left") - 1, 0, n_bins - 1)  # uniform_bin's rule
+        flat = (np.arange(k) * n_bins)[None, :] + bins
+        cells += np.bincount(flat.ravel(), weights=signed.ravel(), minlength=k * n_bins).reshape(k, n_bins)
+
+
+_TWIN = NumpyTwin(_rows, compile_seconds=2.5, seconds_per_value=5e-8)
+
+
 def probability_rows(
     inputs: Inputs,
     n_bins: int = 15,
@@ -208,7 +238,10 @@ def probability_rows(
     cells = np.zeros((k, n_bins)) if classwise else np.zeros((0, 0))
     scores = np.empty((n, 2))
     step = max(_MIN_CHUNK_ROWS, min(_CHUNK_ELEMENTS // k, _CHUNK_ROWS))
-    if boot is None:
+    if boot is None and _TWIN.use(n * k):
+        _TWIN.run(_twin_rows, preds, target, from_logits, edges, classwise, cells, scores)
+        replicates = None
+    elif boot is None:
         _rows(
             preds,
             target,

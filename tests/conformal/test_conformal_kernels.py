@@ -95,3 +95,39 @@ def _fit_data():
     rng = np.random.default_rng(2)
     y = rng.integers(0, 8, 400)
     return 2 * rng.normal(size=(400, 8)) + 3 * np.eye(8)[y], y
+
+
+# ------------------------------------------------------------------------------------------------ the numpy twins
+@pytest.mark.parametrize("method", ["thr", "aps", "raps"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("from_probs", [False, True])
+def test_numpy_twins_are_the_kernels_bit_for_bit(method, dtype, from_probs):
+    """``_core.numpy_twin``: before the kernels' compile has paid, their numpy twins give the same scores, ranks, sets,
+    sizes and coverage to the bit (peaked, flat and tied rows; probabilities with exact zeros; a row subset; draws)."""
+    from hf_calibration._core.parallel import serial_twin
+    from hf_calibration.conformal import _kernels as kernels
+
+    code = kernels.METHOD_CODES[method]
+    for case, z in enumerate(_cases()):
+        x = z.astype(dtype)
+        if from_probs:
+            x = torch.softmax(torch.from_numpy(z), 1).numpy().astype(dtype)
+            x[:5, :3] = 0
+        rng = np.random.default_rng(case)
+        rows = rng.permutation(x.shape[0])[:200].astype(np.int64)
+        y = rng.integers(0, x.shape[1], rows.shape[0])
+        for u in (np.zeros(0), rng.random(rows.shape[0])):
+            args = (x, rows, y, from_probs, code, u, 2.0, 0.1 if method == "raps" else 0.0)
+            expected = (np.empty(200), np.empty(200, np.int64))
+            got = (np.empty(200), np.empty(200, np.int64))
+            serial_twin(kernels._label_scores)(*args, *expected)
+            kernels._twin_label_scores(*args, *got)
+            assert np.array_equal(expected[0], got[0]) and np.array_equal(expected[1], got[1])
+            for q in (0.0, 0.5, float(np.quantile(expected[0], 0.9)), 0.99):
+                for allow_empty in (False, True):
+                    sets = [
+                        (np.empty((200, x.shape[1]), bool), np.empty(200, np.int64), np.empty(200, bool)) for _ in "ab"
+                    ]
+                    serial_twin(kernels._sets)(*args, q, allow_empty, *sets[0])
+                    kernels._twin_sets(*args, q, allow_empty, *sets[1])
+                    assert all(np.array_equal(a, b) for a, b in zip(*sets))
