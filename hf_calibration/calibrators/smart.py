@@ -33,7 +33,7 @@ from hf_calibration.calibrators._fitting.rows import MappedRows
 from hf_calibration.calibrators._fitting.smart_step import (
     OBJECTIVE_CODES,
     ThreadCountChooser,
-    smart_loss_grad,
+    smart_step,
     workspace,
 )
 from hf_calibration.calibrators._forward import apply as _apply
@@ -222,7 +222,7 @@ class SMARTCalibrator(
             kw.get("delta", 0.0),
             self.eps,
         )
-        step = ThreadCountChooser(smart_loss_grad)
+        step = ThreadCountChooser(smart_step)
         result = adam_early_stopping(
             self._flat_parameters(),
             lambda x: step(x, *args, scratch, False),

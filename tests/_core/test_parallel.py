@@ -14,6 +14,7 @@ import torch
 
 from hf_calibration._core import finite, parallel, rowpass
 from hf_calibration.calibrators import create_calibrator
+from hf_calibration.calibrators._fitting import smart_step
 from hf_calibration.calibrators._forward import apply
 from hf_calibration.conformal import ConformalPredictor
 from hf_calibration.metrics import ece
@@ -43,6 +44,7 @@ def _recorded_passes(monkeypatch) -> list:
 
     monkeypatch.setattr(parallel, "run_threads", record)
     monkeypatch.setattr(apply, "run_threads", record)
+    monkeypatch.setattr(smart_step, "run_threads", record)
     monkeypatch.setattr(finite, "pass_threads", lambda size: 2)  # the finiteness scan through run_pass
     monkeypatch.setattr(rowpass, "PARALLEL_MIN_ELEMENTS", 0)  # the top-label pass of a small array in tasks too
     rng = np.random.default_rng(0)
@@ -51,8 +53,9 @@ def _recorded_passes(monkeypatch) -> list:
         for dtype in (np.float32, np.float64):
             y = rng.integers(0, 50, 600)
             z = (3 * rng.normal(size=(600, 50)) + 3 * np.eye(50)[y]).astype(dtype)
-            for method in ("temperature_scaling", "vector_scaling", "svs"):
-                fitted = create_calibrator(method).fit(z, y, progress_bar=False)
+            for method in ("temperature_scaling", "vector_scaling", "svs", "smart"):
+                options = {"max_steps": 3} if method == "smart" else {}  # each step's arguments are recorded
+                fitted = create_calibrator(method, **options).fit(z, y, progress_bar=False)
                 fitted(torch.from_numpy(z))
             predictor = ConformalPredictor("aps").fit(z[:300], y[:300], alpha=0.1)
             predictor.predict_sets(z[300:])
