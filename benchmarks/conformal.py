@@ -19,7 +19,8 @@ shared; our own code switches to one thread on CPU anyway).
 
 TorchCP does not install with a plain ``pip install torchcp`` here (its dependency torchsort fails to build in pip's
 isolated build); it was installed with ``pip install --no-deps torchcp torch_geometric`` and torchsort built with
-``pip install --no-build-isolation torchsort`` (CPU only), which is why it is not in the ``bench`` extra.
+``pip install --no-build-isolation torchsort`` (CPU only: with no ``nvcc`` on the ``PATH``, as its setup builds the
+CUDA extension whenever ``nvcc`` runs), which is why it is not in the ``bench`` extra.
 """
 
 from __future__ import annotations

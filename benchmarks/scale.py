@@ -539,6 +539,12 @@ def report() -> None:
         "- every row is one fresh process: time = best of up to 5 repeats after a warm-up on 400 rows (one run for calls "
         "over a second); peak = the process's high-water resident set above its resident set before the call (the "
         "input's own copy and the imports excluded). Synthetic ImageNet-like float32 logits (`benchmarks/_scale_data.py`).",
+        "- threads: each side as it comes, nothing set: torch (torchmetrics, probmetrics, TorchCP) and numba use both "
+        "cores (our passes take fewer when other processes load the machine: `_core/parallel.py`); ours measured in "
+        "the steady state, every kernel compiled and parallel from the warm-up on (`HF_CALIBRATION_COMPILE_SECONDS=0`, "
+        "`HF_CALIBRATION_PARALLEL_COMPILE_SECONDS=0`; `cold_start.py` measures the first calls).",
+        "- the grid, peers and conformal sections re-measured on one day (2026-11-29), each side in turn, on an "
+        "otherwise idle host.",
         "",
     ]
     lines += [
@@ -706,11 +712,12 @@ def report() -> None:
     lines += [
         "",
         _verdict(compared, misses, ">= 3x torchmetrics at every size that fits"),
-        "Why (where missed): at K = 10 a row is a handful of values, and our compiled pass works row by row (its "
-        "max, shift, row sum, the first index of the max, the bin: 68 ns a row on one thread, of which the exponentials "
-        "are now a fifth, taken 128 logits a call across rows) where torchmetrics' vectorised softmax / max / bucketize "
-        "run down whole columns. Below N = 10,000 every call takes under 3 ms, and what is compared is mostly each "
-        "library's fixed cost per call (our input checks and probability detection are a pass each).",
+        "Why (where missed): the compiled pass itself. A profile of 2,000 calls at 1,000 x 100 (233 us a call): the "
+        "pass 211 us (2.1 ns a logit: the row's max, the shift, the float32 exp, the row sum, the first index of the "
+        "max, the bin, row by row), the input boundary and the probability check 22 us; torchmetrics' whole call takes "
+        "about 180 us there (vectorised softmax / max / bucketize down whole columns). At K = 10 a row is a handful "
+        "of values, so the per-row work weighs more. Meeting 3x at these sizes needs a pass about 3x faster per logit, "
+        "not a lower fixed cost; from K = 1,000 (and at 1,000,000 x 10) the pass is ahead.",
         "",
     ]
 
@@ -744,9 +751,11 @@ def report() -> None:
     lines += [
         "",
         _verdict(compared, misses, ">= 2x probmetrics"),
-        "Why (where missed): at K = 10 and N <= 10,000 a fit takes milliseconds, and ours spends a fixed part of it on "
-        "what probmetrics does not do (the input checks, the fit-set report of accuracy and ECE before / after, the "
-        "check for classes left uncalibrated). SMS at N = 1,000 (1.0-1.9x) was not looked into.",
+        "Why (where missed): at N <= 10,000 a fit takes milliseconds. A profile of 50 SVS fits at 1,000 x 10 (6.7 ms "
+        "a fit): torch's LBFGS with its strong-Wolfe line search 4.0 ms (7 evaluations a fit, 2.2 ms of them in our "
+        "compiled passes), the temperature-scaling pre-fit, the input checks and the fit-set report (accuracy and ECE "
+        "before / after) the rest; probmetrics fits the same model in about 7 ms. SMS at N <= 10,000 spends most of "
+        "its time in the K x K products and LBFGS's steps, as probmetrics does; ours is 1.3-2.6x there.",
         "",
     ]
 
@@ -785,8 +794,9 @@ def report() -> None:
         _verdict(compared, misses, "at least as fast as TorchCP"),
         "Why (where missed): our scores are float64 (exact ties at the threshold; TorchCP's are float32), and a fit "
         "also builds the calibration set's own sets for its record (`fit_info_` coverage and mean set size), a second "
-        "pass over the logits; RAPS's label score sorts the classes ranked above each label. THR predict at "
-        "5,000 x 100 (0.97x) is within the run-to-run spread of a 2 ms call.",
+        "pass over the logits (the coverage could come from the scores; the mean set size needs the sets); RAPS's "
+        "label score sorts the classes ranked above each label. THR at 5,000 x 100 (fit 1.6 ms, predict 1.2 ms) is "
+        "mostly fixed cost: the input checks and the float64 softmax of every row.",
         "",
     ]
 

@@ -230,11 +230,18 @@ def _scale(
 
 
 def _twin_scale(z: torch.Tensor, temperature: float | None, out: torch.Tensor | None) -> torch.Tensor | None:
-    """``scale_rows`` for one temperature in torch: the kernel's own operations (``torch.div`` rounds correctly, as the
-    kernel's division; the argmax guard's one ulp up), so the same bits; None where the kernel returns None."""
+    """``scale_rows`` for one temperature in torch: the kernel's own operations, so the same bits; None where the
+    kernel returns None."""
     if not bool(torch.isfinite(z).all()):
         return None
-    result = torch.div(z, torch.tensor(1.0 if temperature is None else temperature, dtype=z.dtype), out=out)
+    return divide_rows(z, torch.tensor(1.0 if temperature is None else temperature, dtype=z.dtype), out)
+
+
+def divide_rows(z: torch.Tensor, temperature: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor | None:
+    """``z / T`` for finite ``z`` and ``T`` in ``z``'s dtype (a scalar, or (N, 1)), as the kernel divides: ``torch.div``
+    rounds correctly, and a winner that rounding merged with an earlier entry goes one ulp up; None if a row
+    overflows (the kernel's answer too)."""
+    result = torch.div(z, temperature, out=out)
     if not bool(torch.isfinite(result).all()):
         return None
     top = z.argmax(dim=1)

@@ -215,3 +215,17 @@ def test_scale_twin_is_the_kernel_bit_for_bit(dtype):
                 assert torch.equal(kernel.view(torch.uint8), twin.view(torch.uint8))
     z[3, 1] = float("nan")
     assert _apply._twin_scale(z, 2.0, None) is None and _apply.scale_rows(z, temperature=2.0) is None
+
+
+def test_smart_forward_twin_is_the_kernel_for_float32(fitted):
+    """SMART's float32 forward before the kernel's compile pays: its temperatures (float64, then float32) and the
+    division give the kernel's bits (a float64 ulp apart on the two sides can round apart: one row in ~1e9)."""
+    smart = fitted["smart"]
+    rng = np.random.default_rng(11)
+    z = torch.from_numpy(4 * rng.normal(size=(20_000, 10))).float()
+    z[0, :3] = z[0].max()
+    kernel = _apply.scale_rows(z, smart_mlp=smart._mlp_arrays())
+    twin = smart._forward_twin(z, None)
+    assert torch.equal(kernel.view(torch.int32), twin.view(torch.int32))
+    z[5, 2] = float("inf")
+    assert smart._forward_twin(z, None) is None and _apply.scale_rows(z, smart_mlp=smart._mlp_arrays()) is None
