@@ -46,7 +46,7 @@ def _uniform_bins(values, edges, out):  # pragma: no cover - compiled
         out[i] = uniform_bin(values[i], edges)
 
 
-_TWIN = NumpyTwin(_uniform_bins, compile_seconds=0.07, seconds_per_value=2e-8)
+_TWIN = NumpyTwin(_uniform_bins, compile_seconds=0.2, seconds_per_value=2e-8)
 
 
 def uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
