@@ -1,5 +1,6 @@
-"""The numpy twin of the probability pass (classwise ECE's sums, each row's Brier and NLL terms): the kernel's numbers
-to rounding (the kernel sums rows in the CPU's SIMD order, which numpy does not reproduce)."""
+"""The metrics' numpy twins (``_core.numpy_twin``) against their kernels: the probability pass (classwise ECE's sums,
+each row's Brier and NLL terms) to rounding (the kernel sums rows in the CPU's SIMD order, which numpy does not
+reproduce); smECE's deposit and the exact smCE sweep bit for bit."""
 
 from __future__ import annotations
 
@@ -53,3 +54,16 @@ def test_smooth_deposit_twin_is_the_kernel_bit_for_bit():
     assert np.array_equal(
         smooth._deposit(idx, frac, residual, counts, m), smooth._twin_deposit(idx, frac, residual, counts, m)
     )
+
+
+@pytest.mark.parametrize("n", [1, 2, 1000, 5000])
+def test_smce_sweep_twin_is_the_kernel_bit_for_bit(n):
+    """The exact smCE sweep run as Python (its own source) gives the kernel's optimum and move count, ties and the
+    move budget's early stop included."""
+    from hf_calibration.metrics import smooth
+
+    rng = np.random.default_rng(n)
+    for p in (np.sort(rng.random(n)), np.sort(np.round(rng.random(n), 2))):
+        r = (rng.random(n) < p).astype(np.float64) - p
+        for budget in (32 * n + 100_000, 3):
+            assert smooth._smce_sweep(p, r, budget) == smooth._smce_sweep.py_func(p, r, budget)
