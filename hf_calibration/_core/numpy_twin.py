@@ -67,13 +67,18 @@ class NumpyTwin:
         self.seconds_per_value = seconds_per_value
         self.spent = 0.0
         self._kernel_ready = False
+        self._disk_checked = False
         _ALL.append(self)
 
     def use(self, values: int) -> bool:
         """Whether a call over ``values`` input values runs the twin (module docstring)."""
         if self._kernel_ready:
             return False
-        if any(cached_for_this_machine(kernel) for kernel in self.kernels):
+        if self._disk_checked:  # later: only a compile in this process (numba's index read once a twin)
+            ready = any(kernel.overloads for kernel in self.kernels)
+        else:
+            ready, self._disk_checked = any(cached_for_this_machine(kernel) for kernel in self.kernels), True
+        if ready:
             self._kernel_ready = True
             return False
         if self.budget <= 0 or self.spent + values * self.seconds_per_value > self.budget:

@@ -35,7 +35,7 @@ from hf_calibration._core.bins import uniform_bin, uniform_edges
 from hf_calibration._core.checks import PROBABILITY_DETECTION_TOLERANCE
 from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
-from hf_calibration._core.vmath import exp_f32_numpy, exp_into_f32
+from hf_calibration._core.vmath import exp_f32_numpy, exp_into_f32, libm_exp, sum_of_rows_numpy
 
 __all__ = ["TopLabel", "raise_row_error", "top_label", "top_label_pass"]
 
@@ -330,15 +330,6 @@ def _pass(x, offset, target, from_logits, edges, conf, pred, sums, parallel):
     return _serial(x, offset, target, from_logits, PROBABILITY_DETECTION_TOLERANCE, edges, conf, pred, sums, group)
 
 
-def _libm_exp_numpy(x: np.ndarray) -> np.ndarray:
-    """libm's ``exp`` of each value (``math.exp``, which the float64 kernel calls too; numpy's own float64 ``exp`` may
-    be SIMD code an ulp away)."""
-    return _EXP_UFUNC(x).astype(np.float64)
-
-
-_EXP_UFUNC = np.frompyfunc(math.exp, 1, 1)
-
-
 def _twin_rows(x, from_logits):
     """The numpy twin of ``_rows`` over every row of ``x``: ``(confidence, prediction, first bad row or -1, its
     kind)``; the same
@@ -348,15 +339,10 @@ def _twin_rows(x, from_logits):
         if from_logits:
             shifted = x - top[:, None]
             if x.dtype == np.float32:
-                e = exp_f32_numpy(shifted).astype(np.float64)
-                k = x.shape[1]
-                # _float32_sum: four float64 lanes, each added in order (a reduction over a middle axis runs in order)
-                lanes = np.add.reduce(e[:, : k - k % 4].reshape(x.shape[0], k // 4, 4), axis=1, initial=0.0)
-                for j in range(k - k % 4, k):
-                    lanes[:, 0] += e[:, j]
-                total = (lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3])
+                # _float32_sum has sum_of's four float64 lanes
+                total = sum_of_rows_numpy(exp_f32_numpy(shifted).astype(np.float64))
             else:
-                total = _libm_exp_numpy(shifted).sum(axis=1)  # numpy's pairwise sum of each row, as _pairwise
+                total = libm_exp(shifted).sum(axis=1)  # numpy's pairwise sum of each row, as _pairwise
             bad = ~np.isfinite(x).all(axis=1)  # a row of finite logits has a finite sum in [1, K]
             kind = np.full(x.shape[0], NOT_FINITE)
             confidence = 1.0 / total

@@ -199,6 +199,32 @@ def max_of(x):  # pragma: no cover - compiled
     return max(max(m0, m1), max(m2, m3))
 
 
+_LIBM_EXP = np.frompyfunc(math.exp, 1, 1)
+_LIBM_LOG = np.frompyfunc(math.log, 1, 1)
+
+
+def libm_exp(x: np.ndarray) -> np.ndarray:
+    """libm's ``exp`` of every value, float64: what a kernel's ``math.exp`` computes (numpy's own ``exp`` may be SIMD
+    code an ulp away). A Python call a value: for the numpy twins of small inputs."""
+    return _LIBM_EXP(x).astype(np.float64)
+
+
+def libm_log(x: np.ndarray) -> np.ndarray:
+    """libm's ``log`` of every value, float64 (as ``libm_exp``)."""
+    return _LIBM_LOG(x).astype(np.float64)
+
+
+def sum_of_rows_numpy(values: np.ndarray) -> np.ndarray:
+    """:func:`sum_of` of every row of the (N, K) float64 ``values`` in numpy: the same four lanes, each added in order
+    (a reduction over a middle axis runs in order), the tail in the first, then ``(s0 + s1) + (s2 + s3)``: the same
+    bits."""
+    n, k = values.shape
+    lanes = np.add.reduce(values[:, : k - k % 4].reshape(n, k // 4, 4), axis=1, initial=0.0)
+    for j in range(k - k % 4, k):
+        lanes[:, 0] += values[:, j]
+    return (lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3])
+
+
 @numba.njit(cache=True, fastmath=False)
 def sum_of(x):  # pragma: no cover - compiled
     """``sum(x)`` in four interleaved partial sums, added in a fixed order (so the result does not depend on the

@@ -29,7 +29,7 @@ import numpy as np
 
 from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
-from hf_calibration._core.vmath import exp_into_exact, exp_numpy, max_of, sum_of
+from hf_calibration._core.vmath import exp_into_exact, exp_numpy, libm_log, max_of, sum_of, sum_of_rows_numpy
 
 __all__ = ["THR", "APS", "RAPS", "METHOD_CODES", "label_scores", "set_rows"]
 
@@ -203,21 +203,14 @@ def _sets(
 
 
 # ------------------------------------------------------------------------------------------- the numpy twins
-_LOG_UFUNC = np.frompyfunc(math.log, 1, 1)  # libm's log, as the kernel's math.log (numpy's may be SIMD code)
-
-
 def _twin_softmax(x: np.ndarray, from_probs: bool) -> np.ndarray:
     """``_softmax`` of every row of ``x`` in numpy: the same operations in the same order (the exact ``exp``, the four
     lanes of ``sum_of``), so the same bits."""
     e = x.astype(np.float64)
     if from_probs:
-        e = _LOG_UFUNC(np.maximum(e, TINY)).astype(np.float64)
+        e = libm_log(np.maximum(e, TINY))
     p = exp_numpy(e - e.max(axis=1, keepdims=True))
-    n, k = p.shape
-    lanes = np.add.reduce(p[:, : k - k % 4].reshape(n, k // 4, 4), axis=1, initial=0.0)  # a middle axis: in order
-    for j in range(k - k % 4, k):
-        lanes[:, 0] += p[:, j]
-    return p / ((lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3]))[:, None]
+    return p / sum_of_rows_numpy(p)[:, None]
 
 
 def _ranked(p: np.ndarray):

@@ -25,7 +25,7 @@ import torch
 
 from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
-from hf_calibration._core.vmath import exp_into, exp_into_exact, exp_numpy, max_of
+from hf_calibration._core.vmath import exp_into, exp_into_exact, exp_numpy, libm_log, max_of, sum_of_rows_numpy
 from hf_calibration.calibrators.objectives import ScaledStats
 
 LOG2_BETA_MIN = -8  # T = 256
@@ -210,22 +210,9 @@ def _nll_derivatives_parallel(z, labels, beta, rows_per_chunk):  # pragma: no co
     return out
 
 
-def _lanes(values: np.ndarray) -> np.ndarray:
-    """The kernel's four interleaved lanes of each row of ``values`` (N, K), each added in order from 0 (a reduction
-    over a middle axis runs in order), the tail added to the first lane: (N, 4)."""
-    n, k = values.shape
-    lanes = np.add.reduce(values[:, : k - k % 4].reshape(n, k // 4, 4), axis=1, initial=0.0)
-    for j in range(k - k % 4, k):
-        lanes[:, 0] += values[:, j]
-    return lanes
-
-
 def _sequential_sum(values: np.ndarray) -> float:
     """``values[0] + values[1] + ...`` in order, as the kernel's running sum (numpy's ``sum`` is pairwise)."""
     return float(np.cumsum(values)[-1]) if values.shape[0] else 0.0
-
-
-_LOG_UFUNC = np.frompyfunc(math.log, 1, 1)  # libm's log, as the kernel's math.log (numpy's may be SIMD code)
 
 
 def _twin_nll_derivatives(z, labels, beta, rows_per_chunk):
@@ -235,19 +222,12 @@ def _twin_nll_derivatives(z, labels, beta, rows_per_chunk):
     gaps = top[:, None] - z.astype(np.float64)
     e = exp_numpy(-beta * gaps)
     weighted = e * gaps
-    a = _lanes(e)
-    b = _lanes(weighted)
-    c = _lanes(weighted * gaps)
-    s0, s1, s2 = (
-        (a[:, 0] + a[:, 1]) + (a[:, 2] + a[:, 3]),
-        (b[:, 0] + b[:, 1]) + (b[:, 2] + b[:, 3]),
-        (c[:, 0] + c[:, 1]) + (c[:, 2] + c[:, 3]),
-    )
+    s0, s1, s2 = (sum_of_rows_numpy(v) for v in (e, weighted, weighted * gaps))  # the kernel's four lanes each
     mean = s1 / s0
     gap_true = top - z[np.arange(n), labels].astype(np.float64)
     rows = np.stack(
         [
-            beta * gap_true + _LOG_UFUNC(s0).astype(np.float64),
+            beta * gap_true + libm_log(s0),
             gap_true - mean,
             np.maximum(s2 / s0 - mean * mean, 0.0),
         ]
