@@ -45,6 +45,7 @@ __all__ = [
 CONFIG_KEY = "maccal_head"
 MODEL_TYPE = "hf_calibration_maccal"
 _SPEC_KEYS = ("path", "in_features", "hidden", "num_labels")
+_AUTO_PRIVATE_KWARGS = ("_from_auto", "_commit_hash")
 _HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "revision", "local_files_only", "subfolder")
 
 
@@ -131,7 +132,11 @@ def maccal_config_class(base: type) -> type:
                 "__doc__": maccal_config_class.__doc__,
             },
         )
-        AutoModelForImageClassification.register(cls, MaCCalForImageClassification, exist_ok=True)
+        # one model class per config class: the Auto classes read (and on `register` check) its `config_class`
+        model_cls = type(
+            f"{cls.__name__}ForImageClassification", (MaCCalForImageClassification,), {"config_class": cls}
+        )
+        AutoModelForImageClassification.register(cls, model_cls, exist_ok=True)
         _CONFIG_CLASSES[base] = cls
     return cls
 
@@ -173,6 +178,10 @@ class MaCCalForImageClassification:
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):
         if model_args:
             raise TypeError(f"Expected no positional model arguments for a MaC-Cal checkpoint, but got {model_args!r}.")
+        # The Auto class's own bookkeeping: the backbone is loaded through the Auto class again, which adds it anew
+        # (transformers >= 5.25 passes `_from_auto` in its kwargs and refuses it twice).
+        for private in _AUTO_PRIVATE_KWARGS:
+            kwargs.pop(private, None)
         return load_maccal_model(pretrained_model_name_or_path, config=config, **kwargs)
 
     @classmethod
