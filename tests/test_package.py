@@ -92,3 +92,29 @@ def test_module_paths_of_earlier_releases_still_import(old, new):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert f"`{old}` moved to `{new}`" in out.stdout
+
+
+def test_ci_lowest_versions_are_pyprojects_lower_bounds():
+    """CI's second virtualenv installs .ci/lowest.txt: each pin must be the lower bound pyproject declares (issue 50)."""
+    import re
+
+    import tomllib
+
+    root = PACKAGE.parent
+    bounds = {}
+    for dep in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)(,<.*)?", dep)
+        if m:
+            bounds[m.group(1).lower()] = m.group(2)
+    pins = {}
+    for line in (root / ".ci" / "lowest.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.lower()] = version
+    assert {"torch", "transformers", "datasets", "accelerate", "timm", "huggingface-hub"} <= set(pins)
+    for name, version in pins.items():
+        # "5.0" declared is "5.0.0" pinned: compare release tuples padded with zeros
+        declared = [int(x) for x in bounds[name].split(".")]
+        pinned = [int(x) for x in version.split(".")]
+        width = max(len(declared), len(pinned))
+        assert declared + [0] * (width - len(declared)) == pinned + [0] * (width - len(pinned)), (name, version)
