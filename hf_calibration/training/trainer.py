@@ -200,6 +200,10 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
         trainer.train()
     """
 
+    # private Trainer methods overridden below; a transformers release without one would skip the override silently
+    # (the gate unclipped, a checkpoint's loss state not restored): refuse it instead
+    _OVERRIDDEN = ("_clip_grad_norm", "_load_from_checkpoint", "_load_best_model", "_issue_warnings_after_load")
+
     def __init__(
         self,
         *args: Any,
@@ -213,6 +217,15 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
         endpoint_handler: bool | str = False,
         **kwargs: Any,
     ):
+        missing = [name for name in self._OVERRIDDEN if not hasattr(Trainer, name)]
+        if missing:
+            import transformers
+
+            raise ImportError(
+                f"CalibrationTrainer overrides Trainer.{', Trainer.'.join(missing)}, which transformers "
+                f"{transformers.__version__} does not have: install the transformers range hf-calibration declares "
+                "(pip install -U hf-calibration)."
+            )
         if compute_loss is not None and compute_loss_func is not None:
             raise TypeError(
                 "Expected one of the arguments `compute_loss` and `compute_loss_func` (the same loss under two names), "

@@ -273,6 +273,15 @@ def test_max_grad_norm_clips_model_and_gate_together(tmp_path):
     assert model_clipped == pytest.approx(model_raw * scale, rel=1e-4)
 
 
+@pytest.mark.parametrize("private", CalibrationTrainer._OVERRIDDEN)
+def test_a_transformers_without_an_overridden_private_method_is_refused(tmp_path, monkeypatch, private):
+    """Issue 50: transformers 5.2 had no ``Trainer._clip_grad_norm``, so the override that clips the gate with the model
+    was never called and the gate went unclipped, silently; such a release is refused by name."""
+    monkeypatch.delattr(Trainer, private)
+    with pytest.raises(ImportError, match=f"Trainer.{private}.*transformers"):
+        CalibrationTrainer(model=make_model("vit", seed=0), args=_args(tmp_path), compute_loss_func=_loss("ls"))
+
+
 def test_user_optimizer_without_loss_parameters_warns(tmp_path, caplog):
     model, loss = make_model("vit", seed=0), _loss("fedlas_ls")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
