@@ -137,26 +137,46 @@ def fit_on_perturbed(
     """Fit ``method`` (any registered softmax calibrator) on the union of the logits of every perturbation level (each
     an (N, K) array of the same N held-out images, ``labels`` theirs) and record ``recipe`` in ``fit_info_["shift_fit"]``,
     with what the fit costs on the unperturbed level (``recipe["strengths"]`` 0, when there is one: see the module
-    docstring)."""
+    docstring). ``recipe["strengths"]`` and ``recipe["levels"]``, when given, describe one level each of ``logits``:
+    another count raises ``ValueError``, as levels of different shapes do."""
     return _fit_on_perturbed(logits, labels, method, recipe, progress_bar, calibrator_kwargs, stacklevel=3)
 
 
 def _fit_on_perturbed(logits, labels, method, recipe, progress_bar, calibrator_kwargs, *, stacklevel: int):
+    from hf_calibration._core.checks import check_classification_shapes
     from hf_calibration.calibrators import create_calibrator
 
     if not logits:
         raise ValueError("Expected `logits` of at least one perturbation level, but got none.")
-    union = np.concatenate([np.asarray(z) for z in logits])
-    union_labels = np.tile(np.asarray(labels), len(logits))
+    levels, labels = [np.asarray(z) for z in logits], np.asarray(labels)
+    for i, z in enumerate(levels):
+        check_classification_shapes(z, labels, f"logits[{i}]", "labels")
+        if z.shape[1] != levels[0].shape[1]:
+            raise ValueError(
+                f"Expected every level of `logits` to have the same K classes, but logits[0] has K = "
+                f"{levels[0].shape[1]} and logits[{i}] K = {z.shape[1]}."
+            )
+    described = {
+        "strengths": len(recipe["strengths"]) if "strengths" in recipe else None,
+        "levels": recipe.get("levels"),
+    }
+    for key, count in described.items():
+        if count is not None and count != len(levels):
+            raise ValueError(
+                f"Expected argument `recipe` to describe the {len(levels)} levels of `logits`, but its {key!r} "
+                f"gives {count}."
+            )
+    union = np.concatenate(levels)
+    union_labels = np.tile(labels, len(levels))
     calibrator = create_calibrator(method, **calibrator_kwargs)
     if getattr(calibrator, "_sigmoid_head", False):
         raise ValueError(f"Expected a softmax calibrator for fit_for_shift, but {method!r} calibrates a sigmoid head.")
     calibrator.fit(union, union_labels, from_logits=True, progress_bar=progress_bar)
     strengths = list(recipe.get("strengths", []))
     clean_ece = clean_only_ece = None
-    if 0.0 in strengths and len(strengths) == len(logits):
-        clean = np.asarray(logits[strengths.index(0.0)])
-        clean_ece, clean_only_ece = _clean_tradeoff(calibrator, clean, np.asarray(labels), method, **calibrator_kwargs)
+    if 0.0 in strengths:
+        clean = levels[strengths.index(0.0)]
+        clean_ece, clean_only_ece = _clean_tradeoff(calibrator, clean, labels, method, **calibrator_kwargs)
     calibrator.fit_info_["shift_fit"] = {
         "reference": TOMANI_REFERENCE,
         "num_images": int(len(labels)),

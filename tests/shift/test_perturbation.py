@@ -90,6 +90,22 @@ def test_fit_on_perturbed_is_the_fit_on_the_union_with_the_recipe():
         fit_on_perturbed(levels, y, "platt", recipe=recipe)
 
 
+def test_fit_on_perturbed_refuses_levels_its_recipe_does_not_describe():
+    """Levels of different K raised numpy's own concatenate error; a fourth level beside a recipe of three was fitted,
+    the recipe recorded as given and `clean_ece` silently None."""
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 4, 100)
+    recipe = {"perturbation": "gaussian_noise", "strengths": [0.0, 0.2, 0.4], "seed": 0, "accuracies": [], "levels": 3}
+    with pytest.raises(ValueError, match=r"same K classes, but logits\[0\] has K = 4 and logits\[2\] K = 5"):
+        fit_on_perturbed([rng.normal(size=(100, 4))] * 2 + [rng.normal(size=(100, 5))], y, recipe=recipe)
+    with pytest.raises(ValueError, match=r"`logits\[1\]` and `labels` to have the same number of samples"):
+        fit_on_perturbed([rng.normal(size=(100, 4)), rng.normal(size=(90, 4))], y, recipe={})
+    with pytest.raises(ValueError, match=r"`recipe` to describe the 4 levels of `logits`, but its 'strengths' gives 3"):
+        fit_on_perturbed([rng.normal(size=(100, 4))] * 4, y, recipe=recipe)
+    with pytest.raises(ValueError, match=r"`recipe` to describe the 3 levels of `logits`, but its 'levels' gives 2"):
+        fit_on_perturbed([rng.normal(size=(100, 4))] * 3, y, recipe={**recipe, "levels": 2})
+
+
 def test_what_fitting_for_shift_costs_on_clean_data_is_measured_and_warned():
     """Clean logits drawn calibrated (labels from their own softmax) and two levels of pure noise (labels unrelated):
     the union's one temperature is far too high for the clean level. The recorded clean ECEs are checked against
