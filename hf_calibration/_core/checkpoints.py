@@ -467,7 +467,7 @@ def settings_metadata(settings: dict[str, Any]) -> str:
 
 
 def first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:
-    """The first key path at which two JSON values differ (None: equal)."""
+    """The first key path at which two JSON values differ (None: equal; NaN equals NaN)."""
     if isinstance(saved, dict) and isinstance(loaded, dict):
         for key in sorted(set(saved) | set(loaded)):
             where = f"{path}.{key}" if path else str(key)
@@ -477,7 +477,8 @@ def first_difference(saved: Any, loaded: Any, path: str = "") -> str | None:
             if found is not None:
                 return found
         return None
-    return None if saved == loaded else path
+    both_nan = isinstance(saved, float) and isinstance(loaded, float) and saved != saved and loaded != loaded
+    return None if saved == loaded or both_nan else path  # a NaN of a fit record reads back as NaN, never equal to it
 
 
 def check_settings(metadata: dict[str, str], settings: dict[str, Any], where: str, what: str) -> None:

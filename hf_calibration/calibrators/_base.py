@@ -692,8 +692,11 @@ class Calibrator(
         named on its card) records the method, the estimate, the temperature and the number of samples; it saves,
         loads, attaches and exports like any calibrator. Adapting an adapted copy starts again from the fitted map.
 
+        At least ``MIN_SAMPLES`` (10) rows are needed (``ValueError``); a temperature that ends at its search range's
+        bound (1e-3 or 1e3: the estimate cannot be reached, as when every row is above the threshold or none is) warns.
+
         Args:
-            unlabeled_logits: ``(N, K)`` logits (or probabilities) of deployment inputs; no labels.
+            unlabeled_logits: ``(N, K)`` logits (or probabilities) of deployment inputs, N >= 10; no labels.
             from_logits: their kind; None reads them as the kind the fit recorded.
             source: ``(logits, labels)`` of labelled source data for the threshold, when the fit predates the threshold
                 being recorded (``fit_info_["atc_threshold"]``); by default the fit set's.
@@ -727,11 +730,26 @@ class Calibrator(
                     "fit did not record the ATC threshold (it was fitted by an earlier version)."
                 )
         z = self._check_logits(unlabeled_logits)
+        if z.shape[0] < atc.MIN_SAMPLES:
+            raise ValueError(
+                f"Expected at least {atc.MIN_SAMPLES} rows in `unlabeled_logits` to adapt {type(self).__name__}, but got "
+                f"{z.shape[0]}: ATC's accuracy estimate is the share of those rows above a threshold."
+            )
         with torch.no_grad():
             calibrated = self._forward_calibrated(z, from_logits).double().cpu()
         confidence = torch.softmax(calibrated, dim=1).amax(dim=1).numpy()
         estimate = atc.estimated_accuracy(confidence, threshold)
         temperature = atc.temperature_for_mean_confidence(calibrated, estimate)
+        if atc.temperature_at_bound(temperature):
+            warnings.warn(
+                f"adapt(): ATC estimated an accuracy of {estimate:.3f} on these {z.shape[0]} rows (their mean calibrated "
+                f"confidence: {float(confidence.mean()):.3f}), which no temperature in [1e-3, 1e3] reaches; the temperature "
+                f"stopped at its bound, T = {temperature:.4g}, and the adapted confidences are pushed towards "
+                f"{'uniform' if temperature > 1 else 'one-hot'}. Adapt on more rows of the deployment data, or keep the "
+                "fitted calibrator.",
+                UserWarning,
+                stacklevel=2,
+            )
         adapted = copy.deepcopy(self)
         adapted.__dict__["_attached_to"] = None
         adapted.fit_info_ = {

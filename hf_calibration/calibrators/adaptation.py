@@ -22,13 +22,23 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["ATC_REFERENCE", "atc_threshold", "estimated_accuracy", "temperature_for_mean_confidence"]
+__all__ = [
+    "ATC_REFERENCE",
+    "MIN_SAMPLES",
+    "atc_threshold",
+    "estimated_accuracy",
+    "temperature_at_bound",
+    "temperature_for_mean_confidence",
+]
 
 ATC_REFERENCE = (
     "S. Garg, S. Balakrishnan, Z. C. Lipton, B. Neyshabur, H. Sedghi, Leveraging Unlabeled Data to Predict "
     "Out-of-Distribution Performance, ICLR 2022 (ATC-MC)"
 )
 _LOG_T_RANGE = (math.log(1e-3), math.log(1e3))
+# the fewest unlabelled rows adapt() takes: as TemperatureScaling's fit (one temperature); ATC's estimate is a share of
+# the rows, so on 1 or 2 rows it can only be 0, 0.5 or 1, and the temperature that matches 0 or 1 lies at a bound
+MIN_SAMPLES = 10
 
 
 def _confidence(logits: torch.Tensor) -> np.ndarray:
@@ -67,3 +77,11 @@ def temperature_for_mean_confidence(logits: torch.Tensor, target: float) -> floa
         else:
             hi = mid
     return math.exp((lo + hi) / 2)
+
+
+def temperature_at_bound(temperature: float) -> bool:
+    """Whether a temperature of :func:`temperature_for_mean_confidence` ended at its search range's end (1e-3 or 1e3):
+    no temperature in the range gives the target mean confidence (an estimate of 0 or 1, or logits too flat or too
+    peaked to reach it), so the confidences it gives are pushed to uniform or one-hot."""
+    log_t = math.log(temperature)
+    return not (_LOG_T_RANGE[0] + 1e-6 < log_t < _LOG_T_RANGE[1] - 1e-6)

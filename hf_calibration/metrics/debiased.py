@@ -279,6 +279,11 @@ def debiased_ece(
         the estimate, a fraction (the L1 form can fall below 0 on a well-calibrated model: it is
         unbiased, not clipped); with ``ci``, a :class:`~hf_calibration.metrics.MetricInterval`.
 
+    Warns:
+        UserWarning: for the L2 error (``p=2``) with equal-mass bins when N < 2 · ``n_bins``: some bins then hold one
+        sample, which the estimator counts as 0 (as the reference), so it reads low, and 0 at N <= ``n_bins`` even for
+        a model confidently wrong on every sample. Use ``n_bins <= N // 2``, or ``p=1``.
+
     Example:
         >>> import numpy as np
         >>> probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.35, 0.65]])  # all four right
@@ -305,6 +310,16 @@ def debiased_ece(
     inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
     rng = np.random.RandomState(mc_seed) if mc_samples is not None else None
     n = inputs.preds.shape[0]
+    if p == 2 and binning == "equal_mass" and n < 2 * n_bins:
+        import warnings
+
+        warnings.warn(
+            f"debiased_ece: N = {n} samples in n_bins = {n_bins} equal-mass bins leaves bins of one sample, which the L2 "
+            "estimator counts as 0 (one label has no variance to estimate), as the reference does: the estimate reads "
+            f"low, and 0 whenever N <= n_bins however miscalibrated the model. Use n_bins <= N // 2 ({n // 2}), or p=1.",
+            UserWarning,
+            stacklevel=2,
+        )
 
     if mode == "top-label":
         top = top_label(inputs)

@@ -57,9 +57,22 @@ class ShiftTradeoffWarning(UserWarning):
 
 
 def perturb(images: np.ndarray, strength: float, *, seed: int = 0, offset: int = 0) -> np.ndarray:
-    """``images`` (uint8, (N, H, W, C) or (N, H, W)) with Gaussian noise of standard deviation ``strength`` (in units of
-    the [0, 1] pixel range) added and clipped; image ``i`` draws its noise from the seed ``(seed, offset + i)``, the same
-    noise at every strength (so the accuracy falls monotonically with it)."""
+    """``images`` ((N, H, W, C) or (N, H, W): uint8 or uint16 pixels over their whole range, or floats in [0, 1]) with
+    Gaussian noise of standard deviation ``strength`` (in units of that range) added and clipped, in their own dtype;
+    image ``i`` draws its noise from the seed ``(seed, offset + i)``, the same noise at every strength (so the accuracy
+    falls monotonically with it). Other dtypes raise ``TypeError``, floats outside [0, 1] (or NaN) ``ValueError``."""
+    from hf_calibration._core.checks import check_float
+
+    strength = check_float(strength, "strength", minimum=0.0)
+    images = np.asarray(images)
+    if images.dtype.kind == "f":
+        if images.size and not (images.min() >= 0 and images.max() <= 1):
+            raise ValueError(
+                "Expected `images` of a float dtype to hold pixels in [0, 1], but they range over "
+                f"[{images.min()}, {images.max()}]: scale them to [0, 1] (or pass uint8 pixels)."
+            )
+    elif images.dtype not in (np.uint8, np.uint16):
+        raise TypeError(f"Expected `images` to be uint8, uint16 or float pixels in [0, 1], but got {images.dtype}.")
     return (
         np.stack([_noisy(images[i], strength, (seed, offset + i)) for i in range(images.shape[0])])
         if len(images)
@@ -68,9 +81,14 @@ def perturb(images: np.ndarray, strength: float, *, seed: int = 0, offset: int =
 
 
 def _noisy(image: np.ndarray, strength: float, seed) -> np.ndarray:
+    """``image`` (uint8 or uint16 over its whole range, or floats in [0, 1]) with the noise, in its own dtype."""
     noise = np.random.default_rng(seed).standard_normal(image.shape, dtype=np.float32)
-    x = image.astype(np.float32) / 255.0 + np.float32(strength) * noise
-    return np.clip(np.rint(x * 255.0), 0, 255).astype(np.uint8)
+    work = np.result_type(image.dtype, np.float32)
+    if image.dtype.kind == "f":
+        return np.clip(image.astype(work) + work.type(strength) * noise, 0, 1).astype(image.dtype)
+    top = float(np.iinfo(image.dtype).max)
+    x = image.astype(np.float32) / np.float32(top) + np.float32(strength) * noise
+    return np.clip(np.rint(x * np.float32(top)), 0, top).astype(image.dtype)
 
 
 def strength_schedule(
@@ -119,26 +137,46 @@ def fit_on_perturbed(
     """Fit ``method`` (any registered softmax calibrator) on the union of the logits of every perturbation level (each
     an (N, K) array of the same N held-out images, ``labels`` theirs) and record ``recipe`` in ``fit_info_["shift_fit"]``,
     with what the fit costs on the unperturbed level (``recipe["strengths"]`` 0, when there is one: see the module
-    docstring)."""
+    docstring). ``recipe["strengths"]`` and ``recipe["levels"]``, when given, describe one level each of ``logits``:
+    another count raises ``ValueError``, as levels of different shapes do."""
     return _fit_on_perturbed(logits, labels, method, recipe, progress_bar, calibrator_kwargs, stacklevel=3)
 
 
 def _fit_on_perturbed(logits, labels, method, recipe, progress_bar, calibrator_kwargs, *, stacklevel: int):
+    from hf_calibration._core.checks import check_classification_shapes
     from hf_calibration.calibrators import create_calibrator
 
     if not logits:
         raise ValueError("Expected `logits` of at least one perturbation level, but got none.")
-    union = np.concatenate([np.asarray(z) for z in logits])
-    union_labels = np.tile(np.asarray(labels), len(logits))
+    levels, labels = [np.asarray(z) for z in logits], np.asarray(labels)
+    for i, z in enumerate(levels):
+        check_classification_shapes(z, labels, f"logits[{i}]", "labels")
+        if z.shape[1] != levels[0].shape[1]:
+            raise ValueError(
+                f"Expected every level of `logits` to have the same K classes, but logits[0] has K = "
+                f"{levels[0].shape[1]} and logits[{i}] K = {z.shape[1]}."
+            )
+    described = {
+        "strengths": len(recipe["strengths"]) if "strengths" in recipe else None,
+        "levels": recipe.get("levels"),
+    }
+    for key, count in described.items():
+        if count is not None and count != len(levels):
+            raise ValueError(
+                f"Expected argument `recipe` to describe the {len(levels)} levels of `logits`, but its {key!r} "
+                f"gives {count}."
+            )
+    union = np.concatenate(levels)
+    union_labels = np.tile(labels, len(levels))
     calibrator = create_calibrator(method, **calibrator_kwargs)
     if getattr(calibrator, "_sigmoid_head", False):
         raise ValueError(f"Expected a softmax calibrator for fit_for_shift, but {method!r} calibrates a sigmoid head.")
     calibrator.fit(union, union_labels, from_logits=True, progress_bar=progress_bar)
     strengths = list(recipe.get("strengths", []))
     clean_ece = clean_only_ece = None
-    if 0.0 in strengths and len(strengths) == len(logits):
-        clean = np.asarray(logits[strengths.index(0.0)])
-        clean_ece, clean_only_ece = _clean_tradeoff(calibrator, clean, np.asarray(labels), method, **calibrator_kwargs)
+    if 0.0 in strengths:
+        clean = levels[strengths.index(0.0)]
+        clean_ece, clean_only_ece = _clean_tradeoff(calibrator, clean, labels, method, **calibrator_kwargs)
     calibrator.fit_info_["shift_fit"] = {
         "reference": TOMANI_REFERENCE,
         "num_images": int(len(labels)),
@@ -230,13 +268,17 @@ def fit_for_shift(
         reached at each level, the number of images), which its config and card carry. It saves, loads, attaches,
         exports and serves like any calibrator.
     """
-    from hf_calibration._core.checks import check_choice, check_int
+    from hf_calibration._core.checks import check_choice, check_float, check_int
     from hf_calibration.io.data import load_image_dataset
     from hf_calibration.io.inference import _best_device, predict_logits
     from hf_calibration.io.model_loading import load_image_classifier
 
     check_choice(perturbation, "perturbation", PERTURBATIONS)
     seed = check_int(seed, "seed", minimum=0)
+    if strengths is not None:
+        strengths = [check_float(s, "strengths", minimum=0.0) for s in strengths]
+        if not strengths:
+            raise ValueError("Expected argument `strengths` to hold at least one noise level, but got none.")
     model, processor = load_image_classifier(model, image_processor, revision=predict_kwargs.pop("revision", None))
     if predict_kwargs.get("device") is None:
         predict_kwargs["device"] = _best_device()
@@ -281,9 +323,6 @@ def fit_for_shift(
             accuracy_of, levels=levels, num_classes=num_classes, chance_margin=chance_margin
         )
     else:
-        strengths = [float(s) for s in strengths]
-        if not strengths or min(strengths) < 0:
-            raise ValueError(f"Expected argument `strengths` to be non-negative noise levels, but got {strengths}.")
         accuracies = [accuracy_of(s) for s in strengths]
     labels = logits_at(strengths[0])[1]
     recipe = {

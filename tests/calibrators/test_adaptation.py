@@ -95,3 +95,69 @@ def test_adapt_refuses_what_it_cannot_do():
         calibrator.adapt(z)
     adapted = calibrator.adapt(z, source=(z, yy))
     assert math.isfinite(adapted.fit_info_["adaptation"]["temperature"])
+
+
+def _softmax_top(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True)).max(axis=1)
+
+
+def test_adapt_with_source_reads_the_source_s_calibrated_confidences():
+    """The temperature from ATC's definition, worked with numpy and scipy: the source's calibrated confidences
+    softmax(z / T_fit), the threshold t with mean(conf > t) = the source accuracy, the estimate mean(conf_target > t),
+    and brentq's T_a with mean top softmax(z_target / (T_fit T_a)) = the estimate. The uncalibrated source confidences
+    give another threshold, 0.643 against 0.599, and T_a 1.16 against 0.94."""
+    from scipy.optimize import brentq
+
+    z, y = overconfident(300, 4, seed=3)
+    calibrator = create_calibrator("temperature_scaling").fit(z, y, progress_bar=False)
+    t_fit = calibrator.fitted_temperature
+    target = 0.5 * overconfident(400, 4, seed=4)[0]
+    source = _softmax_top(z.astype(np.float64) / t_fit)
+    accuracy = np.mean(z.argmax(1) == y)
+    ranked = np.sort(source)
+    below = round((1 - accuracy) * len(ranked))
+    threshold = (ranked[below - 1] + ranked[below]) / 2
+    assert np.mean(source > threshold) == pytest.approx(accuracy)
+    estimate = np.mean(_softmax_top(target.astype(np.float64) / t_fit) > threshold)
+    expected = brentq(lambda t: _softmax_top(target / (t_fit * t)).mean() - estimate, 1e-2, 1e2, xtol=1e-12)
+    del calibrator.fit_info_["atc_threshold"]  # as fitted by 0.1.0: the threshold comes from `source`
+    info = calibrator.adapt(target, source=(z, y)).fit_info_["adaptation"]
+    assert info["threshold"] == pytest.approx(threshold, rel=1e-6)
+    assert info["estimated_accuracy"] == pytest.approx(estimate)
+    assert info["temperature"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 9])
+def test_adapt_refuses_too_few_unlabeled_rows(rows):
+    """ATC's estimate is a share of the rows: on 0 rows NaN (the temperature then fell to 1e-3 and the copy did not
+    load), on 1 or 2 rows 0, 0.5 or 1. As TemperatureScaling's fit, adapt takes 10 rows at least."""
+    z, y = overconfident(300, 4, seed=3)
+    calibrator = create_calibrator("temperature_scaling").fit(z, y, progress_bar=False)
+    with pytest.raises(ValueError, match=r"at least 10 rows in `unlabeled_logits`.* got " + str(rows)):
+        calibrator.adapt(z[:rows])
+    assert calibrator.adapt(z[:10]).fit_info_["adaptation"]["num_samples"] == 10
+
+
+def test_adapt_warns_when_the_temperature_stops_at_its_bound():
+    """Rows of nearly flat logits: every calibrated confidence is below ATC's threshold (which lies above 1/K), the
+    estimate is 0, and only T -> infinity brings the mean confidence to 1/K: the search stops at T = 1e3, with a word."""
+    z, y = overconfident(300, 4, seed=3)
+    calibrator = create_calibrator("temperature_scaling").fit(z, y, progress_bar=False)
+    flat = 0.01 * np.random.default_rng(5).normal(size=(20, 4)).astype(np.float32)
+    with pytest.warns(UserWarning, match=r"estimated an accuracy of 0\.000 on these 20 rows.*T = 1000"):
+        adapted = calibrator.adapt(flat)
+    info = adapted.fit_info_["adaptation"]
+    assert info["estimated_accuracy"] == 0.0 and info["temperature"] == pytest.approx(1e3, rel=1e-6)
+
+
+def test_a_nan_in_a_fit_record_saves_and_loads(tmp_path):
+    """JSON writes NaN and reads it back as NaN, which never equals itself: the load's edited-config check took every
+    such save for an edited one (a copy adapt() made on 0 rows saved, then failed to load)."""
+    z, y = overconfident(300, 4, seed=3)
+    calibrator = create_calibrator("temperature_scaling").fit(z, y, progress_bar=False)
+    calibrator.fit_info_["ece_before"] = float("nan")
+    calibrator.save_pretrained(tmp_path / "nan")
+    loaded = load_calibrator(tmp_path / "nan")
+    assert math.isnan(loaded.fit_info_["ece_before"])
+    torch.testing.assert_close(loaded(z), calibrator(z))

@@ -176,3 +176,23 @@ def test_interval_of_a_calibrated_model_brackets_its_estimate():
         assert value.low <= float(value) <= value.high
         held += value.low <= large <= value.high
     assert held >= 9
+
+
+@pytest.mark.parametrize("n,warns", [(2, True), (15, True), (16, True), (29, True), (30, False)])
+def test_warns_when_bins_hold_one_sample(n, warns):
+    """A model confidently wrong on every sample: the reference reads 0 at N <= 15 bins (each bin one sample, which the
+    L2 estimator counts as 0) and 0.34 at N = 16; the value stays the reference's, with a warning below 2 samples a
+    bin. p=1 counts a one-sample bin as its plug-in gap, and does not warn."""
+    import warnings
+
+    conf = np.random.default_rng(0).uniform(0.95, 0.999, n)
+    probs, labels = np.stack([conf, 1 - conf], axis=1), np.ones(n, dtype=int)
+    expected = calibration.get_top_calibration_error(probs, labels, 2, debias=True)
+    assert (expected == 0.0) == (n <= 15)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = debiased_ece(probs, labels, 15)
+        debiased_ece(probs, labels, 15, p=1)
+    assert value == pytest.approx(expected, abs=1e-12)
+    notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(notes) == warns and all(f"N = {n} samples in n_bins = 15" in note for note in notes)

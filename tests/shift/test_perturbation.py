@@ -29,6 +29,36 @@ def test_perturb_is_seeded_per_image_and_clipped():
     assert abs(noise[inside].std() / 255 - 0.3) < 0.05
 
 
+def test_perturb_keeps_float_and_uint16_pixels_in_their_range():
+    """Floats in [0, 1] and uint16 pixels get the noise on their own scale, in their own dtype: image i's noise is the
+    standard normal of numpy's generator seeded (seed, i), times the strength, added to the pixel in units of its range
+    (formerly floats came back as black uint8 images and uint16 saturated at 255)."""
+    noise = np.stack([np.random.default_rng((7, i)).standard_normal((6, 6), dtype=np.float32) for i in range(2)])
+    flat = np.full((2, 6, 6), 0.5, dtype=np.float32)
+    out = perturb(flat, 0.1, seed=7)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, np.clip(0.5 + 0.1 * noise.astype(np.float64), 0, 1), atol=1e-7)
+    assert perturb(np.ones((1, 6, 6)), 1.0, seed=7).max() == 1.0  # clipped to the range
+    deep = np.full((2, 6, 6), 30000, dtype=np.uint16)
+    out = perturb(deep, 0.1, seed=7)
+    assert out.dtype == np.uint16
+    expected = np.clip(np.rint(30000 + 0.1 * 65535 * noise.astype(np.float64)), 0, 65535)
+    np.testing.assert_allclose(out, expected, atol=1)  # float32 arithmetic: within one level of 65,535
+
+
+def test_perturb_refuses_what_it_cannot_read():
+    images = np.zeros((2, 6, 6), dtype=np.uint8)
+    for strength in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ValueError, match="`strength`"):
+            perturb(images, strength)
+    with pytest.raises(ValueError, match=r"`images` of a float dtype to hold pixels in \[0, 1\].*\[0\.0, 255\.0\]"):
+        perturb(np.array([[[0.0, 255.0]]]), 0.1)
+    with pytest.raises(ValueError, match="`images`"):
+        perturb(np.array([[[0.5, np.nan]]]), 0.1)
+    with pytest.raises(TypeError, match="`images` to be uint8, uint16 or float"):
+        perturb(np.zeros((1, 6, 6), dtype=np.int32), 0.1)
+
+
 def test_the_schedule_spans_clean_to_near_chance():
     """A model whose accuracy falls as 0.9 * exp(-s): 10 classes, chance 0.1; the top strength is where it reaches
     0.1 + 0.1 * (0.9 - 0.1) = 0.18, i.e. s = log(0.9 / 0.18) = 1.609, found to bisection accuracy."""
@@ -58,6 +88,22 @@ def test_fit_on_perturbed_is_the_fit_on_the_union_with_the_recipe():
     assert fitted.fit_info_["shift_fit"]["num_images"] == 400
     with pytest.raises(ValueError, match="softmax calibrator"):
         fit_on_perturbed(levels, y, "platt", recipe=recipe)
+
+
+def test_fit_on_perturbed_refuses_levels_its_recipe_does_not_describe():
+    """Levels of different K raised numpy's own concatenate error; a fourth level beside a recipe of three was fitted,
+    the recipe recorded as given and `clean_ece` silently None."""
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 4, 100)
+    recipe = {"perturbation": "gaussian_noise", "strengths": [0.0, 0.2, 0.4], "seed": 0, "accuracies": [], "levels": 3}
+    with pytest.raises(ValueError, match=r"same K classes, but logits\[0\] has K = 4 and logits\[2\] K = 5"):
+        fit_on_perturbed([rng.normal(size=(100, 4))] * 2 + [rng.normal(size=(100, 5))], y, recipe=recipe)
+    with pytest.raises(ValueError, match=r"`logits\[1\]` and `labels` to have the same number of samples"):
+        fit_on_perturbed([rng.normal(size=(100, 4)), rng.normal(size=(90, 4))], y, recipe={})
+    with pytest.raises(ValueError, match=r"`recipe` to describe the 4 levels of `logits`, but its 'strengths' gives 3"):
+        fit_on_perturbed([rng.normal(size=(100, 4))] * 4, y, recipe=recipe)
+    with pytest.raises(ValueError, match=r"`recipe` to describe the 3 levels of `logits`, but its 'levels' gives 2"):
+        fit_on_perturbed([rng.normal(size=(100, 4))] * 3, y, recipe={**recipe, "levels": 2})
 
 
 def test_what_fitting_for_shift_costs_on_clean_data_is_measured_and_warned():
@@ -144,6 +190,11 @@ def test_bad_arguments(root):
         fit_for_shift(root / "vit", root / "saved", perturbation="blur")
     with pytest.raises(ValueError, match="levels"):
         strength_schedule(lambda s: 0.5, levels=1, num_classes=10)
+    for strengths in ([0.0, float("nan")], [0.0, -0.5]):
+        with pytest.raises(ValueError, match="`strengths`"):
+            fit_for_shift(root / "vit", root / "saved", strengths=strengths)
+    with pytest.raises(ValueError, match="`strengths`"):
+        fit_for_shift(root / "vit", root / "saved", strengths=[])
 
 
 def test_the_command_line_route(root, tmp_path, capsys):
