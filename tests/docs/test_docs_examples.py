@@ -1,4 +1,5 @@
-"""Every fenced python block of README.md and of docs/ (every page, new ones included) runs as written.
+"""Every fenced python block of README.md and of docs/ (every page, new ones included) runs as written, and so do the
+shell blocks marked ``docs-test: run`` (their ``hf-calibration`` is this checkout's), in the page's order.
 
 The blocks of one page run in order, in one namespace and one scratch working folder, as a reader who copies
 them one after the other into a Python session would run them: one test per block, named by page and line, and
@@ -18,17 +19,19 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from _fake_hub import FakeHub
-from _markdown_blocks import SHELL, Block, code_blocks, python_blocks
+from _markdown_blocks import SHELL, Block, code_blocks, page_blocks, python_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_LOGITS = ROOT / ".." / "shared" / "data" / "logits"  # beside the repo in this project; absent in a user's clone
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-BLOCKS = [block for page in PAGES for block in python_blocks(page)]
+BLOCKS = [block for page in PAGES for block in page_blocks(page)]
 
 
 @dataclass
@@ -63,6 +66,9 @@ def _in_folder(folder: Path):
 
 
 def _run(block: Block, run: PageRun, monkeypatch) -> None:
+    if block.language in SHELL:  # marked `run`
+        _run_shell(block, run.folder)
+        return
     code = compile("\n" * (block.line - 1) + block.code, str(block.page), "exec")  # tracebacks name the page's line
     if block.marker == "skip":
         return
@@ -82,6 +88,29 @@ def _run(block: Block, run: PageRun, monkeypatch) -> None:
                 link.symlink_to(path.resolve())
     with _in_folder(run.folder):
         exec(code, run.namespace)
+
+
+def _run_shell(block: Block, folder: Path) -> None:
+    """The block's commands in ``bash -e``, in the page's folder, offline, with ``hf-calibration`` this checkout's."""
+    bin_dir = folder.parent / "bin"
+    command = bin_dir / "hf-calibration"
+    if not command.exists():
+        bin_dir.mkdir(exist_ok=True)
+        entry = "import sys; from hf_calibration.cli import main; sys.exit(main())"  # the console script's
+        command.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{entry}" "$@"\n')
+        command.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "HF_CALIBRATION_DISABLE_PROGRESS_BARS": "1",
+    }
+    done = subprocess.run(
+        ["bash", "-e", "-c", block.code], cwd=folder, env=env, capture_output=True, text=True, timeout=600
+    )
+    print(done.stdout)
+    assert done.returncode == 0, f"{_where(block)}: the shell block failed:\n{done.stderr[-3000:]}"
 
 
 def _where(block: Block) -> str:
@@ -115,11 +144,23 @@ def test_block_runs_as_written(block: Block, scratch, monkeypatch, one_thread):
     import matplotlib
 
     matplotlib.use("Agg")
+    run = _run_through(block, scratch, monkeypatch)
+    if run.stopped:
+        pytest.skip(run.stopped)
+    if block.marker == "skip":
+        pytest.skip(f"{_where(block)}: {block.reason} (compiled, not run)")
+
+
+def _run_through(block: Block, scratch: Path, monkeypatch, again: bool = True) -> PageRun:
+    """Run the page's blocks up to ``block`` (those not run yet in this session), ``block``'s failure raised;
+    ``again=False``: a page already run past ``block`` is left as it is (to look at its namespace)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_CALIBRATION_DISABLE_PROGRESS_BARS", "1")
     page_blocks = [b for b in BLOCKS if b.page == block.page]
     index = page_blocks.index(block)
     run = _page_run(block.page, scratch)
+    if run.done > index and not again:
+        return run
     if run.done > index:  # a second run of the same block (pytest --count, reruns): start the page again
         _RUNS.pop(block.page)
         run = _page_run(block.page, scratch.parent / f"{scratch.name}_again")
@@ -133,10 +174,7 @@ def test_block_runs_as_written(block: Block, scratch, monkeypatch, one_thread):
             if earlier is block:
                 raise
         run.done += 1
-    if run.stopped:
-        pytest.skip(run.stopped)
-    if block.marker == "skip":
-        pytest.skip(f"{_where(block)}: {block.reason} (compiled, not run)")
+    return run
 
 
 # ----------------------------------------------------------------------------- the collector itself
