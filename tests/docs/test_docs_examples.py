@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from _fake_hub import FakeHub
-from _markdown_blocks import SHELL, Block, code_blocks, page_blocks, python_blocks
+from _markdown_blocks import FENCE, SHELL, Block, code_blocks, page_blocks, python_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_LOGITS = ROOT / ".." / "shared" / "data" / "logits"  # beside the repo in this project; absent in a user's clone
@@ -189,6 +189,60 @@ def test_share_pages_calibrate_on_eval_keeps_temperature_scaling_as_it_says(scra
     calibrator = run.namespace["trainer"].calibrator
     assert not calibrator.is_identity, calibrator
     assert calibrator.fitted_temperature > 1
+
+
+# ----------------------------------------------------------------------------- what the README says, and links to
+
+
+def _prose(page: Path) -> list[tuple[int, str]]:
+    """``(line number, line)`` of the page outside its fenced blocks."""
+    out, fence = [], None
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        found = FENCE.match(line)
+        if found and (fence is None or (found["fence"][0] == fence[0] and len(found["fence"]) >= len(fence))):
+            fence = found["fence"] if fence is None else None
+        elif fence is None:
+            out.append((number, line))
+    return out
+
+
+def test_the_pages_the_readme_links_read_as_plain_markdown():
+    """Issue 53 item 15: on the repository's host, pages linked from the README showed a raw `--8<--` include
+    (getting-started, shift-calibration) and a `!!! note` (share): MkDocs syntax only the site renders."""
+    readme = ROOT / "README.md"
+    linked = {ROOT / path for path in re.findall(r"\]\((docs/[^)#\s]+\.md)", readme.read_text())}
+    assert len(linked) >= 20 and all(page.is_file() for page in linked)
+    site_only = [
+        f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+        for page in sorted(linked | {readme})
+        for number, line in _prose(page)
+        if re.match(r"\s*(-+8<-+|!!!|\?\?\?\+?)\s", line)
+    ]
+    assert not site_only, site_only
+
+
+def test_the_test_suites_time_is_stated_on_one_page():
+    """Issue 53 item 15: the README said the suite takes about 10 minutes, getting-started about 30. One page states
+    the measured figure; the others link to it."""
+    stated = [
+        f"{page.relative_to(ROOT)}:{number}"
+        for page in PAGES
+        for number, line in _prose(page)
+        if re.search(r"\btests?\b[^.]*?\b\d+(?:[–-]\d+)?\s*(?:minutes|min)\b", line, re.IGNORECASE)
+    ]
+    assert len(stated) == 1 and stated[0].startswith("docs/getting-started.md:"), stated
+
+
+def test_the_readme_names_every_kind_of_classifier_it_serves():
+    """Issue 53 item 15: the README opened with "vision classifiers" while text, audio and video classifiers are
+    served (``CLASSIFICATION_TASKS``)."""
+    from hf_calibration.io.model_loading import CLASSIFICATION_TASKS
+
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        opening = page.read_text().split("\n\n")[1]  # the paragraph under the title
+        assert "vision classifiers" not in opening
+        for task in CLASSIFICATION_TASKS:
+            assert task.split("-")[0] in opening, f"{page.relative_to(ROOT)}: {task}"
 
 
 # ----------------------------------------------------------------------------- the collector itself
