@@ -363,12 +363,35 @@ def _command_lines(page: Path):
     """``(line, subcommand, rest)`` for each ``hf-calibration`` command of the page's shell blocks (continuations
     joined, comments dropped, ``&&`` chains split)."""
     for block in code_blocks(page, SHELL):
-        text = block.code.replace("\\\n", " ")
-        for offset, line in enumerate(text.splitlines()):
-            for part in line.split("#")[0].split("&&"):
-                words = part.split()
-                if words and words[0].endswith("hf-calibration") and len(words) > 1:
-                    yield block.line + offset, words[1], " ".join(words[2:])
+        yield from _command_lines_of(block)
+
+
+def _command_lines_of(block: Block):
+    text = block.code.replace("\\\n", " ")
+    for offset, line in enumerate(text.splitlines()):
+        for part in line.split("#")[0].split("&&"):
+            words = part.split()
+            if words and words[0].endswith("hf-calibration") and len(words) > 1:
+                yield block.line + offset, words[1], " ".join(words[2:])
+
+
+def test_every_shell_block_with_an_hf_calibration_command_runs_or_says_why():
+    """Issue 53 item 12: serving.md's `hf-calibration export` line failed as written (its optional flags in brackets,
+    a folder the page never saved) and nothing ran it. A shell block with an ``hf-calibration`` command is marked
+    ``docs-test: run`` (run in the page's order, above) or ``docs-test: skip REASON`` (a synopsis, the Hub, data
+    the page lacks); a block marked ``run`` holds no bracketed option."""
+    unmarked, bracketed = [], []
+    for page in PAGES:
+        for block in code_blocks(page, SHELL):
+            where = f"{page.relative_to(ROOT)}:{block.line}"
+            if not any(True for _ in _command_lines_of(block)):
+                continue
+            if block.marker not in ("run", "skip"):
+                unmarked.append(where)
+            if block.marker == "run" and re.search(r"\[-", block.code):
+                bracketed.append(where)
+    assert not unmarked, f"shell blocks with hf-calibration commands, neither run nor skipped with a reason: {unmarked}"
+    assert not bracketed, f"run blocks with bracketed options: {bracketed}"
 
 
 def test_every_command_line_option_the_pages_show_exists():
