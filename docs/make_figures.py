@@ -5,8 +5,8 @@
 
 * ``demo_*``: ``hf-calibration demo`` at its defaults (seed 0), run in a scratch folder: its reliability diagrams
   (cross-entropy, cross-entropy + SMART, SMART by logit-margin group), a before / after pair drawn from the
-  logits it saved and the SMART calibrator it saved, and its printed summary (``demo_summary.md``, included in
-  getting-started.md).
+  logits it saved and the SMART calibrator it saved, and its printed summary, written into getting-started.md
+  between its two ``the demo's summary`` markers (the page reads as it is on the repository's host too).
 * ``measure_before_after.png``: ``digits_logits()`` before / after temperature scaling fitted on its val split,
   as measure.md draws it.
 * ``training_losses.png``: test ECE of every training loss on CIFAR-10, from
@@ -28,6 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "img"
 DPI = 100
+SUMMARY_MARKERS = ("<!-- the demo's summary: written by docs/make_figures.py -->", "<!-- end of the demo's summary -->")
 
 
 def demo() -> None:
@@ -57,7 +58,11 @@ def demo() -> None:
         figure.savefig(IMG / "demo_before_after.png", dpi=DPI)
         summary = result.summary().replace(scratch, "hf_calibration_demo")
         summary = "\n".join(line for line in summary.splitlines() if not line.startswith("Done in"))  # this host's time
-        (IMG / "demo_summary.md").write_text("```text\n" + summary.strip() + "\n```\n")
+        page = ROOT / "docs" / "getting-started.md"
+        start, end = SUMMARY_MARKERS
+        before, rest = page.read_text().split(start + "\n")
+        after = rest.split(end, 1)[1]
+        page.write_text(before + start + "\n```text\n" + summary.strip() + "\n```\n" + end + after)
 
 
 def measure() -> None:

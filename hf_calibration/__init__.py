@@ -1,4 +1,4 @@
-"""hf_calibration: calibration metrics, calibrated training losses and post-hoc calibrators for Hugging Face vision classifiers.
+"""hf_calibration: calibration metrics, calibrated training losses and post-hoc calibrators for Hugging Face classifiers.
 
 Public names are imported on first use, so ``import hf_calibration`` (and the command line)
 does not pay for transformers' Trainer until a name that needs it is asked for.

@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import hashlib
+import json
 import logging
 import re
 import sys
@@ -49,6 +51,7 @@ __all__ = [
     "DigitsLogits",
     "DigitsSplits",
     "PixelDataset",
+    "digits_cache_dir",
     "digits_dataset",
     "digits_image_processor",
     "digits_logits",
@@ -454,7 +457,8 @@ def digits_logits(
     The logits of :func:`digits_model` (the demo's cross-entropy ViT, same seed and settings: the demo's
     ``logits_vit_ce.npz``) on the calibration (``val``) and test splits of :func:`digits_splits`. The model fits its
     ``train_size`` training digits, so it is over-confident on held-out images, as fine-tuned models usually are.
-    Cached per process: a second call with the same arguments trains nothing and returns fresh copies.
+    Trained once and kept with the model (see :func:`digits_model`): a second call trains nothing and returns fresh
+    copies.
     """
     _, logits = _digits_model(seed, epochs, train_size, calibration_size, test_size)
     return DigitsLogits(*(a.copy() for a in logits))
@@ -466,17 +470,24 @@ def digits_model(
     """The demo's tiny ViT trained with cross-entropy on the digits, in eval mode, and its image processor.
 
     Trained exactly as :func:`run_demo` trains its cross-entropy model (same seed, same settings), on ``train_size``
-    images of :func:`digits_splits` for ``epochs`` epochs, once per process and arguments; each call returns a fresh
-    copy of the model. Returns ``(model, image_processor)``: a stand-in for a fine-tuned classifier.
+    images of :func:`digits_splits` for ``epochs`` epochs, the first time these arguments are asked for. The trained
+    weights and their held-out logits are then kept in the user's cache (:func:`digits_cache_dir`), keyed by the
+    arguments, the demo's code and the versions of hf-calibration, torch and transformers, so a later process loads
+    them in about a second instead of training again; where that folder cannot be written, each process trains its
+    own. Each call returns a fresh copy of the model. Returns ``(model, image_processor)``: a stand-in for a
+    fine-tuned classifier.
     """
     model, _ = _digits_model(seed, epochs, train_size, calibration_size, test_size)
     return copy.deepcopy(model), digits_image_processor(DemoConfig.image_size)
 
 
+DIGITS_CACHE_FORMAT = 1  # the layout of a cached stand-in (weights.safetensors, logits.npz, key.json)
+
+
 @functools.lru_cache(maxsize=2)
 def _digits_model(seed: int, epochs: int, train_size: int, calibration_size: int, test_size: int):
-    from hf_calibration.losses import CrossEntropyLoss
-
+    """The trained stand-in and its held-out logits: from this process's memory, else from the user's cache
+    (:func:`digits_cache_dir`), else trained and kept there for the next process."""
     config = DemoConfig(
         seed=seed,
         epochs=epochs,
@@ -485,7 +496,110 @@ def _digits_model(seed: int, epochs: int, train_size: int, calibration_size: int
         test_size=test_size,
         progress=False,
     )
-    data = digits_splits(seed, calibration_size=calibration_size, test_size=test_size, train_size=train_size)
+    key = _digits_key(config)
+    folder = digits_cache_dir() / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    found = _load_digits(folder, key, config)
+    if found is not None:
+        return found
+    from filelock import FileLock
+
+    try:  # one process trains, another waiting on the same stand-in loads what it wrote
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder) + ".lock")
+        lock.acquire()
+    except OSError as err:
+        logger.warning(
+            "The digits cache %s cannot be written (%s): training the stand-in for this process.", folder, err
+        )
+        return _train_digits(config)
+    try:
+        found = _load_digits(folder, key, config)
+        if found is None:
+            found = _train_digits(config)
+            _save_digits(folder, key, *found)
+        return found
+    finally:
+        lock.release()
+
+
+def digits_cache_dir() -> Path:
+    """Where :func:`digits_model` keeps its trained stand-ins: ``$HF_HOME/hf_calibration/digits``
+    (``~/.cache/huggingface/hf_calibration/digits`` by default), beside ``predict_logits``'s logits cache."""
+    from hf_calibration.io.logits_cache import default_cache_dir
+
+    return default_cache_dir().parent / "digits"
+
+
+def _digits_key(config: DemoConfig) -> dict:
+    """Everything the trained weights depend on: the recipe (the settings, this module's code), the versions."""
+    import transformers
+
+    from hf_calibration._core.version import __version__
+
+    settings = {k: v for k, v in config.__dict__.items() if k not in ("output_dir", "pipeline_images", "progress")}
+    return {
+        "format": DIGITS_CACHE_FORMAT,
+        "settings": settings,
+        "recipe": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "versions": {
+            "hf-calibration": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
+
+
+def _load_digits(folder: Path, key: dict, config: DemoConfig):
+    """The cached ``(model, logits)`` in ``folder``, or None (absent, another key, or unreadable: trained again)."""
+    if not (folder / "key.json").is_file():
+        return None
+    from safetensors.torch import load_file
+
+    try:
+        if json.loads((folder / "key.json").read_text()) != key:
+            return None
+        model = tiny_vit(
+            image_size=config.image_size, hidden_size=config.hidden_size, num_layers=config.num_layers, seed=config.seed
+        )
+        model.load_state_dict(load_file(folder / "weights.safetensors"))
+        with np.load(folder / "logits.npz", allow_pickle=False) as data:
+            logits = DigitsLogits(*(data[name] for name in DigitsLogits._fields))
+    except Exception as err:  # whatever a damaged entry raises (safetensors has its own error): train again
+        logger.warning("Ignoring the unreadable digits cache entry %s (%s): training the stand-in again.", folder, err)
+        return None
+    logger.info("Loaded the trained digits stand-in from %s", folder)
+    return model.eval(), logits
+
+
+def _save_digits(folder: Path, key: dict, model, logits: DigitsLogits) -> None:
+    """Write the entry into a temporary folder renamed into place: a crashed or concurrent run never leaves half of
+    one. A cache that cannot be written is a warning, never an error."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    staging = None
+    try:
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+        save_file(model.state_dict(), staging / "weights.safetensors")
+        np.savez(staging / "logits.npz", **logits._asdict())
+        (staging / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True))
+        shutil.rmtree(folder, ignore_errors=True)  # an unreadable entry of the same key (we hold its lock)
+        staging.rename(folder)
+    except OSError as err:
+        logger.warning(
+            "Could not keep the trained digits stand-in in %s (%s); it is trained again next time.", folder, err
+        )
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _train_digits(config: DemoConfig):
+    from hf_calibration.losses import CrossEntropyLoss
+
+    data = digits_splits(
+        config.seed, calibration_size=config.calibration_size, test_size=config.test_size, train_size=config.train_size
+    )
     processor = digits_image_processor(config.image_size)
     train = PixelDataset(data.train_images, data.train_labels, processor)
     cal = PixelDataset(data.calibration_images, data.calibration_labels, processor)

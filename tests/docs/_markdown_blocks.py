@@ -9,6 +9,8 @@ tests something about the block:
   tests put in the page's working folder; skipped, with the rest of its page, where that folder is absent.
 * ``<!-- docs-test: hub -->``: pushes to or loads from the Hub (the page must say so to its reader); run against a
   local stand-in for the Hub. Every other block runs without it, as a reader without the Hub runs it.
+* ``<!-- docs-test: run -->`` before a shell block: its commands run, in the page's order among its python blocks, in
+  the page's working folder (shell blocks are otherwise only read: installs, usage lines, multi-GPU launches).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 PYTHON = ("python", "py", "python3")
 SHELL = ("bash", "sh", "shell", "console")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
-MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>skip|shared-logits|hub)\b\s*(?P<reason>.*?)\s*-->\s*$")
+MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>skip|shared-logits|hub|run)\b\s*(?P<reason>.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,15 @@ class Block:
     page: Path
     line: int  # 1-based line of the block's first code line
     code: str  # dedented to the fence's indentation
-    marker: str | None = None  # "skip" | "shared-logits" | "hub" | None
+    marker: str | None = None  # "skip" | "shared-logits" | "hub" | "run" | None
     reason: str = ""
+    language: str = "python"  # the fence's info string's first word
+
+
+def page_blocks(page: Path) -> list[Block]:
+    """What the tests run of a page, in its order: every python block, and the shell blocks marked ``run``."""
+    shell = [b for b in code_blocks(page, SHELL) if b.marker == "run"]
+    return sorted(python_blocks(page) + shell, key=lambda b: b.line)
 
 
 def python_blocks(page: Path) -> list[Block]:
@@ -73,6 +82,6 @@ def code_blocks(page: Path, languages: tuple[str, ...]) -> list[Block]:
                 marker, reason = found["kind"], found["reason"]
                 if marker == "skip" and not reason:
                     raise ValueError(f"{page}:{k + 1}: `docs-test: skip` needs a reason")
-            blocks.append(Block(Path(page), i + 2, "\n".join(body) + "\n", marker, reason))
+            blocks.append(Block(Path(page), i + 2, "\n".join(body) + "\n", marker, reason, language))
         i = j + 1
     return blocks

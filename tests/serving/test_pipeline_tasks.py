@@ -214,3 +214,51 @@ def test_a_task_that_is_no_classification_is_refused_by_name(repo):
         pipeline("object-detection", model=folder)
     with pytest.raises(ValueError, match="`task`"):
         load_calibrated_model(folder, task="text-generation")
+
+
+def _torchcodec_decodes_video() -> bool:
+    try:
+        from transformers.utils.import_utils import is_torchcodec_usable
+    except ImportError:  # a transformers without torchcodec decoding
+        return False
+    return is_torchcodec_usable(decode="video")
+
+
+def test_the_video_extra_installs_both_decoders_the_pipeline_uses():
+    """Issue 53 item 10: the `video` extra installed PyAV alone, and transformers 5's video pipeline read a file path
+    through the model's video processor, which decodes with torchcodec ("`torchcodec` is not installed or can't be
+    loaded"). The pipeline itself requires PyAV, and decodes with it for a model that has an image processor only."""
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    names = {re.match(r"[A-Za-z0-9_.-]+", spec)[0].lower() for spec in extras["video"]}
+    assert {"av", "torchcodec"} <= names
+    assert "hf-calibration[shift,export,video]" in extras["test"]
+
+
+@pytest.mark.parametrize("repo", ["video-classification"], indirect=True)
+def test_the_video_pipeline_reads_a_file_path(repo, tmp_path):
+    """A video file, as users pass it: decoded by the model's video processor (torchcodec), scored calibrated."""
+    if not _torchcodec_decodes_video():
+        pytest.skip("torchcodec cannot decode video here (the `video` extra, and FFmpeg on the system)")
+    import av
+
+    task, folder, _, _, T, _ = repo
+    path = tmp_path / "clip.mp4"
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=8)
+        stream.width = stream.height = 48
+        stream.pix_fmt = "yuv420p"
+        for _ in range(8):
+            frame = av.VideoFrame.from_ndarray((rng.random((48, 48, 3)) * 255).astype(np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    results = pipeline(task, model=folder)(str(path), top_k=None)
+    plain = transformers.pipeline(task, model=str(folder))(str(path), top_k=None)  # uncalibrated, transformers alone
+    z = np.log(_scores([plain]))  # the logits up to a constant per row
+    np.testing.assert_allclose(_scores([results]), _softmax(z / T), atol=1e-5)
+    assert all("in_set" in row for row in results)
