@@ -239,3 +239,22 @@ def test_the_accumulator_names_what_it_read_not_an_argument_the_user_never_passe
     assert explicit.compute()["ece"] == pytest.approx(
         ece(np.vstack([[[0.2, 0.9, 0.5]], ZL]), np.vstack([[[0, 1, 1]], YL]), from_logits=True)
     )
+
+
+def test_a_datasets_column_is_read_as_its_values():
+    """``dataset["label"]`` is a ``datasets`` ``Column`` (a Sequence, not a list) since datasets 4: a metric, a fit
+    and the evaluate script read it as the labels it holds (it was refused: "got Column"). The reference: torchmetrics."""
+    datasets = pytest.importorskip("datasets")
+
+    column = datasets.Dataset.from_dict({"label": Y.tolist(), "logits": Z.tolist()})["label"]
+    assert not isinstance(column, (list, tuple, np.ndarray))
+    z = Z.astype(np.float64)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    conf, hit = p.max(1), (p.argmax(1) == Y)
+    bins = np.clip(np.ceil(conf * 15).astype(int) - 1, 0, 14)  # (i/15, (i+1)/15]
+    expected = sum(abs(conf[bins == b].mean() - hit[bins == b].mean()) * (bins == b).mean() for b in np.unique(bins))
+    assert ece(z, column) == pytest.approx(expected, rel=1e-12)
+    assert TemperatureScaling().fit(Z, column).fitted_temperature == TemperatureScaling().fit(Z, Y).fitted_temperature
+    with pytest.raises(TypeError, match="`target`|`references`|`labels`"):
+        ece(Z, "0123")

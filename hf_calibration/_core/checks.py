@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,8 @@ def is_array(x: Any) -> bool:
 
 
 def to_numpy(x: Any, name: str) -> np.ndarray:
-    """Any torch tensor (any device, bf16 included), numpy array or nested list → numpy array.
+    """Any torch tensor (any device, bf16 included), numpy array or nested list (or other sequence: the ``Column``
+    that ``dataset["label"]`` is in datasets 4 and later) → numpy array.
 
     Floating tensors keep a numpy float dtype (bf16 → float32, exactly); nothing is upcast here.
     """
@@ -33,9 +35,9 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
         return x.cpu().numpy()
     if isinstance(x, np.ndarray):
         return x
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):  # lists, tuples, a datasets Column
         try:
-            return np.asarray(x)
+            return np.asarray(x if isinstance(x, (list, tuple)) else list(x))
         except ValueError as err:  # ragged rows
             raise ValueError(f"Expected `{name}` to be a rectangular array, but got ragged rows: {err}") from None
     raise TypeError(f"Expected `{name}` to be a torch.Tensor, numpy array or list, but got {type(x).__name__}.")
