@@ -28,7 +28,7 @@ from hf_calibration._core.inputs import whole_labels
 from hf_calibration.io.data import find_label_column, load_image_dataset
 from hf_calibration.io.logits_cache import cache_key, load_cached, save_cached
 from hf_calibration.io.modality import Collate, find_input_columns, prepare_dataset
-from hf_calibration.io.model_loading import IMAGE_TASK, load_classifier
+from hf_calibration.io.model_loading import IMAGE_TASK, load_classifier, pipeline_task_of
 
 __all__ = ["predict_logits"]
 
@@ -301,10 +301,10 @@ def predict_logits(
     rank, world_size = distributed.rank_and_world_size()
 
     data = load_image_dataset(dataset, split, config_name=config_name, revision=dataset_revision)
-    given_object = isinstance(model, nn.Module)
-    model, processor, pipeline_task = load_classifier(model, processor, task=pipeline_task, revision=revision)
+    pipeline_task = pipeline_task_of(
+        model, pipeline_task, processor, revision
+    )  # the config alone: bad columns fail fast
     columns = find_input_columns(data.features, pipeline_task, input_column)
-    data = prepare_dataset(data, pipeline_task, columns, processor)
     task = _task_of(model, revision, task)
     label_column = find_label_column(
         data.features, label_column, multilabel=task == "multilabel", binary=task == "binary"
@@ -315,6 +315,10 @@ def predict_logits(
         data = data.select(range(max_samples))
     if len(data) == 0:
         raise ValueError("Expected a dataset with at least one row, but it is empty.")
+
+    given_object = isinstance(model, nn.Module)
+    model, processor, pipeline_task = load_classifier(model, processor, task=pipeline_task, revision=revision)
+    data = prepare_dataset(data, pipeline_task, columns, processor)
 
     num_labels = int(getattr(getattr(model, "config", None), "num_labels", 0) or 0)
     mode = _image_mode(model, processor) if pipeline_task == IMAGE_TASK else None

@@ -125,8 +125,7 @@ def load_classifier(
         revision: the Hub revision (branch, tag or commit) of the model.
         **kwargs: passed to ``from_pretrained`` (``dtype``, ``token``, ...).
     """
-    from hf_calibration._core.tasks import pipeline_task_of_config
-    from hf_calibration.io.modality import processor_for, processor_task
+    from hf_calibration.io.modality import processor_for
 
     if isinstance(model, nn.Module):
         source = getattr(getattr(model, "config", None), "_name_or_path", None) or None
@@ -137,10 +136,7 @@ def load_classifier(
         raise TypeError(
             f"Expected argument `model` to be a folder, a Hub id or a torch.nn.Module, but got {type(model).__name__}."
         )
-    config = getattr(model, "config", None)
-    if task is None and pipeline_task_of_config(config)[0] is None and not isinstance(processor, (str, os.PathLike)):
-        task = processor_task(processor)  # a config-less model (timm, torch): the processor's kind says
-    task = resolve_pipeline_task(task, config)
+    task = pipeline_task_of(model, task, processor)
     if processor is None:
         if source is None:
             raise ValueError(
@@ -150,6 +146,29 @@ def load_classifier(
     elif isinstance(processor, (str, os.PathLike)):
         processor = load_processor(task, processor)[1]
     return model, processor_for(task, processor), task
+
+
+def pipeline_task_of(
+    model: str | os.PathLike | nn.Module, task: str | None = None, processor: Any = None, revision: str | None = None
+) -> str:
+    """The pipeline task of a model object, folder or Hub id (only its ``config.json`` is read):
+    ``_core.tasks.resolve_pipeline_task`` on its config; for a model whose config names none (a timm or torch module),
+    ``task``, else the kind of ``processor`` (an object), else ``"image-classification"``."""
+    from hf_calibration._core.tasks import pipeline_task_of_config
+    from hf_calibration.io.modality import processor_task
+
+    if isinstance(model, nn.Module):
+        config = getattr(model, "config", None)
+    else:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(model, revision=revision)
+        except (OSError, ValueError, KeyError):  # no readable config: the model loader words that error
+            config = None
+    if task is None and pipeline_task_of_config(config)[0] is None and not isinstance(processor, (str, os.PathLike)):
+        task = processor_task(processor)
+    return resolve_pipeline_task(task, config)
 
 
 def load_image_classifier(
