@@ -888,6 +888,8 @@ class Calibrator(
         card = dict(kwargs.get("model_card_kwargs") or {})
         if card.get("pipeline_task") is None:
             card["pipeline_task"] = _task_of_model_folder(folder.parent)
+        else:  # refused before anything is written
+            check_pipeline_task(card["pipeline_task"], "model_card_kwargs['pipeline_task']")
         kwargs["model_card_kwargs"] = card  # the mixin writes README.md with them
         return hub.save_recorded(
             self,
