@@ -198,6 +198,15 @@ def _audio_array(value: Any, rate: int | None, column: str) -> np.ndarray:
     return array
 
 
+def _frames(value: Any) -> np.ndarray:
+    """A video row as an array of frames; integer frames (which datasets returns as nested lists or int64) as the uint8
+    0-255 pixels they are, which the video processors resize as integers."""
+    array = np.asarray(value)
+    if array.dtype.kind in "iu" and array.size and array.min() >= 0 and array.max() <= 255:
+        array = array.astype(np.uint8)
+    return array
+
+
 class Collate:
     """Worker-side batch preparation: a list of dataset rows → the model's keyword arguments (tensors), by task."""
 
@@ -218,7 +227,7 @@ class Collate:
             kwargs = {} if rate is None else {"sampling_rate": rate}
             return dict(processor(arrays, padding=True, return_tensors="pt", **kwargs))
         if task == VIDEO:
-            videos = [np.asarray(row[columns[0]]) for row in rows]
+            videos = [_frames(row[columns[0]]) for row in rows]
             return {"pixel_values": processor(videos, return_tensors="pt")["pixel_values"]}
         images = [row[columns[0]] for row in rows]
         if self.mode is not None:

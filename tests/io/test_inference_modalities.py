@@ -189,3 +189,30 @@ def test_resampled_audio_logits(wav2vec2):
     assert abs(len(arrays[0]) - 2 * len(waves[0])) <= 2
     want = _forward(model, extractor(arrays, sampling_rate=RATE, padding=True, return_tensors="pt"))
     np.testing.assert_allclose(logits, want, rtol=0, atol=1e-6)
+
+
+def test_video_logits_are_the_models_forward_on_the_processed_frames():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.VideoMAEConfig(
+        image_size=32,
+        patch_size=16,
+        num_frames=4,
+        tubelet_size=2,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
+    model = transformers.VideoMAEForVideoClassification(config).eval()
+    processor = transformers.VideoMAEVideoProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    rng = np.random.default_rng(0)
+    videos = [(rng.random((4, 40, 40, 3)) * 255).astype(np.uint8) for _ in range(5)]
+    features = datasets.Features({"video": datasets.Array4D((4, 40, 40, 3), "uint8"), "label": datasets.Value("int64")})
+    data = datasets.Dataset.from_dict({"video": videos, "label": [0, 1, 2, 0, 1]}, features=features)
+    logits, labels = predict_logits(model, data, processor, num_workers=0, progress=False)
+    want = _forward(model, {"pixel_values": processor(videos, return_tensors="pt")["pixel_values"]})
+    np.testing.assert_allclose(logits, want, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(labels, [0, 1, 2, 0, 1])
