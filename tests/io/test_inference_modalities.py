@@ -216,3 +216,16 @@ def test_video_logits_are_the_models_forward_on_the_processed_frames():
     want = _forward(model, {"pixel_values": processor(videos, return_tensors="pt")["pixel_values"]})
     np.testing.assert_allclose(logits, want, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(labels, [0, 1, 2, 0, 1])
+
+
+def test_a_model_without_a_config_takes_its_task_from_the_processors_kind(bert, wav2vec2):
+    """A bare torch module names no task: the processor's kind does (a tokenizer: text, a feature extractor: audio);
+    with neither, images, as before."""
+    from hf_calibration.io.model_loading import pipeline_task_of
+
+    bare = torch.nn.Linear(2, 2)
+    assert pipeline_task_of(bare, processor=bert[1]) == "text-classification"
+    assert pipeline_task_of(bare, processor=wav2vec2[1]) == "audio-classification"
+    assert pipeline_task_of(bare) == "image-classification"
+    assert pipeline_task_of(bert[0], processor=wav2vec2[1]) == "text-classification"  # the config wins; the
+    # processor is then refused by name (test_a_processor_of_another_kind_is_refused)
