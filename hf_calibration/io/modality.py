@@ -143,16 +143,16 @@ def find_input_columns(features, task: str, input_column: str | tuple[str, ...] 
             f"{_describe(features)}; name it with `input_column`."
         )
 
-    def is_audio(feature) -> bool:
+    def holds_arrays(feature) -> bool:
         return isinstance(feature, datasets.Audio) or not isinstance(feature, (datasets.Value, datasets.ClassLabel))
 
     kind, feature_type = ("audio", datasets.Audio) if task == AUDIO else ("video", getattr(datasets, "Video", None))
     if names:
-        return _check_named(features, names, f"{kind} (arrays)", is_audio)
+        return _check_named(features, names, f"{kind} (arrays)", holds_arrays)
     typed = [n for n, f in features.items() if feature_type is not None and isinstance(f, feature_type)]
     if len(typed) == 1:
         return (typed[0],)
-    if kind in features and is_audio(features[kind]) and not typed:
+    if kind in features and holds_arrays(features[kind]) and not typed:
         return (kind,)
     raise ValueError(
         f"Expected one {kind} column ({'a datasets.Audio column, or ' if task == AUDIO else ''}one named {kind!r}) "
