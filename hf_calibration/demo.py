@@ -60,6 +60,11 @@ __all__ = [
     "predict_logits",
     "run_demo",
     "tiny_vit",
+    # text and audio stand-ins
+    "audio_dataset",
+    "text_dataset",
+    "tiny_audio_classifier",
+    "tiny_text_classifier",
 ]
 
 NUM_LABELS = 10
@@ -839,3 +844,170 @@ def _verdict(reports: dict) -> str:
     text = f"Verdict: against CE's ECE of {100 * base:.2f} %, "
     text += ("lowered by " + ", ".join(lower)) if lower else "no method lowered it"
     return text + (f"; not lowered by {', '.join(higher)}." if higher else ".")
+
+
+# ----------------------------------------------------------------------------- text and audio stand-ins
+
+_POSITIVE = ("good", "great", "fine", "lovely", "superb")
+_NEGATIVE = ("bad", "awful", "dull", "poor", "weak")
+_NEUTRAL = ("the", "film", "plot", "was", "a", "movie", "acting", "story", "and")
+_TONES = ((200.0, 400.0), (800.0, 1200.0), (2000.0, 3000.0))  # Hz: the audio stand-in's three classes
+_RATE = 16000
+
+
+def _splits(make, sizes: dict[str, int], seed: int):
+    import datasets
+
+    rng = np.random.default_rng(seed)
+    return datasets.DatasetDict({name: make(rng, n) for name, n in sizes.items()})
+
+
+def text_dataset(seed: int = 0, *, size: int = 400, train_size: int = 80):
+    """A sentiment stand-in for a text dataset: ``train`` (``train_size`` rows: a small fine-tuning set, which leaves
+    the fine-tuned model over-confident) / ``validation`` / ``test`` (``size`` rows) splits of short reviews (``text``)
+    with a ``label`` (``ClassLabel`` negative / positive) that follows the count of positive and negative words,
+    noisily (a review with as many of each is a coin toss)."""
+    import datasets
+
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])}
+    )
+
+    def make(rng, n):
+        texts, labels = [], []
+        for _ in range(n):
+            polar = rng.integers(1, 4)
+            positive = int(rng.integers(0, polar + 1))
+            words = list(rng.choice(_POSITIVE, positive)) + list(rng.choice(_NEGATIVE, polar - positive))
+            words += list(rng.choice(_NEUTRAL, rng.integers(1, 4)))
+            rng.shuffle(words)
+            texts.append(" ".join(words))
+            labels.append(int(rng.random() < 1 / (1 + np.exp(-1.5 * (2 * positive - polar)))))
+        return datasets.Dataset.from_dict({"text": texts, "label": labels}, features=features)
+
+    return _splits(make, {"train": train_size, "validation": size, "test": size}, seed)
+
+
+def _word_tokenizer():
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = [*_POSITIVE, *_NEGATIVE, *_NEUTRAL]
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(words)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        model_max_length=32,
+    )
+
+
+def _fit(model, batches, steps: int, lr: float):
+    from hf_calibration._core.threads import torch_single_threaded
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    with torch_single_threaded():  # tiny matrices: threads cost more than they give
+        for step in range(steps):
+            loss = model(**batches[step % len(batches)]).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return model.eval()
+
+
+def tiny_text_classifier(seed: int = 0, *, steps: int = 150):
+    """``(model, tokenizer)``: a one-layer ``BertForSequenceClassification`` built from a config and a word-level
+    tokenizer (no download), fine-tuned for ``steps`` steps on :func:`text_dataset`'s ``train`` split: a stand-in for
+    your fine-tuned text classifier, over-confident as fine-tuned models are. A second or two on a CPU."""
+    import transformers
+
+    torch.manual_seed(seed)
+    tokenizer = _word_tokenizer()
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
+    )
+    train = text_dataset(seed)["train"][:]  # a dict of lists
+    batches = [
+        {
+            **tokenizer(train["text"][i : i + 32], padding=True, return_tensors="pt"),
+            "labels": torch.tensor(train["label"][i : i + 32]),
+        }
+        for i in range(0, len(train["label"]), 32)
+    ]
+    return _fit(transformers.BertForSequenceClassification(config), batches, steps, 3e-3), tokenizer
+
+
+def audio_dataset(seed: int = 0, *, size: int = 200, train_size: int = 50, sampling_rate: int = _RATE):
+    """An audio stand-in: ``train`` (``train_size`` rows) / ``validation`` / ``test`` (``size`` rows) splits of noisy
+    quarter-second tones in three frequency bands (``label``: low / mid / high), in an ``audio`` column of
+    ``{"array", "sampling_rate"}`` rows (what a ``datasets.Audio`` column decodes to)."""
+    import datasets
+
+    def make(rng, n):
+        labels = rng.integers(0, len(_TONES), n)
+        t = np.arange(sampling_rate // 4) / sampling_rate
+        audio = []
+        for k in labels:
+            tone = np.sin(2 * np.pi * rng.uniform(*_TONES[k]) * t + rng.uniform(0, 2 * np.pi))
+            audio.append(
+                {"array": (tone + rng.normal(0, 1.5, t.size)).astype(np.float32), "sampling_rate": sampling_rate}
+            )
+        features = datasets.Features(
+            {
+                "audio": {
+                    "array": datasets.Sequence(datasets.Value("float32")),
+                    "sampling_rate": datasets.Value("int64"),
+                },
+                "label": datasets.ClassLabel(names=["low", "mid", "high"]),
+            }
+        )
+        return datasets.Dataset.from_dict({"audio": audio, "label": labels.tolist()}, features=features)
+
+    return _splits(make, {"train": train_size, "validation": size, "test": size}, seed)
+
+
+def tiny_audio_classifier(seed: int = 0, *, steps: int = 40):
+    """``(model, feature_extractor)``: a one-layer ``Wav2Vec2ForSequenceClassification`` built from a config, with a
+    16 kHz ``Wav2Vec2FeatureExtractor``, fine-tuned for ``steps`` steps on :func:`audio_dataset`'s ``train`` split: a
+    stand-in for your fine-tuned audio classifier. A few seconds on a CPU."""
+    import transformers
+
+    torch.manual_seed(seed)
+    extractor = transformers.Wav2Vec2FeatureExtractor(sampling_rate=_RATE, return_attention_mask=True)
+    config = transformers.Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        conv_dim=(16, 16),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 4),
+        num_feat_extract_layers=2,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        classifier_proj_size=8,
+        id2label={0: "low", 1: "mid", 2: "high"},
+        label2id={"low": 0, "mid": 1, "high": 2},
+    )
+    train = audio_dataset(seed)["train"][:]  # a dict of lists
+    batches = []
+    for i in range(0, len(train["label"]), 25):
+        waves = [np.asarray(a["array"], dtype=np.float32) for a in train["audio"][i : i + 25]]
+        features = extractor(waves, sampling_rate=_RATE, return_tensors="pt")
+        batches.append({**features, "labels": torch.tensor(train["label"][i : i + 25])})
+    return _fit(transformers.Wav2Vec2ForSequenceClassification(config), batches, steps, 3e-3), extractor

@@ -173,3 +173,61 @@ class DictDataset(torch.utils.data.Dataset):
 
 def digits_dataset(index: slice | np.ndarray | None = None, **kwargs) -> DictDataset:
     return DictDataset(*digits(index, **kwargs))
+
+
+# text and audio classifiers: a tiny BERT with a word-level tokenizer built offline, and a tiny wav2vec2 with its
+# feature extractor (16 kHz)
+WORDS = "good bad movie plot the a was great awful film long short".split()
+
+
+def tiny_tokenizer():
+    """A ``PreTrainedTokenizerFast`` over a word-level vocabulary of :data:`WORDS` (no download)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", model_max_length=16
+    )
+
+
+@_seeded
+def tiny_bert(num_labels: int = 3):
+    """``(BertForSequenceClassification, tokenizer)`` from a tiny config, seeded."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=len(WORDS) + 4,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=num_labels,
+    )
+    return transformers.BertForSequenceClassification(config), tiny_tokenizer()
+
+
+@_seeded
+def tiny_wav2vec2(num_labels: int = 3):
+    """``(Wav2Vec2ForSequenceClassification, Wav2Vec2FeatureExtractor)`` from a tiny config, seeded."""
+    import transformers
+
+    config = transformers.Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        conv_dim=(8, 8),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 4),
+        num_feat_extract_layers=2,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        classifier_proj_size=8,
+        num_labels=num_labels,
+    )
+    extractor = transformers.Wav2Vec2FeatureExtractor(return_attention_mask=True)
+    return transformers.Wav2Vec2ForSequenceClassification(config), extractor

@@ -24,13 +24,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 __all__ = [
+    "CLASSIFICATION_TASKS",
     "HEADS",
+    "IMAGE_TASK",
     "SIGMOID_TASKS",
     "TASKS",
     "Task",
     "check_task",
     "compatible_head",
+    "check_pipeline_task",
     "head_of",
+    "pipeline_task_of_config",
+    "resolve_pipeline_task",
     "resolve_task",
     "task_of_config",
     "task_of_model",
@@ -266,3 +271,95 @@ def compatible_head(
             f"Expected a {what} fitted on the model's {model_labels} labels, but it was fitted on {num_labels} "
             f"({described})."
         )
+
+
+# Which pipeline task (modality) a classifier is for: image, text, audio or video. The head kind above and the task here
+# are the two things a model's config says about its scores.
+
+IMAGE_TASK = "image-classification"
+# the transformers pipeline tasks whose models end in class logits: (Auto model class, preprocessor argument of
+# ``transformers.pipeline``, Auto classes that load that preprocessor, tried in order)
+CLASSIFICATION_TASKS = {
+    IMAGE_TASK: ("AutoModelForImageClassification", "image_processor", ("AutoImageProcessor",)),
+    "text-classification": ("AutoModelForSequenceClassification", "tokenizer", ("AutoTokenizer",)),
+    "audio-classification": ("AutoModelForAudioClassification", "feature_extractor", ("AutoFeatureExtractor",)),
+    # newer video models have a video processor; VideoMAE-era checkpoints may have only an image processor
+    "video-classification": (
+        "AutoModelForVideoClassification",
+        "video_processor",
+        ("AutoVideoProcessor", "AutoImageProcessor"),
+    ),
+}
+# transformers' own tables (model_type -> class name) of the classes each Auto class loads; disjoint
+_AUTO_MAPPINGS = {
+    IMAGE_TASK: "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "text-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "audio-classification": "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    "video-classification": "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES",
+}
+# class-name endings for architectures the tables do not list (remote code, a user's own class); audio first:
+# wav2vec2-style classes end in ForSequenceClassification too, and are found in the audio table above
+_SUFFIXES = (
+    ("ForAudioClassification", "audio-classification"),
+    ("ForVideoClassification", "video-classification"),
+    ("ForImageClassification", IMAGE_TASK),
+    ("ForSequenceClassification", "text-classification"),
+)
+
+
+def check_pipeline_task(task: Any, name: str = "task") -> str:
+    """``task`` as one of :data:`CLASSIFICATION_TASKS` (``ValueError`` naming the argument otherwise)."""
+    if not isinstance(task, str) or task not in CLASSIFICATION_TASKS:
+        raise ValueError(
+            f"Expected argument `{name}` to be one of {sorted(CLASSIFICATION_TASKS)} (calibrators act on class scores), "
+            f"or None (read from the model's config), but got {task!r}."
+        )
+    return task
+
+
+def _auto_tables() -> dict[str, dict[str, str]]:
+    from transformers.models.auto import modeling_auto
+
+    return {task: dict(getattr(modeling_auto, name, {})) for task, name in _AUTO_MAPPINGS.items()}
+
+
+def _field(config: Any, key: str) -> Any:
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+
+def pipeline_task_of_config(config: Any) -> tuple[str | None, str]:
+    """``(task, why)``: the pipeline task a transformers config (or its ``config.json`` as a dict) is for, read from
+    ``architectures`` (the class it was saved from, looked up in transformers' Auto tables, else by its name's ending),
+    else from ``model_type`` when one table alone lists it; ``(None, why)`` when it names none of them."""
+    if config is None:
+        return None, "no config"
+    if isinstance(_field(config, "maccal_head"), dict):
+        return IMAGE_TASK, "a MaC-Cal checkpoint (config.maccal_head)"
+    tables = _auto_tables()
+    for name in _field(config, "architectures") or ():
+        for task, table in tables.items():
+            if name in table.values():
+                return task, f"config.architectures={[name]}"
+        for suffix, task in _SUFFIXES:
+            if str(name).endswith(suffix):
+                return task, f"config.architectures={[name]}"
+    model_type = _field(config, "model_type")
+    found = [task for task, table in tables.items() if model_type in table]
+    if len(found) == 1:
+        return found[0], f"config.model_type={model_type!r}"
+    return None, f"config.architectures={_field(config, 'architectures')!r}, config.model_type={model_type!r}"
+
+
+def resolve_pipeline_task(task: str | None = None, config: Any = None) -> str:
+    """The pipeline task of a model: its config's (:func:`pipeline_task_of_config`); ``task`` overrides it only where the
+    config says nothing, and one that contradicts the config is a ``ValueError`` naming both. A config that names no
+    task (a bare timm module, an unknown architecture) is taken as ``"image-classification"`` unless ``task`` says."""
+    if task is not None:
+        check_pipeline_task(task)
+    found, why = pipeline_task_of_config(config)
+    if task is not None and found is not None and task != found:
+        raise ValueError(
+            f"Expected argument `task` to agree with the model's config, but got task={task!r} for a {found} model "
+            f"({why}, which {CLASSIFICATION_TASKS[found][0]} loads). Leave task=None to read it from the config."
+        )
+    return task or found or IMAGE_TASK

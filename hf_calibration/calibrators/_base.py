@@ -32,6 +32,7 @@ from hf_calibration._core.disk_logits import as_disk_logits
 from hf_calibration._core.finite import first_non_finite
 from hf_calibration._core.inputs import logits_and_labels, read_multiclass, scores_kind, whole_labels
 from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, top_label_pass
+from hf_calibration._core.tasks import CLASSIFICATION_TASKS, IMAGE_TASK, check_pipeline_task, pipeline_task_of_config
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators import attach as _attach
 from hf_calibration.calibrators._card import CALIBRATOR_CARD_TEMPLATE
@@ -138,6 +139,17 @@ def _shift_card_text(info: dict) -> str:
     return "\n\n".join(parts)
 
 
+def _task_of_model_folder(folder) -> str | None:
+    """The pipeline task of the model saved in ``folder`` (its ``config.json``), or None (no model there)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "calibrator" in config:  # a calibrator's own config is no model's
+        return None
+    return pipeline_task_of_config(config)[0]
+
+
 def _block_classes() -> list[type]:
     from hf_calibration.calibrators._registry import get_calibrator_class, list_calibrators
 
@@ -155,7 +167,7 @@ class Calibrator(
     nn.Module,
     PyTorchModelHubMixin,
     library_name="hf_calibration",
-    tags=["calibration", "hf_calibration", "image-classification"],
+    tags=["calibration", "hf_calibration"],  # and the model's pipeline task, per card (generate_model_card)
     model_card_template=CALIBRATOR_CARD_TEMPLATE,
 ):
     """Base class: ``fit``, ``forward``/``__call__``, ``predict_proba``, ``attach``/``detach``,
@@ -847,7 +859,27 @@ class Calibrator(
             "shift": _shift_card_text(info),
         }
         values.update(kwargs)
-        return super().generate_model_card(*args, **values)
+        task = values.get("pipeline_task")
+        if task is not None:
+            check_pipeline_task(task, "model_card_kwargs['pipeline_task']")
+        auto_class, argument = CLASSIFICATION_TASKS[task][:2] if task else (None, None)
+        kinds = {IMAGE_TASK: "an image", "text-classification": "a text", "audio-classification": "an audio"}
+        values.setdefault("model_kind", f"{kinds.get(task, 'a video' if task else 'a')} classifier")
+        values.setdefault("auto_class", auto_class)
+        values.setdefault("processor_argument", argument)
+        from huggingface_hub import ModelCard, ModelCardData
+
+        info = self._hub_mixin_info
+        data = ModelCardData(**info.model_card_data.to_dict())
+        data.tags = sorted({*(data.tags or ()), *([task] if task else ())})
+        return ModelCard.from_template(
+            card_data=data,
+            template_str=info.model_card_template,
+            repo_url=info.repo_url,
+            paper_url=info.paper_url,
+            docs_url=info.docs_url,
+            **values,
+        )
 
     def _card_description(self) -> str:
         """One sentence for the model card: what the calibrator does to the logits."""
@@ -861,7 +893,9 @@ class Calibrator(
         a ``README.md`` the package did not write (or that was edited since) is kept, and the card goes to
         ``README.hf_calibration.md`` (a warning says so). A model's folder is refused even then: save the calibrator in
         its ``calibrator/`` subfolder. The files written are recorded, with their SHA-256, in ``config.json``
-        (``files``). Other keyword arguments are ``PyTorchModelHubMixin.save_pretrained``'s.
+        (``files``). Other keyword arguments are ``PyTorchModelHubMixin.save_pretrained``'s. The card names the model's
+        pipeline task, Auto class and preprocessor: ``model_card_kwargs={"pipeline_task": ...}``, else the task of
+        the model saved in the parent folder (its ``config.json``, :mod:`hf_calibration._core.tasks`).
         """
         from pathlib import Path
 
@@ -869,12 +903,18 @@ class Calibrator(
         if not isinstance(overwrite, bool):
             raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
         folder = Path(save_directory)
+        card = dict(kwargs.get("model_card_kwargs") or {})
+        if card.get("pipeline_task") is None:
+            card["pipeline_task"] = _task_of_model_folder(folder.parent)
+        else:  # refused before anything is written
+            check_pipeline_task(card["pipeline_task"], "model_card_kwargs['pipeline_task']")
+        kwargs["model_card_kwargs"] = card  # the mixin writes README.md with them
         return hub.save_recorded(
             self,
             folder,
             lambda: super(Calibrator, self).save_pretrained(folder, **kwargs),
             overwrite=overwrite,
-            card_kwargs=kwargs.get("model_card_kwargs"),
+            card_kwargs=card,
         )
 
     def push_to_hub(

@@ -6,7 +6,7 @@ CALIBRATOR_CARD_TEMPLATE = """---
 
 # {{ title }}
 
-A post-hoc calibrator for an image classifier, saved with the `hf_calibration` library
+A post-hoc calibrator for {{ model_kind }}, saved with the `hf_calibration` library
 (`pip install hf-calibration`).
 {{ method_description }} {{ argmax_statement }}
 
@@ -31,16 +31,23 @@ ECE is measured on the data the calibrator was fitted on; report held-out number
 ## Usage
 
 ```python
-from transformers import AutoModelForImageClassification, pipeline
+{% if auto_class %}from transformers import {{ auto_class }}, pipeline
 from hf_calibration.calibrators import load_calibrator
 
-{% if model_repo %}model = AutoModelForImageClassification.from_pretrained("{{ model_repo }}")
-calibrator = load_calibrator({{ calibrator_args }})
-{% else %}model = AutoModelForImageClassification.from_pretrained("<model repo>")
-calibrator = load_calibrator("<this repo>")  # or load_calibrator("<model repo>", subfolder="calibrator")
+model = {{ auto_class }}.from_pretrained("{{ model_repo | default("<model repo>", true) }}")
+{% else %}from hf_calibration.calibrators import load_calibrator
+from hf_calibration.io import load_classifier
+
+model = load_classifier("{{ model_repo | default("<model repo>", true) }}")[0]  # the Auto class its config names
+{% endif %}{% if model_repo %}calibrator = load_calibrator({{ calibrator_args }})
+{% else %}calibrator = load_calibrator("<this repo>")  # or load_calibrator("<model repo>", subfolder="calibrator")
 {% endif %}calibrator.attach(model)      # model(...).logits and pipeline scores are now calibrated
-calibrator.detach()           # back to the original model, bit for bit
+{% if auto_class %}classifier = pipeline("{{ pipeline_task }}", model=model, {{ processor_argument }}="{{ model_repo | default("<model repo>", true) }}")
+{% endif %}calibrator.detach()           # back to the original model, bit for bit
 ```
+
+With the calibrator saved in the model repo's `calibrator/` folder, one call loads both (the task read from the model's
+config): `hf_calibration.pipeline(model="{{ model_repo | default("<model repo>", true) }}")`.
 {% if selection %}
 ## How this calibrator was chosen
 

@@ -53,6 +53,7 @@ _API_FLAGS = {
     "ood_dataset": "--ood-dataset",
     "split": "--split",
     "image_column": "--image-column",
+    "input_column": "--input-column",
     "label_column": "--label-column",
     "device": "--device",
     "max_samples": "--max-samples",

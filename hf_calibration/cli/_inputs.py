@@ -33,6 +33,7 @@ class Inputs(NamedTuple):
     dataset: str | None = None  # --dataset, on the model route
     split: str | None = None  # the dataset split used, on the model route
     task: str = "multiclass"  # the head's kind (hf_calibration._core.tasks)
+    pipeline_task: str | None = None  # the model's pipeline task, read from its config, on the model route
 
 
 def add_input_options(p: argparse.ArgumentParser, split_help: str) -> None:
@@ -45,8 +46,18 @@ def add_input_options(p: argparse.ArgumentParser, split_help: str) -> None:
     g.add_argument("--revision", metavar="REV", help="the model's Hub revision (branch, tag or commit)")
     add_option(g, "max_samples", type=int, default=None, metavar="N", help="use only the first N rows of the split")
     add_option(g, "batch_size", type=int, default=64, metavar="B", help="images per forward pass (default 64)")
-    add_option(
-        g, "image_column", metavar="X", default=None, help="image column (default: the one datasets.Image column)"
+    g.add_argument(
+        "--input-column",
+        "--input_column",
+        "--image-column",
+        "--image_column",
+        dest="input_column",
+        metavar="X",
+        action="append",
+        default=None,
+        help="the input column: images (default: the one datasets.Image column), text (default: text, sentence, ...; "
+        "twice for a pair, e.g. --input-column premise --input-column hypothesis; default: sentence1/sentence2, "
+        "premise/hypothesis, ...), audio (default: the datasets.Audio column) or video (default: video)",
     )
     add_option(
         g,
@@ -145,7 +156,7 @@ def _load(args, default_split: str) -> Inputs:
         args.model,
         dataset,
         batch_size=args.batch_size,
-        image_column=args.image_column,
+        input_column=args.input_column,
         label_column=args.label_column,
         max_samples=args.max_samples,
         cache_dir=cache_dir,
@@ -156,7 +167,21 @@ def _load(args, default_split: str) -> Inputs:
     )
     split = None if dataset.split is None else str(dataset.split)
     source = f"{args.model} on {args.dataset}" + (f"[{split}]" if split else "")
-    return Inputs(logits, labels, source, str(args.model), str(args.dataset), split, task)
+    pipeline_task = _pipeline_task(args.model, args.revision)
+    return Inputs(logits, labels, source, str(args.model), str(args.dataset), split, task, pipeline_task)
+
+
+def _pipeline_task(model: str, revision: str | None) -> str | None:
+    """The model's pipeline task by its config (:mod:`hf_calibration._core.tasks`), for the calibrator's card."""
+    from transformers import AutoConfig
+
+    from hf_calibration._core.tasks import pipeline_task_of_config
+
+    try:
+        config = AutoConfig.from_pretrained(model, revision=revision)
+    except (OSError, ValueError, KeyError):
+        return None
+    return pipeline_task_of_config(config)[0]
 
 
 def _check_labelled(dataset, column: str, args) -> None:
@@ -187,5 +212,15 @@ def card_kwargs(
     fitted_on = f"logits of `{data.model}` on `{data.dataset}`" + (f" (split `{data.split}`)" if data.split else "")
     if push_to is not None:
         where = f'"{push_to}"' + (f', subfolder="{path_in_repo.strip("/")}"' if path_in_repo else "")
-        return {"fitted_on": fitted_on, "model_repo": push_to, "calibrator_args": where}
-    return {"fitted_on": fitted_on, "model_repo": data.model, "calibrator_args": f'"{saved_to}"'}
+        return {
+            "fitted_on": fitted_on,
+            "model_repo": push_to,
+            "calibrator_args": where,
+            "pipeline_task": data.pipeline_task,
+        }
+    return {
+        "fitted_on": fitted_on,
+        "model_repo": data.model,
+        "calibrator_args": f'"{saved_to}"',
+        "pipeline_task": data.pipeline_task,
+    }

@@ -14,27 +14,26 @@ from hf_calibration.cli._common import (
     from_logits_of,
     json_ready,
     load_calibrator,
-    load_data,
-    logits_options,
     new_file,
     positive_int,
     save_diagram,
     temperature_summary,
     writing,
 )
+from hf_calibration.cli._inputs import add_input_options, load_inputs
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "apply",
         parents=[common],
-        help="apply a saved calibrator to logits and report before / after",
+        help="apply a saved calibrator to logits (or a model's over a dataset) and report before / after",
         description="Load a calibrator saved by `fit` (or save_pretrained), apply it to logits (or "
         "probabilities) and print the metrics before and after. Output files must be new "
         "unless --overwrite is given, and are never the input files.",
     )
     p.add_argument("--calibrator", required=True, metavar="DIR", help="folder written by `fit` / save_pretrained")
-    logits_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
+    add_input_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
     add_input_kind_option(p)
     p.add_argument(
         "--diagram", metavar="PNG", help="write the reliability diagrams before and after calibration to this file"
@@ -75,7 +74,7 @@ def run(args) -> int:
     if diagram is not None and diagram == save_to:
         raise CLIError(f"--diagram and --save-logits name the same file {diagram}.")
     calibrator = load_calibrator(args.calibrator)
-    data = load_data(args, default_split="test")
+    data = load_inputs(args, default_split="test")  # a logits file, or --model run over --dataset
     task = data.task
     fitted_for = (calibrator.fit_info_ or {}).get("task", "multiclass")
     if (task == "multiclass") != (fitted_for == "multiclass"):

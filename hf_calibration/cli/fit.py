@@ -204,7 +204,7 @@ def _fit_for_shift(args, kind: str, data, sigmoid: bool, auto: bool):
     try:
         return fit_for_shift(args.model, args.dataset, kind, split=data.split, levels=args.levels,
                              perturbation=args.perturbation, seed=args.seed or 0, progress_bar=not args.json,
-                             batch_size=args.batch_size, image_column=args.image_column, label_column=args.label_column,
+                             batch_size=args.batch_size, image_column=(args.input_column or [None])[0], label_column=args.label_column,
                              max_samples=args.max_samples, device=args.device, num_workers=args.num_workers,
                              revision=args.revision, config_name=args.config,
                              cache_dir=None if args.no_cache else args.cache_dir)  # fmt: skip

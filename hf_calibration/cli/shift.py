@@ -199,7 +199,7 @@ def run(args) -> int:
         corruptions=args.corruptions or BENCHMARK_CORRUPTIONS, severities=args.severities,
         ood_dataset=args.ood_dataset, ood_split=args.ood_split, seed=args.seed, preset=args.preset,
         cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()), n_bins=args.n_bins,
-        batch_size=args.batch_size, image_column=args.image_column, label_column=args.label_column,
+        batch_size=args.batch_size, image_column=(args.input_column or [None])[0], label_column=args.label_column,
         max_samples=args.max_samples, device=args.device, config_name=args.config, revision=args.revision,
         num_workers=args.num_workers,
     )  # fmt: skip

@@ -1,8 +1,9 @@
-"""Logits of an image classifier over a dataset: ``predict_logits(model, dataset) -> (logits, labels)``.
+"""Logits of a classifier over a dataset: ``predict_logits(model, dataset) -> (logits, labels)``, for image, text,
+audio and video models alike.
 
-One call replaces the loop every calibration workflow starts with: load the model and its image
-processor, find the dataset's image and label columns, run the model batch by batch under
-``torch.inference_mode`` (a ``DataLoader`` decodes and preprocesses images in worker processes), and
+One call replaces the loop every calibration workflow starts with: load the model and its preprocessor (the task's:
+:mod:`hf_calibration.io.modality`), find the dataset's input and label columns, run the model batch by batch under
+``torch.inference_mode`` (a ``DataLoader`` decodes and preprocesses the inputs in worker processes), and
 return the logits in dataset order. Under ``torchrun`` / ``accelerate launch`` every process runs a
 contiguous shard and the shards are gathered in rank order, so each sample appears exactly once and the
 result equals a single process's. With ``cache_dir`` the result is stored on disk under a key of the
@@ -24,9 +25,10 @@ from hf_calibration._core import distributed
 from hf_calibration._core.checks import check_folder_or_hub_id, check_int
 from hf_calibration._core.disk_logits import LogitsWriter
 from hf_calibration._core.inputs import whole_labels
-from hf_calibration.io.data import find_image_column, find_label_column, load_image_dataset
+from hf_calibration.io.data import find_label_column, load_image_dataset
 from hf_calibration.io.logits_cache import cache_key, load_cached, save_cached
-from hf_calibration.io.model_loading import load_image_classifier
+from hf_calibration.io.modality import Collate, find_input_columns, prepare_dataset
+from hf_calibration.io.model_loading import IMAGE_TASK, load_classifier, pipeline_task_of
 
 __all__ = ["predict_logits"]
 
@@ -49,19 +51,6 @@ def _image_mode(model: nn.Module, processor: Any) -> str | None:
     if isinstance(data_config, dict) and "input_size" in data_config:
         return _MODES.get(int(data_config["input_size"][0]))
     return _MODES.get(int(getattr(getattr(model, "config", None), "num_channels", 3) or 3))
-
-
-class _Collate:
-    """Worker-side batch preparation: decoded images → the processor's ``pixel_values``."""
-
-    def __init__(self, processor: Any, column: str, mode: str | None):
-        self.processor, self.column, self.mode = processor, column, mode
-
-    def __call__(self, rows: list[dict]) -> torch.Tensor:
-        images = [row[self.column] for row in rows]
-        if self.mode is not None:
-            images = [im.convert(self.mode) if hasattr(im, "convert") and im.mode != self.mode else im for im in images]
-        return self.processor(images=images, return_tensors="pt")["pixel_values"]
 
 
 def _labels(data, column: str, model: nn.Module) -> np.ndarray:
@@ -116,10 +105,8 @@ def _warn_if_classes_are_missing(data, column: str, max_samples: int) -> None:
 
 def _run(
     model: nn.Module,
-    processor: Any,
+    collate: Collate,
     data,
-    column: str,
-    mode: str | None,
     *,
     batch_size: int,
     device: torch.device,
@@ -134,11 +121,11 @@ def _run(
     from hf_calibration._core.progress import progress_iter
 
     loader = torch.utils.data.DataLoader(
-        data.select_columns([column]),
+        data.select_columns(list(collate.columns)),
         batch_size=batch_size,
         shuffle=False,
         num_workers=num_workers,
-        collate_fn=_Collate(processor, column, mode),
+        collate_fn=collate,
         pin_memory=device.type == "cuda",
     )
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -147,12 +134,12 @@ def _run(
     row = 0
     try:
         with torch.inference_mode():
-            for pixel_values in progress_iter(
-                loader, desc="logits", enabled=progress, unit="batch", dynamic_ncols=True
-            ):
-                logits = (
-                    model(pixel_values=pixel_values.to(device, dtype=dtype, non_blocking=True)).logits.float().cpu()
-                )
+            for batch in progress_iter(loader, desc="logits", enabled=progress, unit="batch", dynamic_ncols=True):
+                inputs = {  # floating inputs (pixels, audio features) in the model's dtype; token ids and masks as they are
+                    k: v.to(device, dtype=dtype if v.is_floating_point() else v.dtype, non_blocking=True)
+                    for k, v in batch.items()
+                }
+                logits = model(**inputs).logits.float().cpu()
                 if sink is not None:
                     writer = writer or sink(logits.shape[1])
                     writer.write(logits.numpy())
@@ -188,6 +175,13 @@ def _task_of(model: Any, revision: str | None, task: str | None) -> str:
     return task_of_config(config) or "multiclass"
 
 
+def _one_of(value: Any, former: Any, name: str, former_name: str) -> Any:
+    """An argument given by its name or by its former name, not both."""
+    if value is not None and former is not None:
+        raise TypeError(f"Expected argument `{name}` or its former name `{former_name}`, not both.")
+    return former if value is None else value
+
+
 def check_device(device: Any) -> torch.device:
     """``device`` as a ``torch.device`` this machine has (``ValueError`` naming the argument otherwise)."""
     try:
@@ -213,9 +207,9 @@ def check_device(device: Any) -> torch.device:
 def predict_logits(
     model: str | os.PathLike | nn.Module,
     dataset: Any,
-    image_processor: Any = None,
+    processor: Any = None,
     batch_size: int = 64,
-    image_column: str | None = None,
+    input_column: str | tuple[str, str] | None = None,
     label_column: str | None = None,
     max_samples: int | None = None,
     cache_dir: str | os.PathLike | None = None,
@@ -230,18 +224,25 @@ def predict_logits(
     output: str | os.PathLike | None = None,
     overwrite: bool = False,
     task: str | None = None,
+    pipeline_task: str | None = None,
+    image_processor: Any = None,
+    image_column: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run an image classifier over a dataset and return ``(logits, labels)`` in dataset order.
+    """Run a classifier (image, text, audio or video) over a dataset and return ``(logits, labels)`` in dataset order.
 
     Args:
-        model: a folder or Hub id (``AutoModelForImageClassification``; timm checkpoints through
-            ``TimmWrapperForImageClassification``; MaC-Cal checkpoints with their bottleneck head), or a
-            model object.
+        model: a folder or Hub id, loaded through the Auto class its config names (``AutoModelForImageClassification``,
+            ``AutoModelForSequenceClassification``, ``AutoModelForAudioClassification``, ...; timm checkpoints through
+            ``TimmWrapperForImageClassification``; MaC-Cal checkpoints with their bottleneck head), or a model object.
         dataset: a ``datasets.Dataset`` / ``DatasetDict``, a ``save_to_disk`` folder, an image folder
             (``imagefolder`` layout), or a Hub dataset id.
-        image_processor: an image processor, or a folder / Hub id; default: the model's own.
-        batch_size: images per forward pass (per process).
-        image_column: default: the dataset's one ``datasets.Image`` column.
+        processor: the model's preprocessor (an image processor, a tokenizer, a feature extractor or a video
+            processor), or a folder / Hub id; default: the model's own. Its kind must be the model's task's.
+        batch_size: inputs per forward pass (per process).
+        input_column: the input column(s) (:func:`hf_calibration.io.modality.find_input_columns`); default: the one
+            ``datasets.Image`` column, a text column (``text``, ``sentence``, ...) or pair (``sentence1`` /
+            ``sentence2``, ``premise`` / ``hypothesis``, ...; tokenized with padding and truncation), the
+            ``datasets.Audio`` column (cast to the feature extractor's ``sampling_rate``) or a ``video`` column.
         label_column: default: its one ``ClassLabel`` column, else ``label`` / ``labels``.
         max_samples: use only the first ``max_samples`` rows (a warning says when they miss classes of the split:
             shuffle a dataset sorted by class first).
@@ -261,6 +262,10 @@ def predict_logits(
             fit from it directly (``hf_calibration._core.disk_logits``). Under several processes the shards are gathered first
             and the first process writes.
         overwrite: replace an existing ``output``.
+        pipeline_task: ``"image-classification"``, ``"text-classification"``, ``"audio-classification"`` or
+            ``"video-classification"``; None reads it from the model's config (``architectures``), or from the
+            processor's kind for a model without one. One that contradicts the config is a ``ValueError``.
+        image_processor, image_column: the former names of ``processor`` and ``input_column``.
         task: the head's kind (``hf_calibration._core.tasks.resolve_task``); None reads the model's ``config.problem_type``.
             A multi-label model's labels come from a list column (``Sequence(ClassLabel)`` of the classes present, or a
             multi-hot vector) and are returned as ``(N, L)`` 0/1; a binary one-logit head's logits are ``(N, 1)``.
@@ -278,6 +283,8 @@ def predict_logits(
         SMARTCalibrator().fit(logits, labels)
     """
     batch_size = check_int(batch_size, "batch_size", minimum=1)
+    processor = _one_of(processor, image_processor, "processor", "image_processor")
+    input_column = _one_of(input_column, image_column, "input_column", "image_column")
     if isinstance(model, (str, os.PathLike)):
         check_folder_or_hub_id(model, "model")
     if device is not None:
@@ -294,7 +301,10 @@ def predict_logits(
     rank, world_size = distributed.rank_and_world_size()
 
     data = load_image_dataset(dataset, split, config_name=config_name, revision=dataset_revision)
-    image_column = find_image_column(data.features, image_column)
+    pipeline_task = pipeline_task_of(
+        model, pipeline_task, processor, revision
+    )  # the config alone: bad columns fail fast
+    columns = find_input_columns(data.features, pipeline_task, input_column)
     task = _task_of(model, revision, task)
     label_column = find_label_column(
         data.features, label_column, multilabel=task == "multilabel", binary=task == "binary"
@@ -307,9 +317,11 @@ def predict_logits(
         raise ValueError("Expected a dataset with at least one row, but it is empty.")
 
     given_object = isinstance(model, nn.Module)
-    model, processor = load_image_classifier(model, image_processor, revision=revision)
+    model, processor, pipeline_task = load_classifier(model, processor, task=pipeline_task, revision=revision)
+    data = prepare_dataset(data, pipeline_task, columns, processor)
+
     num_labels = int(getattr(getattr(model, "config", None), "num_labels", 0) or 0)
-    mode = _image_mode(model, processor)
+    mode = _image_mode(model, processor) if pipeline_task == IMAGE_TASK else None
     if task == "multilabel":
         from hf_calibration.io.data import multi_hot_labels
 
@@ -324,7 +336,7 @@ def predict_logits(
             processor,
             data,
             split=data.split,
-            image_column=image_column,
+            image_column=",".join(columns),
             label_column=label_column,
             image_mode=mode,
         )
@@ -356,10 +368,8 @@ def predict_logits(
     try:
         logits = _run(
             model,
-            processor,
+            Collate(pipeline_task, processor, columns, mode),
             data.select(shard),
-            image_column,
-            mode,
             batch_size=batch_size,
             device=device,
             num_workers=num_workers,

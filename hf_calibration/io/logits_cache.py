@@ -118,12 +118,29 @@ def uncacheable_reason(model: nn.Module, processor: Any) -> str | None:
     hooks = _foreign_hooks(model)
     if hooks:
         return f"the model has forward hooks the cache cannot key ({'; '.join(hooks[:3])}{'; ...' if len(hooks) > 3 else ''})"
-    if not callable(getattr(processor, "to_dict", None)):
+    if _processor_state(processor) is None:
         return (
-            f"the image processor is a {type(processor).__name__} without to_dict(), whose settings the cache cannot "
-            "key (pass a transformers image processor to cache)"
+            f"the processor is a {type(processor).__name__} without to_dict(), whose settings the cache cannot "
+            "key (pass a transformers image processor, fast tokenizer or feature extractor to cache)"
         )
     return None
+
+
+def _processor_state(processor: Any) -> dict[str, Any] | None:
+    """What the key holds of the preprocessing: an image processor's or feature extractor's ``to_dict()``; a fast
+    tokenizer's class, settings and a hash of its ``tokenizer.json``; None for anything else."""
+    if callable(getattr(processor, "to_dict", None)):
+        return processor.to_dict()
+    backend = getattr(processor, "backend_tokenizer", None)
+    if backend is None or not callable(getattr(backend, "to_str", None)):
+        return None
+    return {
+        "class": type(processor).__qualname__,
+        "tokenizer": hashlib.sha256(backend.to_str().encode()).hexdigest(),
+        "model_max_length": processor.model_max_length,
+        "padding_side": processor.padding_side,
+        "truncation_side": processor.truncation_side,
+    }
 
 
 def cache_key(
@@ -151,7 +168,7 @@ def cache_key(
             "num_rows": len(dataset),
         },
         "preprocessing": {
-            "image_processor": processor.to_dict(),
+            "image_processor": _processor_state(processor),  # the key's name since version 1: any preprocessor
             "image_column": image_column,
             "label_column": label_column,
             "image_mode": image_mode,

@@ -18,7 +18,16 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["CLASSIFICATION_TASKS", "load_image_classifier", "load_image_processor", "load_processor"]
+from hf_calibration._core.tasks import CLASSIFICATION_TASKS, IMAGE_TASK, resolve_pipeline_task
+
+__all__ = [
+    "CLASSIFICATION_TASKS",
+    "IMAGE_TASK",
+    "load_classifier",
+    "load_image_classifier",
+    "load_image_processor",
+    "load_processor",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -31,41 +40,18 @@ _HUB_KWARGS = (
 )  # where the files come from: config and weights alike
 
 
-IMAGE_TASK = "image-classification"
-# the transformers pipeline tasks whose models end in class logits: (Auto model class, preprocessor argument of
-# ``transformers.pipeline``, Auto classes that load that preprocessor, tried in order)
-CLASSIFICATION_TASKS = {
-    IMAGE_TASK: ("AutoModelForImageClassification", "image_processor", ("AutoImageProcessor",)),
-    "text-classification": ("AutoModelForSequenceClassification", "tokenizer", ("AutoTokenizer",)),
-    "audio-classification": ("AutoModelForAudioClassification", "feature_extractor", ("AutoFeatureExtractor",)),
-    # newer video models have a video processor; VideoMAE-era checkpoints may have only an image processor
-    "video-classification": (
-        "AutoModelForVideoClassification",
-        "video_processor",
-        ("AutoVideoProcessor", "AutoImageProcessor"),
-    ),
-}
-
-
-def check_task(task: Any) -> str:
-    """``task`` if it is one of :data:`CLASSIFICATION_TASKS`, else a ``ValueError`` naming the argument."""
-    if not isinstance(task, str) or task not in CLASSIFICATION_TASKS:
-        raise ValueError(
-            f"Expected argument `task` to be one of {sorted(CLASSIFICATION_TASKS)} (calibrators act on class scores), "
-            f"but got {task!r}."
-        )
-    return task
-
-
 def _load_model(
-    name_or_path: str | os.PathLike, revision: str | None, task: str = IMAGE_TASK, **kwargs: Any
+    name_or_path: str | os.PathLike, revision: str | None, task: str | None = None, **kwargs: Any
 ) -> nn.Module:
+    """The model through the Auto class of its task: the config's (``_core.tasks.resolve_pipeline_task``; ``task``
+    only overrides where the config says nothing, and a contradiction is a ``ValueError``)."""
     import transformers
     from transformers import AutoConfig, TimmWrapperForImageClassification
 
     config = AutoConfig.from_pretrained(
         name_or_path, revision=revision, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
     )
+    task = resolve_pipeline_task(task, config)
     if task != IMAGE_TASK:
         model_class = getattr(transformers, CLASSIFICATION_TASKS[task][0])
         return model_class.from_pretrained(name_or_path, config=config, revision=revision, **kwargs)
@@ -119,6 +105,72 @@ def load_processor(task: str, name_or_path: str | os.PathLike, revision: str | N
     )
 
 
+def load_classifier(
+    model: str | os.PathLike | nn.Module,
+    processor: Any = None,
+    *,
+    task: str | None = None,
+    revision: str | None = None,
+    **kwargs: Any,
+) -> tuple[nn.Module, Any, str]:
+    """``(model, processor, task)`` ready for inference: the model, the preprocessor its task takes and the task
+    (``"image-classification"``, ``"text-classification"``, ...), read from the model's config.
+
+    Args:
+        model: a folder or Hub id (loaded as described in the module docstring), or a model object (returned as it is).
+        processor: an image processor, tokenizer, feature extractor or video processor, or a folder / Hub id to load
+            one from. ``None``: the model's own (from its folder or Hub id, or ``model.config._name_or_path``).
+        task: overrides the config where it names no task (a config-less model: else the processor's kind decides);
+            one that contradicts the config is a ``ValueError``.
+        revision: the Hub revision (branch, tag or commit) of the model.
+        **kwargs: passed to ``from_pretrained`` (``dtype``, ``token``, ...).
+    """
+    from hf_calibration.io.modality import processor_for
+
+    if isinstance(model, nn.Module):
+        source = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+    elif isinstance(model, (str, os.PathLike)):
+        source = model
+        model = _load_model(model, revision, task, **kwargs)
+    else:
+        raise TypeError(
+            f"Expected argument `model` to be a folder, a Hub id or a torch.nn.Module, but got {type(model).__name__}."
+        )
+    task = pipeline_task_of(model, task, processor)
+    if processor is None:
+        if source is None:
+            raise ValueError(
+                "Expected argument `processor` for a model object that does not record where it was loaded from."
+            )
+        processor = load_processor(task, source, revision)[1]
+    elif isinstance(processor, (str, os.PathLike)):
+        processor = load_processor(task, processor)[1]
+    return model, processor_for(task, processor), task
+
+
+def pipeline_task_of(
+    model: str | os.PathLike | nn.Module, task: str | None = None, processor: Any = None, revision: str | None = None
+) -> str:
+    """The pipeline task of a model object, folder or Hub id (only its ``config.json`` is read):
+    ``_core.tasks.resolve_pipeline_task`` on its config; for a model whose config names none (a timm or torch module),
+    ``task``, else the kind of ``processor`` (an object), else ``"image-classification"``."""
+    from hf_calibration._core.tasks import pipeline_task_of_config
+    from hf_calibration.io.modality import processor_task
+
+    if isinstance(model, nn.Module):
+        config = getattr(model, "config", None)
+    else:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(model, revision=revision)
+        except (OSError, ValueError, KeyError):  # no readable config: the model loader words that error
+            config = None
+    if task is None and pipeline_task_of_config(config)[0] is None and not isinstance(processor, (str, os.PathLike)):
+        task = processor_task(processor)
+    return resolve_pipeline_task(task, config)
+
+
 def load_image_classifier(
     model: str | os.PathLike | nn.Module,
     image_processor: Any = None,
@@ -126,36 +178,6 @@ def load_image_classifier(
     revision: str | None = None,
     **kwargs: Any,
 ) -> tuple[nn.Module, Any]:
-    """``(model, image_processor)`` ready for inference (the model in eval mode).
-
-    Args:
-        model: a folder or Hub id (loaded as described in the module docstring), or a model object
-            (returned as it is).
-        image_processor: an image processor object, or a folder / Hub id to load one from. ``None``:
-            the model's own (from its folder or Hub id, or from ``model.config._name_or_path`` for
-            an object).
-        revision: the Hub revision (branch, tag or commit) of the model.
-        **kwargs: passed to ``from_pretrained`` (``dtype``, ``token``, ...).
-    """
-    if isinstance(model, nn.Module):
-        source = getattr(getattr(model, "config", None), "_name_or_path", None) or None
-    elif isinstance(model, (str, os.PathLike)):
-        source = model
-        model = _load_model(model, revision, **kwargs)
-    else:
-        raise TypeError(
-            f"Expected argument `model` to be a folder, a Hub id or a torch.nn.Module, but got {type(model).__name__}."
-        )
-    if image_processor is None:
-        if source is None:
-            raise ValueError(
-                "Expected argument `image_processor` for a model object that does not record where it was loaded from."
-            )
-        image_processor = load_image_processor(source, revision)
-    elif isinstance(image_processor, (str, os.PathLike)):
-        image_processor = load_image_processor(image_processor)
-    if not callable(image_processor):
-        raise TypeError(
-            f"Expected argument `image_processor` to be callable on a list of images, but got {type(image_processor).__name__}."
-        )
-    return model, image_processor
+    """``(model, image_processor)`` of an image classifier: :func:`load_classifier` with ``task="image-classification"``."""
+    model, processor, _ = load_classifier(model, image_processor, task=IMAGE_TASK, revision=revision, **kwargs)
+    return model, processor

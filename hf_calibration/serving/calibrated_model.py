@@ -28,8 +28,9 @@ from torch import nn
 
 from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.checks import check_folder_or_hub_id
+from hf_calibration._core.tasks import check_pipeline_task, resolve_pipeline_task
 from hf_calibration.calibrators import load_calibrator
-from hf_calibration.io.model_loading import _HUB_KWARGS, IMAGE_TASK, _load_model, check_task, load_processor
+from hf_calibration.io.model_loading import _HUB_KWARGS, _load_model, load_processor
 
 __all__ = ["CALIBRATOR_FOLDER", "CONFORMAL_FOLDER", "load_calibrated_model", "pipeline"]
 
@@ -167,15 +168,19 @@ def _load_companions(
 
 
 def load_calibrated_model(
-    name_or_path: str | os.PathLike, *, task: str = IMAGE_TASK, revision: str | None = None, **kwargs: Any
+    name_or_path: str | os.PathLike, *, task: str | None = None, revision: str | None = None, **kwargs: Any
 ) -> nn.Module:
     """The model of a folder or Hub repo, its calibrator (``calibrator/``) attached, its conformal predictor
     (``conformal/``) as ``model.conformal_predictor``; in eval mode.
 
     Args:
         name_or_path: a local folder or a Hub repo id.
-        task: the pipeline task the model is for, which picks its Auto class: ``"image-classification"``
-            (default), ``"text-classification"``, ``"audio-classification"`` or ``"video-classification"``.
+        task: the pipeline task, which picks the Auto class: ``None`` (default) reads it from the model's config
+            (``architectures``: ``BertForSequenceClassification`` is ``"text-classification"``,
+            ``Wav2Vec2ForSequenceClassification`` ``"audio-classification"``, ...; :mod:`hf_calibration._core.tasks`);
+            ``"image-classification"``, ``"text-classification"``, ``"audio-classification"`` or
+            ``"video-classification"`` only where the config names none. One that contradicts the config is a
+            ``ValueError``.
         revision: the Hub revision (branch, tag or commit), for the model and its subfolders alike.
         **kwargs: passed to ``from_pretrained`` (``dtype``, ``cache_dir``, ``token``, ``local_files_only``, ...);
             the download options also fetch the subfolders.
@@ -188,7 +193,9 @@ def load_calibrated_model(
         attached_calibrator(model)                     # the calibrator (hf_calibration.calibrators.attach)
     """
     source = _check_source(name_or_path)
-    model = _load_model(source, revision, check_task(task), **kwargs).eval()
+    if task is not None:
+        check_pipeline_task(task)
+    model = _load_model(source, revision, task, **kwargs).eval()
     num_classes = getattr(getattr(model, "config", None), "num_labels", None)
     calibrator, conformal = _load_companions(
         source,
@@ -203,7 +210,7 @@ def load_calibrated_model(
 
 
 def pipeline(
-    task: str = IMAGE_TASK,
+    task: str | None = None,
     model: str | os.PathLike | None = None,
     *,
     image_processor: Any = None,
@@ -220,8 +227,10 @@ def pipeline(
     results carry the prediction sets of its ``conformal/`` predictor.
 
     Args:
-        task: a classification pipeline: ``"image-classification"`` (default), ``"text-classification"``,
-            ``"audio-classification"`` or ``"video-classification"`` (the calibrators act on any classifier's logits).
+        task: a classification pipeline: ``"image-classification"``, ``"text-classification"``,
+            ``"audio-classification"`` or ``"video-classification"`` (the calibrators act on any classifier's logits);
+            ``None`` (default) reads it from the model's config, as :func:`load_calibrated_model` does. One that
+            contradicts the config is a ``ValueError``.
         model: a local folder or a Hub repo id (loaded by :func:`load_calibrated_model`).
         image_processor, tokenizer, feature_extractor, video_processor: the task's preprocessor (an object, or a
             folder / Hub id); default: the model's own (the image processor, tokenizer, feature extractor or video
@@ -241,11 +250,12 @@ def pipeline(
 
         classify = hf_calibration.pipeline("image-classification", model="me/vit")
         classify(image)          # calibrated scores (and the prediction set, with conformal/)
-        hf_calibration.pipeline("text-classification", model="me/bert-sentiment")("a fine film")
+        hf_calibration.pipeline(model="me/bert-sentiment")("a fine film")   # the task read from the config
     """
     import transformers
 
-    check_task(task)
+    if task is not None:
+        check_pipeline_task(task)
     if conformal_draws not in ("input", "stream"):
         raise ValueError(f"Expected argument `conformal_draws` to be 'input' or 'stream', but got {conformal_draws!r}.")
     source = _check_source(model)
@@ -253,6 +263,7 @@ def pipeline(
     if token is not None:
         model_kwargs["token"] = token
     loaded = load_calibrated_model(source, task=task, revision=revision, **model_kwargs)
+    task = resolve_pipeline_task(task, getattr(loaded, "config", None))
     given = {
         "image_processor": image_processor,
         "tokenizer": tokenizer,

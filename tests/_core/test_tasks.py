@@ -99,3 +99,46 @@ def test_multiclass_shape_error_names_the_problem():
         classwise_ece(z, multi_hot)
     with pytest.raises(ValueError, match=r"multi-label.*problem_type.*BinaryCrossEntropyLoss"):
         CrossEntropyLoss()(torch.from_numpy(z), torch.from_numpy(multi_hot).float())
+
+
+# the pipeline task (modality) a config names (issue 54, item 1)
+
+
+@pytest.mark.parametrize(
+    "config, task",
+    [
+        ({"architectures": ["BertForSequenceClassification"], "model_type": "bert"}, "text-classification"),
+        ({"architectures": ["Wav2Vec2ForSequenceClassification"]}, "audio-classification"),
+        ({"architectures": ["VideoMAEForVideoClassification"]}, "video-classification"),
+        ({"architectures": ["ViTForImageClassification"]}, "image-classification"),
+        ({"architectures": ["TimmWrapperForImageClassification"]}, "image-classification"),
+        ({"architectures": ["MyOwnForAudioClassification"]}, "audio-classification"),  # by the name's ending
+        ({"architectures": ["MyOwnForSequenceClassification"]}, "text-classification"),
+        ({"model_type": "timm_wrapper"}, "image-classification"),  # a timm config: no architectures
+        ({"model_type": "wav2vec2"}, "audio-classification"),
+        ({"architectures": ["ResNetModel"], "maccal_head": {"hidden": 8}}, "image-classification"),
+        ({"architectures": ["Nothing"], "model_type": "nothing"}, None),
+        (None, None),
+    ],
+)
+def test_the_pipeline_task_of_a_config(config, task):
+    from hf_calibration._core.tasks import pipeline_task_of_config
+
+    assert pipeline_task_of_config(config)[0] == task
+
+
+def test_transformers_configs_name_their_task():
+    import transformers
+
+    from hf_calibration._core.tasks import pipeline_task_of_config, resolve_pipeline_task
+
+    config = transformers.BertConfig(architectures=["BertForSequenceClassification"])
+    assert pipeline_task_of_config(config)[0] == "text-classification"
+    assert resolve_pipeline_task(None, config) == "text-classification"
+    with pytest.raises(ValueError, match=r"task='audio-classification' for a text-classification model"):
+        resolve_pipeline_task("audio-classification", config)
+    bare = transformers.PretrainedConfig()  # names no task: the override decides, the default is images
+    assert resolve_pipeline_task("audio-classification", bare) == "audio-classification"
+    assert resolve_pipeline_task(None, bare) == "image-classification"
+    with pytest.raises(ValueError, match="Expected argument `task` to be one of"):
+        resolve_pipeline_task("text-generation", config)

@@ -187,7 +187,7 @@ def test_bad_input_names_the_argument(root, tmp_path):
     make_model("vit", seed=0, num_channels=3).save_pretrained(tmp_path / "bare")  # no image processor saved
     with pytest.raises(ValueError, match="no image processor .*pass `image_processor`"):
         predict_logits(str(tmp_path / "bare"), str(root / "saved"), split="test")
-    with pytest.raises(ValueError, match="`image_processor` for a model object"):
+    with pytest.raises(ValueError, match="`processor` for a model object"):
         predict_logits(make_model("vit", num_channels=3), str(root / "saved"), split="test")
 
 

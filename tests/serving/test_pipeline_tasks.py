@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from _models import tiny_bert, tiny_wav2vec2
 
 from hf_calibration import TemperatureScaling, load_calibrated_model, pipeline
 from hf_calibration.calibrators.attach import attached_calibrator
@@ -16,49 +17,15 @@ from hf_calibration.conformal import ConformalPredictor
 
 torch.set_num_threads(1)
 K = 3
-WORDS = "good bad movie plot the a was great awful film long short".split()
 TEXTS = ["good movie", "the plot was awful awful and long", "a great film", "bad"]  # lengths differ: padded batches
 
 
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]")
-
-
 def _text_model():
-    config = transformers.BertConfig(
-        vocab_size=len(WORDS) + 2,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        num_labels=K,
-    )
-    return transformers.BertForSequenceClassification(config), _tokenizer()
+    return tiny_bert(num_labels=K, seed=0)
 
 
 def _audio_model():
-    config = transformers.Wav2Vec2Config(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        conv_dim=(8, 8),
-        conv_stride=(5, 4),
-        conv_kernel=(10, 4),
-        num_feat_extract_layers=2,
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=2,
-        classifier_proj_size=8,
-        num_labels=K,
-    )
-    return transformers.Wav2Vec2ForSequenceClassification(config), transformers.Wav2Vec2FeatureExtractor(
-        return_attention_mask=True
-    )
+    return tiny_wav2vec2(num_labels=K, seed=0)
 
 
 def _video_model():
