@@ -280,9 +280,9 @@ def debiased_ece(
         unbiased, not clipped); with ``ci``, a :class:`~hf_calibration.metrics.MetricInterval`.
 
     Warns:
-        UserWarning: for the L2 error (``p=2``) with equal-mass bins when N < 2 · ``n_bins``: some bins then hold one
-        sample, which the estimator counts as 0 (as the reference), so it reads low, and 0 at N <= ``n_bins`` even for
-        a model confidently wrong on every sample. Use ``n_bins <= N // 2``, or ``p=1``.
+        UserWarning: for the L2 error (``p=2``) with equal-mass bins when N < 2 · ``n_bins``: some bins then hold
+            one sample, which the estimator counts as 0 (as the reference), so it reads low, and 0 at N <= ``n_bins``
+            even for a model confidently wrong on every sample. Use ``n_bins <= N // 2``, or ``p=1``.
 
     Example:
         >>> import numpy as np
