@@ -172,6 +172,8 @@ def _load_companions(
 def _check_sets_match_scores(conformal: Any, calibrator: Any, folder: Path, source: str) -> None:
     """Refuse ``conformal/`` fitted on other scores than ``calibrator/`` serves (``conformal.agreement``); a predictor
     saved before it recorded them, whose calibrator differs, gets one warning per source and process instead."""
+    if not hasattr(conformal, "fit_info_"):  # not one of hf_calibration.conformal's predictors: nothing recorded
+        return
     from hf_calibration.conformal.agreement import check_sets_match_scores
 
     if check_sets_match_scores(conformal, calibrator, f"{str(folder)!r}"):

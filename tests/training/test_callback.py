@@ -1,0 +1,334 @@
+"""``CalibrationCallback`` on any ``Trainer``: the plain one with a tiny BERT on a toy text task (scikit-learn's digits
+read as token ids), a user's own subclass and ``CalibrationTrainer`` with a tiny ViT, all trained for real. Checked by
+hand: the weights are those training left; the saved temperature equals scipy's NLL-optimal T on the eval logits
+computed here; the conformal threshold and sets are those of the calibrated probabilities (THR by hand); the folder
+reloads with ``load_calibrated_model`` serving ``softmax(z / T)``; ``push_to_hub`` uploads ``calibrator/`` and
+``conformal/``; ``on_evaluate`` logs the ECE torchmetrics gives."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from _models import digits, digits_dataset, make_model
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from hf_calibration import CalibrationCallback, CalibrationTrainer, TemperatureScaling, load_calibrated_model
+from hf_calibration.conformal import ConformalPredictor
+
+torch.set_num_threads(1)
+TRAIN, EVAL = slice(0, 1200), slice(1200, 1500)
+ALPHA = 0.1
+
+
+def _args(tmp_path, **kw) -> TrainingArguments:
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=32,
+        per_device_eval_batch_size=100,
+        max_steps=80,
+        learning_rate=5e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+class TokenDigits(torch.utils.data.Dataset):
+    """Digits as text: each 8x8 image's 64 intensities (0..16) as token ids 1..17, after a [CLS] of id 18."""
+
+    def __init__(self, index: slice):
+        images, labels = digits(index)
+        tokens = torch.round(images.reshape(len(labels), 64) * 16).long() + 1
+        self.input_ids = torch.cat([torch.full((len(labels), 1), 18), tokens], dim=1)
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        return {
+            "input_ids": self.input_ids[i],
+            "attention_mask": torch.ones(65, dtype=torch.long),
+            "labels": self.labels[i],
+        }
+
+
+def tiny_bert(seed: int = 0):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=20,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=65,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=10,
+    )
+    return BertForSequenceClassification(config)
+
+
+class WeightsAtTrainEnd(TrainerCallback):
+    """The model's weights as training left them: called at ``on_train_end`` before the calibration callback."""
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class MyTrainer(Trainer):
+    """A user's own subclass: label-smoothed cross-entropy of its own."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        loss = F.cross_entropy(outputs.logits, labels, label_smoothing=0.05)
+        return (loss, outputs) if return_outputs else loss
+
+
+def _logits_by_hand(model, dataset) -> tuple[np.ndarray, np.ndarray]:
+    """The eval logits, the model run here (eval mode, no gradient), not through the trainer."""
+    model.eval()
+    rows = [dataset[i] for i in range(len(dataset))]
+    inputs = {k: torch.stack([r[k] for r in rows]) for k in rows[0] if k != "labels"}
+    with torch.no_grad():
+        z = model(**inputs).logits.double().numpy()
+    return z, np.array([int(r["labels"]) for r in rows])
+
+
+def _nll(z: np.ndarray, y: np.ndarray) -> float:
+    return F.cross_entropy(torch.from_numpy(z), torch.from_numpy(y)).item()
+
+
+def _scipy_temperature(z: np.ndarray, y: np.ndarray) -> float:
+    from scipy.optimize import minimize_scalar
+
+    result = minimize_scalar(
+        lambda t: _nll(z / np.exp(t), y), bounds=(-5, 5), method="bounded", options={"xatol": 1e-9}
+    )
+    return float(np.exp(result.x))
+
+
+def _thr_by_hand(z: np.ndarray, y: np.ndarray, t: float, z_test: np.ndarray) -> tuple[float, np.ndarray]:
+    """THR's threshold on the calibrated probabilities softmax(z / T) and the sets of ``z_test``: class k is in iff
+    its calibrated probability is at least 1 - q_hat (an empty set gets the most probable class)."""
+    p = torch.softmax(torch.from_numpy(z / t), dim=1).numpy()
+    scores = np.sort(1 - p[np.arange(len(y)), y])
+    q_hat = scores[int(np.ceil((len(y) + 1) * (1 - ALPHA))) - 1]
+    probs = torch.softmax(torch.from_numpy(z_test / t), dim=1).numpy()
+    sets = probs >= 1 - q_hat
+    empty = ~sets.any(axis=1)
+    sets[empty, probs[empty].argmax(1)] = True
+    return float(q_hat), sets
+
+
+def _check_folder(folder: Path, trained_model, eval_dataset, task: str) -> None:
+    """The saved calibrator and sets against the hand computation on the eval logits; the folder served calibrated."""
+    z, y = _logits_by_hand(trained_model, eval_dataset)
+    t = _scipy_temperature(z, y)
+    calibrator = TemperatureScaling.from_pretrained(folder / "calibrator")
+    assert float(calibrator.log_temperature.exp()) == pytest.approx(t, rel=1e-4)
+    np.testing.assert_allclose(calibrator(torch.from_numpy(z)).numpy(), z / t, rtol=1e-4, atol=1e-6)
+    predictor = ConformalPredictor.from_pretrained(folder / "conformal")
+    q_hat, sets = _thr_by_hand(z, y, t, z)
+    assert float(predictor.q_hat) == pytest.approx(q_hat, abs=1e-5)
+    differs = np.asarray(predictor.predict_sets(z, from_logits=True)) != sets
+    assert differs.sum() <= 2  # a probability within 1e-5 of the threshold may fall either side (T to 1e-4)
+    assert predictor.fit_info_["calibrator_fingerprint"] == calibrator.fingerprint()
+    served = load_calibrated_model(folder, task=task)  # sets fitted behind calibrator/: no refusal
+    rows = [eval_dataset[i] for i in range(8)]
+    inputs = {k: torch.stack([r[k] for r in rows]) for k in rows[0] if k != "labels"}
+    with torch.no_grad():
+        scores = torch.softmax(served(**inputs).logits.double(), dim=1).numpy()
+    np.testing.assert_allclose(scores, torch.softmax(torch.from_numpy(z[:8] / t), dim=1).numpy(), atol=1e-5)
+    assert served.conformal_predictor is not None
+
+
+# -------------------------------------------------------------------- the plain Trainer, a text model
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bert") / "out"
+    weights, callback = WeightsAtTrainEnd(), CalibrationCallback("temperature_scaling", conformal="thr", alpha=ALPHA)
+    trainer = Trainer(
+        model=tiny_bert(),
+        args=_args(out, max_steps=60, hub_model_id="me/bert-digits"),
+        train_dataset=TokenDigits(TRAIN),
+        eval_dataset=TokenDigits(EVAL),
+        callbacks=[weights, callback],
+    )
+    trainer.train()
+    return trainer, callback, weights, out
+
+
+def test_plain_trainer_text_model_calibrated_and_sets_on_calibrated_scores(bert_run):
+    trainer, callback, weights, out = bert_run
+    assert callback.trainer is trainer and callback.calibrator.kind == "temperature_scaling"
+    after = trainer.model.state_dict()
+    assert weights.weights.keys() == after.keys()
+    assert all(torch.equal(weights.weights[k], after[k]) for k in after)  # the callback changed no weight
+    _check_folder(out, trainer.model, TokenDigits(EVAL), "text-classification")
+
+
+def test_push_to_hub_uploads_calibrator_conformal_and_a_text_card(bert_run, monkeypatch, tmp_path):
+    import transformers.trainer
+    from huggingface_hub import ModelCard
+
+    trainer, _, _, _ = bert_run
+    uploads = []
+
+    class Api:
+        def create_repo(self, repo_id, **kwargs):
+            import huggingface_hub
+
+            return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+        def upload_folder(self, *, repo_id, folder_path, **kwargs):
+            folder = Path(folder_path)
+            files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+            uploads.append((files, (folder / "README.md").read_text()))
+            return f"https://huggingface.co/{repo_id}/commit/0"
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: Api())
+    trainer.push_to_hub()
+    files, readme = uploads[-1]
+    assert {"model.safetensors", "calibrator/model.safetensors", "calibrator/README.md"} <= set(files)
+    assert {"conformal/model.safetensors", "conformal/config.json", "conformal/calibrator/config.json"} <= set(files)
+    (tmp_path / "README.md").write_text(readme)
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.text.count("## Calibration") == 1
+    assert 'hf_calibration.pipeline("text-classification", model="me/bert-digits")' in card.text
+    assert {r.task_type for r in card.data.eval_results} == {"text-classification"}
+
+
+# -------------------------------------------------------------------- a user's subclass and CalibrationTrainer, images
+
+
+@pytest.mark.parametrize("trainer_class", [MyTrainer, CalibrationTrainer], ids=["own-subclass", "CalibrationTrainer"])
+def test_any_trainer_subclass_image_model(trainer_class, tmp_path):
+    weights = WeightsAtTrainEnd()
+    callback = CalibrationCallback(conformal=ConformalPredictor("thr"), alpha=ALPHA)
+    trainer = trainer_class(
+        model=make_model("vit", seed=0),
+        args=_args(tmp_path),
+        train_dataset=digits_dataset(TRAIN),
+        eval_dataset=digits_dataset(EVAL),
+        callbacks=[weights, callback],
+    )
+    trainer.train()
+    assert callback.trainer is trainer
+    after = trainer.model.state_dict()
+    assert all(torch.equal(weights.weights[k], after[k]) for k in after)
+    _check_folder(tmp_path, trainer.model, digits_dataset(EVAL), "image-classification")
+
+
+def test_calibration_trainer_calibrate_on_eval_is_the_callback(tmp_path):
+    trainer = CalibrationTrainer(
+        model=make_model("vit", seed=0),
+        args=_args(tmp_path, max_steps=20),
+        train_dataset=digits_dataset(TRAIN),
+        eval_dataset=digits_dataset(EVAL),
+        calibrate_on_eval=True,
+    )
+    assert [type(c) for c in trainer.callback_handler.callbacks].count(CalibrationCallback) == 1
+    trainer.train()
+    assert trainer.calibrator is trainer.calibration_callback.calibrator is not None
+    z, y = _logits_by_hand(trainer.model, digits_dataset(EVAL))
+    got = float(trainer.calibrator.log_temperature.exp())
+    assert got == pytest.approx(_scipy_temperature(z, y), rel=1e-4) or trainer.calibrator.is_identity
+
+
+# -------------------------------------------------------------------- logging at each evaluation
+
+
+def test_on_evaluate_logs_ece_before_and_after_through_the_trainer(tmp_path):
+    from torchmetrics.classification import MulticlassCalibrationError
+
+    logged = []
+
+    class Recorder(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logged.append(dict(logs))
+
+    trainer = Trainer(
+        model=make_model("vit", seed=0),
+        args=_args(tmp_path, max_steps=30, eval_strategy="steps", eval_steps=30),
+        train_dataset=digits_dataset(TRAIN),
+        eval_dataset=digits_dataset(EVAL),
+        callbacks=[CalibrationCallback(on_evaluate=True, save=False), Recorder()],
+    )
+    trainer.train()
+    record = next(r for r in logged if "eval_ece_uncalibrated" in r)
+    assert {"eval_ece_calibrated", "eval_nll_uncalibrated", "eval_nll_calibrated"} <= record.keys()
+    z, y = _logits_by_hand(trainer.model, digits_dataset(EVAL))  # the only evaluation is at the last step
+    probs = torch.softmax(torch.from_numpy(z), dim=1)
+    ece = MulticlassCalibrationError(num_classes=10, n_bins=15, norm="l1")(probs, torch.from_numpy(y)).item()
+    assert record["eval_ece_uncalibrated"] == pytest.approx(ece, abs=2e-6)
+    assert record["eval_nll_uncalibrated"] == pytest.approx(_nll(z, y), abs=2e-6)
+    assert not (tmp_path / "calibrator").exists()  # save=False
+
+
+# -------------------------------------------------------------------- without a Trainer: model + eval dataloader
+
+
+def test_without_a_trainer_the_model_is_run_over_the_eval_dataloader(tmp_path):
+    model = make_model("vit", seed=0).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(20.0)  # over-confident logits: a temperature that qualifies
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loader = torch.utils.data.DataLoader(digits_dataset(EVAL), batch_size=64)
+    callback = CalibrationCallback(conformal="thr", alpha=ALPHA)
+    callback.on_train_end(_args(tmp_path), None, None, model=model, eval_dataloader=loader)
+    assert callback.trainer is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    _check_folder(tmp_path, model, digits_dataset(EVAL), "image-classification")
+
+
+# -------------------------------------------------------------------- bad input
+
+
+def test_bad_input_is_refused_naming_the_argument(tmp_path):
+    with pytest.raises(ValueError, match="`calibrator`.*'no_such_method'"):
+        CalibrationCallback("no_such_method")
+    with pytest.raises(ValueError, match="`conformal`"):
+        CalibrationCallback(conformal="lac")
+    with pytest.raises(TypeError, match="`on_evaluate`"):
+        CalibrationCallback(on_evaluate="yes")
+    with pytest.raises(
+        ValueError, match="`eval_dataset`.*got None"
+    ):  # at the trainer's construction, not after training
+        Trainer(
+            model=make_model("vit", seed=0),
+            args=_args(tmp_path),
+            train_dataset=digits_dataset(TRAIN),
+            callbacks=[CalibrationCallback()],
+        )
+    with pytest.raises(ValueError, match="`calibrator`.*sigmoid"):  # a softmax calibrator's kind on a multi-label head
+        Trainer(
+            model=make_model("vit", seed=0, problem_type="multi_label_classification"),
+            args=_args(tmp_path),
+            eval_dataset=digits_dataset(EVAL),
+            callbacks=[CalibrationCallback("vector_scaling")],
+        )
+
+
+def test_exported_at_the_top_level():
+    import hf_calibration.training
+
+    assert hf_calibration.CalibrationCallback is hf_calibration.training.CalibrationCallback is CalibrationCallback
+    assert "CalibrationCallback" in hf_calibration.__all__
+    assert "transformers" in sys.modules
