@@ -307,7 +307,8 @@ class CalibrationCallback(TrainerCallback):
 
     def _fit_here(self, logits, labels, task, seed, model) -> tuple[EvalCalibration, Any]:
         spec = resolve_calibrator(self._spec(model), task, self._argument)
-        result = fit_eval_calibration(logits, labels, calibrator=spec, cv=self.cv, seed=seed, task=task)
+        who = "calibrate_on_eval" if self._argument == "calibrate_on_eval" else type(self).__name__
+        result = fit_eval_calibration(logits, labels, calibrator=spec, cv=self.cv, seed=seed, task=task, who=who)
         result.pipeline_task = _pipeline_task(model)
         predictor = None
         if self.conformal is not None:

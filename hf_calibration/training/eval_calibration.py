@@ -317,6 +317,7 @@ def fit_eval_calibration(
     cv: int = 5,
     seed: int = 0,
     task: str | None = None,
+    who: str = "calibrate_on_eval",
 ) -> EvalCalibration:
     """Fit ``calibrator`` on an eval split and measure ECE / NLL before and after (cross-fitted, ``cv`` folds); keep it
     only if it qualifies by ``AutoCalibrator``'s rule (module docstring), else keep the identity and warn.
@@ -330,6 +331,7 @@ def fit_eval_calibration(
         cv: cross-fitting folds of the "after" numbers. seed: their split.
         task: the head's kind (``hf_calibration._core.tasks``); None reads it from the shapes. A binary or multi-label head's
             numbers are macro averages over its labels, and -100 leaves out one label of a sample.
+        who: what the warnings and logs name as fitting it.
     """
     from hf_calibration._core.inputs import logits_and_labels as _labels_of
     from hf_calibration._core.inputs import read_multiclass
@@ -342,7 +344,9 @@ def fit_eval_calibration(
         calibrator if sigmoid is None or calibrator != DEFAULT_CALIBRATOR else True, sigmoid or "multiclass"
     )
     if sigmoid is not None:
-        return _fit_eval_sigmoid(np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid)
+        return _fit_eval_sigmoid(
+            np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid, who
+        )
     inputs = read_multiclass(
         logits, labels, from_logits=True, preds_name="logits", target_name="labels"
     )  # drops -100 rows
@@ -350,7 +354,7 @@ def fit_eval_calibration(
     before = _measure(z, y)
     template, declined = _auto_pick(template, z, y, None)
     if template is None:
-        return _left_uncalibrated(z, y, before, declined, cv, seed, "multiclass")
+        return _left_uncalibrated(z, y, before, declined, cv, seed, "multiclass", who)
     try:
         table = compare_calibrators(
             z,
@@ -376,15 +380,16 @@ def fit_eval_calibration(
         after = _measure(crossfit, y)
     else:
         logger.warning(
-            "calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
+            "%s: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
             "the uncalibrated numbers only.",
+            who,
             template.kind,
             len(y),
             errors,
         )
     if chosen == UNCALIBRATED:
         reason = f"{template.kind} did not qualify: {reason}"
-        fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval")
+        fitted = identity_calibrator(z, y, True, reason, who=who)
     else:
         with held_out_checked():  # the cross-fitting above is its held-out check
             fitted = template.fit(z, y, from_logits=True, progress_bar=False)
@@ -392,7 +397,8 @@ def fit_eval_calibration(
         fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, candidate=template.kind, reason=reason
     )
     logger.info(
-        "calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s",
+        "%s: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s",
+        who,
         template.kind,
         len(y),
         _cell("ece", before["ece"]),
@@ -402,7 +408,9 @@ def fit_eval_calibration(
     return result
 
 
-def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str) -> EvalCalibration:
+def _fit_eval_sigmoid(
+    z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str, who: str
+) -> EvalCalibration:
     """``fit_eval_calibration`` for a binary or multi-label head, kept by the same rule."""
     from hf_calibration.calibrators import compare_calibrators, held_out_checked
     from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator
@@ -410,7 +418,7 @@ def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed
     before = _measure(z, y, task)
     template, declined = _auto_pick(template, z, y, task)
     if template is None:
-        return _left_uncalibrated(z, y, before, declined, cv, seed, task)
+        return _left_uncalibrated(z, y, before, declined, cv, seed, task, who)
     try:
         table = compare_calibrators(
             z,
@@ -437,15 +445,16 @@ def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed
         after = _measure(crossfit.reshape(z.shape) if crossfit.size == z.size else crossfit, y, task)
     else:
         logger.warning(
-            "calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
+            "%s: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
             "uncalibrated numbers only.",
+            who,
             template.kind,
             len(y),
             errors,
         )
     if chosen == UNCALIBRATED:
         reason = f"{template.kind} did not qualify: {reason}"
-        fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval", task=task)
+        fitted = identity_calibrator(z, y, True, reason, who=who, task=task)
     else:
         with held_out_checked():  # the cross-fitting above is its held-out check
             fitted = template.fit(z, y, from_logits=True, progress_bar=False, task=task)
@@ -479,13 +488,13 @@ def _auto_pick(template: Any, z: np.ndarray, y: np.ndarray, task: str | None) ->
 
 
 def _left_uncalibrated(
-    z: np.ndarray, y: np.ndarray, before: dict, reason: str, cv: int, seed: int, task: str
+    z: np.ndarray, y: np.ndarray, before: dict, reason: str, cv: int, seed: int, task: str, who: str
 ) -> EvalCalibration:
     """The model left as it is (the identity saved, an ``UncalibratedWarning`` saying ``reason``)."""
     from hf_calibration.calibrators.selection import identity_calibrator
 
     extra = {} if task == "multiclass" else {"task": task}
-    fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval", **extra)
+    fitted = identity_calibrator(z, y, True, reason, who=who, **extra)
     return EvalCalibration(
         fitted, before, None, num_samples=int(len(y)), cv=cv, seed=seed, task=task, candidate=AUTO, reason=reason
     )

@@ -1,5 +1,5 @@
-"""``CalibrationCallback`` on any ``Trainer``: the plain one with a tiny BERT on a toy text task (scikit-learn's digits
-read as token ids), a user's own subclass and ``CalibrationTrainer`` with a tiny ViT, all trained for real. Checked by
+"""``CalibrationCallback`` on any ``Trainer``: the plain one with a tiny BERT on a toy text task (sentences whose
+class is named by two of their words, or misnamed), a user's own subclass and ``CalibrationTrainer`` with a tiny ViT, all trained for real. Checked by
 hand: the weights are those training left; the saved temperature equals scipy's NLL-optimal T on the eval logits
 computed here; the conformal threshold and sets are those of the calibrated probabilities (THR by hand); the folder
 reloads with ``load_calibrated_model`` serving ``softmax(z / T)``; ``push_to_hub`` uploads ``calibrator/`` and
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _models import digits, digits_dataset, make_model
+from _models import digits_dataset, make_model
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hf_calibration import CalibrationCallback, CalibrationTrainer, TemperatureScaling, load_calibrated_model
@@ -44,14 +44,19 @@ def _args(tmp_path, **kw) -> TrainingArguments:
     return TrainingArguments(**base)
 
 
-class TokenDigits(torch.utils.data.Dataset):
-    """Digits as text: each 8x8 image's 64 intensities (0..16) as token ids 1..17, after a [CLS] of id 18."""
+class ToySentences(torch.utils.data.Dataset):
+    """A toy text task: 12-token sentences ([CLS] = 1, then noise words 10..29) in which two words name the class
+    (2 + 2k and 3 + 2k for class k); in a quarter of them they name a random class instead of the label."""
 
-    def __init__(self, index: slice):
-        images, labels = digits(index)
-        tokens = torch.round(images.reshape(len(labels), 64) * 16).long() + 1
-        self.input_ids = torch.cat([torch.full((len(labels), 1), 18), tokens], dim=1)
-        self.labels = labels
+    def __init__(self, n: int, seed: int):
+        g = np.random.default_rng(seed)
+        labels = g.integers(0, 4, n)
+        shown = np.where(g.random(n) < 0.25, g.integers(0, 4, n), labels)
+        ids = g.integers(10, 30, (n, 12))
+        ids[:, 0] = 1
+        where = np.argsort(g.random((n, 11)), axis=1)[:, :2] + 1
+        ids[np.arange(n), where[:, 0]], ids[np.arange(n), where[:, 1]] = 2 + 2 * shown, 3 + 2 * shown
+        self.input_ids, self.labels = torch.as_tensor(ids), torch.as_tensor(labels)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -59,7 +64,7 @@ class TokenDigits(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         return {
             "input_ids": self.input_ids[i],
-            "attention_mask": torch.ones(65, dtype=torch.long),
+            "attention_mask": torch.ones(12, dtype=torch.long),
             "labels": self.labels[i],
         }
 
@@ -69,15 +74,15 @@ def tiny_bert(seed: int = 0):
 
     torch.manual_seed(seed)
     config = BertConfig(
-        vocab_size=20,
-        hidden_size=16,
+        vocab_size=30,
+        hidden_size=32,
         num_hidden_layers=1,
         num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=65,
+        intermediate_size=64,
+        max_position_embeddings=12,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
-        num_labels=10,
+        num_labels=4,
     )
     return BertForSequenceClassification(config)
 
@@ -140,8 +145,10 @@ def _check_folder(folder: Path, trained_model, eval_dataset, task: str) -> None:
     z, y = _logits_by_hand(trained_model, eval_dataset)
     t = _scipy_temperature(z, y)
     calibrator = TemperatureScaling.from_pretrained(folder / "calibrator")
-    assert float(calibrator.log_temperature.exp()) == pytest.approx(t, rel=1e-4)
-    np.testing.assert_allclose(calibrator(torch.from_numpy(z)).numpy(), z / t, rtol=1e-4, atol=1e-6)
+    assert not calibrator.is_identity  # kept: its cross-fitted NLL beat the model's
+    assert float(calibrator.log_temperature.detach().exp()) == pytest.approx(t, rel=1e-4)
+    with torch.no_grad():
+        np.testing.assert_allclose(calibrator(torch.from_numpy(z)).numpy(), z / t, rtol=1e-4, atol=1e-6)
     predictor = ConformalPredictor.from_pretrained(folder / "conformal")
     q_hat, sets = _thr_by_hand(z, y, t, z)
     assert float(predictor.q_hat) == pytest.approx(q_hat, abs=1e-5)
@@ -166,12 +173,13 @@ def bert_run(tmp_path_factory):
     weights, callback = WeightsAtTrainEnd(), CalibrationCallback("temperature_scaling", conformal="thr", alpha=ALPHA)
     trainer = Trainer(
         model=tiny_bert(),
-        args=_args(out, max_steps=60, hub_model_id="me/bert-digits"),
-        train_dataset=TokenDigits(TRAIN),
-        eval_dataset=TokenDigits(EVAL),
+        args=_args(out, max_steps=300, learning_rate=3e-3, hub_model_id="me/bert-toy"),
+        train_dataset=ToySentences(300, seed=0),  # a small training set, fitted closely: over-confident on others
+        eval_dataset=ToySentences(300, seed=1),
         callbacks=[weights, callback],
     )
     trainer.train()
+    trainer.save_model()  # the model beside the callback's calibrator/ and conformal/
     return trainer, callback, weights, out
 
 
@@ -181,7 +189,7 @@ def test_plain_trainer_text_model_calibrated_and_sets_on_calibrated_scores(bert_
     after = trainer.model.state_dict()
     assert weights.weights.keys() == after.keys()
     assert all(torch.equal(weights.weights[k], after[k]) for k in after)  # the callback changed no weight
-    _check_folder(out, trainer.model, TokenDigits(EVAL), "text-classification")
+    _check_folder(out, trainer.model, ToySentences(300, seed=1), "text-classification")
 
 
 def test_push_to_hub_uploads_calibrator_conformal_and_a_text_card(bert_run, monkeypatch, tmp_path):
@@ -211,7 +219,7 @@ def test_push_to_hub_uploads_calibrator_conformal_and_a_text_card(bert_run, monk
     (tmp_path / "README.md").write_text(readme)
     card = ModelCard.load(tmp_path / "README.md")
     assert card.text.count("## Calibration") == 1
-    assert 'hf_calibration.pipeline("text-classification", model="me/bert-digits")' in card.text
+    assert 'hf_calibration.pipeline("text-classification", model="me/bert-toy")' in card.text
     assert {r.task_type for r in card.data.eval_results} == {"text-classification"}
 
 
@@ -230,6 +238,7 @@ def test_any_trainer_subclass_image_model(trainer_class, tmp_path):
         callbacks=[weights, callback],
     )
     trainer.train()
+    trainer.save_model()
     assert callback.trainer is trainer
     after = trainer.model.state_dict()
     assert all(torch.equal(weights.weights[k], after[k]) for k in after)
@@ -248,7 +257,7 @@ def test_calibration_trainer_calibrate_on_eval_is_the_callback(tmp_path):
     trainer.train()
     assert trainer.calibrator is trainer.calibration_callback.calibrator is not None
     z, y = _logits_by_hand(trainer.model, digits_dataset(EVAL))
-    got = float(trainer.calibrator.log_temperature.exp())
+    got = float(trainer.calibrator.log_temperature.detach().exp())
     assert got == pytest.approx(_scipy_temperature(z, y), rel=1e-4) or trainer.calibrator.is_identity
 
 
@@ -285,17 +294,21 @@ def test_on_evaluate_logs_ece_before_and_after_through_the_trainer(tmp_path):
 # -------------------------------------------------------------------- without a Trainer: model + eval dataloader
 
 
-def test_without_a_trainer_the_model_is_run_over_the_eval_dataloader(tmp_path):
-    model = make_model("vit", seed=0).eval()
-    with torch.no_grad():
-        model.classifier.weight.mul_(20.0)  # over-confident logits: a temperature that qualifies
+def test_without_a_trainer_the_model_is_run_over_the_eval_dataloader(bert_run, tmp_path):
+    """A trainer of another family calls the callback with the model and its eval dataloader only: the model is run
+    over it (eval mode, no gradient) and the same calibrator and sets come out as through the Trainer."""
+    trainer, through_trainer, _, _ = bert_run
+    model = trainer.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    loader = torch.utils.data.DataLoader(digits_dataset(EVAL), batch_size=64)
+    loader = torch.utils.data.DataLoader(ToySentences(300, seed=1), batch_size=64)
     callback = CalibrationCallback(conformal="thr", alpha=ALPHA)
-    callback.on_train_end(_args(tmp_path), None, None, model=model, eval_dataloader=loader)
-    assert callback.trainer is None
+    callback.on_train_end(_args(tmp_path), None, None, model=model.train(), eval_dataloader=loader)
+    assert callback.trainer is None and model.training  # its mode restored
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    _check_folder(tmp_path, model, digits_dataset(EVAL), "image-classification")
+    t = float(through_trainer.calibrator.log_temperature.detach().exp())
+    assert float(callback.calibrator.log_temperature.detach().exp()) == pytest.approx(t, rel=1e-5)
+    model.save_pretrained(tmp_path)
+    _check_folder(tmp_path, model, ToySentences(300, seed=1), "text-classification")
 
 
 # -------------------------------------------------------------------- bad input
