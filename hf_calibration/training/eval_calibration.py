@@ -1,8 +1,9 @@
-"""A calibrator fitted on a Trainer's eval split when training ends, saved beside the model, reported on its card.
+"""A calibrator fitted on a Trainer's eval split when training ends, saved beside the model, reported on its card: the
+functional core of ``CalibrationCallback`` (``hf_calibration.training.callback``, the adapter to any ``Trainer``).
 
-``CalibrationTrainer(..., calibrate_on_eval="temperature_scaling")`` calls :func:`fit_eval_calibration` on the eval
-split's logits once training (and the MaC-Cal stage) is over: the calibrator is fitted on the whole split, and the
-numbers that go on the model card are measured on that split
+``CalibrationCallback(...)``, and ``CalibrationTrainer(..., calibrate_on_eval="temperature_scaling")`` which adds one,
+call :func:`fit_eval_calibration` on the eval split's logits once training (and the MaC-Cal stage) is over: the
+calibrator is fitted on the whole split, and the numbers that go on the model card are measured on that split
 
 * before: the model's own logits;
 * after: cross-fitted logits (``cv`` stratified folds, each sample calibrated by a calibrator fitted on the other
@@ -14,7 +15,7 @@ model must not have a lower cross-fitted ECE beyond one standard error. Otherwis
 saved calibrator is the identity (temperature scaling fixed at T = 1), an ``UncalibratedWarning`` and the card say
 why, and the card still shows the rejected calibrator's cross-fitted numbers.
 
-``save_model`` writes the calibrator to ``calibrator/`` (so ``load_calibrated_model`` and
+The callback writes the calibrator to ``calibrator/`` (so ``load_calibrated_model`` and
 ``hf_calibration.pipeline`` load it with the model) and ``push_to_hub`` uploads it; the model card gets the ECE and NLL
 before and after as ``model-index`` evaluation results (``huggingface_hub.EvalResult``), which the Hub shows on the
 model's page, and a short section saying how to load the calibrated model.
