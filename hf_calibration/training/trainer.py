@@ -293,11 +293,12 @@ class CalibrationTrainer(Trainer):
         if self.calibrate_on_eval is not None:
             self._add_calibration_callback(self.calibrate_on_eval)
 
-    def _add_calibration_callback(self, spec: Any) -> CalibrationCallback:
+    def _add_calibration_callback(self, spec: Any, check: bool = True) -> CalibrationCallback:
         """``calibrate_on_eval``'s callback: saved by ``save_model`` (not at the end of training: ``save_model``
-        writes it, as it writes the model), checked now against the eval split."""
+        writes it, as it writes the model), checked now against the eval split (``check``)."""
         callback = CalibrationCallback(spec, save=False, _argument="calibrate_on_eval").bind(self)
-        callback._check(self)
+        if check:
+            callback._check(self)
         self.calibration_callback = callback
         self.add_callback(callback)
         return callback
@@ -319,7 +320,7 @@ class CalibrationTrainer(Trainer):
         """Fit ``calibrate_on_eval``'s calibrator (temperature scaling if unset) on the eval split's logits; returns the
         :class:`EvalCalibration`, also ``trainer.eval_calibration``. ``train()`` calls it last; call it again after
         changing the model. Every process must call it (``predict`` gathers the split)."""
-        callback = self.calibration_callback or self._add_calibration_callback(True)
+        callback = self.calibration_callback or self._add_calibration_callback(True, check=False)
         return callback.calibrate(self, eval_dataset=eval_dataset)
 
     def _prepare_loss(self, loss: nn.Module) -> None:
