@@ -1,5 +1,5 @@
 """``CalibrationCallback`` on any ``Trainer``: the plain one with a tiny BERT on a toy text task (sentences whose
-class is named by two of their words, or misnamed), a user's own subclass and ``CalibrationTrainer`` with a tiny ViT, all trained for real. Checked by
+class is named by two of their words, or misnamed) and a tiny wav2vec2 on noisy tones, a user's own subclass and ``CalibrationTrainer`` with a tiny ViT, all trained for real. Checked by
 hand: the weights are those training left; the saved temperature equals scipy's NLL-optimal T on the eval logits
 computed here; the conformal threshold and sets are those of the calibrated probabilities (THR by hand); the folder
 reloads with ``load_calibrated_model`` serving ``softmax(z / T)``; ``push_to_hub`` uploads ``calibrator/`` and
@@ -221,6 +221,69 @@ def test_push_to_hub_uploads_calibrator_conformal_and_a_text_card(bert_run, monk
     assert card.text.count("## Calibration") == 1
     assert 'hf_calibration.pipeline("text-classification", model="me/bert-toy")' in card.text
     assert {r.task_type for r in card.data.eval_results} == {"text-classification"}
+
+
+# -------------------------------------------------------------------- the plain Trainer, an audio model
+
+
+class Tones(torch.utils.data.Dataset):
+    """A toy audio task: 0.1 s of a noisy tone at 4 kHz, whose pitch (200, 300, 450 or 650 Hz, +-15 %) is the class."""
+
+    def __init__(self, n: int, seed: int):
+        g = np.random.default_rng(seed)
+        self.labels = torch.as_tensor(g.integers(0, 4, n))
+        t = np.arange(400) / 4000
+        pitch = np.array([200, 300, 450, 650])[self.labels.numpy()] * (1 + 0.15 * g.standard_normal(n))
+        x = np.sin(2 * np.pi * pitch[:, None] * t + g.uniform(0, 6.3, (n, 1))) + 0.8 * g.standard_normal((n, 400))
+        self.input_values = torch.as_tensor(x, dtype=torch.float32)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_values": self.input_values[i], "labels": self.labels[i]}
+
+
+def tiny_wav2vec2(seed: int = 0):
+    from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    no_dropout = dict.fromkeys(
+        ("hidden_dropout", "attention_dropout", "activation_dropout", "feat_proj_dropout", "final_dropout"), 0.0
+    )
+    config = Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        conv_dim=(16, 16),
+        conv_kernel=(10, 3),
+        conv_stride=(5, 2),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        classifier_proj_size=16,
+        num_labels=4,
+        layerdrop=0.0,
+        mask_time_prob=0.0,
+        **no_dropout,
+    )
+    return Wav2Vec2ForSequenceClassification(config)
+
+
+def test_plain_trainer_audio_model(tmp_path):
+    weights, callback = WeightsAtTrainEnd(), CalibrationCallback(conformal="thr", alpha=ALPHA)
+    trainer = Trainer(
+        model=tiny_wav2vec2(),
+        args=_args(tmp_path, max_steps=300, learning_rate=3e-3),
+        train_dataset=Tones(200, seed=0),  # fitted closely: over-confident on new tones
+        eval_dataset=Tones(800, seed=1),
+        callbacks=[weights, callback],
+    )
+    trainer.train()
+    trainer.save_model()
+    after = trainer.model.state_dict()
+    assert all(torch.equal(weights.weights[k], after[k]) for k in after)
+    _check_folder(tmp_path, trainer.model, Tones(800, seed=1), "audio-classification")
 
 
 # -------------------------------------------------------------------- a user's subclass and CalibrationTrainer, images
