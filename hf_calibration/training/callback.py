@@ -76,9 +76,10 @@ class CalibrationCallback(TrainerCallback):
     """Fit a calibrator (and conformal sets) on a ``Trainer``'s eval split when training ends; save them beside the model.
 
     Args:
-        calibrator: a registered kind (``"temperature_scaling"``, the default; ``"smart"``, ... see
-            ``list_calibrators()``), ``"auto"`` or an ``AutoCalibrator`` (the method it picks), or an unfitted
-            ``Calibrator`` (copied). A sigmoid head (binary, multi-label) gets sigmoid temperature scaling by default.
+        calibrator: a registered kind (``"temperature_scaling"``, ``"smart"``, ... see ``list_calibrators()``),
+            ``"auto"`` or an ``AutoCalibrator`` (the method it picks), or an unfitted ``Calibrator`` (copied). Default
+            (None): temperature scaling, a sigmoid head's (``sigmoid_temperature_scaling``) for a binary or multi-label
+            head.
         conformal: ``None`` (no sets), ``"thr"`` / ``"aps"`` / ``"raps"`` (a ``ConformalPredictor``), ``"crc"`` (a
             multi-label head's ``MultiLabelConformalPredictor``) or an unfitted predictor (copied): fitted behind the
             calibrator, on the same eval logits, and saved in ``conformal/``.
@@ -106,7 +107,7 @@ class CalibrationCallback(TrainerCallback):
 
     def __init__(
         self,
-        calibrator: Any = "temperature_scaling",
+        calibrator: Any = None,
         *,
         conformal: Any = None,
         alpha: float = 0.1,
@@ -120,7 +121,7 @@ class CalibrationCallback(TrainerCallback):
         from hf_calibration.conformal.quantile import check_alpha
 
         self._argument = _argument
-        resolve_calibrator(True if calibrator is True else calibrator, None, _argument)  # a bad spec fails now
+        resolve_calibrator(True if calibrator is None else calibrator, None, _argument)  # a bad spec fails now
         self.spec = calibrator
         self.conformal = self._check_conformal(conformal)
         self.alpha = check_alpha(alpha)
@@ -207,18 +208,15 @@ class CalibrationCallback(TrainerCallback):
     def _check(self, trainer: Trainer) -> None:
         """Fail before training, not after it: no single eval split, too small a one, a calibrator for another head."""
         check_calibrate_on_eval(
-            self._spec(trainer.model),
+            self._spec(),
             self._dataset(trainer),
             self._label_names(trainer.args),
             _head_task(trainer.model),
             self._argument,
         )
 
-    def _spec(self, model: Any) -> Any:
-        task = _head_task(model)
-        if task in ("binary", "multilabel") and self.spec == "temperature_scaling":
-            return True  # the sigmoid head's own temperature scaling
-        return self.spec
+    def _spec(self) -> Any:
+        return True if self.spec is None else self.spec  # True: temperature scaling, the sigmoid head's for one
 
     # ------------------------------------------------------------------ events
     def on_init_end(self, args, state, control, **kwargs):
@@ -288,7 +286,7 @@ class CalibrationCallback(TrainerCallback):
         task = _head_task(model)
         if trainer is not None:
             dataset = eval_dataset if eval_dataset is not None else self._dataset(trainer)
-            check_calibrate_on_eval(self._spec(model), dataset, self._label_names(args), task, self._argument)
+            check_calibrate_on_eval(self._spec(), dataset, self._label_names(args), task, self._argument)
             prediction = trainer.predict(dataset, metric_key_prefix="calibration")
             logits, labels = prediction.predictions, prediction.label_ids
             if logits is None or labels is None:
@@ -306,7 +304,7 @@ class CalibrationCallback(TrainerCallback):
         return fitted
 
     def _fit_here(self, logits, labels, task, seed, model) -> tuple[EvalCalibration, Any]:
-        spec = resolve_calibrator(self._spec(model), task, self._argument)
+        spec = resolve_calibrator(self._spec(), task, self._argument)
         who = "calibrate_on_eval" if self._argument == "calibrate_on_eval" else type(self).__name__
         result = fit_eval_calibration(logits, labels, calibrator=spec, cv=self.cv, seed=seed, task=task, who=who)
         result.pipeline_task = _pipeline_task(model)
