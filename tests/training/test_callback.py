@@ -408,3 +408,20 @@ def test_exported_at_the_top_level():
     assert hf_calibration.CalibrationCallback is hf_calibration.training.CalibrationCallback is CalibrationCallback
     assert "CalibrationCallback" in hf_calibration.__all__
     assert "transformers" in sys.modules
+
+
+def test_auto_keeps_the_method_autocalibrator_picks():
+    from hf_calibration import AutoCalibrator
+    from hf_calibration.training import fit_eval_calibration
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 5, (600,), generator=g)
+    z = 3 * torch.randn(600, 5, generator=g) + 4 * F.one_hot(y, 5)  # over-confident: T = 1 is far from the best
+    auto = AutoCalibrator(methods=["temperature_scaling", "vector_scaling"], seed=0)  # two candidates: fast
+    result = fit_eval_calibration(z, y, calibrator=auto, seed=0)
+    assert auto.comparison_ is None  # the instance given is copied, not fitted
+    picked = AutoCalibrator(methods=["temperature_scaling", "vector_scaling"], seed=0).fit(z, y, progress_bar=False)
+    assert result.reason is None and result.calibrator.kind == picked.method_
+    with torch.no_grad():
+        torch.testing.assert_close(result.calibrator(z), picked(z))  # refitted on all the rows, as AutoCalibrator does
+    assert CalibrationCallback("auto").spec == "auto"
