@@ -206,14 +206,20 @@ class CalibrationCallback(TrainerCallback):
         return tuple(dict.fromkeys([*(getattr(args, "label_names", None) or []), "labels", "label"]))
 
     def _check(self, trainer: Trainer) -> None:
-        """Fail before training, not after it: no single eval split, too small a one, a calibrator for another head."""
+        """Fail before training, not after it: no single eval split, too small a one, a calibrator or sets for another
+        head."""
+        task = _head_task(trainer.model)
         check_calibrate_on_eval(
-            self._spec(),
-            self._dataset(trainer),
-            self._label_names(trainer.args),
-            _head_task(trainer.model),
-            self._argument,
+            self._spec(), self._dataset(trainer), self._label_names(trainer.args), task, self._argument
         )
+        self._check_conformal_head(task)
+
+    def _check_conformal_head(self, task: str | None) -> None:
+        if isinstance(self.conformal, str) and (self.conformal == "crc") != (task == "multilabel"):
+            raise ValueError(
+                f"Expected argument `conformal` to be 'crc' for a multi-label head and 'thr' / 'aps' / 'raps' otherwise, "
+                f"but got {self.conformal!r} for a {task or 'multiclass'} head."
+            )
 
     def _spec(self) -> Any:
         return True if self.spec is None else self.spec  # True: temperature scaling, the sigmoid head's for one
@@ -252,7 +258,7 @@ class CalibrationCallback(TrainerCallback):
         trainer.log(logs)
 
     def on_push_begin(self, args, state, control, **kwargs):
-        if self.eval_calibration is not None and self.save_to_output_dir and args.should_save:
+        if self.eval_calibration is not None and self.save_to_output_dir and _should_save(args):
             self.save(args.output_dir)  # the trainer's own save_model may have cleaned output_dir since
 
     # ------------------------------------------------------------------ the work
@@ -296,11 +302,16 @@ class CalibrationCallback(TrainerCallback):
                 )
         else:
             logits, labels = _run_model(model, eval_dataloader, self._label_names(args))
-        fitted = None
+        fitted, error = None, None
         if not is_distributed() or torch.distributed.get_rank() == 0:
-            fitted = self._fit_here(np.asarray(logits), np.asarray(labels), task, getattr(args, "seed", 0), model)
+            try:
+                fitted = self._fit_here(np.asarray(logits), np.asarray(labels), task, getattr(args, "seed", 0), model)
+            except Exception as err:  # noqa: BLE001 - raised below on every process, not left to hang the others
+                error = err
         if is_distributed():
-            fitted = all_gather_object(fitted)[0]
+            fitted, error = all_gather_object((fitted, error))[0]
+        if error is not None:
+            raise error
         return fitted
 
     def _fit_here(self, logits, labels, task, seed, model) -> tuple[EvalCalibration, Any]:
@@ -320,11 +331,7 @@ class CalibrationCallback(TrainerCallback):
 
         if not isinstance(self.conformal, str):
             return copy.deepcopy(self.conformal)
-        if (self.conformal == "crc") != (task == "multilabel"):
-            raise ValueError(
-                f"Expected argument `conformal` to be 'crc' for a multi-label head and 'thr' / 'aps' / 'raps' otherwise, "
-                f"but got {self.conformal!r} for a {task or 'multiclass'} head."
-            )
+        self._check_conformal_head(task)
         return (
             MultiLabelConformalPredictor() if self.conformal == "crc" else ConformalPredictor(self.conformal, seed=seed)
         )
