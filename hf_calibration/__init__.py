@@ -61,7 +61,7 @@ _EXPORTS = {
         "list_calibrators",
         "load_calibrator",
     ],
-    "training": ["CalibrationTrainer"],
+    "training": ["CalibrationCallback", "CalibrationTrainer"],
     "maccal": ["MaCCalConfig", "MaCCalResult", "MaskedBottleneckHead", "load_maccal_model", "maccal_stage"],
     "conformal": ["ConformalPredictor"],
     "io": ["predict_logits"],
@@ -161,4 +161,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from hf_calibration.metrics.accumulator import CalibrationAccumulator
     from hf_calibration.serving import CalibratedClassifier, export_onnx, push_endpoint_handler, write_endpoint_handler
     from hf_calibration.serving.calibrated_model import load_calibrated_model, pipeline
-    from hf_calibration.training.trainer import CalibrationTrainer
+    from hf_calibration.training import CalibrationCallback, CalibrationTrainer

@@ -1,6 +1,12 @@
 """Post-hoc calibrators, fitted on held-out logits, shared on the Hub, attached to models."""
 
-from hf_calibration.calibrators._base import Calibrator, InsufficientMemoryError, NotFittedError, UncalibratedWarning
+from hf_calibration.calibrators._base import (
+    Calibrator,
+    InsufficientMemoryError,
+    NotFittedError,
+    UncalibratedWarning,
+    scores_fingerprint,
+)
 from hf_calibration.calibrators._fitting.held_out import HeldOutWorseWarning, held_out_checked
 from hf_calibration.calibrators._registry import (
     create_calibrator,
@@ -75,5 +81,6 @@ __all__ = [
     "logit_margin",
     "nll",
     "register_calibrator",
+    "scores_fingerprint",
     "soft_ece",
 ]

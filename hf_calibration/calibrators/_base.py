@@ -823,6 +823,22 @@ class Calibrator(
         }
         (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
 
+    def fingerprint(self) -> str:
+        """The SHA-256 (hex) of what decides the map: the kind, the fit record and every weight's name, dtype, shape and
+        bytes. Equal for a calibrator and its saved-and-loaded copy; a conformal
+        predictor records it to refuse serving its sets beside other scores (``scores_fingerprint``)."""
+        import hashlib
+
+        self._check_fitted()
+        digest = hashlib.sha256()
+        record = {"kind": self.kind, "fit": self.fit_info_}
+        digest.update(json.dumps(record, sort_keys=True, default=str).encode())
+        for name, tensor in sorted(self.state_dict().items()):
+            t = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"\n{name}:{t.dtype}:{tuple(tensor.shape)}:".encode())
+            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return digest.hexdigest()
+
     def _settings(self) -> dict[str, Any]:
         """What decides the map and what the card states: the constructor's arguments and the fit record (the copy in the
         weights file's metadata that an edited ``config.json`` is checked against)."""
@@ -1070,3 +1086,11 @@ class Calibrator(
         model._check_state(path)
         model.eval()
         return model
+
+
+def scores_fingerprint(calibrator: Calibrator | None) -> str | None:
+    """The fingerprint of the scores ``calibrator`` serves: None for the model's own (no calibrator, or one that leaves
+    the model as it is), else ``calibrator.fingerprint()``. Sets and scores agree when their fingerprints are equal."""
+    if calibrator is None or calibrator.is_identity:
+        return None
+    return calibrator.fingerprint()

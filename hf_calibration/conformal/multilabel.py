@@ -37,7 +37,8 @@ from torch import nn
 from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.inputs import binary_labels, logits_and_labels, scores_kind
 from hf_calibration._core.tensors import as_tensor, logit
-from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator
+from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator, scores_fingerprint
+from hf_calibration.conformal.agreement import FINGERPRINT_KEY, check_calibrator_fingerprint
 from hf_calibration.conformal.quantile import check_alpha
 
 __all__ = ["MultiLabelConformalPredictor", "crc_threshold", "false_negative_rate"]
@@ -287,6 +288,7 @@ class MultiLabelConformalPredictor(
             "mean_set_size": float(sets.sum(axis=1).mean()),
             "no_label_samples": int((y.sum(axis=1) == 0).sum()),
             "calibrator": None if calibrator is None else {"kind": calibrator.kind},
+            FINGERPRINT_KEY: scores_fingerprint(calibrator),  # the scores the sets were fitted on (None: the model's)
         }
         return self
 
@@ -426,6 +428,7 @@ class MultiLabelConformalPredictor(
                 nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
                 calibrator = load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
             predictor.__dict__["calibrator_"] = calibrator
+        check_calibrator_fingerprint(predictor, predictor.calibrator, Path(folder) / CALIBRATOR_SUBFOLDER)
         return predictor
 
     @classmethod

@@ -8,7 +8,8 @@ own logits are read during the call (before an attached calibrator, through ``ob
 forward hook placed before any other), and the batch's sets are computed from them there, through
 the predictor's calibrator if it has one, exactly as ``predict_sets`` does. A calibrator attached to the model
 (``Calibrator.attach``) changes the scores the pipeline prints, not the sets: fit the predictor with
-``calibrator=...`` to combine them. Then each result row gets ``"in_set"`` (bool), and the rows are the ``top_k`` most
+``calibrator=...`` to combine them (a warning says when the two differ; ``hf_calibration.pipeline`` refuses such a
+folder, ``conformal.agreement``). Then each result row gets ``"in_set"`` (bool), and the rows are the ``top_k`` most
 probable classes plus every member of the set ranked beyond them, in the pipeline's usual order, so
 ``[r["label"] for r in pipe(image) if r["in_set"]]`` is the whole set.
 
@@ -69,6 +70,14 @@ def _logits_of(output: Any) -> torch.Tensor:
     return logits
 
 
+def _scores_agree(predictor: Any, attached: Any) -> bool:
+    """Whether ``predictor``'s sets were fitted on the scores the ``attached`` calibrator gives (``agreement``)."""
+    from hf_calibration.calibrators import scores_fingerprint
+    from hf_calibration.conformal.agreement import sets_fingerprint
+
+    return sets_fingerprint(predictor) == scores_fingerprint(attached)
+
+
 def _check_pipeline(pipe: Any):
     transformers = sys.modules.get("transformers")  # a pipeline object means transformers is already imported
     classes = tuple(getattr(transformers, name) for name in _PIPELINES) if transformers is not None else ()
@@ -120,12 +129,12 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
             "Expected the model's id2label to name each class once: the pipeline's rows are matched to classes by label."
         )
     index_of = {label: i for i, label in enumerate(labels)}
-    attached = attached_calibrator(model)
-    if attached is not None and not attached.is_identity:  # an identity (left uncalibrated) changes nothing
+    # the printed scores and the sets agree when the predictor was fitted behind the model's calibrator
+    if not predictor.__dict__.get("_scores_warned") and not _scores_agree(predictor, attached_calibrator(model)):
         logger.warning(
-            "A calibrator is attached to the pipeline's model: it calibrates the printed scores, while the prediction sets "
-            "are computed from the model's own logits%s, as the predictor was fitted.",
-            " through the predictor's calibrator" if predictor.calibrator is not None else "",
+            "The calibrator attached to the pipeline's model is not the one the prediction sets were fitted behind: the "
+            "printed scores and the sets come from different scores. Fit the predictor with calibrator=<the model's "
+            "calibrator> to make them agree."
         )
     preprocess, forward, postprocess = pipe.preprocess, pipe._forward, pipe.postprocess
     default_top_k = inspect.signature(postprocess).parameters["top_k"].default

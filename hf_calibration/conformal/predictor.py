@@ -43,9 +43,10 @@ from hf_calibration._core.inputs import logits_and_labels as _labels_of
 from hf_calibration._core.inputs import read_multiclass, scores_kind
 from hf_calibration._core.tensors import as_tensor, log_probabilities, native_array
 from hf_calibration._core.threads import torch_single_threaded
-from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator
+from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator, scores_fingerprint
 from hf_calibration.conformal import metrics as _metrics
 from hf_calibration.conformal._kernels import label_scores, set_rows
+from hf_calibration.conformal.agreement import FINGERPRINT_KEY, check_calibrator_fingerprint
 from hf_calibration.conformal.card import CONFORMAL_CARD_TEMPLATE, card_values
 from hf_calibration.conformal.draws import input_draws
 from hf_calibration.conformal.quantile import check_alpha, check_enough_samples, conformal_quantile
@@ -320,6 +321,8 @@ class ConformalPredictor(
                 if any(t.startswith("fit the") for t in tuned)
                 else "given fitted",
             },
+            # the scores the sets were fitted on (None: the model's own): a served model is refused other scores
+            FINGERPRINT_KEY: scores_fingerprint(calibrator),
             **({"lambda_set_sizes": tuning} if tuning else {}),
         }
         self._reset_stream()
@@ -649,6 +652,7 @@ class ConformalPredictor(
                 f"The calibrator saved with the predictor in {str(local)!r} was fitted on K = "
                 f"{calibrator.fit_info_.get('num_classes')} classes, the predictor on K = {predictor.num_classes}."
             )
+        check_calibrator_fingerprint(predictor, calibrator, local)
         predictor.__dict__["calibrator_"] = calibrator
         return predictor
 

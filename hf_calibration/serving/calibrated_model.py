@@ -10,6 +10,8 @@ A model's folder or Hub repo may hold, beside the model's own files, a calibrato
   are calibrated; ``attached_calibrator(model)`` returns it;
 * the conformal predictor is kept as ``model.conformal_predictor`` (a plain attribute: not a submodule, not in the
   model's ``state_dict``), and :func:`pipeline` attaches it to the pipeline, whose results then carry prediction sets.
+  One fitted on other scores than the calibrator serves (by the fingerprint its fit recorded,
+  ``hf_calibration.conformal.agreement``) is refused with a ``ValueError`` saying to refit it.
 
 A folder or repo without ``calibrator/`` loads the plain model and says so once (a warning per source and process).
 The subfolders are invisible to transformers: with transformers alone, ``AutoModelForImageClassification`` and
@@ -164,7 +166,32 @@ def _load_companions(
         logger.info("%s: attached the %s calibrator from %s/", source, calibrator.kind, CALIBRATOR_FOLDER)
     if conformal is not None:
         _check_classes(conformal, conformal_dir, num_classes, source)
+        _check_sets_match_scores(conformal, calibrator, conformal_dir, source)
     return calibrator, conformal
+
+
+def _check_sets_match_scores(conformal: Any, calibrator: Any, folder: Path, source: str) -> None:
+    """Refuse ``conformal/`` fitted on other scores than ``calibrator/`` serves (``conformal.agreement``); a predictor
+    saved before it recorded them, whose calibrator differs, gets one warning per source and process instead."""
+    if not hasattr(conformal, "fit_info_"):  # not one of hf_calibration.conformal's predictors: nothing recorded
+        return
+    from hf_calibration.conformal.agreement import check_sets_match_scores
+
+    if check_sets_match_scores(conformal, calibrator, f"{str(folder)!r}"):
+        return
+    conformal.__dict__["_scores_warned"] = True  # said here: the pipeline it is attached to does not say it again
+    _say_once(
+        source,
+        "sets-scores",
+        logging.WARNING,
+        "%s: the conformal predictor in %s/ was saved before predictors recorded the scores they were fitted on, and "
+        "its calibrator is not the one in %s/: the served scores are calibrated, its sets are not computed from them. "
+        "Refit it behind %s/ (ConformalPredictor(...).fit(logits, labels, calibrator=...)) and save it again.",
+        source,
+        CONFORMAL_FOLDER,
+        CALIBRATOR_FOLDER,
+        CALIBRATOR_FOLDER,
+    )
 
 
 def load_calibrated_model(

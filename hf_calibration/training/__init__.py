@@ -1,11 +1,14 @@
-"""Training with the calibration losses: ``CalibrationTrainer`` (feature capture, loss state, Mixup, the MaC-Cal stage)
-and the calibrator fitted on the eval split when training ends (``calibrate_on_eval``)."""
+"""Training with the calibration losses: ``CalibrationTrainer`` (feature capture, loss state, Mixup, the MaC-Cal stage),
+and ``CalibrationCallback``: the calibrator (and conformal sets) fitted on the eval split when any ``Trainer``'s training
+ends (``CalibrationTrainer(calibrate_on_eval=...)`` adds one)."""
 
+from hf_calibration.training.callback import CalibrationCallback
 from hf_calibration.training.eval_calibration import EvalCalibration, fit_eval_calibration
 from hf_calibration.training.trainer import LOSS_STATE_NAME, CalibrationLossCallback, CalibrationTrainer
 
 __all__ = [
     "LOSS_STATE_NAME",
+    "CalibrationCallback",
     "CalibrationLossCallback",
     "CalibrationTrainer",
     "EvalCalibration",

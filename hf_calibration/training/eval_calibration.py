@@ -1,8 +1,9 @@
-"""A calibrator fitted on a Trainer's eval split when training ends, saved beside the model, reported on its card.
+"""A calibrator fitted on a Trainer's eval split when training ends, saved beside the model, reported on its card: the
+functional core of ``CalibrationCallback`` (``hf_calibration.training.callback``, the adapter to any ``Trainer``).
 
-``CalibrationTrainer(..., calibrate_on_eval="temperature_scaling")`` calls :func:`fit_eval_calibration` on the eval
-split's logits once training (and the MaC-Cal stage) is over: the calibrator is fitted on the whole split, and the
-numbers that go on the model card are measured on that split
+``CalibrationCallback(...)``, and ``CalibrationTrainer(..., calibrate_on_eval="temperature_scaling")`` which adds one,
+call :func:`fit_eval_calibration` on the eval split's logits once training (and the MaC-Cal stage) is over: the
+calibrator is fitted on the whole split, and the numbers that go on the model card are measured on that split
 
 * before: the model's own logits;
 * after: cross-fitted logits (``cv`` stratified folds, each sample calibrated by a calibrator fitted on the other
@@ -14,7 +15,7 @@ model must not have a lower cross-fitted ECE beyond one standard error. Otherwis
 saved calibrator is the identity (temperature scaling fixed at T = 1), an ``UncalibratedWarning`` and the card say
 why, and the card still shows the rejected calibrator's cross-fitted numbers.
 
-``save_model`` writes the calibrator to ``calibrator/`` (so ``load_calibrated_model`` and
+The callback writes the calibrator to ``calibrator/`` (so ``load_calibrated_model`` and
 ``hf_calibration.pipeline`` load it with the model) and ``push_to_hub`` uploads it; the model card gets the ECE and NLL
 before and after as ``model-index`` evaluation results (``huggingface_hub.EvalResult``), which the Hub shows on the
 model's page, and a short section saying how to load the calibrated model.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,6 @@ import numpy as np
 from hf_calibration.serving.calibrated_model import CALIBRATOR_FOLDER
 
 __all__ = [
-    "CalibrateOnEvalMixin",
     "EvalCalibration",
     "MetricValue",
     "dataset_fields",
@@ -49,7 +50,7 @@ N_BINS = 15  # ECE's bins on the card (Guo et al.'s 15 equal-width bins)
 CI_LEVEL, N_BOOT = 0.95, 1000  # the card's intervals: bootstrap over the eval rows (ECE basic, NLL percentile)
 DEFAULT_CALIBRATOR = "temperature_scaling"
 SIGMOID_DEFAULT_CALIBRATOR = "sigmoid_temperature_scaling"  # binary and multi-label heads
-_TASK = "image-classification"
+_TASK = "image-classification"  # the card's default pipeline task
 _SECTION = "## Calibration"  # the card section this module writes (replaced, never duplicated, on a new push)
 _UNCALIBRATED, _CROSS_FITTED = "uncalibrated", "-cross-fitted"  # the `config` of the model-index metrics written here
 
@@ -86,33 +87,41 @@ def _measure(logits: np.ndarray, labels: np.ndarray, task: str | None = None) ->
     }
 
 
-def resolve_calibrator(spec: Any, task: str | None = None):
-    """The unfitted calibrator ``calibrate_on_eval`` names: ``True`` (temperature scaling; a sigmoid head's for a binary
-    or multi-label ``task``), a registered kind (``"smart"``, ...) or a ``Calibrator`` instance (copied, so the instance
-    given stays as it is). A kind for another head than ``task``'s is a ``ValueError`` naming ``problem_type``."""
-    from hf_calibration.calibrators import Calibrator, create_calibrator, list_calibrators
+AUTO = "auto"  # the spec that picks the calibrator by AutoCalibrator's rule
+
+
+def resolve_calibrator(spec: Any, task: str | None = None, argument: str = "calibrate_on_eval"):
+    """The unfitted calibrator ``spec`` names: ``True`` (temperature scaling; a sigmoid head's for a binary or
+    multi-label ``task``), a registered kind (``"smart"``, ...), ``"auto"`` or an ``AutoCalibrator`` (the method it
+    picks), or a ``Calibrator`` instance (copied, so the instance given stays as it is). A kind for another head than
+    ``task``'s is a ``ValueError`` naming ``problem_type``; ``argument``: the name errors give."""
+    from hf_calibration.calibrators import AutoCalibrator, Calibrator, create_calibrator, list_calibrators
 
     sigmoid = task in ("binary", "multilabel")
+    if spec == AUTO and isinstance(spec, str):
+        return AutoCalibrator()
+    if isinstance(spec, AutoCalibrator):
+        return copy.deepcopy(spec)
     if spec is True:
         spec = SIGMOID_DEFAULT_CALIBRATOR if sigmoid else DEFAULT_CALIBRATOR
     if task is not None and isinstance(spec, (str, Calibrator)):
         kind = spec if isinstance(spec, str) else spec.kind
         if kind in list_calibrators() and kind not in list_calibrators(task):
             raise ValueError(
-                f"Expected argument `calibrate_on_eval` to name a calibrator for the model's {task} head "
+                f"Expected argument `{argument}` to name a calibrator for the model's {task} head "
                 f"({list_calibrators(task)}), but {kind!r} calibrates a {'softmax' if sigmoid else 'sigmoid'} "
                 "head (see the model's config.problem_type)."
             )
     if isinstance(spec, str):
         if spec not in list_calibrators():
             raise ValueError(
-                f"Expected argument `calibrate_on_eval` to be True, a calibrator instance or one of {list_calibrators()}, but got {spec!r}."
+                f"Expected argument `{argument}` to be True, 'auto', a calibrator instance or one of {list_calibrators()}, but got {spec!r}."
             )
         return create_calibrator(spec)
     if isinstance(spec, Calibrator):
         return copy.deepcopy(spec)
     raise TypeError(
-        f"Expected argument `calibrate_on_eval` to be True, a calibrator kind (str) or a Calibrator instance, but got {spec!r}."
+        f"Expected argument `{argument}` to be True, a calibrator kind (str), 'auto', a Calibrator or an AutoCalibrator, but got {spec!r}."
     )
 
 
@@ -146,6 +155,7 @@ class EvalCalibration:
     task: str = "multiclass"
     candidate: str | None = None  # the kind asked for (default: the calibrator's)
     reason: str | None = None  # why the model is left uncalibrated (None: the calibrator was kept)
+    pipeline_task: str = _TASK  # the model's pipeline task, on the card (its model-index task and loading example)
 
     @property
     def method(self) -> str:
@@ -178,7 +188,7 @@ class EvalCalibration:
                 value = values[key]
                 out.append(
                     EvalResult(
-                        task_type=_TASK,
+                        task_type=self.pipeline_task,
                         dataset_type=dataset_type,
                         dataset_name=dataset_name,
                         dataset_config=dataset_config,
@@ -225,7 +235,7 @@ class EvalCalibration:
                 "```python",
                 "import hf_calibration",
                 "",
-                f'classifier = hf_calibration.pipeline("image-classification", model="{repo}")   # calibrated scores',
+                f'classifier = hf_calibration.pipeline("{self.pipeline_task}", model="{repo}")   # calibrated scores',
                 f'model = hf_calibration.load_calibrated_model("{repo}")   # calibrated logits',
                 "```",
                 "",
@@ -308,6 +318,7 @@ def fit_eval_calibration(
     cv: int = 5,
     seed: int = 0,
     task: str | None = None,
+    who: str = "calibrate_on_eval",
 ) -> EvalCalibration:
     """Fit ``calibrator`` on an eval split and measure ECE / NLL before and after (cross-fitted, ``cv`` folds); keep it
     only if it qualifies by ``AutoCalibrator``'s rule (module docstring), else keep the identity and warn.
@@ -316,10 +327,12 @@ def fit_eval_calibration(
         logits: (N, K) eval-split logits, or the ``PredictionOutput`` of ``Trainer.predict`` (then ``labels`` may be
             omitted). Rows labelled -100 are left out.
         labels: (N,) integer labels.
-        calibrator: what :func:`resolve_calibrator` takes: ``True``, a registered kind, or a calibrator instance.
+        calibrator: what :func:`resolve_calibrator` takes: ``True``, a registered kind, ``"auto"`` / an
+            ``AutoCalibrator`` (its pick, cross-fitted and kept by the same rule), or a calibrator instance.
         cv: cross-fitting folds of the "after" numbers. seed: their split.
         task: the head's kind (``hf_calibration._core.tasks``); None reads it from the shapes. A binary or multi-label head's
             numbers are macro averages over its labels, and -100 leaves out one label of a sample.
+        who: what the warnings and logs name as fitting it.
     """
     from hf_calibration._core.inputs import logits_and_labels as _labels_of
     from hf_calibration._core.inputs import read_multiclass
@@ -332,12 +345,17 @@ def fit_eval_calibration(
         calibrator if sigmoid is None or calibrator != DEFAULT_CALIBRATOR else True, sigmoid or "multiclass"
     )
     if sigmoid is not None:
-        return _fit_eval_sigmoid(np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid)
+        return _fit_eval_sigmoid(
+            np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid, who
+        )
     inputs = read_multiclass(
         logits, labels, from_logits=True, preds_name="logits", target_name="labels"
     )  # drops -100 rows
     z, y = np.asarray(inputs.preds, dtype=np.float64), np.asarray(inputs.target)
     before = _measure(z, y)
+    template, declined = _auto_pick(template, z, y, None)
+    if template is None:
+        return _left_uncalibrated(z, y, before, declined, cv, seed, "multiclass", who)
     try:
         table = compare_calibrators(
             z,
@@ -363,15 +381,16 @@ def fit_eval_calibration(
         after = _measure(crossfit, y)
     else:
         logger.warning(
-            "calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
+            "%s: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
             "the uncalibrated numbers only.",
+            who,
             template.kind,
             len(y),
             errors,
         )
     if chosen == UNCALIBRATED:
         reason = f"{template.kind} did not qualify: {reason}"
-        fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval")
+        fitted = identity_calibrator(z, y, True, reason, who=who)
     else:
         with held_out_checked():  # the cross-fitting above is its held-out check
             fitted = template.fit(z, y, from_logits=True, progress_bar=False)
@@ -379,7 +398,8 @@ def fit_eval_calibration(
         fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, candidate=template.kind, reason=reason
     )
     logger.info(
-        "calibrate_on_eval: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s",
+        "%s: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s",
+        who,
         template.kind,
         len(y),
         _cell("ece", before["ece"]),
@@ -389,12 +409,17 @@ def fit_eval_calibration(
     return result
 
 
-def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str) -> EvalCalibration:
+def _fit_eval_sigmoid(
+    z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str, who: str
+) -> EvalCalibration:
     """``fit_eval_calibration`` for a binary or multi-label head, kept by the same rule."""
     from hf_calibration.calibrators import compare_calibrators, held_out_checked
     from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator
 
     before = _measure(z, y, task)
+    template, declined = _auto_pick(template, z, y, task)
+    if template is None:
+        return _left_uncalibrated(z, y, before, declined, cv, seed, task, who)
     try:
         table = compare_calibrators(
             z,
@@ -421,15 +446,16 @@ def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed
         after = _measure(crossfit.reshape(z.shape) if crossfit.size == z.size else crossfit, y, task)
     else:
         logger.warning(
-            "calibrate_on_eval: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
+            "%s: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
             "uncalibrated numbers only.",
+            who,
             template.kind,
             len(y),
             errors,
         )
     if chosen == UNCALIBRATED:
         reason = f"{template.kind} did not qualify: {reason}"
-        fitted = identity_calibrator(z, y, True, reason, who="calibrate_on_eval", task=task)
+        fitted = identity_calibrator(z, y, True, reason, who=who, task=task)
     else:
         with held_out_checked():  # the cross-fitting above is its held-out check
             fitted = template.fit(z, y, from_logits=True, progress_bar=False, task=task)
@@ -443,6 +469,35 @@ def _fit_eval_sigmoid(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed
         task=task,
         candidate=template.kind,
         reason=reason,
+    )
+
+
+def _auto_pick(template: Any, z: np.ndarray, y: np.ndarray, task: str | None) -> tuple[Any, str | None]:
+    """``(template, None)`` for a calibrator; for an ``AutoCalibrator``, an unfitted calibrator of the method it picks on
+    ``(z, y)`` (then cross-fitted and kept by the same rule as a named one), or ``(None, why)`` when it picks none."""
+    from hf_calibration.calibrators import AutoCalibrator, create_calibrator
+    from hf_calibration.calibrators.selection import UNCALIBRATED
+
+    if not isinstance(template, AutoCalibrator):
+        return template, None
+    with warnings.catch_warnings():  # its UncalibratedWarning: said once, by _left_uncalibrated
+        warnings.simplefilter("ignore")
+        template.fit(z, y, from_logits=True, progress_bar=False, **({} if task is None else {"task": task}))
+    if template.method_ == UNCALIBRATED:
+        return None, f"AutoCalibrator picked no calibrator: {template.reason_}"
+    return create_calibrator(template.method_, **dict(template.comparison_[template.method_].kwargs)), None
+
+
+def _left_uncalibrated(
+    z: np.ndarray, y: np.ndarray, before: dict, reason: str, cv: int, seed: int, task: str, who: str
+) -> EvalCalibration:
+    """The model left as it is (the identity saved, an ``UncalibratedWarning`` saying ``reason``)."""
+    from hf_calibration.calibrators.selection import identity_calibrator
+
+    extra = {} if task == "multiclass" else {"task": task}
+    fitted = identity_calibrator(z, y, True, reason, who=who, **extra)
+    return EvalCalibration(
+        fitted, before, None, num_samples=int(len(y)), cv=cv, seed=seed, task=task, candidate=AUTO, reason=reason
     )
 
 
@@ -480,119 +535,37 @@ def _labelled_rows(dataset: Any, needed: int, label_names: tuple[str, ...]) -> i
 
 
 def check_calibrate_on_eval(
-    spec: Any, eval_dataset: Any, label_names: tuple[str, ...] = ("labels", "label"), task: str | None = None
+    spec: Any,
+    eval_dataset: Any,
+    label_names: tuple[str, ...] = ("labels", "label"),
+    task: str | None = None,
+    argument: str = "calibrate_on_eval",
 ) -> None:
     """Fail before training, not after it: a calibrator spec that does not resolve (or is for another head than
     ``task``'s), no single eval split, or one too small to fit the calibrator on (its rows with a label other than
-    -100, which the fit counts)."""
-    template = resolve_calibrator(spec, task)
+    -100, which the fit counts). ``argument``: the name the errors give."""
+    template = resolve_calibrator(spec, task, argument)
     if eval_dataset is None:
         raise ValueError(
-            "Expected an `eval_dataset` to fit the calibrator on, since `calibrate_on_eval` is set, but got None."
+            f"Expected an `eval_dataset` to fit the calibrator on, since `{argument}` is set, but got None: give the "
+            "Trainer an eval_dataset."
         )
     if isinstance(eval_dataset, dict):
         raise ValueError(
-            "Expected one `eval_dataset` for `calibrate_on_eval`, but got a dict of several: fit on one with "
-            "trainer.fit_calibrator(eval_dataset[name])."
+            f"Expected one `eval_dataset` for `{argument}`, but got a dict of several: name the one to fit on, "
+            "CalibrationCallback(eval_dataset=name), or trainer.fit_calibrator(eval_dataset[name])."
         )
+    if not hasattr(template, "min_samples"):  # AutoCalibrator: its candidates' own checks, at fit
+        return
     if hasattr(eval_dataset, "__len__") and len(eval_dataset) < template.min_samples:
         raise ValueError(
             f"Expected an `eval_dataset` of at least {template.min_samples} samples to fit {type(template).__name__} "
-            f"on (`calibrate_on_eval`), but it holds {len(eval_dataset)}."
+            f"on (`{argument}`), but it holds {len(eval_dataset)}."
         )
     labelled = _labelled_rows(eval_dataset, template.min_samples, label_names)
     if labelled is not None and labelled < template.min_samples:
         raise ValueError(
             f"Expected an `eval_dataset` with at least {template.min_samples} labelled samples to fit "
-            f"{type(template).__name__} on (`calibrate_on_eval`), but only {labelled} of its {len(eval_dataset)} rows "
+            f"{type(template).__name__} on (`{argument}`), but only {labelled} of its {len(eval_dataset)} rows "
             f"have a label other than {IGNORE_INDEX}."
-        )
-
-
-class CalibrateOnEvalMixin:
-    """What ``CalibrationTrainer(calibrate_on_eval=...)`` adds to a ``Trainer``: ``fit_calibrator`` (called at the end
-    of ``train()``), the calibrator saved in ``calibrator/`` by ``save_model`` (hence uploaded by ``push_to_hub``), and
-    its results on the model card ``create_model_card`` writes."""
-
-    def _init_calibrate_on_eval(self, spec: Any, endpoint_handler: bool | str = False) -> None:
-        self.calibrate_on_eval = None if spec is None or spec is False else spec
-        self.eval_calibration: EvalCalibration | None = None
-        if self.calibrate_on_eval is not None:
-            check_calibrate_on_eval(
-                self.calibrate_on_eval, self.eval_dataset, self._label_names(), getattr(self, "head_task", None)
-            )
-        if not isinstance(endpoint_handler, (bool, str)):
-            raise TypeError(
-                f"Expected argument `endpoint_handler` to be a bool or a requirement line (str), but got {endpoint_handler!r}."
-            )
-        if endpoint_handler is not False and self.calibrate_on_eval is None:
-            raise ValueError(
-                "Expected argument `calibrate_on_eval` with `endpoint_handler`: the handler serves the calibrated model."
-            )
-        if endpoint_handler is not False and getattr(self, "processing_class", None) is None:
-            raise ValueError(
-                "Expected argument `processing_class` (the model's image processor) with `endpoint_handler`: the "
-                "Endpoint reads images through it, and save_model writes it beside the model only when it is given."
-            )
-        if (
-            endpoint_handler is True
-        ):  # resolved now: an install with no address to give fails before training, not after
-            from hf_calibration._core.version import package_requirement
-
-            endpoint_handler = package_requirement()
-        self.endpoint_handler = endpoint_handler
-
-    def _label_names(self) -> tuple[str, ...]:
-        """The dataset fields that may hold a row's label: the Trainer's ``label_names``, then ``labels`` / ``label``."""
-        given = getattr(getattr(self, "args", None), "label_names", None) or []
-        return tuple(dict.fromkeys([*given, "labels", "label"]))
-
-    @property
-    def calibrator(self):
-        """The calibrator fitted on the eval split (None before ``fit_calibrator``)."""
-        return None if self.eval_calibration is None else self.eval_calibration.calibrator
-
-    def fit_calibrator(self, eval_dataset: Any = None) -> EvalCalibration:
-        """Fit ``calibrate_on_eval``'s calibrator (temperature scaling if unset) on the eval split's logits; returns the
-        :class:`EvalCalibration`, also ``trainer.eval_calibration``. ``train()`` calls it last; call it again after
-        changing the model. Every process must call it (``predict`` gathers the split)."""
-        spec = True if self.calibrate_on_eval is None else self.calibrate_on_eval
-        eval_dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        task = getattr(self, "head_task", None)
-        check_calibrate_on_eval(spec, eval_dataset, self._label_names(), task)
-        prediction = self.predict(eval_dataset, metric_key_prefix="calibration")
-        self.eval_calibration = fit_eval_calibration(
-            prediction, calibrator=resolve_calibrator(spec, task), seed=self.args.seed, task=task
-        )
-        return self.eval_calibration
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        super().save_model(output_dir, _internal_call=_internal_call)
-        if self.eval_calibration is not None and self.args.should_save:
-            folder = output_dir if output_dir is not None else self.args.output_dir
-            self.eval_calibration.save(folder)
-            if self.endpoint_handler is not False:
-                from hf_calibration.serving import write_endpoint_handler
-
-                write_endpoint_handler(
-                    folder, requirement=self.endpoint_handler, overwrite=True
-                )  # the package's own files only
-
-    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        """``Trainer.create_model_card``, plus the eval-split calibration results (``model-index`` and a section)."""
-        super().create_model_card(*args, **kwargs)
-        if self.eval_calibration is None or not self.is_world_process_zero():
-            return
-        import inspect
-
-        from transformers import Trainer
-
-        given = inspect.signature(Trainer.create_model_card).bind(self, *args, **kwargs).arguments
-        self.eval_calibration.add_to_model_card(
-            os.path.join(self.args.output_dir, "README.md"),
-            model_name=given.get("model_name") or Path(self.args.output_dir).absolute().name,
-            repo_id=getattr(self, "hub_model_id", None) or self.args.hub_model_id,
-            **dataset_fields(
-                self.eval_dataset, given.get("dataset_tags"), given.get("dataset"), given.get("dataset_args")
-            ),
         )

@@ -21,7 +21,9 @@ What it adds to `Trainer(..., compute_loss_func=loss)`:
 * optional Mixup (Zhang et al. 2018) in training, ``mixup_alpha > 0``: the stage 1 that MaC-Cal pairs with;
 * the optional MaC-Cal second stage runs after ``train()`` when ``maccal=MaCCalConfig(...)`` is given;
 * with ``calibrate_on_eval``, a calibrator is fitted on the eval split once training (and MaC-Cal) is over, saved in
-  ``calibrator/`` by ``save_model`` / ``push_to_hub``, its results on the model card (``hf_calibration.training.eval_calibration``).
+  ``calibrator/`` by ``save_model`` / ``push_to_hub``, its results on the model card: a ``CalibrationCallback``
+  (``hf_calibration.training.callback``) that this trainer adds and fits after MaC-Cal, as it does any
+  ``CalibrationCallback`` it is given.
 
 The loss normalisation follows transformers' ``compute_loss_func`` contract: the loss returns
 ``sum / num_items_in_batch`` and the Trainer neither divides it by the gradient-accumulation steps nor
@@ -44,7 +46,7 @@ from transformers import Trainer, TrainerCallback
 
 from hf_calibration._core.checks import check_float
 from hf_calibration._core.features import FeatureCapture, find_classifier_head
-from hf_calibration.training.eval_calibration import CalibrateOnEvalMixin
+from hf_calibration.training.callback import CalibrationCallback
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +154,7 @@ class CalibrationLossCallback(TrainerCallback):
         self.loss.zero_grad(set_to_none=True)
 
 
-class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
+class CalibrationTrainer(Trainer):
     """`Trainer` for calibration losses: feature capture, loss parameters, loss checkpoints, MaC-Cal.
 
     Args:
@@ -278,6 +280,61 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
 
             check_softmax_head(self.model)
         self._init_calibrate_on_eval(calibrate_on_eval, endpoint_handler)
+
+    # -- the calibrator fitted on the eval split: a CalibrationCallback, fitted after MaC-Cal ------------
+    def _init_calibrate_on_eval(self, spec: Any, endpoint_handler: bool | str = False) -> None:
+        self.calibrate_on_eval = None if spec is None or spec is False else spec
+        if not isinstance(endpoint_handler, (bool, str)):
+            raise TypeError(
+                f"Expected argument `endpoint_handler` to be a bool or a requirement line (str), but got {endpoint_handler!r}."
+            )
+        if endpoint_handler is not False and self.calibrate_on_eval is None:
+            raise ValueError(
+                "Expected argument `calibrate_on_eval` with `endpoint_handler`: the handler serves the calibrated model."
+            )
+        if endpoint_handler is not False and getattr(self, "processing_class", None) is None:
+            raise ValueError(
+                "Expected argument `processing_class` (the model's image processor) with `endpoint_handler`: the "
+                "Endpoint reads images through it, and save_model writes it beside the model only when it is given."
+            )
+        if endpoint_handler is True:  # resolved now: an install with no address to give fails before training
+            from hf_calibration._core.version import package_requirement
+
+            endpoint_handler = package_requirement()
+        self.endpoint_handler = endpoint_handler
+        self.calibration_callback: CalibrationCallback | None = None
+        if self.calibrate_on_eval is not None:
+            self._add_calibration_callback(self.calibrate_on_eval)
+
+    def _add_calibration_callback(self, spec: Any, check: bool = True) -> CalibrationCallback:
+        """``calibrate_on_eval``'s callback: saved by ``save_model`` (not at the end of training: ``save_model``
+        writes it, as it writes the model), checked now against the eval split (``check``)."""
+        callback = CalibrationCallback(spec, save=False, _argument="calibrate_on_eval").bind(self)
+        if check:
+            callback._check(self)
+        self.calibration_callback = callback
+        self.add_callback(callback)
+        return callback
+
+    def _calibration_callbacks(self) -> list[CalibrationCallback]:
+        return [c for c in self.callback_handler.callbacks if isinstance(c, CalibrationCallback)]
+
+    @property
+    def eval_calibration(self):
+        """The :class:`EvalCalibration` of ``calibrate_on_eval`` (None before it is fitted)."""
+        return None if self.calibration_callback is None else self.calibration_callback.eval_calibration
+
+    @property
+    def calibrator(self):
+        """The calibrator fitted on the eval split (None before ``fit_calibrator``)."""
+        return None if self.calibration_callback is None else self.calibration_callback.calibrator
+
+    def fit_calibrator(self, eval_dataset: Any = None):
+        """Fit ``calibrate_on_eval``'s calibrator (temperature scaling if unset) on the eval split's logits; returns the
+        :class:`EvalCalibration`, also ``trainer.eval_calibration``. ``train()`` calls it last; call it again after
+        changing the model. Every process must call it (``predict`` gathers the split)."""
+        callback = self.calibration_callback or self._add_calibration_callback(True, check=False)
+        return callback.calibrate(self, eval_dataset=eval_dataset)
 
     def _prepare_loss(self, loss: nn.Module) -> None:
         """Fill the loss's ``num_classes`` from the model, seed its gate from ``args.seed``, put it on the device."""
@@ -433,9 +490,17 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the model (as `Trainer` does) and, beside it, the loss state (gate weights, EMA buffers)."""
+        """Save the model (as `Trainer` does) and, beside it, the loss state (gate weights, EMA buffers), and with
+        ``calibrate_on_eval`` the calibrator in ``calibrator/`` (and the Endpoint handler)."""
         super().save_model(output_dir, _internal_call=_internal_call)
-        self.save_loss_state(output_dir if output_dir is not None else self.args.output_dir)
+        folder = output_dir if output_dir is not None else self.args.output_dir
+        self.save_loss_state(folder)
+        if self.eval_calibration is not None and self.args.should_save:
+            self.calibration_callback.save(folder)
+            if self.endpoint_handler is not False:
+                from hf_calibration.serving import write_endpoint_handler
+
+                write_endpoint_handler(folder, requirement=self.endpoint_handler, overwrite=True)  # the package's own
 
     def save_loss_state(self, output_dir: str) -> None:
         loss = self.calibration_loss
@@ -540,12 +605,15 @@ class CalibrationTrainer(CalibrateOnEvalMixin, Trainer):
 
     def train(self, *args: Any, **kwargs: Any):
         self._broadcast_loss_state()
-        self.eval_calibration = None  # a calibrator fitted on an earlier model is not this one's
-        output = super().train(*args, **kwargs)
+        self._calibration_deferred = True  # the calibration callbacks fit after MaC-Cal, on the final model
+        try:
+            output = super().train(*args, **kwargs)
+        finally:
+            self._calibration_deferred = False
         if self.maccal is not None:
             self.run_maccal()
-        if self.calibrate_on_eval is not None:  # last: the calibrator is fitted on the final model
-            self.fit_calibrator()
+        for callback in self._calibration_callbacks():  # last: the calibrator is fitted on the final model
+            callback.calibrate(self)
         return output
 
     def _broadcast_loss_state(self) -> None:

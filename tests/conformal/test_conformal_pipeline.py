@@ -82,7 +82,7 @@ def test_sets_come_from_the_models_own_logits_when_a_calibrator_is_attached(capl
     ts.attach(pipe.model)
     with caplog.at_level(logging.WARNING, logger="hf_calibration"):
         predictor.attach(pipe)
-    assert "calibrator is attached" in caplog.text
+    assert "not the one the prediction sets were fitted behind" in caplog.text  # sets and printed scores differ
     results = pipe(images, top_k=10)
     expected = predictor.predict_sets(logits)
     calibrated = torch.softmax(ts(logits), 1)
@@ -195,3 +195,21 @@ def test_no_calibrator_notice_for_an_identity_calibrator(caplog):
         _predictor("thr").attach(pipe)
     assert "calibrator is attached" not in caplog.text
     identity.detach()
+
+
+def test_no_warning_when_the_sets_were_fitted_behind_the_attached_calibrator(caplog):
+    pipe, images, logits = _pipeline()
+    z, y = _fit_data()
+    ts = TemperatureScaling().fit(z, y, progress_bar=False)
+    predictor = ConformalPredictor("thr").fit(z, y, calibrator=ts)
+    ts.attach(pipe.model)
+    with caplog.at_level(logging.WARNING, logger="hf_calibration"):
+        predictor.attach(pipe)
+    assert "fitted behind" not in caplog.text
+    calibrated = torch.softmax(ts(logits).double(), 1).numpy()
+    for i, rows in enumerate(pipe(images, top_k=10)):  # a class is in the set iff its printed score passes 1 - q_hat
+        for r in rows:
+            k = int(pipe.model.config.label2id[r["label"]])
+            assert r["in_set"] == bool(calibrated[i, k] >= 1 - float(predictor.q_hat)) or calibrated[i].argmax() == k
+    predictor.detach()
+    ts.detach()

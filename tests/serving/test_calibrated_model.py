@@ -19,7 +19,7 @@ import torch
 from _image_data import MEAN, STD, digits_dataset_dict
 from _models import make_model
 
-from hf_calibration import TemperatureScaling, load_calibrated_model, pipeline
+from hf_calibration import TemperatureScaling, load_calibrated_model, load_calibrator, pipeline
 from hf_calibration.calibrators.attach import attached_calibrator
 
 torch.set_num_threads(1)
@@ -264,7 +264,8 @@ def test_real_conformal_predictor_round_trip(repo, images, tmp_path):
     g = torch.Generator().manual_seed(1)
     y = torch.randint(0, 10, (500,), generator=g)
     z = 3 * torch.randn(500, 10, generator=g) + 3 * torch.nn.functional.one_hot(y, 10)
-    predictor = conformal.ConformalPredictor(method="thr").fit(z, y, alpha=0.1)
+    served = load_calibrator(both / "calibrator")  # the sets fitted behind the served calibrator (else refused)
+    predictor = conformal.ConformalPredictor(method="thr").fit(z, y, alpha=0.1, calibrator=served)
     predictor.save_pretrained(both / "conformal")
     loaded = load_calibrated_model(both)
     assert type(loaded.conformal_predictor) is conformal.ConformalPredictor

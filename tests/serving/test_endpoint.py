@@ -81,7 +81,7 @@ def _serve(folder: Path, images, tmp_path: Path) -> dict:
 @pytest.fixture(scope="module")
 def fine_tuned(tmp_path_factory):
     """A ViT fine-tuned on the digits with ``CalibrationTrainer(calibrate_on_eval=True, endpoint_handler=True)``, saved
-    with ``save_model``; a RAPS predictor fitted on held-out logits in ``conformal/`` beside it."""
+    with ``save_model``; a RAPS predictor fitted on held-out logits, behind that calibrator, in ``conformal/`` beside it."""
     from transformers import TrainingArguments
 
     from hf_calibration import CalibrationTrainer
@@ -120,7 +120,9 @@ def fine_tuned(tmp_path_factory):
     held_out = PixelDataset(data.calibration_images[150:], data.calibration_labels[150:], proc)
     with torch.no_grad():
         z = trainer.model.eval()(pixel_values=held_out.pixel_values).logits
-    ConformalPredictor("raps").fit(z, held_out.labels, alpha=0.1).save_pretrained(folder / "conformal")
+    # behind the calibrator the folder serves: sets on its scores (a folder mixing the two is refused at load)
+    predictor = ConformalPredictor("raps").fit(z, held_out.labels, alpha=0.1, calibrator=trainer.calibrator)
+    predictor.save_pretrained(folder / "conformal")
     return folder
 
 

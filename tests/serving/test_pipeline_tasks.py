@@ -87,7 +87,7 @@ TASKS = {"text-classification": _text_model, "audio-classification": _audio_mode
 @pytest.fixture(scope="module", params=sorted(TASKS))
 def repo(request, tmp_path_factory):
     """A model folder of the task, its preprocessor, a temperature in ``calibrator/`` and an APS predictor (randomised)
-    in ``conformal/``; returns (task, folder, plain model, preprocessor, T, predictor)."""
+    in ``conformal/``, fitted behind that temperature; returns (task, folder, plain model, preprocessor, T, predictor)."""
     task = request.param
     if task == "video-classification":
         pytest.importorskip("av", reason="transformers' video-classification pipeline needs PyAV (the `video` extra)")
@@ -106,7 +106,8 @@ def repo(request, tmp_path_factory):
     z = 4 * torch.randn(600, K, generator=g) + 3 * torch.nn.functional.one_hot(y, K)
     calibrator = TemperatureScaling().fit(z, y, progress_bar=False)
     calibrator.save_pretrained(folder / "calibrator")
-    predictor = ConformalPredictor(method="aps").fit(z, y, alpha=0.2)
+    # behind the served calibrator: sets on the scores served (a folder mixing the two is refused at load)
+    predictor = ConformalPredictor(method="aps").fit(z, y, alpha=0.2, calibrator=calibrator)
     predictor.save_pretrained(folder / "conformal")
     T = float(calibrator.log_temperature.detach().exp())
     assert T > 1.3  # visible in the checks below
