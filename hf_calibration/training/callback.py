@@ -51,16 +51,21 @@ __all__ = ["CalibrationCallback"]
 logger = logging.getLogger(__name__)
 
 _CONFORMAL_METHODS = ("thr", "aps", "raps", "crc")  # crc: a multi-label head's sets
-_PIPELINE_TASKS = {  # the model class's suffix -> its pipeline task (the card's snippet and model-index task)
-    "ForSequenceClassification": "text-classification",
-    "ForAudioClassification": "audio-classification",
-    "ForVideoClassification": "video-classification",
-}
 
 
 def _pipeline_task(model: Any) -> str:
-    name = type(model).__name__
-    return next((task for suffix, task in _PIPELINE_TASKS.items() if name.endswith(suffix)), "image-classification")
+    """The model's pipeline task, as the loaders read it from a saved config; a model built from its config has no
+    ``architectures`` until it is saved, so its class stands in for them."""
+    from hf_calibration._core.tasks import IMAGE_TASK, pipeline_task_of_config
+
+    config = getattr(model, "config", None)
+    if config is not None and not getattr(config, "architectures", None):
+        config = {
+            "architectures": [type(model).__name__],
+            "model_type": getattr(config, "model_type", None),
+            "maccal_head": getattr(config, "maccal_head", None),
+        }
+    return pipeline_task_of_config(config)[0] or IMAGE_TASK
 
 
 def _head_task(model: Any) -> str | None:
