@@ -220,6 +220,25 @@ def test_ignored_labels_are_left_out_of_the_fit():
         assert float(masked.weight.detach()[l]) == pytest.approx(float(alone.weight.detach()[0]), rel=1e-6)
 
 
+@pytest.mark.parametrize("outside", [7.0, -3.0])
+def test_a_sigmoid_calibrator_reads_the_kind_from_the_kept_entries(outside):
+    """Multi-label probabilities whose ignored entries hold a value outside [0, 1] are probabilities (the kept entries
+    decide, as for the metrics): Platt scaling fits the logits of the kept ones (scikit-learn's sigmoid calibration of
+    each label's kept entries) and records that it saw probabilities. It read them as logits before."""
+    from sklearn.calibration import _sigmoid_calibration
+
+    rng = np.random.default_rng(1)
+    z, y = _multilabel(n=600, seed=1)
+    p, hide = 1 / (1 + np.exp(-z)), rng.random(y.shape) < 0.1
+    platt = PlattScaling().fit(np.where(hide, outside, p), np.where(hide, -100, y), progress_bar=False)
+    assert platt.fit_info_["input"] == "probabilities"
+    got = platt.predict_proba(p, from_logits=False).numpy()
+    for label in range(3):
+        kept = ~hide[:, label]
+        a, b = _sigmoid_calibration(z[kept, label], y[kept, label])
+        assert np.abs(got[:, label] - 1 / (1 + np.exp(a * z[:, label] + b))).max() < 1e-4
+
+
 def test_compare_and_auto_calibrator_choose_among_sigmoid_methods():
     from hf_calibration.calibrators import AutoCalibrator, compare_calibrators
 
