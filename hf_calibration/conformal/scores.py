@@ -30,9 +30,13 @@ METHODS: tuple[str, ...] = ("thr", "aps", "raps")
 
 
 def rank_penalty(num_classes: int, k_reg: int, penalty: float, *, dtype=torch.float64, device=None) -> torch.Tensor:
-    """RAPS's regulariser by rank: ``lambda * max(j - k_reg, 0)`` for ranks ``j = 1..K`` (a (K,) tensor)."""
-    ranks = torch.arange(1, num_classes + 1, dtype=dtype, device=device)
-    return penalty * (ranks - k_reg).clamp_min(0)
+    """RAPS's regulariser by rank: ``lambda * max(j - k_reg, 0)`` for ranks ``j = 1..K`` (a (K,) tensor).
+
+    Built from Python floats (K is fixed), so a tracer records it as a ``dtype`` constant: a Python scalar times a
+    tensor is exported with the scalar as a float32 constant (0.1 becoming 0.10000000149, scores 6e-9 off at rank 5)."""
+    return torch.tensor(
+        [float(penalty) * max(j - k_reg, 0) for j in range(1, num_classes + 1)], dtype=dtype, device=device
+    )
 
 
 def ranked_scores(
@@ -43,8 +47,9 @@ def ranked_scores(
 
     The cumulative mass is capped at 1, and is exactly 1 at the last rank: what it is, whatever the rounding of the
     sums (so the non-randomised scores of a saturated tail tie exactly, as they do in exact arithmetic)."""
-    scores = torch.cumsum(ordered, dim=1).clamp_(max=1.0)
-    scores[:, -1] = 1.0
+    cumulated = torch.cumsum(ordered, dim=1).clamp(max=1.0)
+    # the last rank set by concatenation, not an indexed write: what tracers (ONNX, torch.export) take as it is
+    scores = torch.cat([cumulated[:, :-1], torch.ones_like(cumulated[:, -1:])], dim=1)
     if u is not None:
         scores = scores - u[:, None] * ordered
     if penalty:
@@ -120,21 +125,14 @@ def sort_probabilities_graph(probs: torch.Tensor) -> tuple[torch.Tensor, torch.T
 def conformity_scores_graph(
     probs: torch.Tensor, method: Method, u: torch.Tensor | None = None, *, k_reg: int = 0, penalty: float = 0.0
 ) -> torch.Tensor:
-    """:func:`conformity_scores` for tracers (``torch.export``, ONNX): the same scores, the order from
-    :func:`sort_probabilities_graph`, the cumulated sums in the same sequence."""
+    """:func:`conformity_scores` for tracers (``torch.export``, ONNX): the same scores (:func:`ranked_scores`, its cap
+    at 1 included), the order from :func:`sort_probabilities_graph`."""
     if method == "thr":
         return torch.rsub(probs, 1.0)
     if method not in METHODS:
         raise ValueError(f"Expected argument `method` to be one of {list(METHODS)}, but got {method!r}.")
     ordered, order = sort_probabilities_graph(probs)
-    ranked = torch.cumsum(ordered, dim=1)
-    if u is not None:
-        ranked = ranked - u[:, None] * ordered
-    if method == "raps" and penalty:
-        # the penalty by rank as a float64 constant (K is fixed): a Python scalar times a tensor is exported with the
-        # scalar as a float32 constant, 0.1 becoming 0.10000000149 (scores 6e-9 off at rank 5)
-        by_rank = [penalty * max(j - k_reg, 0) for j in range(1, probs.shape[1] + 1)]
-        ranked = ranked + torch.tensor(by_rank, dtype=ordered.dtype, device=ordered.device)
+    ranked = ranked_scores(ordered, u, k_reg=k_reg, penalty=penalty if method == "raps" else 0.0)
     return torch.zeros_like(ranked).scatter(1, order, ranked)
 
 
