@@ -88,16 +88,25 @@ def label_ranks(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (order == labels[:, None]).int().argmax(dim=1) + 1
 
 
-def sets_from_scores(scores: torch.Tensor, q_hat: float, *, allow_empty: bool = False) -> torch.Tensor:
-    """The (N, K) boolean sets ``{y : s(x, y) <= q_hat}``; with ``allow_empty=False`` an empty set gets its
-    lowest-score class (the most probable one), as the paper's code does by default (``allow_zero_sets=False``)."""
+def sets_from_scores(
+    scores: torch.Tensor, q_hat: float, *, allow_empty: bool = False, probs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The (N, K) boolean sets ``{y : s(x, y) <= q_hat}``; with ``allow_empty=False`` an empty set gets its most probable
+    class, as the paper's code does by default (``allow_zero_sets=False``): the first largest of ``probs`` (what the
+    compiled kernels take), else the lowest score. Pass ``probs`` for APS / RAPS: scores capped at 1 tie on a saturated
+    row (a top probability of 1.0), where the lowest score is class 0, not the most probable class."""
     sets = scores <= q_hat
     if not allow_empty:
         empty = ~sets.any(dim=1)
         if bool(empty.any()):
             rows = empty.nonzero()[:, 0]
-            sets[rows, scores[rows].argmin(dim=1)] = True
+            sets[rows, _top_class(scores[rows], None if probs is None else probs[rows])] = True
     return sets
+
+
+def _top_class(scores: torch.Tensor, probs: torch.Tensor | None, keepdim: bool = False) -> torch.Tensor:
+    """Each row's most probable class: the first largest probability, else the first lowest score."""
+    return scores.argmin(dim=1, keepdim=keepdim) if probs is None else probs.argmax(dim=1, keepdim=keepdim)
 
 
 PAIRWISE_MAX_K = 2048  # up to this K the traced order ranks classes by pairwise comparison (N K^2 booleans)
@@ -137,11 +146,11 @@ def conformity_scores_graph(
 
 
 def sets_from_scores_graph(
-    scores: torch.Tensor, q_hat: float | torch.Tensor, *, allow_empty: bool = False
+    scores: torch.Tensor, q_hat: float | torch.Tensor, *, allow_empty: bool = False, probs: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`sets_from_scores` without a branch on values, for tracers (``torch.export``, ONNX): the same sets."""
     sets = scores <= q_hat
     if allow_empty:
         return sets
-    lowest = torch.arange(scores.shape[1], device=scores.device) == scores.argmin(dim=1, keepdim=True)
-    return sets | (lowest & ~sets.any(dim=1, keepdim=True))
+    top = torch.arange(scores.shape[1], device=scores.device) == _top_class(scores, probs, keepdim=True)
+    return sets | (top & ~sets.any(dim=1, keepdim=True))

@@ -122,3 +122,18 @@ def test_the_traced_scores_cap_the_cumulated_mass_as_the_eager_ones():
     assert sets_from_scores_graph(conformity_scores_graph(probs, "aps"), q_hat).all()
     by_class = torch.tensor([[0.0, 0.0, 0.1], [0.1, 0.0, 0.0]], dtype=torch.float64)  # RAPS: 0.1 at rank 3 (k_reg 2)
     assert torch.equal(conformity_scores_graph(probs, "raps", k_reg=2, penalty=0.1), expected + by_class)
+
+
+def test_an_empty_saturated_set_gets_the_most_probable_class():
+    """Issue 53 item 11: a row whose top probability is 1.0 in float64 has every APS score at the cap, 1; below q_hat
+    = 1 its set is empty and gets the most probable class (class 1 here, what the compiled kernels take), not the
+    first of the tied lowest scores (class 0), in the eager and the traced sets alike."""
+    probs = torch.tensor([[1e-20, 1.0, 1e-20]], dtype=torch.float64)
+    scores = conformity_scores(probs, "aps")
+    assert torch.equal(scores, torch.ones(1, 3, dtype=torch.float64))
+    expected = torch.tensor([[False, True, False]])
+    assert torch.equal(sets_from_scores(scores, 0.9, probs=probs), expected)
+    graph_scores = conformity_scores_graph(probs, "aps")
+    assert torch.equal(
+        sets_from_scores_graph(graph_scores, torch.tensor(0.9, dtype=torch.float64), probs=probs), expected
+    )
