@@ -14,7 +14,8 @@ The rules, each written once here:
   a softmax head as a multi-label head whose images carry one label each, and the two give different numbers. So are
   ``(N, L)`` 0/1 labels beside scores whose rows are probability vectors (a softmax output).
 * **Kind** (``from_logits``): an explicit bool wins; else what a fitted object recorded at ``fit``; else detection
-  (softmax heads: :func:`hf_calibration._core.checks.looks_like_probabilities`; sigmoid heads: every value in [0, 1]).
+  (softmax heads: :func:`hf_calibration._core.checks.looks_like_probabilities`; sigmoid heads: every kept value in
+  [0, 1], an entry whose label is ignored never decides).
 * **Labels**: class indices of a softmax head are integers in ``[0, K)``; labels of a sigmoid head are 0 or 1 (any
   integer, boolean or float dtype holding exactly those); ``ignore_index`` (-100) marks a label to leave out. Anything
   else (0.9 for a binary head, 1.7 or NaN for a class index) is a ``ValueError`` naming the argument and the value.

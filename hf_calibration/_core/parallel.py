@@ -35,6 +35,7 @@ import numba
 import torch
 
 from hf_calibration._core.numpy_twin import renamed_copy
+from hf_calibration._core.threads import numba_threads
 
 __all__ = [
     "PARALLEL_AT_ONCE_ELEMENTS",
@@ -118,7 +119,7 @@ def pass_threads(size: int) -> int:
     """Threads for a pass over ``size`` values: 1 below ``PARALLEL_MIN_ELEMENTS``; else numba's count, less one for each
     core that other processes take (the load average less this process's own share, which counts as at least one: it
     is running now, though a process that has just started has no share in the average yet), rounded."""
-    threads = numba.get_num_threads()
+    threads = numba_threads()
     if size < PARALLEL_MIN_ELEMENTS or threads <= 1:
         return 1
     try:
@@ -150,7 +151,8 @@ def run_threads(kernel, threads: int, size: int, *args):
             finally:
                 if compiled:  # the passes' time, not the twin's own compile
                     twin.seconds += time.perf_counter() - start
-    before, torch_threads = numba.get_num_threads(), torch.get_num_threads()
+    torch_threads = torch.get_num_threads()
+    before = numba_threads()
     try:
         if threads != before:
             numba.set_num_threads(threads)

@@ -35,16 +35,28 @@ import torch
 _OUTER_TORCH_THREADS: list[int] = []  # torch's thread counts outside the enclosing torch_single_threaded blocks
 
 
+def numba_threads() -> int:
+    """``numba.get_num_threads()``, torch's thread count kept: the first call launches numba's threading layer, whose
+    OpenMP runtime resets the process-wide count that torch reads (a user's ``torch.set_num_threads(1)`` became 2 at
+    the first fit, and a model trained after it got other weights)."""
+    torch_threads = torch.get_num_threads()
+    try:
+        return numba.get_num_threads()
+    finally:
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+
+
 def _available(backend: str) -> int:
     """All the threads a backend may use here (for torch: its count outside any ``torch_single_threaded`` block)."""
     if backend == "numba":
-        return numba.get_num_threads()
+        return numba_threads()
     return _OUTER_TORCH_THREADS[0] if _OUTER_TORCH_THREADS else torch.get_num_threads()
 
 
 # (get, set) of the thread count each backend's parallel regions use
 _BACKENDS = {
-    "numba": (numba.get_num_threads, numba.set_num_threads),
+    "numba": (numba_threads, numba.set_num_threads),
     "torch": (torch.get_num_threads, torch.set_num_threads),
 }
 AMORTISE = 20.0  # probe again once the work since the last probe is this many times the multi-threaded probe's cost

@@ -403,7 +403,7 @@ class ConformalPredictor(
             u = draws.to(probs.device) if draws is not None else None
             u = self._prediction_draws(probs.shape[0], probs.device, logits, generator, draws_from) if u is None else u
             scores = self._scores(probs, u, **self._params())
-            return sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty)
+            return sets_from_scores(scores, float(self.q_hat), allow_empty=self.allow_empty, probs=probs)
         z, is_logits = _checked(logits, from_logits, self.num_classes, fitted=(self.fit_info_ or {}).get("input"))
         u = (
             draws

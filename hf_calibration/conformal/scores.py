@@ -30,9 +30,13 @@ METHODS: tuple[str, ...] = ("thr", "aps", "raps")
 
 
 def rank_penalty(num_classes: int, k_reg: int, penalty: float, *, dtype=torch.float64, device=None) -> torch.Tensor:
-    """RAPS's regulariser by rank: ``lambda * max(j - k_reg, 0)`` for ranks ``j = 1..K`` (a (K,) tensor)."""
-    ranks = torch.arange(1, num_classes + 1, dtype=dtype, device=device)
-    return penalty * (ranks - k_reg).clamp_min(0)
+    """RAPS's regulariser by rank: ``lambda * max(j - k_reg, 0)`` for ranks ``j = 1..K`` (a (K,) tensor).
+
+    Built from Python floats (K is fixed), so a tracer records it as a ``dtype`` constant: a Python scalar times a
+    tensor is exported with the scalar as a float32 constant (0.1 becoming 0.10000000149, scores 6e-9 off at rank 5)."""
+    return torch.tensor(
+        [float(penalty) * max(j - k_reg, 0) for j in range(1, num_classes + 1)], dtype=dtype, device=device
+    )
 
 
 def ranked_scores(
@@ -43,8 +47,9 @@ def ranked_scores(
 
     The cumulative mass is capped at 1, and is exactly 1 at the last rank: what it is, whatever the rounding of the
     sums (so the non-randomised scores of a saturated tail tie exactly, as they do in exact arithmetic)."""
-    scores = torch.cumsum(ordered, dim=1).clamp_(max=1.0)
-    scores[:, -1] = 1.0
+    cumulated = torch.cumsum(ordered, dim=1).clamp(max=1.0)
+    # the last rank set by concatenation, not an indexed write: what tracers (ONNX, torch.export) take as it is
+    scores = torch.cat([cumulated[:, :-1], torch.ones_like(cumulated[:, -1:])], dim=1)
     if u is not None:
         scores = scores - u[:, None] * ordered
     if penalty:
@@ -83,16 +88,25 @@ def label_ranks(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (order == labels[:, None]).int().argmax(dim=1) + 1
 
 
-def sets_from_scores(scores: torch.Tensor, q_hat: float, *, allow_empty: bool = False) -> torch.Tensor:
-    """The (N, K) boolean sets ``{y : s(x, y) <= q_hat}``; with ``allow_empty=False`` an empty set gets its
-    lowest-score class (the most probable one), as the paper's code does by default (``allow_zero_sets=False``)."""
+def sets_from_scores(
+    scores: torch.Tensor, q_hat: float, *, allow_empty: bool = False, probs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The (N, K) boolean sets ``{y : s(x, y) <= q_hat}``; with ``allow_empty=False`` an empty set gets its most probable
+    class, as the paper's code does by default (``allow_zero_sets=False``): the first largest of ``probs`` (what the
+    compiled kernels take), else the lowest score. Pass ``probs`` for APS / RAPS: scores capped at 1 tie on a saturated
+    row (a top probability of 1.0), where the lowest score is class 0, not the most probable class."""
     sets = scores <= q_hat
     if not allow_empty:
         empty = ~sets.any(dim=1)
         if bool(empty.any()):
             rows = empty.nonzero()[:, 0]
-            sets[rows, scores[rows].argmin(dim=1)] = True
+            sets[rows, _top_class(scores[rows], None if probs is None else probs[rows])] = True
     return sets
+
+
+def _top_class(scores: torch.Tensor, probs: torch.Tensor | None, keepdim: bool = False) -> torch.Tensor:
+    """Each row's most probable class: the first largest probability, else the first lowest score."""
+    return scores.argmin(dim=1, keepdim=keepdim) if probs is None else probs.argmax(dim=1, keepdim=keepdim)
 
 
 PAIRWISE_MAX_K = 2048  # up to this K the traced order ranks classes by pairwise comparison (N K^2 booleans)
@@ -120,30 +134,23 @@ def sort_probabilities_graph(probs: torch.Tensor) -> tuple[torch.Tensor, torch.T
 def conformity_scores_graph(
     probs: torch.Tensor, method: Method, u: torch.Tensor | None = None, *, k_reg: int = 0, penalty: float = 0.0
 ) -> torch.Tensor:
-    """:func:`conformity_scores` for tracers (``torch.export``, ONNX): the same scores, the order from
-    :func:`sort_probabilities_graph`, the cumulated sums in the same sequence."""
+    """:func:`conformity_scores` for tracers (``torch.export``, ONNX): the same scores (:func:`ranked_scores`, its cap
+    at 1 included), the order from :func:`sort_probabilities_graph`."""
     if method == "thr":
         return torch.rsub(probs, 1.0)
     if method not in METHODS:
         raise ValueError(f"Expected argument `method` to be one of {list(METHODS)}, but got {method!r}.")
     ordered, order = sort_probabilities_graph(probs)
-    ranked = torch.cumsum(ordered, dim=1)
-    if u is not None:
-        ranked = ranked - u[:, None] * ordered
-    if method == "raps" and penalty:
-        # the penalty by rank as a float64 constant (K is fixed): a Python scalar times a tensor is exported with the
-        # scalar as a float32 constant, 0.1 becoming 0.10000000149 (scores 6e-9 off at rank 5)
-        by_rank = [penalty * max(j - k_reg, 0) for j in range(1, probs.shape[1] + 1)]
-        ranked = ranked + torch.tensor(by_rank, dtype=ordered.dtype, device=ordered.device)
+    ranked = ranked_scores(ordered, u, k_reg=k_reg, penalty=penalty if method == "raps" else 0.0)
     return torch.zeros_like(ranked).scatter(1, order, ranked)
 
 
 def sets_from_scores_graph(
-    scores: torch.Tensor, q_hat: float | torch.Tensor, *, allow_empty: bool = False
+    scores: torch.Tensor, q_hat: float | torch.Tensor, *, allow_empty: bool = False, probs: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`sets_from_scores` without a branch on values, for tracers (``torch.export``, ONNX): the same sets."""
     sets = scores <= q_hat
     if allow_empty:
         return sets
-    lowest = torch.arange(scores.shape[1], device=scores.device) == scores.argmin(dim=1, keepdim=True)
-    return sets | (lowest & ~sets.any(dim=1, keepdim=True))
+    top = torch.arange(scores.shape[1], device=scores.device) == _top_class(scores, probs, keepdim=True)
+    return sets | (top & ~sets.any(dim=1, keepdim=True))

@@ -200,4 +200,5 @@ class CalibratedClassifier(nn.Module):
         scores = conformity_scores_graph(
             set_probabilities, self.method, u if self.randomized else None, k_reg=self.k_reg, penalty=self.penalty
         )
-        return calibrated, probabilities, sets_from_scores_graph(scores, self.q_hat, allow_empty=self.allow_empty)
+        sets = sets_from_scores_graph(scores, self.q_hat, allow_empty=self.allow_empty, probs=set_probabilities)
+        return calibrated, probabilities, sets

@@ -121,3 +121,29 @@ def test_a_long_first_call_is_the_one_thread_half_of_the_first_probe():
     for i in range(4):
         chooser(i)
     assert log == [1, many, many, many] and chooser.probes == 1
+
+
+FIRST_FIT = """
+import numpy as np, torch
+torch.set_num_threads(1)
+assert torch.get_num_threads() == 1
+from hf_calibration.calibrators import TemperatureScaling
+rng = np.random.default_rng(0)
+TemperatureScaling().fit((3 * rng.normal(size=(300, 10))).astype(np.float32), rng.integers(0, 10, 300), progress_bar=False)
+print(torch.get_num_threads())
+"""
+
+
+def test_the_first_fit_of_a_process_keeps_torchs_thread_count():
+    """Issue 53 item 11: a process's first fit launched numba's threading layer (its first ``numba.get_num_threads``),
+    whose OpenMP runtime reset the count torch reads: ``torch.set_num_threads(1)`` became 2, so a model trained after
+    a fit got other weights than one trained before it (the ONNX export test's logits, and its Dirichlet fit, depended
+    on which tests had run). In a fresh process, where numba's threads are not launched yet."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_NUM_THREADS="2", HF_CALIBRATION_COMPILE_SECONDS="0")
+    run = subprocess.run([sys.executable, "-c", FIRST_FIT], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-1] == "1"

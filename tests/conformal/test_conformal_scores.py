@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from hf_calibration.conformal.scores import conformity_scores, label_ranks, sets_from_scores
+from hf_calibration.conformal.scores import (
+    conformity_scores,
+    conformity_scores_graph,
+    label_ranks,
+    sets_from_scores,
+    sets_from_scores_graph,
+)
 
 ROW = torch.tensor([[0.15, 0.5, 0.05, 0.3]], dtype=torch.float64)  # ranks: class 1, 3, 0, 2
 
@@ -100,3 +106,34 @@ def test_non_randomised_sets_drop_the_papers_crossing_class():
         paper = _paper_algorithm_3(probs[i], 0.8, 0, 0.0, 0.0, rand=False)
         ours = set(np.flatnonzero(sets[i]).tolist())
         assert ours < paper and len(paper - ours) == 1
+
+
+def test_the_traced_scores_cap_the_cumulated_mass_as_the_eager_ones():
+    """Issue 53 item 11: rows whose cumulated probabilities round above 1 (0.55 + 0.34 + 0.11 = 1 + 2^-52 in float64).
+    APS scores are capped at 1, and exactly 1 at the last rank (the mass of a probability vector); the traced scores
+    (ONNX, torch.export) did not cap, so with q_hat = 1 (a saturated predictor) the graph's sets lost the last class
+    while predict_sets kept it."""
+    probs = torch.tensor([[0.55, 0.34, 0.11], [0.11, 0.56, 0.33]], dtype=torch.float64)
+    assert 0.55 + 0.34 + 0.11 > 1.0 and 0.56 + 0.33 + 0.11 > 1.0
+    expected = torch.tensor([[0.55, 0.55 + 0.34, 1.0], [1.0, 0.56, 0.56 + 0.33]], dtype=torch.float64)
+    assert torch.equal(conformity_scores(probs, "aps"), expected)
+    assert torch.equal(conformity_scores_graph(probs, "aps"), expected)
+    q_hat = torch.tensor(1.0, dtype=torch.float64)
+    assert sets_from_scores_graph(conformity_scores_graph(probs, "aps"), q_hat).all()
+    by_class = torch.tensor([[0.0, 0.0, 0.1], [0.1, 0.0, 0.0]], dtype=torch.float64)  # RAPS: 0.1 at rank 3 (k_reg 2)
+    assert torch.equal(conformity_scores_graph(probs, "raps", k_reg=2, penalty=0.1), expected + by_class)
+
+
+def test_an_empty_saturated_set_gets_the_most_probable_class():
+    """Issue 53 item 11: a row whose top probability is 1.0 in float64 has every APS score at the cap, 1; below q_hat
+    = 1 its set is empty and gets the most probable class (class 1 here, what the compiled kernels take), not the
+    first of the tied lowest scores (class 0), in the eager and the traced sets alike."""
+    probs = torch.tensor([[1e-20, 1.0, 1e-20]], dtype=torch.float64)
+    scores = conformity_scores(probs, "aps")
+    assert torch.equal(scores, torch.ones(1, 3, dtype=torch.float64))
+    expected = torch.tensor([[False, True, False]])
+    assert torch.equal(sets_from_scores(scores, 0.9, probs=probs), expected)
+    graph_scores = conformity_scores_graph(probs, "aps")
+    assert torch.equal(
+        sets_from_scores_graph(graph_scores, torch.tensor(0.9, dtype=torch.float64), probs=probs), expected
+    )

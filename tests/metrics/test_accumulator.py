@@ -444,6 +444,33 @@ def test_intervals_equal_the_batch_reports(as_torch, tmp_path):
         CalibrationAccumulator(**kwargs).merge(CalibrationAccumulator(confidence_dtype="float64"))
 
 
+def test_default_intervals_are_the_functions_bit_for_bit():
+    """Issue 53 item 9: CalibrationAccumulator(ci=0.9) kept float32 confidences and formed ECE from its bin sums, so its
+    intervals differed from ece(..., ci=0.9)'s by ~1e-8 relative, where the docs say they are the same. With ci the
+    pairs are float64 by default and the binned values come from them: the same interval, bit for bit."""
+    from hf_calibration.metrics import adaece, ece, ece_split, smce, smece
+
+    logits, labels = _data(n=2000, ignored_every=11)  # float32 logits
+    acc = _stream(logits, labels, ci=0.9, n_boot=120, seed=3)
+    assert acc.confidence_dtype == "float64"
+    got = acc.compute()
+    boot = dict(ci=0.9, n_boot=120, seed=3)
+    split = ece_split(logits, labels, **boot)
+    want = {
+        "ece": ece(logits, labels, **boot),
+        "adaece": adaece(logits, labels, **boot),
+        "o_ece": split.over,
+        "u_ece": split.under,
+        "smce": smce(logits, labels, **boot),
+        "smece": smece(logits, labels, **boot),
+    }
+    report = calibration_report(logits, labels, **boot)
+    for key, interval in want.items():
+        assert (float(got[key]), got[key].low, got[key].high) == (float(interval), interval.low, interval.high), key
+    for key in ("accuracy", "ece", "adaece", "o_ece", "u_ece", "smce", "smece", "brier", "nll"):
+        assert (got[key].low, got[key].high) == (report[key].low, report[key].high), key
+
+
 def test_intervals_reach_the_trainer_as_flat_keys():
     logits, labels = _data(n=500)
 

@@ -116,6 +116,23 @@ def test_every_registered_calibrator_exports(tmp_path, real_logits, kind):
     np.testing.assert_array_equal(sets, predictor.predict_sets(z_test, from_logits=True).numpy())
 
 
+def test_a_saturated_predictors_sets_are_predict_sets_in_the_graph(tmp_path):
+    """Issue 53 item 11: a predictor whose every calibration score is 1 (the label is each row's least probable class,
+    the last rank's score: the whole mass) has q_hat = 1, and every class's score is at most 1, so every set is all K
+    classes, in predict_sets as in the graph. The graph's cumulated sums were not capped at 1 (as ``ranked_scores``
+    caps them): on rows whose sums round to 1 + 2^-52 it dropped the tail. (test_every_registered_calibrator_exports
+    met it with Dirichlet, matrix, vector, temperature scaling and CTS, q_hat = 1, when the ResNet was trained before
+    any fit, and not when a fit had already set torch's thread count to 2: tests/_core/test_threads.py.)"""
+    g = torch.Generator().manual_seed(0)
+    z = 8 * torch.randn(400, 10, generator=g)  # sharp rows: a quarter of their sorted cumulated sums exceed 1
+    predictor = ConformalPredictor("aps", randomized=False).fit(z[:200], z[:200].argmin(1), alpha=0.2)
+    assert float(predictor.q_hat) == 1.0
+    path = tmp_path / "saturated.onnx"
+    export_onnx(Logits(), path, calibrator=None, conformal=predictor, example_inputs=z[:4, :, None, None])
+    sets = _run(path, {"pixel_values": z[200:, :, None, None]})[2]
+    assert predictor.predict_sets(z[200:], from_logits=True).all() and sets.all()
+
+
 class _Unexportable(TemperatureScaling):
     export_refusal = "its map calls a Python library at every step"
 

@@ -27,7 +27,7 @@ import torch
 
 from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
-from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
+from hf_calibration._core.threads import ThreadCountChooser, numba_threads, torch_single_threaded
 from hf_calibration._core.vmath import exp_into, exp_into_f32_fused, max_of, sum_of
 from hf_calibration.calibrators._fitting.lbfgs import LBFGSResult, Preconditioner, QuadraticPenalty, minimize
 
@@ -506,7 +506,7 @@ class AffineNLL:
     @staticmethod
     def _on_torch_threads(kernel, *args):
         """Run a compiled kernel on (at most) the threads torch has now: inside the step, the count chosen for it."""
-        before = numba.get_num_threads()
+        before = numba_threads()
         numba.set_num_threads(min(torch.get_num_threads(), before))
         try:
             return kernel(*args)

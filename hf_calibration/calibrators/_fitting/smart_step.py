@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from hf_calibration._core.parallel import parallel_kernel, run_threads
-from hf_calibration._core.threads import ThreadCountChooser  # noqa: F401 - smart.py runs the step through it
+from hf_calibration._core.threads import ThreadCountChooser, numba_threads  # noqa: F401 - smart.py runs the step through it
 from hf_calibration._core.vmath import exp_into, log_into, sum_of
 from hf_calibration.calibrators._fitting.partition import LOG2_BETA_MIN, STEPS
 
@@ -412,4 +412,4 @@ def smart_loss_grad(
 def smart_step(*args):
     """``smart_loss_grad(*args)`` on numba's current thread count, or its serial twin until the twin's passes have paid
     for the parallel compile (``_core.parallel``: the same result bit for bit)."""
-    return run_threads(smart_loss_grad, numba.get_num_threads(), args[1].shape[0], *args)
+    return run_threads(smart_loss_grad, numba_threads(), args[1].shape[0], *args)

@@ -29,6 +29,7 @@ import torch
 from hf_calibration._core.finite import row_finite
 from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration._core.parallel import parallel_kernel, run_threads, serial_twin
+from hf_calibration._core.threads import numba_threads
 
 OK, NOT_FINITE, OVERFLOW = 0, 1, 2
 
@@ -173,7 +174,7 @@ PARALLEL_MIN_SIZE = 1 << 18  # logits; below this a parallel region's start-up c
 def _run_kernel(fn, zn, *args):
     """Run a kernel on ``zn``: one numba thread for small inputs (a pipeline's few rows), all for large ones (or the
     kernel's serial twin: ``_core.parallel.run_threads``)."""
-    threads = 1 if zn.size < PARALLEL_MIN_SIZE else numba.get_num_threads()
+    threads = 1 if zn.size < PARALLEL_MIN_SIZE else numba_threads()
     return run_threads(fn, threads, zn.size, zn, *args)
 
 

@@ -194,7 +194,12 @@ class SigmoidCalibrator(Calibrator):
         y, mask = binary_labels(y, name="labels")
         y = y.reshape(z.shape[0], -1)
         mask = mask.reshape(z.shape[0], -1)
-        is_logits = detect_from_logits(z, layout, from_logits)
+        # the kept entries decide the kind (read_inputs' rule): an ignored entry may hold anything finite
+        kept = torch.from_numpy(mask)
+        kept_z = z[kept[:, 0]] if layout == "softmax2" else z.reshape(z.shape[0], -1)[kept]
+        is_logits = detect_from_logits(kept_z, layout, from_logits)
+        if not is_logits and not mask.all():  # ignored entries of probabilities: any probability, masked in the fit
+            z = torch.where(kept if z.ndim == 2 else kept[:, 0], z, torch.tensor(0.5, dtype=z.dtype))
         zl = to_label_logits(z, layout, is_logits, torch.float64).numpy()
         if zl.shape != y.shape:
             raise ValueError(

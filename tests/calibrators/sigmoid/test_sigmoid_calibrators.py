@@ -101,6 +101,51 @@ def test_beta_keeps_a_b_nonnegative_on_an_inverted_head():
     assert bool((beta.a >= 0).all()) and bool((beta.b >= 0).all())
 
 
+def _betacal_features(z):
+    p = 1 / (1 + np.exp(-z))
+    return p, np.stack([np.log(p), -np.log1p(-p)], axis=1)  # betacal's (ln p, -ln(1 - p))
+
+
+def test_beta_equals_betacal_where_a_alone_is_dropped():
+    """A head whose free fit gives a < 0 <= b: betacal drops a and refits b (``map_ = [0, b, m]``); so do we."""
+    betacal = pytest.importorskip("betacal")
+    from sklearn.linear_model import LogisticRegression
+
+    z, y = _binary(seed=3)
+    z = np.where(z > 2, -z, z)
+    p, features = _betacal_features(z)
+    free = LogisticRegression(C=99999999999).fit(features, y).coef_[0]
+    assert free[0] < 0 <= free[1]
+    reference = betacal.BetaCalibration(parameters="abm").fit(p, y)
+    beta = BetaCalibration().fit(z, y, progress_bar=False)
+    assert float(beta.a.detach()[0]) == 0.0
+    assert float(beta.b.detach()[0]) == pytest.approx(reference.calibrator_.map_[1], rel=1e-3)
+    assert np.abs(beta.predict_proba(z).numpy() - reference.predict(p)).max() < 1e-4
+
+
+def test_beta_on_an_inverted_head_both_coefficients_negative_is_the_base_rate():
+    """An inverted head: the free fit gives a < 0 and b < 0. betacal drops a, refits b, and keeps the refitted b < 0
+    (a decreasing map); here it is dropped too (module docstring), leaving the constant logit of the base rate.
+
+    Dropping a and b at once instead of one at a time gives the same map, always (so no test can tell the two apart):
+    at the free fit's optimum the labels' covariance with -ln(1 - p) equals that of its probabilities, which decrease
+    with z while -ln(1 - p) increases, so it is <= 0, and the refit of b alone is <= 0 too. Asserted on betacal's refit."""
+    betacal = pytest.importorskip("betacal")
+    from sklearn.linear_model import LogisticRegression
+
+    z, y = _binary(seed=0)
+    z = -z
+    p, features = _betacal_features(z)
+    free = LogisticRegression(C=99999999999).fit(features, y).coef_[0]
+    assert (free < 0).all()
+    a, b, _ = betacal.BetaCalibration(parameters="abm").fit(p, y).calibrator_.map_
+    assert a == 0 and b < 0  # betacal: a dropped first; the refitted b is negative as well
+    beta = BetaCalibration().fit(z, y, progress_bar=False)
+    assert float(beta.a.detach()[0]) == 0.0 and float(beta.b.detach()[0]) == 0.0
+    assert float(beta.c.detach()[0]) == pytest.approx(np.log(y.mean() / (1 - y.mean())), abs=1e-7)
+    assert beta.fit_info_["constrained_labels"] == 1
+
+
 def test_sigmoid_temperature_equals_softmax_temperature_on_two_logits():
     """sigmoid(z / T) = softmax([0, z] / T)_1: the same NLL, the same T."""
     z, y = _binary(seed=4)
@@ -218,6 +263,25 @@ def test_ignored_labels_are_left_out_of_the_fit():
     for l in range(3):
         alone = PlattScaling().fit(z[~hide[:, l], l], y[~hide[:, l], l], progress_bar=False)
         assert float(masked.weight.detach()[l]) == pytest.approx(float(alone.weight.detach()[0]), rel=1e-6)
+
+
+@pytest.mark.parametrize("outside", [7.0, -3.0])
+def test_a_sigmoid_calibrator_reads_the_kind_from_the_kept_entries(outside):
+    """Multi-label probabilities whose ignored entries hold a value outside [0, 1] are probabilities (the kept entries
+    decide, as for the metrics): Platt scaling fits the logits of the kept ones (scikit-learn's sigmoid calibration of
+    each label's kept entries) and records that it saw probabilities. It read them as logits before."""
+    from sklearn.calibration import _sigmoid_calibration
+
+    rng = np.random.default_rng(1)
+    z, y = _multilabel(n=600, seed=1)
+    p, hide = 1 / (1 + np.exp(-z)), rng.random(y.shape) < 0.1
+    platt = PlattScaling().fit(np.where(hide, outside, p), np.where(hide, -100, y), progress_bar=False)
+    assert platt.fit_info_["input"] == "probabilities"
+    got = platt.predict_proba(p, from_logits=False).numpy()
+    for label in range(3):
+        kept = ~hide[:, label]
+        a, b = _sigmoid_calibration(z[kept, label], y[kept, label])
+        assert np.abs(got[:, label] - 1 / (1 + np.exp(a * z[:, label] + b))).max() < 1e-4
 
 
 def test_compare_and_auto_calibrator_choose_among_sigmoid_methods():
