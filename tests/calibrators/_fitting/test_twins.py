@@ -119,4 +119,6 @@ def test_a_fit_on_the_twins_is_the_fit_on_the_kernels(name, monkeypatch):
             # SMS stops at a float32 tolerance (its products are float32): its parameters agree to ~4e-6 here
             torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, msg=key)
     x = torch.from_numpy(_data(500, 20)[0])
-    torch.testing.assert_close(kernels(x), twins(x), rtol=1e-5, atol=1e-5)
+    # SMS's parameters, ~4e-6 apart, move its outputs by up to ~2e-5 (seen in a full run: 9 of 10,000 values)
+    tolerance = 1e-4 if name == "sms" else 1e-5
+    torch.testing.assert_close(kernels(x), twins(x), rtol=tolerance, atol=tolerance)
