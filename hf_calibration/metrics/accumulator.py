@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from dataclasses import fields
 from typing import Any, NamedTuple
 
 import numba
@@ -52,7 +53,7 @@ from hf_calibration._core.checks import (
 from hf_calibration._core.inputs import whole_labels
 from hf_calibration.metrics._binned import _ece_compute, _ece_split_compute, _mce_compute
 from hf_calibration.metrics._format import prepare, top_label
-from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
+from hf_calibration.metrics.adaptive import _adaece_statistic
 from hf_calibration.metrics.binning import (
     BinSums,
     _bin_means,
@@ -63,18 +64,35 @@ from hf_calibration.metrics.binning import (
     uniform_bin,
     uniform_edges,
 )
-from hf_calibration.metrics.bootstrap import SMOOTH_N_BOOT, check_bootstrap, flat_intervals, frame, weighted_means
+from hf_calibration.metrics.bootstrap import (
+    SMOOTH_N_BOOT,
+    check_bootstrap,
+    flat_intervals,
+    frame,
+    point_statistic,
+    weighted_means,
+)
 from hf_calibration.metrics.ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute
 from hf_calibration.metrics.report import CalibrationReport
 from hf_calibration.metrics.scores import _row_scores
-from hf_calibration.metrics.smooth import _smce_statistic, _smece_statistic, smce_from_confidence, smece_from_confidence
+from hf_calibration.metrics.smooth import _smce_statistic, _smece_statistic
+from hf_calibration.metrics.table import get_metric, list_metrics
 
 __all__ = ["CalibrationAccumulator", "METRICS"]
 
-METRICS = ("accuracy", "ece", "mce", "o_ece", "u_ece", "classwise_ece", "brier", "nll", "adaece", "smce", "smece")
-_ALWAYS = {"accuracy", "ece", "mce", "o_ece", "u_ece"}  # the 3·B top-label sums give all of these
-_FROM_PROBABILITIES = {"classwise_ece", "brier", "nll"}  # need the full probability rows
-_FROM_PAIRS = {"adaece", "smce", "smece"}  # need every (confidence, correct) pair
+
+def _streamed(state: str) -> tuple[str, ...]:
+    """The report's metrics an accumulator keeps as ``state`` (the metric table's ``state`` column): ``"bins"``, the
+    3·B top-label sums give them all (always computed); ``"probabilities"``, the streamed probability rows;
+    ``"pairs"``, every (confidence, correct) pair."""
+    return list_metrics(head="multiclass", report=True, state=state)
+
+
+def _all_metrics() -> tuple[str, ...]:
+    return _streamed("bins") + _streamed("probabilities") + _streamed("pairs")
+
+
+METRICS = _all_metrics()  # the package's own; metrics registered later are accepted too
 _PAIR_DTYPES = {"float32": np.float32, "float64": np.float64}
 
 
@@ -303,25 +321,27 @@ class CalibrationAccumulator:
         ):
             raise TypeError(f"Expected argument `ignore_index` to be an integer or None, but got {ignore_index!r}.")
         self.ignore_index = ignore_index
+        known = _all_metrics()
         if metrics is None:
-            chosen = set(METRICS)
+            chosen = set(known)
         else:
             if isinstance(metrics, str):
                 raise TypeError(
                     f"Expected argument `metrics` to be a list of metric names, but got the string {metrics!r}."
                 )
             chosen = set(metrics)
-            unknown = sorted(chosen - set(METRICS))
+            unknown = sorted(chosen - set(known))
             if unknown:
-                raise ValueError(f"Expected argument `metrics` to hold names from {list(METRICS)}, but got {unknown}.")
-        self.metrics = tuple(m for m in METRICS if m in chosen | _ALWAYS)
+                raise ValueError(f"Expected argument `metrics` to hold names from {list(known)}, but got {unknown}.")
+        self.metrics = tuple(m for m in known if m in chosen | set(_streamed("bins")))
         if confidence_dtype is None:  # with ci, float64 pairs: the functions' own confidences, so their intervals
             confidence_dtype = "float32" if ci is None else "float64"
         self.confidence_dtype = check_choice(confidence_dtype, "confidence_dtype", _PAIR_DTYPES)
-        self._with_probabilities = bool(_FROM_PROBABILITIES & set(self.metrics))
+        self._with_probabilities = bool(set(_streamed("probabilities")) & set(self.metrics))
         self._boot = check_bootstrap(ci, n_boot, seed)
         self._smooth_boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
-        self._with_pairs = bool(_FROM_PAIRS & set(self.metrics)) or self._boot is not None
+        self._pair_metrics = tuple(m for m in _streamed("pairs") if m in self.metrics)
+        self._with_pairs = bool(self._pair_metrics) or self._boot is not None
         self._with_scores = self._boot is not None and bool({"brier", "nll"} & set(self.metrics))
         self.reset()
 
@@ -727,6 +747,14 @@ class CalibrationAccumulator:
         out = {
             key: boot.interval(values[key], reps, key) for key, reps in replicates.items() if values[key] is not None
         }
+        order = frame(confidence)
+        for name in (m for m in self._pair_metrics if m not in replicates and m not in ("smce", "smece")):
+            row = get_metric(name)
+            b = self._smooth_boot if row.n_boot == SMOOTH_N_BOOT else boot
+            point = point_statistic(
+                lambda p, a, row=row: row.top_label(p, a, self.n_bins), (confidence, correct), order
+            )
+            out[name] = b.interval(values[name], b.replicates([point], n)[0], name)
         smooth = [name for name in ("smce", "smece") if name in chosen]
         if smooth:
             statistics = {"smce": _smce_statistic(confidence, correct), "smece": _smece_statistic(confidence, correct)}
@@ -758,19 +786,13 @@ class CalibrationAccumulator:
             "classwise_ece": _classwise_ece_compute(self._classwise, n) if "classwise_ece" in chosen else None,
             "brier": self._brier / n if "brier" in chosen else None,
             "nll": self._nll / n if "nll" in chosen else None,
-            "adaece": None,
-            "smce": None,
-            "smece": None,
+            **dict.fromkeys(_streamed("pairs")),
         }
         if self._with_pairs:
             confidence, correct = self._pairs()
             confidence, correct = confidence.astype(np.float64), correct.astype(np.float64)
-            if "adaece" in chosen:
-                values["adaece"] = _adaece_compute(confidence, correct, self.n_bins)
-            if "smce" in chosen:
-                values["smce"] = smce_from_confidence(confidence, correct)
-            if "smece" in chosen:
-                values["smece"] = smece_from_confidence(confidence, correct)
+            for name in self._pair_metrics:  # from the kept pairs, by the table's point form
+                values[name] = get_metric(name).top_label(confidence, correct, self.n_bins)
             if self._boot is not None:  # the binned values from the rows too: the functions' interval centres
                 split = _ece_split_compute(confidence, correct, self.n_bins)
                 values.update(
@@ -781,7 +803,9 @@ class CalibrationAccumulator:
                     u_ece=split.under,
                 )
                 values = self._intervals(values, confidence, correct)
-        return CalibrationReport(**values, n_bins=self.n_bins, from_logits=self.from_logits_)
+        built_in = {f.name for f in fields(CalibrationReport)}
+        extra = {key: values.pop(key) for key in list(values) if key not in built_in}
+        return CalibrationReport(**values, n_bins=self.n_bins, from_logits=self.from_logits_, extra=extra)
 
     def __call__(self, eval_pred: Any, compute_result: bool = True) -> dict[str, float] | None:
         """``Trainer(compute_metrics=accumulator)``: add ``eval_pred``; with ``compute_result`` (the Trainer's last

@@ -6,10 +6,8 @@ from typing import Any
 
 from hf_calibration._core.checks import IGNORE_INDEX
 from hf_calibration.metrics._binned import _adaece_compute, _adaece_replicates, _adaece_statistic  # noqa: F401
-from hf_calibration.metrics._format import read_metric_inputs, top_label
-from hf_calibration.metrics.binning import _check_n_bins
-from hf_calibration.metrics.bootstrap import check_bootstrap
-from hf_calibration.metrics.multilabel import sigmoid_metric
+from hf_calibration.metrics._boundary import call_args, metric_call
+from hf_calibration.metrics._format import top_label
 
 
 def adaece(
@@ -59,14 +57,11 @@ def adaece(
         >>> round(adaece(probs, labels), 12), round(ece(probs, labels), 12)
         (0.0, 0.0)
     """
-    n_bins = _check_n_bins(n_bins)
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(
-        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
-    )
-    if inputs.task != "multiclass":
-        return sigmoid_metric("adaece", inputs, n_bins, average=average, boot=boot)
-    top = top_label(inputs)
+    call = metric_call("adaece", preds, target, n_bins, **call_args(locals()))
+    if call.done:
+        return call.head_value
+    boot, n_bins = call.boot, call.n_bins
+    top = top_label(call.inputs)
     value = _adaece_compute(top.confidence, top.correct, n_bins)
     if boot is None:
         return value

@@ -49,7 +49,7 @@ integers: one ``seed`` gives the same intervals whatever the block size.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +58,7 @@ import numba
 import numpy as np
 
 from hf_calibration._core.checks import check_float, check_int, check_seed
+from hf_calibration.metrics.table import IntervalRule, get_metric, list_metrics
 
 __all__ = [
     "MetricInterval",
@@ -168,37 +169,23 @@ class MetricInterval(float):
         )
 
 
-@dataclass(frozen=True)
-class IntervalRule:
-    """How a metric's interval is formed: ``method`` (``"basic"``, ``"basic_plugin"``, ``"percentile"`` or
-    ``"none"``), the metric's range ``[floor, ceiling]`` the ends are clipped to, and, for ``"none"``, ``reason``."""
+class _Intervals(Mapping):
+    """Each metric's interval rule, read from the metric table (:mod:`hf_calibration.metrics.table`)."""
 
-    method: str
-    floor: float | None = None
-    ceiling: float | None = None
-    reason: str = ""
+    def __getitem__(self, name: str) -> IntervalRule:
+        if name not in list_metrics():
+            raise KeyError(name)
+        return get_metric(name).interval
+
+    def __iter__(self):
+        return iter(list_metrics())
+
+    def __len__(self) -> int:
+        return len(list_metrics())
 
 
-_ERROR = IntervalRule("basic", 0.0, 1.0)
-_MCE_REASON = (
-    "MCE is a maximum over bins: its bootstrap is inconsistent when several bins are near the maximum "
-    "(Andrews 2000), which the data cannot rule out, so no interval is given"
-)
 # per metric, by the coverage measured in benchmarks/bootstrap_coverage.py (see the module docstring)
-INTERVALS: dict[str, IntervalRule] = {
-    "ece": _ERROR,
-    "adaece": _ERROR,
-    "classwise_ece": _ERROR,
-    "o_ece": _ERROR,
-    "u_ece": _ERROR,
-    "smce": _ERROR,
-    "smece": _ERROR,
-    "debiased_ece": IntervalRule("basic_plugin", 0.0, 1.0),
-    "mce": IntervalRule("none", reason=_MCE_REASON),
-    "accuracy": IntervalRule("percentile", 0.0, 1.0),
-    "brier": IntervalRule("percentile", 0.0, 2.0),
-    "nll": IntervalRule("percentile", 0.0),
-}
+INTERVALS: Mapping[str, IntervalRule] = _Intervals()
 _PERCENTILE = IntervalRule("percentile")
 # flag -> (short text for a table cell, the note)
 FLAGS = {
@@ -503,3 +490,13 @@ def check_bootstrap(ci: Any, n_boot: Any, seed: Any, *, default_n_boot: int = DE
         )
     level = check_float(ci, "ci", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
     return Bootstrap(level, n_boot, seed)
+
+
+def point_statistic(
+    point: Callable[..., float], columns: Sequence[np.ndarray], order: np.ndarray | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The resampled values of any ``point(*columns)`` (a metric registered in the table with only its point form):
+    each resample's rows repeated by their counts, (B,). ``order`` is the frame of the counts (default: the rows as
+    given). O(N) per resample, in Python: the package's own metrics have compiled weighted forms instead."""
+    columns = [np.asarray(c) if order is None else np.asarray(c)[order] for c in columns]
+    return lambda counts: np.array([point(*(np.repeat(c, weights) for c in columns)) for weights in counts])

@@ -35,9 +35,10 @@ import numba
 import numpy as np
 
 from hf_calibration._core.checks import IGNORE_INDEX, check_choice, check_int
-from hf_calibration.metrics._format import Inputs, prepare, probability_chunks, top_label
+from hf_calibration.metrics._boundary import call_args, metric_call
+from hf_calibration.metrics._format import Inputs, probability_chunks, top_label
 from hf_calibration.metrics.binning import _check_n_bins, _run_sizes
-from hf_calibration.metrics.bootstrap import IntervalRule, advance, check_bootstrap, frame
+from hf_calibration.metrics.bootstrap import IntervalRule, advance, frame
 
 __all__ = ["debiased_ece"]
 
@@ -306,8 +307,7 @@ def debiased_ece(
         if ci is not None:
             raise ValueError("Expected argument `mc_samples` to be None with `ci`: resamples use the exact correction.")
     mc_seed = check_int(mc_seed, "mc_seed", minimum=0)
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs, n_bins, boot, _ = metric_call("debiased_ece", preds, target, n_bins, **call_args(locals()))
     rng = np.random.RandomState(mc_seed) if mc_samples is not None else None
     n = inputs.preds.shape[0]
     if p == 2 and binning == "equal_mass" and n < 2 * n_bins:

@@ -28,15 +28,13 @@ from hf_calibration.metrics._binned import (  # noqa: F401 - the computations li
     _top_label_interval,
     _uniform_gaps,
 )
-from hf_calibration.metrics._format import prepare, read_metric_inputs, top_label, top_label_bin_sums
+from hf_calibration.metrics._boundary import call_args, metric_call
+from hf_calibration.metrics._format import top_label, top_label_bin_sums
 from hf_calibration.metrics._probability_pass import probability_rows
-from hf_calibration.metrics.binning import _bin_sums, _calibration_gaps, _check_n_bins, _uniform_bin_index
+from hf_calibration.metrics.binning import _bin_sums, _calibration_gaps, _uniform_bin_index
 from hf_calibration.metrics.bootstrap import (
-    SMOOTH_N_BOOT,
-    check_bootstrap,
     frame_position,
 )
-from hf_calibration.metrics.multilabel import sigmoid_metric
 
 
 def ece(
@@ -103,13 +101,10 @@ def ece(
         >>> round(value, 3), round(value.low, 3), round(value.high, 3)
         (0.088, 0.068, 0.107)
     """
-    n_bins = _check_n_bins(n_bins)
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(
-        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
-    )
-    if inputs.task != "multiclass":
-        return sigmoid_metric("ece", inputs, n_bins, average=average, boot=boot)
+    call = metric_call("ece", preds, target, n_bins, **call_args(locals()))
+    if call.done:
+        return call.head_value
+    inputs, n_bins, boot = call.inputs, call.n_bins, call.boot
     if boot is None:  # one fused pass to the bin sums: no per-row arrays
         return float(np.abs(_calibration_gaps(top_label_bin_sums(inputs, n_bins), inputs.preds.shape[0])).sum())
     top = top_label(inputs)
@@ -137,13 +132,10 @@ def mce(
     are near the maximum (Andrews 2000; on a uniformly over-confident model the basic interval covered the
     true MCE far below its level, ``benchmarks/bootstrap_coverage.py``), so the value comes back as a
     :class:`~hf_calibration.metrics.MetricInterval` with NaN ends and a ``note`` saying why."""
-    n_bins = _check_n_bins(n_bins)
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(
-        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
-    )
-    if inputs.task != "multiclass":
-        return sigmoid_metric("mce", inputs, n_bins, average=average, boot=boot)
+    call = metric_call("mce", preds, target, n_bins, **call_args(locals()))
+    if call.done:
+        return call.head_value
+    inputs, n_bins, boot = call.inputs, call.n_bins, call.boot
     if boot is None:
         return _mce_from_sums(top_label_bin_sums(inputs, n_bins))
     top = top_label(inputs)
@@ -176,13 +168,10 @@ def rmsce(
     """
     from hf_calibration.metrics.multilabel import _binned_statistic as _weighted_binned
 
-    n_bins = _check_n_bins(n_bins)
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(
-        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
-    )
-    if inputs.task != "multiclass":
-        return sigmoid_metric("rmsce", inputs, n_bins, average=average, boot=boot)
+    call = metric_call("rmsce", preds, target, n_bins, **call_args(locals()))
+    if call.done:
+        return call.head_value
+    inputs, n_bins, boot = call.inputs, call.n_bins, call.boot
     top = top_label(inputs)
     sums = _bin_sums(_uniform_bin_index(top.confidence, n_bins), top.confidence, top.correct, n_bins)
     from hf_calibration.metrics.multilabel import _binned_from_sums
@@ -210,9 +199,7 @@ def ece_split(
     FeDLaS Table 4): ``sum_b |B_b|/N * max(conf_b - acc_b, 0)`` and ``max(acc_b - conf_b, 0)``.
     They add up to :func:`ece`. Arguments as :func:`ece` (``from_logits=None`` detects probabilities;
     with ``ci`` both parts are :class:`~hf_calibration.metrics.MetricInterval` from the same resamples)."""
-    n_bins = _check_n_bins(n_bins)
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs, n_bins, boot, _ = metric_call("o_ece", preds, target, n_bins, **call_args(locals()))
     if boot is None:
         gaps = _calibration_gaps(top_label_bin_sums(inputs, n_bins), inputs.preds.shape[0])
         return ECESplit(float(np.clip(gaps, 0, None).sum()), float(np.clip(-gaps, 0, None).sum()))
@@ -259,9 +246,7 @@ def classwise_ece(
     interval is the basic (bias-corrected) bootstrap, as :func:`ece`'s; a resample costs O(N·K) (the lowest
     bin's sums of all resamples are one matrix product, see ``_probability_pass``), so the default is 200
     resamples, as smCE's; no (N, K) copy is made."""
-    n_bins = _check_n_bins(n_bins)
-    boot = check_bootstrap(ci, n_boot, seed, default_n_boot=SMOOTH_N_BOOT)
-    inputs = prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index)
+    inputs, n_bins, boot, _ = metric_call("classwise_ece", preds, target, n_bins, **call_args(locals()))
     position = None if boot is None else frame_position(top_label(inputs).confidence)
     rows = probability_rows(
         inputs, n_bins, boot=boot, position=position, checked=position is not None

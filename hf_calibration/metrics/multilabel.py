@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -39,17 +39,18 @@ import numpy as np
 
 from hf_calibration._core.checks import IGNORE_INDEX, check_choice
 from hf_calibration._core.inputs import Inputs, read_inputs
-from hf_calibration.metrics._binned import _adaece_compute, _adaece_statistic, _ece_split_compute
+from hf_calibration.metrics._binned import _adaece_statistic
 from hf_calibration.metrics._format import AVERAGES, check_average_for  # noqa: F401 - also their names here
 from hf_calibration.metrics.binning import _bin_sums, _check_n_bins, _uniform_bin_index
 from hf_calibration.metrics.bootstrap import (
-    INTERVALS,
     Bootstrap,
     MetricInterval,
     check_bootstrap,
+    point_statistic,
     reframed,
     segment_sums,
 )
+from hf_calibration.metrics.table import get_metric, list_metrics
 
 __all__ = [
     "AVERAGES",
@@ -162,32 +163,6 @@ def _binned_from_sums(count, conf_sum, hit_sum, norm: str):
         return np.abs(gap).max(axis=-1)
 
 
-_POINT: dict[str, Callable[..., float]] = {
-    "ece": lambda p, y, nb, lp, lq: float(_binned(p, y, nb, "l1")),
-    "rmsce": lambda p, y, nb, lp, lq: float(_binned(p, y, nb, "l2")),
-    "mce": lambda p, y, nb, lp, lq: float(_binned(p, y, nb, "max")),
-    "adaece": lambda p, y, nb, lp, lq: _adaece_compute(p, y, nb),
-    "o_ece": lambda p, y, nb, lp, lq: _ece_split_compute(p, y, nb).over,
-    "u_ece": lambda p, y, nb, lp, lq: _ece_split_compute(p, y, nb).under,
-    "accuracy": lambda p, y, nb, lp, lq: float(((p > 0.5) == (y > 0.5)).mean()),
-    "brier": lambda p, y, nb, lp, lq: float(((p - y) ** 2).mean()),
-    "nll": lambda p, y, nb, lp, lq: float(-(np.where(y > 0.5, lp, lq)).mean()),
-}
-
-
-def _smooth(name: str):
-    def compute(p, y, nb, lp, lq):
-        from hf_calibration.metrics import smooth
-
-        return float(smooth.smce_from_confidence(p, y) if name == "smce" else smooth.smece_from_confidence(p, y))
-
-    return compute
-
-
-_POINT["smce"], _POINT["smece"] = _smooth("smce"), _smooth("smece")
-METRICS = tuple(_POINT)
-
-
 def _label_terms(inputs: SigmoidInputs, l: int | None):
     """``(p, y, log p, log(1 - p))`` of label ``l``'s kept samples (None: every kept pair, pooled)."""
     if l is not None:
@@ -199,11 +174,12 @@ def _label_terms(inputs: SigmoidInputs, l: int | None):
 
 def _values(inputs: SigmoidInputs, name: str, n_bins: int) -> tuple[np.ndarray, float, float]:
     """``(per-label values (L,), macro, micro)`` of metric ``name``; a label with no kept sample is NaN."""
+    row = get_metric(name)
     per_label = np.full(inputs.num_labels, np.nan)
     for l in range(inputs.num_labels):
         p, y, lp, lq = _label_terms(inputs, l)
         if p.size:
-            per_label[l] = _POINT[name](p, y, n_bins, lp, lq)
+            per_label[l] = row.per_label(p, y, n_bins, lp, lq)
     empty = np.flatnonzero(np.isnan(per_label) & ~inputs.mask.any(axis=0))
     if empty.size and inputs.num_labels > 1:
         warnings.warn(
@@ -217,7 +193,7 @@ def _values(inputs: SigmoidInputs, name: str, n_bins: int) -> tuple[np.ndarray, 
         micro = per_label[0]
     else:
         p, y, lp, lq = _label_terms(inputs, None)
-        micro = _POINT[name](p, y, n_bins, lp, lq)
+        micro = row.per_label(p, y, n_bins, lp, lq)
     return per_label, macro, float(micro)
 
 
@@ -315,6 +291,7 @@ def _intervals(
     binned = [name for name in names if name in _BINNED_COLUMNS]
     scores = [name for name in names if name in ("brier", "nll")]
     rest = [name for name in names if name in ("adaece", "smce", "smece") and inputs.full]
+    registered = [name for name in names if name not in (*_BINNED_COLUMNS, "brier", "nll", "adaece", "smce", "smece")]
     statistics = []
     if binned:
         for l in range(num_labels):
@@ -337,7 +314,7 @@ def _intervals(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a label absent from a resample: NaN, left out
                 macro_reps = np.nanmean(per_label_reps, axis=1)
-        rule = INTERVALS.get(name, INTERVALS["ece"])  # the multi-class metric's interval method (RMSCE: ECE's)
+        rule = get_metric(name).interval
         label_intervals = [
             float("nan") if np.isnan(v) else b.interval(float(v), per_label_reps[:, l], rule)
             for l, v in enumerate(per_label)
@@ -385,6 +362,18 @@ def _intervals(
             reps = b.replicates(stats, n)
             per = np.stack(reps[:num_labels], axis=1)
             assemble(name, per, reps[num_labels] if num_labels > 1 else reps[0], b)
+    for name in registered:  # a metric registered in the table: its point form on each resample's elements
+        row = get_metric(name)
+        b = smooth_boot if smooth_boot is not None and row.n_boot == smooth_boot.n_boot else boot
+        stats = []
+        for l in [*range(num_labels), None] if num_labels > 1 else range(num_labels):
+            keep = inputs.mask if l is None else inputs.mask[:, l]
+            rows = (np.broadcast_to(rows_all[:, None], inputs.mask.shape) if l is None else rows_all)[keep]
+            p, y, lp, lq = _label_terms(inputs, l)
+            point = point_statistic(lambda *c, row=row: row.per_label(*c[:2], n_bins, *c[2:]), (p, y, lp, lq))
+            stats.append(lambda counts, point=point, rows=rows: point(np.take(counts, rows, axis=1)))
+        reps = b.replicates(stats, n)
+        assemble(name, np.stack(reps[:num_labels], axis=1), reps[-1], b)
     return out
 
 
@@ -422,26 +411,17 @@ def sigmoid_metric(
 
 # ----------------------------------------------------------------------------------------------- report
 
-_REPORT_METRICS = ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
-_LABELS = {
-    "accuracy": ("Accuracy (p > 0.5)", True),
-    "ece": ("ECE", True),
-    "adaece": ("AdaECE", True),
-    "mce": ("MCE", True),
-    "rmsce": ("RMSCE", True),
-    "o_ece": ("O-ECE", True),
-    "u_ece": ("U-ECE", True),
-    "smce": ("smCE", True),
-    "smece": ("smECE", True),
-    "brier": ("Brier", False),
-    "nll": ("NLL (BCE)", False),
-}
+
+def _label(name: str) -> tuple[str, bool]:
+    """``(display name, printed in percent)`` of a sigmoid head's metric, from the metric table."""
+    row = get_metric(name)
+    return row.display("multilabel"), row.percent
 
 
 def _cell(name: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and not isinstance(value, MetricInterval) and math.isnan(value)):
         return "-"
-    scale, digits = (100.0, 2) if _LABELS[name][1] else (1.0, 4)
+    scale, digits = (100.0, 2) if _label(name)[1] else (1.0, 4)
     if isinstance(value, MetricInterval):
         return value.format(scale, digits)
     return f"{scale * float(value):.{digits}f}"
@@ -509,7 +489,7 @@ class SigmoidCalibrationReport:
         intervals = any(isinstance(v, MetricInterval) for v in self.macro.values())
         header = "value" if self.task == "binary" else "macro (mean over labels)"
         rows = [
-            (_LABELS[k][0] + (" (%)" if _LABELS[k][1] else ""), _cell(k, self.macro[k]), _cell(k, self.micro[k]))
+            (_label(k)[0] + (" (%)" if _label(k)[1] else ""), _cell(k, self.macro[k]), _cell(k, self.micro[k]))
             for k in self.macro
         ]
         if self.task == "binary":
@@ -545,7 +525,7 @@ class SigmoidCalibrationReport:
 
     def per_label_table(self, columns: Sequence[str] = ("ece", "nll", "brier")) -> str:
         """A Markdown table, one row per label, then the macro and pooled rows."""
-        header = ["label"] + [_LABELS[c][0] + (" (%)" if _LABELS[c][1] else "") for c in columns]
+        header = ["label"] + [_label(c)[0] + (" (%)" if _label(c)[1] else "") for c in columns]
         body = [[self._names(i)] + [_cell(c, self.per_label[c][i]) for c in columns] for i in range(self.num_labels)]
         body.append(["macro (mean)"] + [_cell(c, self.macro[c]) for c in columns])
         body.append(["pooled (micro)"] + [_cell(c, self.micro[c]) for c in columns])
@@ -611,15 +591,16 @@ def sigmoid_report_of(
             raise ValueError(
                 f"Expected argument `label_names` to name the {inputs.num_labels} labels, but got {len(label_names)} names."
             )
+    names = list_metrics(head=task, report=True)
     macro, micro, per_label = {}, {}, {}
-    for name in _REPORT_METRICS:
+    for name in names:
         per_label[name], macro[name], micro[name] = _values(inputs, name, n_bins)
     notes: list[str] = []
     if boot is not None:
-        found = _intervals(inputs, _REPORT_METRICS, n_bins, boot, smooth_boot)
+        found = _intervals(inputs, names, n_bins, boot, smooth_boot)
         for name, (labels, mac, mic) in found.items():
             per_label[name], macro[name], micro[name] = labels, mac, mic
-        missing = [name for name in _REPORT_METRICS if name not in found]
+        missing = [name for name in names if name not in found]
         if missing:
             notes.append(
                 f"{', '.join(missing)}: no interval (some labels are ignored for some samples, so a resample's bins "

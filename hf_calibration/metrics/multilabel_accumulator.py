@@ -26,9 +26,9 @@ from hf_calibration.metrics.multilabel import (
     _values,
     prepare_sigmoid,
 )
+from hf_calibration.metrics.table import list_metrics
 
-PAIR_METRICS = ("adaece", "smce", "smece")
-SUM_METRICS = ("accuracy", "ece", "mce", "rmsce", "o_ece", "u_ece", "brier", "nll")
+SUM_METRICS = ("accuracy", "ece", "mce", "rmsce", "o_ece", "u_ece", "brier", "nll")  # from the sums; the rest: pairs
 
 
 class SigmoidState:
@@ -36,14 +36,10 @@ class SigmoidState:
 
     def __init__(self, task: str, n_bins: int, metrics: tuple[str, ...], confidence_dtype, boot, smooth_boot):
         self.task, self.n_bins = task, n_bins
-        self.metrics = tuple(
-            m
-            for m in ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
-            if m in metrics or m in ("rmsce",)
-        )
+        self.metrics = tuple(m for m in list_metrics(head=task, report=True) if m in metrics or m in ("rmsce",))
         self.boot, self.smooth_boot = boot, smooth_boot
         self.dtype = np.float64 if boot is not None else confidence_dtype
-        self.with_pairs = boot is not None or any(m in self.metrics for m in PAIR_METRICS)
+        self.with_pairs = boot is not None or any(m not in SUM_METRICS for m in self.metrics)
         self.num_labels: int | None = None
         self.from_logits: bool | None = None
         self.n = 0
@@ -160,7 +156,7 @@ class SigmoidState:
                     row = 0 if name == "brier" else 1
                     per = self.scores[row] / self.scores[2]
                     pooled = self.scores[row].sum() / self.scores[2].sum()
-                elif name in PAIR_METRICS:
+                elif name not in SUM_METRICS:
                     continue
                 else:
                     per = self._binned(name, *self.sums)
@@ -174,7 +170,7 @@ class SigmoidState:
         if self.with_pairs:
             inputs = self._inputs()
             for name in self.metrics:
-                if name in PAIR_METRICS:
+                if name not in SUM_METRICS:
                     per_label[name], macro[name], micro[name] = _values(inputs, name, self.n_bins)
             if self.boot is not None:
                 found = _intervals(inputs, self.metrics, self.n_bins, self.boot, self.smooth_boot)
@@ -183,11 +179,7 @@ class SigmoidState:
                 missing = [name for name in self.metrics if name not in found]
                 if missing:
                     notes.append(f"{', '.join(missing)}: no interval (some labels are ignored for some samples)")
-        order = [
-            m
-            for m in ("accuracy", "ece", "adaece", "mce", "rmsce", "o_ece", "u_ece", "smce", "smece", "brier", "nll")
-            if m in macro
-        ]
+        order = [m for m in self.metrics if m in macro]
         return SigmoidCalibrationReport(
             self.task,
             self.n,

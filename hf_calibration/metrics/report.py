@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from hf_calibration.metrics.bootstrap import (
     check_bootstrap,
     frame,
     frame_position,
+    point_statistic,
     weighted_means,
 )
 from hf_calibration.metrics.ece import (
@@ -31,25 +32,21 @@ from hf_calibration.metrics.ece import (
     _ece_split_compute,
     _mce_compute,
 )
+from hf_calibration.metrics.table import get_metric, list_metrics
 
 logger = logging.getLogger(__name__)
 
-# name → (printed label, shown in percent)
-_LABELS: dict[str, tuple[str, bool]] = {
-    "n": ("N", False),
-    "accuracy": ("Accuracy", True),
-    "ece": ("ECE", True),
-    "adaece": ("AdaECE", True),
-    "mce": ("MCE", True),
-    "classwise_ece": ("Classwise ECE", True),
-    "o_ece": ("O-ECE", True),
-    "u_ece": ("U-ECE", True),
-    "smce": ("smCE", True),
-    "smece": ("smECE", True),
-    "brier": ("Brier", False),
-    "nll": ("NLL", False),
-}
+
+def _label(name: str) -> tuple[str, bool]:
+    """``(printed label, shown in percent)`` of a report key, from the metric table."""
+    if name == "n":
+        return "N", False
+    row = get_metric(name)
+    return row.label, row.percent
+
+
 DEFAULT_COLUMNS = ("accuracy", "ece", "adaece", "smce", "o_ece", "u_ece")
+_NOT_METRICS = ("n_bins", "from_logits", "extra")
 
 
 def _format_value(name: str, value: Any, unit: bool = False, notes: dict[str, int] | None = None) -> str:
@@ -59,9 +56,9 @@ def _format_value(name: str, value: Any, unit: bool = False, notes: dict[str, in
         return "-"
     if name == "n":
         return str(int(value))
-    scale, digits = (100.0, 2) if _LABELS[name][1] else (1.0, 4)
+    scale, digits = (100.0, 2) if _label(name)[1] else (1.0, 4)
     if isinstance(value, MetricInterval):
-        text = value.format(scale, digits, " %" if unit and _LABELS[name][1] else "")
+        text = value.format(scale, digits, " %" if unit and _label(name)[1] else "")
         if value.note and notes is not None:
             text += f" ({notes.setdefault(value.note, len(notes) + 1)})"
         return text
@@ -80,17 +77,17 @@ def _interval_legend(intervals: dict[str, MetricInterval]) -> str:
     level = next(iter(intervals.values())).level
     resamples = f"{counts[0]} resamples"
     for count in counts[1:]:
-        resamples += f" ({count}: {', '.join(_LABELS[k][0] for k, v in intervals.items() if v.n_boot == count)})"
+        resamples += f" ({count}: {', '.join(_label(k)[0] for k, v in intervals.items() if v.n_boot == count)})"
     methods: dict[str, list[str]] = {}
     for key, value in intervals.items():
-        methods.setdefault(value.method, []).append(_LABELS[key][0])
+        methods.setdefault(value.method, []).append(_label(key)[0])
     words = {"basic": "basic (bias-corrected)", "basic_plugin": "basic, plug-in pivot"}
     how = "; ".join(f"{words.get(m, m)}: {', '.join(names)}" for m, names in methods.items())
     return f"({100 * level:g} % bootstrap intervals, {resamples}; {how})"
 
 
 def _header(name: str, unit: bool = True) -> str:
-    label, percent = _LABELS[name]
+    label, percent = _label(name)
     return f"{label} (%)" if percent and unit else label
 
 
@@ -102,7 +99,9 @@ class CalibrationReport(Mapping):
     (``report.ece``). ``str(report)`` is the papers' table: percentages with two decimals
     (Brier and NLL as plain numbers). ``smce`` / ``smece`` are None only when the smooth
     metrics are unavailable. ``n_bins`` and ``from_logits`` (whether the inputs were taken for
-    logits, as given or detected) describe the computation and are not among the keys.
+    logits, as given or detected) describe the computation and are not among the keys. A metric registered in the
+    table (:func:`hf_calibration.metrics.table.register_metric`) follows the package's own, in ``extra``; it reads
+    as the others (``report["name"]``, ``report.name``).
     """
 
     n: int
@@ -119,14 +118,21 @@ class CalibrationReport(Mapping):
     nll: float
     n_bins: int = 15
     from_logits: bool | None = None  # what the inputs were taken for (detected or given); not a metric
+    extra: Mapping[str, Any] = field(default_factory=dict)  # the metrics registered in the table after these
 
     def _keys(self) -> list[str]:
-        return [f.name for f in fields(self) if f.name not in ("n_bins", "from_logits")]
+        return [f.name for f in fields(self) if f.name not in _NOT_METRICS] + list(self.extra)
 
     def __getitem__(self, key: str) -> Any:
-        if key not in _LABELS:
+        if key not in self._keys():
             raise KeyError(key)
         return getattr(self, key)
+
+    def __getattr__(self, name: str) -> Any:  # a metric registered in the table: ``report.<name>``
+        extra = self.__dict__.get("extra") or {}
+        if name in extra:
+            return extra[name]
+        raise AttributeError(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys())
@@ -160,7 +166,7 @@ class CalibrationReport(Mapping):
         named: dict[str, list[str]] = {}
         for key, value in intervals.items():
             if value.note:
-                named.setdefault(value.note, []).append(_LABELS[key][0])
+                named.setdefault(value.note, []).append(_label(key)[0])
         return "\n".join(lines + _footnotes(notes, named))
 
 
@@ -292,7 +298,26 @@ def calibration_report(
     )
     if boot is not None:
         values = _with_intervals(values, conf, correct, rows.scores, rows.replicates, n_bins, boot, smooth_boot)
-    return CalibrationReport(n=n, **values, n_bins=n_bins, from_logits=inputs.from_logits)
+    extra = _registered(conf, correct, n_bins, boot, smooth_boot)
+    return CalibrationReport(n=n, **values, n_bins=n_bins, from_logits=inputs.from_logits, extra=extra)
+
+
+def _registered(
+    conf: np.ndarray, correct: np.ndarray, n_bins: int, boot: Bootstrap | None, smooth_boot: Bootstrap | None
+) -> dict[str, Any]:
+    """The metrics registered in the table after the package's own, from their point forms (with ``boot``, each with
+    its interval from the same resamples as the others: ``point_statistic``)."""
+    built_in = {f.name for f in fields(CalibrationReport)}
+    rows = [get_metric(name) for name in list_metrics(head="multiclass", report=True) if name not in built_in]
+    out: dict[str, Any] = {row.name: row.top_label(conf, correct, n_bins) for row in rows}
+    if boot is None or not rows:
+        return out
+    order = frame(conf)
+    for row in rows:
+        b = smooth_boot if row.n_boot == SMOOTH_N_BOOT else boot
+        statistic = point_statistic(lambda p, a, row=row: row.top_label(p, a, n_bins), (conf, correct), order)
+        out[row.name] = b.interval(out[row.name], b.replicates([statistic], conf.shape[0])[0], row.name)
+    return out
 
 
 def format_reports(
@@ -316,9 +341,10 @@ def format_reports(
             f"Expected argument `reports` to be a non-empty mapping of name → CalibrationReport, but got {reports!r}."
         )
     columns = tuple(DEFAULT_COLUMNS if columns is None else columns)
-    unknown = [c for c in columns if c not in _LABELS]
+    known = ("n", *list_metrics(report=True))
+    unknown = [c for c in columns if c not in known]
     if unknown or not columns:
-        raise ValueError(f"Expected argument `columns` to hold names from {list(_LABELS)}, but got {list(columns)}.")
+        raise ValueError(f"Expected argument `columns` to hold names from {list(known)}, but got {list(columns)}.")
     from hf_calibration.metrics.multilabel import SigmoidCalibrationReport
 
     check_choice(average, "average", ("macro", "micro"))
@@ -352,9 +378,9 @@ def format_reports(
             if (
                 isinstance(cell, MetricInterval)
                 and cell.note
-                and f"{name} {_LABELS[c][0]}" not in named.get(cell.note, [])
+                and f"{name} {_label(c)[0]}" not in named.get(cell.note, [])
             ):
-                named.setdefault(cell.note, []).append(f"{name} {_LABELS[c][0]}")
+                named.setdefault(cell.note, []).append(f"{name} {_label(c)[0]}")
     lines = [line(header), rule] + [line(row) for row in body]
     if multilabel:
         lines += [

@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from hf_calibration._core.checks import IGNORE_INDEX
-from hf_calibration.metrics._format import Inputs, read_metric_inputs, top_label
+from hf_calibration.metrics._boundary import call_args, metric_call
+from hf_calibration.metrics._format import Inputs, top_label
 from hf_calibration.metrics._probability_pass import probability_rows
-from hf_calibration.metrics.bootstrap import check_bootstrap, frame, weighted_means
-from hf_calibration.metrics.multilabel import sigmoid_metric
+from hf_calibration.metrics.bootstrap import frame, weighted_means
 
 
 def _brier_update(probs: np.ndarray, target: np.ndarray) -> float:
@@ -32,12 +32,10 @@ def _row_scores(inputs: Inputs) -> np.ndarray:
 
 def _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, column: int, task=None, average="macro"):
     """Brier (column 0) or NLL (1), with its percentile interval when ``ci`` is given."""
-    boot = check_bootstrap(ci, n_boot, seed)
-    inputs = read_metric_inputs(
-        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
-    )
-    if inputs.task != "multiclass":
-        return sigmoid_metric(("brier", "nll")[column], inputs, average=average, boot=boot)
+    call = metric_call(("brier", "nll")[column], preds, target, **call_args(locals()))
+    if call.done:
+        return call.head_value
+    inputs, boot = call.inputs, call.boot
     order = (
         None if boot is None else frame(top_label(inputs).confidence)
     )  # the frame every metric of these rows resamples in
