@@ -1,30 +1,18 @@
 """The table's point forms (:mod:`hf_calibration.metrics.table`): each metric's value from top-label confidences ``p``
-and correctness ``a`` (or one sigmoid label's probabilities and 0/1 labels), ``(p, a, n_bins)``; the sigmoid-only forms
-also take ``log p`` and ``log (1 - p)``. Named in the table as ``"hf_calibration.metrics._points:<name>"``."""
+and correctness ``a`` (or one sigmoid label's probabilities and 0/1 labels), ``(p, a, n_bins)``, where the computation's
+own module has none in that form; the sigmoid-only forms also take ``log p`` and ``log (1 - p)``. Named in the table as ``"hf_calibration.metrics._points:<name>"``."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from hf_calibration.metrics import smooth
-from hf_calibration.metrics._binned import _adaece_compute, _ece_compute, _ece_split_compute, _mce_compute
+from hf_calibration.metrics._binned import _ece_split_compute
 from hf_calibration.metrics.binning import _bin_sums, _uniform_bin_index
 
 
 def accuracy(p: np.ndarray, a: np.ndarray, n_bins: int) -> float:
     return float(np.mean(a))
-
-
-def ece(p: np.ndarray, a: np.ndarray, n_bins: int) -> float:
-    return _ece_compute(p, a, n_bins)
-
-
-def adaece(p: np.ndarray, a: np.ndarray, n_bins: int) -> float:
-    return _adaece_compute(p, a, n_bins)
-
-
-def mce(p: np.ndarray, a: np.ndarray, n_bins: int) -> float:
-    return _mce_compute(p, a, n_bins)
 
 
 def rmsce(p: np.ndarray, a: np.ndarray, n_bins: int) -> float:

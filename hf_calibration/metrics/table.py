@@ -150,6 +150,7 @@ class Metric:
 
 _M = "hf_calibration.metrics."
 _P = _M + "_points:"  # the point forms
+_B = _M + "_binned:"
 _ROWS = [  # in the order reports print them
     Metric(
         "accuracy",
@@ -162,15 +163,15 @@ _ROWS = [  # in the order reports print them
         sigmoid_point=_P + "accuracy_at_half",
         sigmoid_label="Accuracy (p > 0.5)",
     ),
-    Metric("ece", _M + "ece:ece", "ECE", state="bins", point=_P + "ece", sigmoid_point=_P + "binary_ece"),
-    Metric("adaece", _M + "adaptive:adaece", "AdaECE", point=_P + "adaece"),
+    Metric("ece", _M + "ece:ece", "ECE", state="bins", point=_B + "_ece_compute", sigmoid_point=_P + "binary_ece"),
+    Metric("adaece", _M + "adaptive:adaece", "AdaECE", point=_B + "_adaece_compute"),
     Metric(
         "mce",
         _M + "ece:mce",
         "MCE",
         interval=IntervalRule("none", reason=_MCE_REASON),
         state="bins",
-        point=_P + "mce",
+        point=_B + "_mce_compute",
         sigmoid_point=_P + "binary_mce",
     ),
     Metric(

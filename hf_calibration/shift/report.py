@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hf_calibration._core.checks import check_choice, check_classification_shapes, looks_like_probabilities, to_numpy
+from hf_calibration.metrics.table import get_metric, list_metrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("accuracy", "ece", "adaece", "smce", "nll")
-_PERCENT = {"accuracy", "ece", "adaece", "smce", "auroc", "aupr_in", "aupr_out", "fpr95"}
+METRICS = ("accuracy", "ece", "adaece", "smce", "nll")  # the report's columns; labels and units: the metric table
+_OOD_PERCENT = {"auroc", "aupr_in", "aupr_out", "fpr95"}
 UNCALIBRATED = "uncalibrated"
 CLEAN = "clean"
 _ALIASES = {"ts": "temperature_scaling", "temperature": "temperature_scaling"}
@@ -210,10 +211,10 @@ class ShiftReport:
         means = self.severity_means(metric)
         fig = Figure(figsize=(4.8, 3.6), layout="constrained")
         ax = fig.add_subplot()
-        scale = 100 if metric in _PERCENT else 1
+        scale = 100 if _percent(metric) else 1
         for method, values in means.items():
             ax.plot(self.severities, [scale * v for v in values], marker="o", label=method)
-        label = {"accuracy": "accuracy", "ece": "ECE", "adaece": "AdaECE", "smce": "smCE", "nll": "NLL"}[metric]
+        label = get_metric(metric).label
         ax.set(
             xlabel="severity (0 = clean)",
             ylabel=label + (" (%)" if scale == 100 else ""),
@@ -224,10 +225,14 @@ class ShiftReport:
         return fig
 
 
+def _percent(metric: str) -> bool:
+    return metric in _OOD_PERCENT or (metric in list_metrics() and get_metric(metric).percent)
+
+
 def _fmt(metric: str, value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{100 * value:.2f}" if metric in _PERCENT else f"{value:.4f}"
+    return f"{100 * value:.2f}" if _percent(metric) else f"{value:.4f}"
 
 
 def _grid(header: list[str], body: list[list[str]]) -> list[str]:

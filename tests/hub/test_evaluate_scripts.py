@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import re
 from pathlib import Path
 
 import evaluate
@@ -304,3 +305,66 @@ def test_scripts_take_multilabel_and_binary_heads(tmp_path, monkeypatch):
         predictions=z[:, 0].tolist(), references=y[:, 0].tolist(), task="binary"
     )
     assert binary["ece"] == pytest.approx(ece(z[:, 0], y[:, 0]), rel=1e-9)
+
+
+def _function_results(name: str, preds, target, **kw) -> dict:
+    """What the library function returns, keyed as the script keys it (the script's own code left out)."""
+    if name == "calibration":
+        report = calibration_report(preds, target, **kw)
+        if hasattr(report, "micro"):
+            values = {**report.macro, **{f"{key}_micro": value for key, value in report.micro.items()}}
+        else:
+            values = dict(report.items())
+        return {f"calibration_{key}": float(value) for key, value in values.items()}
+    from hf_calibration.metrics.table import get_metric
+
+    return {name: float(get_metric(name).fn(preds, target, **kw))}
+
+
+def _reference_inputs(name: str):
+    """The suite's reference inputs the script's function takes: multi-class float32 and float64 logits, probabilities
+    and ignored rows; multi-label and binary heads where the function scores them."""
+    logits, labels = _random_logits(n=120, seed=6)
+    labels[[2, 40]] = -100
+    probs = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
+    cases = {"float32 logits": (logits, labels), "float64 logits": (logits.astype(np.float64), labels)}
+    cases["probabilities"] = (probs, labels)
+    if name in ("ece", "adaece", "calibration"):
+        rng = np.random.default_rng(6)
+        y = (rng.random((120, 3)) < 0.4).astype(np.int64)
+        cases["multilabel"] = (rng.normal(size=(120, 3)), y)
+        cases["binary, boolean labels"] = (rng.normal(size=120), y[:, 0].astype(bool))
+    return cases
+
+
+@pytest.mark.parametrize("name", list_metric_scripts())
+def test_every_script_is_its_function_bit_for_bit(name: str, metrics) -> None:
+    metric = metrics[name] if name in metrics else evaluate.load(metric_path(name))
+    for case, (preds, target) in _reference_inputs(name).items():
+        got = metric.compute(predictions=preds, references=target)
+        expected = _function_results(name, preds, target)
+        assert got.keys() == expected.keys(), case
+        for key, value in expected.items():  # exactly: no float32 cast on the way
+            assert got[key] == value or (np.isnan(got[key]) and np.isnan(value)), (case, key)
+
+
+@pytest.mark.parametrize("name", list_metric_scripts())
+def test_every_script_refuses_what_its_function_refuses(name: str, metrics) -> None:
+    metric = metrics[name] if name in metrics else evaluate.load(metric_path(name))
+    logits, labels = _random_logits(n=20, seed=7)
+    nan_logits = logits.copy()
+    nan_logits[3, 1] = np.nan
+    fractional = labels.astype(np.float64)
+    fractional[4] = 1.7
+    for preds, target in [
+        (logits, labels % 2 == 0),  # boolean labels for a softmax head
+        (nan_logits, labels),
+        (logits, fractional),
+        (logits, labels + 5),  # out of range
+    ]:
+        with pytest.raises((TypeError, ValueError)) as by_function:
+            _function_results(name, preds, target)
+        with pytest.raises(type(by_function.value), match=re.escape(str(by_function.value))):
+            metric.compute(predictions=preds, references=target)
+    with pytest.raises(ValueError, match="`predictions` to be non-empty"):
+        metric.compute(predictions=[], references=[])
