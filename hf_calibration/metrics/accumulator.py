@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from dataclasses import fields
 from typing import Any, NamedTuple
 
 import numba
@@ -53,7 +52,6 @@ from hf_calibration._core.checks import (
 from hf_calibration._core.inputs import whole_labels
 from hf_calibration.metrics._binned import _ece_compute, _ece_split_compute, _mce_compute
 from hf_calibration.metrics._format import prepare, top_label
-from hf_calibration.metrics.adaptive import _adaece_statistic
 from hf_calibration.metrics.binning import (
     BinSums,
     _bin_means,
@@ -68,14 +66,10 @@ from hf_calibration.metrics.bootstrap import (
     SMOOTH_N_BOOT,
     check_bootstrap,
     flat_intervals,
-    frame,
-    point_statistic,
-    weighted_means,
 )
-from hf_calibration.metrics.ece import BINNED_COLUMNS, _binned_statistic, _classwise_ece_compute
-from hf_calibration.metrics.report import CalibrationReport
+from hf_calibration.metrics.ece import _classwise_ece_compute
+from hf_calibration.metrics.report import CalibrationReport, _report, top_label_intervals
 from hf_calibration.metrics.scores import _row_scores
-from hf_calibration.metrics.smooth import _smce_statistic, _smece_statistic
 from hf_calibration.metrics.table import get_metric, list_metrics
 
 __all__ = ["CalibrationAccumulator", "METRICS"]
@@ -727,41 +721,6 @@ class CalibrationAccumulator:
             self._scores = [np.concatenate(self._scores) if self._scores else np.zeros((0, 2))]
         return self._scores[0]
 
-    def _intervals(self, values: dict[str, Any], confidence: np.ndarray, correct: np.ndarray) -> dict[str, Any]:
-        """Each computed metric (classwise ECE aside) with its bootstrap interval, from the kept rows."""
-        n, boot, chosen = self.n, self._boot, set(self.metrics)
-        binned, ada, scores = boot.replicates(
-            [
-                _binned_statistic(confidence, correct, self.n_bins),
-                _adaece_statistic(confidence, correct, self.n_bins)
-                if "adaece" in chosen
-                else (lambda c: np.zeros(len(c))),
-                weighted_means(self._score_rows(), frame(confidence))
-                if self._with_scores
-                else (lambda c: np.zeros((len(c), 2))),
-            ],
-            n,
-        )
-        replicates = {name: binned[:, column] for column, name in enumerate(BINNED_COLUMNS)}
-        replicates.update(adaece=ada, brier=scores[:, 0], nll=scores[:, 1])
-        out = {
-            key: boot.interval(values[key], reps, key) for key, reps in replicates.items() if values[key] is not None
-        }
-        order = frame(confidence)
-        for name in (m for m in self._pair_metrics if m not in replicates and m not in ("smce", "smece")):
-            row = get_metric(name)
-            b = self._smooth_boot if row.n_boot == SMOOTH_N_BOOT else boot
-            point = point_statistic(
-                lambda p, a, row=row: row.top_label(p, a, self.n_bins), (confidence, correct), order
-            )
-            out[name] = b.interval(values[name], b.replicates([point], n)[0], name)
-        smooth = [name for name in ("smce", "smece") if name in chosen]
-        if smooth:
-            statistics = {"smce": _smce_statistic(confidence, correct), "smece": _smece_statistic(confidence, correct)}
-            for name, reps in zip(smooth, self._smooth_boot.replicates([statistics[name] for name in smooth], n)):
-                out[name] = self._smooth_boot.interval(values[name], reps, name)
-        return {**values, **out}
-
     def compute(self) -> CalibrationReport:
         """The metrics of every sample added so far (fractions; metrics left out are None). A binary or multi-label
         head's batches give a :class:`~hf_calibration.metrics.SigmoidCalibrationReport` (per label, macro, pooled)."""
@@ -802,10 +761,12 @@ class CalibrationAccumulator:
                     o_ece=split.over,
                     u_ece=split.under,
                 )
-                values = self._intervals(values, confidence, correct)
-        built_in = {f.name for f in fields(CalibrationReport)}
-        extra = {key: values.pop(key) for key in list(values) if key not in built_in}
-        return CalibrationReport(**values, n_bins=self.n_bins, from_logits=self.from_logits_, extra=extra)
+                scores = self._score_rows() if self._with_scores else None
+                kept = {key: value for key, value in values.items() if key in self.metrics}
+                values.update(
+                    top_label_intervals(kept, confidence, correct, scores, self.n_bins, self._boot, self._smooth_boot)
+                )
+        return _report(values.pop("n"), values, self.n_bins, self.from_logits_)
 
     def __call__(self, eval_pred: Any, compute_result: bool = True) -> dict[str, float] | None:
         """``Trainer(compute_metrics=accumulator)``: add ``eval_pred``; with ``compute_result`` (the Trainer's last

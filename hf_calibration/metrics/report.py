@@ -179,42 +179,68 @@ def _smooth_metrics(confidence: np.ndarray, correct: np.ndarray) -> tuple[float 
     return smooth.smce_from_confidence(confidence, correct), smooth.smece_from_confidence(confidence, correct)
 
 
-def _with_intervals(
+def top_label_intervals(
     values: dict[str, Any],
     conf: np.ndarray,
     correct: np.ndarray,
-    scores: np.ndarray,
-    classwise: np.ndarray | None,
+    scores: np.ndarray | None,
     n_bins: int,
     boot: Bootstrap,
     smooth_boot: Bootstrap,
 ) -> dict[str, Any]:
-    """Every metric of ``values`` with its bootstrap interval (``bootstrap.INTERVALS``); all metrics see the same
-    resamples (smCE, smECE and classwise ECE, whose ``classwise`` replicates are given, the first
-    ``smooth_boot.n_boot`` of them)."""
+    """The bootstrap interval of every top-label metric of ``values`` (those not None; classwise ECE aside), all
+    from the same resamples of the rows: the package's compiled weighted forms where the metric has one, its table
+    row's point form otherwise (``point_statistic``); a metric whose row asks for fewer resamples (smCE, smECE: 200)
+    gets the first ``smooth_boot.n_boot`` of them. ``scores``: each row's Brier and NLL terms (None: neither)."""
     from hf_calibration.metrics import smooth
 
-    n = conf.shape[0]
+    names = [key for key, value in values.items() if value is not None and key not in ("n", "classwise_ece")]
     order = frame(conf)
-    statistics = [
-        _binned_statistic(conf, correct, n_bins),
-        _adaece_statistic(conf, correct, n_bins),
-        weighted_means(scores, order),
-    ]
-    if values["smce"] is not None:
-        statistics += [smooth._smce_statistic(conf, correct), smooth._smece_statistic(conf, correct)]
-    # smCE / smECE on the first smooth_boot.n_boot of the same resamples (its own draws: one seed, one stream per
-    # resample), drawn once; smooth_boot.n_boot <= boot.n_boot (an n_boot given applies to both)
-    binned, ada, resampled_scores, *smoothed = boot.replicates(statistics, n, [None] * 3 + [smooth_boot.n_boot] * 2)
-    replicates = {name: binned[:, column] for column, name in enumerate(BINNED_COLUMNS)}
-    replicates.update(adaece=ada, brier=resampled_scores[:, 0], nll=resampled_scores[:, 1])
-    out = {key: boot.interval(values[key], reps, key) for key, reps in replicates.items()}
-    out["classwise_ece"] = smooth_boot.interval(values["classwise_ece"], classwise, "classwise_ece")
-    if smoothed:
-        out["smce"], out["smece"] = (
-            smooth_boot.interval(values[name], reps, name) for name, reps in zip(("smce", "smece"), smoothed)
-        )
-    return {**values, **out}
+    own = {
+        "adaece": lambda: _adaece_statistic(conf, correct, n_bins),
+        "brier": lambda: weighted_means(scores, order),
+        "nll": lambda: weighted_means(scores, order),
+        "smce": lambda: smooth._smce_statistic(conf, correct),
+        "smece": lambda: smooth._smece_statistic(conf, correct),
+    }
+    statistics, limits, reads = [], [], {}  # reads: name -> (statistic index, column or None)
+    if any(name in BINNED_COLUMNS for name in names):
+        statistics.append(_binned_statistic(conf, correct, n_bins))
+        limits.append(None)
+        reads.update({name: (0, column) for column, name in enumerate(BINNED_COLUMNS) if name in names})
+    for name in names:
+        if name in reads:
+            continue
+        column = {"brier": 0, "nll": 1}.get(name)  # one statistic gives both
+        partner = {"brier": "nll", "nll": "brier"}.get(name)
+        if partner in reads:
+            reads[name] = (reads[partner][0], column)
+            continue
+        row = get_metric(name)
+        point = (lambda p, a, row=row: row.top_label(p, a, n_bins)) if row.point is not None else None
+        statistics.append(own[name]() if name in own else point_statistic(point, (conf, correct), order))
+        limits.append(smooth_boot.n_boot if row.n_boot == SMOOTH_N_BOOT else None)
+        reads[name] = (len(statistics) - 1, column)
+    replicates = boot.replicates(statistics, conf.shape[0], limits)
+    out = {}
+    for name, (index, column) in reads.items():
+        b = boot if limits[index] is None else smooth_boot
+        reps = replicates[index] if column is None else replicates[index][:, column]
+        out[name] = b.interval(values[name], reps, name)
+    return out
+
+
+def _report(n: int, values: dict[str, Any], n_bins: int, from_logits: bool | None) -> CalibrationReport:
+    """A :class:`CalibrationReport`: the package's metrics as its fields, those registered later as ``extra``."""
+    built_in = {f.name for f in fields(CalibrationReport)}
+    extra = {key: values.pop(key) for key in list(values) if key not in built_in}
+    return CalibrationReport(n=n, **values, n_bins=n_bins, from_logits=from_logits, extra=extra)
+
+
+def registered_rows(head: str = "multiclass") -> list:
+    """The table's rows registered after the package's own that ``head``'s report shows (computed by their point)."""
+    built_in = {f.name for f in fields(CalibrationReport)}
+    return [get_metric(name) for name in list_metrics(head=head, report=True) if name not in built_in]
 
 
 def calibration_report(
@@ -296,28 +322,11 @@ def calibration_report(
         brier=rows.brier,
         nll=rows.nll,
     )
+    values.update({row.name: row.top_label(conf, correct, n_bins) for row in registered_rows()})
     if boot is not None:
-        values = _with_intervals(values, conf, correct, rows.scores, rows.replicates, n_bins, boot, smooth_boot)
-    extra = _registered(conf, correct, n_bins, boot, smooth_boot)
-    return CalibrationReport(n=n, **values, n_bins=n_bins, from_logits=inputs.from_logits, extra=extra)
-
-
-def _registered(
-    conf: np.ndarray, correct: np.ndarray, n_bins: int, boot: Bootstrap | None, smooth_boot: Bootstrap | None
-) -> dict[str, Any]:
-    """The metrics registered in the table after the package's own, from their point forms (with ``boot``, each with
-    its interval from the same resamples as the others: ``point_statistic``)."""
-    built_in = {f.name for f in fields(CalibrationReport)}
-    rows = [get_metric(name) for name in list_metrics(head="multiclass", report=True) if name not in built_in]
-    out: dict[str, Any] = {row.name: row.top_label(conf, correct, n_bins) for row in rows}
-    if boot is None or not rows:
-        return out
-    order = frame(conf)
-    for row in rows:
-        b = smooth_boot if row.n_boot == SMOOTH_N_BOOT else boot
-        statistic = point_statistic(lambda p, a, row=row: row.top_label(p, a, n_bins), (conf, correct), order)
-        out[row.name] = b.interval(out[row.name], b.replicates([statistic], conf.shape[0])[0], row.name)
-    return out
+        values.update(top_label_intervals(values, conf, correct, rows.scores, n_bins, boot, smooth_boot))
+        values["classwise_ece"] = smooth_boot.interval(values["classwise_ece"], rows.replicates, "classwise_ece")
+    return _report(n, values, n_bins, inputs.from_logits)
 
 
 def format_reports(
