@@ -29,40 +29,26 @@ class MetricCall(NamedTuple):
         return self.inputs.task != "multiclass"
 
 
-def metric_call(
-    name: str,
-    preds: Any,
-    target: Any,
-    n_bins: Any = None,
-    *,
-    ci: Any = None,
-    n_boot: Any = None,
-    seed: Any = 0,
-    task: str | None = None,
-    average: str = "macro",
-    from_logits: bool | None = None,
-    ignore_index: int | None = IGNORE_INDEX,
-) -> MetricCall:
-    """Check and read the call of table metric ``name``: ``n_bins`` (binned metrics), the bootstrap request (the row's
-    default resamples), then the inputs: the head type read from them where the metric supports more than the
-    multi-class one (``task`` / ``average``), multi-class inputs otherwise."""
-    row = get_metric(name)
-    n_bins = _check_n_bins(n_bins) if row.binned else None
-    boot = check_bootstrap(ci, n_boot, seed, default_n_boot=row.n_boot)
-    if row.heads == ("multiclass",):
-        return MetricCall(prepare(preds, target, from_logits=from_logits, ignore_index=ignore_index), n_bins, boot)
-    inputs = read_metric_inputs(
-        preds, target, task=task, average=average, from_logits=from_logits, ignore_index=ignore_index
-    )
-    if inputs.task == "multiclass":
-        return MetricCall(inputs, n_bins, boot)
-    value = sigmoid_metric(name, inputs, 15 if n_bins is None else n_bins, average=average, boot=boot)
-    return MetricCall(inputs, n_bins, boot, value)
-
-
 _CALL_ARGUMENTS = ("ci", "n_boot", "seed", "task", "average", "from_logits", "ignore_index")
 
 
-def call_args(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of a metric function's call (its ``locals()`` at the top) that :func:`metric_call` checks."""
-    return {key: arguments[key] for key in _CALL_ARGUMENTS if key in arguments}
+def metric_call(name: str, preds: Any, target: Any, n_bins: Any, arguments: dict[str, Any]) -> MetricCall:
+    """Check and read the call of table metric ``name``: ``n_bins`` (binned metrics), the bootstrap request (the row's
+    default resamples), then the inputs: the head type read from them where the metric supports more than the
+    multi-class one (``task`` / ``average``), multi-class inputs otherwise. ``arguments``: the function's arguments
+    (its ``locals()`` on entry); those of ``ci``, ``n_boot``, ``seed``, ``task``, ``average``, ``from_logits`` and
+    ``ignore_index`` it has are read, the others take their usual defaults."""
+    kw = {"seed": 0, "average": "macro", "ignore_index": IGNORE_INDEX} | {
+        key: arguments[key] for key in _CALL_ARGUMENTS if key in arguments
+    }
+    row = get_metric(name)
+    n_bins = _check_n_bins(n_bins) if row.binned else None
+    boot = check_bootstrap(kw.get("ci"), kw.get("n_boot"), kw["seed"], default_n_boot=row.n_boot)
+    read = {"from_logits": kw.get("from_logits"), "ignore_index": kw["ignore_index"]}
+    if row.heads == ("multiclass",):
+        return MetricCall(prepare(preds, target, **read), n_bins, boot)
+    inputs = read_metric_inputs(preds, target, task=kw.get("task"), average=kw["average"], **read)
+    if inputs.task == "multiclass":
+        return MetricCall(inputs, n_bins, boot)
+    value = sigmoid_metric(name, inputs, 15 if n_bins is None else n_bins, average=kw["average"], boot=boot)
+    return MetricCall(inputs, n_bins, boot, value)

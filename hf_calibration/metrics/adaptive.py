@@ -6,7 +6,7 @@ from typing import Any
 
 from hf_calibration._core.checks import IGNORE_INDEX
 from hf_calibration.metrics._binned import _adaece_compute, _adaece_replicates, _adaece_statistic  # noqa: F401
-from hf_calibration.metrics._boundary import call_args, metric_call
+from hf_calibration.metrics._boundary import metric_call
 from hf_calibration.metrics._format import top_label
 
 
@@ -57,7 +57,7 @@ def adaece(
         >>> round(adaece(probs, labels), 12), round(ece(probs, labels), 12)
         (0.0, 0.0)
     """
-    call = metric_call("adaece", preds, target, n_bins, **call_args(locals()))
+    call = metric_call("adaece", preds, target, n_bins, locals())
     if call.done:
         return call.head_value
     boot, n_bins = call.boot, call.n_bins

@@ -35,7 +35,7 @@ import numba
 import numpy as np
 
 from hf_calibration._core.checks import IGNORE_INDEX, check_choice, check_int
-from hf_calibration.metrics._boundary import call_args, metric_call
+from hf_calibration.metrics._boundary import metric_call
 from hf_calibration.metrics._format import Inputs, probability_chunks, top_label
 from hf_calibration.metrics.binning import _check_n_bins, _run_sizes
 from hf_calibration.metrics.bootstrap import IntervalRule, advance, frame
@@ -307,7 +307,7 @@ def debiased_ece(
         if ci is not None:
             raise ValueError("Expected argument `mc_samples` to be None with `ci`: resamples use the exact correction.")
     mc_seed = check_int(mc_seed, "mc_seed", minimum=0)
-    inputs, n_bins, boot, _ = metric_call("debiased_ece", preds, target, n_bins, **call_args(locals()))
+    inputs, n_bins, boot, _ = metric_call("debiased_ece", preds, target, n_bins, locals())
     rng = np.random.RandomState(mc_seed) if mc_samples is not None else None
     n = inputs.preds.shape[0]
     if p == 2 and binning == "equal_mass" and n < 2 * n_bins:

@@ -28,7 +28,7 @@ from hf_calibration.metrics._binned import (  # noqa: F401 - the computations li
     _top_label_interval,
     _uniform_gaps,
 )
-from hf_calibration.metrics._boundary import call_args, metric_call
+from hf_calibration.metrics._boundary import metric_call
 from hf_calibration.metrics._format import top_label, top_label_bin_sums
 from hf_calibration.metrics._probability_pass import probability_rows
 from hf_calibration.metrics.binning import _bin_sums, _calibration_gaps, _uniform_bin_index
@@ -101,7 +101,7 @@ def ece(
         >>> round(value, 3), round(value.low, 3), round(value.high, 3)
         (0.088, 0.068, 0.107)
     """
-    call = metric_call("ece", preds, target, n_bins, **call_args(locals()))
+    call = metric_call("ece", preds, target, n_bins, locals())
     if call.done:
         return call.head_value
     inputs, n_bins, boot = call.inputs, call.n_bins, call.boot
@@ -132,7 +132,7 @@ def mce(
     are near the maximum (Andrews 2000; on a uniformly over-confident model the basic interval covered the
     true MCE far below its level, ``benchmarks/bootstrap_coverage.py``), so the value comes back as a
     :class:`~hf_calibration.metrics.MetricInterval` with NaN ends and a ``note`` saying why."""
-    call = metric_call("mce", preds, target, n_bins, **call_args(locals()))
+    call = metric_call("mce", preds, target, n_bins, locals())
     if call.done:
         return call.head_value
     inputs, n_bins, boot = call.inputs, call.n_bins, call.boot
@@ -168,7 +168,7 @@ def rmsce(
     """
     from hf_calibration.metrics.multilabel import _binned_statistic as _weighted_binned
 
-    call = metric_call("rmsce", preds, target, n_bins, **call_args(locals()))
+    call = metric_call("rmsce", preds, target, n_bins, locals())
     if call.done:
         return call.head_value
     inputs, n_bins, boot = call.inputs, call.n_bins, call.boot
@@ -199,7 +199,7 @@ def ece_split(
     FeDLaS Table 4): ``sum_b |B_b|/N * max(conf_b - acc_b, 0)`` and ``max(acc_b - conf_b, 0)``.
     They add up to :func:`ece`. Arguments as :func:`ece` (``from_logits=None`` detects probabilities;
     with ``ci`` both parts are :class:`~hf_calibration.metrics.MetricInterval` from the same resamples)."""
-    inputs, n_bins, boot, _ = metric_call("o_ece", preds, target, n_bins, **call_args(locals()))
+    inputs, n_bins, boot, _ = metric_call("o_ece", preds, target, n_bins, locals())
     if boot is None:
         gaps = _calibration_gaps(top_label_bin_sums(inputs, n_bins), inputs.preds.shape[0])
         return ECESplit(float(np.clip(gaps, 0, None).sum()), float(np.clip(-gaps, 0, None).sum()))
@@ -246,7 +246,7 @@ def classwise_ece(
     interval is the basic (bias-corrected) bootstrap, as :func:`ece`'s; a resample costs O(N·K) (the lowest
     bin's sums of all resamples are one matrix product, see ``_probability_pass``), so the default is 200
     resamples, as smCE's; no (N, K) copy is made."""
-    inputs, n_bins, boot, _ = metric_call("classwise_ece", preds, target, n_bins, **call_args(locals()))
+    inputs, n_bins, boot, _ = metric_call("classwise_ece", preds, target, n_bins, locals())
     position = None if boot is None else frame_position(top_label(inputs).confidence)
     rows = probability_rows(
         inputs, n_bins, boot=boot, position=position, checked=position is not None

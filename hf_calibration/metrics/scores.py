@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from hf_calibration._core.checks import IGNORE_INDEX
-from hf_calibration.metrics._boundary import call_args, metric_call
+from hf_calibration.metrics._boundary import metric_call
 from hf_calibration.metrics._format import Inputs, top_label
 from hf_calibration.metrics._probability_pass import probability_rows
 from hf_calibration.metrics.bootstrap import frame, weighted_means
@@ -32,7 +32,7 @@ def _row_scores(inputs: Inputs) -> np.ndarray:
 
 def _score(preds, target, from_logits, ignore_index, ci, n_boot, seed, column: int, task=None, average="macro"):
     """Brier (column 0) or NLL (1), with its percentile interval when ``ci`` is given."""
-    call = metric_call(("brier", "nll")[column], preds, target, **call_args(locals()))
+    call = metric_call(("brier", "nll")[column], preds, target, None, locals())
     if call.done:
         return call.head_value
     inputs, boot = call.inputs, call.boot

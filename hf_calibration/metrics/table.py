@@ -151,99 +151,32 @@ class Metric:
 _M = "hf_calibration.metrics."
 _P = _M + "_points:"  # the point forms
 _B = _M + "_binned:"
+_MULTICLASS = dict(heads=("multiclass",), report_heads=HEADS)  # one multi-class function; every head's report
+_SMOOTH = dict(_MULTICLASS, binned=False, n_boot=_SMOOTH_N_BOOT)  # a resample costs a sweep or a bandwidth search
+_SCORE = dict(percent=False, binned=False, state="probabilities")
+# fmt: off
 _ROWS = [  # in the order reports print them
-    Metric(
-        "accuracy",
-        None,
-        "Accuracy",
-        binned=False,
-        interval=IntervalRule("percentile", 0.0, 1.0),
-        state="bins",
-        point=_P + "accuracy",
-        sigmoid_point=_P + "accuracy_at_half",
-        sigmoid_label="Accuracy (p > 0.5)",
-    ),
+    Metric("accuracy", None, "Accuracy", binned=False, interval=IntervalRule("percentile", 0.0, 1.0), state="bins",
+           point=_P + "accuracy", sigmoid_point=_P + "accuracy_at_half", sigmoid_label="Accuracy (p > 0.5)"),
     Metric("ece", _M + "ece:ece", "ECE", state="bins", point=_B + "_ece_compute", sigmoid_point=_P + "binary_ece"),
     Metric("adaece", _M + "adaptive:adaece", "AdaECE", point=_B + "_adaece_compute"),
-    Metric(
-        "mce",
-        _M + "ece:mce",
-        "MCE",
-        interval=IntervalRule("none", reason=_MCE_REASON),
-        state="bins",
-        point=_B + "_mce_compute",
-        sigmoid_point=_P + "binary_mce",
-    ),
-    Metric(
-        "rmsce",
-        _M + "ece:rmsce",
-        "RMSCE",
-        state="none",
-        point=_P + "rmsce",
-        report_heads=("binary", "multilabel"),
-    ),
-    Metric(
-        "classwise_ece",
-        _M + "ece:classwise_ece",
-        "Classwise ECE",
-        heads=("multiclass",),
-        state="probabilities",
-        n_boot=_SMOOTH_N_BOOT,  # a resample costs O(N·K)
-    ),
-    # ece_split gives both (multi-class); a sigmoid head's report has them per label
-    Metric("o_ece", None, "O-ECE", heads=("multiclass",), report_heads=HEADS, state="bins", point=_P + "o_ece"),
-    Metric("u_ece", None, "U-ECE", heads=("multiclass",), report_heads=HEADS, state="bins", point=_P + "u_ece"),
-    Metric(
-        "smce",
-        _M + "smooth:smce",
-        "smCE",
-        heads=("multiclass",),
-        binned=False,
-        report_heads=HEADS,
-        point=_P + "smce",
-        n_boot=_SMOOTH_N_BOOT,
-    ),
-    Metric(
-        "smece",
-        _M + "smooth:smece",
-        "smECE",
-        heads=("multiclass",),
-        binned=False,
-        report_heads=HEADS,
-        point=_P + "smece",
-        n_boot=_SMOOTH_N_BOOT,
-    ),
-    Metric(
-        "brier",
-        _M + "scores:brier",
-        "Brier",
-        percent=False,
-        binned=False,
-        interval=IntervalRule("percentile", 0.0, 2.0),
-        state="probabilities",
-        sigmoid_point=_P + "binary_brier",
-    ),
-    Metric(
-        "nll",
-        _M + "scores:nll",
-        "NLL",
-        percent=False,
-        binned=False,
-        interval=IntervalRule("percentile", 0.0),
-        state="probabilities",
-        sigmoid_point=_P + "binary_nll",
-        sigmoid_label="NLL (BCE)",
-    ),
-    Metric(
-        "debiased_ece",
-        _M + "debiased:debiased_ece",
-        "Debiased ECE",
-        heads=("multiclass",),
-        interval=IntervalRule("basic_plugin", 0.0, 1.0),
-        state="none",
-        report_heads=(),
-    ),
+    Metric("mce", _M + "ece:mce", "MCE", interval=IntervalRule("none", reason=_MCE_REASON), state="bins",
+           point=_B + "_mce_compute", sigmoid_point=_P + "binary_mce"),
+    Metric("rmsce", _M + "ece:rmsce", "RMSCE", state="none", point=_P + "rmsce", report_heads=("binary", "multilabel")),
+    Metric("classwise_ece", _M + "ece:classwise_ece", "Classwise ECE", heads=("multiclass",), state="probabilities",
+           n_boot=_SMOOTH_N_BOOT),  # a resample costs O(N·K)
+    Metric("o_ece", None, "O-ECE", state="bins", point=_P + "o_ece", **_MULTICLASS),  # both from ece_split
+    Metric("u_ece", None, "U-ECE", state="bins", point=_P + "u_ece", **_MULTICLASS),
+    Metric("smce", _M + "smooth:smce", "smCE", point=_P + "smce", **_SMOOTH),
+    Metric("smece", _M + "smooth:smece", "smECE", point=_P + "smece", **_SMOOTH),
+    Metric("brier", _M + "scores:brier", "Brier", interval=IntervalRule("percentile", 0.0, 2.0),
+           sigmoid_point=_P + "binary_brier", **_SCORE),
+    Metric("nll", _M + "scores:nll", "NLL", interval=IntervalRule("percentile", 0.0), sigmoid_point=_P + "binary_nll",
+           sigmoid_label="NLL (BCE)", **_SCORE),
+    Metric("debiased_ece", _M + "debiased:debiased_ece", "Debiased ECE", heads=("multiclass",),
+           interval=IntervalRule("basic_plugin", 0.0, 1.0), state="none", report_heads=()),
 ]
+# fmt: on
 _BUILTIN = frozenset(row.name for row in _ROWS)
 _TABLE: dict[str, Metric] = {row.name: row for row in _ROWS}
 
