@@ -108,7 +108,8 @@ def _results(name: str) -> str:
 
 
 def _dtype(values: Any, name: str) -> np.dtype:
-    return to_numpy(values, name).dtype
+    """The dtype the function would see: numpy's for a scalar (``add``), ``to_numpy``'s for a batch."""
+    return np.asarray(values).dtype if np.isscalar(values) else to_numpy(values, name).dtype
 
 
 class _TableMetric(evaluate.Metric):

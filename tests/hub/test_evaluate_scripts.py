@@ -346,12 +346,16 @@ def test_every_script_is_its_function_bit_for_bit(name: str, metrics) -> None:
         assert got.keys() == expected.keys(), case
         for key, value in expected.items():  # exactly: no float32 cast on the way
             assert got[key] == value or (np.isnan(got[key]) and np.isnan(value)), (case, key)
+    preds, target = _reference_inputs(name)["float64 logits"]
+    for row, label in zip(preds[:40], target[:40]):  # one example at a time: the same
+        metric.add(prediction=row, reference=label)
+    assert metric.compute() == _function_results(name, preds[:40], target[:40])
 
 
 @pytest.mark.parametrize("name", list_metric_scripts())
 def test_every_script_refuses_what_its_function_refuses(name: str, metrics) -> None:
     metric = metrics[name] if name in metrics else evaluate.load(metric_path(name))
-    logits, labels = _random_logits(n=20, seed=7)
+    logits, labels = _random_logits(n=40, seed=7)
     nan_logits = logits.copy()
     nan_logits[3, 1] = np.nan
     fractional = labels.astype(np.float64)
