@@ -350,11 +350,13 @@ def format_reports(
             f"Expected argument `reports` to be a non-empty mapping of name → CalibrationReport, but got {reports!r}."
         )
     columns = tuple(DEFAULT_COLUMNS if columns is None else columns)
-    known = ("n", *list_metrics(report=True))
+    from hf_calibration.metrics.multilabel import SigmoidCalibrationReport
+
+    heads = {r.task if isinstance(r, SigmoidCalibrationReport) else "multiclass" for r in reports.values()}
+    known = ["n"] + [name for name in list_metrics(report=True) if all(get_metric(name).in_report(h) for h in heads)]
     unknown = [c for c in columns if c not in known]
     if unknown or not columns:
-        raise ValueError(f"Expected argument `columns` to hold names from {list(known)}, but got {list(columns)}.")
-    from hf_calibration.metrics.multilabel import SigmoidCalibrationReport
+        raise ValueError(f"Expected argument `columns` to hold names from {known}, but got {list(columns)}.")
 
     check_choice(average, "average", ("macro", "micro"))
     multilabel = any(isinstance(r, SigmoidCalibrationReport) and r.task == "multilabel" for r in reports.values())
