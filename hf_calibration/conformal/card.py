@@ -53,7 +53,7 @@ import hf_calibration
 
 classifier = hf_calibration.pipeline(model="{{ model_repo | default("<model repo>", true) }}")
 {{ example }}
-rows = classifier(example)  # each row has "in_set"; every class of the set is listed, even beyond top_k
+rows = classifier(example, top_k=None)  # each row has "in_set"; every class of the set is listed
 prediction_set = [row["label"] for row in rows if row["in_set"]]
 ```
 

@@ -75,7 +75,7 @@ import hf_calibration
 
 classifier = hf_calibration.pipeline(model="{{ model_repo | default("<model repo>", true) }}")
 {{ example }}
-rows = classifier(example)  # each label's row has "in_set"
+rows = classifier(example, top_k=None)  # each label's row has "in_set"
 ```
 
 The predictor alone, on the model's logits:

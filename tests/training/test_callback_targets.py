@@ -7,6 +7,8 @@ and the sets' cards name the model's task, Auto class and tags."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -93,7 +95,7 @@ def _image():
 
 MODALITIES = {
     "text-classification": (_text, "BertForSequenceClassification", "AutoModelForSequenceClassification", 150),
-    "audio-classification": (_audio, "Wav2Vec2ForSequenceClassification", "AutoModelForAudioClassification", 40),
+    "audio-classification": (_audio, "Wav2Vec2ForSequenceClassification", "AutoModelForAudioClassification", 60),
     "image-classification": (_image, "ViTForImageClassification", "AutoModelForImageClassification", 200),
 }
 
@@ -178,3 +180,10 @@ def test_cards_name_the_task_auto_class_and_tags(trained):
         assert {t for t in card.data.tags if t.endswith("-classification")} == {task}, sub
         assert f'pipeline("{task}"' in card.text or f"{auto_class}" in card.text, sub
         assert "image-classification" not in card.text or task == "image-classification", sub
+    # the sets card's snippet, pointed at this folder, runs as a reader runs it
+    card = ConformalPredictor.from_pretrained(out / "conformal").generate_model_card(
+        model_repo=str(out), pipeline_task=task
+    )
+    namespace = {}
+    exec(re.findall(r"```python\n(.*?)```", card.text, re.S)[0], namespace)
+    assert namespace["prediction_set"] and set(namespace["prediction_set"]) <= {r["label"] for r in namespace["rows"]}
