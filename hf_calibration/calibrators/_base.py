@@ -872,6 +872,7 @@ class Calibrator(
         values.setdefault("model_kind", f"{kinds.get(task, 'a video' if task else 'a')} classifier")
         values.setdefault("auto_class", auto_class)
         values.setdefault("processor_argument", argument)
+        values.setdefault("processor_class", CLASSIFICATION_TASKS[task][2][0] if task else None)
         from huggingface_hub import ModelCard, ModelCardData
 
         info = self._hub_mixin_info

@@ -187,3 +187,10 @@ def test_cards_name_the_task_auto_class_and_tags(trained):
     namespace = {}
     exec(re.findall(r"```python\n(.*?)```", card.text, re.S)[0], namespace)
     assert namespace["prediction_set"] and set(namespace["prediction_set"]) <= {r["label"] for r in namespace["rows"]}
+    # and the calibrator card's: the Auto class, the calibrator attached, the task's pipeline with its preprocessor
+    card = load_calibrator(out / "calibrator").generate_model_card(
+        pipeline_task=task, model_repo=str(out), calibrator_args=f'"{out}", subfolder="calibrator"'
+    )
+    namespace = {}
+    exec(re.findall(r"```python\n(.*?)```", card.text, re.S)[0], namespace)
+    assert type(namespace["model"]).__name__ == MODALITIES[task][1] and namespace["classifier"].task == task
