@@ -106,8 +106,9 @@ class CalibrationCallback(TrainerCallback):
 
         trainer = Trainer(model, args, train_dataset=train, eval_dataset=val,
                           callbacks=[CalibrationCallback("temperature_scaling", conformal="aps")])
-        trainer.train()     # output_dir/calibrator/ and output_dir/conformal/
-        hf_calibration.load_calibrated_model(args.output_dir, task="text-classification")
+        trainer.train()       # output_dir/calibrator/ and output_dir/conformal/
+        trainer.save_model()  # the model beside them
+        hf_calibration.load_calibrated_model(args.output_dir)  # the task read from the saved config
     """
 
     def __init__(
