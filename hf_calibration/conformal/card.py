@@ -49,7 +49,7 @@ Saved in the model repo's `conformal/` folder (beside `calibrator/`), one call s
 (the task read from the model's config):
 
 ```python
-import hf_calibration
+{{ example_imports }}import hf_calibration
 
 classifier = hf_calibration.pipeline(model="{{ model_repo | default("<model repo>", true) }}")
 {{ example }}
@@ -70,29 +70,32 @@ The predictor alone, on a transformers pipeline or on the model's logits:
 ```
 """
 
-# per pipeline task: (one input, the classifier, an input a reader can run the snippet on, given `classifier`)
+# per pipeline task: (one input, the classifier, the snippet's imports, an input it runs on, given `classifier`)
 _MODALITIES = {
     "image-classification": (
         "image",
         "an image classifier",
-        'from PIL import Image\n\nexample = Image.new("RGB", (224, 224))  # or Image.open("photo.jpg")',
+        "from PIL import Image\n",
+        'example = Image.new("RGB", (224, 224))  # or Image.open("photo.jpg")',
     ),
-    "text-classification": ("text", "a text classifier", 'example = "a fine film, if a long one"'),
+    "text-classification": ("text", "a text classifier", "", 'example = "a fine film, if a long one"'),
     "audio-classification": (
         "audio clip",
         "an audio classifier",
-        "import numpy as np\n\nrate = classifier.feature_extractor.sampling_rate\n"
+        "import numpy as np\n",
+        "rate = classifier.feature_extractor.sampling_rate\n"
         'example = {"raw": np.zeros(rate, dtype=np.float32), "sampling_rate": rate}  # or "clip.wav"',
     ),
-    "video-classification": ("video", "a video classifier", 'example = "clip.mp4"  # a video file'),
+    "video-classification": ("video", "a video classifier", "", 'example = "clip.mp4"  # a video file'),
 }
-_ANY = ("input", "a classifier", "example = ...  # an input of the model's pipeline task")
+_ANY = ("input", "a classifier", "", "example = ...  # an input of the model's pipeline task")
 
 
 def modality_values(task: str | None) -> dict[str, Any]:
-    """The card's words for the model's pipeline task (None: unknown): ``noun``, ``model_kind``, ``example``."""
-    noun, kind, example = _MODALITIES.get(task, _ANY)
-    return {"pipeline_task": task, "noun": noun, "model_kind": kind, "example": example}
+    """The card's words for the model's pipeline task (None: unknown): ``noun``, ``model_kind``, the snippet's
+    ``example_imports`` and ``example``."""
+    noun, kind, imports, example = _MODALITIES.get(task, _ANY)
+    return {"pipeline_task": task, "noun": noun, "model_kind": kind, "example_imports": imports, "example": example}
 
 
 def with_pipeline_task(card_kwargs: dict[str, Any] | None, folder: Any) -> dict[str, Any]:

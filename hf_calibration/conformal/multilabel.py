@@ -71,7 +71,7 @@ al. 2022) on {{ num_samples }} calibration {{ noun }}s so that, on average, a se
 Saved in the model repo's `conformal/` folder, one call serves the sets (the task read from the model's config):
 
 ```python
-import hf_calibration
+{{ example_imports }}import hf_calibration
 
 classifier = hf_calibration.pipeline(model="{{ model_repo | default("<model repo>", true) }}")
 {{ example }}
