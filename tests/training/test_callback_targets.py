@@ -63,10 +63,10 @@ def _audio():
     from hf_calibration.demo import audio_dataset, tiny_audio_classifier
 
     model, extractor = tiny_audio_classifier(steps=0)
-    data = audio_dataset(0, size=150, train_size=100)
+    data = audio_dataset(0, size=150, train_size=40)  # a small fine-tuning set: over-confident after it
 
     def waves(split):
-        return [np.asarray(a["array"], dtype=np.float32) for a in split["audio"]]
+        return [np.asarray(a["array"][:2000], dtype=np.float32) for a in split["audio"]]  # 1/8 s: cheaper steps
 
     def rows(split):
         return Rows(dict(extractor(waves(split), sampling_rate=RATE, return_tensors="np")), split["label"])
