@@ -35,6 +35,7 @@ __all__ = [
     "check_pipeline_task",
     "head_of",
     "pipeline_task_of_config",
+    "pipeline_task_of_folder",
     "resolve_pipeline_task",
     "resolve_task",
     "task_of_config",
@@ -348,6 +349,21 @@ def pipeline_task_of_config(config: Any) -> tuple[str | None, str]:
     if len(found) == 1:
         return found[0], f"config.model_type={model_type!r}"
     return None, f"config.architectures={_field(config, 'architectures')!r}, config.model_type={model_type!r}"
+
+
+def pipeline_task_of_folder(folder: Any) -> str | None:
+    """The pipeline task of the model saved in ``folder`` (its ``config.json``, :func:`pipeline_task_of_config`), or
+    None: no model there (no config, or the config of a calibrator or conformal predictor saved there)."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "calibrator" in config or "conformal" in config:
+        return None
+    return pipeline_task_of_config(config)[0]
 
 
 def resolve_pipeline_task(task: str | None = None, config: Any = None) -> str:

@@ -32,7 +32,7 @@ from hf_calibration._core.disk_logits import as_disk_logits
 from hf_calibration._core.finite import first_non_finite
 from hf_calibration._core.inputs import logits_and_labels, read_multiclass, scores_kind, whole_labels
 from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, top_label_pass
-from hf_calibration._core.tasks import CLASSIFICATION_TASKS, IMAGE_TASK, check_pipeline_task, pipeline_task_of_config
+from hf_calibration._core.tasks import CLASSIFICATION_TASKS, IMAGE_TASK, check_pipeline_task, pipeline_task_of_folder
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators import attach as _attach
 from hf_calibration.calibrators._card import CALIBRATOR_CARD_TEMPLATE
@@ -137,17 +137,6 @@ def _shift_card_text(info: dict) -> str:
             "adaptation."
         )
     return "\n\n".join(parts)
-
-
-def _task_of_model_folder(folder) -> str | None:
-    """The pipeline task of the model saved in ``folder`` (its ``config.json``), or None (no model there)."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or "calibrator" in config:  # a calibrator's own config is no model's
-        return None
-    return pipeline_task_of_config(config)[0]
 
 
 def _block_classes() -> list[type]:
@@ -883,6 +872,7 @@ class Calibrator(
         values.setdefault("model_kind", f"{kinds.get(task, 'a video' if task else 'a')} classifier")
         values.setdefault("auto_class", auto_class)
         values.setdefault("processor_argument", argument)
+        values.setdefault("processor_class", CLASSIFICATION_TASKS[task][2][0] if task else None)
         from huggingface_hub import ModelCard, ModelCardData
 
         info = self._hub_mixin_info
@@ -921,7 +911,7 @@ class Calibrator(
         folder = Path(save_directory)
         card = dict(kwargs.get("model_card_kwargs") or {})
         if card.get("pipeline_task") is None:
-            card["pipeline_task"] = _task_of_model_folder(folder.parent)
+            card["pipeline_task"] = pipeline_task_of_folder(folder.parent)
         else:  # refused before anything is written
             check_pipeline_task(card["pipeline_task"], "model_card_kwargs['pipeline_task']")
         kwargs["model_card_kwargs"] = card  # the mixin writes README.md with them

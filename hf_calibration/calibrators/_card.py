@@ -31,7 +31,7 @@ ECE is measured on the data the calibrator was fitted on; report held-out number
 ## Usage
 
 ```python
-{% if auto_class %}from transformers import {{ auto_class }}, pipeline
+{% if auto_class %}from transformers import {{ auto_class }}, {{ processor_class }}, pipeline
 from hf_calibration.calibrators import load_calibrator
 
 model = {{ auto_class }}.from_pretrained("{{ model_repo | default("<model repo>", true) }}")
@@ -42,7 +42,8 @@ model = load_classifier("{{ model_repo | default("<model repo>", true) }}")[0]  
 {% endif %}{% if model_repo %}calibrator = load_calibrator({{ calibrator_args }})
 {% else %}calibrator = load_calibrator("<this repo>")  # or load_calibrator("<model repo>", subfolder="calibrator")
 {% endif %}calibrator.attach(model)      # model(...).logits and pipeline scores are now calibrated
-{% if auto_class %}classifier = pipeline("{{ pipeline_task }}", model=model, {{ processor_argument }}="{{ model_repo | default("<model repo>", true) }}")
+{% if auto_class %}{{ processor_argument }} = {{ processor_class }}.from_pretrained("{{ model_repo | default("<model repo>", true) }}")
+classifier = pipeline("{{ pipeline_task }}", model=model, {{ processor_argument }}={{ processor_argument }})
 {% endif %}calibrator.detach()           # back to the original model, bit for bit
 ```
 

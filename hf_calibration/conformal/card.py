@@ -1,8 +1,15 @@
-"""The model card of a saved ``ConformalPredictor``: what its sets guarantee, how it was fitted, how to load it."""
+"""The model card of a saved ``ConformalPredictor``: what its sets guarantee, how it was fitted, how to load it.
+
+The card names the model's modality: its pipeline task (given as ``model_card_kwargs={"pipeline_task": ...}``, else
+read from the ``config.json`` of the model saved in the parent folder), which sets the title, the tags and an input
+the usage snippet runs on."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from hf_calibration._core.tasks import check_pipeline_task, pipeline_task_of_folder
 
 CONFORMAL_CARD_TEMPLATE = """---
 {{ card_data }}
@@ -10,7 +17,7 @@ CONFORMAL_CARD_TEMPLATE = """---
 
 # {{ title }}
 
-Conformal prediction sets for an image classifier, saved with the `hf_calibration` library
+Conformal prediction sets for {{ model_kind }}, saved with the `hf_calibration` library
 (`pip install hf-calibration`). {{ method_description }}
 
 {% if citation %}Method: {{ citation }}.
@@ -38,18 +45,81 @@ the guarantee. Measure coverage and set size on held-out data for a fair picture
 
 ## Usage
 
-```python
-from transformers import pipeline
-from hf_calibration.conformal import ConformalPredictor
+Saved in the model repo's `conformal/` folder (beside `calibrator/`), one call serves the calibrated scores and the sets
+(the task read from the model's config):
 
-{% if model_repo %}predictor = ConformalPredictor.from_pretrained("{{ model_repo }}", subfolder="{{ subfolder }}")
-classifier = predictor.attach(pipeline("image-classification", model="{{ model_repo }}"))
+```python
+{{ example_imports }}import hf_calibration
+
+classifier = hf_calibration.pipeline(model="{{ model_repo | default("<model repo>", true) }}")
+{{ example }}
+rows = classifier(example, top_k=None)  # each row has "in_set"; every class of the set is listed
+prediction_set = [row["label"] for row in rows if row["in_set"]]
+```
+
+The predictor alone, on a transformers pipeline or on the model's logits:
+
+```python
+{% if pipeline_task %}from transformers import pipeline
+{% endif %}from hf_calibration.conformal import ConformalPredictor
+
+{% if model_repo %}predictor = ConformalPredictor.from_pretrained("{{ model_repo }}", subfolder="{{ subfolder | default("conformal", true) }}")
 {% else %}predictor = ConformalPredictor.from_pretrained("<this repo>")  # or ("<model repo>", subfolder="conformal")
-classifier = predictor.attach(pipeline("image-classification", model="<model repo>"))
-{% endif %}classifier(image)                  # each row has "in_set"; every class of the set is listed
-sets = predictor.predict_sets(logits)  # (N, K) boolean mask from the model's logits
+{% endif %}{% if pipeline_task %}classifier = predictor.attach(pipeline("{{ pipeline_task }}", model="{{ model_repo | default("<model repo>", true) }}"))
+{% endif %}sets = predictor.predict_sets(logits)  # (N, K) boolean mask from the model's logits
 ```
 """
+
+# per pipeline task: (one input, the classifier, the snippet's imports, an input it runs on, given `classifier`)
+_MODALITIES = {
+    "image-classification": (
+        "image",
+        "an image classifier",
+        "from PIL import Image\n",
+        'example = Image.new("RGB", (224, 224))  # or Image.open("photo.jpg")',
+    ),
+    "text-classification": ("text", "a text classifier", "", 'example = "a fine film, if a long one"'),
+    "audio-classification": (
+        "audio clip",
+        "an audio classifier",
+        "import numpy as np\n",
+        "rate = classifier.feature_extractor.sampling_rate\n"
+        'example = {"raw": np.zeros(rate, dtype=np.float32), "sampling_rate": rate}  # or "clip.wav"',
+    ),
+    "video-classification": ("video", "a video classifier", "", 'example = "clip.mp4"  # a video file'),
+}
+_ANY = ("input", "a classifier", "", "example = ...  # an input of the model's pipeline task")
+
+
+def modality_values(task: str | None) -> dict[str, Any]:
+    """The card's words for the model's pipeline task (None: unknown): ``noun``, ``model_kind``, the snippet's
+    ``example_imports`` and ``example``."""
+    noun, kind, imports, example = _MODALITIES.get(task, _ANY)
+    return {"pipeline_task": task, "noun": noun, "model_kind": kind, "example_imports": imports, "example": example}
+
+
+def with_pipeline_task(card_kwargs: dict[str, Any] | None, folder: Any) -> dict[str, Any]:
+    """``model_card_kwargs`` with the model's ``pipeline_task``: the one given (checked before anything is written),
+    else that of the model saved in the parent of ``folder`` (None where there is none)."""
+    card = dict(card_kwargs or {})
+    if card.get("pipeline_task") is None:
+        card["pipeline_task"] = pipeline_task_of_folder(Path(folder).parent)
+    else:
+        check_pipeline_task(card["pipeline_task"], "model_card_kwargs['pipeline_task']")
+    return card
+
+
+def task_only(card_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What a predictor's own calibrator card takes from the predictor's card values: the pipeline task."""
+    return {"pipeline_task": card_kwargs.get("pipeline_task")}
+
+
+def add_task_tag(card: Any, task: str | None) -> Any:
+    """``card`` (a ``ModelCard``) with ``task`` among its tags; the class's own card data is left untouched."""
+    if task:
+        card.data.tags = sorted({*(card.data.tags or ()), task})
+    return card
+
 
 _TITLES = {"thr": "THR (LAC)", "aps": "APS", "raps": "RAPS"}
 _DESCRIPTIONS = {
@@ -80,11 +150,12 @@ def _ordinal(k) -> str:
     return f"{k}{suffix}"
 
 
-def guarantee_statement(alpha: float, n: int, *, exact: bool, ties: int | None = None) -> str:
+def guarantee_statement(alpha: float, n: int, *, exact: bool, ties: int | None = None, noun: str = "image") -> str:
     """What the sets promise, in words: the split-conformal bound, and the upper one when it holds (``exact``: empty
-    sets kept; ``ties``: calibration scores equal to the threshold, the ceiling needing at most one; None: unknown)."""
+    sets kept; ``ties``: calibration scores equal to the threshold, the ceiling needing at most one; None: unknown).
+    ``noun``: one input of the model (image, text, audio clip, video)."""
     text = (
-        f"For a new image drawn from the same distribution as the {n} calibration images (exchangeable with them), the "
+        f"For a new {noun} drawn from the same distribution as the {n} calibration {noun}s (exchangeable with them), the "
         f"prediction set contains its true class with probability at least 1 - alpha = {1 - alpha:.4g}"
     )
     if exact and ties is not None and ties > 1:
@@ -101,13 +172,14 @@ def guarantee_statement(alpha: float, n: int, *, exact: bool, ties: int | None =
     else:
         text += " (it may exceed it: an empty set is given the most probable class)"
     return text + (
-        ". The guarantee is marginal: an average over images, not a promise for each image or each class, and it does "
-        "not survive a shift in the data (other images, corruptions, a changed class balance)."
+        f". The guarantee is marginal: an average over {noun}s, not a promise for each {noun} or each class, and it "
+        f"does not survive a shift in the data (other {noun}s, corruptions, a changed class balance)."
     )
 
 
-def card_values(predictor: Any) -> dict[str, Any]:
-    """The template's values for a fitted predictor."""
+def card_values(predictor: Any, task: str | None = None) -> dict[str, Any]:
+    """The template's values for a fitted predictor of a ``task`` model (a pipeline task; None: unknown)."""
+    modality = modality_values(task)
     info = predictor.fit_info_ or {}
     method = info.get("method", predictor.method)
     alpha = info.get("alpha", float("nan"))
@@ -138,6 +210,7 @@ def card_values(predictor: Any) -> dict[str, Any]:
         else f"`{calibrator['kind']}` ({calibrator['fitted_on']}; saved in `calibrator/`)",
         "format_version": predictor.format_version,
         "guarantee": guarantee_statement(
-            alpha, n, exact=bool(info.get("allow_empty")), ties=info.get("ties_at_threshold")
+            alpha, n, exact=bool(info.get("allow_empty")), ties=info.get("ties_at_threshold"), noun=modality["noun"]
         ),
+        **modality,
     }

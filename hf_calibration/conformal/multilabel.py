@@ -39,6 +39,7 @@ from hf_calibration._core.inputs import binary_labels, logits_and_labels, scores
 from hf_calibration._core.tensors import as_tensor, logit
 from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator, scores_fingerprint
 from hf_calibration.conformal.agreement import FINGERPRINT_KEY, check_calibrator_fingerprint
+from hf_calibration.conformal.card import add_task_tag, modality_values, task_only, with_pipeline_task
 from hf_calibration.conformal.quantile import check_alpha
 
 __all__ = ["MultiLabelConformalPredictor", "crc_threshold", "false_negative_rate"]
@@ -55,9 +56,10 @@ CARD_TEMPLATE = """---
 
 # Multi-label conformal prediction sets (conformal risk control)
 
-Saved with the `hf_calibration` library. A set holds every label whose {{ calibrated }}sigmoid probability exceeds
-**t = {{ threshold }}**, chosen by conformal risk control (Angelopoulos et al. 2022) on {{ num_samples }} calibration
-images so that, on average, a set misses at most **{{ alpha }}** of an image's true labels (false-negative rate).
+Multi-label prediction sets for {{ model_kind }}, saved with the `hf_calibration` library. A set holds every label whose
+{{ calibrated }}sigmoid probability exceeds **t = {{ threshold }}**, chosen by conformal risk control (Angelopoulos et
+al. 2022) on {{ num_samples }} calibration {{ noun }}s so that, on average, a set misses at most **{{ alpha }}** of a
+{{ noun }}'s true labels (false-negative rate).
 
 | | |
 |---|---|
@@ -65,6 +67,18 @@ images so that, on average, a set misses at most **{{ alpha }}** of an image's t
 | false-negative rate controlled at | {{ alpha }} |
 | calibration false-negative rate | {{ fnr }} |
 | calibration mean set size | {{ set_size }} |
+
+Saved in the model repo's `conformal/` folder, one call serves the sets (the task read from the model's config):
+
+```python
+{{ example_imports }}import hf_calibration
+
+classifier = hf_calibration.pipeline(model="{{ model_repo | default("<model repo>", true) }}")
+{{ example }}
+rows = classifier(example, top_k=None)  # each label's row has "in_set"
+```
+
+The predictor alone, on the model's logits:
 
 ```python
 from hf_calibration.conformal import load_conformal_predictor
@@ -132,7 +146,7 @@ class MultiLabelConformalPredictor(
     nn.Module,
     PyTorchModelHubMixin,
     library_name="hf_calibration",
-    tags=["conformal-prediction", "conformal-risk-control", "hf_calibration", "multi-label", "image-classification"],
+    tags=["conformal-prediction", "conformal-risk-control", "hf_calibration", "multi-label"],  # and the model's task
     model_card_template=CARD_TEMPLATE,
 ):
     """Multi-label prediction sets whose expected false-negative rate is at most ``alpha`` (conformal risk control).
@@ -367,8 +381,9 @@ class MultiLabelConformalPredictor(
             "fnr": f"{info.get('false_negative_rate', float('nan')):.4f}",
             "set_size": f"{info.get('mean_set_size', float('nan')):.3f}",
             "calibrated": "calibrated " if info.get("calibrator") else "",
+            **modality_values(kwargs.get("pipeline_task")),
         }
-        return super().generate_model_card(*args, **{**values, **kwargs})
+        return add_task_tag(super().generate_model_card(*args, **{**values, **kwargs}), kwargs.get("pipeline_task"))
 
     def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
         """Write the threshold, ``config.json``, the card and, with a calibrator, its checkpoint in ``calibrator/``; the
@@ -379,17 +394,20 @@ class MultiLabelConformalPredictor(
         if not isinstance(overwrite, bool):
             raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
         folder = Path(save_directory)
+        kwargs["model_card_kwargs"] = card = with_pipeline_task(kwargs.get("model_card_kwargs"), folder)
         check_save_folder(folder, overwrite=overwrite)
         out = hub.save_recorded(
             self,
             folder,
             lambda: super(MultiLabelConformalPredictor, self).save_pretrained(folder, **kwargs),
             overwrite=overwrite,
-            card_kwargs=kwargs.get("model_card_kwargs"),
+            card_kwargs=card,
             subfolder="conformal",
         )
         if self.calibrator is not None:
-            self.calibrator.save_pretrained(folder / CALIBRATOR_SUBFOLDER, overwrite=overwrite)
+            self.calibrator.save_pretrained(
+                folder / CALIBRATOR_SUBFOLDER, overwrite=overwrite, model_card_kwargs=task_only(card)
+            )
         return out
 
     def push_to_hub(

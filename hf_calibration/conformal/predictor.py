@@ -41,13 +41,20 @@ from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.checks import check_choice, check_float, check_int
 from hf_calibration._core.inputs import logits_and_labels as _labels_of
 from hf_calibration._core.inputs import read_multiclass, scores_kind
+from hf_calibration._core.tasks import check_pipeline_task
 from hf_calibration._core.tensors import as_tensor, log_probabilities, native_array
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator, scores_fingerprint
 from hf_calibration.conformal import metrics as _metrics
 from hf_calibration.conformal._kernels import label_scores, set_rows
 from hf_calibration.conformal.agreement import FINGERPRINT_KEY, check_calibrator_fingerprint
-from hf_calibration.conformal.card import CONFORMAL_CARD_TEMPLATE, card_values
+from hf_calibration.conformal.card import (
+    CONFORMAL_CARD_TEMPLATE,
+    add_task_tag,
+    card_values,
+    task_only,
+    with_pipeline_task,
+)
 from hf_calibration.conformal.draws import input_draws
 from hf_calibration.conformal.quantile import check_alpha, check_enough_samples, conformal_quantile
 from hf_calibration.conformal.scores import METHODS, conformity_scores, sets_from_scores
@@ -72,7 +79,7 @@ class ConformalPredictor(
     nn.Module,
     PyTorchModelHubMixin,
     library_name="hf_calibration",
-    tags=["conformal-prediction", "hf_calibration", "image-classification"],
+    tags=["conformal-prediction", "hf_calibration"],  # and the model's pipeline task, per card (generate_model_card)
     model_card_template=CONFORMAL_CARD_TEMPLATE,
 ):
     """Prediction sets with a coverage guarantee, from a classifier's logits.
@@ -542,7 +549,11 @@ class ConformalPredictor(
         return json.loads(json.dumps({"init": dict(self._hub_mixin_config or {}), "fit": self.fit_info_}))
 
     def generate_model_card(self, *args, **kwargs):
-        return super().generate_model_card(*args, **{**card_values(self), **kwargs})
+        task = kwargs.get("pipeline_task")
+        if task is not None:
+            check_pipeline_task(task, "model_card_kwargs['pipeline_task']")
+        card = super().generate_model_card(*args, **{**card_values(self, task), **kwargs})
+        return add_task_tag(card, task)
 
     def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
         """Write ``model.safetensors`` (the threshold), ``config.json``, the model card ``README.md`` and, with a
@@ -556,6 +567,7 @@ class ConformalPredictor(
         if not isinstance(overwrite, bool):
             raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
         folder = Path(save_directory)
+        kwargs["model_card_kwargs"] = card = with_pipeline_task(kwargs.get("model_card_kwargs"), folder)
         held = check_save_folder(folder, overwrite=overwrite)
         sub = folder / CALIBRATOR_SUBFOLDER
         if self.calibrator is not None and sub.exists():  # checked before anything is written
@@ -570,11 +582,11 @@ class ConformalPredictor(
             folder,
             lambda: super(ConformalPredictor, self).save_pretrained(folder, **kwargs),
             overwrite=overwrite,
-            card_kwargs=kwargs.get("model_card_kwargs"),
+            card_kwargs=card,
             subfolder="conformal",
         )
         if self.calibrator is not None:
-            self.calibrator.save_pretrained(sub, overwrite=overwrite)
+            self.calibrator.save_pretrained(sub, overwrite=overwrite, model_card_kwargs=task_only(card))
         return out
 
     def push_to_hub(

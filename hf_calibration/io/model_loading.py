@@ -178,6 +178,14 @@ def load_image_classifier(
     revision: str | None = None,
     **kwargs: Any,
 ) -> tuple[nn.Module, Any]:
-    """``(model, image_processor)`` of an image classifier: :func:`load_classifier` with ``task="image-classification"``."""
+    """``(model, image_processor)`` of an image classifier: :func:`load_classifier` with ``task="image-classification"``.
+    Another modality's model (a text, audio or video classifier by its config) is a ``ValueError`` that says so: the
+    callers (the shift tools) perturb images."""
+    found = pipeline_task_of(model, None, image_processor, revision)
+    if found != IMAGE_TASK:
+        raise ValueError(
+            f"Expected an image classifier (images are perturbed here), but argument `model` is a {found} model by its "
+            "config. The image corruptions have no text, audio or video counterpart."
+        )
     model, processor, _ = load_classifier(model, image_processor, task=IMAGE_TASK, revision=revision, **kwargs)
     return model, processor

@@ -106,8 +106,9 @@ class CalibrationCallback(TrainerCallback):
 
         trainer = Trainer(model, args, train_dataset=train, eval_dataset=val,
                           callbacks=[CalibrationCallback("temperature_scaling", conformal="aps")])
-        trainer.train()     # output_dir/calibrator/ and output_dir/conformal/
-        hf_calibration.load_calibrated_model(args.output_dir, task="text-classification")
+        trainer.train()       # output_dir/calibrator/ and output_dir/conformal/
+        trainer.save_model()  # the model beside them
+        hf_calibration.load_calibrated_model(args.output_dir)  # the task read from the saved config
     """
 
     def __init__(
@@ -212,8 +213,16 @@ class CalibrationCallback(TrainerCallback):
 
     def _check(self, trainer: Trainer) -> None:
         """Fail before training, not after it: no single eval split, too small a one, a calibrator or sets for another
-        head."""
-        task = _head_task(trainer.model)
+        head, a model whose outputs are no class scores (a regression or reward head: one logit, no problem type)."""
+        from hf_calibration._core.tasks import task_of_model
+
+        try:
+            task = task_of_model(trainer.model)
+        except ValueError as err:
+            raise ValueError(
+                f"{type(self).__name__} fits a calibrator on a classifier's class scores, but {type(trainer).__name__}'s "
+                f"model gives none: {err}"
+            ) from None
         check_calibrate_on_eval(
             self._spec(), self._dataset(trainer), self._label_names(trainer.args), task, self._argument
         )
@@ -347,7 +356,11 @@ class CalibrationCallback(TrainerCallback):
             raise ValueError("Expected a fitted calibration to save, but nothing is fitted yet: train first.")
         self.eval_calibration.save(folder)
         if self.conformal_predictor is not None:
-            self.conformal_predictor.save_pretrained(Path(folder) / CONFORMAL_FOLDER, overwrite=True)
+            self.conformal_predictor.save_pretrained(
+                Path(folder) / CONFORMAL_FOLDER,
+                overwrite=True,
+                model_card_kwargs={"pipeline_task": self.eval_calibration.pipeline_task},
+            )
         return Path(folder) / CALIBRATOR_FOLDER
 
     def add_to_model_card(self, trainer: Trainer, **given: Any) -> None:

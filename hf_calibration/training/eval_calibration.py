@@ -155,7 +155,9 @@ class EvalCalibration:
     task: str = "multiclass"
     candidate: str | None = None  # the kind asked for (default: the calibrator's)
     reason: str | None = None  # why the model is left uncalibrated (None: the calibrator was kept)
-    pipeline_task: str = _TASK  # the model's pipeline task, on the card (its model-index task and loading example)
+    pipeline_task: str | None = (
+        None  # the model's pipeline task, on the cards (None: read from the saved model's config)
+    )
 
     @property
     def method(self) -> str:
@@ -165,7 +167,8 @@ class EvalCalibration:
     def save(self, folder: str | os.PathLike) -> Path:
         """Save the calibrator to ``folder/calibrator`` (replacing one saved there by an earlier call); returns that path."""
         target = Path(folder) / CALIBRATOR_FOLDER
-        self.calibrator.save_pretrained(target, overwrite=True)
+        card = {"pipeline_task": self.pipeline_task} if self.pipeline_task else {}  # else the saved model's, if any
+        self.calibrator.save_pretrained(target, overwrite=True, model_card_kwargs=card)
         return target
 
     def eval_results(
@@ -188,7 +191,7 @@ class EvalCalibration:
                 value = values[key]
                 out.append(
                     EvalResult(
-                        task_type=self.pipeline_task,
+                        task_type=self.pipeline_task or _TASK,
                         dataset_type=dataset_type,
                         dataset_name=dataset_name,
                         dataset_config=dataset_config,
@@ -205,6 +208,7 @@ class EvalCalibration:
     def card_section(self, repo_id: str | None = None) -> str:
         """The model card's calibration section (Markdown); ``repo_id``: the model's repo, for the loading example."""
         repo = repo_id or "<this repo>"
+        task = f'"{self.pipeline_task}", ' if self.pipeline_task else ""  # else read from the model's config
         rows = [
             f"| {CARD_METRICS[key]} | {_cell(key, self.before[key])} | {_cell(key, None if self.after is None else self.after[key])} |"
             for key in CARD_METRICS
@@ -235,7 +239,7 @@ class EvalCalibration:
                 "```python",
                 "import hf_calibration",
                 "",
-                f'classifier = hf_calibration.pipeline("{self.pipeline_task}", model="{repo}")   # calibrated scores',
+                f'classifier = hf_calibration.pipeline({task}model="{repo}")   # calibrated scores',
                 f'model = hf_calibration.load_calibrated_model("{repo}")   # calibrated logits',
                 "```",
                 "",

@@ -38,6 +38,76 @@ def test_round_trip_repeats_the_predictions(data, tmp_path):
     assert not np.array_equal(first[0], first[1])
 
 
+TASKS = {  # pipeline task: (the model saved beside conformal/: config class, architecture; its Auto class; card words)
+    "image-classification": ("ViTConfig", "ViTForImageClassification", "AutoModelForImageClassification", "images"),
+    "text-classification": (
+        "BertConfig",
+        "BertForSequenceClassification",
+        "AutoModelForSequenceClassification",
+        "texts",
+    ),
+    "audio-classification": (
+        "Wav2Vec2Config",
+        "Wav2Vec2ForSequenceClassification",
+        "AutoModelForAudioClassification",
+        "audio clips",
+    ),
+    "video-classification": (
+        "VideoMAEConfig",
+        "VideoMAEForVideoClassification",
+        "AutoModelForVideoClassification",
+        "videos",
+    ),
+}
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_the_cards_name_the_modality_of_the_model_beside_them(task, data, tmp_path):
+    """Saved in a model's ``conformal/``, the cards (sets, multi-label sets, their calibrators) take the model's task from
+    its ``config.json``: tags, words and the snippet; no other task is named. Given alone, the task is
+    ``model_card_kwargs["pipeline_task"]``."""
+    import transformers
+    from huggingface_hub import ModelCard
+
+    from hf_calibration.conformal import MultiLabelConformalPredictor
+
+    config_class, architecture, auto_class, inputs = TASKS[task]
+    config = getattr(transformers, config_class)(num_labels=10, architectures=[architecture])
+    config.save_pretrained(tmp_path)  # a model's folder: its config.json names the architecture
+    z, y, _, _ = data
+    calibrator = TemperatureScaling().fit(z, y, progress_bar=False)
+    ConformalPredictor("thr").fit(z, y, alpha=0.1, calibrator=calibrator).save_pretrained(tmp_path / "conformal")
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 2, (300, 4), generator=g)
+    multi = MultiLabelConformalPredictor().fit(torch.randn(300, 4, generator=g) + 2 * labels, labels, alpha=0.2)
+    multi.save_pretrained(tmp_path / "multi", model_card_kwargs={"pipeline_task": task})
+    for card_path in ("conformal", "conformal/calibrator", "multi"):
+        card = ModelCard.load(tmp_path / card_path / "README.md")
+        assert {t for t in card.data.tags if t.endswith("-classification")} == {task}, card_path
+        others = [t for t in TASKS if t != task]
+        assert not any(other in card.text for other in others), card_path
+    sets_card = (tmp_path / "conformal" / "README.md").read_text()
+    assert f"1200 calibration {inputs}" in sets_card and f'pipeline("{task}", model=' in sets_card
+    assert "hf_calibration.pipeline(model=" in sets_card
+    assert auto_class in (tmp_path / "conformal" / "calibrator" / "README.md").read_text()
+    assert f"300 calibration {inputs}" in (tmp_path / "multi" / "README.md").read_text()
+
+
+def test_a_card_without_a_model_names_no_task(data, tmp_path):
+    from huggingface_hub import ModelCard
+
+    z, y, _, _ = data
+    ConformalPredictor("thr").fit(z, y, alpha=0.1).save_pretrained(tmp_path / "alone")
+    card = ModelCard.load(tmp_path / "alone" / "README.md")
+    assert not [t for t in card.data.tags if t.endswith("-classification")]
+    assert "-classification" not in card.text and "hf_calibration.pipeline(model=" in card.text
+    with pytest.raises(ValueError, match="pipeline_task"):
+        ConformalPredictor("thr").fit(z, y, alpha=0.1).save_pretrained(
+            tmp_path / "bad", model_card_kwargs={"pipeline_task": "object-detection"}
+        )
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
 def test_the_card_states_the_fit_and_the_guarantee(data, tmp_path):
     z, y, _, _ = data
     exact = ConformalPredictor("aps", allow_empty=True).fit(z, y, alpha=0.1)
@@ -47,7 +117,7 @@ def test_the_card_states_the_fit_and_the_guarantee(data, tmp_path):
     assert f"{100 * info['coverage']:.2f}%" in card and f"{info['mean_set_size']:.3f} of 10 classes" in card
     assert "at least 1 - alpha = 0.9" in card and f"at most 1 - alpha + 1/(n+1) = {0.9 + 1 / 1201:.4g}" in card
     assert (
-        "1200 calibration images" in card and "library_name: hf_calibration" in card and "conformal-prediction" in card
+        "1200 calibration inputs" in card and "library_name: hf_calibration" in card and "conformal-prediction" in card
     )
     assert (
         "(the 1081st smallest of the 1200 calibration scores)" in card and "| checkpoint format | 1 |" in card

@@ -76,7 +76,7 @@ def test_the_pipeline_serves_the_calibrated_softmax_without_task(bert_folder):
     assert np.abs(_softmax(plain) - want).max() > 0.05  # the uncalibrated scores are far from these
 
 
-def test_a_task_that_contradicts_the_config_is_a_clear_error(bert_folder):
+def test_a_task_that_contradicts_the_config_is_a_clear_error(bert_folder, capsys):
     folder, *_ = bert_folder
     message = r"task='image-classification' for a text-classification model \(config.architectures=\['BertForSequenceClassification'\]"
     with pytest.raises(ValueError, match=message):
@@ -86,6 +86,13 @@ def test_a_task_that_contradicts_the_config_is_a_clear_error(bert_folder):
     assert type(load_calibrated_model(folder, task="text-classification")).__name__ == "BertForSequenceClassification"
     with pytest.raises(ValueError, match="Expected argument `task` to be one of"):
         load_calibrated_model(folder, task="token-classification")
+    from hf_calibration.cli import main
+
+    with pytest.raises(ValueError, match="Expected an image classifier.*`model` is a text-classification model"):
+        hf_calibration.io.load_image_classifier(folder)  # what the shift tools load: they perturb images
+    argv = ["shift", "--model", str(folder), "--dataset", str(folder), "--severities", "1"]
+    assert main(argv) == 1  # the CLI says the same, naming --model (not a task the user never gave)
+    assert "--model is a text-classification model" in capsys.readouterr().err
 
 
 def test_the_bert_calibrators_card_is_a_text_classifiers(bert_folder):

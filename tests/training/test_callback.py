@@ -208,14 +208,18 @@ def test_push_to_hub_uploads_calibrator_conformal_and_a_text_card(bert_run, monk
         def upload_folder(self, *, repo_id, folder_path, **kwargs):
             folder = Path(folder_path)
             files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-            uploads.append((files, (folder / "README.md").read_text()))
+            uploads.append(
+                (files, (folder / "README.md").read_text(), (folder / "conformal" / "README.md").read_text())
+            )
             return f"https://huggingface.co/{repo_id}/commit/0"
 
     monkeypatch.setattr(transformers.trainer, "hf_api", lambda: Api())
     trainer.push_to_hub()
-    files, readme = uploads[-1]
+    files, readme, sets_card = uploads[-1]
     assert {"model.safetensors", "calibrator/model.safetensors", "calibrator/README.md"} <= set(files)
-    assert {"conformal/model.safetensors", "conformal/config.json", "conformal/calibrator/config.json"} <= set(files)
+    assert {"conformal/model.safetensors", "conformal/config.json", "conformal/README.md"} <= set(files)
+    assert "conformal/calibrator/config.json" in files
+    assert "- text-classification" in sets_card and "image" not in sets_card  # the sets' card: a text model's
     (tmp_path / "README.md").write_text(readme)
     card = ModelCard.load(tmp_path / "README.md")
     assert card.text.count("## Calibration") == 1
