@@ -1,4 +1,5 @@
-"""Bad and tricky input to the calibrators: fit / forward, every registered method, tampered checkpoints, small sets (one case a test; see ``tests/_bad_inputs.py``)."""
+"""Bad and tricky input to the calibrators: fit / forward, every registered method, tampered checkpoints, small sets
+(one case a test; see ``tests/_bad_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from _bad_inputs import (
     P,
     Y,
     Z,
-    cases,
+    case_params,
     check,
     make_data,
     ref_nll,
@@ -921,7 +922,7 @@ def smaller_cases(tmp: Path) -> list[Case]:
                 )
     import inspect
 
-    from hf_calibration.calibrators._registry import get_calibrator_class
+    from hf_calibration.calibrators import get_calibrator_class
 
     for kind in list_calibrators():
         cls = get_calibrator_class(kind)
@@ -945,7 +946,7 @@ def small_sample_cases(tmp: Path) -> list[Case]:
     from hf_calibration.calibrators import (
         AutoCalibrator,
     )
-    from hf_calibration.training.eval_calibration import fit_eval_calibration
+    from hf_calibration.training import fit_eval_calibration
 
     cases: list[Case] = []
     add = cases.append
@@ -1053,7 +1054,7 @@ def loading_cases(tmp: Path) -> list[Case]:
 
 @pytest.mark.parametrize(
     "case",
-    cases(
+    case_params(
         calibrator_cases,
         registry_cases,
         checkpoint_cases,

@@ -1,4 +1,5 @@
-"""Bad and tricky input to the command line: files, flags, the model + dataset route, users' files (one case a test; see ``tests/_bad_inputs.py``)."""
+"""Bad and tricky input to the command line: files, flags, the model + dataset route, users' files (one case a test; see
+``tests/_bad_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from _bad_inputs import (
     P,
     Y,
     Z,
-    cases,
+    case_params,
     check,
     cli,
     cli_err,
@@ -115,7 +116,7 @@ def output_cases(tmp: Path) -> list[Case]:
             "existing output files",
             "calibrators",
             "save_logits(an existing file)",
-            lambda: __import__("hf_calibration.io.logits_files", fromlist=["x"]).save_logits(tmp / "mine.npz", Z, Y),
+            lambda: __import__("hf_calibration.io", fromlist=["save_logits"]).save_logits(tmp / "mine.npz", Z, Y),
             ("path", "mine.npz"),
             untouched=data_untouched,
         )
@@ -841,9 +842,8 @@ def friction_cases(tmp: Path) -> list[Case]:
     """Items 9, 11, 13, 14 and 15: the JSON report, merge, calibrated=, the compare table, exports, notices, options."""
     import types
 
-    import hf_calibration
-    from hf_calibration import CalibrationAccumulator
     from hf_calibration.calibrators import compare_calibrators
+    from hf_calibration.metrics import CalibrationAccumulator
 
     cases: list[Case] = []
     add = cases.append
@@ -853,7 +853,7 @@ def friction_cases(tmp: Path) -> list[Case]:
         import datasets
         from transformers import TrainingArguments
 
-        from hf_calibration import CalibrationTrainer
+        from hf_calibration.training import CalibrationTrainer
 
         table = datasets.Dataset.from_dict(
             {"pixel_values": np.zeros((len(labels), 3, 8, 8), np.float32).tolist(), "labels": labels}
@@ -942,16 +942,7 @@ def friction_cases(tmp: Path) -> list[Case]:
             reference=lambda: True,
         )
     )
-    # item 14
-    add(
-        Case(
-            "Hub and attach",
-            "calibrators",
-            "hf_calibration.attached_calibrator (named in the README)",
-            lambda: hf_calibration.attached_calibrator is hf_calibration.calibrators.attached_calibrator,
-            reference=lambda: True,
-        )
-    )
+    # item 14: the names the README imports are the public face's, checked by tests/test_package.py
 
     def identity_notice():
         from hf_calibration.calibrators.selection import identity_calibrator
@@ -1097,6 +1088,8 @@ def friction_cases(tmp: Path) -> list[Case]:
 
 
 # the demo with stderr not a terminal writes no progress-bar frames: tests/test_demo.py (a log that is not a terminal)
-@pytest.mark.parametrize("case", cases(output_cases, cli_cases, user_file_cases, model_route_cases, friction_cases))
+@pytest.mark.parametrize(
+    "case", case_params(output_cases, cli_cases, user_file_cases, model_route_cases, friction_cases)
+)
 def test_bad_input(case: Case) -> None:
     check(case)

@@ -1,4 +1,5 @@
-"""Bad and tricky input to the conformal predictors: probabilities vs logits, tampered folders, ties (one case a test; see ``tests/_bad_inputs.py``)."""
+"""Bad and tricky input to the conformal predictors: probabilities vs logits, tampered folders, ties (one case a test;
+see ``tests/_bad_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from _bad_inputs import (
     Case,
     K,
-    cases,
+    case_params,
     check,
     cli,
     make_data,
@@ -195,6 +196,6 @@ def conformal_cases(tmp: Path) -> list[Case]:
     return cases
 
 
-@pytest.mark.parametrize("case", cases(conformal_cases))
+@pytest.mark.parametrize("case", case_params(conformal_cases))
 def test_bad_input(case: Case) -> None:
     check(case)

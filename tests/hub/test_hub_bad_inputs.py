@@ -1,4 +1,5 @@
-"""Bad input at the Hub and at attach: offline pushes, repo ids, models that are not models (one case a test; see ``tests/_bad_inputs.py``)."""
+"""Bad input at the Hub and at attach: offline pushes, repo ids, models that are not models (one case a test; see
+``tests/_bad_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from _bad_inputs import (
     Case,
     Y,
     Z,
-    cases,
+    case_params,
     check,
     tiny_pipeline,
 )
@@ -91,6 +92,6 @@ def hub_cases(tmp: Path) -> list[Case]:
     return cases
 
 
-@pytest.mark.parametrize("case", cases(hub_cases))
+@pytest.mark.parametrize("case", case_params(hub_cases))
 def test_bad_input(case: Case) -> None:
     check(case)

@@ -1,4 +1,5 @@
-"""The logits cache never serves logits keyed without a forward hook or a plain callable processor (one case a test; see ``tests/_bad_inputs.py``)."""
+"""The logits cache never serves logits keyed without a forward hook or a plain callable processor (one case a test; see
+``tests/_bad_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from _bad_inputs import (
     Case,
     K,
-    cases,
+    case_params,
     check,
     saved_route,
     tiny_vit,
@@ -20,7 +21,7 @@ def cache_cases(tmp: Path) -> list[Case]:
     """Item 4: a forward hook, a plain callable processor: never served logits keyed without them."""
     from transformers import ViTImageProcessor
 
-    from hf_calibration import predict_logits
+    from hf_calibration.io import predict_logits
     from hf_calibration.io.data import load_image_dataset
     from hf_calibration.io.logits_cache import cache_key
 
@@ -89,6 +90,6 @@ def cache_cases(tmp: Path) -> list[Case]:
     return cases
 
 
-@pytest.mark.parametrize("case", cases(cache_cases))
+@pytest.mark.parametrize("case", case_params(cache_cases))
 def test_bad_input(case: Case) -> None:
     check(case)

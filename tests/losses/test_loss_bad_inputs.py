@@ -1,4 +1,5 @@
-"""Bad and tricky input to the losses: hyper-parameters, labels, non-finite rows (one case a test; see ``tests/_bad_inputs.py``)."""
+"""Bad and tricky input to the losses: hyper-parameters, labels, non-finite rows (one case a test; see
+``tests/_bad_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from _bad_inputs import (
     Case,
     K,
-    cases,
+    case_params,
     check,
 )
 
@@ -114,6 +115,6 @@ def loss_cases(tmp: Path) -> list[Case]:
     return cases
 
 
-@pytest.mark.parametrize("case", cases(loss_cases))
+@pytest.mark.parametrize("case", case_params(loss_cases))
 def test_bad_input(case: Case) -> None:
     check(case)

@@ -9,7 +9,7 @@ import torch
 from _bad_inputs import (
     Case,
     K,
-    cases,
+    case_params,
     check,
     tiny_vit,
 )
@@ -55,6 +55,6 @@ def maccal_feature_cases(tmp: Path) -> list[Case]:
     ]
 
 
-@pytest.mark.parametrize("case", cases(maccal_feature_cases))
+@pytest.mark.parametrize("case", case_params(maccal_feature_cases))
 def test_bad_input(case: Case) -> None:
     check(case)

@@ -1,4 +1,5 @@
-"""Bad and tricky input to the metric functions, the accumulator and the evaluate scripts (one case a test; see ``tests/_bad_inputs.py``)."""
+"""Bad and tricky input to the metric functions, the accumulator and the evaluate scripts (one case a test; see
+``tests/_bad_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from _bad_inputs import (
     Z,
     _binned_gaps,
     _bins,
-    cases,
+    case_params,
     check,
     cli,
     malformed,
@@ -131,7 +132,7 @@ def metric_cases(tmp: Path) -> list[Case]:
     def evaluate_ece(preds):
         import evaluate
 
-        from hf_calibration import metric_path
+        from hf_calibration.hub import metric_path
 
         return evaluate.load(metric_path("ece")).compute(predictions=preds, references=Y)["ece"]
 
@@ -447,8 +448,8 @@ def metric_cases(tmp: Path) -> list[Case]:
 
 def new_surface_cases(tmp: Path) -> list[Case]:
     """The streaming accumulator, OOD / selective metrics, calibrator comparison and corruptions."""
-    from hf_calibration import CalibrationAccumulator, compare_calibrators
-    from hf_calibration.metrics import aurc, ood_metrics
+    from hf_calibration.calibrators import compare_calibrators
+    from hf_calibration.metrics import CalibrationAccumulator, aurc, ood_metrics
     from hf_calibration.shift import corrupt
 
     cases: list[Case] = []
@@ -624,9 +625,8 @@ def new_surface_cases(tmp: Path) -> list[Case]:
 
 def detection_cases(tmp: Path) -> list[Case]:
     """Item 1: a malformed probability row anywhere, probability rows mixed with logit rows, chance rows in small logits."""
-    from hf_calibration import CalibrationAccumulator
     from hf_calibration.calibrators import create_calibrator, list_calibrators
-    from hf_calibration.metrics import aurc, ood_metrics
+    from hf_calibration.metrics import CalibrationAccumulator, aurc, ood_metrics
 
     m = metrics
     cases: list[Case] = []
@@ -767,7 +767,7 @@ def detection_cases(tmp: Path) -> list[Case]:
     def evaluate_two_batches(name, first, second):
         import evaluate
 
-        from hf_calibration import metric_path
+        from hf_calibration.hub import metric_path
 
         metric = evaluate.load(metric_path(name))
         metric.add_batch(predictions=first, references=Y5[:100])
@@ -812,7 +812,7 @@ def accumulator_cases(tmp: Path) -> list[Case]:
     """Items 8, 12 (a failed first batch) and 13 (accelerate's even_batches): the accumulator."""
     import types
 
-    from hf_calibration import CalibrationAccumulator
+    from hf_calibration.metrics import CalibrationAccumulator
 
     cases: list[Case] = []
     add = cases.append
@@ -1010,7 +1010,7 @@ def diagram_cases(tmp: Path) -> list[Case]:
 
 
 @pytest.mark.parametrize(
-    "case", cases(metric_cases, new_surface_cases, detection_cases, accumulator_cases, diagram_cases)
+    "case", case_params(metric_cases, new_surface_cases, detection_cases, accumulator_cases, diagram_cases)
 )
 def test_bad_input(case: Case) -> None:
     check(case)

@@ -1,4 +1,5 @@
-"""Bad and tricky input to the corruptions: images of more than 8 bits, seeds out of range (one case a test; see ``tests/_bad_inputs.py``)."""
+"""Bad and tricky input to the corruptions: images of more than 8 bits, seeds out of range (one case a test; see
+``tests/_bad_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from _bad_inputs import (
     Case,
-    cases,
+    case_params,
     check,
 )
 
@@ -90,6 +91,6 @@ def image_cases(tmp: Path) -> list[Case]:
     return cases
 
 
-@pytest.mark.parametrize("case", cases(image_cases))
+@pytest.mark.parametrize("case", case_params(image_cases))
 def test_bad_input(case: Case) -> None:
     check(case)
