@@ -13,14 +13,15 @@ were. A case with both ``names`` and ``reference`` documents two acceptable outc
 get the right value); anything else (a wrong value, bad input accepted, another exception, an error naming nothing, a
 user's file replaced) fails.
 
-The builders run when pytest collects the modules (tiny arrays and quick fits: the set-up each case shares), writing
-into one temporary folder removed at exit; the cases run as tests, in order (a few read files an earlier one wrote).
+The builders run when pytest collects the modules (tiny arrays, quick fits; slower set-up is :func:`shared`, built by
+the first case that needs it), writing into one temporary folder removed at exit; the cases run as tests, in order (a few read files an earlier one wrote).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
 import logging
 import shutil
@@ -73,10 +74,18 @@ def check(case: Case) -> None:
         seen = [str(w.message) for w in caught]
         assert any(case.warns in text for text in seen), f"no warning saying {case.warns!r}; got {seen}"
     expected = case.reference()
-    off = _max_difference(value, expected)
-    assert _close(value, expected, case.atol), f"returned {_short(value)}, expected {_short(expected)}" + (
-        f" (off by {off:.2g}, tolerance {case.atol:g})" if off is not None else ""
-    )
+    if not _close(value, expected, case.atol):
+        off = _max_difference(value, expected)
+        raise AssertionError(
+            f"returned {_short(value)}, expected {_short(expected)}"
+            + (f" (off by {off:.2g}, tolerance {case.atol:g})" if off is not None else "")
+        )
+
+
+def shared(make: Callable[[], Any]) -> Callable[[], Any]:
+    """``make()`` once, when the first case that needs it runs (a fitted calibrator, a saved folder: set-up too slow to
+    build at collection, where a run that deselects every case would pay for it)."""
+    return functools.cache(make)
 
 
 _ROOT: list[Path] = []
@@ -118,7 +127,8 @@ def _close(a, b, atol) -> bool:
 def _max_difference(a, b) -> float | None:
     try:
         a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        return float(np.max(np.abs(a - b))) if a.shape == b.shape and a.size else None
+        with np.errstate(invalid="ignore"):
+            return float(np.max(np.abs(a - b))) if a.shape == b.shape and a.size else None
     except (TypeError, ValueError):
         return None
 

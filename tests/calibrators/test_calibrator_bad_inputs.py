@@ -25,6 +25,7 @@ from _bad_inputs import (
     make_data,
     ref_nll,
     ref_ts_temperature,
+    shared,
     softmax,
     tiny_model_folder,
     tiny_vit,
@@ -494,20 +495,46 @@ def calibrator_cases(tmp: Path) -> list[Case]:
     return cases
 
 
-def registry_cases(tmp: Path) -> list[Case]:
-    """Every registered calibrator (the ones added after TS and SMART included): probabilities, NaN, labels, checkpoints."""
+def _registry_setup(tmp: Path, kind: str) -> dict:
+    """``kind`` fitted on the logits, its probabilities, its saved folder, and a copy with NaN in its first float weight."""
     from safetensors.torch import load_file, save_file
 
+    from hf_calibration.calibrators import create_calibrator
+
+    fitted = create_calibrator(kind, **QUICK.get(kind, {})).fit(Z, Y, progress_bar=False)
+    folder, nan_folder = tmp / kind, tmp / f"{kind}_nan"
+    fitted.save_pretrained(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = next(n for n, t in tensors.items() if t.is_floating_point() and t.numel())
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    shutil.copytree(folder, nan_folder)
+    save_file(
+        tensors,
+        str(nan_folder / "model.safetensors"),
+        metadata={"format": "pt", "calibrator": kind, "format_version": "1"},
+    )
+    return {
+        "fitted": fitted,
+        "expected": fitted.predict_proba(torch.from_numpy(Z)).numpy(),
+        "folder": folder,
+        "nan": nan_folder,
+    }
+
+
+def registry_cases(tmp: Path) -> list[Case]:
+    """Every registered softmax calibrator (the ones added after TS and SMART included): probabilities, NaN, labels,
+    checkpoints."""
     from hf_calibration.calibrators import create_calibrator, list_calibrators
 
     cases: list[Case] = []
     add = cases.append
     zt = torch.from_numpy(Z)
+    bad = Z.copy()
+    bad[4, 1] = np.nan
     for kind in list_calibrators("multiclass"):
         if kind in ("temperature_scaling", "smart"):  # covered case by case above
             continue
-        fitted = create_calibrator(kind, **QUICK.get(kind, {})).fit(Z, Y, progress_bar=False)
-        expected = fitted.predict_proba(zt).numpy()
+        setup = shared(lambda kind=kind: _registry_setup(tmp, kind))
         add(
             Case(
                 "probabilities vs logits",
@@ -520,7 +547,7 @@ def registry_cases(tmp: Path) -> list[Case]:
                     .numpy()
                 ),
                 ("from_logits",),
-                lambda expected=expected: expected,
+                lambda setup=setup: setup()["expected"],
                 atol=1e-9,
             )
         )
@@ -529,20 +556,18 @@ def registry_cases(tmp: Path) -> list[Case]:
                 "probabilities vs logits",
                 "calibrators",
                 f"{kind} forward(probs), fitted on logits: read as logits, with a warning",
-                lambda fitted=fitted: fitted(torch.from_numpy(P)).double().numpy(),
-                reference=lambda fitted=fitted: fitted(torch.from_numpy(P), from_logits=True).double().numpy(),
+                lambda setup=setup: setup()["fitted"](torch.from_numpy(P)).double().numpy(),
+                reference=lambda setup=setup: setup()["fitted"](torch.from_numpy(P), from_logits=True).double().numpy(),
                 atol=0,
                 warns="fitted on logits: they are treated as logits",
             )
         )
-        bad = Z.copy()
-        bad[4, 1] = np.nan
         add(
             Case(
                 "NaN / inf",
                 "calibrators",
                 f"{kind} forward(a NaN row)",
-                lambda fitted=fitted, bad=bad: fitted(bad),
+                lambda setup=setup: setup()["fitted"](bad),
                 ("logits",),
             )
         )
@@ -551,7 +576,7 @@ def registry_cases(tmp: Path) -> list[Case]:
                 "NaN / inf",
                 "calibrators",
                 f"{kind} fit(an inf row)",
-                lambda kind=kind, bad=bad: create_calibrator(kind).fit(np.where(np.isnan(bad), np.inf, bad), Y),
+                lambda kind=kind: create_calibrator(kind).fit(np.where(np.isnan(bad), np.inf, bad), Y),
                 ("logits",),
             )
         )
@@ -564,24 +589,12 @@ def registry_cases(tmp: Path) -> list[Case]:
                 ("labels",),
             )
         )
-        folder = tmp / kind
-        fitted.save_pretrained(folder)
-        tensors = load_file(str(folder / "model.safetensors"))
-        name = next(n for n, t in tensors.items() if t.is_floating_point() and t.numel())
-        tensors[name] = torch.full_like(tensors[name], float("nan"))
-        nan_folder = tmp / f"{kind}_nan"
-        shutil.copytree(folder, nan_folder)
-        save_file(
-            tensors,
-            str(nan_folder / "model.safetensors"),
-            metadata={"format": "pt", "calibrator": kind, "format_version": "1"},
-        )
         add(
             Case(
                 "corrupted / tampered checkpoints",
                 "calibrators",
-                f"{kind}: NaN in {name}",
-                lambda nan_folder=nan_folder: load_calibrator(nan_folder),
+                f"{kind}: NaN in its first floating-point weight",
+                lambda setup=setup: load_calibrator(setup()["nan"]),
                 ("NaN", "corrupted"),
             )
         )
@@ -590,8 +603,8 @@ def registry_cases(tmp: Path) -> list[Case]:
                 "existing output files",
                 "calibrators",
                 f"{kind}.save_pretrained(a folder holding a calibrator)",
-                lambda fitted=fitted, folder=folder: fitted.save_pretrained(folder),
-                ("overwrite", str(folder)),
+                lambda setup=setup: setup()["fitted"].save_pretrained(setup()["folder"]),
+                ("overwrite", str(tmp / kind)),
             )
         )
     return cases

@@ -36,6 +36,7 @@ from _bad_inputs import (
     ref_nll,
     ref_nll_logits,
     ref_smece,
+    shared,
     softmax,
     warns_user,
 )
@@ -733,13 +734,15 @@ def detection_cases(tmp: Path) -> list[Case]:
     bad = malformed(4500, "row x 1.02")
     for kind in list_calibrators("multiclass"):
         kw = {"smart": {"max_steps": 100}, "pts": {"max_iter": 50}}.get(kind, {})
-        fitted = create_calibrator(kind, **kw).fit(Z5[:600], Y5[:600], progress_bar=False)
+        fitted = shared(
+            lambda kind=kind, kw=kw: create_calibrator(kind, **kw).fit(Z5[:600], Y5[:600], progress_bar=False)
+        )
         add(
             Case(
                 "probabilities vs logits",
                 "calibrators",
                 f"{kind}.predict_proba(probabilities, row 4500 x 1.02)",
-                lambda fitted=fitted: fitted.predict_proba(bad),
+                lambda fitted=fitted: fitted().predict_proba(bad),
                 ("logits", "row 4500 is not"),
             )
         )
@@ -748,7 +751,7 @@ def detection_cases(tmp: Path) -> list[Case]:
                 "probabilities vs logits",
                 "calibrators",
                 f"{kind}(probabilities then logits)",
-                lambda fitted=fitted: fitted(MIXED["probabilities then logits"]),
+                lambda fitted=fitted: fitted()(MIXED["probabilities then logits"]),
                 ("logits", "row 100 is not"),
             )
         )
