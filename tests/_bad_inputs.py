@@ -36,8 +36,6 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @dataclass
 class Case:

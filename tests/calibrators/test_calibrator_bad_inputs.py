@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from _bad_inputs import (
-    REPO,
     Z32,
     Case,
     K,
@@ -31,6 +29,7 @@ from _bad_inputs import (
     tiny_vit,
     unchanged,
 )
+from _calibrator_data import small_sample_draws
 
 from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, load_calibrator
 
@@ -49,15 +48,6 @@ def _maccal_folder(folder: Path) -> Path | None:
     maccal_stage(model, features=(features, labels), config=MaCCalConfig(epochs=1, batch_size=32, progress=False))
     model.save_pretrained(folder)
     return folder
-
-
-def _small_draws(k: int, n: int, seed: int, test_size: int = 20_000):
-    """The generator of ``benchmarks/small_sample_selection.py``: (calibration logits, labels, test logits, labels)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import small_sample_selection
-
-    _, z, y, zt, yt = small_sample_selection.configuration(k, n, seed, test_size)
-    return z, y, zt, yt
 
 
 def _test_nll(calibrator, zt, yt) -> float:
@@ -970,7 +960,7 @@ def small_sample_cases(tmp: Path) -> list[Case]:
     for k, n, seed in ((2, 20, 2), (2, 20, 4), (2, 50, 3), (10, 20, 7), (10, 50, 0)):
 
         def no_worse(k=k, n=n, seed=seed):
-            z, y, zt, yt = _small_draws(k, n, seed)
+            z, y, zt, yt = small_sample_draws(k, n, seed)
             return bool(
                 _test_nll(AutoCalibrator().fit(z, y, progress_bar=False), zt, yt) <= ref_nll(softmax(zt), yt) + 1e-12
             )
