@@ -33,7 +33,6 @@ SECTIONS = [
     ("training_cifar_maccal.md", "training_cifar.py --explore-maccal .data/features"),
     ("training_cifar_fedlas_gate.md", "training_cifar.py --diagnose-fedlas --seeds 0"),
     ("multilabel.md", "multilabel.py"),
-    ("bad_inputs.md", "bad_inputs.py"),
     ("shift.md", "shift.py"),
     ("shift_calibration.md", "shift.py study --seeds 1 2"),
     ("serving.md", "serving.py"),

@@ -61,7 +61,7 @@ def _calibrators(items: list[str]) -> dict:
     import logging
     import os
 
-    from hf_calibration.calibrators import list_calibrators
+    from hf_calibration.calibrators import get_calibrator_class, list_calibrators
 
     logger = logging.getLogger("hf_calibration.cli")
     seen: dict[str, str] = {}  # method kind or real folder path -> the item that named it
@@ -100,6 +100,12 @@ def _calibrators(items: list[str]) -> dict:
             )
         seen[key] = item
         calibrators[label] = label if bare_method else load_calibrator(item)
+        chosen = get_calibrator_class(kind) if bare_method else calibrators[label]
+        if getattr(chosen, "_sigmoid_head", False):  # the shift report scores a softmax head
+            raise CLIError(
+                f"--calibrator {item!r} is a sigmoid (binary / multi-label) calibrator, but shift scores a softmax "
+                f"(multi-class) head: choose from ts, {', '.join(list_calibrators('multiclass'))}."
+            )
     return calibrators
 
 
