@@ -1945,8 +1945,8 @@ def registry_cases(tmp: Path) -> list[Case]:
 
 def new_surface_cases(tmp: Path) -> list[Case]:
     """The streaming accumulator, OOD / selective metrics, calibrator comparison and corruptions."""
-    from hf_calibration import CalibrationAccumulator, compare_calibrators
-    from hf_calibration.metrics import aurc, ood_metrics
+    from hf_calibration.calibrators import compare_calibrators
+    from hf_calibration.metrics import CalibrationAccumulator, aurc, ood_metrics
     from hf_calibration.shift import corrupt
 
     cases: list[Case] = []
@@ -2181,9 +2181,8 @@ MIXED = {
 
 def detection_cases(tmp: Path) -> list[Case]:
     """Item 1: a malformed probability row anywhere, probability rows mixed with logit rows, chance rows in small logits."""
-    from hf_calibration import CalibrationAccumulator
     from hf_calibration.calibrators import create_calibrator, list_calibrators
-    from hf_calibration.metrics import aurc, ood_metrics
+    from hf_calibration.metrics import CalibrationAccumulator, aurc, ood_metrics
 
     m = metrics
     cases: list[Case] = []
@@ -2514,7 +2513,7 @@ def cache_cases(tmp: Path) -> list[Case]:
     """Item 4: a forward hook, a plain callable processor: never served logits keyed without them."""
     from transformers import ViTImageProcessor
 
-    from hf_calibration import predict_logits
+    from hf_calibration.io import predict_logits
     from hf_calibration.io.data import load_image_dataset
     from hf_calibration.io.logits_cache import cache_key
 
@@ -2836,7 +2835,7 @@ def accumulator_cases(tmp: Path) -> list[Case]:
     import subprocess
     import types
 
-    from hf_calibration import CalibrationAccumulator
+    from hf_calibration.metrics import CalibrationAccumulator
 
     cases: list[Case] = []
     add = cases.append
@@ -3755,8 +3754,8 @@ def friction_cases(tmp: Path) -> list[Case]:
     import types
 
     import hf_calibration
-    from hf_calibration import CalibrationAccumulator
     from hf_calibration.calibrators import compare_calibrators
+    from hf_calibration.metrics import CalibrationAccumulator
 
     cases: list[Case] = []
     add = cases.append
@@ -3860,8 +3859,10 @@ def friction_cases(tmp: Path) -> list[Case]:
         Case(
             "Hub and attach",
             "calibrators",
-            "hf_calibration.attached_calibrator (named in the README)",
-            lambda: hf_calibration.attached_calibrator is hf_calibration.calibrators.attached_calibrator,
+            "hf_calibration.calibrators.attached_calibrator (named in the docs)",
+            lambda: (
+                hf_calibration.calibrators.attached_calibrator is hf_calibration.calibrators.attach.attached_calibrator
+            ),
             reference=lambda: True,
         )
     )

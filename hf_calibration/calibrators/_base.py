@@ -4,7 +4,7 @@ A calibrator maps (N, K) logits to calibrated logits (or log-probabilities: any 
 is the calibrated distribution). Subclasses implement ``_calibrate(z)`` and ``_fit(...)``; everything else
 is here. Those that only divide each row by a positive temperature derive from
 ``TemperatureCalibrator`` (``_scaling.py``) and implement ``_temperature(z)`` instead of ``_calibrate``.
-Every entry point takes logits or probabilities (``from_logits=None`` detects them; ``_inputs.py``).
+Every entry point takes logits or probabilities (``from_logits=None`` detects them; ``_core/inputs.py``).
 """
 
 from __future__ import annotations
@@ -204,7 +204,9 @@ class Calibrator(
     # whether ``_fit_rows`` is implemented: the fit reads the logits a block of rows at a time (``_rows.FitRows``), so it
     # needs no (N, K) copy and also fits from disk (``hf_calibration._core.disk_logits``)
     fits_in_blocks: ClassVar[bool] = False
-    held_out_check: ClassVar[bool] = False  # cross-fit the fit set after a fit and warn if that is worse (held_out)
+    held_out_check: ClassVar[bool] = (
+        False  # cross-fit the fit set after a fit and warn if that is worse (_fitting/held_out.py)
+    )
     checkpoint_key: ClassVar[str] = "calibrator"
     checkpoint_what: ClassVar[str] = "calibrator"
     save_subfolder: ClassVar[str] = "calibrator"
@@ -541,8 +543,7 @@ class Calibrator(
     def _fit_set_report(self, z: np.ndarray | FitRows, y: np.ndarray):
         """Accuracy and 15-bin ECE on the fit set before and after (``accuracy_after`` too when the map may move the
         argmax), with the top-label views ``(before, after)`` they came from: one forward pass, a block of rows at a
-        time (no (N, K) output), on one thread (a parallel region over a small array stalls on a busy machine: a
-        K = 100 vector-scaling report took 0.25 s on two threads under load, 0.04 s on one)."""
+        time (no (N, K) output), on one thread (a parallel region over a small array stalls on a busy machine)."""
         from hf_calibration.metrics.ece import _ece_compute
 
         rows = _rows.as_rows(z)
