@@ -189,6 +189,12 @@ class Calibrator(
     gives the same probabilities for ``z`` and ``z + c`` with a per-row constant ``c``; when False, ``_fit`` and
     ``_calibrate`` receive ``z - max_k z_k``, so that logits and log-probabilities of one prediction are calibrated
     alike) and ``paper_citation`` (the method's paper, as printed in it, for the model card).
+
+    Saving and loading (``save_pretrained``, ``from_pretrained``, ``push_to_hub``, the card) are
+    :class:`hf_calibration._core.persistence.Saved`'s: every parameter and buffer goes into ``model.safetensors``. An
+    array whose size the fit decides (bin edges, a feature bank) is a buffer registered at any size whose name is
+    listed in ``shaped_buffers``: a load gives it the checkpoint's shape. ``_check_state(where)`` refuses loaded
+    weights no fit could give.
     """
 
     kind: ClassVar[str] = ""

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from hf_calibration._core.persistence import Saved
 from hf_calibration.calibrators import TemperatureScaling, load_calibrator
 from hf_calibration.conformal import ConformalPredictor, MultiLabelConformalPredictor, load_conformal_predictor
 
@@ -74,3 +75,33 @@ def test_a_multilabel_record_with_a_nan_saves_and_loads_and_an_edit_is_refused(t
     _edit(tmp_path / "crc", ("threshold",), threshold / 2)
     with pytest.raises(ValueError, match=r"does not match its weights \(fit\.threshold"):
         load_conformal_predictor(tmp_path / "crc")
+
+
+class _Bank(Saved):
+    """The smallest saved object with an array whose size the fit decides (the ``shaped_buffers`` hook)."""
+
+    checkpoint_key = checkpoint_what = save_subfolder = "calibrator"
+    checkpoint_kind = "bank"
+    shaped_buffers = ("bank",)
+
+    def __init__(self, width: int = 2) -> None:
+        super().__init__()
+        self.register_buffer("bank", torch.zeros(0, width))
+        self.fit_info_ = None
+
+    @classmethod
+    def _own_kinds(cls) -> str:
+        return "bank"
+
+    def _check_fitted(self) -> None:
+        if self.fit_info_ is None:
+            raise ValueError("not fitted")
+
+
+def test_an_array_sized_by_the_fit_loads_at_its_saved_shape(tmp_path):
+    bank = _Bank(width=3)
+    bank.bank = torch.arange(12, dtype=torch.float32).reshape(4, 3)  # 4 rows: known only after the fit
+    bank.fit_info_ = {"num_samples": 4}
+    bank.save_pretrained(tmp_path / "bank")
+    loaded = _Bank.from_pretrained(tmp_path / "bank")
+    assert loaded.bank.shape == (4, 3) and loaded.bank.sum().item() == sum(range(12))
