@@ -350,7 +350,8 @@ class MultiLabelConformalPredictor(
             raise ValueError(f"The checkpoint in {str(where)!r} has no valid `fit` record in its config.")
 
     def _check_loaded(self, path: str) -> None:
-        super()._check_loaded(path)
+        if math.isnan(float(self.threshold)):  # -inf is a threshold: no threshold controlled the risk, every label kept
+            raise ValueError(f"The conformal predictor weights {path!r} are corrupted: threshold holds NaN.")
         if float(self.fit_info_.get("threshold", float("nan"))) != float(self.threshold):
             refuse_edited(
                 str(Path(path).parent),

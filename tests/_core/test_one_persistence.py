@@ -105,3 +105,15 @@ def test_an_array_sized_by_the_fit_loads_at_its_saved_shape(tmp_path):
     bank.save_pretrained(tmp_path / "bank")
     loaded = _Bank.from_pretrained(tmp_path / "bank")
     assert loaded.bank.shape == (4, 3) and loaded.bank.sum().item() == sum(range(12))
+
+
+def test_a_multilabel_threshold_of_minus_infinity_saves_and_loads(tmp_path):
+    """Three samples cannot control the risk at alpha = 0.2 (1 / (n + 1) > alpha): the threshold is -inf, every label
+    predicted; JSON writes it as -Infinity, and the load takes it back rather than refusing a non-finite weight."""
+    z = np.array([[1.0, -1.0], [0.5, 2.0], [-2.0, 0.0]])
+    y = np.array([[1, 0], [0, 1], [1, 1]])
+    with pytest.warns(UserWarning):
+        predictor = MultiLabelConformalPredictor().fit(z, y, alpha=0.2)
+    predictor.save_pretrained(tmp_path / "crc")
+    loaded = load_conformal_predictor(tmp_path / "crc")
+    assert float(loaded.threshold) == -math.inf and np.asarray(loaded.predict_sets(z)).all()
