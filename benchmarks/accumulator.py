@@ -65,7 +65,7 @@ def _rss_mb() -> float:
 
 def _make(name: str):
     if name.startswith("ours"):
-        from hf_calibration import CalibrationAccumulator
+        from hf_calibration.metrics import CalibrationAccumulator
 
         metrics = {
             "ours_all": None,

@@ -114,7 +114,7 @@ def main() -> None:
     import datasets
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-    from hf_calibration import predict_logits
+    from hf_calibration.io import predict_logits
 
     datasets.disable_progress_bars()
     machine = _machine()

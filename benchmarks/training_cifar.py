@@ -212,7 +212,7 @@ def training_args(settings: Settings, seed: int, output_dir: str, progress: bool
 
 def evaluate_logits(logits: np.ndarray, labels: np.ndarray, val_logits: np.ndarray, val_labels: np.ndarray) -> dict:
     """The record's metrics (fractions; NLL in nats), TS fitted on the validation logits."""
-    from hf_calibration import TemperatureScaling
+    from hf_calibration.calibrators import TemperatureScaling
     from hf_calibration.metrics import calibration_report, ece
 
     report = calibration_report(logits, labels)
@@ -284,8 +284,9 @@ def run_one(
     """Train one model (stage 1) and, for CE / Mixup, run MaC-Cal on it; returns its records."""
     from transformers import PrinterCallback
 
-    from hf_calibration import CalibrationTrainer, MaCCalConfig
+    from hf_calibration import CalibrationTrainer
     from hf_calibration.losses import get_loss
+    from hf_calibration.maccal import MaCCalConfig
 
     name, kwargs, mixup_alpha = LOSSES[loss_key]
     train_ds = (CropFlipDataset if REGIMES[regime] else TensorDictDataset)(*tensors["train"])
@@ -680,7 +681,7 @@ def explore_maccal(
 ) -> None:
     """Every variant of ``MACCAL_VARIANTS`` on each seed's saved stage-1 features: validation ECE / accuracy (what
     the choice is made on) and test ECE / accuracy, against stage 1 and stage 1 + TS (fitted on the same data)."""
-    from hf_calibration import TemperatureScaling
+    from hf_calibration.calibrators import TemperatureScaling
     from hf_calibration.metrics import ece
 
     rows: dict[str, list[dict]] = {}

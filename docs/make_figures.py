@@ -66,7 +66,7 @@ def demo() -> None:
 
 
 def measure() -> None:
-    from hf_calibration import TemperatureScaling
+    from hf_calibration.calibrators import TemperatureScaling
     from hf_calibration.demo import digits_logits
     from hf_calibration.metrics import reliability_diagram
 

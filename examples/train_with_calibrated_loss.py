@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     reports = {script.loss: evaluate_calibration(trainer, test)}
 
     if script.maccal:
-        from hf_calibration import MaCCalConfig
+        from hf_calibration.maccal import MaCCalConfig
 
         # the stage can also run inside train() with CalibrationTrainer(..., maccal=config); run separately
         # here to report the model before and after it

@@ -242,7 +242,7 @@ def predict_logits(model: torch.nn.Module, dataset: PixelDataset, batch_size: in
 
 @dataclass
 class DemoConfig:
-    """Settings of :func:`run_demo`; the defaults are the README's demo (about a minute on a 2-core CPU).
+    """Settings of :func:`run_demo`; the defaults are the README's demo.
 
     Args:
         output_dir: where the diagrams, logits, model and calibrator are written.

@@ -30,7 +30,7 @@ def main(out: Path) -> None:
     from accelerate.utils import DataLoaderConfiguration
     from torch.utils.data import DataLoader, TensorDataset
 
-    from hf_calibration import CalibrationAccumulator
+    from hf_calibration.metrics import CalibrationAccumulator
 
     torch.set_num_threads(1)
     z, y = data()

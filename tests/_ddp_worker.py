@@ -31,8 +31,9 @@ def train_fedlas(per_device_batch: int, output_dir: str, global_seed: int = 0) -
     from _models import digits_dataset, make_model
     from transformers import TrainerCallback, TrainingArguments
 
-    from hf_calibration import CalibrationTrainer, MaCCalConfig
+    from hf_calibration import CalibrationTrainer
     from hf_calibration.losses import get_loss
+    from hf_calibration.maccal import MaCCalConfig
 
     class EveryStep(TrainerCallback):
         """The loss state (gate, EMA statistics) and the model's weights after every optimizer step."""

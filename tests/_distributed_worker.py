@@ -29,7 +29,8 @@ def accumulator_data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def main(root: Path, out: Path) -> None:
-    from hf_calibration import CalibrationAccumulator, predict_logits
+    from hf_calibration.io import predict_logits
+    from hf_calibration.metrics import CalibrationAccumulator
 
     torch.set_num_threads(1)
     logits, labels = predict_logits(

@@ -14,20 +14,22 @@ import numpy as np
 import pytest
 import torch
 
-from hf_calibration import (
-    AutoCalibrator,
-    CalibrationAccumulator,
-    ConformalPredictor,
-    PlattScaling,
-    SigmoidTemperatureScaling,
-    SMARTCalibrator,
-    TemperatureScaling,
-    metric_path,
-)
+from hf_calibration import AutoCalibrator, ConformalPredictor, metric_path
+from hf_calibration.calibrators import PlattScaling, SigmoidTemperatureScaling, SMARTCalibrator, TemperatureScaling
 from hf_calibration.conformal.multilabel import MultiLabelConformalPredictor
 from hf_calibration.io import LogitsWriter, save_logits
 from hf_calibration.io.logits_files import load_logits
-from hf_calibration.metrics import adaece, brier, calibration_report, classwise_ece, ece, mce, nll, smce
+from hf_calibration.metrics import (
+    CalibrationAccumulator,
+    adaece,
+    brier,
+    calibration_report,
+    classwise_ece,
+    ece,
+    mce,
+    nll,
+    smce,
+)
 
 RNG = np.random.default_rng(0)
 Z = (3 * RNG.normal(size=(60, 4))).astype(np.float32)  # softmax-head logits

@@ -53,7 +53,8 @@ def _logits(folder: Path, model, images) -> torch.Tensor:
 
 
 def test_softmax_calibrator_is_refused_naming_problem_type(repo, images, tmp_path):
-    from hf_calibration import TemperatureScaling, load_calibrated_model, pipeline
+    from hf_calibration import load_calibrated_model, pipeline
+    from hf_calibration.calibrators import TemperatureScaling
 
     folder, model = repo
     rng = np.random.default_rng(0)
@@ -76,7 +77,8 @@ def test_softmax_calibrator_is_refused_naming_problem_type(repo, images, tmp_pat
 def test_sigmoid_calibrator_end_to_end(repo, images, tmp_path):
     import shutil
 
-    from hf_calibration import PlattScaling, load_calibrated_model, pipeline
+    from hf_calibration import load_calibrated_model, pipeline
+    from hf_calibration.calibrators import PlattScaling
     from hf_calibration.calibrators.attach import attached_calibrator
     from hf_calibration.metrics import nll
 
@@ -109,7 +111,7 @@ def test_sigmoid_calibrator_end_to_end(repo, images, tmp_path):
 def test_binary_one_logit_head(tmp_path):
     """A binary head with one logit (problem_type multi_label_classification, num_labels 1): a sigmoid calibrator
     attaches, a softmax one is refused; two softmax logits take the same binary calibrator."""
-    from hf_calibration import SigmoidTemperatureScaling, TemperatureScaling
+    from hf_calibration.calibrators import SigmoidTemperatureScaling, TemperatureScaling
 
     one = make_model("vit", seed=0, num_channels=3, num_labels=1, problem_type="multi_label_classification").eval()
     rng = np.random.default_rng(1)

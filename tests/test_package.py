@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import hf_calibration
-from hf_calibration._core.moved import MOVED_MODULES
 
 
 @pytest.mark.parametrize("name", sorted(hf_calibration.__all__))
@@ -29,12 +29,30 @@ def test_import_does_not_load_the_trainer_or_transformers():
     assert out == ["False", "False"]
 
 
-def test_names_the_readme_uses_are_exported():
-    """Issue 29 item 14: the README names ``attached_calibrator`` (and the new warning), which the top level lacked."""
-    from hf_calibration.calibrators import HeldOutWorseWarning, attached_calibrator
+def test_the_top_level_is_the_first_hours_names():
+    """Issue 52 item 6: the top level keeps what a user types first; the rest is reached through its subpackage."""
+    assert sorted(hf_calibration.__all__) == sorted(
+        [
+            "__version__",
+            "metrics",
+            *("adaece", "brier", "calibration_report", "classwise_ece", "ece", "mce", "nll"),
+            *("reliability_diagram", "smce", "smece", "metric_path", "FeDLaSLoss"),
+            *("AutoCalibrator", "create_calibrator", "list_calibrators", "load_calibrator"),
+            *("CalibrationCallback", "CalibrationTrainer", "ConformalPredictor", "load_calibrated_model", "pipeline"),
+        ]
+    )
+    from hf_calibration.calibrators import TemperatureScaling
 
-    assert hf_calibration.attached_calibrator is attached_calibrator and "attached_calibrator" in hf_calibration.__all__
-    assert hf_calibration.HeldOutWorseWarning is HeldOutWorseWarning
+    assert hf_calibration.create_calibrator("temperature_scaling").__class__ is TemperatureScaling
+    with pytest.raises(AttributeError):
+        hf_calibration.TemperatureScaling  # noqa: B018
+
+
+def test_module_paths_of_earlier_releases_are_gone():
+    """The old paths (``hf_calibration.trainer``, ``hf_calibration.calibrators.platt``, ...) no longer import."""
+    for old in ("hf_calibration.trainer", "hf_calibration.inference", "hf_calibration.calibrators.platt"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
 PACKAGE = Path(hf_calibration.__file__).resolve().parent
@@ -77,21 +95,6 @@ def test_no_module_imports_the_package_face():
             if isinstance(node, ast.Import) and any(alias.name == "hf_calibration" for alias in node.names):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == [], offenders
-
-
-@pytest.mark.parametrize("old, new", sorted(MOVED_MODULES.items()))
-def test_module_paths_of_earlier_releases_still_import(old, new):
-    code = (
-        "import importlib, warnings\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        f"    module = importlib.import_module({old!r})\n"
-        f"assert module is importlib.import_module({new!r})\n"
-        "print([str(w.message) for w in caught if w.category is FutureWarning])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert f"`{old}` moved to `{new}`" in out.stdout
 
 
 def _release(version: str) -> tuple[int, ...]:

@@ -449,7 +449,7 @@ class LogitsWriter:
                 "shape": list(self.labels.shape),
                 "data_offsets": [logits_bytes, logits_bytes + self.labels.size * 8],
             },
-            "__metadata__": {"format": "np", "written_by": "hf_calibration.predict_logits"},
+            "__metadata__": {"format": "np", "written_by": "hf_calibration.io.predict_logits"},
         }
         blob = json.dumps(header, separators=(",", ":")).encode()
         blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned

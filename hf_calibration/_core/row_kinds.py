@@ -5,8 +5,7 @@ tolerance. :func:`count_rows` counts them (coarse rows apart: exact quarters, su
 read as well as hand-written or rounded logits), and the other rows whose values all lie in [0, 1], with the first
 row of each kind. It looks at every row, but leaves a row at its first value outside [0, 1] — for logits nearly always
 the row's first value, so the pass reads one value a row, not the whole array. Probability rows are read whole (their sum is needed), 16 values at a time so that each
-block's checks and sum vectorise. (Measured at N = 1e6, K = 100 float32: 0.02 s over logits, 0.08 s over
-probabilities, against ~0.5 s for ``ece`` itself.)
+block's checks and sum vectorise.
 
 Float32 and float64 arrays of any layout are read in place; other dtypes (float16, non-native byte order)
 are converted a block of rows at a time, never as a whole copy.

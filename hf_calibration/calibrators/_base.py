@@ -4,7 +4,7 @@ A calibrator maps (N, K) logits to calibrated logits (or log-probabilities: any 
 is the calibrated distribution). Subclasses implement ``_calibrate(z)`` and ``_fit(...)``; everything else
 is here. Those that only divide each row by a positive temperature derive from
 ``TemperatureCalibrator`` (``_scaling.py``) and implement ``_temperature(z)`` instead of ``_calibrate``.
-Every entry point takes logits or probabilities (``from_logits=None`` detects them; ``_inputs.py``).
+Every entry point takes logits or probabilities (``from_logits=None`` detects them; ``_core/inputs.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from hf_calibration._core import checkpoints as hub
@@ -31,6 +30,7 @@ from hf_calibration._core.checks import (
 from hf_calibration._core.disk_logits import as_disk_logits
 from hf_calibration._core.finite import first_non_finite
 from hf_calibration._core.inputs import logits_and_labels, read_multiclass, scores_kind, whole_labels
+from hf_calibration._core.persistence import Saved
 from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, top_label_pass
 from hf_calibration._core.tasks import CLASSIFICATION_TASKS, IMAGE_TASK, check_pipeline_task, pipeline_task_of_folder
 from hf_calibration._core.threads import torch_single_threaded
@@ -153,8 +153,7 @@ def _fit_state(calibrator: Calibrator) -> str:
 
 
 class Calibrator(
-    nn.Module,
-    PyTorchModelHubMixin,
+    Saved,
     library_name="hf_calibration",
     tags=["calibration", "hf_calibration"],  # and the model's pipeline task, per card (generate_model_card)
     model_card_template=CALIBRATOR_CARD_TEMPLATE,
@@ -179,6 +178,12 @@ class Calibrator(
     gives the same probabilities for ``z`` and ``z + c`` with a per-row constant ``c``; when False, ``_fit`` and
     ``_calibrate`` receive ``z - max_k z_k``, so that logits and log-probabilities of one prediction are calibrated
     alike) and ``paper_citation`` (the method's paper, as printed in it, for the model card).
+
+    Saving and loading (``save_pretrained``, ``from_pretrained``, ``push_to_hub``, the card) are
+    :class:`hf_calibration._core.persistence.Saved`'s: every parameter and buffer goes into ``model.safetensors``. An
+    array whose size the fit decides (bin edges, a feature bank) is a buffer registered at any size whose name is
+    listed in ``shaped_buffers``: a load gives it the checkpoint's shape. ``_check_state(where)`` refuses loaded
+    weights no fit could give.
     """
 
     kind: ClassVar[str] = ""
@@ -194,7 +199,12 @@ class Calibrator(
     # whether ``_fit_rows`` is implemented: the fit reads the logits a block of rows at a time (``_rows.FitRows``), so it
     # needs no (N, K) copy and also fits from disk (``hf_calibration._core.disk_logits``)
     fits_in_blocks: ClassVar[bool] = False
-    held_out_check: ClassVar[bool] = False  # cross-fit the fit set after a fit and warn if that is worse (_held_out.py)
+    held_out_check: ClassVar[bool] = (
+        False  # cross-fit the fit set after a fit and warn if that is worse (_fitting/held_out.py)
+    )
+    checkpoint_key: ClassVar[str] = "calibrator"
+    checkpoint_what: ClassVar[str] = "calibrator"
+    save_subfolder: ClassVar[str] = "calibrator"
 
     def __init__(self) -> None:
         super().__init__()
@@ -528,8 +538,7 @@ class Calibrator(
     def _fit_set_report(self, z: np.ndarray | FitRows, y: np.ndarray):
         """Accuracy and 15-bin ECE on the fit set before and after (``accuracy_after`` too when the map may move the
         argmax), with the top-label views ``(before, after)`` they came from: one forward pass, a block of rows at a
-        time (no (N, K) output), on one thread (a parallel region over a small array stalls on a busy machine: a
-        K = 100 vector-scaling report took 0.25 s on two threads under load, 0.04 s on one)."""
+        time (no (N, K) output), on one thread (a parallel region over a small array stalls on a busy machine)."""
         from hf_calibration.metrics.ece import _ece_compute
 
         rows = _rows.as_rows(z)
@@ -786,31 +795,18 @@ class Calibrator(
     def extra_repr(self) -> str:
         return _fit_state(self)
 
-    # ------------------------------------------------------------------ Hub
-    def _save_pretrained(self, save_directory) -> None:
-        from safetensors.torch import save_model
+    # ------------------------------------------------------------------ Hub (save / load: _core/persistence.py)
+    @property
+    def checkpoint_kind(self) -> str:
+        return self.kind
 
-        self._check_fitted()
-        save_model(
-            self,
-            str(save_directory / hub.WEIGHTS_NAME),
-            metadata={
-                "format": "pt",
-                "calibrator": self.kind,
-                "format_version": str(hub.CHECKPOINT_FORMAT_VERSION),
-                hub.SETTINGS_KEY: hub.settings_metadata(self._settings()),  # an edited config.json is refused at load
-            },
-        )
-        from hf_calibration._core.version import __version__
+    @classmethod
+    def _own_kinds(cls) -> str:
+        return cls.kind
 
-        config = {
-            **(self._hub_mixin_config or {}),
-            "calibrator": self.kind,
-            "format_version": hub.CHECKPOINT_FORMAT_VERSION,
-            "hf_calibration_version": __version__,
-            "fit": self.fit_info_,
-        }
-        (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
+    @classmethod
+    def _wrong_kind_hint(cls, config: dict) -> str:
+        return ". Use hf_calibration.calibrators.load_calibrator to load any kind."
 
     def fingerprint(self) -> str:
         """The SHA-256 (hex) of what decides the map: the kind, the fit record and every weight's name, dtype, shape and
@@ -828,12 +824,7 @@ class Calibrator(
             digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         return digest.hexdigest()
 
-    def _settings(self) -> dict[str, Any]:
-        """What decides the map and what the card states: the constructor's arguments and the fit record (the copy in the
-        weights file's metadata that an edited ``config.json`` is checked against)."""
-        return {"init": dict(self._hub_mixin_config or {}), "fit": self.fit_info_}
-
-    def generate_model_card(self, *args, **kwargs):
+    def _card_values(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         info = self.fit_info_ or {}
 
         def pct(x):
@@ -873,159 +864,25 @@ class Calibrator(
         values.setdefault("auto_class", auto_class)
         values.setdefault("processor_argument", argument)
         values.setdefault("processor_class", CLASSIFICATION_TASKS[task][2][0] if task else None)
-        from huggingface_hub import ModelCard, ModelCardData
-
-        info = self._hub_mixin_info
-        data = ModelCardData(**info.model_card_data.to_dict())
-        data.tags = sorted({*(data.tags or ()), *([task] if task else ())})
-        return ModelCard.from_template(
-            card_data=data,
-            template_str=info.model_card_template,
-            repo_url=info.repo_url,
-            paper_url=info.paper_url,
-            docs_url=info.docs_url,
-            **values,
-        )
+        return values
 
     def _card_description(self) -> str:
         """One sentence for the model card: what the calibrator does to the logits."""
         return "It maps the classifier's logits to calibrated ones."
 
-    def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
-        """Write ``model.safetensors``, ``config.json`` and the model card ``README.md`` into ``save_directory``.
-
-        The folder must be new or empty; ``overwrite=True`` replaces a calibrator saved there (every file that save
-        wrote, so the card always describes these weights) and allows other files beside it, which are never touched:
-        a ``README.md`` the package did not write (or that was edited since) is kept, and the card goes to
-        ``README.hf_calibration.md`` (a warning says so). A model's folder is refused even then: save the calibrator in
-        its ``calibrator/`` subfolder. The files written are recorded, with their SHA-256, in ``config.json``
-        (``files``). Other keyword arguments are ``PyTorchModelHubMixin.save_pretrained``'s. The card names the model's
-        pipeline task, Auto class and preprocessor: ``model_card_kwargs={"pipeline_task": ...}``, else the task of
-        the model saved in the parent folder (its ``config.json``, :mod:`hf_calibration._core.tasks`).
-        """
-        from pathlib import Path
-
-        self._check_fitted()
-        if not isinstance(overwrite, bool):
-            raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
-        folder = Path(save_directory)
-        card = dict(kwargs.get("model_card_kwargs") or {})
+    def _before_save(self, folder, overwrite: bool, card: dict[str, Any]) -> None:
+        # the card names the model's pipeline task, Auto class and preprocessor: model_card_kwargs["pipeline_task"],
+        # else the task of the model saved in the parent folder (its config.json, hf_calibration._core.tasks)
         if card.get("pipeline_task") is None:
             card["pipeline_task"] = pipeline_task_of_folder(folder.parent)
         else:  # refused before anything is written
             check_pipeline_task(card["pipeline_task"], "model_card_kwargs['pipeline_task']")
-        kwargs["model_card_kwargs"] = card  # the mixin writes README.md with them
-        return hub.save_recorded(
-            self,
-            folder,
-            lambda: super(Calibrator, self).save_pretrained(folder, **kwargs),
-            overwrite=overwrite,
-            card_kwargs=card,
-        )
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        path_in_repo: str | None = None,
-        dry_run: bool = False,
-        commit_message: str | None = None,
-        private: bool | None = None,
-        token: str | None = None,
-        branch: str | None = None,
-        create_pr: bool | None = None,
-        model_card_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        """Upload the checkpoint (weights, config, model card) to the Hub repo ``repo_id``; returns the commit URL.
-
-        Args:
-            repo_id: ``owner/name`` (created if needed).
-            path_in_repo: a subfolder of the repo, e.g. ``"calibrator"`` beside a model at the repo root.
-            dry_run: build the exact folder that would be uploaded, card included, in a new temporary folder and
-                upload nothing; returns that folder's path (the folder is removed when the process exits).
-            commit_message, private, token, branch, create_pr: as in ``huggingface_hub.HfApi.upload_folder`` /
-                ``create_repo``.
-            model_card_kwargs: extra values for the card template.
-
-        Raises ``HubUnreachableError`` (a ``ConnectionError``) with one sentence when the Hub cannot be reached
-        (offline mode, no network); the folder that was to be uploaded is kept and named in the message.
-        """
-        import atexit
-        import shutil
-        import tempfile
-        from pathlib import Path
-
-        self._check_fitted()
-        hub.check_repo_id(repo_id)
-        hub.check_path_in_repo(path_in_repo)
-        root = Path(tempfile.mkdtemp(prefix="hf_calibration_push_"))
-        folder = root / path_in_repo.strip("/") if path_in_repo else root
-        if dry_run:  # the caller reads it; it goes when the process ends, never left behind
-            atexit.register(shutil.rmtree, root, ignore_errors=True)
-        self.save_pretrained(folder, model_card_kwargs=model_card_kwargs)
-        where = f"https://huggingface.co/{repo_id}" + (f"/tree/main/{path_in_repo.strip('/')}" if path_in_repo else "")
-        if dry_run:
-            logger.info("Dry run: nothing uploaded; the files for %s are in %s", where, folder)
-            return str(folder)
-        from huggingface_hub import HfApi
-
-        api = HfApi(token=token)
-        try:
-            repo_id = api.create_repo(repo_id=repo_id, private=private, exist_ok=True).repo_id
-            url = api.upload_folder(
-                repo_id=repo_id,
-                repo_type="model",
-                folder_path=str(folder),
-                path_in_repo=path_in_repo,
-                commit_message=commit_message or f"Upload {type(self).__name__} calibrator",
-                revision=branch,
-                create_pr=create_pr,
-            )
-        except Exception as err:
-            reason = hub.unreachable_reason(err)
-            if reason is None:
-                shutil.rmtree(root, ignore_errors=True)
-                raise
-            raise hub.HubUnreachableError(
-                f"Could not push to {repo_id!r}: the Hugging Face Hub is unreachable ({reason}); nothing was uploaded, "
-                f"and the files that would have been are in {str(folder)!r}.",
-                reason,
-            ) from None
-        shutil.rmtree(root, ignore_errors=True)
-        return url
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *, subfolder: str | None = None, **kwargs: Any):
-        """Load a checkpoint strictly (wrong kind, format version, shapes or a corrupted file: ``ValueError``).
-
-        Args:
-            pretrained_model_name_or_path: local folder or Hub repo id.
-            subfolder: the checkpoint's folder inside it (e.g. ``"calibrator"`` beside a model).
-            **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
-        """
-        folder, config, _ = hub.open_checkpoint(pretrained_model_name_or_path, subfolder, kwargs, who="Calibrators")
-        cls._check_config(config, folder)
-        return super().from_pretrained(folder, **kwargs)
+        super()._before_save(folder, overwrite, card)
 
     @classmethod
     def _check_config(cls, config: dict, where) -> None:
-        kind = config.get("calibrator")
-        if kind != cls.kind:
-            raise ValueError(
-                f"Expected a {cls.__name__} checkpoint (calibrator={cls.kind!r}), but {str(where)!r} holds calibrator={kind!r}. "
-                "Use hf_calibration.calibrators.load_calibrator to load any kind."
-            )
-        version = config.get("format_version")
-        if version != hub.CHECKPOINT_FORMAT_VERSION:
-            raise ValueError(
-                f"Expected checkpoint format_version {hub.CHECKPOINT_FORMAT_VERSION}, but {str(where)!r} has {version!r}: "
-                "it was written by an incompatible version of hf_calibration."
-            )
-        fit = config.get("fit")
-        if not isinstance(fit, dict):
-            raise ValueError(
-                f"The checkpoint in {str(where)!r} has no `fit` record in its config: it is corrupted or was never fitted."
-            )
+        super()._check_config(config, where)
+        fit = config["fit"]
         task = fit.get("task", "multiclass")  # checkpoints older than the record are multi-class
         expected = ("binary", "multilabel") if getattr(cls, "_sigmoid_head", False) else ("multiclass",)
         if task not in expected:
@@ -1040,42 +897,9 @@ class Calibrator(
                     f"The checkpoint in {str(where)!r} is corrupted: its config's fit.{key} must be an integer >= {minimum}, but is {value!r}."
                 )
 
-    @classmethod
-    def _from_pretrained(
-        cls,
-        *,
-        model_id: str,
-        revision,
-        cache_dir,
-        force_download,
-        local_files_only,
-        token,
-        map_location: str = "cpu",
-        strict: bool = True,
-        config: dict | None = None,
-        **model_kwargs,
-    ):
-        import os
-
-        cls._check_config(config or {}, model_id)
-        try:
-            model = cls(**model_kwargs)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"The checkpoint's config in {model_id!r} does not fit {cls.__name__}: {err}") from None
-        metadata = hub.load_weights(model, model_id, what="calibrator", map_location=map_location)
-        path = os.path.join(model_id, hub.WEIGHTS_NAME)
-        if metadata.get("calibrator", cls.kind) != cls.kind:
-            raise ValueError(
-                f"The weights in {path!r} belong to calibrator={metadata.get('calibrator')!r}, not {cls.kind!r}."
-            )
-        for name, tensor in model.state_dict().items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise ValueError(f"The calibrator weights {path!r} are corrupted: {name} holds NaN or inf.")
-        model.fit_info_ = dict(config["fit"])
-        hub.check_settings(metadata, model._settings(), model_id, "calibrator")
-        model._check_state(path)
-        model.eval()
-        return model
+    def _check_loaded(self, path: str) -> None:
+        super()._check_loaded(path)
+        self._check_state(path)
 
 
 def scores_fingerprint(calibrator: Calibrator | None) -> str | None:

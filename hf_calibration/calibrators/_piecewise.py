@@ -11,10 +11,10 @@ per-class variants). ``PiecewiseMaps`` keeps them in three buffers,
 
 so that a checkpoint is three tensors whatever the fit set was. A group with no knots is the identity.
 The maps are evaluated with numpy on the CPU: single-threaded, so that they stay fast on a busy machine
-(torch's parallel kernels on small (N, K) arrays ran 300x slower on a busy 2-core machine).
+(torch's parallel kernels on small (N, K) arrays stall there).
 Loading resizes the buffers to the checkpoint's shapes (a fitted calibrator's size is not known before).
 The same maps are also kept as padded ``(G, L)`` tables (non-persistent buffers, rebuilt by ``set`` and by loading),
-which ``_graph.py`` evaluates with tensor operations only, for ``torch.compile``, ``torch.export`` and ONNX.
+which ``_forward/graph.py`` evaluates with tensor operations only, for ``torch.compile``, ``torch.export`` and ONNX.
 
 ``PiecewiseCalibrator`` is the base of the calibrators built from such maps. They have no fit objective to
 choose: each fits its own criterion (bin frequencies, the isotonic least-squares fit, a least-squares spline),
@@ -74,7 +74,7 @@ class PiecewiseMaps(nn.Module):
         self.register_buffer("knots", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("values", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("offsets", torch.zeros(1, dtype=torch.int64))
-        # padded per-group tables for the traceable path (_graph.py): rebuilt from the three above, never saved
+        # padded per-group tables for the traceable path (_forward/graph.py): rebuilt from the three above, never saved
         self.register_buffer("graph_knots", torch.full((0, 1), float("inf"), dtype=torch.float64), persistent=False)
         self.register_buffer("graph_values", torch.zeros((0, 1), dtype=torch.float64), persistent=False)
         self.register_buffer("graph_sizes", torch.zeros(0, dtype=torch.int64), persistent=False)

@@ -14,7 +14,7 @@ with the uniform distribution (``eps``, the fit set's N, kept for prediction; "L
 ``ts-mix``) bounds the features below by ``log(eps / K)``: no log-probability of 1e-300 drives the fit. The reference is
 ``probmetrics`` 1.3 (the authors' package, ``get_calibrator("sms")`` / ``("svs")``), read for its defaults: the same
 preprocessing (its temperature by bisection, ours by LBFGS on the same NLL), the same penalties. Where we depart: the
-fit, preconditioned full-batch LBFGS (``_affine.py``), the matrix products in float32 down to a relative change of
+fit, preconditioned full-batch LBFGS (``_fitting/affine.py``), the matrix products in float32 down to a relative change of
 ``FLOAT32_TOL`` (the softmax, the NLL and the sums in float64; the reference fits in float32 throughout), then float64
 throughout if a smaller ``tol`` is asked for.
 """
@@ -221,7 +221,7 @@ class StructuredScaling(PerClassCalibrator):
     def _calibrated_blocks(self, rows):
         """The fit set's calibrated logits from the features the fit kept (``x w + b`` in the block's dtype, as the
         forward computes them from its own features, which agree to float rounding): the report's forward pass at
-        50,000 x 21,843 recomputed the features, 16 of SVS's 46 s."""
+        50,000 x 21,843 recomputed the features, a third of SVS's fit."""
         features = self.__dict__.pop("_fit_features", None)
         if features is None or features.shape != rows.shape:
             yield from super()._calibrated_blocks(rows)

@@ -11,7 +11,7 @@ classes without a calibration sample keep the initial temperature. A sweep that 
 search (the next would repeat it). ECE improvements below 1e-12 are rounding noise and not taken.
 
 Different temperatures per class reorder a row's logits, so the predicted class can change
-(``preserves_argmax = False``). The search is exact and fast: ``_cts_search.py`` updates each row's summary in
+(``preserves_argmax = False``). The search is exact and fast: ``_fitting/cts_search.py`` updates each row's summary in
 O(1) per candidate instead of recomputing a softmax.
 """
 

@@ -8,7 +8,7 @@ same map on the log-probabilities. Fitted by the regularised NLL of Kull et al. 
               + nu / K sum_j (W_jj - mean_j W_jj)^2                                     (ours, see below)
 
 on the logits relative to their row maximum (``Calibrator`` hands non-shift-invariant maps ``z - max_k z_k``), with
-full-batch LBFGS preconditioned by the Gauss-Newton curvature (``_affine.py``).
+full-batch LBFGS preconditioned by the Gauss-Newton curvature (``_fitting/affine.py``).
 
 Where this departs from the paper, and why:
 
@@ -22,7 +22,7 @@ Where this departs from the paper, and why:
   removes that direction (test NLL 0.87, temperature scaling 0.88); ``reg_diagonal=0`` is the paper's objective.
 * **One refit, not five.** The paper's tables report the average of the five fold models' probabilities; here the
   chosen (lambda, mu) is refitted on the whole calibration set, so the calibrator is one map.
-* **Stratified folds** (``_cv.stratified_folds``, the folds every calibrator of the package shares), not plain k-fold.
+* **Stratified folds** (``_fitting.cv.stratified_folds``, the folds every calibrator of the package shares), not plain k-fold.
 
 
 The choice of lambda and mu follows the authors' experiment code (their ``tune_cal_odir.py``, which adds
@@ -52,7 +52,7 @@ only rank candidates, run them in float32 (the softmax, the NLL and every sum st
 change of ``CV_TOL`` with one preconditioning round, and start warm: the first candidate from temperature scaling's
 fit on the same fold (``W = I / T``), later ones from the same fold's solution at the nearest candidate seen, moved by
 the step the first fold took. One preconditioner serves them all: the per-class Gauss-Newton blocks (K + 1 square,
-``_affine.affine_curvature``) computed once on the whole set at the first solution, factored once per lambda with
+``_fitting.affine.affine_curvature``) computed once on the whole set at the first solution, factored once per lambda with
 that lambda's penalty (3-6x fewer LBFGS evaluations than a diagonal scaling at the weakly regularised candidates). The
 final fit on the whole set starts from the mean of the chosen candidate's fold solutions, goes down to ``CV_TOL`` the
 same way, then finishes in float64 throughout to ``tol``, so its minimiser is the float64 objective's.

@@ -58,7 +58,7 @@ class ParameterizedTemperatureScaling(
     Needs at least ``min_samples = 50`` labelled samples. Deterministic given ``seed`` (the hidden layers'
     initialisation; the rest is full-batch). A fit on at most 1,000 samples checks itself on held-out data (5 folds of
     the fit set) and warns (``HeldOutWorseWarning``) when it leaves the held-out NLL worse than the uncalibrated
-    model's (``_held_out.py``).
+    model's (``_fitting/held_out.py``).
 
     Args:
         top_k: how many of the largest logits the MLP sees (10).
@@ -86,7 +86,7 @@ class ParameterizedTemperatureScaling(
         "Post-Hoc Uncertainty Calibration*, ECCV 2022"
     )
     min_samples = 50
-    held_out_check = True  # tens of parameters, a non-convex fit: see _held_out.py
+    held_out_check = True  # tens of parameters, a non-convex fit: see _fitting/held_out.py
     default_objective = "brier"
     objectives = ("brier", "nll")
 

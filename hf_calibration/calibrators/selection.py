@@ -1,7 +1,7 @@
 """Choosing a calibrator: cross-validate the candidates on the calibration set, then refit the best.
 
 ``compare_calibrators`` splits the calibration set (only that set: the test set stays untouched) into ``cv``
-stratified folds (``_cv.stratified_folds``, one split that every candidate shares), fits each candidate on
+stratified folds (``_fitting.cv.stratified_folds``, one split that every candidate shares), fits each candidate on
 ``cv - 1`` folds and scores it on the held-out fold: change in accuracy, ECE, AdaECE (15 bins), smCE, NLL, Brier,
 and the fit time. The logits are checked and shifted to their row maxima once; the folds are visited in turn,
 every remaining candidate fitted on each. Methods whose fit depends on a seed (their constructor takes ``seed``)
@@ -18,9 +18,8 @@ its rows from the folds it ran and says why it stopped. On the seven shared file
 chooses, for each of the five metrics (at 95 % it stopped the eventual choice on 2 of 7 files).
 
 The default candidates (``DEFAULT_METHODS``) leave out the registered methods that cost the most: matrix and
-Dirichlet scaling (each fit runs its own 5-fold cross-validation of lambda: 1.4-1.8 s a fold at K = 100 on this
-project's idle 2-core machine, 4-8 s a fold on a busy one), PTS (an MLP, 1-2 s a fold), CTS (a per-class grid search, 1.5 s a fold at K = 100, the
-worst NLL of the temperature family there; never chosen) and one-vs-rest isotonic regression (never chosen, and it
+Dirichlet scaling (each fit runs its own 5-fold cross-validation of lambda), PTS (an MLP), CTS (a per-class grid
+search, the worst NLL of the temperature family at K = 100; never chosen) and one-vs-rest isotonic regression (never chosen, and it
 can change the predicted class). Cross-validating every method on the seven shared benchmark files (5,000
 validation logits each, metric ECE, the rule of ``CalibratorComparison.best``), the full set chose matrix scaling
 or PTS on 4 files; the default set's choice there was within 0.006 of its cross-validated NLL and 0.13 points of
@@ -121,34 +120,40 @@ def _as_logits(logits: Any, labels: Any, from_logits: bool | None) -> tuple[np.n
     return np.ascontiguousarray(z), y
 
 
-def _fit_and_score(
-    name: str,
-    kwargs: dict,
-    seeds: list,
-    z: np.ndarray,
-    zc: np.ndarray,
-    y: np.ndarray,
-    train: np.ndarray,
-    val: np.ndarray,
-    n_bins: int,
-) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
-    """Fit ``name`` on ``train`` once per fit seed (``[None]``: unseeded) and score it on ``val``: the scores averaged
-    over the seeds, the first seed's calibrated held-out logits, and each held-out sample's NLL (averaged over the
-    seeds). ``z`` is checked and ``zc`` is ``z`` with its row maxima at 0 (what ``Calibrator._fit_inputs`` would make
-    of it), so the fit skips ``Calibrator.fit``'s checks and its fit-set report."""
-    runs, first, nlls = [], None, []
-    for fit_seed in seeds:
-        calibrator = create_calibrator(name, **kwargs, **({} if fit_seed is None else {"seed": fit_seed}))
+class _SoftmaxHead:
+    """The calibration set of a softmax head, as ``compare_calibrators`` reads it: ``z`` checked, ``zc`` is ``z`` with its
+    row maxima at 0 (what ``Calibrator._fit_inputs`` would make of it), so a fit skips ``Calibrator.fit``'s checks and
+    its fit-set report; each held-out sample's NLL is kept for the paired test of ``CalibratorComparison.best``."""
+
+    task = "multiclass"
+
+    def __init__(self, logits: Any, labels: Any, from_logits: bool | None, n_bins: int) -> None:
+        self.z, self.y = _as_logits(logits, labels, from_logits)
+        self.zc = np.ascontiguousarray(self.z - self.z.max(axis=1, keepdims=True))
+        self.n_bins = n_bins
+
+    def folds(self, cv: int, seed: int):
+        return stratified_folds(self.y, cv=cv, seed=seed)
+
+    def fit(self, calibrator, train: np.ndarray) -> None:
         objective, options = calibrator._resolve_objective(None, {})
-        start = time.perf_counter()
-        calibrator._fit_checked(zc[train], y[train], objective, options, False, report=False)
-        elapsed = time.perf_counter() - start
+        calibrator._fit_checked(self.zc[train], self.y[train], objective, options, False, report=False)
+
+    def predict(self, calibrator, val: np.ndarray) -> np.ndarray:
         with torch.no_grad(), torch_single_threaded():
-            calibrated = calibrator(torch.from_numpy(z[val]), from_logits=True).numpy()
-        runs.append({**_scores(calibrated, z[val], y[val], n_bins), "fit_seconds": elapsed})
-        nlls.append(sample_nll(calibrated, y[val]))
-        first = calibrated if first is None else first
-    return {column: float(np.mean([run[column] for run in runs])) for column in COLUMNS}, first, np.mean(nlls, axis=0)
+            return calibrator(torch.from_numpy(self.z[val]), from_logits=True).numpy()
+
+    def score(self, calibrated: np.ndarray, val: np.ndarray) -> dict[str, float]:
+        return _scores(calibrated, self.z[val], self.y[val], self.n_bins)
+
+    def sample_nll(self, calibrated: np.ndarray, val: np.ndarray) -> np.ndarray:
+        return sample_nll(calibrated, self.y[val])
+
+    def table(self, keep_predictions: bool) -> dict[str, Any]:
+        return {
+            "labels": self.y if keep_predictions else None,
+            "num_errors": int((self.z.argmax(axis=1) != self.y).sum()),
+        }
 
 
 def sigmoid_task_of(logits: Any, labels: Any, task: str | None) -> str | None:
@@ -236,7 +241,7 @@ def compare_calibrators(
         task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; None reads it from the shapes
             (:func:`hf_calibration._core.tasks.resolve_task`). A binary or multi-label head compares the sigmoid calibrators
             (``"default"``: ``SIGMOID_DEFAULT_METHODS``, every one of them), scored by the macro averages over labels
-            (:mod:`hf_calibration.calibrators.sigmoid.selection`).
+            (:mod:`hf_calibration.calibrators.sigmoid.selection`: the folds and the scores of a sigmoid head).
 
     Returns:
         a ``CalibratorComparison``; its first row, ``"uncalibrated"``, is the model itself.
@@ -254,25 +259,8 @@ def compare_calibrators(
     """
     logits, labels = _labels_of(logits, labels)
     sigmoid = sigmoid_task_of(logits, labels, task)
-    if sigmoid is not None:
-        from hf_calibration.calibrators.sigmoid.selection import compare_sigmoid_calibrators
-
-        return compare_sigmoid_calibrators(
-            logits,
-            labels,
-            methods,
-            cv,
-            seed,
-            metric=metric,
-            race=race,
-            fit_seeds=fit_seeds,
-            n_bins=n_bins,
-            from_logits=from_logits,
-            keep_predictions=keep_predictions,
-            progress_bar=progress_bar,
-            task=sigmoid,
-        )
-    specs = _method_specs(methods)
+    if sigmoid is None:
+        specs = _method_specs(methods)
     cv = check_int(cv, "cv", minimum=2)
     seed = check_int(seed, "seed", minimum=0)
     metric = check_choice(metric, "metric", SELECTION_METRICS)
@@ -281,20 +269,22 @@ def compare_calibrators(
     for name, flag in (("race", race), ("keep_predictions", keep_predictions), ("progress_bar", progress_bar)):
         if not isinstance(flag, bool):
             raise TypeError(f"Expected argument `{name}` to be a bool, but got {flag!r}.")
-    z, y = _as_logits(logits, labels, from_logits)
-    folds = stratified_folds(y, cv=cv, seed=seed)
-    zc = np.ascontiguousarray(
-        z - z.max(axis=1, keepdims=True)
-    )  # what every calibrator fits on (Calibrator._fit_inputs)
+    if sigmoid is None:
+        head = _SoftmaxHead(logits, labels, from_logits, n_bins)
+    else:
+        from hf_calibration.calibrators.sigmoid.selection import SigmoidHead
 
-    def unscored() -> np.ndarray:
-        return np.full(z.shape[0], np.nan)
+        head = SigmoidHead(logits, labels, from_logits, sigmoid, n_bins)
+        specs = _method_specs(methods, head.task)
+    z, folds = head.z, head.folds(cv, seed)
+
+    def unscored() -> np.ndarray | None:  # each sample's held-out NLL, for the paired test (softmax heads)
+        return np.full(z.shape[0], np.nan) if head.task == "multiclass" else None
 
     scores = {UNCALIBRATED: MethodScores(UNCALIBRATED, sample_nll=unscored())}
     for fold, (_, val) in enumerate(folds):
-        scores[UNCALIBRATED].add_fold(
-            fold, {**_scores(z[val], z[val], y[val], n_bins), "fit_seconds": 0.0}, val, sample_nll(z[val], y[val])
-        )
+        uncalibrated = {**head.score(z[val], val), "fit_seconds": 0.0}
+        scores[UNCALIBRATED].add_fold(fold, uncalibrated, val, head.sample_nll(z[val], val))
     predictions = {UNCALIBRATED: z} if keep_predictions else None
     seeds = {
         name: [seed + i for i in range(fit_seeds)] if is_stochastic(name) and "seed" not in kwargs else [None]
@@ -305,15 +295,29 @@ def compare_calibrators(
         if keep_predictions:
             predictions[name] = np.full_like(z, np.nan)
 
+    def fit_and_score(name: str, train: np.ndarray, val: np.ndarray):
+        """Fit ``name`` on ``train`` once per fit seed (``[None]``: unseeded), score it on ``val``: the scores averaged
+        over the seeds, the first seed's calibrated held-out logits, each held-out sample's NLL (averaged)."""
+        runs, first, nlls = [], None, []
+        for fit_seed in seeds[name]:
+            calibrator = create_calibrator(name, **specs[name], **({} if fit_seed is None else {"seed": fit_seed}))
+            start = time.perf_counter()
+            head.fit(calibrator, train)
+            elapsed = time.perf_counter() - start
+            calibrated = head.predict(calibrator, val)
+            runs.append({**head.score(calibrated, val), "fit_seconds": elapsed})
+            nlls.append(head.sample_nll(calibrated, val))
+            first = calibrated if first is None else first
+        values = {column: float(np.mean([run[column] for run in runs])) for column in COLUMNS}
+        return values, first, None if nlls[0] is None else np.mean(nlls, axis=0)
+
     running = list(specs)
     with _progress.progress_bar(total=len(specs) * cv, desc="compare_calibrators", enabled=progress_bar) as bar:
         for fold, (train, val) in enumerate(folds):
             for name in running:
                 bar.set_postfix_str(f"{name}, fold {fold + 1}/{cv}", refresh=False)
                 try:
-                    values, calibrated, held_out_nll = _fit_and_score(
-                        name, specs[name], seeds[name], z, zc, y, train, val, n_bins
-                    )
+                    values, calibrated, held_out_nll = fit_and_score(name, train, val)
                 except Exception as err:  # noqa: BLE001 - a method that fails is a row of the table, not a crash
                     message = str(err).strip().splitlines()[0] if str(err).strip() else ""
                     scores[name].errors.append(f"fold {fold + 1}: {type(err).__name__}: {message}")
@@ -337,9 +341,9 @@ def compare_calibrators(
         num_samples=int(z.shape[0]),
         num_classes=int(z.shape[1]),
         predictions=predictions,
-        labels=y if keep_predictions else None,
         metric=metric,
-        num_errors=int((z.argmax(axis=1) != y).sum()),
+        task=head.task,
+        **head.table(keep_predictions),
     )
 
 

@@ -78,7 +78,7 @@ class SMARTCalibrator(
     Needs at least ``min_samples = 50`` labelled samples (the smallest validation set the paper reports).
     Fitting is deterministic given ``seed`` (the MLP's initialisation; the rest is full-batch). A fit on at most 1,000
     samples checks itself on held-out data (5 folds of the fit set) and warns (``HeldOutWorseWarning``) when it leaves
-    the held-out NLL worse than the uncalibrated model's (``_held_out.py``).
+    the held-out NLL worse than the uncalibrated model's (``_fitting/held_out.py``).
     Method: H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*
     (arXiv:2506.23492).
 
@@ -106,7 +106,7 @@ class SMARTCalibrator(
     kind = "smart"
     fits_in_blocks = True
     min_samples = 50
-    held_out_check = True  # tens of parameters, a non-convex fit: see _held_out.py
+    held_out_check = True  # tens of parameters, a non-convex fit: see _fitting/held_out.py
     default_objective = "charbonnier_soft_ece"
     paper_citation = (
         "H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*, arXiv:2506.23492"

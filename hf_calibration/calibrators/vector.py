@@ -97,8 +97,8 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
 
     def _calibrated_blocks(self, rows):
         """The fit-set report's calibrated logits, ``(z - max z) w + b`` in the block's dtype by one compiled pass into one
-        buffer (the forward's arithmetic, bit for bit, without its checks and temporaries: 13 of 58 s at 50,000 x 21,843
-        were the report); a block whose output overflows goes through the forward, which saturates it."""
+        buffer (the forward's arithmetic, bit for bit, without its checks and temporaries, which dominated the fit at
+        50,000 x 21,843); a block whose output overflows goes through the forward, which saturates it."""
         weight, bias = self.weight.detach().numpy(), self.bias.detach().numpy()
         out = None
         for _, block in uncentred(rows).blocks():

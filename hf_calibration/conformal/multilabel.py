@@ -22,7 +22,6 @@ predicted and a warning says why.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import warnings
@@ -31,24 +30,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from huggingface_hub import PyTorchModelHubMixin
-from torch import nn
 
-from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.inputs import binary_labels, logits_and_labels, scores_kind
+from hf_calibration._core.persistence import refuse_edited
 from hf_calibration._core.tensors import as_tensor, logit
-from hf_calibration.calibrators import Calibrator, NotFittedError, load_calibrator, scores_fingerprint
-from hf_calibration.conformal.agreement import FINGERPRINT_KEY, check_calibrator_fingerprint
-from hf_calibration.conformal.card import add_task_tag, modality_values, task_only, with_pipeline_task
+from hf_calibration.calibrators import Calibrator, NotFittedError, scores_fingerprint
+from hf_calibration.conformal.agreement import FINGERPRINT_KEY
+from hf_calibration.conformal.card import modality_values
+from hf_calibration.conformal.predictor import SavedPredictor
 from hf_calibration.conformal.quantile import check_alpha
 
 __all__ = ["MultiLabelConformalPredictor", "crc_threshold", "false_negative_rate"]
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 KIND = "crc"
-CALIBRATOR_SUBFOLDER = "calibrator"
 
 CARD_TEMPLATE = """---
 {{ card_data }}
@@ -143,8 +139,7 @@ def crc_threshold(probs: np.ndarray, labels: np.ndarray, alpha: float, threshold
 
 
 class MultiLabelConformalPredictor(
-    nn.Module,
-    PyTorchModelHubMixin,
+    SavedPredictor,
     library_name="hf_calibration",
     tags=["conformal-prediction", "conformal-risk-control", "hf_calibration", "multi-label"],  # and the model's task
     model_card_template=CARD_TEMPLATE,
@@ -164,6 +159,7 @@ class MultiLabelConformalPredictor(
     """
 
     method = KIND
+    checkpoint_kind = KIND
 
     def __init__(self, thresholds: Any = "exact") -> None:
         super().__init__()
@@ -342,38 +338,14 @@ class MultiLabelConformalPredictor(
         info = self.fit_info_
         return f"alpha={info['alpha']}, threshold={info['threshold']:.6g}" if info else "not fitted"
 
-    # ------------------------------------------------------------------ Hub
-    def _save_pretrained(self, save_directory) -> None:
-        from safetensors.torch import save_model
+    # ------------------------------------------------------------------ Hub (save / load: _core/persistence.py)
+    @classmethod
+    def _own_kinds(cls) -> str:
+        return KIND
 
-        from hf_calibration._core.version import __version__
-
-        save_model(
-            self,
-            str(save_directory / hub.WEIGHTS_NAME),
-            metadata={
-                "format": "pt",
-                "conformal": KIND,
-                "format_version": str(FORMAT_VERSION),
-                hub.SETTINGS_KEY: hub.settings_metadata(self._settings()),  # an edited config.json is refused at load
-            },
-        )
-        config = {
-            **(self._hub_mixin_config or {}),
-            "conformal": KIND,
-            "format_version": FORMAT_VERSION,
-            "hf_calibration_version": __version__,
-            "fit": self.fit_info_,
-        }
-        (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
-
-    def _settings(self) -> dict[str, Any]:
-        """The constructor's arguments and the fit record: what the weights file's metadata keeps a copy of."""
-        return {"init": dict(self._hub_mixin_config or {}), "fit": self.fit_info_}
-
-    def generate_model_card(self, *args, **kwargs):
+    def _card_values(self, values: dict[str, Any]) -> dict[str, Any]:
         info = self.fit_info_ or {}
-        values = {
+        return {
             "threshold": f"{info.get('threshold', float('nan')):.6g}",
             "alpha": info.get("alpha"),
             "num_samples": info.get("num_samples"),
@@ -381,117 +353,23 @@ class MultiLabelConformalPredictor(
             "fnr": f"{info.get('false_negative_rate', float('nan')):.4f}",
             "set_size": f"{info.get('mean_set_size', float('nan')):.3f}",
             "calibrated": "calibrated " if info.get("calibrator") else "",
-            **modality_values(kwargs.get("pipeline_task")),
+            **modality_values(values.get("pipeline_task")),
+            **values,
         }
-        return add_task_tag(super().generate_model_card(*args, **{**values, **kwargs}), kwargs.get("pipeline_task"))
-
-    def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
-        """Write the threshold, ``config.json``, the card and, with a calibrator, its checkpoint in ``calibrator/``; the
-        folder rules of ``ConformalPredictor.save_pretrained``."""
-        from hf_calibration.conformal.predictor import check_save_folder
-
-        self._check_fitted()
-        if not isinstance(overwrite, bool):
-            raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
-        folder = Path(save_directory)
-        kwargs["model_card_kwargs"] = card = with_pipeline_task(kwargs.get("model_card_kwargs"), folder)
-        check_save_folder(folder, overwrite=overwrite)
-        out = hub.save_recorded(
-            self,
-            folder,
-            lambda: super(MultiLabelConformalPredictor, self).save_pretrained(folder, **kwargs),
-            overwrite=overwrite,
-            card_kwargs=card,
-            subfolder="conformal",
-        )
-        if self.calibrator is not None:
-            self.calibrator.save_pretrained(
-                folder / CALIBRATOR_SUBFOLDER, overwrite=overwrite, model_card_kwargs=task_only(card)
-            )
-        return out
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        path_in_repo: str | None = None,
-        dry_run: bool = False,
-        commit_message: str | None = None,
-        **kwargs: Any,
-    ) -> str:
-        """Upload the predictor (and its calibrator), as ``ConformalPredictor.push_to_hub``."""
-        self._check_fitted()
-        return Calibrator.push_to_hub(
-            self,
-            repo_id,
-            path_in_repo=path_in_repo,
-            dry_run=dry_run,
-            commit_message=commit_message or "Upload multi-label conformal predictor",
-            **kwargs,
-        )
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *, subfolder: str | None = None, **kwargs: Any):
-        """Load a saved predictor (and its calibrator) strictly from a folder or Hub repo."""
-        folder, config, download = hub.open_checkpoint(
-            pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors"
-        )
-        cls._check_config(config, folder)
-        predictor = super().from_pretrained(folder, **kwargs)
-        if config["fit"].get("calibrator"):
-            local = Path(folder) / CALIBRATOR_SUBFOLDER
-            if local.is_dir():
-                calibrator = load_calibrator(local)
-            else:
-                nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
-                calibrator = load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
-            predictor.__dict__["calibrator_"] = calibrator
-        check_calibrator_fingerprint(predictor, predictor.calibrator, Path(folder) / CALIBRATOR_SUBFOLDER)
-        return predictor
 
     @classmethod
     def _check_config(cls, config: dict, where) -> None:
-        if config.get("conformal") != KIND:
-            raise ValueError(
-                f"Expected a multi-label conformal checkpoint (config `conformal` = {KIND!r}) in {str(where)!r}, "
-                f"but its config has conformal={config.get('conformal')!r}."
-            )
-        if config.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"Expected checkpoint format_version {FORMAT_VERSION}, but {str(where)!r} has "
-                f"{config.get('format_version')!r}."
-            )
-        fit = config.get("fit")
-        if not isinstance(fit, dict) or not isinstance(fit.get("num_labels"), int) or fit["num_labels"] < 1:
+        super()._check_config(config, where)
+        fit = config["fit"]
+        if not isinstance(fit.get("num_labels"), int) or fit["num_labels"] < 1:
             raise ValueError(f"The checkpoint in {str(where)!r} has no valid `fit` record in its config.")
 
-    @classmethod
-    def _from_pretrained(
-        cls,
-        *,
-        model_id: str,
-        revision,
-        cache_dir,
-        force_download,
-        local_files_only,
-        token,
-        map_location: str = "cpu",
-        strict: bool = True,
-        config: dict | None = None,
-        **model_kwargs,
-    ):
-        cls._check_config(config or {}, model_id)
-        predictor = cls(**model_kwargs)
-        metadata = hub.load_weights(predictor, model_id, what="conformal predictor", map_location=map_location)
-        if metadata.get("conformal") != KIND or math.isnan(float(predictor.threshold)):
-            raise ValueError(f"The weights in {model_id!r} do not belong to a fitted MultiLabelConformalPredictor.")
-        predictor.fit_info_ = dict(config["fit"])
-        hub.check_settings(metadata, predictor._settings(), model_id, "conformal predictor")
-        if float(predictor.fit_info_.get("threshold", float("nan"))) != float(predictor.threshold):
-            raise ValueError(
-                f"The conformal predictor's {model_id + '/' + hub.CONFIG_NAME!r} does not match its weights "
-                f"(fit.threshold is {predictor.fit_info_.get('threshold')!r}, the weights hold "
-                f"{float(predictor.threshold)!r}): save it again rather than editing its config."
+    def _check_loaded(self, path: str) -> None:
+        if math.isnan(float(self.threshold)):  # -inf is a threshold: no threshold controlled the risk, every label kept
+            raise ValueError(f"The conformal predictor weights {path!r} are corrupted: threshold holds NaN.")
+        if float(self.fit_info_.get("threshold", float("nan"))) != float(self.threshold):
+            refuse_edited(
+                str(Path(path).parent),
+                "conformal predictor",
+                f"fit.threshold is {self.fit_info_.get('threshold')!r}, the weights hold {float(self.threshold)!r}",
             )
-        predictor.eval()
-        return predictor

@@ -34,13 +34,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from huggingface_hub import PyTorchModelHubMixin
-from torch import nn
 
 from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.checks import check_choice, check_float, check_int
 from hf_calibration._core.inputs import logits_and_labels as _labels_of
 from hf_calibration._core.inputs import read_multiclass, scores_kind
+from hf_calibration._core.persistence import Saved, refuse_edited
 from hf_calibration._core.tasks import check_pipeline_task
 from hf_calibration._core.tensors import as_tensor, log_probabilities, native_array
 from hf_calibration._core.threads import torch_single_threaded
@@ -50,7 +49,6 @@ from hf_calibration.conformal._kernels import label_scores, set_rows
 from hf_calibration.conformal.agreement import FINGERPRINT_KEY, check_calibrator_fingerprint
 from hf_calibration.conformal.card import (
     CONFORMAL_CARD_TEMPLATE,
-    add_task_tag,
     card_values,
     task_only,
     with_pipeline_task,
@@ -75,9 +73,89 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+class SavedPredictor(Saved):
+    """What both conformal predictors share on disk: the ``conformal`` key, and their calibrator (if any) saved and
+    loaded in the ``calibrator/`` subfolder, checked against the fingerprint the fit recorded."""
+
+    checkpoint_key: ClassVar[str] = "conformal"
+    checkpoint_what: ClassVar[str] = "conformal predictor"
+    save_subfolder: ClassVar[str] = "conformal"
+    format_version: ClassVar[int] = FORMAT_VERSION
+
+    @property
+    def checkpoint_kind(self) -> str:
+        return self.method
+
+    @classmethod
+    def _own_kinds(cls) -> Any:
+        return list(METHODS)
+
+    @classmethod
+    def _wrong_kind_hint(cls, config: dict) -> str:
+        return " (it is a calibrator: use load_calibrator)." if "calibrator" in config else "."
+
+    def _before_save(self, folder: Path, overwrite: bool, card: dict[str, Any]) -> None:
+        card.update(with_pipeline_task(card, folder))  # the model's task, for this card and the calibrator's
+        held = check_save_folder(folder, overwrite=overwrite)
+        sub = folder / CALIBRATOR_SUBFOLDER
+        if self.calibrator is not None and sub.exists():  # checked before anything is written
+            hub.check_save_folder(sub, overwrite=overwrite, what=f"the calibrator's folder {str(sub)!r}")
+        if held == "conformal" and self.calibrator is None and sub.is_dir():  # the earlier predictor's calibrator
+            hub.remove_owned_files(sub, tuple(hub.owned_files(sub)))  # only the files the package wrote there
+            if not any(sub.iterdir()):
+                sub.rmdir()
+
+    def _after_save(self, folder: Path, overwrite: bool, card: dict[str, Any]) -> None:
+        if self.calibrator is not None:
+            self.calibrator.save_pretrained(
+                folder / CALIBRATOR_SUBFOLDER, overwrite=overwrite, model_card_kwargs=task_only(card)
+            )
+
+    @classmethod
+    def _after_load(cls, predictor, opened: dict[str, Any]):
+        folder, config = opened["folder"], opened["config"]
+        local = folder / CALIBRATOR_SUBFOLDER
+        recorded = config["fit"].get("calibrator")
+        if not recorded:
+            if hub.read_config_or_none(local) is not None:
+                raise ValueError(
+                    f"The conformal predictor in {str(folder)!r} records no calibrator (its config's fit.calibrator is "
+                    f"null), but {str(local)!r} holds one: its config.json was edited after the save, or the "
+                    "folders were mixed up. Save the predictor again."
+                )
+            return predictor
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("kind"), str):
+            raise ValueError(
+                f"The checkpoint in {str(folder)!r} is corrupted: its config's fit.calibrator is {recorded!r}."
+            )
+        if Path(opened["name_or_path"]).is_dir() and not local.is_dir():
+            raise ValueError(
+                f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator in "
+                f"{str(local)!r}, but that folder is missing: the sets need it. Copy the whole folder, or save the "
+                "predictor again."
+            )
+        if local.is_dir():
+            calibrator = load_calibrator(local, map_location=opened["map_location"])
+        else:  # a Hub repo: the calibrator's files are downloaded from its own subfolder
+            nested = "/".join(p for p in ((opened["subfolder"] or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
+            calibrator = load_calibrator(opened["name_or_path"], subfolder=nested, **opened["download"])
+        if calibrator.kind != recorded["kind"]:
+            raise ValueError(
+                f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator, but "
+                f"{str(local)!r} holds a {calibrator.kind} one."
+            )
+        if calibrator.fit_info_.get("num_classes") not in (None, predictor.num_classes):
+            raise ValueError(
+                f"The calibrator saved with the predictor in {str(local)!r} was fitted on K = "
+                f"{calibrator.fit_info_.get('num_classes')} classes, the predictor on K = {predictor.num_classes}."
+            )
+        check_calibrator_fingerprint(predictor, calibrator, local)
+        predictor.__dict__["calibrator_"] = calibrator
+        return predictor
+
+
 class ConformalPredictor(
-    nn.Module,
-    PyTorchModelHubMixin,
+    SavedPredictor,
     library_name="hf_calibration",
     tags=["conformal-prediction", "hf_calibration"],  # and the model's pipeline task, per card (generate_model_card)
     model_card_template=CONFORMAL_CARD_TEMPLATE,
@@ -107,7 +185,6 @@ class ConformalPredictor(
     """
 
     default_randomized: ClassVar[dict[str, bool]] = {"thr": False, "aps": True, "raps": True}
-    format_version: ClassVar[int] = FORMAT_VERSION
 
     def __init__(
         self,
@@ -469,7 +546,7 @@ class ConformalPredictor(
     def draw_uniforms(self, n: int, *, generator: torch.Generator | int | None = None) -> torch.Tensor | None:
         """The (n,) float64 Uniform(0, 1) draws that ``predict_sets`` would use for its next ``n`` rows, taken from the
         predictor's stream (which they advance) or from ``generator``; None when the scores are not randomised. An
-        exported graph (``hf_calibration.export_onnx``) takes them as its input ``u``."""
+        exported graph (``hf_calibration.serving.export_onnx``) takes them as its input ``u``."""
         self._check_fitted()
         n = check_int(n, "n", minimum=0)
         if isinstance(generator, int) and not isinstance(generator, bool):
@@ -518,208 +595,26 @@ class ConformalPredictor(
             f"alpha={info['alpha']}, q_hat={info['q_hat']:.6g}" if info else "not fitted"
         )
 
-    # ------------------------------------------------------------------ Hub
-    def _save_pretrained(self, save_directory) -> None:
-        from safetensors.torch import save_model
-
-        from hf_calibration._core.version import __version__
-
-        save_model(
-            self,
-            str(save_directory / hub.WEIGHTS_NAME),
-            metadata={
-                "format": "pt",
-                "conformal": self.method,
-                "format_version": str(FORMAT_VERSION),
-                hub.SETTINGS_KEY: hub.settings_metadata(self._settings()),
-            },
-        )
-        config = {
-            **(self._hub_mixin_config or {}),
-            "conformal": self.method,
-            "format_version": FORMAT_VERSION,
-            "hf_calibration_version": __version__,
-            "fit": self.fit_info_,
-        }
-        (save_directory / hub.CONFIG_NAME).write_text(json.dumps(config, sort_keys=True, indent=2))
-
-    def _settings(self) -> dict[str, Any]:
-        """What decides the sets and what the card states: the constructor's arguments and the fit record. Saved in the
-        weights file's metadata too, so that a ``config.json`` edited after the save is refused at load."""
-        return json.loads(json.dumps({"init": dict(self._hub_mixin_config or {}), "fit": self.fit_info_}))
-
-    def generate_model_card(self, *args, **kwargs):
-        task = kwargs.get("pipeline_task")
+    # ------------------------------------------------------------------ Hub (save / load: _core/persistence.py)
+    def _card_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        task = values.get("pipeline_task")
         if task is not None:
             check_pipeline_task(task, "model_card_kwargs['pipeline_task']")
-        card = super().generate_model_card(*args, **{**card_values(self, task), **kwargs})
-        return add_task_tag(card, task)
+        return {**card_values(self, task), **values}
 
-    def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
-        """Write ``model.safetensors`` (the threshold), ``config.json``, the model card ``README.md`` and, with a
-        calibrator, its checkpoint in ``calibrator/``.
-
-        The folder must be new or empty; ``overwrite=True`` replaces a predictor or calibrator saved there. A model's
-        folder is refused even then: save the predictor in its ``conformal/`` subfolder. Other keyword arguments are
-        ``PyTorchModelHubMixin.save_pretrained``'s.
-        """
-        self._check_fitted()
-        if not isinstance(overwrite, bool):
-            raise TypeError(f"Expected argument `overwrite` to be a bool, but got {overwrite!r}.")
-        folder = Path(save_directory)
-        kwargs["model_card_kwargs"] = card = with_pipeline_task(kwargs.get("model_card_kwargs"), folder)
-        held = check_save_folder(folder, overwrite=overwrite)
-        sub = folder / CALIBRATOR_SUBFOLDER
-        if self.calibrator is not None and sub.exists():  # checked before anything is written
-            hub.check_save_folder(sub, overwrite=overwrite, what=f"the calibrator's folder {str(sub)!r}")
-        if held == "conformal" and self.calibrator is None and sub.is_dir():  # the earlier predictor's calibrator
-            hub.remove_owned_files(sub, tuple(hub.owned_files(sub)))  # only the files the package wrote there
-            if not any(sub.iterdir()):
-                sub.rmdir()
-        # a predictor or a calibrator saved there is replaced whole, card included; a user's files are never touched
-        out = hub.save_recorded(
-            self,
-            folder,
-            lambda: super(ConformalPredictor, self).save_pretrained(folder, **kwargs),
-            overwrite=overwrite,
-            card_kwargs=card,
-            subfolder="conformal",
-        )
-        if self.calibrator is not None:
-            self.calibrator.save_pretrained(sub, overwrite=overwrite, model_card_kwargs=task_only(card))
-        return out
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        path_in_repo: str | None = None,
-        dry_run: bool = False,
-        commit_message: str | None = None,
-        **kwargs: Any,
-    ) -> str:
-        """Upload the predictor (and its calibrator) to the Hub repo ``repo_id``, e.g. ``path_in_repo="conformal"`` beside
-        a model; returns the commit URL (``dry_run=True``: the local folder that would be uploaded). The other arguments
-        (``private``, ``token``, ``branch``, ``create_pr``, ``model_card_kwargs``) and the errors are those of
-        ``Calibrator.push_to_hub``."""
-        self._check_fitted()
-        return Calibrator.push_to_hub(
-            self,
-            repo_id,
-            path_in_repo=path_in_repo,
-            dry_run=dry_run,
-            commit_message=commit_message or f"Upload {self.method} conformal predictor",
-            **kwargs,
-        )
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path, *, subfolder: str | None = None, **kwargs: Any
-    ) -> ConformalPredictor:
-        """Load a saved predictor (and its calibrator) strictly from a local folder or a Hub repo.
-
-        Args:
-            pretrained_model_name_or_path: local folder or Hub repo id.
-            subfolder: the predictor's folder inside it (e.g. ``"conformal"`` beside a model).
-            **kwargs: ``revision``, ``cache_dir``, ``token``, ``local_files_only``, ``force_download``, ``map_location``.
-        """
-        folder, config, download = hub.open_checkpoint(
-            pretrained_model_name_or_path, subfolder, kwargs, who="Conformal predictors", what="conformal predictor"
-        )
-        cls._check_config(config, folder)
-        predictor = super().from_pretrained(folder, **kwargs)
-        local = Path(folder) / CALIBRATOR_SUBFOLDER
-        recorded = config["fit"].get("calibrator")
-        is_local = Path(pretrained_model_name_or_path).is_dir()
-        if not recorded:
-            if hub.read_config_or_none(local) is not None:
-                raise ValueError(
-                    f"The conformal predictor in {str(folder)!r} records no calibrator (its config's fit.calibrator is "
-                    f"null), but {str(local)!r} holds one: its config.json was edited after the save, or the "
-                    "folders were mixed up. Save the predictor again."
-                )
-            return predictor
-        if not isinstance(recorded, dict) or not isinstance(recorded.get("kind"), str):
-            raise ValueError(
-                f"The checkpoint in {str(folder)!r} is corrupted: its config's fit.calibrator is {recorded!r}."
-            )
-        if is_local and not local.is_dir():
-            raise ValueError(
-                f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator in "
-                f"{str(local)!r}, but that folder is missing: the sets need it. Copy the whole folder, or save the "
-                "predictor again."
-            )
-        if local.is_dir():
-            calibrator = load_calibrator(local, map_location=kwargs.get("map_location", "cpu"))
-        else:  # a Hub repo: the calibrator's files are downloaded from its own subfolder
-            nested = "/".join(p for p in ((subfolder or "").strip("/"), CALIBRATOR_SUBFOLDER) if p)
-            calibrator = load_calibrator(pretrained_model_name_or_path, subfolder=nested, **download)
-        if calibrator.kind != recorded["kind"]:
-            raise ValueError(
-                f"The conformal predictor in {str(folder)!r} was saved with a {recorded['kind']} calibrator, but "
-                f"{str(local)!r} holds a {calibrator.kind} one."
-            )
-        if calibrator.fit_info_.get("num_classes") not in (None, predictor.num_classes):
-            raise ValueError(
-                f"The calibrator saved with the predictor in {str(local)!r} was fitted on K = "
-                f"{calibrator.fit_info_.get('num_classes')} classes, the predictor on K = {predictor.num_classes}."
-            )
-        check_calibrator_fingerprint(predictor, calibrator, local)
-        predictor.__dict__["calibrator_"] = calibrator
-        return predictor
+    def _check_loaded(self, path: str) -> None:
+        super()._check_loaded(path)
+        _check_fit_record(self, str(Path(path).parent))
+        self._reset_stream()
 
     @classmethod
     def _check_config(cls, config: dict, where) -> None:
-        if config.get("conformal") not in METHODS:
-            raise ValueError(
-                f"Expected a ConformalPredictor checkpoint (config `conformal` in {list(METHODS)}) in {str(where)!r}, but its "
-                f"config has conformal={config.get('conformal')!r}"
-                + (" (it is a calibrator: use load_calibrator)." if "calibrator" in config else ".")
-            )
-        if config.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"Expected checkpoint format_version {FORMAT_VERSION}, but {str(where)!r} has {config.get('format_version')!r}: "
-                "it was written by an incompatible version of hf_calibration."
-            )
-        fit = config.get("fit")
-        if not isinstance(fit, dict) or not isinstance(fit.get("num_classes"), int) or fit["num_classes"] < 2:
+        super()._check_config(config, where)
+        fit = config["fit"]
+        if not isinstance(fit.get("num_classes"), int) or fit["num_classes"] < 2:
             raise ValueError(
                 f"The checkpoint in {str(where)!r} has no valid `fit` record in its config: it is corrupted or was never fitted."
             )
-
-    @classmethod
-    def _from_pretrained(
-        cls,
-        *,
-        model_id: str,
-        revision,
-        cache_dir,
-        force_download,
-        local_files_only,
-        token,
-        map_location: str = "cpu",
-        strict: bool = True,
-        config: dict | None = None,
-        **model_kwargs,
-    ):
-        cls._check_config(config or {}, model_id)
-        try:
-            predictor = cls(**model_kwargs)
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                f"The checkpoint's config in {model_id!r} does not fit ConformalPredictor: {err}"
-            ) from None
-        metadata = hub.load_weights(predictor, model_id, what="conformal predictor", map_location=map_location)
-        path = f"{model_id}/{hub.WEIGHTS_NAME}"
-        if metadata.get("conformal") != predictor.method or not bool(torch.isfinite(predictor.q_hat)):
-            raise ValueError(
-                f"The weights in {path!r} do not belong to a fitted {predictor.method!r} ConformalPredictor."
-            )
-        predictor.fit_info_ = dict(config["fit"])
-        _check_settings(predictor, metadata, model_id)
-        predictor._reset_stream()
-        predictor.eval()
-        return predictor
 
 
 def _kernel_input(x: np.ndarray) -> np.ndarray:
@@ -777,18 +672,13 @@ def _check_rows(z: np.ndarray, is_logits: bool) -> None:
         raise_row_error(z, found, "logits")
 
 
-def _check_settings(predictor: ConformalPredictor, metadata: dict[str, str], where: str) -> None:
-    """Refuse a ``config.json`` that says other than the weights it came with: the settings saved in the weights file's
-    metadata (saves since they were recorded), and always the threshold and the fit record's own consistency."""
-    info, config = predictor.fit_info_, f"{where}/{hub.CONFIG_NAME}"
+def _check_fit_record(predictor: ConformalPredictor, where: str) -> None:
+    """Refuse a fit record that does not match the threshold in the weights, or is not consistent in itself."""
+    info = predictor.fit_info_
 
     def refuse(what: str) -> None:
-        raise ValueError(
-            f"The conformal predictor's {config!r} does not match its weights ({what}): it was edited after the save "
-            "or is corrupted. Save the predictor again rather than editing its config."
-        )
+        refuse_edited(where, "conformal predictor", what)
 
-    hub.check_settings(metadata, predictor._settings(), where, "conformal predictor")
     if not isinstance(info.get("q_hat"), (int, float)) or float(info["q_hat"]) != float(predictor.q_hat):
         refuse(f"fit.q_hat is {info.get('q_hat')!r}, the weights hold q_hat = {float(predictor.q_hat)!r}")
     for name in ("method", "randomized", "allow_empty"):

@@ -3,7 +3,7 @@
 ``evaluate.load("<org>/<name>")`` downloads ``<name>.py`` from the Space ``<org>/<name>``
 (``https://huggingface.co/spaces/<org>/<name>/resolve/<revision>/<name>.py``); the Space itself runs ``app.py``
 (evaluate's Gradio widget) after installing ``requirements.txt``. Each Space is one folder of
-``hf_calibration/metric_scripts`` (every folder there: :func:`hf_calibration.list_metric_scripts`), copied as it is
+``hf_calibration/metric_scripts`` (every folder there: :func:`hf_calibration.hub.list_metric_scripts`), copied as it is
 except ``requirements.txt``, which names a pip requirement that installs this version of the package
 (:func:`package_requirement`), because the scripts import ``hf_calibration``.
 
@@ -148,7 +148,7 @@ def build_metric_spaces(
     Args:
         out: a new or empty folder (``overwrite=True``: also one holding folders an earlier call wrote, replaced;
             any other file there is refused, never replaced).
-        names: the metrics (default: every bundled script, :func:`hf_calibration.list_metric_scripts`).
+        names: the metrics (default: every bundled script, :func:`hf_calibration.hub.list_metric_scripts`).
         requirement: the pip requirement line of ``requirements.txt`` (default: :func:`package_requirement`).
     """
     if not isinstance(overwrite, bool):

@@ -7,7 +7,7 @@
 * timm checkpoints (``timm/resnet50.a1_in1k``, or a folder with a ``timm_wrapper`` config):
   ``TimmWrapperForImageClassification``, whose image processor is read from ``config.json``;
 * checkpoints saved after the MaC-Cal stage (their config records ``maccal_head``):
-  ``hf_calibration.load_maccal_model``, which rebuilds the bottleneck head instead of a random Linear.
+  ``hf_calibration.maccal.load_maccal_model``, which rebuilds the bottleneck head instead of a random Linear.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_MACCAL_CONFIG_KEY = "maccal_head"  # what a MaC-Cal checkpoint's config records (see hf_calibration.load_maccal_model)
+_MACCAL_CONFIG_KEY = (
+    "maccal_head"  # what a MaC-Cal checkpoint's config records (see hf_calibration.maccal.load_maccal_model)
+)
 _HUB_KWARGS = (
     "cache_dir",
     "force_download",

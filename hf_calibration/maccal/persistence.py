@@ -165,7 +165,7 @@ class MaCCalAutoConfig:
         if base_type not in CONFIG_MAPPING:
             raise ValueError(
                 f"Expected `{CONFIG_KEY}.base_model_type` to name a transformers model type, but got {base_type!r}: "
-                "load the model with `hf_calibration.load_maccal_model(path, model_class=...)`."
+                "load the model with `hf_calibration.maccal.load_maccal_model(path, model_class=...)`."
             )
         return maccal_config_class(CONFIG_MAPPING[base_type]).from_dict(config_dict, **kwargs)
 

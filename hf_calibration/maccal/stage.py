@@ -450,7 +450,7 @@ def maccal_stage(
     Example::
 
         from transformers import AutoImageProcessor, pipeline
-        from hf_calibration import MaCCalConfig, load_maccal_model, maccal_stage
+        from hf_calibration.maccal import MaCCalConfig, load_maccal_model, maccal_stage
 
         result = maccal_stage(model, train_set_without_augmentation, MaCCalConfig(epochs=40))
         model.save_pretrained("out/maccal")

@@ -532,7 +532,7 @@ def smce(
             summing to 1 within 1e-2), as :func:`hf_calibration.metrics.ece`; True/False win.
         ci, n_boot, seed: a percentile bootstrap interval, as :func:`hf_calibration.metrics.ece`, but
             ``n_boot`` defaults to 200: each resample costs one O(N) sweep over the rows sorted once
-            (about 2 ms at N = 1e5; see ``benchmarks/bootstrap_speed.py``).
+            (timings: ``benchmarks/RESULTS.md``).
 
     Example:
         >>> import numpy as np

@@ -74,7 +74,7 @@ def model_shift_report(
     """:func:`shift_report` for a model and an image dataset.
 
     Args:
-        model: a model folder / Hub id or a model object (see :func:`hf_calibration.predict_logits`).
+        model: a model folder / Hub id or a model object (see :func:`hf_calibration.io.predict_logits`).
         dataset: the dataset (Hub id, ``save_to_disk`` folder, image folder or ``datasets`` object) whose
             ``split`` is the clean test set, and whose ``val_split`` (unless ``val_dataset`` is given) is the
             clean calibration set the calibrators named in ``calibrators`` are fitted on.

@@ -261,7 +261,7 @@ def fit_for_shift(
             applies the benchmark corruptions at severity ``l``, ``levels`` at most 6).
         seed: the noise's seed. chance_margin: how close to chance the strongest level goes (module docstring).
         **predict_kwargs: ``batch_size``, ``image_column``, ``label_column``, ``max_samples``, ``device``, ... (see
-            :func:`hf_calibration.predict_logits`).
+            :func:`hf_calibration.io.predict_logits`).
 
     Returns:
         the fitted calibrator; ``fit_info_["shift_fit"]`` holds the recipe (perturbation, strengths, seed, the accuracy

@@ -185,7 +185,7 @@ class CalibrationTrainer(Trainer):
             and NLL before / after as ``model-index`` results (see :mod:`hf_calibration.training.eval_calibration`).
         endpoint_handler: with ``calibrate_on_eval``, ``save_model`` (hence ``push_to_hub``) also writes
             ``handler.py`` and ``requirements.txt`` beside the model, so that a Hugging Face Inference Endpoint serves
-            calibrated scores (``hf_calibration.write_endpoint_handler``); ``True`` (the requirement of the code
+            calibrated scores (``hf_calibration.serving.write_endpoint_handler``); ``True`` (the requirement of the code
             installed here, as ``push-metrics`` writes it) or the ``requirements.txt`` line that installs hf-calibration
             there (a string, needed when it was installed from a local folder). Needs ``processing_class``.
         **kwargs: everything `Trainer` takes (``model``, ``args``, ``train_dataset``, ``optimizers`` ...).

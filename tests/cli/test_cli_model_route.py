@@ -71,7 +71,7 @@ def test_report_of_a_model_on_a_dataset(capsys, root, tmp_path, name, source):
 
 def test_fit_then_report_with_the_calibrator(capsys, root, tmp_path, monkeypatch):
     """fit on the validation split (the default for fit: `val` finds `validation`), then report the test split through it."""
-    from hf_calibration import TemperatureScaling
+    from hf_calibration.calibrators import TemperatureScaling
 
     cache = tmp_path / "cache"
     code, out, err = _run(
@@ -152,7 +152,8 @@ def test_fit_on_the_timm_model_over_an_image_folder_pushes_beside_the_model(caps
     assert "calibrator.attach(model)" in calls["card"]
     assert "pushed to https://huggingface.co/me/tiny-timm/tree/main/calibrator" in out
     # what was pushed is what a fit on the bare loop's logits gives (same seed)
-    from hf_calibration import SMARTCalibrator, load_calibrator
+    from hf_calibration import load_calibrator
+    from hf_calibration.calibrators import SMARTCalibrator
 
     logits, labels = _reference(root, "timm", "folder", "validation")
     want = SMARTCalibrator().fit(torch.from_numpy(logits), torch.from_numpy(labels), progress_bar=False)
@@ -217,7 +218,7 @@ def test_report_applies_a_calibrator_to_a_probability_file(capsys, root, tmp_pat
 
 def test_compare_on_a_model_and_a_dataset(capsys, root, tmp_path):
     """compare --model/--dataset (default split: validation) gives the table compare_calibrators gives on the bare logits."""
-    from hf_calibration import compare_calibrators
+    from hf_calibration.calibrators import compare_calibrators
 
     code, out, err = _run(
         capsys,

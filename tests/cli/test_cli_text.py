@@ -12,7 +12,8 @@ import pytest
 import torch
 from _models import tiny_bert
 
-from hf_calibration import TemperatureScaling, load_calibrator
+from hf_calibration import load_calibrator
+from hf_calibration.calibrators import TemperatureScaling
 from hf_calibration.cli import main
 from hf_calibration.metrics import calibration_report
 

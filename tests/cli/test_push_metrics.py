@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_calibration import list_metric_scripts
 from hf_calibration.cli import main
+from hf_calibration.hub import list_metric_scripts
 
 SPEC = "hf-calibration==0.1.0"
 

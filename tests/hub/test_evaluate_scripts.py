@@ -15,7 +15,8 @@ from _models import digits, digits_dataset, tiny_vit
 from transformers import Trainer, TrainingArguments
 
 import hf_calibration
-from hf_calibration import list_metric_scripts, metric_path
+from hf_calibration import metric_path
+from hf_calibration.hub import list_metric_scripts
 from hf_calibration.metrics import adaece, calibration_report, debiased_ece, ece, smce
 
 torch.set_num_threads(1)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_calibration import list_metric_scripts, metric_path
+from hf_calibration import metric_path
+from hf_calibration.hub import list_metric_scripts
 from hf_calibration.hub import metric_scripts as metric_scripts_module
 from hf_calibration.hub.spaces import build_metric_spaces, package_requirement, push_metric_spaces
 

@@ -12,9 +12,9 @@ from _distributed_worker import PARTS, accumulator_data
 from _image_data import digits_dataset_dict, save_classifier
 from _torchrun import run_torchrun
 
-from hf_calibration import CalibrationAccumulator, predict_logits
 from hf_calibration._core.distributed import shard_range
-from hf_calibration.metrics import calibration_report
+from hf_calibration.io import predict_logits
+from hf_calibration.metrics import CalibrationAccumulator, calibration_report
 
 HERE = Path(__file__).resolve().parents[1]  # tests/, where the worker scripts are
 

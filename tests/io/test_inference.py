@@ -11,8 +11,7 @@ import torch
 from _image_data import write_route
 from _models import digits_dataset, make_model
 
-from hf_calibration import predict_logits
-from hf_calibration.io import inference
+from hf_calibration.io import inference, predict_logits
 
 ATOL = 1e-5  # batches of 8 against one batch of all rows: float32 summation order only
 
@@ -152,7 +151,7 @@ def test_labels_follow_the_model_class_names(root, tmp_path):
 def test_a_maccal_checkpoint_runs_with_its_bottleneck_head(root, tmp_path):
     from transformers import AutoImageProcessor
 
-    from hf_calibration import MaCCalConfig, maccal_stage
+    from hf_calibration.maccal import MaCCalConfig, maccal_stage
 
     data = _split(root, "saved")
     processor = AutoImageProcessor.from_pretrained(root / "vit")

@@ -9,7 +9,7 @@ import torch
 from _image_data import MEAN, STD, digits_dataset_dict
 from _models import make_model
 
-from hf_calibration import predict_logits
+from hf_calibration.io import predict_logits
 
 
 def _tags(digits) -> list[list[int]]:

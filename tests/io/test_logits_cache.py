@@ -38,7 +38,7 @@ def test_one_flipped_bit_of_one_weight_changes_the_fingerprint():
 
 
 def test_every_input_of_the_logits_is_in_the_key():
-    from hf_calibration import TemperatureScaling
+    from hf_calibration.calibrators import TemperatureScaling
 
     model = make_model("vit", seed=0)
     data = digits_dataset_dict()["test"]
@@ -76,7 +76,7 @@ def test_a_dataset_without_fingerprint_is_not_cached():
 def test_what_the_key_cannot_describe_is_not_cached():
     # issue 23 item 4: a forward hook that rewrites the logits got the old cached logits; a plain callable processor
     # was keyed by its repr
-    from hf_calibration import TemperatureScaling
+    from hf_calibration.calibrators import TemperatureScaling
 
     model = make_model("vit", seed=0)
     assert _key(model) is not None

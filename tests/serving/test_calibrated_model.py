@@ -19,7 +19,8 @@ import torch
 from _image_data import MEAN, STD, digits_dataset_dict
 from _models import make_model
 
-from hf_calibration import TemperatureScaling, load_calibrated_model, load_calibrator, pipeline
+from hf_calibration import load_calibrated_model, load_calibrator, pipeline
+from hf_calibration.calibrators import TemperatureScaling
 from hf_calibration.calibrators.attach import attached_calibrator
 
 torch.set_num_threads(1)

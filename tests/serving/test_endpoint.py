@@ -150,9 +150,10 @@ def test_onnx_and_the_handler_serve_the_pipelines_probabilities_and_sets(fine_tu
     """The issue's 'done when': ONNX Runtime and the handler return what hf_calibration.pipeline returns."""
     import onnxruntime
 
-    from hf_calibration import export_onnx, pipeline
+    from hf_calibration import pipeline
     from hf_calibration.conformal import ConformalPredictor
     from hf_calibration.conformal.draws import input_draws
+    from hf_calibration.serving import export_onnx
 
     images = splits().test_images[:40]
     path = tmp_path / "vit-digits.onnx"

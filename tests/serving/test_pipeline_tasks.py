@@ -11,7 +11,8 @@ import torch
 import transformers
 from _models import tiny_bert, tiny_wav2vec2
 
-from hf_calibration import TemperatureScaling, load_calibrated_model, pipeline
+from hf_calibration import load_calibrated_model, pipeline
+from hf_calibration.calibrators import TemperatureScaling
 from hf_calibration.calibrators.attach import attached_calibrator
 from hf_calibration.conformal import ConformalPredictor
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from _models import digits, make_model
 
-from hf_calibration import TemperatureScaling, create_calibrator, list_calibrators, load_calibrated_model, pipeline
-from hf_calibration.calibrators import load_calibrator, scores_fingerprint
+from hf_calibration import create_calibrator, list_calibrators, load_calibrated_model, pipeline
+from hf_calibration.calibrators import TemperatureScaling, load_calibrator, scores_fingerprint
 from hf_calibration.conformal import ConformalPredictor, MultiLabelConformalPredictor, load_conformal_predictor
 
 torch.set_num_threads(1)

@@ -110,7 +110,7 @@ def calibrated_folder(tmp_path_factory):
     """A tiny multi-label ViT (3 tags of a digit) with a Platt calibrator fitted on the validation digits, saved."""
     from transformers import AutoImageProcessor, ViTImageProcessor
 
-    from hf_calibration import PlattScaling
+    from hf_calibration.calibrators import PlattScaling
 
     folder = tmp_path_factory.mktemp("serving_multilabel") / "vit"
     model = make_model(
@@ -211,7 +211,8 @@ def test_multilabel_sets_are_served_by_the_pipeline_the_handler_and_onnx(calibra
     predictor was dropped from the ONNX graph. Each now serves the sets predict_sets gives, computed here by hand."""
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-    from hf_calibration import PlattScaling, pipeline
+    from hf_calibration import pipeline
+    from hf_calibration.calibrators import PlattScaling
     from hf_calibration.conformal import MultiLabelConformalPredictor
 
     folder, images, pixels, _ = calibrated_folder

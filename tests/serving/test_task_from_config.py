@@ -11,7 +11,8 @@ import torch
 from _models import tiny_bert, tiny_wav2vec2
 
 import hf_calibration
-from hf_calibration import TemperatureScaling, load_calibrated_model
+from hf_calibration import load_calibrated_model
+from hf_calibration.calibrators import TemperatureScaling
 from hf_calibration.calibrators.attach import attached_calibrator
 
 torch.set_num_threads(1)

@@ -122,7 +122,7 @@ def test_ood_dataset_without_labels(root, tmp_path):
 
 def _saved_ts(folder):
     """A temperature-scaling calibrator fitted on logits of its own (not the model's), saved to ``folder``."""
-    from hf_calibration import TemperatureScaling
+    from hf_calibration.calibrators import TemperatureScaling
 
     g = np.random.default_rng(5)
     labels = g.integers(0, 10, 200)

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from _models import digits_dataset, make_model
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from hf_calibration import CalibrationCallback, CalibrationTrainer, TemperatureScaling, load_calibrated_model
+from hf_calibration import CalibrationCallback, CalibrationTrainer, load_calibrated_model
+from hf_calibration.calibrators import TemperatureScaling
 from hf_calibration.conformal import ConformalPredictor
 
 torch.set_num_threads(1)

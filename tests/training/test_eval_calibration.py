@@ -14,7 +14,8 @@ from _models import digits_dataset, make_model
 from _paths import SHARED_LOGITS
 from transformers import TrainerCallback, TrainingArguments
 
-from hf_calibration import CalibrationTrainer, SMARTCalibrator, load_calibrated_model
+from hf_calibration import CalibrationTrainer, load_calibrated_model
+from hf_calibration.calibrators import SMARTCalibrator
 from hf_calibration.calibrators._fitting.cv import stratified_folds
 from hf_calibration.calibrators.attach import attached_calibrator
 from hf_calibration.training.eval_calibration import EvalCalibration, MetricValue, dataset_fields
@@ -181,7 +182,7 @@ def test_push_to_hub_uploads_the_calibrator_and_the_model_index(trained, monkeyp
 
 def test_calibrator_is_fitted_after_the_maccal_stage(tmp_path):
     """With MaC-Cal, the calibrator sees the final model (new head), not the one training ended with."""
-    from hf_calibration import MaCCalConfig
+    from hf_calibration.maccal import MaCCalConfig
 
     class EndOfTraining(TrainerCallback):
         def on_train_end(self, args, state, control, model=None, **kwargs):

@@ -103,7 +103,7 @@ def test_sigmoid_loss_refused_on_a_softmax_head(tmp_path):
 
 
 def test_maccal_refused(tmp_path):
-    from hf_calibration import MaCCalConfig
+    from hf_calibration.maccal import MaCCalConfig
 
     with pytest.raises(ValueError, match="MaC-Cal.*problem_type is 'multi_label_classification'"):
         CalibrationTrainer(

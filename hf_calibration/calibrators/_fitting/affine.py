@@ -34,7 +34,7 @@ from hf_calibration.calibrators._fitting.lbfgs import LBFGSResult, Preconditione
 CHUNK = 256  # rows per parallel task of the vector-scaling kernel: fixed, so its sums do not depend on the threads
 DIAGONAL_TASK_VALUES = 1 << 19  # values per parallel task of the block kernel (a block holds 2**22): depends on K only
 # values from which a block pass takes seconds: its threads follow the load (``_parallel.run_pass``); the timed choice
-# ran its first one or two passes on one thread to compare (5.5 s against 2.8 s at 50,000 x 21,843)
+# ran its first one or two passes on one thread to compare
 LONG_PASS_VALUES = 1 << 28
 
 

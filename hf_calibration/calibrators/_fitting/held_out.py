@@ -2,7 +2,7 @@
 
 A calibrator class that sets ``held_out_check = True`` (SMART and PTS: tens of parameters fitted by a non-convex
 objective, which overfit a small calibration set) runs it after every fit on at most ``MAX_SAMPLES`` samples: the fit
-set is split into ``FOLDS`` stratified folds (``_cv.stratified_folds``, seed 0), a copy of the calibrator (the same
+set is split into ``FOLDS`` stratified folds (``cv.stratified_folds``, seed 0), a copy of the calibrator (the same
 constructor arguments and objective) is fitted on all folds but one, and each sample's NLL under the copy that did not
 see it (cross-fitted) is compared with its NLL under the model's own logits. Where the mean cross-fitted NLL is higher
 the fit warns (``HeldOutWorseWarning``); either way ``fit_info_["held_out_check"]`` records the two numbers.

@@ -18,7 +18,7 @@ class SigmoidHistogramBinning(
 ):
     """Histogram binning of a binary or multi-label head: each label's probability becomes the fraction of positives
     among the fit samples of its bin (``e_{b-1} < p <= e_b``; an empty bin returns its centre), kept off 0 and 1
-    (``_sigmoid_piecewise.py``).
+    (``sigmoid/_piecewise.py``).
 
     Args:
         num_labels, task, num_knots: set by the fit (a loaded checkpoint passes them).

@@ -17,7 +17,7 @@ class SigmoidIsotonicRegression(
 ):
     """Isotonic regression of a binary or multi-label head: one non-decreasing map of each label's probability to its 0/1
     label, fitted by pool-adjacent-violators (scikit-learn's ``IsotonicRegression(out_of_bounds="clip")``: linear between
-    its thresholds, constant beyond them), the probability then kept off 0 and 1 (``_sigmoid_piecewise.py``).
+    its thresholds, constant beyond them), the probability then kept off 0 and 1 (``sigmoid/_piecewise.py``).
     Deterministic. Needs at least ``min_samples = 10`` labelled samples per label.
 
     Example:
