@@ -11,9 +11,11 @@ model card the trainer writes (its ``model-index`` and a section).
 How it reaches the trainer: a callback is given the model and the dataloaders, not the trainer. The callback finds its
 trainer on the call stack when the trainer first calls it (the ``Trainer`` whose callback handler holds it), then uses
 ``trainer.predict`` for the logits: the trainer's own collator, devices, precision and gathering across processes
-(``accelerate``'s, which drops the padding of uneven splits). Without a ``Trainer`` (a trainer of another family that
-calls transformers callbacks), it runs the ``model`` it is given over the ``eval_dataloader``, in eval mode and without
-gradients, and gathers the rows with ``hf_calibration._core.distributed``.
+(``accelerate``'s, which drops the padding of uneven splits). sentence-transformers' ``CrossEncoderTrainer`` returns no
+logits from ``predict`` (its collator hands raw text pairs to the loss, which tokenizes them): the callback runs its eval
+dataloader as its losses do, and reads the head from the ``CrossEncoder``'s inner classifier. Without a ``Trainer`` (a
+trainer of another family that calls transformers callbacks), it runs the ``model`` it is given over the
+``eval_dataloader``, in eval mode and without gradients, and gathers the rows with ``hf_calibration._core.distributed``.
 
 Under several processes every process computes its share of the logits, the main process alone fits (once, on all the
 rows) and saves, and every process gets the fitted objects. The model's weights are never changed: the calibrator acts on
