@@ -237,6 +237,14 @@ class CalibrationCallback(TrainerCallback):
                 f"{type(self).__name__} fits a calibrator on a classifier's class scores, but {type(trainer).__name__}'s "
                 f"model gives none: {err}"
             ) from None
+        if _tokenizes_in_loss(trainer) and not type(_classifier(trainer.model)).__name__.endswith(
+            "ForSequenceClassification"
+        ):
+            raise ValueError(
+                f"{type(self).__name__} fits a calibrator on a classifier's class scores, but {type(trainer).__name__}'s "
+                f"model ({type(trainer.model).__name__}) holds no sequence classifier: of sentence-transformers' models, "
+                "a CrossEncoder with num_labels >= 2 gives class scores; an embedding model gives none."
+            )
         check_calibrate_on_eval(
             self._spec(), self._dataset(trainer), self._label_names(trainer.args), task, self._argument
         )

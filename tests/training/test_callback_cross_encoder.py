@@ -106,3 +106,35 @@ def test_cross_encoder_trainer_fits_and_saves_the_calibration_of_its_inner_class
         passes[~passes.any(1), calibrated[~passes.any(1)].argmax(1)] = True
     near = np.abs(calibrated - (1 - float(predictor.q_hat))) < 1e-6  # float32 rounding at the threshold
     np.testing.assert_array_equal(sets[~near], passes[~near])
+
+
+def test_an_embedding_models_trainer_is_refused_when_built(tmp_path):
+    import transformers
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+        losses,
+    )
+
+    _, tokenizer = tiny_text_classifier(steps=0)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32,
+    )  # fmt: skip
+    transformers.BertModel(config).save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    model = SentenceTransformer(str(tmp_path / "base"), local_files_only=True, device="cpu")
+    pairs = Dataset.from_dict({"anchor": ["good film"] * 8, "positive": ["great plot"] * 8, "label": [0, 1] * 4})
+    with pytest.raises(
+        ValueError, match=r"SentenceTransformerTrainer's model \(SentenceTransformer\) holds no sequence"
+    ):
+        SentenceTransformerTrainer(
+            model=model,
+            args=SentenceTransformerTrainingArguments(str(tmp_path / "out"), report_to=[], use_cpu=True),
+            train_dataset=pairs,
+            eval_dataset=pairs,
+            loss=losses.SoftmaxLoss(model, model.get_embedding_dimension(), num_labels=2),
+            callbacks=[CalibrationCallback()],
+        )
