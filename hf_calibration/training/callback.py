@@ -11,9 +11,11 @@ model card the trainer writes (its ``model-index`` and a section).
 How it reaches the trainer: a callback is given the model and the dataloaders, not the trainer. The callback finds its
 trainer on the call stack when the trainer first calls it (the ``Trainer`` whose callback handler holds it), then uses
 ``trainer.predict`` for the logits: the trainer's own collator, devices, precision and gathering across processes
-(``accelerate``'s, which drops the padding of uneven splits). Without a ``Trainer`` (a trainer of another family that
-calls transformers callbacks), it runs the ``model`` it is given over the ``eval_dataloader``, in eval mode and without
-gradients, and gathers the rows with ``hf_calibration._core.distributed``.
+(``accelerate``'s, which drops the padding of uneven splits). sentence-transformers' ``CrossEncoderTrainer`` returns no
+logits from ``predict`` (its collator hands raw text pairs to the loss, which tokenizes them): the callback runs its eval
+dataloader as its losses do, and reads the head from the ``CrossEncoder``'s inner classifier. Without a ``Trainer`` (a
+trainer of another family that calls transformers callbacks), it runs the ``model`` it is given over the
+``eval_dataloader``, in eval mode and without gradients, and gathers the rows with ``hf_calibration._core.distributed``.
 
 Under several processes every process computes its share of the logits, the main process alone fits (once, on all the
 rows) and saves, and every process gets the fitted objects. The model's weights are never changed: the calibrator acts on
@@ -53,11 +55,23 @@ logger = logging.getLogger(__name__)
 _CONFORMAL_METHODS = ("thr", "aps", "raps", "crc")  # crc: a multi-label head's sets
 
 
+def _classifier(model: Any) -> Any:
+    """The transformers classifier a trainer's model is or wraps: sentence-transformers' ``CrossEncoder`` (an
+    ``nn.Module`` that tokenizes pairs itself) holds its ``...ForSequenceClassification`` as ``model.model``."""
+    from transformers import PreTrainedModel
+
+    inner = getattr(model, "model", None)
+    if not isinstance(model, PreTrainedModel) and isinstance(inner, PreTrainedModel):
+        return inner
+    return model
+
+
 def _pipeline_task(model: Any) -> str:
     """The model's pipeline task, as the loaders read it from a saved config; a model built from its config has no
     ``architectures`` until it is saved, so its class stands in for them."""
     from hf_calibration._core.tasks import IMAGE_TASK, pipeline_task_of_config
 
+    model = _classifier(model)
     config = getattr(model, "config", None)
     if config is not None and not getattr(config, "architectures", None):
         config = {
@@ -72,7 +86,7 @@ def _head_task(model: Any) -> str | None:
     from hf_calibration._core.tasks import task_of_model
 
     try:
-        return None if model is None else task_of_model(model)
+        return None if model is None else task_of_model(_classifier(model))
     except ValueError:
         return None
 
@@ -217,12 +231,20 @@ class CalibrationCallback(TrainerCallback):
         from hf_calibration._core.tasks import task_of_model
 
         try:
-            task = task_of_model(trainer.model)
+            task = task_of_model(_classifier(trainer.model))
         except ValueError as err:
             raise ValueError(
                 f"{type(self).__name__} fits a calibrator on a classifier's class scores, but {type(trainer).__name__}'s "
                 f"model gives none: {err}"
             ) from None
+        if _tokenizes_in_loss(trainer) and not type(_classifier(trainer.model)).__name__.endswith(
+            "ForSequenceClassification"
+        ):
+            raise ValueError(
+                f"{type(self).__name__} fits a calibrator on a classifier's class scores, but {type(trainer).__name__}'s "
+                f"model ({type(trainer.model).__name__}) holds no sequence classifier: of sentence-transformers' models, "
+                "a CrossEncoder with num_labels >= 2 gives class scores; an embedding model gives none."
+            )
         check_calibrate_on_eval(
             self._spec(), self._dataset(trainer), self._label_names(trainer.args), task, self._argument
         )
@@ -307,8 +329,11 @@ class CalibrationCallback(TrainerCallback):
         if trainer is not None:
             dataset = eval_dataset if eval_dataset is not None else self._dataset(trainer)
             check_calibrate_on_eval(self._spec(), dataset, self._label_names(args), task, self._argument)
-            prediction = trainer.predict(dataset, metric_key_prefix="calibration")
-            logits, labels = prediction.predictions, prediction.label_ids
+            if _tokenizes_in_loss(trainer):
+                logits, labels = _run_cross_encoder(trainer, dataset)
+            else:
+                prediction = trainer.predict(dataset, metric_key_prefix="calibration")
+                logits, labels = prediction.predictions, prediction.label_ids
             if logits is None or labels is None:
                 raise ValueError(
                     "Expected the trainer's predictions and labels on the eval split, but got none: set "
@@ -404,6 +429,39 @@ def _wrap_model_card(trainer: Trainer) -> None:
     trainer.__dict__["create_model_card"] = create_model_card
 
 
+def _tokenizes_in_loss(trainer: Trainer) -> bool:
+    """sentence-transformers' ``CrossEncoderTrainer``: its collator hands raw text columns to the loss, which tokenizes
+    the pairs with ``model.preprocess``, and ``predict`` returns no logits (its losses return no outputs)."""
+    return callable(getattr(trainer, "collect_features", None)) and callable(getattr(trainer.model, "preprocess", None))
+
+
+def _run_cross_encoder(trainer: Trainer, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The logits and labels of a ``CrossEncoderTrainer``'s eval split, computed as its losses compute them: the
+    trainer's eval dataloader (its collator, its sharding across processes), ``trainer.collect_features`` for the
+    text columns and the label, ``model.preprocess`` on the (first, second) pairs, ``model(features)["scores"]``."""
+    model = trainer.model
+    if callable(getattr(trainer, "preprocess_dataset", None)):
+        dataset = trainer.preprocess_dataset(dataset, dataset_name="eval")
+    loader = trainer.get_eval_dataloader(dataset)
+
+    def forward(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = dict(batch)
+        batch.pop("dataset_name", None)
+        options = {key: batch.pop(key) for key in ("prompt", "task") if key in batch}
+        features, labels = trainer.collect_features(batch)
+        if labels is None or len(features) != 2:
+            raise ValueError(
+                f"Expected the eval split of {type(trainer).__name__} to hold two text columns and a label column "
+                f"(sentence pairs and their classes), but got {len(features)} text columns and "
+                f"{'a' if labels is not None else 'no'} label."
+            )
+        tokens = model.preprocess(list(zip(*features)), **options)
+        tokens = {k: (v.to(model.device) if isinstance(v, torch.Tensor) else v) for k, v in tokens.items()}
+        return model(tokens)["scores"], torch.as_tensor(labels)
+
+    return _run_batches(model, loader, forward)
+
+
 def _run_model(model: Any, loader: Any, label_names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Every process's logits and labels over ``loader`` (accelerate's padding of uneven splits dropped), gathered in
     rank order; the model in eval mode, without gradients, its mode restored after."""
@@ -413,19 +471,28 @@ def _run_model(model: Any, loader: Any, label_names: tuple[str, ...]) -> tuple[n
             "eval_dataset (and evaluate), or call callback.calibrate(trainer)."
         )
     device = next(model.parameters()).device
+
+    def forward(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        name = next((n for n in label_names if n in batch), None)
+        if name is None:
+            raise ValueError(f"Expected each eval batch to hold labels under one of {list(label_names)}.")
+        inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k != name}
+        return model(**inputs).logits, torch.as_tensor(batch[name])
+
+    return _run_batches(model, loader, forward)
+
+
+def _run_batches(model: Any, loader: Any, forward: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``forward(batch) -> (logits, labels)`` over ``loader``, this process's rows gathered with the others' in rank
+    order, accelerate's padding of uneven splits dropped; the model in eval mode, without gradients, its mode restored
+    after."""
     was_training, logits, labels = model.training, [], []
     model.eval()
     try:
         with torch.no_grad():
             for batch in loader:
-                name = next((n for n in label_names if n in batch), None)
-                if name is None:
-                    raise ValueError(f"Expected each eval batch to hold labels under one of {list(label_names)}.")
-                inputs = {
-                    k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k != name
-                }
-                z = model(**inputs).logits.float().cpu()
-                y = torch.as_tensor(batch[name]).cpu()
+                z, y = forward(batch)
+                z, y = z.float().cpu(), y.cpu()
                 padded = even_batches_padding(z.shape[0])
                 if padded is None:
                     raise ValueError(
