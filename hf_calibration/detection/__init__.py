@@ -1,5 +1,12 @@
 """Calibration of object detectors: matching, detection ECE / D-ECE / LaECE, and score calibrators."""
 
+from hf_calibration.detection.calibrators import (
+    BoxLogisticCalibration,
+    DetectionCalibrator,
+    DetectionIsotonic,
+    DetectionPlatt,
+    DetectionTemperatureScaling,
+)
 from hf_calibration.detection.matching import Detections, match_detections
 from hf_calibration.detection.metrics import (
     BOX_FEATURES,
@@ -12,6 +19,11 @@ from hf_calibration.detection.metrics import (
 
 __all__ = [
     "BOX_FEATURES",
+    "BoxLogisticCalibration",
+    "DetectionCalibrator",
+    "DetectionIsotonic",
+    "DetectionPlatt",
+    "DetectionTemperatureScaling",
     "Detections",
     "d_ece",
     "detection_calibration_report",
