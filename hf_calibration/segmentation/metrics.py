@@ -14,7 +14,8 @@ skips ``ignore_index`` pixels, and keeps only per-bin sums, so a 2,000-image eva
   straddles a cut (true of distinct confidences more than a cell apart); otherwise a bin's count is off by at most
   the pixels of one cell.
 
-The bin rule is the package's (``lo < p <= hi``, 0 in the first bin). Softmax runs in the input's floating dtype
+The bin rule is the package's (``lo < p <= hi``, 0 in the first bin). NaN or +inf scores are refused (checked on each
+pixel's confidence, where they surface); a -inf logit is a probability of 0. Softmax runs in the input's floating dtype
 (float16 / bfloat16 in float32) on the input's device, a slab of rows at a time; the sums are float64.
 """
 
@@ -129,8 +130,6 @@ class PixelCalibrationAccumulator:
             raise ValueError(
                 f"Expected `target` labels in [0, {self.num_classes}) or `ignore_index` ({self.ignore_index}), but got {bad}."
             )
-        if not torch.isfinite(preds).all():
-            raise ValueError("Expected `preds` to be finite, but it holds NaN or inf.")
         if self.from_logits is None:
             probs = bool(preds.min() >= 0) and bool(preds.max() <= 1) and bool(((preds.sum(1) - 1).abs() <= 1e-3).all())
             self.from_logits = not probs
@@ -143,6 +142,18 @@ class PixelCalibrationAccumulator:
         edge = boundary_mask(target, self.boundary_width) if self.boundary_width else None
         _, k, h, w = preds.shape
         rows = max(1, _SLAB_ELEMENTS // (k * w))
+        committed = self.top, self.boundary, self.cells, self.signed
+        self.top, self.boundary, self.cells, self.signed = (torch.zeros_like(t) for t in committed)
+        try:
+            self._slabs(preds, target, edge, rows)
+            for mine, theirs in zip(committed, (self.top, self.boundary, self.cells, self.signed)):
+                mine += theirs
+        finally:  # a batch refused half-way adds nothing
+            self.top, self.boundary, self.cells, self.signed = committed
+        return self
+
+    def _slabs(self, preds: torch.Tensor, target: torch.Tensor, edge: torch.Tensor | None, rows: int) -> None:
+        k, h = preds.shape[1], preds.shape[2]
         for b in range(preds.shape[0]):
             for r in range(0, h, rows):
                 y = target[b, r : r + rows].reshape(-1)
@@ -161,19 +172,30 @@ class PixelCalibrationAccumulator:
         """One slab: ``z`` (K, n) scores, ``y`` (n,) labels, ``keep`` (n,) not ignored, ``edge`` (n,) boundary."""
         if z.dtype in (torch.float16, torch.bfloat16):
             z = z.float()
-        z, y = z[:, keep], y[keep]
-        p = torch.softmax(z, 0) if self.from_logits else z
-        conf, pred = p.max(0)
+        if not bool(keep.all()):
+            z, y = z[:, keep], y[keep]
+            edge = None if edge is None else edge[keep]
+        p = None
+        if not self.from_logits:
+            p = z
+            conf, pred = p.max(0)
+        elif self.classwise:
+            p = torch.softmax(z, 0)
+            conf, pred = p.max(0)
+        else:  # the top-label confidence alone: 1 / sum_k exp(z_k - max z), no (K, n) probabilities written
+            top, pred = z.max(0)
+            conf = torch.exp(z - top).sum(0).reciprocal()
+        if not bool(torch.isfinite(conf).all()):  # NaN or +inf anywhere in a pixel's scores reaches its confidence
+            raise ValueError("Expected `preds` to be finite, but it holds NaN or inf.")
         correct = (pred == y).to(torch.float64)
         conf64 = conf.to(torch.float64)
-        inner = torch.linspace(0, 1, self.n_bins + 1, dtype=p.dtype, device=p.device)[1:-1]
+        inner = torch.linspace(0, 1, self.n_bins + 1, dtype=conf.dtype, device=conf.device)[1:-1]
         index = torch.bucketize(conf, inner)
         self.top += self._sums(index, conf64, correct, self.n_bins)
         if edge is not None:
-            on = edge[keep]
-            self.boundary += self._sums(index[on], conf64[on], correct[on], self.n_bins)
-        cell_edges = torch.linspace(0, 1, self.adaptive_cells + 1, dtype=p.dtype, device=p.device)[1:-1]
-        self.cells += self._sums(torch.bucketize(conf, cell_edges), conf64, correct, self.adaptive_cells)
+            self.boundary += self._sums(index[edge], conf64[edge], correct[edge], self.n_bins)
+        cells = (conf64 * self.adaptive_cells).ceil().to(torch.int64).clamp_(1, self.adaptive_cells) - 1
+        self.cells += self._sums(cells, conf64, correct, self.adaptive_cells)
         if self.classwise:
             bins = torch.bucketize(p, inner)  # (K, n)
             flat = bins + torch.arange(self.num_classes, device=p.device).unsqueeze(1) * self.n_bins
