@@ -56,7 +56,9 @@ class Detections:
     def __len__(self) -> int:
         return int(self.scores.shape[0])
 
-    def _subset(self, keep: np.ndarray, **changes: Any) -> Detections:
+    def select(self, keep: Any, **changes: Any) -> Detections:
+        """The detections where ``keep`` (a boolean mask or indices) selects them."""
+
         def cut(a):
             return None if a is None else a[keep]
 
@@ -76,7 +78,7 @@ class Detections:
         """The detections with ``score >= score_threshold``. Greedy matching by score makes this equal to matching
         only those detections: a lower-scored detection never takes a ground truth from a higher-scored one."""
         threshold = _check_threshold(score_threshold, "score_threshold")
-        return self._subset(self.scores >= threshold, score_threshold=max(threshold, self.score_threshold))
+        return self.select(self.scores >= threshold, score_threshold=max(threshold, self.score_threshold))
 
     def with_scores(self, scores: Any) -> Detections:
         """The same detections with new (e.g. calibrated) scores, matches unchanged."""
