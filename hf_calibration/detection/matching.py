@@ -78,15 +78,17 @@ class Detections:
         """The detections with ``score >= score_threshold``. Greedy matching by score makes this equal to matching
         only those detections: a lower-scored detection never takes a ground truth from a higher-scored one."""
         threshold = _check_threshold(score_threshold, "score_threshold")
+        if threshold <= self.score_threshold or (self.scores.size and self.scores.min() >= threshold):
+            return replace(self, score_threshold=max(threshold, self.score_threshold))  # every detection stays: no copy
         return self.select(self.scores >= threshold, score_threshold=max(threshold, self.score_threshold))
 
     def with_scores(self, scores: Any) -> Detections:
-        """The same detections with new (e.g. calibrated) scores, matches unchanged."""
+        """The same detections with new (e.g. calibrated) scores, matches unchanged (``score_threshold`` back to 0)."""
         new = np.asarray(scores, dtype=np.float64).reshape(-1)
         if new.shape[0] != len(self):
             raise ValueError(f"Expected `scores` to have {len(self)} values, but got {new.shape[0]}.")
         _check_scores(new, "scores")
-        return replace(self, scores=new)
+        return replace(self, scores=new, score_threshold=0.0)  # a threshold on the old scores says nothing of the new
 
 
 def _check_threshold(value: Any, name: str) -> float:

@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numba
 import numpy as np
 
-from hf_calibration._core.bins import uniform_bin_index, uniform_edges
+from hf_calibration._core.bins import uniform_bin, uniform_bin_index, uniform_edges
 from hf_calibration.detection.matching import Detections, _check_threshold
 
 __all__ = ["BOX_FEATURES", "d_ece", "detection_calibration_report", "detection_ece", "detection_reliability", "laece"]
@@ -48,19 +49,32 @@ def _kept(detections: Any, score_threshold: float) -> Detections:
     return kept
 
 
-def _joint_bins(kept: Detections, features: Sequence[str], n_bins: tuple[int, ...]) -> np.ndarray:
-    columns = [kept.scores]
-    if features:
-        if kept.features is None:
-            raise ValueError("Expected detections matched with `image_sizes` (the box geometry), but they have none.")
-        columns += [kept.features[:, BOX_FEATURES.index(f)] for f in features]
-    index = [uniform_bin_index(c, b) for c, b in zip(columns, n_bins)]
-    return np.ravel_multi_index(index, n_bins) if len(index) > 1 else index[0]
+@numba.njit(cache=True, nogil=True)
+def _joint_gap_sums(scores, features, columns, edges, n_bins, target, out):  # pragma: no cover - compiled
+    """One pass: the joint bin of each detection (confidence, then ``features[:, columns]``; ``uniform_bin``'s rule
+    in every dimension, ``edges[d, : n_bins[d] + 1]``) and, per bin, ``out[b, 0] += target``, ``out[b, 1] += score``."""
+    equal = (n_bins == n_bins[0]).all()  # whole rows of ``edges``: no slice per value (half the time)
+    for i in range(scores.shape[0]):
+        index = uniform_bin(scores[i], edges[0] if equal else edges[0, : n_bins[0] + 1])
+        for d in range(columns.shape[0]):
+            row = edges[d + 1] if equal else edges[d + 1, : n_bins[d + 1] + 1]
+            index = index * n_bins[d + 1] + uniform_bin(features[i, columns[d]], row)
+        out[index, 0] += target[i]
+        out[index, 1] += scores[i]
 
 
-def _gap_sum(index: np.ndarray, confidence: np.ndarray, target: np.ndarray, size: int) -> float:
-    """``sum_b |sum_{i in b} target_i - sum_{i in b} confidence_i|``, i.e. ``N * sum_b |B_b|/N |target_b - conf_b|``."""
-    return float(np.abs(np.bincount(index, target, size) - np.bincount(index, confidence, size)).sum())
+def _gap_total(kept: Detections, features: Sequence[str], n_bins: tuple[int, ...], target: np.ndarray) -> float:
+    """``sum_b |sum_{i in b} target_i - sum_{i in b} score_i|`` over the joint bins: ``N`` times the D-ECE."""
+    if features and kept.features is None:
+        raise ValueError("Expected detections matched with `image_sizes` (the box geometry), but they have none.")
+    geometry = kept.features if features else np.zeros((len(kept), 0))
+    edges = np.zeros((len(n_bins), max(n_bins) + 1))
+    for d, b in enumerate(n_bins):
+        edges[d, : b + 1] = uniform_edges(b)
+    sums = np.zeros((int(np.prod(n_bins)), 2))
+    columns = np.array([BOX_FEATURES.index(f) for f in features], dtype=np.int64)
+    _joint_gap_sums(kept.scores, geometry, columns, edges, np.array(n_bins, dtype=np.int64), target, sums)
+    return float(np.abs(sums[:, 0] - sums[:, 1]).sum())
 
 
 def d_ece(
@@ -90,8 +104,7 @@ def d_ece(
         )
     bins = _check_n_bins(n_bins, 1 + len(features))
     kept = _kept(detections, threshold)
-    index = _joint_bins(kept, features, bins)
-    return _gap_sum(index, kept.scores, kept.matched.astype(np.float64), int(np.prod(bins))) / len(kept)
+    return _gap_total(kept, features, bins, kept.matched.astype(np.float64)) / len(kept)
 
 
 def detection_ece(detections: Detections, *, n_bins: int = 10, score_threshold: float = 0.5) -> float:
