@@ -145,6 +145,11 @@ def main() -> None:
     }
     if not args.skip_segmentation:
         result["segmentation"] = segmentation_part(args.images)
+    elif (OUT / "detection_segmentation_speed.json").exists():  # keep the last run's segmentation part
+        earlier = json.loads((OUT / "detection_segmentation_speed.json").read_text())
+        if "segmentation" in earlier:
+            result["segmentation"] = earlier["segmentation"]
+            result["segmentation_machine"] = earlier["machine"]
     (OUT / "detection_segmentation_speed.json").write_text(json.dumps(result, indent=1))
     lines = [
         f"Machine: {result['machine']}.",

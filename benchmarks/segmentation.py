@@ -127,7 +127,7 @@ def main() -> None:
     (OUT / "segmentation.json").write_text(json.dumps(result, indent=1))
     lines = [
         f"Machine: {result['machine']}. Tiny SegFormer, {steps} steps in {args.train_seconds:.0f} s (final loss {result['final_loss']:.3f}); "
-        f"test split 300 images x 64 x 64 (void band excluded).",
+        f"test split {len(test[0])} images x 64 x 64 (void band excluded).",
         "",
         "| test split | pixel acc % | ECE % | AdaECE % | classwise ECE % | boundary ECE % (k=2) | NLL |",
         "|---|---|---|---|---|---|---|",
