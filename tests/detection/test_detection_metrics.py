@@ -187,3 +187,12 @@ def test_bad_arguments(matched):
         d_ece(match_detections(*_one([[0.0, 0, 10, 10]])))
     with pytest.raises(ValueError, match="`iou_threshold`"):
         match_detections(*_one([[0.0, 0, 10, 10]]), iou_threshold=1.5)
+
+
+def test_thresholds_follow_the_current_scores(matched):
+    high = matched.above(0.5)
+    assert high.score_threshold == 0.5 and (high.scores >= 0.5).all() and high.above(0.3) is not None
+    assert len(high.above(0.3)) == len(high)
+    lowered = high.with_scores(high.scores / 2)  # calibrated scores: a threshold on the old ones no longer holds
+    assert lowered.score_threshold == 0.0
+    assert len(lowered.above(0.3)) == int((high.scores / 2 >= 0.3).sum()) < len(high)
