@@ -91,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-seconds", type=float, default=420)
     parser.add_argument("--score-threshold", type=float, default=0.3)
+    parser.add_argument("--model-dir", help="save the trained detector here, or load it from here when it exists")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 40 / 20 / 20 images")
     args = parser.parse_args()
     from netcal.scaling import LogisticCalibration
@@ -115,10 +116,14 @@ def main() -> None:
         use_mid_position_embeddings=False,
     )
     model = YolosForObjectDetection(config)
+    steps, loss = 0, torch.tensor(float("nan"))
+    if args.model_dir and Path(args.model_dir, "config.json").exists():
+        model = YolosForObjectDetection.from_pretrained(args.model_dir)
+        args.train_seconds = 0
     pixel_values, labels = train_targets(train, processor)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=1e-4)
     g = torch.Generator().manual_seed(0)
-    steps, t0 = 0, time.time()
+    t0 = time.time()
     model.train()
     while time.time() - t0 < args.train_seconds:
         idx = torch.randint(0, len(labels), (16,), generator=g).tolist()
@@ -129,6 +134,8 @@ def main() -> None:
         opt.step()
         steps += 1
     model.eval()
+    if args.model_dir and steps:
+        model.save_pretrained(args.model_dir)
     t = args.score_threshold
     cal_p, cal_t, cal_s = predict_detections(model, processor, cal, threshold=0.0, batch_size=50)
     test_p, test_t, test_s = predict_detections(model, processor, test, threshold=0.0, batch_size=50)
