@@ -1,0 +1,292 @@
+"""Post-hoc calibration of detection scores: score-only maps and a box-conditioned one.
+
+Each maps a detection's score (and, for some, its class logits or its box geometry) to a calibrated score, fitted
+on matched held-out detections (``match_detections``) to the target "this detection is a true positive":
+
+* ``DetectionPlatt``: ``sigmoid(a * logit(s) + b)`` (Platt 1999; the score-only baseline of Kuzucu et al. 2024);
+* ``DetectionIsotonic``: an isotonic map of the score per predicted class (Oksuz et al. 2023, Sec. 5);
+* ``DetectionTemperatureScaling``: one temperature on the class logits of a DETR-style head, the score read off as
+  that head does: ``softmax(z / T)[label]`` (DETR, YOLOS: the last logit is "no object") or ``sigmoid(z_label / T)``
+  (Deformable / Conditional DETR, RT-DETR);
+* ``BoxLogisticCalibration``: ``sigmoid(w . [logit(s), cx, cy, w, h] + b)`` (Küppers et al. 2020, eq. 9; netcal's
+  ``LogisticCalibration(detection=True)``).
+
+The first three are monotone in the score within a class (the detector's ranking, hence mAP, is kept up to the ties
+isotonic regression creates); the box-conditioned map is not. All fit by maximum likelihood (binary cross-entropy),
+Platt and the box logistic map by Newton's method, the temperature by L-BFGS, in float64. Saved and loaded with ``save_pretrained`` / ``from_pretrained`` /
+``push_to_hub`` (huggingface_hub's mixin; the weights as safetensors, the constructor arguments as config.json).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from huggingface_hub import PyTorchModelHubMixin
+from torch import nn
+
+from hf_calibration.detection.matching import Detections, _check_threshold
+from hf_calibration.detection.metrics import BOX_FEATURES
+
+__all__ = [
+    "BoxLogisticCalibration",
+    "DetectionCalibrator",
+    "DetectionIsotonic",
+    "DetectionPlatt",
+    "DetectionTemperatureScaling",
+]
+
+_EPS = 1e-12
+
+
+def _logit(p: torch.Tensor) -> torch.Tensor:
+    p = p.clamp(_EPS, 1 - _EPS)
+    return torch.log(p) - torch.log1p(-p)
+
+
+def _lbfgs(params: list[torch.Tensor], loss_fn, max_iter: int = 200) -> None:
+    opt = torch.optim.LBFGS(
+        params, lr=1, max_iter=max_iter, tolerance_grad=1e-12, tolerance_change=1e-14, line_search_fn="strong_wolfe"
+    )
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+
+
+def _newton_logistic(x: torch.Tensor, target: torch.Tensor, max_iter: int = 100) -> torch.Tensor:
+    """Maximum-likelihood logistic regression of ``target`` on ``[x, 1]`` by Newton's method (float64); returns the
+    coefficients, the intercept last. A ridge of 1e-10 keeps the Hessian invertible on separable data."""
+    design = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
+    w = torch.zeros(design.shape[1], dtype=x.dtype)
+    ridge = 1e-10 * torch.eye(design.shape[1], dtype=x.dtype)
+    for _ in range(max_iter):
+        p = torch.sigmoid(design @ w)
+        grad = design.T @ (p - target) / x.shape[0] + ridge @ w
+        hess = (design.T * (p * (1 - p))) @ design / x.shape[0] + ridge
+        step = torch.linalg.solve(hess, grad)
+        w = w - step
+        if step.abs().max() < 1e-12:
+            break
+    return w
+
+
+def _bce(score_logit: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.binary_cross_entropy_with_logits(score_logit, target)
+
+
+class DetectionCalibrator(
+    nn.Module, PyTorchModelHubMixin, library_name="hf_calibration", tags=["calibration", "object-detection"]
+):
+    """A map of detection scores fitted on matched detections. Subclasses implement ``_fit`` and ``_map``."""
+
+    needs: tuple[str, ...] = ()  # what besides the scores the map reads: "labels", "features", "logits"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+
+    def fit(self, detections: Detections, *, score_threshold: float = 0.0) -> DetectionCalibrator:
+        """Fit on the detections scoring at least ``score_threshold`` (the operating threshold: Kuzucu et al. 2024)."""
+        if not isinstance(detections, Detections):
+            raise TypeError(f"Expected `detections` from `match_detections`, but got {type(detections).__name__}.")
+        kept = detections.above(_check_threshold(score_threshold, "score_threshold"))
+        if len(kept) < 2 or kept.matched.all() or not kept.matched.any():
+            raise ValueError(
+                f"Expected detections with both true and false positives above {score_threshold} to fit, but got "
+                f"{int(kept.matched.sum())} true of {len(kept)}."
+            )
+        inputs = self._inputs(kept.scores, kept.labels, kept.features, kept.logits)
+        with torch.enable_grad():
+            self._fit(inputs, torch.from_numpy(kept.matched.astype(np.float64)))
+        self.fitted.fill_(True)
+        return self
+
+    def _inputs(self, scores, labels=None, features=None, logits=None) -> dict[str, torch.Tensor]:
+        out = {"scores": torch.as_tensor(scores, dtype=torch.float64).reshape(-1)}
+        given = {"labels": labels, "features": features, "logits": logits}
+        for name in self.needs:
+            if given[name] is None:
+                raise ValueError(
+                    f"Expected `{name}` for {type(self).__name__} (match with image sizes / logits), but got None."
+                )
+            out[name] = torch.as_tensor(given[name], dtype=torch.int64 if name == "labels" else torch.float64)
+            if out[name].shape[0] != out["scores"].shape[0]:
+                raise ValueError(
+                    f"Expected `{name}` with one row per score ({out['scores'].shape[0]}), but got {out[name].shape[0]}."
+                )
+        if not torch.isfinite(out["scores"]).all() or (out["scores"] < 0).any() or (out["scores"] > 1).any():
+            raise ValueError("Expected `scores` to be finite values in [0, 1].")
+        return out
+
+    def forward(self, scores: Any, labels: Any = None, features: Any = None, logits: Any = None) -> torch.Tensor:
+        """Calibrated scores (float64) of detections given their ``scores`` and what the map ``needs``."""
+        if not bool(self.fitted):
+            raise ValueError(f"{type(self).__name__} is not fitted: call `fit` (or `from_pretrained`) first.")
+        with torch.no_grad():
+            return self._map(self._inputs(scores, labels, features, logits))
+
+    def calibrate(self, detections: Detections) -> Detections:
+        """The detections with calibrated scores (matches unchanged)."""
+        return detections.with_scores(
+            self(detections.scores, detections.labels, detections.features, detections.logits).numpy()
+        )
+
+    def _fit(self, inputs: dict[str, torch.Tensor], target: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _map(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
+        """Save weights + config (+ card); a non-empty folder is refused unless ``overwrite=True``."""
+        folder = Path(save_directory)
+        if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+            raise ValueError(
+                f"Expected an empty or new folder for `save_directory`, but {str(folder)!r} holds files (pass overwrite=True)."
+            )
+        return super().save_pretrained(save_directory, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs: Any):
+        """Load strictly: a checkpoint of another shape is an error, not a silent partial load."""
+        kwargs.setdefault("strict", True)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+
+class DetectionPlatt(DetectionCalibrator):
+    """``sigmoid(a * logit(s) + b)``: Platt scaling of the detection score."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones((), dtype=torch.float64))
+        self.bias = nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+    def _fit(self, inputs, target):
+        w = _newton_logistic(_logit(inputs["scores"]).unsqueeze(1), target)
+        self.weight.data.fill_(w[0])
+        self.bias.data.fill_(w[1])
+
+    def _map(self, inputs):
+        return torch.sigmoid(self.weight * _logit(inputs["scores"]) + self.bias)
+
+
+class BoxLogisticCalibration(DetectionCalibrator):
+    """``sigmoid(w . [logit(s), cx, cy, w, h] + b)`` (Küppers et al. 2020, eq. 9), the box geometry as fractions of
+    the image; ``features`` picks which of cx, cy, w, h enter."""
+
+    needs = ("features",)
+
+    def __init__(self, features: tuple[str, ...] | list[str] = BOX_FEATURES) -> None:
+        super().__init__()
+        features = tuple(features)
+        if any(f not in BOX_FEATURES for f in features) or len(set(features)) != len(features):
+            raise ValueError(
+                f"Expected argument `features` to be distinct names from {BOX_FEATURES}, but got {features!r}."
+            )
+        self.columns = [BOX_FEATURES.index(f) for f in features]
+        self.weight = nn.Parameter(torch.cat([torch.ones(1), torch.zeros(len(features))]).double())
+        self.bias = nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+    def _design(self, inputs):
+        return torch.cat([_logit(inputs["scores"]).unsqueeze(1), inputs["features"][:, self.columns]], 1)
+
+    def _fit(self, inputs, target):
+        w = _newton_logistic(self._design(inputs), target)
+        self.weight.data.copy_(w[:-1])
+        self.bias.data.fill_(w[-1])
+
+    def _map(self, inputs):
+        return torch.sigmoid(self._design(inputs) @ self.weight + self.bias)
+
+
+class DetectionTemperatureScaling(DetectionCalibrator):
+    """One temperature on a DETR-style head's class logits (N, C): ``softmax(z / T)[label]`` with the last logit
+    "no object" (``activation="softmax"``: DETR, YOLOS) or ``sigmoid(z[label] / T)`` (``"sigmoid"``: Deformable DETR,
+    RT-DETR). ``labels`` is the class the detection was given; the map keeps the within-class ranking."""
+
+    needs = ("labels", "logits")
+
+    def __init__(self, activation: Literal["softmax", "sigmoid"] = "softmax") -> None:
+        super().__init__()
+        if activation not in ("softmax", "sigmoid"):
+            raise ValueError(f"Expected argument `activation` to be 'softmax' or 'sigmoid', but got {activation!r}.")
+        self.activation = activation
+        self.log_temperature = nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+    @property
+    def temperature(self) -> float:
+        return float(self.log_temperature.detach().exp())
+
+    def _score_logit(self, inputs):
+        z = inputs["logits"] / self.log_temperature.exp()
+        label = inputs["labels"].unsqueeze(1)
+        if label.max() >= z.shape[1] - (self.activation == "softmax"):
+            raise ValueError(
+                f"Expected `labels` below the {z.shape[1]} logits' object classes, but got {int(label.max())}."
+            )
+        if self.activation == "sigmoid":
+            return z.gather(1, label).squeeze(1)
+        others = z.scatter(1, label, float("-inf")).logsumexp(1)  # logit(softmax_l) = z_l - logsumexp_{j != l} z_j
+        return z.gather(1, label).squeeze(1) - others
+
+    def _fit(self, inputs, target):
+        _lbfgs([self.log_temperature], lambda: _bce(self._score_logit(inputs), target))
+
+    def _map(self, inputs):
+        return torch.sigmoid(self._score_logit(inputs))
+
+
+class DetectionIsotonic(DetectionCalibrator):
+    """A non-decreasing map of the score, one per predicted class (``num_classes`` of them; scikit-learn's isotonic
+    regression, clipped outside the fitted range, linear between its knots); a class without fit detections keeps
+    its scores. ``max_knots`` bounds the saved knots (the fit's own are thinned evenly beyond it)."""
+
+    needs = ("labels",)
+
+    def __init__(self, num_classes: int, max_knots: int = 256) -> None:
+        super().__init__()
+        for name, value in (("num_classes", num_classes), ("max_knots", max_knots)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "num_classes" else 2):
+                raise ValueError(f"Expected argument `{name}` to be a positive integer, but got {value!r}.")
+        self.num_classes = num_classes
+        self.register_buffer(
+            "x", torch.linspace(0, 1, max_knots, dtype=torch.float64).repeat(num_classes, 1)
+        )  # identity
+        self.register_buffer("y", self.x.clone())
+
+    def _fit(self, inputs, target):
+        from sklearn.isotonic import IsotonicRegression
+
+        scores, labels = inputs["scores"].numpy(), inputs["labels"].numpy()
+        if labels.min() < 0 or labels.max() >= self.num_classes:
+            raise ValueError(
+                f"Expected `labels` in [0, {self.num_classes}), but got {int(labels.min())}..{int(labels.max())}."
+            )
+        m = self.x.shape[1]
+        for c in np.unique(labels):
+            keep = labels == c
+            iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(scores[keep], target.numpy()[keep])
+            xs, ys = iso.X_thresholds_, iso.y_thresholds_
+            pick = np.unique(np.round(np.linspace(0, xs.size - 1, m)).astype(int))
+            xs, ys = xs[pick], ys[pick]
+            self.x[c] = torch.from_numpy(np.pad(xs, (0, m - xs.size), mode="edge"))
+            self.y[c] = torch.from_numpy(np.pad(ys, (0, m - ys.size), mode="edge"))
+
+    def _map(self, inputs):
+        scores, labels = inputs["scores"], inputs["labels"]
+        if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
+            raise ValueError(f"Expected `labels` in [0, {self.num_classes}).")
+        x, y = self.x[labels], self.y[labels]  # (N, m) each detection's class knots
+        s = scores.clamp(x[:, 0], x[:, -1]).unsqueeze(1)
+        hi = torch.searchsorted(x, s, right=False).clamp(1, x.shape[1] - 1)
+        x0, x1, y0, y1 = x.gather(1, hi - 1), x.gather(1, hi), y.gather(1, hi - 1), y.gather(1, hi)
+        width = x1 - x0
+        t = torch.where(width > 0, (s - x0) / torch.where(width > 0, width, 1), torch.ones_like(s))
+        return (y0 + t * (y1 - y0)).squeeze(1)

@@ -1,0 +1,164 @@
+"""Calibrating pixel logits: any package calibrator on the pixels as rows, and Local Temperature Scaling.
+
+* ``pixel_rows`` turns ``(B, K, H, W)`` logits and ``(B, H, W)`` label maps into the ``(N, K)`` rows and labels every
+  calibrator of :mod:`hf_calibration.calibrators` fits (ignored pixels dropped, an optional random subsample), and
+  ``calibrate_pixels`` applies a fitted one back to a ``(B, K, H, W)`` map: temperature scaling of a segmenter is
+  ``TemperatureScaling().fit(*pixel_rows(logits, masks))`` — one saved, pushed and loaded like any other.
+* ``LocalTemperatureScaling`` (Ding et al., ICCV 2021): a small convolutional network reads the logits and the image
+  and predicts a temperature per pixel, ``T(x) = softplus(f([z, image])) + t_min``; the calibrated logits are
+  ``z / T(x)``, so every pixel keeps its predicted class. Fitted by NLL over the labelled pixels (Adam, full batch);
+  the last layer starts at zero, so an unfitted map is plain temperature 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from huggingface_hub import PyTorchModelHubMixin
+from torch import nn
+
+from hf_calibration.segmentation.metrics import _as_tensor
+
+__all__ = ["LocalTemperatureScaling", "calibrate_pixels", "pixel_rows"]
+
+
+def _check_maps(logits: torch.Tensor, target: torch.Tensor | None, ignore_index: int | None) -> None:
+    if logits.ndim != 4 or not logits.is_floating_point():
+        raise ValueError(
+            f"Expected `logits` of shape (B, K, H, W), floating point, but got {tuple(logits.shape)} {logits.dtype}."
+        )
+    if not torch.isfinite(logits).all():
+        raise ValueError("Expected `logits` to be finite, but it holds NaN or inf.")
+    if target is None:
+        return
+    if target.shape != (logits.shape[0], *logits.shape[2:]) or target.is_floating_point():
+        raise ValueError(
+            f"Expected integer `target` of shape {(logits.shape[0], *logits.shape[2:])}, but got {tuple(target.shape)} {target.dtype}."
+        )
+    valid = target[target != ignore_index] if ignore_index is not None else target.reshape(-1)
+    if valid.numel() and (valid.min() < 0 or valid.max() >= logits.shape[1]):
+        raise ValueError(f"Expected `target` labels in [0, {logits.shape[1]}) or `ignore_index` ({ignore_index}).")
+
+
+def pixel_rows(
+    logits: Any, target: Any, *, ignore_index: int | None = 255, max_pixels: int | None = None, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(N, K)`` logits and ``(N,)`` labels of the labelled pixels (``max_pixels``: a uniform random subset of them,
+    drawn with ``seed``), in the order of ``logits.permute(0, 2, 3, 1)``."""
+    logits, target = _as_tensor(logits, "logits"), _as_tensor(target, "target")
+    _check_maps(logits, target, ignore_index)
+    rows = logits.permute(0, 2, 3, 1).reshape(-1, logits.shape[1])
+    labels = target.reshape(-1).to(torch.int64)
+    keep = torch.ones_like(labels, dtype=torch.bool) if ignore_index is None else labels != ignore_index
+    index = keep.nonzero().squeeze(1)
+    if max_pixels is not None and index.numel() > max_pixels:
+        pick = torch.randperm(index.numel(), generator=torch.Generator().manual_seed(seed))[:max_pixels]
+        index = index[pick.sort().values]
+    return rows[index], labels[index]
+
+
+def calibrate_pixels(calibrator: Any, logits: Any) -> torch.Tensor:
+    """Apply a fitted row calibrator (``(N, K)`` logits in, calibrated logits out) to ``(B, K, H, W)`` logits."""
+    logits = _as_tensor(logits, "logits")
+    _check_maps(logits, None, None)
+    b, k, h, w = logits.shape
+    out = calibrator(logits.permute(0, 2, 3, 1).reshape(-1, k))
+    return torch.as_tensor(out).reshape(b, h, w, k).permute(0, 3, 1, 2)
+
+
+class LocalTemperatureScaling(
+    nn.Module, PyTorchModelHubMixin, library_name="hf_calibration", tags=["calibration", "image-segmentation"]
+):
+    """A per-pixel temperature from the logits and the image (Ding et al., ICCV 2021).
+
+    Args:
+        num_classes: K, the logit channels.
+        image_channels: channels of the image given beside the logits (0: logits only).
+        hidden: width of the two 3x3 convolutions.
+        t_min: the lowest temperature the map can give.
+    """
+
+    def __init__(self, num_classes: int, image_channels: int = 3, hidden: int = 8, t_min: float = 0.05) -> None:
+        super().__init__()
+        for name, value, low in (
+            ("num_classes", num_classes, 2),
+            ("image_channels", image_channels, 0),
+            ("hidden", hidden, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"Expected argument `{name}` to be an integer >= {low}, but got {value!r}.")
+        if not 0 < t_min < 1:
+            raise ValueError(f"Expected argument `t_min` in (0, 1), but got {t_min!r}.")
+        self.num_classes, self.image_channels, self.t_min = num_classes, image_channels, t_min
+        self.net = nn.Sequential(
+            nn.Conv2d(num_classes + image_channels, hidden, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(hidden, hidden, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(hidden, 1, 1),
+        )
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.constant_(self.net[-1].bias, float(np.log(np.expm1(1.0 - t_min))))  # T = 1 before the fit
+
+    def _input(self, logits: torch.Tensor, images: Any) -> torch.Tensor:
+        _check_maps(logits, None, None)
+        if logits.shape[1] != self.num_classes:
+            raise ValueError(f"Expected `logits` with {self.num_classes} channels, but got {logits.shape[1]}.")
+        # the logits enter centred per pixel (softmax ignores a shift), so the map sees their shape, not their offset
+        z = logits - logits.mean(1, keepdim=True)
+        if self.image_channels == 0:
+            return z
+        if images is None:
+            raise ValueError(f"Expected `images` with {self.image_channels} channels beside the logits, but got None.")
+        images = _as_tensor(images, "images").to(logits.dtype)
+        if images.shape != (logits.shape[0], self.image_channels, *logits.shape[2:]):
+            raise ValueError(
+                f"Expected `images` of shape {(logits.shape[0], self.image_channels, *logits.shape[2:])} (resized to the "
+                f"logits), but got {tuple(images.shape)}."
+            )
+        return torch.cat([z, images], 1)
+
+    def temperature(self, logits: Any, images: Any = None) -> torch.Tensor:
+        """The ``(B, 1, H, W)`` temperature map."""
+        logits = _as_tensor(logits, "logits")
+        return nn.functional.softplus(self.net(self._input(logits.to(self.net[0].weight.dtype), images))) + self.t_min
+
+    def forward(self, logits: Any, images: Any = None) -> torch.Tensor:
+        """Calibrated ``(B, K, H, W)`` logits ``z / T(x)``."""
+        logits = _as_tensor(logits, "logits")
+        return logits / self.temperature(logits, images).to(logits.dtype)
+
+    def fit(
+        self,
+        logits: Any,
+        target: Any,
+        images: Any = None,
+        *,
+        ignore_index: int | None = 255,
+        steps: int = 300,
+        lr: float = 1e-2,
+        seed: int = 0,
+    ) -> LocalTemperatureScaling:
+        """Minimise the NLL of the labelled pixels of ``logits`` (B, K, H, W) against ``target`` (B, H, W)."""
+        logits, target = _as_tensor(logits, "logits").float(), _as_tensor(target, "target").to(torch.int64)
+        _check_maps(logits, target, ignore_index)
+        if ignore_index is not None and not (target != ignore_index).any():
+            raise ValueError("Expected labelled pixels in `target`, but every one is `ignore_index`.")
+        loss_fn = nn.CrossEntropyLoss(ignore_index=-100 if ignore_index is None else ignore_index)
+        torch.manual_seed(seed)
+        opt = torch.optim.Adam(self.parameters(), lr=lr)
+        with torch.enable_grad():
+            for _ in range(steps):
+                opt.zero_grad()
+                loss = loss_fn(self(logits, images), target)
+                loss.backward()
+                opt.step()
+        return self
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs: Any):
+        """Load strictly: a checkpoint of another shape is an error, not a silent partial load."""
+        kwargs.setdefault("strict", True)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)

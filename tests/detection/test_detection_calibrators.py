@@ -1,0 +1,142 @@
+"""Detection score calibrators against scikit-learn / scipy / netcal fits, hand cases, and a save / load round trip."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize_scalar
+
+from hf_calibration.detection import (
+    BoxLogisticCalibration,
+    DetectionIsotonic,
+    DetectionPlatt,
+    Detections,
+    DetectionTemperatureScaling,
+    d_ece,
+    detection_ece,
+)
+
+
+@pytest.fixture(scope="module")
+def overconfident():
+    """2,000 detections whose true-positive rate is a softened, position-dependent function of the score."""
+    rng = np.random.default_rng(0)
+    n, c = 2000, 3
+    logits = rng.normal(0, 3, (n, c + 1))
+    labels = logits[:, :c].argmax(1)
+    scores = torch.softmax(torch.from_numpy(logits), 1).numpy()[np.arange(n), labels]
+    features = rng.uniform(0.05, 0.95, (n, 4))
+    z = np.log(scores / (1 - scores))
+    tp = rng.random(n) < 1 / (1 + np.exp(-(0.5 * z - 0.3 + 2 * (features[:, 0] - 0.5))))
+    return Detections(
+        scores=scores,
+        labels=labels,
+        matched=tp,
+        iou=np.where(tp, 0.8, 0.0),
+        image=np.zeros(n, int),
+        features=features,
+        logits=logits,
+        iou_threshold=0.5,
+        num_ground_truth=int(tp.sum()),
+    )
+
+
+def test_platt_equals_sklearn_logistic_regression(overconfident):
+    from sklearn.linear_model import LogisticRegression
+
+    d = overconfident
+    x = np.log(d.scores / (1 - d.scores))[:, None]
+    ref = LogisticRegression(C=1e12, tol=1e-12, max_iter=10000).fit(x, d.matched)
+    ours = DetectionPlatt().fit(d)
+    assert ours.weight.item() == pytest.approx(ref.coef_[0, 0], rel=1e-5)
+    assert ours.bias.item() == pytest.approx(ref.intercept_[0], abs=1e-5)
+    assert detection_ece(ours.calibrate(d), score_threshold=0.0) < detection_ece(d, score_threshold=0.0)
+
+
+def test_box_logistic_reaches_netcal_likelihood_and_lowers_d_ece(overconfident):
+    netcal_logistic = pytest.importorskip("netcal.scaling").LogisticCalibration
+    d = overconfident
+    ours = BoxLogisticCalibration().fit(d)
+    x = np.concatenate([d.scores[:, None], d.features], 1)
+    ref = netcal_logistic(detection=True).fit(x, d.matched.astype(np.int64))
+    p_ref = np.clip(ref.transform(x), 1e-12, 1 - 1e-12)
+    p_ours = ours.calibrate(d).scores
+
+    def nll(p):
+        return -np.mean(np.where(d.matched, np.log(p), np.log1p(-p)))
+
+    assert nll(p_ours) <= nll(p_ref) + 1e-6  # the same convex likelihood: ours at its minimum
+    assert ours.weight[1].item() > 1  # it found the dependence on cx
+    assert d_ece(ours.calibrate(d), score_threshold=0.0) < d_ece(d, score_threshold=0.0)
+
+
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid"])
+def test_temperature_equals_scipy_minimiser(overconfident, activation):
+    d = overconfident
+    z, label, y = torch.from_numpy(d.logits), torch.from_numpy(d.labels), d.matched
+
+    def score(t):
+        if activation == "sigmoid":
+            return torch.sigmoid(z[torch.arange(len(y)), label] / t).numpy()
+        return torch.softmax(z / t, 1)[torch.arange(len(y)), label].numpy()
+
+    def bce(log_t):
+        p = np.clip(score(np.exp(log_t)), 1e-15, 1 - 1e-15)
+        return -np.mean(np.where(y, np.log(p), np.log1p(-p)))
+
+    best = np.exp(minimize_scalar(bce, bounds=(-3, 3), method="bounded", options={"xatol": 1e-10}).x)
+    if activation == "sigmoid":
+        d = d.with_scores(score(1.0))
+    ours = DetectionTemperatureScaling(activation).fit(d)
+    assert ours.temperature == pytest.approx(best, rel=1e-5)
+    np.testing.assert_allclose(ours.calibrate(d).scores, score(best), rtol=1e-4)
+
+
+def test_isotonic_per_class_by_hand():
+    # class 0: scores .2 .4 .6 .8 with outcomes 0 1 0 1 → pool adjacent violators: 0, .5, .5, 1; class 1 untouched
+    d = Detections(
+        scores=np.array([0.2, 0.4, 0.6, 0.8, 0.3, 0.7]),
+        labels=np.array([0, 0, 0, 0, 1, 1]),
+        matched=np.array([False, True, False, True, False, True]),
+        iou=np.zeros(6),
+        image=np.zeros(6, int),
+        features=None,
+        logits=None,
+        iou_threshold=0.5,
+        num_ground_truth=3,
+    )
+    iso = DetectionIsotonic(num_classes=3).fit(d)
+    np.testing.assert_allclose(iso(d.scores[:4], d.labels[:4]).numpy(), [0, 0.5, 0.5, 1], atol=1e-15)
+    np.testing.assert_allclose(
+        iso([0.5, 0.1, 0.9], [0, 0, 0]).numpy(), [0.5, 0, 1], atol=1e-15
+    )  # between knots, clipped
+    np.testing.assert_allclose(iso([0.3, 0.42], [2, 2]).numpy(), [0.3, 0.42], atol=1e-15)  # class 2 never fitted
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        DetectionPlatt,
+        BoxLogisticCalibration,
+        lambda: DetectionTemperatureScaling("softmax"),
+        lambda: DetectionIsotonic(3),
+    ],
+)
+def test_save_load_round_trip(overconfident, make, tmp_path):
+    fitted = make().fit(overconfident)
+    fitted.save_pretrained(tmp_path / "cal")
+    loaded = type(fitted).from_pretrained(tmp_path / "cal")
+    d = overconfident
+    np.testing.assert_array_equal(loaded.calibrate(d).scores, fitted.calibrate(d).scores)
+    with pytest.raises(ValueError, match="holds files"):
+        fitted.save_pretrained(tmp_path / "cal")
+
+
+def test_bad_use(overconfident):
+    with pytest.raises(ValueError, match="not fitted"):
+        DetectionPlatt()([0.5])
+    with pytest.raises(ValueError, match="`features`"):
+        BoxLogisticCalibration().fit(Detections(**{**overconfident.__dict__, "features": None}))
+    with pytest.raises(ValueError, match="true and false"):
+        DetectionPlatt().fit(overconfident.above(0.999999))
+    with pytest.raises(ValueError, match="`activation`"):
+        DetectionTemperatureScaling("relu")

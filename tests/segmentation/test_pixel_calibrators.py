@@ -1,0 +1,85 @@
+"""Pixel-logit calibration: package temperature scaling on pixel rows (against scipy), Local Temperature Scaling."""
+
+import pytest
+import torch
+from scipy.optimize import minimize_scalar
+
+from hf_calibration.calibrators import TemperatureScaling
+from hf_calibration.segmentation import LocalTemperatureScaling, calibrate_pixels, pixel_rows
+
+
+def _nll(logits, target):
+    return torch.nn.functional.cross_entropy(logits.double(), target, ignore_index=255).item()
+
+
+@pytest.fixture(scope="module")
+def two_regions():
+    """Pixels on the image's bright half are right 60 % of the time, the rest 97 %, at one confidence: no single
+    temperature fits both, a temperature read off the image does."""
+    g = torch.Generator().manual_seed(0)
+
+    def draw(b):
+        image = torch.zeros(b, 1, 16, 16)
+        image[:, :, :, :8] = 1.0
+        pred = torch.randint(0, 3, (b, 16, 16), generator=g)
+        right = torch.rand(b, 16, 16, generator=g) < torch.where(image[:, 0] > 0, 0.6, 0.97)
+        target = torch.where(right, pred, (pred + torch.randint(1, 3, (b, 16, 16), generator=g)) % 3)
+        target[:, 0, 0] = 255
+        logits = 3 * torch.nn.functional.one_hot(pred, 3).permute(0, 3, 1, 2).float()
+        return logits, target, image
+
+    return draw(8), draw(8)
+
+
+def test_pixel_rows_by_hand():
+    logits = torch.arange(8.0).reshape(1, 2, 2, 2)  # channel 0: 0 1 2 3, channel 1: 4 5 6 7
+    rows, labels = pixel_rows(logits, torch.tensor([[[0, 255], [1, 0]]]))
+    assert rows.tolist() == [[0.0, 4.0], [2.0, 6.0], [3.0, 7.0]] and labels.tolist() == [0, 1, 0]
+    assert pixel_rows(logits, torch.tensor([[[0, 1], [1, 0]]]), max_pixels=2)[0].shape == (2, 2)
+    with pytest.raises(ValueError, match="labels in"):
+        pixel_rows(logits, torch.tensor([[[0, 2], [1, 0]]]))
+
+
+def test_temperature_scaling_on_pixels_equals_scipy(two_regions):
+    (logits, target, _), _ = two_regions
+    rows, labels = pixel_rows(logits, target)
+    z = rows.double()
+    best = minimize_scalar(lambda t: _nll(z / t, labels), bounds=(0.2, 10), method="bounded", options={"xatol": 1e-9}).x
+    ts = TemperatureScaling().fit(rows, labels)
+    assert 1 / ts.temperature(rows)[0].item() == pytest.approx(1 / best, rel=1e-4)
+    out = calibrate_pixels(ts, logits)
+    assert out.shape == logits.shape
+    torch.testing.assert_close(
+        torch.softmax(out.double(), 1), torch.softmax(logits.double() / best, 1), atol=1e-4, rtol=0
+    )
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny convolutions: one thread is several times faster than two on a busy CI box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_local_temperature_beats_one_temperature(two_regions, tmp_path, one_thread):
+    (logits, target, image), (test_logits, test_target, test_image) = two_regions
+    lts = LocalTemperatureScaling(3, image_channels=1, hidden=4)
+    torch.testing.assert_close(lts(logits, image), logits)  # T = 1 before the fit
+    lts.fit(logits, target, image, steps=60, lr=2e-2)
+    ts = TemperatureScaling().fit(*pixel_rows(logits, target))
+    with torch.no_grad():
+        local = lts(test_logits, test_image)
+    one = _nll(calibrate_pixels(ts, test_logits), test_target)
+    assert _nll(local, test_target) < one - 0.05 < _nll(test_logits, test_target)
+    assert torch.equal(local.argmax(1), test_logits.argmax(1))
+    t = lts.temperature(test_logits, test_image)
+    assert t[:, :, :, :8].mean() > 1.5 > 1 > t[:, :, :, 8:].mean()  # hotter where the labels disagree more
+    lts.save_pretrained(tmp_path / "lts")
+    loaded = LocalTemperatureScaling.from_pretrained(tmp_path / "lts")
+    torch.testing.assert_close(loaded(test_logits, test_image), local, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="`images`"):
+        lts(test_logits)
+    with pytest.raises(ValueError, match="channels"):
+        lts(test_logits[:, :2], test_image)
