@@ -542,9 +542,13 @@ def fit_routes(z: dict[str, np.ndarray], y_val: np.ndarray) -> dict:
                 features=np.concatenate([z[f"feat_perturbed_{i}"][fit] for i in levels]), base_fit=fitted[name],
                 **reference,
             )  # fmt: skip
-            fitted[name + " ladder table"] = ladder_table(
-                fitted[name], [z[f"perturbed_{i}"][fit] for i in levels], y_val[fit]
-            )
+            for base in (
+                "",
+                " perturbed",
+            ):  # the clean fit's ladder, and the perturbed fit's (as fit_for_shift records)
+                fitted[name + base + " ladder table"] = ladder_table(
+                    fitted[name + base], [z[f"perturbed_{i}"][fit] for i in levels], y_val[fit]
+                )
     return fitted
 
 
@@ -580,9 +584,10 @@ def score_cell(fitted: dict, logits, features, labels, *, oracle: bool = True) -
             )
             for route in ("+DAC", "+DAC ladder"):
                 out[name + route] = _score(fitted[name + route](scored, features=f_scored).double().numpy(), y_scored)
-            on_ladder = adapt_on_ladder(clean_fit, unlabeled, fitted[name + " ladder table"])
-            out[name + " ladder"] = _score(on_ladder(scored).double().numpy(), y_scored)
-            out[name + " ladder"]["check"] = on_ladder.fit_info_["adaptation"]["check"]
+            for base in ("", " perturbed"):
+                on_ladder = adapt_on_ladder(fitted[name + base], unlabeled, fitted[name + base + " ladder table"])
+                out[name + base + " ladder"] = _score(on_ladder(scored).double().numpy(), y_scored)
+                out[name + base + " ladder"]["check"] = on_ladder.fit_info_["adaptation"]["check"]
             if oracle:
                 ceiling = create_calibrator(method).fit(unlabeled, y_fit, from_logits=True, progress_bar=False)
                 out[name + " oracle"] = _score(ceiling(scored).double().numpy(), y_scored)
@@ -615,7 +620,7 @@ def study_one(z: dict[str, np.ndarray], y_val, y_test, y_sub, cells) -> dict:
     }
     dac = {name: fitted[name].fit_info_["weights"] for name in fitted if "DAC" in name}
     return {"rows": rows, "validation": validation, "schedule": schedule, "dac_weights": dac,
-            "ladder": {n: fitted[n + " ladder table"] for n in ("TS", "ETS")}}  # fmt: skip
+            "ladder": {n: fitted[n + " ladder table"] for n in ("TS", "ETS", "TS perturbed", "ETS perturbed")}}  # fmt: skip
 
 
 def study(
@@ -705,7 +710,14 @@ def _severity_table(results: dict, loss: str, metric: str, methods: list[str], s
     return lines
 
 
-CANDIDATES = ("TS ladder", "ETS ladder", "TS+DAC ladder", "ETS+DAC ladder")  # the self-picking route's candidates
+CANDIDATES = (
+    "TS ladder",
+    "ETS ladder",
+    "TS perturbed ladder",
+    "ETS perturbed ladder",
+    "TS+DAC ladder",
+    "ETS+DAC ladder",
+)  # the self-picking route's candidates
 SELF = "self-picking"
 TABLE_METHODS = ["uncalibrated", "TS", "TS adapted", "TS perturbed", "TS perturbed+adapted", "ETS", "ETS adapted",
                  "ETS perturbed", "ETS perturbed+adapted", "TS+DAC", "ETS+DAC", *CANDIDATES, SELF, "TS oracle",
@@ -741,7 +753,7 @@ def study_markdown(results: dict, n_corrupt: int) -> str:
         f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores shared with other jobs. Commands: `python "
         "benchmarks/shift.py train --loss ce --train-seed 1 --epochs 1 --widths 16 64 64` (half the width and a tenth of "
         "the epochs of the models of the sections below: what this shared CPU, loaded by other jobs, could train in the "
-        "time); `python benchmarks/shift.py study --losses ce --seeds 1 --max-per-cell N` (N: twice the scored images below). Validation set: 5,000 held-out "
+        "time); `python benchmarks/shift.py study --losses ce --seeds 1 --max-per-cell 400` (and seed 2). Validation set: 5,000 held-out "
         f"training images; its first {N_REFERENCE:,} are DAC's reference, the other {5000 - N_REFERENCE:,} DAC's fit set "
         "and the ladder's images. Routes (all fitted on validation data only): **TS / ETS** on the clean validation set; "
         "**adapted**: ATC on the unlabelled first half of each scored set (`calibrator.adapt`); **perturbed**: fitted on "
@@ -749,8 +761,9 @@ def study_markdown(results: dict, n_corrupt: int) -> str:
         "**+DAC**: density-aware calibration on top of the clean fit (`DensityAwareCalibrator`, k = 10, reference "
         "sub-sampled to 2,000), fitted on the clean validation images; **+DAC ladder**: the same fitted on the ladder's "
         "levels of those images; **ladder**: the clean fit divided by the temperature read off the ladder at the "
-        "unlabelled half's ATC estimate (`hf_calibration.shift.ladder.adapt_on_ladder`); **self-picking**: the one of the "
-        f"four candidates ({', '.join(CANDIDATES)}) with the lowest ECE on the validation cells (the 4 held-out "
+        "unlabelled half's ATC estimate (`hf_calibration.shift.ladder.adapt_on_ladder`; **perturbed ladder**: the same on "
+        "top of the perturbed fit); **self-picking**: the one of the "
+        f"candidates ({', '.join(CANDIDATES)}) with the lowest ECE on the validation cells (the 4 held-out "
         f"corruptions {', '.join(('speckle_noise', 'gaussian_blur', 'spatter', 'saturate'))} of {N_VALIDATION_SHIFT:,} "
         "validation images, severities 1-5, and the clean ones), chosen once per model; **oracle**: refitted on the "
         "labelled first half of each shifted set (a ceiling). Each method is scored on the second half of each set "
