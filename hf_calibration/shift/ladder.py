@@ -92,11 +92,20 @@ def label_free_check(table: dict, atc_estimate: float, mean_confidence: float) -
     }
 
 
-def adapt_on_ladder(calibrator: Any, unlabeled_logits: Any, table: dict) -> Any:
+def adapt_on_ladder(calibrator: Any, unlabeled_logits: Any, table: dict | None = None) -> Any:
     """A copy of ``calibrator`` whose calibrated logits are divided by the temperature the ladder gives at the
     batch's ATC estimate (module docstring); ``fit_info_["adaptation"]`` records the estimate, the temperature and
-    the label-free check (:func:`label_free_check`), and the copy saves, loads and attaches like ``adapt()``'s."""
+    the label-free check (:func:`label_free_check`), and the copy saves, loads and attaches like ``adapt()``'s.
+    ``table``: a :func:`ladder_table`; by default the one ``fit_for_shift`` recorded (``fit_info_["shift_fit"]``)."""
     from hf_calibration.calibrators.adaptation import MIN_SAMPLES
+
+    if table is None:
+        table = ((calibrator.fit_info_ or {}).get("shift_fit") or {}).get("ladder")
+        if table is None:
+            raise ValueError(
+                "Expected argument `table` (hf_calibration.shift.ladder_table): this calibrator was not fitted by "
+                "fit_for_shift, which records its ladder."
+            )
 
     z = calibrator._check_logits(unlabeled_logits)
     if z.shape[0] < MIN_SAMPLES:

@@ -85,3 +85,21 @@ def test_shift_report_rows_carry_the_label_free_check():
     assert row["confidence"] == pytest.approx(p.mean())
     assert row["check_flags"] == (abs(p.mean() - row["estimated_accuracy"]) > 0.05)
     assert "Label-free check" in str(report)
+
+
+def test_fit_on_perturbed_records_its_ladder_and_adapt_on_ladder_reads_it():
+    from hf_calibration.shift import fit_on_perturbed
+
+    levels, y = _levels(2)
+    recipe = {"perturbation": "gaussian_noise", "strengths": [0.0, 1.0, 2.0, 4.0]}
+    with pytest.warns(UserWarning):  # the clean-side cost of a union fit (ShiftTradeoffWarning), said here
+        calibrator = fit_on_perturbed(levels, y, "temperature_scaling", recipe=recipe)
+    recorded = calibrator.fit_info_["shift_fit"]["ladder"]
+    assert recorded == ladder_table(calibrator, levels, y)
+    adapted = adapt_on_ladder(calibrator, levels[3][:100])
+    assert (
+        adapted.fit_info_["adaptation"]
+        == adapt_on_ladder(calibrator, levels[3][:100], recorded).fit_info_["adaptation"]
+    )
+    with pytest.raises(ValueError, match="`table`"):
+        adapt_on_ladder(TemperatureScaling().fit(levels[0], y, progress_bar=False), levels[3])
