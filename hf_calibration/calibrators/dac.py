@@ -36,7 +36,7 @@ from hf_calibration.calibrators._base import Calibrator
 from hf_calibration.calibrators._fitting.lbfgs import minimize
 from hf_calibration.calibrators._registry import create_calibrator, register_calibrator
 
-__all__ = ["DAC_REFERENCE", "DensityAwareCalibrator", "knn_distance"]
+__all__ = ["DAC_REFERENCE", "DensityAwareCalibrator", "knn_distance", "logits_and_features"]
 
 DAC_REFERENCE = (
     "C. Tomani, K. Waseda, Y. Shen, D. Cremers, F. Buettner, Beyond In-Domain Scenarios: Robust Density-Aware "
@@ -68,6 +68,24 @@ def knn_distance(queries: torch.Tensor, reference: torch.Tensor, k: int, *, excl
     else:
         d2 = torch.cdist(q, r).square().topk(kk, dim=1, largest=False).values[:, kk - 1]
     return d2.clamp_min(0).sqrt().to(queries.device)
+
+
+@torch.no_grad()
+def logits_and_features(
+    model: nn.Module, pixel_values: Any, batch_size: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits, features)`` of ``model`` (a transformers / timm classifier) on ``pixel_values`` ((N, C, H, W)), the
+    features being the classification head's input, as ``attach`` captures them at serving time."""
+    from hf_calibration._core.features import capture_features
+
+    model.eval()
+    logits, features = [], []
+    with capture_features(model) as cap:
+        for start in range(0, len(pixel_values), batch_size):
+            out = model(pixel_values=torch.as_tensor(pixel_values[start : start + batch_size]))
+            logits.append(out.logits if hasattr(out, "logits") else out)
+            features.append(cap.pop().reshape(logits[-1].shape[0], -1))
+    return torch.cat(logits), torch.cat(features)
 
 
 @register_calibrator

@@ -16,7 +16,7 @@ from sklearn.neighbors import NearestNeighbors
 
 from hf_calibration import load_calibrated_model, load_calibrator, pipeline
 from hf_calibration.calibrators import DensityAwareCalibrator, list_calibrators
-from hf_calibration.calibrators.dac import knn_distance
+from hf_calibration.calibrators.dac import knn_distance, logits_and_features
 
 torch.set_num_threads(1)
 
@@ -145,6 +145,9 @@ def test_served_by_load_calibrated_model_and_pipeline(served):
     pixels = processor(images=images, return_tensors="pt")["pixel_values"]
     feats = _head_input(model, pixels)
     want = dac(model.classifier(feats), features=feats).detach()
+    got_z, got_f = logits_and_features(model, pixels)  # the helper a user fits with: the same head input
+    torch.testing.assert_close(got_f, feats)
+    torch.testing.assert_close(got_z, model.classifier(feats))
     loaded = load_calibrated_model(folder)
     with torch.no_grad():
         got = loaded(pixel_values=pixels).logits
