@@ -747,17 +747,18 @@ def _with_self_picking(results: dict) -> dict:
 
 def study_markdown(results: dict, n_corrupt: int) -> str:
     results = _with_self_picking(results)
+    n_levels = next(iter(results.values()))["schedule"]["levels"] if results else 0
     lines = [
         "## Calibration under shift, step two: a route that picks itself, and density-aware calibration (`shift.py study`)",
         "",
         f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores shared with other jobs. Commands: `python "
         "benchmarks/shift.py train --loss ce --train-seed 1 --epochs 1 --widths 16 64 64` (half the width and a tenth of "
         "the epochs of the models of the sections below: what this shared CPU, loaded by other jobs, could train in the "
-        "time); `python benchmarks/shift.py study --losses ce --seeds 1 --max-per-cell 400` (and seed 2). Validation set: 5,000 held-out "
+        "time); `python benchmarks/shift.py study --losses ce --seeds 1 --n-corrupt 1000 --max-per-cell 200 --levels 6`. Validation set: 5,000 held-out "
         f"training images; its first {N_REFERENCE:,} are DAC's reference, the other {5000 - N_REFERENCE:,} DAC's fit set "
         "and the ladder's images. Routes (all fitted on validation data only): **TS / ETS** on the clean validation set; "
         "**adapted**: ATC on the unlabelled first half of each scored set (`calibrator.adapt`); **perturbed**: fitted on "
-        "the validation set under Gaussian noise at 10 strengths from clean to near chance (`fit_for_shift`'s ladder); "
+        f"the validation set under Gaussian noise at {n_levels} strengths from clean to near chance (`fit_for_shift`'s ladder); "
         "**+DAC**: density-aware calibration on top of the clean fit (`DensityAwareCalibrator`, k = 10, reference "
         "sub-sampled to 2,000), fitted on the clean validation images; **+DAC ladder**: the same fitted on the ladder's "
         "levels of those images; **ladder**: the clean fit divided by the temperature read off the ladder at the "
