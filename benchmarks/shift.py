@@ -439,6 +439,14 @@ def _score(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 
 
 N_REFERENCE = 2500  # DAC's reference: the first 2,500 clean validation images; its fit and the ladder: the other 2,500
+
+
+def _order(n: int, k: int | None = None) -> np.ndarray:
+    """A fixed shuffle of ``n`` rows (first ``k``): the cached splits are sorted by class, so a split's halves (the
+    unlabelled batch and the scored half; DAC's reference and fit set) must be drawn from a shuffled order."""
+    return np.random.default_rng(12345).permutation(n)[:k]
+
+
 N_CLEAN_TEST = 4000  # clean test images of the study (the first 4,000 of the 10,000: this CPU's time)
 N_VALIDATION_SHIFT = 500  # validation images (from the second part) under the 4 held-out corruptions, for choices
 
@@ -448,12 +456,12 @@ def validation_shift_set(cache: Path, seed: int) -> dict[tuple[str, int], np.nda
     (``EXTRA_CORRUPTIONS``, never in the test cells) at severities 1-5 (cached): where the study's choices are made."""
     from hf_calibration.shift import EXTRA_CORRUPTIONS, corrupt
 
-    path = cache / f"val_c_{N_VALIDATION_SHIFT}_{seed}.npz"
+    path = cache / f"val_c_shuffled_{N_VALIDATION_SHIFT}_{seed}.npz"
     if path.exists():
         data = np.load(path)
         return {(c, s): data[f"{c}_{s}"] for c in EXTRA_CORRUPTIONS for s in range(1, 6)}
     x, _ = load_split(cache, "val")
-    idx = np.arange(N_REFERENCE, N_REFERENCE + N_VALIDATION_SHIFT)
+    idx = _order(len(x))[N_REFERENCE : N_REFERENCE + N_VALIDATION_SHIFT]
     out = {(c, s): np.stack([np.asarray(corrupt(x[i], c, s, seed=int(i), preset="cifar")) for i in idx])
            for c in EXTRA_CORRUPTIONS for s in range(1, 6)}  # fmt: skip
     np.savez(path, **{f"{c}_{s}": v for (c, s), v in out.items()})
@@ -469,7 +477,7 @@ def study_logits(
     (``valc_<corruption>_<severity>``, :func:`validation_shift_set`)."""
     from hf_calibration.shift.perturbation import perturb, strength_schedule
 
-    path = cache / f"study_logits_{loss}_seed{seed}_{n_corrupt}_{corrupt_seed}_{levels}_{max_per_cell}_features.npz"
+    path = cache / f"study_logits_{loss}_seed{seed}_{n_corrupt}_{corrupt_seed}_{levels}_{max_per_cell}_shuffled.npz"
     if path.exists():
         return dict(np.load(path))
     model, _ = load_model(cache, loss, seed)
@@ -482,10 +490,11 @@ def study_logits(
     def put(key: str, images: np.ndarray) -> None:
         z[key], z[f"feat_{key}"] = predict_with_features(model, images)
 
+    x_val, y_val = x_val[_order(len(x_val))], y_val[_order(len(y_val))]
     put("val", x_val)
-    put("test", x_test[:N_CLEAN_TEST])
+    put("test", x_test[_order(len(x_test), N_CLEAN_TEST)])
     for (c, s), v in shifted_x.items():
-        put(f"{c}_{s}", v[:max_per_cell])
+        put(f"{c}_{s}", v[_order(len(v), max_per_cell)])
     for (c, s), v in validation_shift_set(cache, corrupt_seed).items():
         put(f"valc_{c}_{s}", v)
     seen: dict[float, float] = {}
@@ -654,7 +663,8 @@ def study(
                 continue
             z = study_logits(cache, loss, seed, n_corrupt, corrupt_seed, levels, max_per_cell)
             t = time.perf_counter()
-            results[key] = study_one(z, y_val, y_test[:N_CLEAN_TEST], y_sub[:max_per_cell], cells)
+            results[key] = study_one(z, y_val[_order(len(y_val))], y_test[_order(len(y_test), N_CLEAN_TEST)],
+                                     y_sub[_order(len(y_sub), max_per_cell)], cells)  # fmt: skip
             results[key]["seconds"] = time.perf_counter() - t
             out_json.parent.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps(results))
