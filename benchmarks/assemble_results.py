@@ -35,6 +35,8 @@ SECTIONS = [
     ("multilabel.md", "multilabel.py"),
     ("shift.md", "shift.py"),
     ("shift_calibration.md", "shift.py study --seeds 1 2"),
+    ("shift_routes.md", "shift.py study --losses ce --seeds 1 --n-corrupt 1000 --max-per-cell 200 --levels 6"),
+    ("dac_serving.md", "dac_serving.py --rounds 30"),
     ("serving.md", "serving.py"),
     ("scale.md", "scale.py --sections issue grid peers conformal disk"),
     ("cold_start.md", "cold_start.py --demo"),

@@ -203,6 +203,17 @@ def predict(model: nn.Module, images_u8: np.ndarray, batch_size: int = 1000) -> 
     return torch.cat(out).double().numpy()
 
 
+@torch.no_grad()
+def predict_with_features(
+    model: nn.Module, images_u8: np.ndarray, batch_size: int = 1000
+) -> tuple[np.ndarray, np.ndarray]:
+    """Logits and the pooled feature the head sees (float32), for density-aware calibration."""
+    model.eval()
+    feats = [model.features(to_tensor(images_u8[i : i + batch_size])) for i in range(0, len(images_u8), batch_size)]
+    f = torch.cat(feats)
+    return model.head(f).double().numpy(), f.float().numpy()
+
+
 def model_path(cache: Path, loss_name: str, seed: int) -> Path:
     """Seed 0's model keeps the name of the first runs; other training seeds carry theirs."""
     return cache / (f"model_{loss_name}.pt" if seed == 0 else f"model_{loss_name}_seed{seed}.pt")
@@ -412,7 +423,10 @@ def _per_corruption(report, severity: int) -> list[str]:
 
 # ----------------------------------------------------------------------------- calibration that holds under shift
 
-STUDY_METHODS = ("temperature_scaling", "ets", "smart")
+STUDY_METHODS = (
+    "temperature_scaling",
+    "ets",
+)  # SMART left out since issue 55: its 76 oracle fits per model cost most of the run
 STUDY_NAMES = {"temperature_scaling": "TS", "ets": "ETS", "smart": "SMART"}
 STUDY_METRICS = ("ece", "adaece", "nll", "accuracy")
 
@@ -424,14 +438,46 @@ def _score(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
             "nll": nll(logits, labels, from_logits=True), "accuracy": float((logits.argmax(1) == labels).mean())}  # fmt: skip
 
 
+N_REFERENCE = 2500  # DAC's reference: the first 2,500 clean validation images; its fit and the ladder: the other 2,500
+
+
+def _order(n: int, k: int | None = None) -> np.ndarray:
+    """A fixed shuffle of ``n`` rows (first ``k``): the cached splits are sorted by class, so a split's halves (the
+    unlabelled batch and the scored half; DAC's reference and fit set) must be drawn from a shuffled order."""
+    return np.random.default_rng(12345).permutation(n)[:k]
+
+
+N_CLEAN_TEST = 4000  # clean test images of the study (the first 4,000 of the 10,000: this CPU's time)
+N_VALIDATION_SHIFT = 500  # validation images (from the second part) under the 4 held-out corruptions, for choices
+
+
+def validation_shift_set(cache: Path, seed: int) -> dict[tuple[str, int], np.ndarray]:
+    """``N_VALIDATION_SHIFT`` validation images (after the reference part) under each of the 4 held-out corruptions
+    (``EXTRA_CORRUPTIONS``, never in the test cells) at severities 1-5 (cached): where the study's choices are made."""
+    from hf_calibration.shift import EXTRA_CORRUPTIONS, corrupt
+
+    path = cache / f"val_c_shuffled_{N_VALIDATION_SHIFT}_{seed}.npz"
+    if path.exists():
+        data = np.load(path)
+        return {(c, s): data[f"{c}_{s}"] for c in EXTRA_CORRUPTIONS for s in range(1, 6)}
+    x, _ = load_split(cache, "val")
+    idx = _order(len(x))[N_REFERENCE : N_REFERENCE + N_VALIDATION_SHIFT]
+    out = {(c, s): np.stack([np.asarray(corrupt(x[i], c, s, seed=int(i), preset="cifar")) for i in idx])
+           for c in EXTRA_CORRUPTIONS for s in range(1, 6)}  # fmt: skip
+    np.savez(path, **{f"{c}_{s}": v for (c, s), v in out.items()})
+    return out
+
+
 def study_logits(
-    cache: Path, loss: str, seed: int, n_corrupt: int, corrupt_seed: int, levels: int
+    cache: Path, loss: str, seed: int, n_corrupt: int, corrupt_seed: int, levels: int, max_per_cell: int | None = None
 ) -> dict[str, np.ndarray]:
-    """Every logit array the study needs for one model (cached): the clean validation and test sets, each shifted cell
-    (``n_corrupt`` test images), and the validation set under the Gaussian-noise schedule of ``fit_for_shift``."""
+    """Every logit array the study needs for one model (cached), with the pooled feature the head sees
+    (``feat_<key>``): the clean validation and test sets, each shifted cell (``n_corrupt`` test images), the
+    validation set under the Gaussian-noise schedule of ``fit_for_shift``, and the validation cells
+    (``valc_<corruption>_<severity>``, :func:`validation_shift_set`)."""
     from hf_calibration.shift.perturbation import perturb, strength_schedule
 
-    path = cache / f"study_logits_{loss}_seed{seed}_{n_corrupt}_{corrupt_seed}_{levels}.npz"
+    path = cache / f"study_logits_{loss}_seed{seed}_{n_corrupt}_{corrupt_seed}_{levels}_{max_per_cell}_shuffled.npz"
     if path.exists():
         return dict(np.load(path))
     model, _ = load_model(cache, loss, seed)
@@ -439,69 +485,151 @@ def study_logits(
     x_val, y_val = load_split(cache, "val")
     x_test, _ = load_split(cache, "test")
     t = time.perf_counter()
-    z = {"val": predict(model, x_val), "test": predict(model, x_test)}
-    z.update({f"{c}_{s}": predict(model, v) for (c, s), v in shifted_x.items()})
-    seen: dict[float, np.ndarray] = {}
+    z: dict[str, np.ndarray] = {}
+
+    def put(key: str, images: np.ndarray) -> None:
+        z[key], z[f"feat_{key}"] = predict_with_features(model, images)
+
+    x_val, y_val = x_val[_order(len(x_val))], y_val[_order(len(y_val))]
+    put("val", x_val)
+    put("test", x_test[_order(len(x_test), N_CLEAN_TEST)])
+    for (c, s), v in shifted_x.items():
+        put(f"{c}_{s}", v[_order(len(v), max_per_cell)])
+    for (c, s), v in validation_shift_set(cache, corrupt_seed).items():
+        put(f"valc_{c}_{s}", v)
+    seen: dict[float, float] = {}
+    search = slice(N_REFERENCE, N_REFERENCE + 1000)  # the strengths are searched on 1,000 images (this CPU's time)
 
     def accuracy_of(strength: float) -> float:
         if strength not in seen:
-            seen[strength] = z["val"] if strength == 0 else predict(model, perturb(x_val, strength, seed=seed))
-        return float((seen[strength].argmax(1) == y_val).mean())
+            z_s = predict(model, perturb(x_val[search], strength, seed=seed, offset=N_REFERENCE))
+            seen[strength] = float((z_s.argmax(1) == y_val[search]).mean())
+        return seen[strength]
 
-    strengths, accuracies = strength_schedule(accuracy_of, levels=levels, num_classes=10)
+    strengths, _ = strength_schedule(accuracy_of, levels=levels, num_classes=10)
     for i, strength in enumerate(strengths):
-        accuracy_of(strength)
-        z[f"perturbed_{i}"] = seen[strength]
+        put(f"perturbed_{i}", x_val if strength == 0 else perturb(x_val, strength, seed=seed))
+    accuracies = [float((z[f"perturbed_{i}"].argmax(1) == y_val).mean()) for i in range(len(strengths))]
     z["strengths"], z["strength_accuracies"] = np.array(strengths), np.array(accuracies)
     np.savez(path, **z)
     print(f"[{loss} seed {seed}] study logits in {time.perf_counter() - t:.0f} s -> {path}", flush=True)
     return z
 
 
-def study_one(z: dict[str, np.ndarray], y_val, y_test, y_sub, cells) -> dict:
-    """Rows of one model: for each method, each cell's metrics on the scored half of that cell (clean test: the second
-    half of the 10,000; each corrupted cell: the second half of its images). Adapted calibrators see the other half's
-    logits without labels; the ceiling ("oracle") is fitted on the other half with its labels."""
+ROUTES = ("TS+DAC", "ETS+DAC", "TS+DAC ladder", "ETS+DAC ladder", "TS ladder", "ETS ladder")
+BASELINES = ("TS", "TS adapted", "TS perturbed", "TS perturbed+adapted")  # the issue's "best of" four
+
+
+def fit_routes(z: dict[str, np.ndarray], y_val: np.ndarray) -> dict:
+    """Every calibrator of the study, fitted on validation data only: TS / ETS on the clean validation set, the same
+    on the perturbed union (``fit_for_shift``'s ladder), DAC (reference: the first ``N_REFERENCE`` clean validation
+    images; fit: the other ones, clean or the ladder's levels of them) and the ladder tables (on the same other ones)."""
     import warnings
 
-    from hf_calibration.calibrators import create_calibrator
+    from hf_calibration.calibrators import DensityAwareCalibrator, create_calibrator
+    from hf_calibration.shift.ladder import ladder_table
     from hf_calibration.shift.perturbation import fit_on_perturbed
 
     levels = sorted(int(k.split("_")[1]) for k in z if k.startswith("perturbed_"))
     recipe = {"perturbation": "gaussian_noise", "strengths": z["strengths"].tolist(),
               "accuracies": z["strength_accuracies"].tolist(), "levels": len(levels), "seed": 0}  # fmt: skip
+    ref, fit = slice(0, N_REFERENCE), slice(N_REFERENCE, None)
     fitted = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for method in STUDY_METHODS:
-            fitted[method] = create_calibrator(method).fit(z["val"], y_val, from_logits=True, progress_bar=False)
-            fitted[method + "+perturbed"] = fit_on_perturbed([z[f"perturbed_{i}"] for i in levels], y_val, method,
-                                                             recipe=recipe)  # fmt: skip
+            name = STUDY_NAMES[method]
+            fitted[name] = create_calibrator(method).fit(z["val"], y_val, from_logits=True, progress_bar=False)
+            fitted[name + " perturbed"] = fit_on_perturbed([z[f"perturbed_{i}"] for i in levels], y_val, method,
+                                                           recipe=recipe)  # fmt: skip
+            reference = {"reference_features": z["feat_val"][ref], "reference_logits": z["val"][ref]}
+            fitted[name + "+DAC"] = DensityAwareCalibrator(base=method).fit(
+                z["val"][fit], y_val[fit], features=z["feat_val"][fit], base_fit=fitted[name], **reference
+            )
+            fitted[name + "+DAC ladder"] = DensityAwareCalibrator(base=method).fit(
+                np.concatenate([z[f"perturbed_{i}"][fit] for i in levels]), np.tile(y_val[fit], len(levels)),
+                features=np.concatenate([z[f"feat_perturbed_{i}"][fit] for i in levels]), base_fit=fitted[name],
+                **reference,
+            )  # fmt: skip
+            for base in (
+                "",
+                " perturbed",
+            ):  # the clean fit's ladder, and the perturbed fit's (as fit_for_shift records)
+                fitted[name + base + " ladder table"] = ladder_table(
+                    fitted[name + base], [z[f"perturbed_{i}"][fit] for i in levels], y_val[fit]
+                )
+    return fitted
+
+
+def score_cell(fitted: dict, logits, features, labels, *, oracle: bool = True) -> dict:
+    """Every route on one set: the first half's logits are the unlabelled deployment batch (adaptation, ladder), the
+    second half is scored; the ceiling ("oracle") is fitted on the first half with its labels."""
+    import warnings
+
+    from hf_calibration.calibrators import create_calibrator
+    from hf_calibration.shift.ladder import adapt_on_ladder
+
+    half = logits.shape[0] // 2
+    unlabeled, scored, f_scored, y_fit, y_scored = (
+        logits[:half],
+        logits[half:],
+        features[half:],
+        labels[:half],
+        labels[half:],
+    )
+    out = {"uncalibrated": _score(scored, y_scored)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for method in STUDY_METHODS:
+            name = STUDY_NAMES[method]
+            clean_fit, perturbed = fitted[name], fitted[name + " perturbed"]
+            out[name] = _score(clean_fit(scored).double().numpy(), y_scored)
+            out[name + " perturbed"] = _score(perturbed(scored).double().numpy(), y_scored)
+            out[name + " adapted"] = _score(
+                clean_fit.adapt(unlabeled, from_logits=True)(scored).double().numpy(), y_scored
+            )
+            out[name + " perturbed+adapted"] = _score(
+                perturbed.adapt(unlabeled, from_logits=True)(scored).double().numpy(), y_scored
+            )
+            for route in ("+DAC", "+DAC ladder"):
+                out[name + route] = _score(fitted[name + route](scored, features=f_scored).double().numpy(), y_scored)
+            for base in ("", " perturbed"):
+                on_ladder = adapt_on_ladder(fitted[name + base], unlabeled, fitted[name + base + " ladder table"])
+                out[name + base + " ladder"] = _score(on_ladder(scored).double().numpy(), y_scored)
+                out[name + base + " ladder"]["check"] = on_ladder.fit_info_["adaptation"]["check"]
+            if oracle:
+                ceiling = create_calibrator(method).fit(unlabeled, y_fit, from_logits=True, progress_bar=False)
+                out[name + " oracle"] = _score(ceiling(scored).double().numpy(), y_scored)
+    return out
+
+
+def study_one(z: dict[str, np.ndarray], y_val, y_test, y_sub, cells) -> dict:
+    """Rows of one model: for each route, each cell's metrics on the scored half of that cell (clean test: the second
+    half of the 10,000; each corrupted cell: the second half of its images), and the same on the validation cells
+    (the 4 held-out corruptions of validation images), where the self-picking route's choice is made."""
+    from hf_calibration.shift import EXTRA_CORRUPTIONS
+
+    fitted = fit_routes(z, y_val)
+    levels = sorted(int(k.split("_")[1]) for k in z if k.startswith("perturbed_"))
     rows = {}
     for cell in [("clean", 0)] + cells:
         key = "test" if cell[0] == "clean" else f"{cell[0]}_{cell[1]}"
-        logits = z[key]
         labels = y_test if cell[0] == "clean" else y_sub
-        half = logits.shape[0] // 2
-        unlabeled, scored, y_fit, y_scored = logits[:half], logits[half:], labels[:half], labels[half:]
-        out = {"uncalibrated": _score(scored, y_scored)}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for method in STUDY_METHODS:
-                name = STUDY_NAMES[method]
-                clean_fit = fitted[method]
-                out[name] = _score(clean_fit(scored).double().numpy(), y_scored)
-                out[name + " perturbed"] = _score(fitted[method + "+perturbed"](scored).double().numpy(), y_scored)
-                out[name + " adapted"] = _score(
-                    clean_fit.adapt(unlabeled, from_logits=True)(scored).double().numpy(), y_scored
-                )
-                out[name + " perturbed+adapted"] = _score(
-                    fitted[method + "+perturbed"].adapt(unlabeled, from_logits=True)(scored).double().numpy(), y_scored
-                )
-                oracle = create_calibrator(method).fit(unlabeled, y_fit, from_logits=True, progress_bar=False)
-                out[name + " oracle"] = _score(oracle(scored).double().numpy(), y_scored)
-        rows[f"{cell[0]}|{cell[1]}"] = out
-    return {"rows": rows, "schedule": recipe}
+        rows[f"{cell[0]}|{cell[1]}"] = score_cell(fitted, z[key], z[f"feat_{key}"], labels)
+    y_vc = y_val[N_REFERENCE : N_REFERENCE + N_VALIDATION_SHIFT]
+    sl = slice(N_REFERENCE, N_REFERENCE + N_VALIDATION_SHIFT)
+    validation = {"clean|0": score_cell(fitted, z["val"][sl], z["feat_val"][sl], y_vc, oracle=False)}
+    for c in EXTRA_CORRUPTIONS:
+        for s in range(1, 6):
+            validation[f"{c}|{s}"] = score_cell(fitted, z[f"valc_{c}_{s}"], z[f"feat_valc_{c}_{s}"], y_vc, oracle=False)
+    schedule = {
+        "strengths": z["strengths"].tolist(),
+        "accuracies": z["strength_accuracies"].tolist(),
+        "levels": len(levels),
+    }
+    dac = {name: fitted[name].fit_info_["weights"] for name in fitted if "DAC" in name}
+    return {"rows": rows, "validation": validation, "schedule": schedule, "dac_weights": dac,
+            "ladder": {n: fitted[n + " ladder table"] for n in ("TS", "ETS", "TS perturbed", "ETS perturbed")}}  # fmt: skip
 
 
 def study(
@@ -513,6 +641,7 @@ def study(
     levels: int,
     out_json: Path,
     out_md: Path,
+    max_per_cell: int | None = None,
 ) -> None:
     """Issue-41 study: every (loss, seed) model, resumable (each model's results are kept in ``out_json`` as they come)."""
     import json
@@ -532,64 +661,49 @@ def study(
             if not model_path(cache, loss, seed).exists():
                 print(f"[{key}] no model yet: train it with `train --loss {loss} --train-seed {seed}`", flush=True)
                 continue
-            z = study_logits(cache, loss, seed, n_corrupt, corrupt_seed, levels)
+            z = study_logits(cache, loss, seed, n_corrupt, corrupt_seed, levels, max_per_cell)
             t = time.perf_counter()
-            results[key] = study_one(z, y_val, y_test, y_sub, cells)
+            results[key] = study_one(z, y_val[_order(len(y_val))], y_test[_order(len(y_test), N_CLEAN_TEST)],
+                                     y_sub[_order(len(y_sub), max_per_cell)], cells)  # fmt: skip
             results[key]["seconds"] = time.perf_counter() - t
             out_json.parent.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps(results))
             print(f"[{key}] studied in {results[key]['seconds']:.0f} s", flush=True)
-    out_md.write_text(study_markdown(results, n_corrupt))
-    first = next((k for k in results if k.startswith("ce|")), None)
-    if first is not None:
-        loss, seed = first.split("|")
-        figure = study_figure(
-            study_logits(cache, loss, int(seed), n_corrupt, corrupt_seed, levels), y_val, y_test, y_sub
-        )
-        figure.savefig(ROOT / "docs" / "img" / "shift_reliability_by_severity.png", dpi=110, bbox_inches="tight")
+    out_md.write_text(study_markdown(results, max_per_cell or n_corrupt))
+    if results:
+        study_figure(results).savefig(ROOT / "docs" / "img" / "shift_routes_ece.png", dpi=110, bbox_inches="tight")
     print(out_md.read_text())
 
 
-def study_figure(z: dict[str, np.ndarray], y_val, y_test, y_sub):
-    """Reliability diagrams at severities 0, 1, 3 and 5 (the corruptions pooled): TS fitted on clean data against ETS
-    fitted on the perturbed union and TS adapted without labels; each scored on the second half of each set."""
-    import warnings
-
+def study_figure(results: dict):
+    """ECE against severity, one line per route (mean over the 15 corruptions and the training seeds; the band: ± std
+    over the seeds), one panel per loss."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hf_calibration.calibrators import create_calibrator
-    from hf_calibration.metrics import reliability_diagram
-    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
-    from hf_calibration.shift.perturbation import fit_on_perturbed
-
-    levels = sorted(int(k.split("_")[1]) for k in z if k.startswith("perturbed_"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ts = create_calibrator("temperature_scaling").fit(z["val"], y_val, from_logits=True, progress_bar=False)
-        ets = fit_on_perturbed([z[f"perturbed_{i}"] for i in levels], y_val, "ets", recipe={})
-    fig, axes = plt.subplots(3, 4, figsize=(16, 11.5), sharex=True, sharey=True)
-    for col, severity in enumerate((0, 1, 3, 5)):
-        keys = ["test"] if severity == 0 else [f"{c}_{severity}" for c in BENCHMARK_CORRUPTIONS]
-        labels = y_test if severity == 0 else y_sub
-        half = (z[keys[0]].shape[0]) // 2
-        scored = np.concatenate([z[k][half:] for k in keys])
-        target = np.concatenate([labels[half:]] * len(keys))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            adapted = [ts.adapt(z[k][:half], from_logits=True)(z[k][half:]).double().numpy() for k in keys]
-        for row, (name, calibrated) in enumerate(
-            (
-                ("TS (clean fit)", ts(scored).double().numpy()),
-                ("ETS (perturbed fit)", ets(scored).double().numpy()),
-                ("TS adapted (ATC)", np.concatenate(adapted)),
+    results = _with_self_picking(results)
+    losses = sorted({k.split("|")[0] for k in results})
+    fig, axes = plt.subplots(1, len(losses), figsize=(7.5 * len(losses), 5), squeeze=False)
+    routes = {"uncalibrated": ("0.6", ":"), "TS": ("C0", "-"), "TS adapted": ("C1", "-"), "TS perturbed": ("C2", "-"),
+              "TS perturbed+adapted": ("C3", "-"), "ETS": ("C4", "--"), "ETS+DAC": ("C5", "--"),
+              SELF: ("k", "-"), "TS oracle": ("0.3", "-.")}  # fmt: skip
+    for ax, loss in zip(axes[0], losses):
+        runs = [r for k, r in results.items() if k.split("|")[0] == loss]
+        for method, (color, style) in routes.items():
+            per_seed = np.array([_by_severity(r["rows"], method) for r in runs]) * 100
+            mean, std = per_seed.mean(0), per_seed.std(0)
+            label = f"{method} ({', '.join(sorted({r['choice'] for r in runs}))})" if method == SELF else method
+            ax.plot(
+                range(6), mean, style, color=color, lw=2.5 if method == SELF else 1.5, marker="o", ms=3, label=label
             )
-        ):
-            reliability_diagram(calibrated, target, from_logits=True, ax=axes[row, col], counts=False, ci=None,
-                                title=f"{name}, severity {severity}")  # fmt: skip
-    fig.suptitle("CIFAR-10 under corruption (cross-entropy model): the 15 corruptions pooled at each severity")
+            ax.fill_between(range(6), mean - std, mean + std, color=color, alpha=0.12)
+        name = {"ce": "cross-entropy", "fedlas_ls": "FeDLaS-LS"}[loss]
+        ax.set(xlabel="corruption severity (0 = clean)", ylabel="ECE (%), mean over 15 corruptions",
+               title=f"CIFAR-10 ({name}, {len(runs)} training seeds)")  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     return fig
 
 
@@ -606,41 +720,92 @@ def _severity_table(results: dict, loss: str, metric: str, methods: list[str], s
     return lines
 
 
+CANDIDATES = (
+    "TS ladder",
+    "ETS ladder",
+    "TS perturbed ladder",
+    "ETS perturbed ladder",
+    "TS+DAC ladder",
+    "ETS+DAC ladder",
+)  # the self-picking route's candidates
+SELF = "self-picking"
+TABLE_METHODS = ["uncalibrated", "TS", "TS adapted", "TS perturbed", "TS perturbed+adapted", "ETS", "ETS adapted",
+                 "ETS perturbed", "ETS perturbed+adapted", "TS+DAC", "ETS+DAC", *CANDIDATES, SELF, "TS oracle",
+                 "ETS oracle"]  # fmt: skip
+
+
+def _by_severity(rows: dict, method: str, metric: str = "ece") -> list[float]:
+    """``metric`` of ``method`` at severities 0-5, each the mean over that severity's cells."""
+    return [float(np.mean([row[method][metric] for cell, row in rows.items() if int(cell.split("|")[1]) == s]))
+            for s in range(6)]  # fmt: skip
+
+
+def choose_self_picking(run: dict) -> str:
+    """The candidate with the lowest validation ECE (the 4 held-out corruptions of validation images, severities 0-5,
+    each severity weighted alike): the study's one choice, made on validation data."""
+    return min(CANDIDATES, key=lambda m: float(np.mean(_by_severity(run["validation"], m))))
+
+
+def _with_self_picking(results: dict) -> dict:
+    for run in results.values():
+        run["choice"] = choose_self_picking(run)
+        for rows in (run["rows"], run["validation"]):
+            for row in rows.values():
+                row[SELF] = row[run["choice"]]
+    return results
+
+
 def study_markdown(results: dict, n_corrupt: int) -> str:
-    methods = ["uncalibrated"] + [f"{STUDY_NAMES[m]}{suffix}" for m in STUDY_METHODS
-                                  for suffix in ("", " perturbed", " adapted", " perturbed+adapted", " oracle")]  # fmt: skip
+    results = _with_self_picking(results)
+    n_levels = next(iter(results.values()))["schedule"]["levels"] if results else 0
     lines = [
-        "## Calibration that holds under shift: fitted on perturbed images, adapted without labels (`shift.py study`)",
+        "## Calibration under shift, step two: a route that picks itself, and density-aware calibration (`shift.py study`)",
         "",
-        f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores. Commands: `python benchmarks/shift.py train --loss ce "
-        "--train-seed S` (and `fedlas_ls`), for S = 1, 2; `python benchmarks/shift.py study --seeds 1 2`. Models: the "
-        "airbench-style ResNet of the section below, one per loss and training seed. Calibrators fitted on the clean "
-        "calibration set (5,000 images): TS, ETS, SMART as they are; **perturbed**: the same fitted on the union of "
-        "that set under Gaussian pixel noise at 10 strengths from 0 to where the model's accuracy is within a tenth of "
-        "chance (Tomani et al., CVPR 2021; `hf_calibration.shift.fit_for_shift`'s schedule); **adapted**: the clean fit "
-        "adapted without labels by ATC (Garg et al., ICLR 2022; `calibrator.adapt`) on the unlabeled first half of each "
-        "scored set; **oracle**: refitted on the labelled first half of each shifted set (the SMART paper's setting, a "
-        "ceiling). Every method is scored on the second half of each set: 5,000 clean test images; "
-        f"{n_corrupt // 2:,} images of each of the 15 corruptions × 5 severities. Mean ± std over the training seeds.",
+        f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores shared with other jobs. Commands: `python "
+        "benchmarks/shift.py train --loss ce --train-seed 1 --epochs 1 --widths 16 64 64` (half the width and a tenth of "
+        "the epochs of the models of the sections below: what this shared CPU, loaded by other jobs, could train in the "
+        "time); `python benchmarks/shift.py study --losses ce --seeds 1 --n-corrupt 1000 --max-per-cell 200 --levels 6`. Validation set: 5,000 held-out "
+        f"training images; its first {N_REFERENCE:,} are DAC's reference, the other {5000 - N_REFERENCE:,} DAC's fit set "
+        "and the ladder's images. Routes (all fitted on validation data only): **TS / ETS** on the clean validation set; "
+        "**adapted**: ATC on the unlabelled first half of each scored set (`calibrator.adapt`); **perturbed**: fitted on "
+        f"the validation set under Gaussian noise at {n_levels} strengths from clean to near chance (`fit_for_shift`'s ladder); "
+        "**+DAC**: density-aware calibration on top of the clean fit (`DensityAwareCalibrator`, k = 10, reference "
+        "sub-sampled to 2,000), fitted on the clean validation images; **+DAC ladder**: the same fitted on the ladder's "
+        "levels of those images; **ladder**: the clean fit divided by the temperature read off the ladder at the "
+        "unlabelled half's ATC estimate (`hf_calibration.shift.ladder.adapt_on_ladder`; **perturbed ladder**: the same on "
+        "top of the perturbed fit); **self-picking**: the one of the "
+        f"candidates ({', '.join(CANDIDATES)}) with the lowest ECE on the validation cells (the 4 held-out "
+        f"corruptions {', '.join(('speckle_noise', 'gaussian_blur', 'spatter', 'saturate'))} of {N_VALIDATION_SHIFT:,} "
+        "validation images, severities 1-5, and the clean ones), chosen once per model; **oracle**: refitted on the "
+        "labelled first half of each shifted set (a ceiling). Each method is scored on the second half of each set "
+        f"({N_CLEAN_TEST // 2:,} clean test images; {n_corrupt // 2:,} images per corruption × severity). ECE: 15 bins. "
+        "Mean ± std over the training seeds (± 0.00 where one seed ran).",
         "",
     ]
     for loss in sorted({k.split("|")[0] for k in results}):
-        seeds = sorted(int(k.split("|")[1]) for k in results if k.split("|")[0] == loss)
+        runs = {k: r for k, r in results.items() if k.split("|")[0] == loss}
+        seeds = sorted(int(k.split("|")[1]) for k in runs)
         name = {"ce": "cross-entropy", "fedlas_ls": "FeDLaS-LS"}[loss]
         lines += [f"### {name} (training seeds {', '.join(map(str, seeds))})", ""]
-        for metric, scale, unit in (("ece", 100, "%"), ("adaece", 100, "%"), ("nll", 1, ""), ("accuracy", 100, "%")):
-            lines += [f"{metric.upper() if metric != 'accuracy' else 'Accuracy'}{f' ({unit})' if unit else ''} by severity "
-                      "(0 = clean), mean over the 15 corruptions:", ""]  # fmt: skip
+        chosen = ", ".join(f"seed {k.split('|')[1]}: {r['choice']}" for k, r in runs.items())
+        lines += [f"Self-picking route chosen on validation: {chosen}.", ""]
+        for metric, scale, unit in (("ece", 100, "%"), ("nll", 1, ""), ("accuracy", 100, "%")):
+            label = {"ece": "ECE", "nll": "NLL", "accuracy": "Accuracy"}[metric]
+            lines += [
+                f"{label}{f' ({unit})' if unit else ''} by severity (0 = clean), mean over the 15 corruptions:",
+                "",
+            ]
             lines += _severity_table(
-                results, loss, metric, methods if metric != "accuracy" else ["uncalibrated"], scale
+                results, loss, metric, TABLE_METHODS if metric != "accuracy" else ["uncalibrated"], scale
             )
             lines.append("")
-        lines += _per_corruption_table(
-            results, loss, 5, ["uncalibrated", "TS", "ETS perturbed", "TS adapted", "ETS oracle"]
-        )
-        for metric, scale, unit in (("ece", 100, " (%)"), ("adaece", 100, " (%)"), ("nll", 1, "")):
-            lines += [""] + _per_corruption_means(results, loss, methods, metric, scale, unit)
-        lines += ["", _targets(results, loss), ""]
+        lines += ["Validation cells (where the choice is made), ECE (%):", ""]
+        lines += _severity_table({k: {"rows": r["validation"]} for k, r in runs.items()}, loss, "ece",
+                                 ["uncalibrated", "TS", "TS adapted", "TS perturbed", *CANDIDATES], 100)  # fmt: skip
+        lines.append("")
+        lines += _per_corruption_table(results, loss, 5, ["uncalibrated", "TS", "TS adapted", "ETS", "ETS+DAC", SELF])
+        lines += [""] + _per_corruption_means(results, loss, TABLE_METHODS, "ece", 100, " (%)")
+        lines += ["", _route_targets(runs), "", _check_summary(runs), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -675,35 +840,55 @@ def _per_corruption_table(results: dict, loss: str, severity: int, methods: list
     return lines
 
 
-def _targets(results: dict, loss: str) -> str:
-    """The issue's targets for the routes that see no shifted label, as measured (mean over seeds)."""
-    runs = [r for k, r in results.items() if k.split("|")[0] == loss]
+def _route_targets(runs: dict) -> str:
+    """Issue 55's targets, as measured (means over seeds of means over corruptions)."""
+    sev = {m: np.mean([_by_severity(r["rows"], m) for r in runs.values()], axis=0) for m in TABLE_METHODS}
+    best = np.min([sev[m] for m in BASELINES], axis=0)
+    gaps = sev[SELF] - best
+    parts = [
+        "self-picking minus the best of {"
+        + ", ".join(BASELINES)
+        + "} by severity 0-5: "
+        + ", ".join(f"{100 * g:+.2f}" for g in gaps)
+        + " points (target <= +1 at each: "
+        + ("met" if (gaps <= 0.01).all() else f"missed at severities {[s for s in range(6) if gaps[s] > 0.01]}")
+        + ")",
+        f"self-picking clean {100 * sev[SELF][0]:.2f} % against TS {100 * sev['TS'][0]:.2f} % (target within 0.5: "
+        + ("met" if sev[SELF][0] <= sev["TS"][0] + 0.005 else "missed")
+        + ")",
+        f"ETS+DAC clean {100 * sev['ETS+DAC'][0]:.2f} % against ETS {100 * sev['ETS'][0]:.2f} % (target at or below: "
+        + ("met" if sev["ETS+DAC"][0] <= sev["ETS"][0] else "missed")
+        + "); below ETS at severities "
+        + str([s for s in range(1, 6) if sev["ETS+DAC"][s] < sev["ETS"][s]])
+        + " of 1-5",
+    ]
+    moved = max(abs(row[m]["accuracy"] - row["uncalibrated"]["accuracy"]) for r in runs.values() for row in r["rows"].values()
+                for m in TABLE_METHODS if m in row)  # fmt: skip
+    parts.append(f"largest accuracy change of any route in any cell: {100 * moved:.2f} points")
+    return "Targets: " + "; ".join(parts) + "."
 
-    def mean(method, predicate, metric="ece"):
-        return float(np.mean([np.mean([row[method][metric] for cell, row in run["rows"].items() if predicate(cell)])
-                              for run in runs]))  # fmt: skip
 
-    sev = lambda s: lambda cell: int(cell.split("|")[1]) == s  # noqa: E731
-    parts = []
-    for method in (
-        "TS perturbed",
-        "ETS perturbed",
-        "SMART perturbed",
-        "TS adapted",
-        "ETS adapted",
-        "ETS perturbed+adapted",
-    ):
-        at5, ts5 = mean(method, sev(5)), mean("TS", sev(5))
-        wins = np.mean([sum(run["rows"][cell][method]["ece"] < run["rows"][cell]["TS"]["ece"]
-                            for cell in run["rows"] if 1 <= int(cell.split("|")[1]) <= 4) for run in runs])  # fmt: skip
-        clean, ts_clean = mean(method, sev(0)), mean("TS", sev(0))
-        acc = mean(method, lambda cell: True, "accuracy") - mean("TS", lambda cell: True, "accuracy")
-        parts.append(f"{method}: severity-5 ECE {100 * at5:.2f} % against TS's {100 * ts5:.2f} % (target <= {50 * ts5:.2f} %: "
-                     f"{'met' if at5 <= ts5 / 2 else 'missed'}); below TS in {wins:.1f} of 60 cells of severities 1-4 (target >= 54: "
-                     f"{'met' if wins >= 54 else 'missed'}); clean ECE {100 * clean:.2f} % against {100 * ts_clean:.2f} % (target "
-                     f"within 0.5 points: {'met' if abs(clean - ts_clean) <= 0.005 else 'missed'}); accuracy change {100 * acc:+.2f} "
-                     "points")  # fmt: skip
-    return "Targets (routes that see no shifted label): " + "; ".join(parts) + "."
+def _check_summary(runs: dict) -> str:
+    """How the label-free check of the ladder route does: ECE above the best baseline where it passes and fails."""
+    passed, failed = [], []
+    for r in runs.values():
+        for cell, row in r["rows"].items():
+            if cell.startswith("clean"):
+                continue
+            for name in ("TS ladder",):
+                excess = row[name]["ece"] - min(row[m]["ece"] for m in BASELINES)
+                (passed if row[name]["check"]["ok"] else failed).append(excess)
+    total = len(passed) + len(failed)
+
+    def mean(v):
+        return f"{100 * np.mean(v):+.2f}" if v else "n/a"
+
+    return (
+        f"Label-free check (TS ladder; two ladder estimates of the accuracy within {100 * 0.1:.0f} points and the batch "
+        f"inside the ladder's range): passed in {len(passed)} of {total} corrupted cells, where the route's ECE was "
+        f"{mean(passed)} points from the best baseline's on average (worst {100 * max(passed, default=0):+.2f}); failed "
+        f"in {len(failed)}, where it was {mean(failed)} (worst {100 * max(failed, default=0):+.2f})."
+    )
 
 
 # ----------------------------------------------------------------------------- main
@@ -736,8 +921,9 @@ def main(argv=None) -> None:
     st.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="training seeds of the models")
     st.add_argument("--n-corrupt", type=int, default=2000)
     st.add_argument("--levels", type=int, default=10, help="perturbation strengths of the perturbed fit")
-    st.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "shift_calibration.json"))
-    st.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "shift_calibration.md"))
+    st.add_argument("--max-per-cell", type=int, default=None, help="use only the first images of each corrupted cell")
+    st.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "shift_routes.json"))
+    st.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "shift_routes.md"))
     for q in (p, t, e, st):
         q.add_argument("--cache", default=str(ROOT / ".data" / "shift"))
         q.add_argument("--seed", type=int, default=0)
@@ -749,7 +935,8 @@ def main(argv=None) -> None:
     elif args.step == "train":
         train(cache, args.loss, args.epochs, args.batch_size, args.lr, args.train_seed, tuple(args.widths))
     elif args.step == "study":
-        study(cache, args.losses, args.seeds, args.n_corrupt, args.seed, args.levels, Path(args.json), Path(args.out))
+        study(cache, args.losses, args.seeds, args.n_corrupt, args.seed, args.levels, Path(args.json), Path(args.out),
+              args.max_per_cell)  # fmt: skip
     else:
         evaluate(cache, args.losses, args.n_corrupt, args.seed, Path(args.out))
 

@@ -18,6 +18,7 @@ from hf_calibration.calibrators._registry import (
 from hf_calibration.calibrators._scaling import TemperatureCalibrator
 from hf_calibration.calibrators.attach import attached_calibrator
 from hf_calibration.calibrators.cts import ClassBasedTemperatureScaling
+from hf_calibration.calibrators.dac import DensityAwareCalibrator
 from hf_calibration.calibrators.dirichlet import DirichletCalibration
 from hf_calibration.calibrators.ets import EnsembleTemperatureScaling
 from hf_calibration.calibrators.histogram import HistogramBinning
@@ -45,6 +46,7 @@ __all__ = [
     "Calibrator",
     "CalibratorComparison",
     "ClassBasedTemperatureScaling",
+    "DensityAwareCalibrator",
     "DirichletCalibration",
     "EnsembleTemperatureScaling",
     "HeldOutWorseWarning",

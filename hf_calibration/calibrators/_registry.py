@@ -26,10 +26,13 @@ def register_calibrator(cls: type) -> type:
 def list_calibrators(task: str | None = None) -> list[str]:
     """Registered calibrator names, sorted; ``task``: only those for that kind of head (``"multiclass"``: the softmax
     calibrators; ``"binary"`` / ``"multilabel"``: the sigmoid ones)."""
+    # a calibrator that needs the model's features as well as its logits (DAC) is created and loaded by name, but not
+    # listed: every listed one fits and maps logits alone
+    listed = {name: cls for name, cls in _CALIBRATORS.items() if not getattr(cls, "needs_features", False)}
     if task is None:
-        return sorted(_CALIBRATORS)
+        return sorted(listed)
     sigmoid = check_task(task) != "multiclass"
-    return sorted(name for name, cls in _CALIBRATORS.items() if bool(getattr(cls, "_sigmoid_head", False)) == sigmoid)
+    return sorted(name for name, cls in listed.items() if bool(getattr(cls, "_sigmoid_head", False)) == sigmoid)
 
 
 def get_calibrator_class(name: str) -> type:
@@ -63,9 +66,9 @@ def load_calibrator(
     }
     folder = checkpoints.resolve_checkpoint(name_or_path, subfolder=subfolder, name="name_or_path", **download)
     kind = checkpoints.read_config(folder).get("calibrator")
-    if kind not in list_calibrators():
+    if kind not in _CALIBRATORS:
         raise ValueError(
-            f"Expected the checkpoint's config to name a calibrator among {list_calibrators()} in its `calibrator` field, "
+            f"Expected the checkpoint's config to name a calibrator among {sorted(_CALIBRATORS)} in its `calibrator` field, "
             f"but got {kind!r}: {str(folder)!r} is not an hf_calibration calibrator checkpoint."
         )
     calibrator = get_calibrator_class(kind).from_pretrained(folder, **kwargs)

@@ -8,6 +8,7 @@ deployment data without labels (ATC, Garg et al., ICLR 2022). The corruption fun
 scikit-image and the ``imagecorruptions`` package's frost textures); they are imported on first use.
 """
 
+from hf_calibration.shift.ladder import adapt_on_ladder, label_free_check, ladder_table
 from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, EXTRA_CORRUPTIONS, IMAGENET_C
 from hf_calibration.shift.perturbation import (
     ShiftTradeoffWarning,
@@ -26,6 +27,9 @@ __all__ = [
     "EXTRA_CORRUPTIONS",
     "IMAGENET_C",
     "SEVERITIES",
+    "adapt_on_ladder",
+    "label_free_check",
+    "ladder_table",
     "ShiftReport",
     "ShiftTradeoffWarning",
     "corrupt",

@@ -25,6 +25,7 @@ level alone), and warns (:class:`ShiftTradeoffWarning`) when the first is more t
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -184,13 +185,18 @@ def _fit_on_perturbed(logits, labels, method, recipe, progress_bar, calibrator_k
         "clean_ece": clean_ece,
         "clean_only_ece": clean_only_ece,
     }
-    if clean_ece is not None and clean_ece - clean_only_ece > TRADEOFF_POINTS / 100:
-        import warnings
+    if clean_ece is not None:  # the ladder a deployment batch is placed on, without labels (shift.ladder)
+        from hf_calibration.shift.ladder import ladder_table
 
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the per-level temperature fits' own notes (a level near chance)
+            calibrator.fit_info_["shift_fit"]["ladder"] = ladder_table(calibrator, levels, labels)
+    if clean_ece is not None and clean_ece - clean_only_ece > TRADEOFF_POINTS / 100:
         warnings.warn(
             f"Fitted for shift, this {method} calibrator is under-confident on unshifted data: ECE {100 * clean_ece:.1f} % "
             f"on the clean held-out images against {100 * clean_only_ece:.1f} % for {method} fitted on them alone. Use it "
-            "where strong shift is expected; otherwise fit on clean data, or adapt() a clean fit to the deployment data.",
+            "where strong shift is expected; otherwise fit on clean data, or place a deployment batch on the ladder this "
+            "fit recorded (hf_calibration.shift.adapt_on_ladder).",
             ShiftTradeoffWarning,
             stacklevel=stacklevel,
         )

@@ -115,6 +115,36 @@ def _keeps_logit_level(calibrator) -> bool:
     return calibrator is None or isinstance(calibrator, TemperatureCalibrator)
 
 
+CHECK_POINTS = 0.05  # |mean confidence - ATC's accuracy estimate| beyond which the label-free check flags a set
+
+
+def _atc_threshold(calibrator: Any, val: tuple[np.ndarray, np.ndarray]) -> float:
+    """ATC's threshold (Garg et al., ICLR 2022) of ``calibrator``'s confidences on the labelled calibration set."""
+    from hf_calibration.calibrators.adaptation import atc_threshold
+
+    recorded = None if calibrator is None else (calibrator.fit_info_ or {}).get("atc_threshold")
+    if recorded is not None:
+        return float(recorded)
+    z = _apply(calibrator, val[0])
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    return atc_threshold((p / p.sum(axis=1, keepdims=True)).max(axis=1), z.argmax(axis=1) == val[1])
+
+
+def _label_free_check(calibrated: np.ndarray, threshold: float) -> dict[str, Any]:
+    """Without labels: the mean calibrated confidence, ATC's estimate of the accuracy (the share of confidences above
+    the calibration set's threshold) and whether they differ by more than ``CHECK_POINTS``: a calibrator whose mean
+    confidence is far from the estimated accuracy on a deployment set is likely wrong there."""
+    p = np.exp(calibrated - calibrated.max(axis=1, keepdims=True))
+    confidence = (p / p.sum(axis=1, keepdims=True)).max(axis=1)
+    estimate = float(np.mean(confidence > threshold))
+    gap = float(confidence.mean()) - estimate
+    return {
+        "confidence": float(confidence.mean()),
+        "estimated_accuracy": estimate,
+        "check_flags": abs(gap) > CHECK_POINTS,
+    }
+
+
 def _metrics(logits: np.ndarray, labels: np.ndarray, n_bins: int) -> dict[str, float]:
     from hf_calibration.metrics import calibration_report
 
@@ -184,6 +214,16 @@ class ShiftReport:
                         ]
                     )
         lines += _grid(header, body)
+        if self.rows and "check_flags" in self.rows[0]:
+            lines += ["", "Label-free check (no labels used: mean confidence against ATC's accuracy estimate; the true "
+                      "accuracy beside it): sets flagged, where the method is likely wrong"]  # fmt: skip
+            body = []
+            for method in self.methods:
+                for severity in self.severities:
+                    cells = [r for r in self.rows if r["method"] == method and r["severity"] == severity]
+                    body.append([method, str(severity), f"{sum(c['check_flags'] for c in cells)} of {len(cells)}",
+                                 *(_fmt("accuracy", np.mean([c[k] for c in cells])) for k in ("confidence", "estimated_accuracy", "accuracy"))])  # fmt: skip
+            lines += _grid(["method", "severity", "flagged", "confidence", "est. accuracy", "accuracy"], body)
         if self.ood:
             lines += ["", "OOD detection (in-distribution = clean test set, positive; %)"]
             keys = ["auroc", "aupr_in", "aupr_out", "fpr95"]
@@ -313,13 +353,16 @@ def shift_report(
     methods = {UNCALIBRATED: None, **_fit_calibrators(calibrators, val)}
     rows, ood = [], []
     for method, calibrator in methods.items():
+        threshold = _atc_threshold(calibrator, val)
         for (corruption, severity), (z, y) in sets.items():  # clean first, then in the order given
+            calibrated = _apply(calibrator, z)
             rows.append(
                 {
                     "method": method,
                     "corruption": corruption,
                     "severity": severity,
-                    **_metrics(_apply(calibrator, z), y, n_bins),
+                    **_metrics(calibrated, y, n_bins),
+                    **_label_free_check(calibrated, threshold),
                 }
             )
         z_in = _apply(calibrator, test[0]) if ood_sets else None
