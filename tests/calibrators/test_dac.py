@@ -162,7 +162,7 @@ def test_served_by_load_calibrated_model_and_pipeline(served):
 
 def test_onnx_export_refuses_it(served):
     pytest.importorskip("onnx")
-    from hf_calibration import export_onnx
+    from hf_calibration.serving import export_onnx
 
     folder, *_ = served
     with pytest.raises(ValueError, match="Cannot export calibrator 'dac'.*nearest"):
