@@ -13,6 +13,9 @@ from hf_calibration.detection import (
     match_detections,
 )
 
+# the matching and D-ECE kernels: CI runs these again with numba targeting a CPU without AVX-512 (.ci/run)
+pytestmark = pytest.mark.kernels
+
 SIZE = (60.0, 80.0)  # (height, width) of every synthetic image
 
 
