@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 __all__ = ["PixelCalibrationAccumulator", "pixel_calibration_report"]
 
-_SLAB_ELEMENTS = 1 << 22  # values of one (K, rows, W) slab: the temporaries stay a few tens of MB
+_SLAB_ELEMENTS = 1 << 18  # values of one (K, rows, W) slab: its temporaries (1 MB in float32) stay in cache
 
 
 def _as_tensor(x: Any, name: str) -> torch.Tensor:
@@ -140,71 +140,75 @@ class PixelCalibrationAccumulator:
         self._check(preds, target)
         target = target.to(preds.device, torch.int64)
         edge = boundary_mask(target, self.boundary_width) if self.boundary_width else None
-        _, k, h, w = preds.shape
-        rows = max(1, _SLAB_ELEMENTS // (k * w))
         committed = self.top, self.boundary, self.cells, self.signed
         self.top, self.boundary, self.cells, self.signed = (torch.zeros_like(t) for t in committed)
         try:
-            self._slabs(preds, target, edge, rows)
+            for b in range(preds.shape[0]):
+                self._image(preds[b], target[b].reshape(-1), None if edge is None else edge[b].reshape(-1))
             for mine, theirs in zip(committed, (self.top, self.boundary, self.cells, self.signed)):
                 mine += theirs
         finally:  # a batch refused half-way adds nothing
             self.top, self.boundary, self.cells, self.signed = committed
         return self
 
-    def _slabs(self, preds: torch.Tensor, target: torch.Tensor, edge: torch.Tensor | None, rows: int) -> None:
-        k, h = preds.shape[1], preds.shape[2]
-        for b in range(preds.shape[0]):
-            for r in range(0, h, rows):
-                y = target[b, r : r + rows].reshape(-1)
-                keep = y != self.ignore_index if self.ignore_index is not None else torch.ones_like(y, dtype=torch.bool)
-                if not keep.any():
-                    continue
-                self._slab(
-                    preds[b, :, r : r + rows].reshape(k, -1),
-                    y,
-                    keep,
-                    None if edge is None else edge[b, r : r + rows].reshape(-1),
-                )
-        return self
+    def _image(self, scores: torch.Tensor, y: torch.Tensor, edge: torch.Tensor | None) -> None:
+        """One image: ``scores`` (K, H, W), ``y`` (H * W,) labels, ``edge`` (H * W,) boundary pixels.
 
-    def _slab(self, z: torch.Tensor, y: torch.Tensor, keep: torch.Tensor, edge: torch.Tensor | None) -> None:
-        """One slab: ``z`` (K, n) scores, ``y`` (n,) labels, ``keep`` (n,) not ignored, ``edge`` (n,) boundary."""
-        if z.dtype in (torch.float16, torch.bfloat16):
-            z = z.float()
+        The per-pixel confidence and prediction come from slabs of rows small enough to stay in cache (the
+        classwise sums too, where kept); the binning runs once over the image's labelled pixels.
+        """
+        keep = y != self.ignore_index if self.ignore_index is not None else torch.ones_like(y, dtype=torch.bool)
+        if not keep.any():
+            return
+        k, h, w = scores.shape
+        dtype = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
+        conf = torch.empty(h * w, dtype=dtype, device=scores.device)
+        pred = torch.empty(h * w, dtype=torch.int64, device=scores.device)
+        rows = max(1, _SLAB_ELEMENTS // (k * w))
+        for r in range(0, h, rows):
+            part = slice(r * w, min(r + rows, h) * w)
+            z = scores[:, r : r + rows].reshape(k, -1).to(dtype)
+            if not self.from_logits:
+                conf[part], pred[part] = z.max(0)
+            elif self.classwise:
+                p = torch.softmax(z, 0)
+                conf[part], pred[part] = p.max(0)
+                self._classwise(p, y[part], keep[part])
+            else:  # 1 / sum_k exp(z_k - max z): no (K, n) probabilities kept
+                top, pred[part] = z.max(0)
+                conf[part] = torch.exp(z - top).sum(0).reciprocal()
+            if not self.from_logits and self.classwise:
+                self._classwise(z, y[part], keep[part])
         if not bool(keep.all()):
-            z, y = z[:, keep], y[keep]
+            conf, pred, y = conf[keep], pred[keep], y[keep]
             edge = None if edge is None else edge[keep]
-        p = None
-        if not self.from_logits:
-            p = z
-            conf, pred = p.max(0)
-        elif self.classwise:
-            p = torch.softmax(z, 0)
-            conf, pred = p.max(0)
-        else:  # the top-label confidence alone: 1 / sum_k exp(z_k - max z), no (K, n) probabilities written
-            top, pred = z.max(0)
-            conf = torch.exp(z - top).sum(0).reciprocal()
         if not bool(torch.isfinite(conf).all()):  # NaN or +inf anywhere in a pixel's scores reaches its confidence
             raise ValueError("Expected `preds` to be finite, but it holds NaN or inf.")
         correct = (pred == y).to(torch.float64)
         conf64 = conf.to(torch.float64)
-        inner = torch.linspace(0, 1, self.n_bins + 1, dtype=conf.dtype, device=conf.device)[1:-1]
-        index = torch.bucketize(conf, inner)
+        index = torch.bucketize(conf, self._inner(conf))
         self.top += self._sums(index, conf64, correct, self.n_bins)
         if edge is not None:
             self.boundary += self._sums(index[edge], conf64[edge], correct[edge], self.n_bins)
         cells = (conf64 * self.adaptive_cells).ceil().to(torch.int64).clamp_(1, self.adaptive_cells) - 1
         self.cells += self._sums(cells, conf64, correct, self.adaptive_cells)
-        if self.classwise:
-            bins = torch.bucketize(p, inner)  # (K, n)
-            flat = bins + torch.arange(self.num_classes, device=p.device).unsqueeze(1) * self.n_bins
-            signed = torch.bincount(flat.reshape(-1), p.reshape(-1).to(torch.float64), self.num_classes * self.n_bins)
-            p_true = p.gather(0, y.unsqueeze(0)).squeeze(0)
-            signed -= torch.bincount(
-                y * self.n_bins + torch.bucketize(p_true, inner), minlength=self.num_classes * self.n_bins
-            )
-            self.signed += signed.view(self.num_classes, self.n_bins).cpu()
+
+    def _inner(self, p: torch.Tensor) -> torch.Tensor:
+        return torch.linspace(0, 1, self.n_bins + 1, dtype=p.dtype, device=p.device)[1:-1]
+
+    def _classwise(self, p: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> None:
+        """Signed classwise sums of one slab's labelled pixels: ``p`` (K, n) probabilities, ``y`` (n,) labels."""
+        if not bool(keep.all()):
+            p, y = p[:, keep], y[keep]
+        inner = self._inner(p)
+        bins = torch.bucketize(p, inner)  # (K, n)
+        flat = bins + torch.arange(self.num_classes, device=p.device).unsqueeze(1) * self.n_bins
+        signed = torch.bincount(flat.reshape(-1), p.reshape(-1).to(torch.float64), self.num_classes * self.n_bins)
+        p_true = p.gather(0, y.unsqueeze(0)).squeeze(0)
+        signed -= torch.bincount(
+            y * self.n_bins + torch.bucketize(p_true, inner), minlength=self.num_classes * self.n_bins
+        )
+        self.signed += signed.view(self.num_classes, self.n_bins).cpu()
 
     @staticmethod
     def _sums(index: torch.Tensor, conf: torch.Tensor, correct: torch.Tensor, size: int) -> torch.Tensor:
