@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,6 +164,8 @@ def test_record_by_hand_and_a_nan_saves(overconfident, tmp_path):
     assert math.isnan(DetectionPlatt.from_pretrained(tmp_path / "p").fit_info_["held_out"]["laece_after"])
     with pytest.raises(ValueError, match="Expected a DetectionIsotonic checkpoint"):
         DetectionIsotonic.from_pretrained(tmp_path / "p")
+    pushed = platt.push_to_hub("someone/platt", dry_run=True)  # the folder push_to_hub would upload, nothing sent
+    assert sorted(p.name for p in Path(pushed).iterdir()) == ["README.md", "config.json", "model.safetensors"]
 
 
 def test_bad_use(overconfident):
