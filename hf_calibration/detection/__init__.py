@@ -6,6 +6,7 @@ from hf_calibration.detection.calibrators import (
     DetectionIsotonic,
     DetectionPlatt,
     DetectionTemperatureScaling,
+    load_detection_calibrator,
 )
 from hf_calibration.detection.matching import Detections, match_detections
 from hf_calibration.detection.metrics import (
@@ -30,5 +31,6 @@ __all__ = [
     "detection_ece",
     "detection_reliability",
     "laece",
+    "load_detection_calibrator",
     "match_detections",
 ]

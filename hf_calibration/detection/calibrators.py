@@ -13,32 +13,36 @@ on matched held-out detections (``match_detections``) to the target "this detect
 
 The first three are monotone in the score within a class (the detector's ranking, hence mAP, is kept up to the ties
 isotonic regression creates); the box-conditioned map is not. All fit by maximum likelihood (binary cross-entropy),
-Platt and the box logistic map by Newton's method, the temperature by L-BFGS, in float64. Saved and loaded with ``save_pretrained`` / ``from_pretrained`` /
-``push_to_hub`` (huggingface_hub's mixin; the weights as safetensors, the constructor arguments as config.json).
+Platt and the box logistic map by Newton's method, the temperature by L-BFGS, in float64. Saved, loaded and pushed
+like every calibrator (:class:`hf_calibration._core.persistence.Saved`: ``model.safetensors``, ``config.json`` with
+the fit record, a model card with the metrics before / after); ``load_detection_calibrator`` loads any kind.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
+from hf_calibration._core.persistence import Saved
+from hf_calibration._core.vision_card import VISION_CARD_TEMPLATE, metric_rows
 from hf_calibration.detection.matching import Detections, _check_threshold
-from hf_calibration.detection.metrics import BOX_FEATURES
+from hf_calibration.detection.metrics import BOX_FEATURES, d_ece, detection_ece, laece
 
 __all__ = [
+    "DETECTION_CALIBRATORS",
     "BoxLogisticCalibration",
     "DetectionCalibrator",
     "DetectionIsotonic",
     "DetectionPlatt",
     "DetectionTemperatureScaling",
+    "load_detection_calibrator",
 ]
 
 _EPS = 1e-12
+_CARD_METRICS = {"d_ece": "D-ECE", "detection_ece": "detection ECE", "laece": "LaECE"}
 
 
 def _logit(p: torch.Tensor) -> torch.Tensor:
@@ -82,21 +86,94 @@ def _bce(score_logit: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 class DetectionCalibrator(
-    nn.Module, PyTorchModelHubMixin, library_name="hf_calibration", tags=["calibration", "object-detection"]
+    Saved,
+    library_name="hf_calibration",
+    tags=["calibration", "hf_calibration"],  # and "object-detection", per card (Saved.generate_model_card)
+    model_card_template=VISION_CARD_TEMPLATE,
 ):
-    """A map of detection scores fitted on matched detections. Subclasses implement ``_fit`` and ``_map``."""
+    """A map of detection scores fitted on matched detections. Subclasses set ``kind`` and implement ``_fit`` and
+    ``_map``.
 
-    needs: tuple[str, ...] = ()  # what besides the scores the map reads: "labels", "features", "logits"
+    ``fit`` records in ``fit_info_`` the detection ECE, D-ECE (when the detections carry their box geometry) and LaECE
+    before and after the map, on the fit detections and on ``held_out`` ones where given; the model card reports them.
+    Saved, loaded and pushed through the package's one persistence (:class:`hf_calibration._core.persistence.Saved`):
+    ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, an edited ``config.json`` refused at load.
+    """
+
+    kind: ClassVar[str] = ""
+    needs: ClassVar[tuple[str, ...]] = ()  # what besides the scores the map reads: "labels", "features", "logits"
+    paper_citation: ClassVar[str] = ""
+    checkpoint_key: ClassVar[str] = "calibrator"
+    checkpoint_what: ClassVar[str] = "detection calibrator"
+    save_subfolder: ClassVar[str] = "calibrator"
+    pipeline_task: ClassVar[str] = "object-detection"
 
     def __init__(self) -> None:
         super().__init__()
-        self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+        self.fit_info_: dict[str, Any] | None = None
 
-    def fit(self, detections: Detections, *, score_threshold: float = 0.0) -> DetectionCalibrator:
-        """Fit on the detections scoring at least ``score_threshold`` (the operating threshold: Kuzucu et al. 2024)."""
+    # ------------------------------------------------------------------ state (Saved's hooks)
+    @property
+    def is_fitted(self) -> bool:
+        return self.fit_info_ is not None
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise ValueError(f"{type(self).__name__} is not fitted: call `fit` (or `from_pretrained`) first.")
+
+    @property
+    def checkpoint_kind(self) -> str:
+        return self.kind
+
+    @classmethod
+    def _own_kinds(cls) -> str:
+        return cls.kind
+
+    @classmethod
+    def _wrong_kind_hint(cls, config: dict) -> str:
+        return ". Use hf_calibration.detection.load_detection_calibrator to load any detection calibrator."
+
+    def _card_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        info = self.fit_info_ or {}
+        out = {
+            "title": f"{type(self).__name__} detection calibrator",
+            "kind": self.kind,
+            "model_kind": "an object detector's scores",
+            "method_description": " ".join((type(self).__doc__ or "").split("\n\n")[0].split()),
+            "citation": self.paper_citation,
+            "fit_rows": (
+                f"| fit detections | {info.get('num_detections', 'n/a')} ({info.get('num_true_positives', 'n/a')} true "
+                f"positives at IoU >= {info.get('iou_threshold', 'n/a')}) |\n"
+                f"| score threshold | {info.get('score_threshold', 'n/a')} |\n"
+            ),
+            "metric_rows": metric_rows(info, _CARD_METRICS),
+            "metric_note": (
+                "Measured on the detections scoring at least the score threshold before calibration (the same "
+                "detections before and after; D-ECE over confidence, cx, cy, w, h with 5 bins each, detection ECE with "
+                "10 bins, LaECE with 25). Numbers on the fit set flatter the calibrator: read the held-out rows."
+            ),
+            "usage": (
+                'detector = hf_calibration.pipeline("object-detection", model="<model repo>")\n'
+                "detector(image)  # transformers' output, each `score` calibrated"
+            ),
+            "format_version": self.format_version,
+            "pipeline_task": self.pipeline_task,
+        }
+        out.update(values)
+        return out
+
+    # ------------------------------------------------------------------ fit / map
+    def fit(
+        self, detections: Detections, *, score_threshold: float = 0.0, held_out: Detections | None = None
+    ) -> DetectionCalibrator:
+        """Fit on the detections scoring at least ``score_threshold`` (the operating threshold: Kuzucu et al. 2024);
+        ``held_out``: matched detections to measure the map on as well (recorded for the model card)."""
         if not isinstance(detections, Detections):
             raise TypeError(f"Expected `detections` from `match_detections`, but got {type(detections).__name__}.")
-        kept = detections.above(_check_threshold(score_threshold, "score_threshold"))
+        if held_out is not None and not isinstance(held_out, Detections):
+            raise TypeError(f"Expected `held_out` from `match_detections` or None, but got {type(held_out).__name__}.")
+        threshold = _check_threshold(score_threshold, "score_threshold")
+        kept = detections.above(threshold)
         if len(kept) < 2 or kept.matched.all() or not kept.matched.any():
             raise ValueError(
                 f"Expected detections with both true and false positives above {score_threshold} to fit, but got "
@@ -105,8 +182,28 @@ class DetectionCalibrator(
         inputs = self._inputs(kept.scores, kept.labels, kept.features, kept.logits)
         with torch.enable_grad():
             self._fit(inputs, torch.from_numpy(kept.matched.astype(np.float64)))
-        self.fitted.fill_(True)
+        self.fit_info_ = {  # set first: the map is usable for the measures below
+            "kind": self.kind,
+            "num_detections": len(kept),
+            "num_true_positives": int(kept.matched.sum()),
+            "score_threshold": float(threshold),
+            "iou_threshold": float(kept.iou_threshold),
+        }
+        self.fit_info_["fit_set"] = self._measure(kept)
+        if held_out is not None:
+            self.fit_info_["held_out"] = self._measure(held_out.above(threshold))
         return self
+
+    def _measure(self, kept: Detections) -> dict[str, float]:
+        """Detection ECE, D-ECE (with the geometry) and LaECE of ``kept`` before and after the map (NaN: no detection)."""
+        after = self.calibrate(kept) if len(kept) else kept
+        out = {}
+        for key, fn in (("detection_ece", detection_ece), ("d_ece", d_ece), ("laece", laece)):
+            if key == "d_ece" and kept.features is None:
+                continue
+            for when, d in (("before", kept), ("after", after)):
+                out[f"{key}_{when}"] = fn(d, score_threshold=0.0) if len(d) else float("nan")
+        return out
 
     def _inputs(self, scores, labels=None, features=None, logits=None) -> dict[str, torch.Tensor]:
         out = {"scores": torch.as_tensor(scores, dtype=torch.float64).reshape(-1)}
@@ -127,8 +224,7 @@ class DetectionCalibrator(
 
     def forward(self, scores: Any, labels: Any = None, features: Any = None, logits: Any = None) -> torch.Tensor:
         """Calibrated scores (float64) of detections given their ``scores`` and what the map ``needs``."""
-        if not bool(self.fitted):
-            raise ValueError(f"{type(self).__name__} is not fitted: call `fit` (or `from_pretrained`) first.")
+        self._check_fitted()
         with torch.no_grad():
             return self._map(self._inputs(scores, labels, features, logits))
 
@@ -144,24 +240,12 @@ class DetectionCalibrator(
     def _map(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
-    def save_pretrained(self, save_directory, *, overwrite: bool = False, **kwargs: Any):
-        """Save weights + config (+ card); a non-empty folder is refused unless ``overwrite=True``."""
-        folder = Path(save_directory)
-        if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-            raise ValueError(
-                f"Expected an empty or new folder for `save_directory`, but {str(folder)!r} holds files (pass overwrite=True)."
-            )
-        return super().save_pretrained(save_directory, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs: Any):
-        """Load strictly: a checkpoint of another shape is an error, not a silent partial load."""
-        kwargs.setdefault("strict", True)
-        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-
 
 class DetectionPlatt(DetectionCalibrator):
     """``sigmoid(a * logit(s) + b)``: Platt scaling of the detection score."""
+
+    kind = "detection_platt"
+    paper_citation = "Platt 1999; Kuzucu et al., ECCV 2024 (the detection baseline)"
 
     def __init__(self) -> None:
         super().__init__()
@@ -181,7 +265,9 @@ class BoxLogisticCalibration(DetectionCalibrator):
     """``sigmoid(w . [logit(s), cx, cy, w, h] + b)`` (Küppers et al. 2020, eq. 9), the box geometry as fractions of
     the image; ``features`` picks which of cx, cy, w, h enter."""
 
+    kind = "box_logistic"
     needs = ("features",)
+    paper_citation = "Küppers et al., CVPR-W 2020, eq. 9"
 
     def __init__(self, features: tuple[str, ...] | list[str] = BOX_FEATURES) -> None:
         super().__init__()
@@ -211,7 +297,9 @@ class DetectionTemperatureScaling(DetectionCalibrator):
     "no object" (``activation="softmax"``: DETR, YOLOS) or ``sigmoid(z[label] / T)`` (``"sigmoid"``: Deformable DETR,
     RT-DETR). ``labels`` is the class the detection was given; the map keeps the within-class ranking."""
 
+    kind = "detection_temperature"
     needs = ("labels", "logits")
+    paper_citation = "Guo et al., ICML 2017, on a DETR-style head's class logits"
 
     def __init__(self, activation: Literal["softmax", "sigmoid"] = "softmax") -> None:
         super().__init__()
@@ -248,7 +336,9 @@ class DetectionIsotonic(DetectionCalibrator):
     regression, clipped outside the fitted range, linear between its knots); a class without fit detections keeps
     its scores. ``max_knots`` bounds the saved knots (the fit's own are thinned evenly beyond it)."""
 
+    kind = "detection_isotonic"
     needs = ("labels",)
+    paper_citation = "Oksuz et al., CVPR 2023, Sec. 5"
 
     def __init__(self, num_classes: int, max_knots: int = 256) -> None:
         super().__init__()
@@ -290,3 +380,29 @@ class DetectionIsotonic(DetectionCalibrator):
         width = x1 - x0
         t = torch.where(width > 0, (s - x0) / torch.where(width > 0, width, 1), torch.ones_like(s))
         return (y0 + t * (y1 - y0)).squeeze(1)
+
+
+DETECTION_CALIBRATORS: dict[str, type[DetectionCalibrator]] = {
+    cls.kind: cls for cls in (DetectionPlatt, BoxLogisticCalibration, DetectionTemperatureScaling, DetectionIsotonic)
+}
+
+
+def load_detection_calibrator(pretrained_model_name_or_path, **kwargs: Any) -> DetectionCalibrator:
+    """Load a saved detection calibrator of any kind (the one its ``config.json`` names), strictly; ``kwargs`` are
+    ``from_pretrained``'s (``subfolder``, ``revision``, ``map_location``, ...)."""
+    from hf_calibration._core import checkpoints as hub
+
+    folder, config, _ = hub.open_checkpoint(
+        pretrained_model_name_or_path,
+        kwargs.get("subfolder"),
+        dict(kwargs),
+        who="Detection calibrators",
+        what="detection calibrator",
+    )
+    kind = config.get("calibrator")
+    if kind not in DETECTION_CALIBRATORS:
+        raise ValueError(
+            f"Expected a detection calibrator checkpoint (calibrator in {sorted(DETECTION_CALIBRATORS)}), but "
+            f"{str(folder)!r} holds calibrator={kind!r}."
+        )
+    return DETECTION_CALIBRATORS[kind].from_pretrained(pretrained_model_name_or_path, **kwargs)

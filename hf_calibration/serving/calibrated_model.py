@@ -13,6 +13,12 @@ A model's folder or Hub repo may hold, beside the model's own files, a calibrato
   One fitted on other scores than the calibrator serves (by the fingerprint its fit recorded,
   ``hf_calibration.conformal.agreement``) is refused with a ``ValueError`` saying to refit it.
 
+A detector (``AutoModelForObjectDetection``: DETR, YOLOS, ...) or a semantic segmenter
+(``AutoModelForSemanticSegmentation``: SegFormer, ...) loads the same way, its ``calibrator/`` holding a detection
+calibrator, ``LocalTemperatureScaling`` or a calibrator fitted on pixel rows; :func:`pipeline` then serves
+transformers' object-detection / image-segmentation output with calibrated scores (and calibrated probability maps):
+:mod:`hf_calibration.serving.detection` says how, and where the threshold applies.
+
 A folder or repo without ``calibrator/`` loads the plain model and says so once (a warning per source and process).
 The subfolders are invisible to transformers: with transformers alone, ``AutoModelForImageClassification`` and
 ``transformers.pipeline`` load the same repo as the plain model.
@@ -32,7 +38,8 @@ from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.checks import check_folder_or_hub_id
 from hf_calibration._core.tasks import check_pipeline_task, resolve_pipeline_task
 from hf_calibration.calibrators import load_calibrator
-from hf_calibration.io.model_loading import _HUB_KWARGS, _load_model, load_processor
+from hf_calibration.io.model_loading import _HUB_KWARGS, _load_model, load_image_processor, load_processor
+from hf_calibration.serving.dense_tasks import DENSE_TASKS, dense_task_of_config
 
 __all__ = ["CALIBRATOR_FOLDER", "CONFORMAL_FOLDER", "load_calibrated_model", "pipeline"]
 
@@ -43,6 +50,7 @@ CONFORMAL_FOLDER = "conformal"
 _CONFORMAL_MODULE = "hf_calibration.conformal"  # ConformalPredictor: from_pretrained(path), attach(pipeline)
 
 _told: set[tuple[str, str]] = set()  # (source, what) already said once in this process
+_DENSE_TASK = "hf_calibration_task"  # a loaded detector's / segmenter's pipeline task (a plain attribute of the model)
 
 
 def _say_once(source: str, what: str, level: int, message: str, *args: Any) -> None:
@@ -194,6 +202,49 @@ def _check_sets_match_scores(conformal: Any, calibrator: Any, folder: Path, sour
     )
 
 
+def _dense_task(source: str, task: str | None, revision: str | None, kwargs: dict[str, Any]) -> str | None:
+    """``"object-detection"`` / ``"image-segmentation"`` when ``source`` holds a detector / semantic segmenter (its
+    config), None for a classifier; a ``task`` that contradicts the config is a ``ValueError``."""
+    if task is not None and task not in DENSE_TASKS:
+        check_pipeline_task(task)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source, revision=revision, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+    found = dense_task_of_config(config)
+    if (task in DENSE_TASKS or found is not None) and task is not None and task != found:
+        raise ValueError(
+            f"Expected argument `task` to agree with the model's config, but got task={task!r} for a "
+            f"{found or 'classification'} model (config.architectures={getattr(config, 'architectures', None)!r})."
+        )
+    return found
+
+
+def _load_dense(source: str, task: str, revision: str | None, **kwargs: Any) -> nn.Module:
+    """The detector / segmenter of ``source`` through its Auto class, serving the calibrator of its ``calibrator/``."""
+    import transformers
+
+    from hf_calibration.serving.detection import load_dense_calibrator, serve_calibrator  # the detection machinery
+
+    model = getattr(transformers, DENSE_TASKS[task][0]).from_pretrained(source, revision=revision, **kwargs).eval()
+    model.__dict__[_DENSE_TASK] = task
+    root = _companion_root(source, revision, {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+    folder = _companion_folder(root, CALIBRATOR_FOLDER) if root is not None else None
+    if folder is None:
+        _say_once(
+            source,
+            "calibrator",
+            logging.WARNING,
+            "%s has no %s/ folder (or an empty one): loaded the plain, uncalibrated %s model.",
+            source,
+            CALIBRATOR_FOLDER,
+            task,
+        )
+        return model
+    calibrator = load_dense_calibrator(folder)
+    logger.info("%s: serving the %s calibrator from %s/", source, type(calibrator).__name__, CALIBRATOR_FOLDER)
+    return serve_calibrator(model, calibrator, task)
+
+
 def load_calibrated_model(
     name_or_path: str | os.PathLike, *, task: str | None = None, revision: str | None = None, **kwargs: Any
 ) -> nn.Module:
@@ -206,8 +257,9 @@ def load_calibrated_model(
             (``architectures``: ``BertForSequenceClassification`` is ``"text-classification"``,
             ``Wav2Vec2ForSequenceClassification`` ``"audio-classification"``, ...; :mod:`hf_calibration._core.tasks`);
             ``"image-classification"``, ``"text-classification"``, ``"audio-classification"`` or
-            ``"video-classification"`` only where the config names none. One that contradicts the config is a
-            ``ValueError``.
+            ``"video-classification"`` only where the config names none; ``"object-detection"`` /
+            ``"image-segmentation"`` for a detector / semantic segmenter (read from its config too). One that
+            contradicts the config is a ``ValueError``.
         revision: the Hub revision (branch, tag or commit), for the model and its subfolders alike.
         **kwargs: passed to ``from_pretrained`` (``dtype``, ``cache_dir``, ``token``, ``local_files_only``, ...);
             the download options also fetch the subfolders.
@@ -220,6 +272,9 @@ def load_calibrated_model(
         attached_calibrator(model)                     # the calibrator (hf_calibration.calibrators.attach)
     """
     source = _check_source(name_or_path)
+    dense = _dense_task(source, task, revision, kwargs)
+    if dense is not None:
+        return _load_dense(source, dense, revision, **kwargs)
     if task is not None:
         check_pipeline_task(task)
     model = _load_model(source, revision, task, **kwargs).eval()
@@ -256,8 +311,9 @@ def pipeline(
     Args:
         task: a classification pipeline: ``"image-classification"``, ``"text-classification"``,
             ``"audio-classification"`` or ``"video-classification"`` (the calibrators act on any classifier's logits);
-            ``None`` (default) reads it from the model's config, as :func:`load_calibrated_model` does. One that
-            contradicts the config is a ``ValueError``.
+            or ``"object-detection"`` / ``"image-segmentation"`` (calibrated scores and probability maps:
+            :mod:`hf_calibration.serving.detection`); ``None`` (default) reads it from the model's config, as
+            :func:`load_calibrated_model` does. One that contradicts the config is a ``ValueError``.
         model: a local folder or a Hub repo id (loaded by :func:`load_calibrated_model`).
         image_processor, tokenizer, feature_extractor, video_processor: the task's preprocessor (an object, or a
             folder / Hub id); default: the model's own (the image processor, tokenizer, feature extractor or video
@@ -281,7 +337,7 @@ def pipeline(
     """
     import transformers
 
-    if task is not None:
+    if task is not None and task not in DENSE_TASKS:
         check_pipeline_task(task)
     if conformal_draws not in ("input", "stream"):
         raise ValueError(f"Expected argument `conformal_draws` to be 'input' or 'stream', but got {conformal_draws!r}.")
@@ -290,6 +346,20 @@ def pipeline(
     if token is not None:
         model_kwargs["token"] = token
     loaded = load_calibrated_model(source, task=task, revision=revision, **model_kwargs)
+    processor_kwargs = {k: model_kwargs[k] for k in _HUB_KWARGS if k in model_kwargs}
+    dense = loaded.__dict__.get(_DENSE_TASK)
+    if dense is not None:  # a detector or segmenter: transformers' pipeline with a calibrated postprocess
+        from hf_calibration.serving.detection import calibrated_pipeline_class
+
+        if image_processor is None or isinstance(image_processor, (str, os.PathLike)):
+            image_processor = load_image_processor(image_processor or source, revision, **processor_kwargs)
+        return transformers.pipeline(
+            dense,
+            model=loaded,
+            image_processor=image_processor,
+            pipeline_class=calibrated_pipeline_class(dense),
+            **pipeline_kwargs,
+        )
     task = resolve_pipeline_task(task, getattr(loaded, "config", None))
     given = {
         "image_processor": image_processor,
@@ -297,7 +367,6 @@ def pipeline(
         "feature_extractor": feature_extractor,
         "video_processor": video_processor,
     }
-    processor_kwargs = {k: model_kwargs[k] for k in _HUB_KWARGS if k in model_kwargs}
     preprocessors = {}
     for argument, value in given.items():  # a folder or Hub id is loaded as the task's preprocessor, an object kept
         if isinstance(value, (str, os.PathLike)):

@@ -1,5 +1,9 @@
 """Detection score calibrators against scikit-learn / scipy / netcal fits, hand cases, and a save / load round trip."""
 
+import json
+import math
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +17,7 @@ from hf_calibration.detection import (
     DetectionTemperatureScaling,
     d_ece,
     detection_ece,
+    load_detection_calibrator,
 )
 
 
@@ -122,13 +127,45 @@ def test_isotonic_per_class_by_hand():
     ],
 )
 def test_save_load_round_trip(overconfident, make, tmp_path):
-    fitted = make().fit(overconfident)
+    """The one persistence: outputs equal after a load, any kind through ``load_detection_calibrator``, a non-empty
+    folder refused, an edited config refused with the error every calibrator gives, a card with the numbers."""
+    fitted = make().fit(overconfident, held_out=overconfident.select(np.arange(500)))
     fitted.save_pretrained(tmp_path / "cal")
     loaded = type(fitted).from_pretrained(tmp_path / "cal")
     d = overconfident
     np.testing.assert_array_equal(loaded.calibrate(d).scores, fitted.calibrate(d).scores)
-    with pytest.raises(ValueError, match="holds files"):
+    again = load_detection_calibrator(tmp_path / "cal")
+    assert type(again) is type(fitted) and again.fit_info_ == fitted.fit_info_
+    with pytest.raises(ValueError, match="holds a calibrator; pass overwrite=True"):
         fitted.save_pretrained(tmp_path / "cal")
+    card = (tmp_path / "cal" / "README.md").read_text()
+    assert "object-detection" in card.split("---")[1]  # the Hub task tag
+    held = fitted.fit_info_["held_out"]
+    assert f"| D-ECE | held-out set | {100 * held['d_ece_before']:.2f}% | {100 * held['d_ece_after']:.2f}% |" in card
+    config = json.loads((tmp_path / "cal" / "config.json").read_text())
+    config["fit"]["score_threshold"] = 0.3
+    (tmp_path / "cal" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json' does not match its weights \(fit\.score_threshold"):
+        type(fitted).from_pretrained(tmp_path / "cal")
+
+
+def test_record_by_hand_and_a_nan_saves(overconfident, tmp_path):
+    """The fit record's numbers are the metrics of the detections before / after the map; an empty held-out set
+    (no detection above the threshold) records NaN, which saves and loads."""
+    platt = DetectionPlatt().fit(overconfident, score_threshold=0.2, held_out=overconfident.select(np.arange(0)))
+    kept = overconfident.above(0.2)
+    after = kept.with_scores(platt(kept.scores).numpy())
+    record = platt.fit_info_["fit_set"]
+    assert record["d_ece_before"] == d_ece(kept, score_threshold=0.0)
+    assert record["detection_ece_after"] == detection_ece(after, score_threshold=0.0)
+    assert record["d_ece_after"] < record["d_ece_before"]
+    assert math.isnan(platt.fit_info_["held_out"]["laece_after"])
+    platt.save_pretrained(tmp_path / "p")
+    assert math.isnan(DetectionPlatt.from_pretrained(tmp_path / "p").fit_info_["held_out"]["laece_after"])
+    with pytest.raises(ValueError, match="Expected a DetectionIsotonic checkpoint"):
+        DetectionIsotonic.from_pretrained(tmp_path / "p")
+    pushed = platt.push_to_hub("someone/platt", dry_run=True)  # the folder push_to_hub would upload, nothing sent
+    assert sorted(p.name for p in Path(pushed).iterdir()) == ["README.md", "config.json", "model.safetensors"]
 
 
 def test_bad_use(overconfident):

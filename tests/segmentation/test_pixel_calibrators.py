@@ -1,5 +1,7 @@
 """Pixel-logit calibration: package temperature scaling on pixel rows (against scipy), Local Temperature Scaling."""
 
+import json
+
 import pytest
 import torch
 from scipy.optimize import minimize_scalar
@@ -67,7 +69,7 @@ def test_local_temperature_beats_one_temperature(two_regions, tmp_path, one_thre
     (logits, target, image), (test_logits, test_target, test_image) = two_regions
     lts = LocalTemperatureScaling(3, image_channels=1, hidden=4)
     torch.testing.assert_close(lts(logits, image), logits)  # T = 1 before the fit
-    lts.fit(logits, target, image, steps=60, lr=2e-2)
+    lts.fit(logits, target, image, steps=60, lr=2e-2, held_out=(test_logits, test_target, test_image))
     ts = TemperatureScaling().fit(*pixel_rows(logits, target))
     with torch.no_grad():
         local = lts(test_logits, test_image)
@@ -79,6 +81,27 @@ def test_local_temperature_beats_one_temperature(two_regions, tmp_path, one_thre
     lts.save_pretrained(tmp_path / "lts")
     loaded = LocalTemperatureScaling.from_pretrained(tmp_path / "lts")
     torch.testing.assert_close(loaded(test_logits, test_image), local, atol=0, rtol=0)
+    # the card's held-out pixel ECE after the map is torchmetrics' on the flattened, ignore-masked pixels
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    probs, labels = local.double().softmax(1).permute(0, 2, 3, 1).reshape(-1, 3), test_target.reshape(-1)
+    keep = labels != 255
+    reference = float(multiclass_calibration_error(probs[keep], labels[keep], 3, n_bins=15))
+    held = loaded.fit_info_["held_out"]
+    assert held["ece_after"] == pytest.approx(reference, abs=1e-5)  # torchmetrics sums in float32
+    assert held["ece_after"] < held["ece_before"]
+    card = (tmp_path / "lts" / "README.md").read_text()
+    assert "image-segmentation" in card.split("---")[1]
+    assert f"| pixel ECE (15 bins) | held-out set | {100 * held['ece_before']:.2f}% | {100 * reference:.2f}% |" in card
+    config = json.loads((tmp_path / "lts" / "config.json").read_text())
+    config["hidden"] = 8  # an edited architecture: refused before any weight is read as another shape
+    (tmp_path / "lts" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="config.json' does not match its weights|does not fit|size mismatch"):
+        LocalTemperatureScaling.from_pretrained(tmp_path / "lts")
+    config["hidden"], config["fit"]["steps"] = 4, 61
+    (tmp_path / "lts" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json' does not match its weights \(fit\.steps"):
+        LocalTemperatureScaling.from_pretrained(tmp_path / "lts")
     with pytest.raises(ValueError, match="`images`"):
         lts(test_logits)
     with pytest.raises(ValueError, match="channels"):
