@@ -154,7 +154,7 @@ class PixelCalibrationAccumulator:
     def _image(self, scores: torch.Tensor, y: torch.Tensor, edge: torch.Tensor | None) -> None:
         """One image: ``scores`` (K, H, W), ``y`` (H * W,) labels, ``edge`` (H * W,) boundary pixels.
 
-        The per-pixel confidence and prediction come from slabs of rows small enough to stay in cache (the
+        The per-pixel confidence and correctness come from slabs of rows small enough to stay in cache (the
         classwise sums too, where kept); the binning runs once over the image's labelled pixels.
         """
         keep = y != self.ignore_index if self.ignore_index is not None else torch.ones_like(y, dtype=torch.bool)
@@ -163,28 +163,35 @@ class PixelCalibrationAccumulator:
         k, h, w = scores.shape
         dtype = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
         conf = torch.empty(h * w, dtype=dtype, device=scores.device)
-        pred = torch.empty(h * w, dtype=torch.int64, device=scores.device)
+        hit = torch.empty(h * w, dtype=torch.bool, device=scores.device)
+        label = torch.where(keep, y, 0)  # ignored pixels read class 0 and are dropped below
         rows = max(1, _SLAB_ELEMENTS // (k * w))
         for r in range(0, h, rows):
             part = slice(r * w, min(r + rows, h) * w)
-            z = scores[:, r : r + rows].reshape(k, -1).to(dtype)
-            if not self.from_logits:
-                conf[part], pred[part] = z.max(0)
-            elif self.classwise:
-                p = torch.softmax(z, 0)
-                conf[part], pred[part] = p.max(0)
-                self._classwise(p, y[part], keep[part])
-            else:  # 1 / sum_k exp(z_k - max z): no (K, n) probabilities kept
-                top, pred[part] = z.max(0)
-                conf[part] = torch.exp(z - top).sum(0).reciprocal()
-            if not self.from_logits and self.classwise:
-                self._classwise(z, y[part], keep[part])
+            z, yy = scores[:, r : r + rows].reshape(k, -1).to(dtype), label[part]
+            if not self.from_logits or self.classwise:
+                p = z if not self.from_logits else torch.softmax(z, 0)
+                top, pred = p.max(0)
+                conf[part], hit[part] = top, pred == yy
+                if self.classwise:
+                    self._classwise(p, yy, keep[part])
+                continue
+            # Logits, top label only: conf = 1 / sum_k exp(z_k - max z), with no (K, n) probabilities kept. A pixel
+            # is right when its label's logit is the maximum and no earlier class ties it (argmax's first index);
+            # a tie puts two exp(0) = 1 terms in the sum, so only pixels with a sum >= 2 need the full argmax.
+            top = z.amax(0)
+            total = torch.exp(z - top).sum(0)
+            right = z.gather(0, yy.unsqueeze(0)).squeeze(0) == top
+            tied = right & (total >= 2)
+            if bool(tied.any()):
+                right[tied] = z[:, tied].argmax(0) == yy[tied]
+            conf[part], hit[part] = total.reciprocal(), right
         if not bool(keep.all()):
-            conf, pred, y = conf[keep], pred[keep], y[keep]
+            conf, hit = conf[keep], hit[keep]
             edge = None if edge is None else edge[keep]
         if not bool(torch.isfinite(conf).all()):  # NaN or +inf anywhere in a pixel's scores reaches its confidence
             raise ValueError("Expected `preds` to be finite, but it holds NaN or inf.")
-        correct = (pred == y).to(torch.float64)
+        correct = hit.to(torch.float64)
         conf64 = conf.to(torch.float64)
         index = torch.bucketize(conf, self._inner(conf))
         self.top += self._sums(index, conf64, correct, self.n_bins)

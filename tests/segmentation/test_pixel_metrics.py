@@ -48,6 +48,25 @@ def test_equals_torchmetrics(batches):
     assert got["classwise_ece"] == pytest.approx(np.mean(per_class), abs=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_top_label_pass_with_tied_logits_equals_torchmetrics(dtype):
+    """The top-label-only pass (``classwise=False``) reads correctness off the label's logit: integer logits tie at
+    the maximum on many pixels, where argmax's first index decides, as torchmetrics' ``max`` does."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randint(-1, 2, (2, K, 9, 11), generator=g).to(dtype)
+    target = torch.randint(0, K, (2, 9, 11), generator=g)
+    target[:, 0] = 255
+    got = pixel_calibration_report(logits, target, n_bins=7, classwise=False)  # 7: no tied confidence on an edge
+    probs = torch.softmax(logits.double(), 1).permute(0, 2, 3, 1).reshape(-1, K)
+    labels = target.reshape(-1)
+    keep = labels != 255
+    conf, pred = probs[keep].max(1)
+    assert ((probs[keep] == conf[:, None]).sum(1) > 1).sum() > 20  # ties at the top, some of them on the label
+    expected = _ce_compute(conf, (pred == labels[keep]).double(), 7, norm="l1").item()
+    assert got["ece"] == pytest.approx(expected, abs=1e-12 if dtype == torch.float64 else 1e-6)
+    assert got["accuracy"] == (pred == labels[keep]).double().mean().item()
+
+
 def test_probabilities_in_float64_are_detected(batches):
     (logits, target), _ = batches
     got = pixel_calibration_report(torch.softmax(logits, 1), target, n_bins=10)
