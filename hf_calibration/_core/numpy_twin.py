@@ -22,9 +22,25 @@ import time
 import types
 from typing import Any
 
-__all__ = ["NumpyTwin", "cached_for_this_machine", "compile_from_now", "renamed_copy"]
+__all__ = ["NumpyTwin", "cached_for_this_machine", "compile_from_now", "env_seconds", "renamed_copy"]
 
-BUDGET_SCALE = float(os.environ.get("HF_CALIBRATION_COMPILE_SECONDS", "1.0"))
+
+def env_seconds(name: str) -> float:
+    """A non-negative number of seconds from the environment variable ``name``; unset or empty (as CI and Docker
+    templates leave variables) means 1.0. Anything else is a ``ValueError`` naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"Expected the environment variable `{name}` to be a number of seconds >= 0, but got {raw!r}.")
+    return value
+
+
+BUDGET_SCALE = env_seconds("HF_CALIBRATION_COMPILE_SECONDS")
 _ALL: list[NumpyTwin] = []  # every twin of the package, for compile_from_now
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numba
 import torch
 
-from hf_calibration._core.numpy_twin import renamed_copy
+from hf_calibration._core.numpy_twin import env_seconds, renamed_copy
 from hf_calibration._core.threads import numba_threads
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
 PARALLEL_MIN_ELEMENTS = 1 << 18
 # about what compiling a kernel with parallel=True adds to compiling it serially; the environment variable sets it
 # (0: the parallel kernels from the first pass on, as the speed benchmarks measure the steady state)
-PARALLEL_COMPILE_SECONDS = float(os.environ.get("HF_CALIBRATION_PARALLEL_COMPILE_SECONDS", "1.0"))
+PARALLEL_COMPILE_SECONDS = env_seconds("HF_CALIBRATION_PARALLEL_COMPILE_SECONDS")
 PARALLEL_AT_ONCE_ELEMENTS = 1 << 26  # from this pass size the parallel kernel is compiled at once (see run_threads)
 
 

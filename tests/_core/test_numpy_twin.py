@@ -266,3 +266,23 @@ def test_a_fresh_process_compiles_nothing_and_gets_the_kernels_bits(tmp_path):
     assert kernels["compiled"]
     for name in ("ece", "t", "q_hat", "sizes"):
         assert fresh[name] == kernels[name], name
+
+
+@pytest.mark.parametrize("raw, expected", [(None, 1.0), ("", 1.0), ("  ", 1.0), ("0", 0.0), ("2.5", 2.5)])
+def test_compile_budget_variable_unset_or_empty_is_the_default(monkeypatch, raw, expected):
+    from hf_calibration._core.numpy_twin import env_seconds
+
+    if raw is None:
+        monkeypatch.delenv("HF_CALIBRATION_COMPILE_SECONDS", raising=False)
+    else:
+        monkeypatch.setenv("HF_CALIBRATION_COMPILE_SECONDS", raw)
+    assert env_seconds("HF_CALIBRATION_COMPILE_SECONDS") == expected
+
+
+@pytest.mark.parametrize("raw", ["abc", "nan", "-1", "inf"])
+def test_compile_budget_variable_that_is_no_duration_names_the_variable(monkeypatch, raw):
+    from hf_calibration._core.numpy_twin import env_seconds
+
+    monkeypatch.setenv("HF_CALIBRATION_PARALLEL_COMPILE_SECONDS", raw)
+    with pytest.raises(ValueError, match="HF_CALIBRATION_PARALLEL_COMPILE_SECONDS"):
+        env_seconds("HF_CALIBRATION_PARALLEL_COMPILE_SECONDS")
