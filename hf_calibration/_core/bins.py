@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import torch
 
 from hf_calibration._core.numpy_twin import NumpyTwin
 
-__all__ = ["in_lowest_bin", "uniform_bin", "uniform_bin_index", "uniform_edges"]
+__all__ = ["in_lowest_bin", "uniform_bin", "uniform_bin_index", "uniform_bin_index_torch", "uniform_edges"]
 
 
 def uniform_edges(n_bins: int) -> np.ndarray:
@@ -58,3 +59,10 @@ def uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     out = np.empty(values.shape, dtype=np.int64)
     _uniform_bins(values.reshape(-1), uniform_edges(n_bins), out.reshape(-1))
     return out
+
+
+def uniform_bin_index_torch(values: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """``uniform_bin_index`` for a tensor on its device: the same rule and the same float64 edges (``values`` compared
+    in float64, so a float32 value just above an edge lands where the numpy path puts it)."""
+    inner = torch.from_numpy(uniform_edges(n_bins)[1:-1]).to(values.device)
+    return torch.bucketize(values.to(torch.float64), inner)  # "left": edges[b] < p <= edges[b + 1]; clipped ends

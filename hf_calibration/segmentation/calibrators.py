@@ -115,8 +115,20 @@ class LocalTemperatureScaling(
             nn.ReLU(),
             nn.Conv2d(hidden, 1, 1),
         )
-        nn.init.zeros_(self.net[-1].weight)
-        nn.init.constant_(self.net[-1].bias, float(np.log(np.expm1(1.0 - t_min))))  # T = 1 before the fit
+        self._initialise(seed=0)
+
+    def _initialise(self, seed: int) -> None:
+        """Hidden convolutions drawn from ``seed`` (PyTorch's default rule, a generator of their own: the global
+        random state is neither read nor changed), the output layer at T = 1."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for layer in self.net[:-1]:
+                if isinstance(layer, nn.Conv2d):
+                    nn.init.kaiming_uniform_(layer.weight, a=float(np.sqrt(5)), generator=g)
+                    bound = 1 / float(np.sqrt(layer.weight[0].numel()))
+                    layer.bias.uniform_(-bound, bound, generator=g)
+            nn.init.zeros_(self.net[-1].weight)
+            nn.init.constant_(self.net[-1].bias, float(np.log(np.expm1(1.0 - self.t_min))))
 
     def _input(self, logits: torch.Tensor, images: Any) -> torch.Tensor:
         _check_maps(logits, None, None)
@@ -158,15 +170,15 @@ class LocalTemperatureScaling(
         seed: int = 0,
         held_out: tuple | None = None,
     ) -> LocalTemperatureScaling:
-        """Minimise the NLL of the labelled pixels of ``logits`` (B, K, H, W) against ``target`` (B, H, W);
-        ``held_out``: ``(logits, target)`` or ``(logits, target, images)`` to measure the map on as well (recorded
+        """Minimise the NLL of the labelled pixels of ``logits`` (B, K, H, W) against ``target`` (B, H, W) with Adam,
+        from hidden weights drawn from ``seed`` (the same fit whatever the global random state); ``held_out``: ``(logits, target)`` or ``(logits, target, images)`` to measure the map on as well (recorded
         for the model card)."""
         logits, target = _as_tensor(logits, "logits").float(), _as_tensor(target, "target").to(torch.int64)
         _check_maps(logits, target, ignore_index)
         if ignore_index is not None and not (target != ignore_index).any():
             raise ValueError("Expected labelled pixels in `target`, but every one is `ignore_index`.")
         loss_fn = nn.CrossEntropyLoss(ignore_index=-100 if ignore_index is None else ignore_index)
-        torch.manual_seed(seed)
+        self._initialise(seed)  # a fit starts afresh, from the same weights for the same seed
         opt = torch.optim.Adam(self.parameters(), lr=lr)
         with torch.enable_grad():
             for _ in range(steps):

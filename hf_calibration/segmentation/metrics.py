@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hf_calibration._core.bins import uniform_bin_index_torch
+
 __all__ = ["PixelCalibrationAccumulator", "pixel_calibration_report"]
 
 _SLAB_ELEMENTS = 1 << 18  # values of one (K, rows, W) slab: its temporaries (1 MB in float32) stay in cache
@@ -193,27 +195,24 @@ class PixelCalibrationAccumulator:
             raise ValueError("Expected `preds` to be finite, but it holds NaN or inf.")
         correct = hit.to(torch.float64)
         conf64 = conf.to(torch.float64)
-        index = torch.bucketize(conf, self._inner(conf))
+        index = uniform_bin_index_torch(conf64, self.n_bins)
         self.top += self._sums(index, conf64, correct, self.n_bins)
         if edge is not None:
             self.boundary += self._sums(index[edge], conf64[edge], correct[edge], self.n_bins)
         cells = (conf64 * self.adaptive_cells).ceil().to(torch.int64).clamp_(1, self.adaptive_cells) - 1
         self.cells += self._sums(cells, conf64, correct, self.adaptive_cells)
 
-    def _inner(self, p: torch.Tensor) -> torch.Tensor:
-        return torch.linspace(0, 1, self.n_bins + 1, dtype=p.dtype, device=p.device)[1:-1]
-
     def _classwise(self, p: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> None:
         """Signed classwise sums of one slab's labelled pixels: ``p`` (K, n) probabilities, ``y`` (n,) labels."""
         if not bool(keep.all()):
             p, y = p[:, keep], y[keep]
-        inner = self._inner(p)
-        bins = torch.bucketize(p, inner)  # (K, n)
+        p = p.to(torch.float64)
+        bins = uniform_bin_index_torch(p, self.n_bins)  # (K, n)
         flat = bins + torch.arange(self.num_classes, device=p.device).unsqueeze(1) * self.n_bins
-        signed = torch.bincount(flat.reshape(-1), p.reshape(-1).to(torch.float64), self.num_classes * self.n_bins)
+        signed = torch.bincount(flat.reshape(-1), p.reshape(-1), self.num_classes * self.n_bins)
         p_true = p.gather(0, y.unsqueeze(0)).squeeze(0)
         signed -= torch.bincount(
-            y * self.n_bins + torch.bucketize(p_true, inner), minlength=self.num_classes * self.n_bins
+            y * self.n_bins + uniform_bin_index_torch(p_true, self.n_bins), minlength=self.num_classes * self.n_bins
         )
         self.signed += signed.view(self.num_classes, self.n_bins).cpu()
 

@@ -106,3 +106,17 @@ def test_local_temperature_beats_one_temperature(two_regions, tmp_path, one_thre
         lts(test_logits)
     with pytest.raises(ValueError, match="channels"):
         lts(test_logits[:, :2], test_image)
+
+
+def test_local_temperature_fit_depends_on_its_seed_not_on_the_global_random_state(two_regions, one_thread):
+    (logits, target, image), _ = two_regions
+    fits = []
+    for global_seed, seed in ((1, 0), (2, 0), (1, 1)):
+        torch.manual_seed(global_seed)
+        lts = LocalTemperatureScaling(3, image_channels=1, hidden=4).fit(logits, target, image, steps=3, seed=seed)
+        fits.append(lts.temperature(logits, image))
+    lts = LocalTemperatureScaling(3, image_channels=1, hidden=4)
+    state = torch.random.get_rng_state()
+    lts.fit(logits, target, image, steps=1)
+    assert torch.equal(torch.random.get_rng_state(), state)  # fit leaves the user's random stream where it was
+    assert torch.equal(fits[0], fits[1]) and not torch.equal(fits[0], fits[2])

@@ -67,6 +67,15 @@ def test_top_label_pass_with_tied_logits_equals_torchmetrics(dtype):
     assert got["accuracy"] == (pred == labels[keep]).double().mean().item()
 
 
+def test_a_float32_confidence_at_an_edge_is_binned_as_the_package_bins_it():
+    """float32(0.2) is just above the float64 edge 0.2, so it shares the bin (0.2, 0.4] with 0.3: hand-worked ECE
+    |1 - (0.2 + 0.3)| / 2 = 0.25 (apart, the bins would give (0.8 + 0.3) / 2 = 0.55)."""
+    probs = torch.tensor([[0.2] * 5, [0.3, 0.3, 0.2, 0.1, 0.1]], dtype=torch.float32).T.reshape(1, 5, 1, 2)
+    got = pixel_calibration_report(probs, torch.tensor([[[0, 1]]]), n_bins=5, from_logits=False)
+    assert got["accuracy"] == 0.5
+    assert got["ece"] == pytest.approx(abs(1 - (float(np.float32(0.2)) + float(np.float32(0.3)))) / 2, abs=1e-9)
+
+
 def test_probabilities_in_float64_are_detected(batches):
     (logits, target), _ = batches
     got = pixel_calibration_report(torch.softmax(logits, 1), target, n_bins=10)
