@@ -377,6 +377,15 @@ def _panel_axes(ax: Axes | Sequence[Axes] | None, rows: int, cols: int, counts: 
     return axes[0].figure, axes, [a.inset_axes(_COUNT_INSET) if counts else None for a in axes]
 
 
+def _draw_panel(
+    ax: Axes, cax: Axes | None, p: np.ndarray, y: np.ndarray, title: str, n_bins: int, boot, min_count, count_scale
+) -> set[str]:
+    """One panel of (confidence or probability, correct or label) pairs: its table, its ECE text, its drawing."""
+    table = _reliability_table_compute(p, y, n_bins, None if boot is None else boot.level)
+    ece_text = _ece_text(p, y, n_bins, boot) if table.n else ""
+    return _draw_reliability(ax, table, title, cax, ece_text=ece_text, min_count=min_count, count_scale=count_scale)
+
+
 def _ece_text(confidence: np.ndarray, correct: np.ndarray, n_bins: int, boot) -> str:
     value = _ece_compute(confidence, correct, n_bins)
     if boot is None:
@@ -537,18 +546,9 @@ def reliability_diagram(
     for axis, cax, (s, g) in zip(axes, count_axes, panels):
         member = groups[g]
         confidence, correct = tops[s].confidence[member], tops[s].correct[member]
-        table = _reliability_table_compute(confidence, correct, n_bins, None if boot is None else boot.level)
         parts = ([names[s]] if len(states) == 2 else []) + ([labels[g]] if labels[g] else [])
-        ece_text = _ece_text(confidence, correct, n_bins, boot) if table.n else ""
-        used |= _draw_reliability(
-            axis,
-            table,
-            title if single else " · ".join(parts),
-            cax,
-            ece_text=ece_text,
-            min_count=min_count,
-            count_scale=count_scale,
-        )
+        panel_title = title if single else " · ".join(parts)
+        used |= _draw_panel(axis, cax, confidence, correct, panel_title, n_bins, boot, min_count, count_scale)
     if title and not single:
         fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
     handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
@@ -605,18 +605,9 @@ def _sigmoid_diagram(
     for i, (axis, cax) in enumerate(zip(axes, count_axes)):
         state, label = states[i // cols], panels[i % cols]
         p, y = _sigmoid_pairs(state, label)
-        table = _reliability_table_compute(p, y, n_bins, None if boot is None else boot.level)
         parts = ([names[i // cols]] if rows == 2 else []) + ([panel_name(label)] if panel_name(label) else [])
-        ece_text = _ece_text(p, y, n_bins, boot) if table.n else ""
-        used |= _draw_reliability(
-            axis,
-            table,
-            title if single else " · ".join(parts),
-            cax,
-            ece_text=ece_text,
-            min_count=min_count,
-            count_scale=count_scale,
-        )
+        panel_title = title if single else " · ".join(parts)
+        used |= _draw_panel(axis, cax, p, y, panel_title, n_bins, boot, min_count, count_scale)
         axis.set_ylabel("observed frequency")
         (cax if cax is not None else axis).set_xlabel("predicted probability")
     if title and not single:
