@@ -533,15 +533,20 @@ class ConformalPredictor(
                     f"Expected argument `draws_from` to have one row per row of `logits` ({n}), but got {draws_from.shape[0]}."
                 )
             return input_draws(draws_from, self.seed).to(device) if self.randomized else None
+        generator = self._stream(generator)
+        return self._draws(n, generator, device)
+
+    def _stream(self, generator: torch.Generator | int | None) -> torch.Generator:
+        """The generator of the draws: ``generator`` (an int seeds a new one), else the predictor's own stream."""
         if isinstance(generator, int) and not isinstance(generator, bool):
-            generator = _generator(generator)
-        elif generator is None:
-            generator = self.__dict__["_predict_generator"]
-        elif not isinstance(generator, torch.Generator):
+            return _generator(generator)
+        if generator is None:
+            return self.__dict__["_predict_generator"]
+        if not isinstance(generator, torch.Generator):
             raise TypeError(
                 f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}."
             )
-        return self._draws(n, generator, device)
+        return generator
 
     def draw_uniforms(self, n: int, *, generator: torch.Generator | int | None = None) -> torch.Tensor | None:
         """The (n,) float64 Uniform(0, 1) draws that ``predict_sets`` would use for its next ``n`` rows, taken from the
@@ -549,14 +554,7 @@ class ConformalPredictor(
         exported graph (``hf_calibration.serving.export_onnx``) takes them as its input ``u``."""
         self._check_fitted()
         n = check_int(n, "n", minimum=0)
-        if isinstance(generator, int) and not isinstance(generator, bool):
-            generator = _generator(generator)
-        elif generator is None:
-            generator = self.__dict__["_predict_generator"]
-        elif not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}."
-            )
+        generator = self._stream(generator)
         return self._draws(n, generator, torch.device("cpu"))
 
     def forward(self, logits: Any, from_logits: bool | None = None):
