@@ -386,6 +386,25 @@ def _draw_panel(
     return _draw_reliability(ax, table, title, cax, ece_text=ece_text, min_count=min_count, count_scale=count_scale)
 
 
+def _finish_panels(fig, axes, ax, used: set[str], suptitle, rows: int, cols: int, boot, min_count, counts) -> Figure:
+    """The figure's title over several panels and its legend (below a figure of its own, in the first panel of a
+    caller's ``ax``)."""
+    if suptitle:
+        fig.suptitle(_wrap(suptitle, 0.95 * fig.get_figwidth(), 12))
+    handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
+    if ax is None:
+        ncols = 1 if cols == 1 else 2
+        fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
+        # room for the legend rows and for wrapped titles, so that constrained layout never squeezes them out
+        titles = [a.get_title() for a in axes] + ([fig.get_suptitle()] if suptitle else [])
+        extra_lines = max(t.count("\n") for t in titles)
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra_lines + 0.1) * rows)
+    else:
+        axes[0].legend(handles=handles, loc="upper left", fontsize=7)
+    return fig
+
+
 def _ece_text(confidence: np.ndarray, correct: np.ndarray, n_bins: int, boot) -> str:
     value = _ece_compute(confidence, correct, n_bins)
     if boot is None:
@@ -549,20 +568,7 @@ def reliability_diagram(
         parts = ([names[s]] if len(states) == 2 else []) + ([labels[g]] if labels[g] else [])
         panel_title = title if single else " · ".join(parts)
         used |= _draw_panel(axis, cax, confidence, correct, panel_title, n_bins, boot, min_count, count_scale)
-    if title and not single:
-        fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
-    handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
-    if ax is None:
-        ncols = 1 if cols == 1 else 2
-        fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
-        # room for the legend rows and for wrapped titles, so that constrained layout never squeezes them out
-        titles = [a.get_title() for a in axes] + ([fig.get_suptitle()] if title and not single else [])
-        extra_lines = max(t.count("\n") for t in titles)
-        width, height = fig.get_size_inches()
-        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra_lines + 0.1) * rows)
-    else:
-        axes[0].legend(handles=handles, loc="upper left", fontsize=7)
-    return fig
+    return _finish_panels(fig, axes, ax, used, title if not single else None, rows, cols, boot, min_count, counts)
 
 
 def _sigmoid_panels(labels: Any, num_labels: int, task: str) -> list[int | str]:
@@ -610,15 +616,4 @@ def _sigmoid_diagram(
         used |= _draw_panel(axis, cax, p, y, panel_title, n_bins, boot, min_count, count_scale)
         axis.set_ylabel("observed frequency")
         (cax if cax is not None else axis).set_xlabel("predicted probability")
-    if title and not single:
-        fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
-    handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
-    if ax is None:
-        ncols = 1 if cols == 1 else 2
-        fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
-        width, height = fig.get_size_inches()
-        extra = max(a.get_title().count("\n") for a in axes)
-        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra + 0.1) * rows)
-    else:
-        axes[0].legend(handles=handles, loc="upper left", fontsize=7)
-    return fig
+    return _finish_panels(fig, axes, ax, used, title if not single else None, rows, cols, boot, min_count, counts)
