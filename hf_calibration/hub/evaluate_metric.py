@@ -20,7 +20,7 @@ import evaluate
 import numpy as np
 
 from hf_calibration._core.checks import to_numpy
-from hf_calibration.hub.metric_scripts import metric_path
+from hf_calibration.hub.metric_scripts import list_metric_scripts, metric_path
 from hf_calibration.metrics import calibration_report
 from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics.table import HEADS, get_metric, list_metrics
@@ -170,12 +170,14 @@ class _TableMetric(evaluate.Metric):
 def _card(name: str) -> dict[str, str]:
     """The prose of the script of ``name`` from its metric card (``metric_scripts/<name>/README.md``, the one place it is
     written): the Metric Description section, the Examples block (a doctest) and the Citation's BibTeX."""
+    if name not in list_metric_scripts():  # a metric of the table with no bundled script (yet): no card
+        return dict(description="", examples="", citation="")
     text = (Path(metric_path(name)) / "README.md").read_text(encoding="utf-8")
     sections = dict(part.partition("\n")[::2] for part in re.split(r"^## ", text, flags=re.M)[1:])
     examples = re.search(r"^### Examples\n\n```python\n(.*?)^```", text, re.S | re.M)
     citation = re.search(r"```bibtex\n(.*?)^```", sections.get("Citation", ""), re.S | re.M)
     return dict(
-        description=sections.get("Metric Description", "").strip() + "\n",
+        description=f"{sections['Metric Description'].strip()}\n" if "Metric Description" in sections else "",
         examples="".join(f"    {line}\n" for line in examples.group(1).splitlines()) if examples else "",
         citation=citation.group(1) if citation else "",
     )
@@ -191,15 +193,15 @@ def metric_class(
 ) -> type[evaluate.Metric]:
     """The ``evaluate.Metric`` class of table metric ``name`` (or ``"calibration"``: the whole report), defined in the
     script ``module`` (its ``__name__``, so ``evaluate`` and doctest find it there). Its description, example (a
-    doctest) and citation are read from the metric card beside the script; ``reference_urls`` complete it and
-    ``extra_args`` documents arguments of its own."""
+    doctest) and citation are read from the metric card beside the script (a metric without one: its function's
+    docstring); ``reference_urls`` complete it and ``extra_args`` documents arguments of its own."""
     spec = _spec(name)
     prose = _card(name)
     inputs = f"Args:\n{_arguments(name, spec, extra_args)}\n\nReturns:\n{_results(name)}\n"
     if prose["examples"]:
         inputs += f"\nExamples:\n{prose['examples']}"
     card = dict(
-        description=prose["description"],
+        description=prose["description"] or (spec["function"].__doc__ or "").split("\n\n")[0],
         citation=prose["citation"],
         inputs=inputs,
         reference_urls=list(reference_urls or []),
