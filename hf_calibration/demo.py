@@ -599,9 +599,9 @@ def _save_digits(folder: Path, key: dict, model, logits: DigitsLogits) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _train_digits(config: DemoConfig):
-    from hf_calibration.losses import CrossEntropyLoss
-
+def _digits_datasets(config: DemoConfig):
+    """The digits splits of ``config``, their image processor and their train / calibration / test
+    :class:`PixelDataset`."""
     data = digits_splits(
         config.seed, calibration_size=config.calibration_size, test_size=config.test_size, train_size=config.train_size
     )
@@ -609,6 +609,13 @@ def _train_digits(config: DemoConfig):
     train = PixelDataset(data.train_images, data.train_labels, processor)
     cal = PixelDataset(data.calibration_images, data.calibration_labels, processor)
     test = PixelDataset(data.test_images, data.test_labels, processor)
+    return data, processor, train, cal, test
+
+
+def _train_digits(config: DemoConfig):
+    from hf_calibration.losses import CrossEntropyLoss
+
+    _, _, train, cal, test = _digits_datasets(config)
     threads = torch.get_num_threads()
     torch.set_num_threads(config.num_threads)
     try:
@@ -702,13 +709,7 @@ def _run(config: DemoConfig) -> DemoResult:
     files: dict[str, Path] = {}
 
     logger.info("Loading scikit-learn's digits (offline)")
-    data = digits_splits(
-        config.seed, calibration_size=config.calibration_size, test_size=config.test_size, train_size=config.train_size
-    )
-    processor = digits_image_processor(config.image_size)
-    train = PixelDataset(data.train_images, data.train_labels, processor)
-    cal = PixelDataset(data.calibration_images, data.calibration_labels, processor)
-    test = PixelDataset(data.test_images, data.test_labels, processor)
+    data, processor, train, cal, test = _digits_datasets(config)
     lap("data")
 
     # 1. train with cross-entropy and with FeDLaS; MaC-Cal on a copy of the cross-entropy model

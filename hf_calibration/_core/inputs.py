@@ -48,6 +48,7 @@ __all__ = [
     "check_ignore_index",
     "class_labels",
     "logits_and_labels",
+    "model_logits",
     "read_inputs",
     "read_multiclass",
     "read_task",
@@ -486,3 +487,17 @@ def check_sigmoid_probabilities(p: np.ndarray, name: str, rows: bool = False) ->
 
 def is_sigmoid(task: str) -> bool:
     return task in SIGMOID_TASKS
+
+
+def model_logits(output: Any) -> torch.Tensor:
+    """The (N, K) logits of a model's output: a ``ModelOutput`` / dict with ``logits``, a tuple, or a tensor (timm)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = output.get("logits") if isinstance(output, dict) else None
+    if logits is None and isinstance(output, tuple):
+        logits = next(
+            (t for t in output if isinstance(t, torch.Tensor) and t.ndim == 2 and t.is_floating_point()), None
+        )
+    if logits is None:
+        raise ValueError("The model's output holds no (N, K) logits (a `logits` entry, or a rank-2 floating tensor).")
+    return logits

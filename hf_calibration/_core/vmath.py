@@ -40,6 +40,26 @@ ONE_F32, HALF_F32 = F32(1.0), F32(0.5)
 TAYLOR_F32 = (F32(1 / 5040), F32(1 / 720), F32(1 / 120), F32(1 / 24), F32(1 / 6))
 
 
+@numba.njit(cache=True, inline="always")
+def exp_taylor(q, r):  # pragma: no cover - compiled
+    """The Taylor polynomial of ``exp(r)`` by Horner's rule from ``q``, its value at the ``r**13`` step (``1/13!``, or
+    ``1/14! r + 1/13!`` for degree 14): ``(((q r + 1/12!) r + ...) r + 1) r + 1``. Inlined, so each caller's own
+    ``fastmath`` decides whether the steps contract to FMAs."""
+    q = q * r + 1.0 / 479001600.0
+    q = q * r + 1.0 / 39916800.0
+    q = q * r + 1.0 / 3628800.0
+    q = q * r + 1.0 / 362880.0
+    q = q * r + 1.0 / 40320.0
+    q = q * r + 1.0 / 5040.0
+    q = q * r + 1.0 / 720.0
+    q = q * r + 1.0 / 120.0
+    q = q * r + 1.0 / 24.0
+    q = q * r + 1.0 / 6.0
+    q = q * r + 0.5
+    q = q * r + 1.0
+    return q * r + 1.0
+
+
 @numba.njit(cache=True, fastmath={"contract"})
 def exp_into(x, out, bits):  # pragma: no cover - compiled
     """``out[:] = exp(x)`` for ``x`` clamped to [-708, 709] (never a subnormal or inf; NaN stays NaN).
@@ -57,20 +77,7 @@ def exp_into(x, out, bits):  # pragma: no cover - compiled
         k = kf - SHIFTER
         r = (xi - k * LN2_HI) - k * LN2_LO
         q = 1.0 / 87178291200.0
-        q = q * r + 1.0 / 6227020800.0
-        q = q * r + 1.0 / 479001600.0
-        q = q * r + 1.0 / 39916800.0
-        q = q * r + 1.0 / 3628800.0
-        q = q * r + 1.0 / 362880.0
-        q = q * r + 1.0 / 40320.0
-        q = q * r + 1.0 / 5040.0
-        q = q * r + 1.0 / 720.0
-        q = q * r + 1.0 / 120.0
-        q = q * r + 1.0 / 24.0
-        q = q * r + 1.0 / 6.0
-        q = q * r + 0.5
-        q = q * r + 1.0
-        out[i] = q * r + 1.0
+        out[i] = exp_taylor(q * r + 1.0 / 6227020800.0, r)
     for i in range(x.shape[0]):
         kb[i] = (kb[i] - SHIFTER_BITS + 1023) << 52  # 2**k
     for i in range(x.shape[0]):

@@ -15,8 +15,8 @@ Bad input (a missing file, missing keys, mismatched shapes, an unwritable output
 method) prints one line on stderr and exits with status 1 (2 for a malformed command line); pass
 ``--traceback`` to see the full Python traceback instead.
 
-A subcommand is a module here with ``add_parser(subparsers, common)``, which sets ``func``; list it
-in ``COMMANDS``.
+A subcommand is a module here with ``HELP`` (its line in ``hf-calibration --help``), ``DESCRIPTION``,
+``add_arguments(parser)`` and ``run(args)``; list it in ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.required = True
     for name in COMMANDS:
-        importlib.import_module(f".{name}", __name__).add_parser(sub, common)
+        command = importlib.import_module(f".{name}", __name__)
+        p = sub.add_parser(name.replace("_", "-"), parents=[common], help=command.HELP, description=command.DESCRIPTION)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run)
     return parser
 
 

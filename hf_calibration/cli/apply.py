@@ -22,16 +22,13 @@ from hf_calibration.cli._common import (
 )
 from hf_calibration.cli._inputs import add_input_options, load_inputs
 
+HELP = "apply a saved calibrator to logits (or a model's over a dataset) and report before / after"
+DESCRIPTION = """Load a calibrator saved by `fit` (or save_pretrained), apply it to logits (or probabilities) and print the metrics
+before and after. Output files must be new unless --overwrite is given, and are never the input files.
+"""
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "apply",
-        parents=[common],
-        help="apply a saved calibrator to logits (or a model's over a dataset) and report before / after",
-        description="Load a calibrator saved by `fit` (or save_pretrained), apply it to logits (or "
-        "probabilities) and print the metrics before and after. Output files must be new "
-        "unless --overwrite is given, and are never the input files.",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrator", required=True, metavar="DIR", help="folder written by `fit` / save_pretrained")
     add_input_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
     add_input_kind_option(p)
@@ -59,7 +56,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the reports as JSON (strict: a non-finite value is null, named under non_finite)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -91,17 +91,15 @@ def fit_auto(args, data, from_logits: bool, progress_bar: bool):
     )
 
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "compare",
-        parents=[common],
-        help="cross-validate every calibrator on a calibration set",
-        description="Split the calibration set into stratified folds, fit each calibrator on the others "
-        "and score it on the held-out fold (accuracy change, ECE, AdaECE, smCE, NLL, Brier, "
-        "fit time; mean ± std over folds). Only the given split is used. Candidates that cannot "
-        "win are stopped early (--no-race runs them all). With --out, writes one reliability "
-        "diagram per method from its held-out (out-of-fold) predictions.",
-    )
+HELP = "cross-validate every calibrator on a calibration set"
+DESCRIPTION = """Split the calibration set into stratified folds, fit each calibrator on the others and score it on the held-out fold
+(accuracy change, ECE, AdaECE, smCE, NLL, Brier, fit time; mean ± std over folds). Only the given split is used.
+Candidates that cannot win are stopped early (--no-race runs them all). With --out, writes one reliability diagram
+per method from its held-out (out-of-fold) predictions.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input_options(p, "which `logits_<split>` is the calibration set (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
     add_selection_options(p)
@@ -115,7 +113,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace diagrams already in --out")
     p.add_argument("--json", action="store_true", help="print the table as JSON (fractions, not percent)")
     add_paired_options(p)
-    p.set_defaults(func=run)
 
 
 def add_paired_options(p: argparse.ArgumentParser) -> None:

@@ -17,16 +17,14 @@ from hf_calibration.cli._common import (
 )
 from hf_calibration.cli._inputs import add_input_options, load_inputs
 
+HELP = "fit conformal prediction sets (THR, APS, RAPS) with a coverage guarantee"
+DESCRIPTION = """Calibrate split-conformal prediction sets on held-out logits (a file, or a model run over a dataset), print their
+coverage and mean set size on that split and, with --test-split, on held-out data; optionally save them (--out) and
+push them beside a model.
+"""
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "conformal",
-        parents=[common],
-        help="fit conformal prediction sets (THR, APS, RAPS) with a coverage guarantee",
-        description="Calibrate split-conformal prediction sets on held-out logits (a file, or a model run "
-        "over a dataset), print their coverage and mean set size on that split and, with "
-        "--test-split, on held-out data; optionally save them (--out) and push them beside a model.",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input_options(p, "which `logits_<split>` to calibrate on (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
     p.add_argument(
@@ -79,7 +77,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
         help="with --push-to-hub: build the exact files that would be uploaded, list them, upload nothing",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(func=run)
 
 
 def _calibrator(spec: str | None):

@@ -6,17 +6,14 @@ import argparse
 
 from hf_calibration.cli._common import add_option, writable_dir
 
+HELP = "train, calibrate, compare and share on scikit-learn's digits (offline)"
+DESCRIPTION = """The whole product on built-in data: fine-tune a tiny ViT with cross-entropy and with FeDLaS (CalibrationTrainer),
+run MaC-Cal, fit temperature scaling and SMART, print one table, write reliability diagrams, save / load / attach
+SMART and run an image-classification pipeline.
+"""
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "demo",
-        parents=[common],
-        help="train, calibrate, compare and share on scikit-learn's digits (offline)",
-        description="The whole product on built-in data: fine-tune a tiny ViT with cross-entropy "
-        "and with FeDLaS (CalibrationTrainer), run MaC-Cal, fit temperature scaling and "
-        "SMART, print one table, write reliability diagrams, save / load / attach SMART "
-        "and run an image-classification pipeline.",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option(
         p,
         "output_dir",
@@ -41,7 +38,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     add_option(p, "num_threads", type=int, default=1, help="torch CPU threads (default 1: fastest for this tiny model)")
     add_option(p, "pipeline_images", type=int, default=4, help="test images sent through the pipeline (default 4)")
     add_option(p, "no_progress", action="store_true", help="hide progress bars")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -8,18 +8,15 @@ import json
 
 from hf_calibration.cli._common import CLIError
 
+HELP = "export a calibrated model to ONNX (calibrator and prediction sets inside)"
+DESCRIPTION = """Write a calibrated model (a folder or Hub id holding calibrator/ and optionally conformal/) as one ONNX graph:
+pixel_values in; calibrated logits, probabilities and the prediction-set mask out. The graph is checked against
+PyTorch with onnxruntime. --endpoint-handler also writes handler.py and requirements.txt into the model's folder for
+a Hugging Face Inference Endpoint.
+"""
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "export",
-        parents=[common],
-        help="export a calibrated model to ONNX (calibrator and prediction sets inside)",
-        description="Write a calibrated model (a folder or Hub id holding calibrator/ and optionally "
-        "conformal/) as one ONNX graph: pixel_values in; calibrated logits, probabilities "
-        "and the prediction-set mask out. The graph is checked against PyTorch with "
-        "onnxruntime. --endpoint-handler also writes handler.py and requirements.txt into "
-        "the model's folder for a Hugging Face Inference Endpoint.",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="M", help="the calibrated model's folder or Hub id")
     p.add_argument("--out", metavar="FILE.onnx", help="the ONNX file to write")
     p.add_argument(
@@ -41,7 +38,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
         help="with --endpoint-handler: the requirements.txt line installing hf-calibration (default: this version)",
     )
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -23,18 +23,15 @@ from hf_calibration.cli._common import (
 from hf_calibration.cli._inputs import add_input_options, card_kwargs, load_inputs
 from hf_calibration.cli.compare import add_selection_options, fit_auto
 
+HELP = "fit a calibrator (any registered one, or auto) on saved logits, or on a model's, and save it"
+DESCRIPTION = """Fit a post-hoc calibrator on held-out logits (or probabilities; a file, or a model run over a dataset), save it with
+save_pretrained (safetensors + config.json + model card), optionally push it to the Hub. --out must be a new or
+empty folder (--overwrite replaces a calibrator saved there; a model's folder is always refused: use its calibrator/
+subfolder).
+"""
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "fit",
-        parents=[common],
-        help="fit a calibrator (any registered one, or auto) on saved logits, or on a model's, and save it",
-        description="Fit a post-hoc calibrator on held-out logits (or probabilities; a file, or a model run "
-        "over a dataset), save it with "
-        "save_pretrained (safetensors + config.json + model card), optionally push it to the Hub. "
-        "--out must be a new or empty folder (--overwrite replaces a calibrator saved there; "
-        "a model's folder is always refused: use its calibrator/ subfolder).",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input_options(p, "which `logits_<split>` to fit on (default: plain `logits`, else `val`)")
     add_input_kind_option(p)
     p.add_argument(
@@ -89,7 +86,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
         help="with --push-to-hub: build the exact folder and card that would be uploaded, list its files, upload nothing",
     )
     p.add_argument("--json", action="store_true", help="print the fit-set reports as JSON")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

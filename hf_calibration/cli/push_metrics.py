@@ -6,19 +6,14 @@ import argparse
 
 from hf_calibration.cli._common import CLIError
 
-NAME = "push-metrics"
+HELP = "publish the metric scripts as evaluate Spaces (<org>/ece, ...)"
+DESCRIPTION = """Create one Space per bundled metric script (ece, adaece, smce, calibration, ...) under --namespace and upload its
+folder (script, metric card, app.py, and a requirements.txt that installs this version of hf-calibration), so that
+evaluate.load('<org>/ece') works online. --dry-run writes the exact folders into --out and uploads nothing.
+"""
 
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        NAME,
-        parents=[common],
-        help="publish the metric scripts as evaluate Spaces (<org>/ece, ...)",
-        description="Create one Space per bundled metric script (ece, adaece, smce, calibration, ...) under "
-        "--namespace and upload its folder (script, metric card, app.py, and a requirements.txt "
-        "that installs this version of hf-calibration), so that evaluate.load('<org>/ece') "
-        "works online. --dry-run writes the exact folders into --out and uploads nothing.",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--namespace", required=True, metavar="ORG", help="Hub user or organisation that will own the Spaces"
     )
@@ -43,7 +38,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="with --dry-run: replace the folders an earlier dry run wrote in --out"
     )
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -16,16 +16,13 @@ from hf_calibration.cli._common import (
 )
 from hf_calibration.cli._inputs import add_input_options, load_inputs
 
+HELP = "print the calibration metrics of saved logits, or of a model on a dataset"
+DESCRIPTION = """Accuracy, ECE, AdaECE, MCE, classwise ECE, O-/U-ECE, smCE, smECE, Brier and NLL of saved logits, or of a model run
+over a dataset (percent, two decimals, as the papers print them).
+"""
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "report",
-        parents=[common],
-        help="print the calibration metrics of saved logits, or of a model on a dataset",
-        description="Accuracy, ECE, AdaECE, MCE, classwise ECE, O-/U-ECE, smCE, smECE, Brier and NLL "
-        "of saved logits, or of a model run over a dataset (percent, two decimals, as the "
-        "papers print them).",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input_options(p, "which `logits_<split>` to read (default: plain `logits`, else `test`)")
     p.add_argument("--calibrator", metavar="DIR", help="apply this calibrator (folder written by `fit`) first")
     add_input_kind_option(p)
@@ -56,7 +53,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
         metavar="B",
         help="resamples of that bootstrap (default 1000; 200 for smCE, smECE and classwise ECE)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -121,11 +121,14 @@ def _same_split(a: str, b: str) -> bool:
     return alias.get(a.lower(), a.lower()) == alias.get(b.lower(), b.lower())
 
 
-def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("shift", parents=[common], help="calibration under corruptions (CIFAR-10-C / ImageNet-C) and on OOD data",
-                       description="Accuracy, ECE, AdaECE, smCE and NLL of a model by corruption x severity, uncalibrated and "
-                                   "with each calibrator fitted on clean data; OOD AUROC / AUPR / FPR95 with --ood-dataset. "
-                                   "Needs --model and --dataset (images to corrupt), not --logits.")  # fmt: skip
+HELP = "calibration under corruptions (CIFAR-10-C / ImageNet-C) and on OOD data"
+DESCRIPTION = """Accuracy, ECE, AdaECE, smCE and NLL of a model by corruption x severity, uncalibrated and with each calibrator
+fitted on clean data; OOD AUROC / AUPR / FPR95 with --ood-dataset. Needs --model and --dataset (images to corrupt),
+not --logits.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input_options(p, "the clean test split, corrupted (default test)")
     add_option(
         p, "val_split", default="val", help="the clean split calibrators are fitted on (default val / validation)"
@@ -158,7 +161,6 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace those files where they exist")
     p.add_argument("--json", action="store_true", help="print the report as JSON (fractions)")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from hf_calibration._core.inputs import model_logits
 from hf_calibration.conformal.draws import input_draws
 
 logger = logging.getLogger(__name__)
@@ -55,19 +56,6 @@ _PIPELINES = (
 )
 # what an input's draw is derived from: the first of these its preprocessed inputs hold (one input, unpadded)
 _DRAW_SOURCES = ("pixel_values", "pixel_values_videos", "input_ids", "input_values", "input_features")
-
-
-def _logits_of(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = output.get("logits") if isinstance(output, dict) else None
-    if logits is None and isinstance(output, tuple):
-        logits = next(
-            (t for t in output if isinstance(t, torch.Tensor) and t.ndim == 2 and t.is_floating_point()), None
-        )
-    if logits is None:
-        raise ValueError("The model's output holds no (N, K) logits to build prediction sets from.")
-    return logits
 
 
 def _scores_agree(predictor: Any, attached: Any) -> bool:
@@ -154,10 +142,10 @@ def attach(predictor, pipe: Any, *, draws: str = "input") -> Any:
         drawn = model_inputs.pop(_DRAWS_KEY, None) if isinstance(model_inputs, Mapping) else None
         captured = []
         if attached_calibrator(model) is not None:  # the model's own logits, before the calibrator inside its forward
-            remove = observe_uncalibrated(model, lambda output: captured.append(_logits_of(output)))
+            remove = observe_uncalibrated(model, lambda output: captured.append(model_logits(output)))
         else:
             remove = model.register_forward_hook(
-                lambda module, args, output: captured.append(_logits_of(output)), prepend=True
+                lambda module, args, output: captured.append(model_logits(output)), prepend=True
             ).remove
         try:
             outputs = forward(model_inputs, **kwargs)

@@ -533,15 +533,20 @@ class ConformalPredictor(
                     f"Expected argument `draws_from` to have one row per row of `logits` ({n}), but got {draws_from.shape[0]}."
                 )
             return input_draws(draws_from, self.seed).to(device) if self.randomized else None
+        generator = self._stream(generator)
+        return self._draws(n, generator, device)
+
+    def _stream(self, generator: torch.Generator | int | None) -> torch.Generator:
+        """The generator of the draws: ``generator`` (an int seeds a new one), else the predictor's own stream."""
         if isinstance(generator, int) and not isinstance(generator, bool):
-            generator = _generator(generator)
-        elif generator is None:
-            generator = self.__dict__["_predict_generator"]
-        elif not isinstance(generator, torch.Generator):
+            return _generator(generator)
+        if generator is None:
+            return self.__dict__["_predict_generator"]
+        if not isinstance(generator, torch.Generator):
             raise TypeError(
                 f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}."
             )
-        return self._draws(n, generator, device)
+        return generator
 
     def draw_uniforms(self, n: int, *, generator: torch.Generator | int | None = None) -> torch.Tensor | None:
         """The (n,) float64 Uniform(0, 1) draws that ``predict_sets`` would use for its next ``n`` rows, taken from the
@@ -549,14 +554,7 @@ class ConformalPredictor(
         exported graph (``hf_calibration.serving.export_onnx``) takes them as its input ``u``."""
         self._check_fitted()
         n = check_int(n, "n", minimum=0)
-        if isinstance(generator, int) and not isinstance(generator, bool):
-            generator = _generator(generator)
-        elif generator is None:
-            generator = self.__dict__["_predict_generator"]
-        elif not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"Expected argument `generator` to be a torch.Generator, an int seed or None, but got {generator!r}."
-            )
+        generator = self._stream(generator)
         return self._draws(n, generator, torch.device("cpu"))
 
     def forward(self, logits: Any, from_logits: bool | None = None):
@@ -631,12 +629,12 @@ def _calibrated(calibrator: Calibrator, z: np.ndarray, is_logits: bool) -> np.nd
         return _kernel_input(calibrator(torch.from_numpy(z), from_logits=is_logits).numpy())
 
 
-def _checked(
-    logits: Any, from_logits: bool | None, num_classes: int | None, fitted: str | None = None
-) -> tuple[np.ndarray, bool]:
-    """Checked CPU (N, K) input for the kernels, and whether it holds logits (``_input_kind``; ``fitted``: the fit's
-    input kind): shape, K, finite values, and for probabilities the rule every entry point applies (values in [0, 1],
-    rows summing to 1 within 1e-2). A binary head's (N,) / (N, 1) logits are read as two softmax logits."""
+def _shaped(
+    logits: Any, from_logits: bool | None, num_classes: int | None, fitted: str | None
+) -> tuple[torch.Tensor, bool | None]:
+    """``logits`` as a floating (N, K) tensor with N >= 1 and the fitted K, and ``from_logits`` for it; a binary
+    predictor reads a one-logit head's (N,) / (N, 1) scores as two softmax logits (``_two_columns``), another K keeps
+    its rank check."""
     if num_classes in (None, 2):
         logits, from_logits, _ = _two_columns(logits, from_logits, fitted)
     z = _as_input(logits)
@@ -650,6 +648,16 @@ def _checked(
         )
     if z.shape[0] == 0:
         raise ValueError("Expected `logits` to hold at least one row, but got N = 0.")
+    return z, from_logits
+
+
+def _checked(
+    logits: Any, from_logits: bool | None, num_classes: int | None, fitted: str | None = None
+) -> tuple[np.ndarray, bool]:
+    """Checked CPU (N, K) input for the kernels, and whether it holds logits (``_input_kind``; ``fitted``: the fit's
+    input kind): shape, K, finite values, and for probabilities the rule every entry point applies (values in [0, 1],
+    rows summing to 1 within 1e-2). A binary head's (N,) / (N, 1) logits are read as two softmax logits."""
+    z, from_logits = _shaped(logits, from_logits, num_classes, fitted)
     zn = _kernel_input((z.float() if z.dtype == torch.bfloat16 else z).detach().numpy())
     is_logits = _input_kind(z, from_logits, fitted)
     _check_rows(zn, is_logits)
@@ -748,19 +756,7 @@ def _probabilities(
     """Checked (N, K) input -> float64 probabilities on its device, through ``calibrator`` if there is one; ``fitted``:
     the input kind of the fit (see ``_input_kind``). A binary head's (N,) / (N, 1) logits are read as two softmax
     logits (``_two_columns``)."""
-    if num_classes in (None, 2):  # a binary predictor reads a one-logit head's scores; another K keeps its rank check
-        logits, from_logits, _ = _two_columns(logits, from_logits, fitted)
-    z = _as_input(logits)
-    if z.ndim != 2:
-        raise ValueError(f"Expected `logits` to have shape (N, K) (rank 2), but got shape {tuple(z.shape)}.")
-    if not z.is_floating_point():
-        raise TypeError(f"Expected `logits` to be a floating array, but got {z.dtype}.")
-    if num_classes is not None and z.shape[1] != num_classes:
-        raise ValueError(
-            f"Expected `logits` to have K = {num_classes} classes (the predictor was fitted on {num_classes}), but got K = {z.shape[1]}."
-        )
-    if z.shape[0] == 0:
-        raise ValueError("Expected `logits` to hold at least one row, but got N = 0.")
+    z, from_logits = _shaped(logits, from_logits, num_classes, fitted)
     if not bool(torch.isfinite(z.sum())):  # one reduction; a NaN, an inf or an overflowing total lands here
         finite = torch.isfinite(z).all(dim=1)
         if not bool(finite.all()):

@@ -73,13 +73,7 @@ def conformity_scores(
         u: (N,) uniform draws in [0, 1] for the randomised APS / RAPS score; None for the non-randomised one.
         k_reg, penalty: RAPS's ``k_reg`` and ``lambda`` (ignored unless ``method == "raps"``).
     """
-    if method == "thr":
-        return torch.rsub(probs, 1.0)
-    if method not in METHODS:
-        raise ValueError(f"Expected argument `method` to be one of {list(METHODS)}, but got {method!r}.")
-    ordered, order = sort_probabilities(probs)
-    ranked = ranked_scores(ordered, u, k_reg=k_reg, penalty=penalty if method == "raps" else 0.0)
-    return torch.empty_like(ranked).scatter_(1, order, ranked)
+    return _scores(probs, method, u, k_reg, penalty, graph=False)
 
 
 def label_ranks(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -136,13 +130,23 @@ def conformity_scores_graph(
 ) -> torch.Tensor:
     """:func:`conformity_scores` for tracers (``torch.export``, ONNX): the same scores (:func:`ranked_scores`, its cap
     at 1 included), the order from :func:`sort_probabilities_graph`."""
+    return _scores(probs, method, u, k_reg, penalty, graph=True)
+
+
+def _scores(
+    probs: torch.Tensor, method: Method, u: torch.Tensor | None, k_reg: int, penalty: float, graph: bool
+) -> torch.Tensor:
+    """:func:`conformity_scores` (``graph``: :func:`conformity_scores_graph`): the scores of the ranked classes put
+    back in class order, by an in-place scatter or, for tracers, an out-of-place one."""
     if method == "thr":
         return torch.rsub(probs, 1.0)
     if method not in METHODS:
         raise ValueError(f"Expected argument `method` to be one of {list(METHODS)}, but got {method!r}.")
-    ordered, order = sort_probabilities_graph(probs)
+    ordered, order = sort_probabilities_graph(probs) if graph else sort_probabilities(probs)
     ranked = ranked_scores(ordered, u, k_reg=k_reg, penalty=penalty if method == "raps" else 0.0)
-    return torch.zeros_like(ranked).scatter(1, order, ranked)
+    if graph:
+        return torch.zeros_like(ranked).scatter(1, order, ranked)
+    return torch.empty_like(ranked).scatter_(1, order, ranked)
 
 
 def sets_from_scores_graph(

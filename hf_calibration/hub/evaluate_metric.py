@@ -1,6 +1,6 @@
 """One ``evaluate`` metric for every metric of the table (:mod:`hf_calibration.metrics.table`).
 
-A bundled script (``metric_scripts/<name>/<name>.py``) is :func:`metric_class` with its name and its card's prose:
+A bundled script (``metric_scripts/<name>/<name>.py``) is :func:`metric_class` with its name; its prose is its card's:
 features, arguments, results and the call are read from the table row, and ``_compute`` calls the row's function
 (``calibration``: :func:`~hf_calibration.metrics.calibration_report`). The script hands the function what the function
 would get from the batches put together: the values exactly (float64 features, no float32 cast) back in the dtype they
@@ -11,6 +11,8 @@ bit and refuses what the function refuses, with the function's message; empty pr
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -18,6 +20,7 @@ import evaluate
 import numpy as np
 
 from hf_calibration._core.checks import to_numpy
+from hf_calibration.hub.metric_scripts import list_metric_scripts, metric_path
 from hf_calibration.metrics import calibration_report
 from hf_calibration.metrics.bootstrap import flat_intervals
 from hf_calibration.metrics.table import HEADS, get_metric, list_metrics
@@ -164,27 +167,42 @@ class _TableMetric(evaluate.Metric):
         return flat_intervals({f"{REPORT}_{key}": v for key, v in value.items()})
 
 
+def _card(name: str) -> dict[str, str]:
+    """The prose of the script of ``name`` from its metric card (``metric_scripts/<name>/README.md``, the one place it is
+    written): the Metric Description section, the Examples block (a doctest) and the Citation's BibTeX."""
+    if name not in list_metric_scripts():  # a metric of the table with no bundled script (yet): no card
+        return dict(description="", examples="", citation="")
+    text = (Path(metric_path(name)) / "README.md").read_text(encoding="utf-8")
+    sections = dict(part.partition("\n")[::2] for part in re.split(r"^## ", text, flags=re.M)[1:])
+    examples = re.search(r"^### Examples\n\n```python\n(.*?)^```", text, re.S | re.M)
+    citation = re.search(r"```bibtex\n(.*?)^```", sections.get("Citation", ""), re.S | re.M)
+    return dict(
+        description=f"{sections['Metric Description'].strip()}\n" if "Metric Description" in sections else "",
+        examples="".join(f"    {line}\n" for line in examples.group(1).splitlines()) if examples else "",
+        citation=citation.group(1) if citation else "",
+    )
+
+
 def metric_class(
     name: str,
     module: str,
     *,
-    description: str = "",
-    citation: str = "",
-    examples: str = "",
     extra_args: str = "",
     reference_urls: list[str] | None = None,
     class_name: str | None = None,
 ) -> type[evaluate.Metric]:
     """The ``evaluate.Metric`` class of table metric ``name`` (or ``"calibration"``: the whole report), defined in the
-    script ``module`` (its ``__name__``, so ``evaluate`` and doctest find it there). ``description``, ``citation``,
-    ``examples`` (a doctest) and ``reference_urls`` are its card; ``extra_args`` documents arguments of its own."""
+    script ``module`` (its ``__name__``, so ``evaluate`` and doctest find it there). Its description, example (a
+    doctest) and citation are read from the metric card beside the script (a metric without one: its function's
+    docstring); ``reference_urls`` complete it and ``extra_args`` documents arguments of its own."""
     spec = _spec(name)
+    prose = _card(name)
     inputs = f"Args:\n{_arguments(name, spec, extra_args)}\n\nReturns:\n{_results(name)}\n"
-    if examples:
-        inputs += f"\nExamples:\n{examples}"
+    if prose["examples"]:
+        inputs += f"\nExamples:\n{prose['examples']}"
     card = dict(
-        description=description or (spec["function"].__doc__ or "").split("\n\n")[0],
-        citation=citation,
+        description=prose["description"] or (spec["function"].__doc__ or "").split("\n\n")[0],
+        citation=prose["citation"],
         inputs=inputs,
         reference_urls=list(reference_urls or []),
     )

@@ -140,21 +140,34 @@ def _describe(features) -> str:
     return ", ".join(f"{name} ({type(feature).__name__})" for name, feature in features.items())
 
 
+def check_column(features, name: str, argument: str, what: str, ok, said=lambda f: f"is {f}") -> str:
+    """``name``, checked to be a column of ``features`` whose feature passes ``ok``; else a ``ValueError`` naming
+    ``argument``, the column (``said``: what its feature is) and ``what`` it should hold."""
+    if name not in features:
+        raise ValueError(
+            f"Expected argument `{argument}` to name a column, but got {name!r}; the columns are {_describe(features)}."
+        )
+    if not ok(features[name]):
+        raise ValueError(
+            f"Expected argument `{argument}` to name a column of {what}, but {name!r} {said(features[name])}; the "
+            f"columns are {_describe(features)}."
+        )
+    return name
+
+
 def find_image_column(features, image_column: str | None = None) -> str:
     """The column holding the images: ``image_column`` if given (checked), else the one ``datasets.Image`` column."""
     import datasets
 
     if image_column is not None:
-        if image_column not in features:
-            raise ValueError(
-                f"Expected argument `image_column` to name a column, but got {image_column!r}; the columns are {_describe(features)}."
-            )
-        if isinstance(features[image_column], (datasets.ClassLabel, datasets.Value)):  # numbers or strings: no pixels
-            raise ValueError(
-                f"Expected argument `image_column` to name a column of images, but {image_column!r} holds "
-                f"{type(features[image_column]).__name__} values; the columns are {_describe(features)}."
-            )
-        return image_column
+        return check_column(  # numbers or strings: no pixels
+            features,
+            image_column,
+            "image_column",
+            "images",
+            lambda f: not isinstance(f, (datasets.ClassLabel, datasets.Value)),
+            lambda f: f"holds {type(f).__name__} values",
+        )
     found = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
     if len(found) == 1:
         return found[0]
@@ -257,16 +270,8 @@ def find_label_column(
 
     if multilabel:
         if label_column is not None:
-            if label_column not in features:
-                raise ValueError(
-                    f"Expected argument `label_column` to name a column, but got {label_column!r}; the columns are {_describe(features)}."
-                )
-            if not _is_multilabel(features[label_column]):
-                raise ValueError(
-                    f"Expected argument `label_column` to name a multi-label column (a list of class indices, or a "
-                    f"multi-hot vector) for a multi-label model, but {label_column!r} is {features[label_column]}."
-                )
-            return label_column
+            what = "multi-label labels (a list of class indices, or a multi-hot vector) for a multi-label model"
+            return check_column(features, label_column, "label_column", what, _is_multilabel)
         found = [name for name, feature in features.items() if _is_multilabel(feature)]
         named = [name for name in LABEL_NAMES if name in found]
         if len(named) == 1 or len(found) == 1:
@@ -279,32 +284,15 @@ def find_label_column(
 
     if binary:  # a one-logit binary head: an integer, float or one-element list column, 0 / 1 checked when read
         if label_column is not None:
-            if label_column not in features:
-                raise ValueError(
-                    f"Expected argument `label_column` to name a column, but got {label_column!r}; the "
-                    f"columns are {_describe(features)}."
-                )
-            if not _is_binary_label(features[label_column]):
-                raise ValueError(
-                    f"Expected argument `label_column` to name a column of 0/1 labels (integers, floats, or "
-                    f"one-element lists of them), but {label_column!r} is {features[label_column]}."
-                )
-            return label_column
+            what = "0/1 labels (integers, floats, or one-element lists of them)"
+            return check_column(features, label_column, "label_column", what, _is_binary_label)
         named = [name for name in LABEL_NAMES if name in features and _is_binary_label(features[name])]
         if len(named) == 1 and not any(isinstance(f, datasets.ClassLabel) for f in features.values()):
             return named[0]
 
     if label_column is not None:
-        if label_column not in features:
-            raise ValueError(
-                f"Expected argument `label_column` to name a column, but got {label_column!r}; the columns are {_describe(features)}."
-            )
-        if not _is_integer(features[label_column]):
-            raise ValueError(
-                f"Expected argument `label_column` to name a column of class indices (ClassLabel or integer), "
-                f"but {label_column!r} is {features[label_column]}."
-            )
-        return label_column
+        what = "class indices (ClassLabel or integer)"
+        return check_column(features, label_column, "label_column", what, _is_integer)
     class_labels = [name for name, feature in features.items() if isinstance(feature, datasets.ClassLabel)]
     if len(class_labels) == 1:
         return class_labels[0]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from hf_calibration._core.tasks import CLASSIFICATION_TASKS, IMAGE_TASK
+from hf_calibration.io.data import _describe, check_column
 
 __all__ = ["Collate", "find_input_columns", "prepare_dataset", "processor_for", "processor_task"]
 
@@ -86,10 +87,6 @@ def processor_for(task: str, processor: Any) -> Any:
     return processor
 
 
-def _describe(features) -> str:
-    return ", ".join(f"{name} ({type(feature).__name__})" for name, feature in features.items())
-
-
 def _is_string(feature) -> bool:
     import datasets
 
@@ -97,18 +94,7 @@ def _is_string(feature) -> bool:
 
 
 def _check_named(features, names: tuple[str, ...], what: str, ok) -> tuple[str, ...]:
-    for name in names:
-        if name not in features:
-            raise ValueError(
-                f"Expected argument `input_column` to name a column, but got {name!r}; the columns are "
-                f"{_describe(features)}."
-            )
-        if not ok(features[name]):
-            raise ValueError(
-                f"Expected argument `input_column` to name a column of {what}, but {name!r} is {features[name]}; the "
-                f"columns are {_describe(features)}."
-            )
-    return names
+    return tuple(check_column(features, name, "input_column", what, ok) for name in names)
 
 
 def find_input_columns(features, task: str, input_column: str | tuple[str, ...] | list[str] | None = None):

@@ -162,8 +162,11 @@ class CalibrationLoss(nn.Module):
         batch = self._format(logits, labels, num_items_in_batch)
         features = self._format_features(features, batch.logits.shape[0])
         self._validate(batch)
-        per_sample = self.per_sample_loss(batch.logits, batch.labels, batch.mask, features)
-        return _reduce(per_sample, batch.mask, batch.denom)
+        return self._batch_loss(batch, features)
+
+    def _batch_loss(self, batch: _Batch, features: torch.Tensor | None) -> torch.Tensor:
+        """The loss of a formatted, checked ``batch``: the per-sample losses reduced over its kept rows."""
+        return _reduce(self.per_sample_loss(batch.logits, batch.labels, batch.mask, features), batch.mask, batch.denom)
 
     def per_sample_loss(
         self, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, features: torch.Tensor | None

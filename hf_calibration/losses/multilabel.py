@@ -84,17 +84,13 @@ class SigmoidLoss(CalibrationLoss):
             self._check_count(host[1], batch.mask)
         return False
 
-    def forward(
-        self,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        features: torch.Tensor | None = None,
-        num_items_in_batch: Any = None,
-    ) -> torch.Tensor:
-        batch = self._format(logits, labels, num_items_in_batch)
-        self._validate(batch)
-        per_element = self.per_element_loss(batch.logits, batch.labels)
-        return torch.where(batch.mask, per_element, 0.0).sum() / batch.denom
+    def _format_features(self, features: Any, n: int) -> None:  # a sigmoid loss reads no features
+        return None
+
+    def _batch_loss(self, batch: _Batch, features: None) -> torch.Tensor:
+        """The loss of a formatted, checked ``batch``: the per-element losses summed over its kept entries, divided by
+        their count (or ``num_items_in_batch``)."""
+        return torch.where(batch.mask, self.per_element_loss(batch.logits, batch.labels), 0.0).sum() / batch.denom
 
     def per_element_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

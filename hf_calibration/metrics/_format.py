@@ -24,13 +24,9 @@ import numpy as np
 
 from hf_calibration._core import rowpass as _rowpass
 from hf_calibration._core.checks import (
-    IGNORE_INDEX,
     PROBABILITY_DETECTION_TOLERANCE,
-    check_classification_shapes,
-    check_labels_in_range,
-    to_numpy,
 )
-from hf_calibration._core.inputs import Inputs, check_from_logits, check_ignore_index, read_inputs, read_multiclass
+from hf_calibration._core.inputs import Inputs, read_inputs, read_multiclass
 from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label
 
 _raise_row_error = raise_row_error  # the name the metrics' passes use
@@ -47,37 +43,9 @@ __all__ = [  # the metrics' input toolkit: the core's input type and top-label p
     "read_metric_inputs",
     "top_label",
     "top_label_bin_sums",
-    "validate",
 ]
 
 _CHUNK_ELEMENTS = 1 << 22  # ~32 MB of float64 per chunk
-
-
-def validate(
-    preds: Any,
-    target: Any,
-    *,
-    from_logits: bool | None = None,
-    ignore_index: int | None = IGNORE_INDEX,
-    preds_name: str = "preds",
-    target_name: str = "target",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Check multi-class shapes, dtypes and labels; drop ignored rows. Returns numpy (preds, target), not upcast."""
-    check_from_logits(from_logits)
-    ignore_index = check_ignore_index(ignore_index)
-    preds = to_numpy(preds, preds_name)
-    target = to_numpy(target, target_name)
-    check_classification_shapes(preds, target, preds_name, target_name)
-    check_labels_in_range(target, preds.shape[1], target_name, ignore_index)
-    if ignore_index is not None:
-        keep = target != ignore_index
-        if not keep.all():
-            preds, target = preds[keep], target[keep]
-            if preds.shape[0] == 0:
-                raise ValueError(
-                    f"Expected at least one label in `{target_name}` that is not ignore_index={ignore_index}."
-                )
-    return preds, target.astype(np.int64, copy=False)
 
 
 AVERAGES = ("macro", "micro", "none")  # how a multi-label head's per-label values are averaged
@@ -107,24 +75,7 @@ def read_metric_inputs(
     return inputs
 
 
-def prepare(
-    preds: Any,
-    target: Any,
-    *,
-    from_logits: bool | None = None,
-    ignore_index: int | None = IGNORE_INDEX,
-    preds_name: str = "preds",
-    target_name: str = "target",
-) -> Inputs:
-    """Multi-class :class:`~hf_calibration._core.inputs.Inputs` (:func:`~hf_calibration._core.inputs.read_multiclass`)."""
-    return read_multiclass(
-        preds,
-        target,
-        from_logits=from_logits,
-        ignore_index=ignore_index,
-        preds_name=preds_name,
-        target_name=target_name,
-    )
+prepare = read_multiclass  # the metrics' name for the multi-class reader (checked, ignored rows dropped)
 
 
 def _chunks(n: int, k: int):

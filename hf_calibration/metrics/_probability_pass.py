@@ -24,6 +24,7 @@ import numpy as np
 
 from hf_calibration._core.bins import in_lowest_bin, uniform_bin, uniform_edges
 from hf_calibration._core.numpy_twin import NumpyTwin
+from hf_calibration._core.vmath import exp_taylor
 from hf_calibration.metrics._format import Inputs, check_rows
 from hf_calibration.metrics.bootstrap import Bootstrap
 
@@ -69,20 +70,7 @@ def _exp_shifted(d, e, t):  # pragma: no cover - compiled
     for j in range(n):
         k = t[j] - _ROUND
         r = (max(d[j], _EXP_FLOOR) - k * _LN2_HI) - k * _LN2_LO
-        q = 1.0 / 6227020800.0
-        q = q * r + 1.0 / 479001600.0
-        q = q * r + 1.0 / 39916800.0
-        q = q * r + 1.0 / 3628800.0
-        q = q * r + 1.0 / 362880.0
-        q = q * r + 1.0 / 40320.0
-        q = q * r + 1.0 / 5040.0
-        q = q * r + 1.0 / 720.0
-        q = q * r + 1.0 / 120.0
-        q = q * r + 1.0 / 24.0
-        q = q * r + 1.0 / 6.0
-        q = q * r + 0.5
-        q = q * r + 1.0
-        e[j] = q * r + 1.0
+        e[j] = exp_taylor(1.0 / 6227020800.0, r)
         bits[j] = (bits[j] - _ROUND_BITS + 1023) << 52  # 2^k
     for j in range(n):
         e[j] = e[j] * t[j] if d[j] > _EXP_FLOOR else 0.0

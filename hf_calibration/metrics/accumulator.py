@@ -68,6 +68,7 @@ from hf_calibration.metrics.bootstrap import (
     flat_intervals,
 )
 from hf_calibration.metrics.ece import _classwise_ece_compute
+from hf_calibration.metrics.multilabel_accumulator import kind_as_before
 from hf_calibration.metrics.report import CalibrationReport, _report, top_label_intervals
 from hf_calibration.metrics.scores import _row_scores
 from hf_calibration.metrics.table import get_metric, list_metrics
@@ -520,20 +521,10 @@ class CalibrationAccumulator:
         # the kind is read once: an explicit from_logits, else what the first batch was (a row alone reads as in a batch)
         recorded = self.from_logits is None and self.from_logits_ is not None
         kind = self.from_logits if self.from_logits is not None else self.from_logits_
-        try:
+        with kind_as_before(recorded, "every row in [0, 1] summing to 1"):
             rows, from_logits = compute_rows(
                 preds, target, kind, self.ignore_index, self.n_bins, self._with_probabilities, self._with_scores
             )
-        except ValueError as err:
-            if not (recorded and "(from_logits=False)" in str(err)):
-                raise
-            detail = str(err).split(", but ", 1)[-1].rstrip(".")
-            raise ValueError(
-                f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other scores "
-                f"({detail}): the first batch was read as probabilities (every row in [0, 1] summing to 1), and "
-                "the accumulator reads every batch the same way. Pass `from_logits=True` or `False` to the "
-                "accumulator if that is wrong."
-            ) from None
         self._settle(preds.shape[1], from_logits, "`preds`")
         self._add(rows)
         return self

@@ -12,6 +12,7 @@ every (probability, label) pair, kept as the multi-class accumulator keeps its p
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,23 @@ from hf_calibration.metrics.multilabel import (
 from hf_calibration.metrics.table import list_metrics
 
 SUM_METRICS = ("accuracy", "ece", "mce", "rmsce", "o_ece", "u_ece", "brier", "nll")  # from the sums; the rest: pairs
+
+
+@contextlib.contextmanager
+def kind_as_before(recorded: bool, rule: str):
+    """A later batch that is not probabilities while the first ``recorded`` batch was (read by ``rule``): the
+    accumulator's error, saying so, in place of the reader's."""
+    try:
+        yield
+    except ValueError as err:
+        if not (recorded and "(from_logits=False)" in str(err)):
+            raise
+        detail = str(err).split(", but ", 1)[-1].rstrip(".")
+        raise ValueError(
+            f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other scores "
+            f"({detail}): the first batch was read as probabilities ({rule}), and the accumulator reads every batch "
+            "the same way. Pass `from_logits=True` or `False` to the accumulator if that is wrong."
+        ) from None
 
 
 class SigmoidState:
@@ -50,7 +68,7 @@ class SigmoidState:
     # ------------------------------------------------------------------ batches
     def update(self, preds: Any, target: Any, from_logits: bool | None, ignore_index: int | None) -> None:
         recorded = from_logits is None and self.from_logits is not None  # the kind the first batch was read as
-        try:
+        with kind_as_before(recorded, "every value in [0, 1]"):
             inputs = prepare_sigmoid(
                 preds,
                 target,
@@ -58,16 +76,6 @@ class SigmoidState:
                 from_logits=from_logits if from_logits is not None else self.from_logits,
                 ignore_index=ignore_index,
             )
-        except ValueError as err:
-            if not (recorded and "(from_logits=False)" in str(err)):
-                raise
-            detail = str(err).split(", but ", 1)[-1].rstrip(".")
-            raise ValueError(
-                f"Expected `preds` to hold probabilities like the earlier batches, but it holds logits or other "
-                f"scores ({detail}): the first batch was read as probabilities (every value in [0, 1]), and the "
-                "accumulator reads every batch the same way. Pass `from_logits=True` or `False` to the accumulator "
-                "if that is wrong."
-            ) from None
         if self.num_labels is not None and inputs.num_labels != self.num_labels:
             raise ValueError(
                 f"Expected `preds` to have L = {self.num_labels} labels as before, but got {inputs.num_labels}."

@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from scipy.special import ndtri
@@ -377,6 +377,46 @@ def _panel_axes(ax: Axes | Sequence[Axes] | None, rows: int, cols: int, counts: 
     return axes[0].figure, axes, [a.inset_axes(_COUNT_INSET) if counts else None for a in axes]
 
 
+class _Style(NamedTuple):
+    """How :func:`reliability_diagram` draws every panel (its checked arguments)."""
+
+    n_bins: int
+    boot: Any  # a Bootstrap, or None: no intervals
+    min_count: int
+    count_scale: str
+    counts: bool
+
+
+def _draw_panel(ax: Axes, cax: Axes | None, p: np.ndarray, y: np.ndarray, title: str, style: _Style) -> set[str]:
+    """One panel of (confidence or probability, correct or label) pairs: its table, its ECE text, its drawing."""
+    n_bins, boot = style.n_bins, style.boot
+    table = _reliability_table_compute(p, y, n_bins, None if boot is None else boot.level)
+    ece_text = _ece_text(p, y, n_bins, boot) if table.n else ""
+    return _draw_reliability(
+        ax, table, title, cax, ece_text=ece_text, min_count=style.min_count, count_scale=style.count_scale
+    )
+
+
+def _finish_panels(fig, axes, ax, used: set[str], suptitle, rows: int, cols: int, style: _Style) -> Figure:
+    """The figure's title over several panels and its legend (below a figure of its own, in the first panel of a
+    caller's ``ax``)."""
+    if suptitle:
+        fig.suptitle(_wrap(suptitle, 0.95 * fig.get_figwidth(), 12))
+    level = None if style.boot is None else style.boot.level
+    handles = _legend_handles(used, level, style.min_count, style.counts)
+    if ax is None:
+        ncols = 1 if cols == 1 else 2
+        fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
+        # room for the legend rows and for wrapped titles, so that constrained layout never squeezes them out
+        titles = [a.get_title() for a in axes] + ([fig.get_suptitle()] if suptitle else [])
+        extra_lines = max(t.count("\n") for t in titles)
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra_lines + 0.1) * rows)
+    else:
+        axes[0].legend(handles=handles, loc="upper left", fontsize=7)
+    return fig
+
+
 def _ece_text(confidence: np.ndarray, correct: np.ndarray, n_bins: int, boot) -> str:
     value = _ece_compute(confidence, correct, n_bins)
     if boot is None:
@@ -467,6 +507,7 @@ def reliability_diagram(
     boot = check_bootstrap(ci, n_boot, seed)
     if title is not None and not isinstance(title, str):
         raise TypeError(f"Expected argument `title` to be a string or None, but got {type(title).__name__}.")
+    style = _Style(n_bins, boot, min_count, count_scale, counts)
     first = _read(preds, target, task, from_logits, ignore_index)
     if not isinstance(first, Inputs):
         sigmoid = first
@@ -480,19 +521,7 @@ def reliability_diagram(
             states.append(_read(calibrated, target, sigmoid.task, from_logits, ignore_index, "calibrated"))
             if isinstance(names, str) or len(names) != 2 or not all(isinstance(x, str) for x in names):
                 raise ValueError(f"Expected argument `names` to be two strings (before, after), but got {names!r}.")
-        return _sigmoid_diagram(
-            states,
-            labels,
-            label_names,
-            n_bins=n_bins,
-            counts=counts,
-            count_scale=count_scale,
-            min_count=min_count,
-            boot=boot,
-            names=names,
-            ax=ax,
-            title=title,
-        )
+        return _sigmoid_diagram(states, labels, label_names, style, names=names, ax=ax, title=title)
     if labels is not None or label_names is not None:
         raise ValueError(
             "Expected arguments `labels` / `label_names` only for a binary or multi-label head "
@@ -537,32 +566,10 @@ def reliability_diagram(
     for axis, cax, (s, g) in zip(axes, count_axes, panels):
         member = groups[g]
         confidence, correct = tops[s].confidence[member], tops[s].correct[member]
-        table = _reliability_table_compute(confidence, correct, n_bins, None if boot is None else boot.level)
         parts = ([names[s]] if len(states) == 2 else []) + ([labels[g]] if labels[g] else [])
-        ece_text = _ece_text(confidence, correct, n_bins, boot) if table.n else ""
-        used |= _draw_reliability(
-            axis,
-            table,
-            title if single else " · ".join(parts),
-            cax,
-            ece_text=ece_text,
-            min_count=min_count,
-            count_scale=count_scale,
-        )
-    if title and not single:
-        fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
-    handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
-    if ax is None:
-        ncols = 1 if cols == 1 else 2
-        fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
-        # room for the legend rows and for wrapped titles, so that constrained layout never squeezes them out
-        titles = [a.get_title() for a in axes] + ([fig.get_suptitle()] if title and not single else [])
-        extra_lines = max(t.count("\n") for t in titles)
-        width, height = fig.get_size_inches()
-        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra_lines + 0.1) * rows)
-    else:
-        axes[0].legend(handles=handles, loc="upper left", fontsize=7)
-    return fig
+        panel_title = title if single else " · ".join(parts)
+        used |= _draw_panel(axis, cax, confidence, correct, panel_title, style)
+    return _finish_panels(fig, axes, ax, used, title if not single else None, rows, cols, style)
 
 
 def _sigmoid_panels(labels: Any, num_labels: int, task: str) -> list[int | str]:
@@ -580,9 +587,7 @@ def _sigmoid_panels(labels: Any, num_labels: int, task: str) -> list[int | str]:
     return panels
 
 
-def _sigmoid_diagram(
-    states, labels, label_names, *, n_bins, counts, count_scale, min_count, boot, names, ax, title
-) -> Figure:
+def _sigmoid_diagram(states, labels, label_names, style: _Style, *, names, ax, title) -> Figure:
     """The reliability diagram of a sigmoid head: one panel per label of ``labels`` (or pooled), one row per state."""
     first = states[0]
     panels = _sigmoid_panels(labels, first.num_labels, first.task)
@@ -599,35 +604,15 @@ def _sigmoid_diagram(
         return f"label {label}" + (f" ({label_names[label]})" if label_names is not None else "")
 
     rows, cols = len(states), len(panels)
-    fig, axes, count_axes = _panel_axes(ax, rows, cols, counts)
+    fig, axes, count_axes = _panel_axes(ax, rows, cols, style.counts)
     single = rows == 1 and cols == 1
     used: set[str] = set()
     for i, (axis, cax) in enumerate(zip(axes, count_axes)):
         state, label = states[i // cols], panels[i % cols]
         p, y = _sigmoid_pairs(state, label)
-        table = _reliability_table_compute(p, y, n_bins, None if boot is None else boot.level)
         parts = ([names[i // cols]] if rows == 2 else []) + ([panel_name(label)] if panel_name(label) else [])
-        ece_text = _ece_text(p, y, n_bins, boot) if table.n else ""
-        used |= _draw_reliability(
-            axis,
-            table,
-            title if single else " · ".join(parts),
-            cax,
-            ece_text=ece_text,
-            min_count=min_count,
-            count_scale=count_scale,
-        )
+        panel_title = title if single else " · ".join(parts)
+        used |= _draw_panel(axis, cax, p, y, panel_title, style)
         axis.set_ylabel("observed frequency")
         (cax if cax is not None else axis).set_xlabel("predicted probability")
-    if title and not single:
-        fig.suptitle(_wrap(title, 0.95 * fig.get_figwidth(), 12))
-    handles = _legend_handles(used, None if boot is None else boot.level, min_count, counts)
-    if ax is None:
-        ncols = 1 if cols == 1 else 2
-        fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
-        width, height = fig.get_size_inches()
-        extra = max(a.get_title().count("\n") for a in axes)
-        fig.set_size_inches(width, height + 0.2 * -(-len(handles) // ncols) + (0.25 * extra + 0.1) * rows)
-    else:
-        axes[0].legend(handles=handles, loc="upper left", fontsize=7)
-    return fig
+    return _finish_panels(fig, axes, ax, used, title if not single else None, rows, cols, style)

@@ -329,6 +329,22 @@ def calibration_report(
     return _report(n, values, n_bins, inputs.from_logits)
 
 
+def markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table: ``header``, the rule (first column left-aligned, the others right-aligned) and
+    the ``body`` rows, each column padded to its widest cell."""
+    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return (
+            "| "
+            + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            + " |"
+        )
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
+    return [line(header), rule] + [line(row) for row in body]
+
+
 def format_reports(
     reports: Mapping[str, CalibrationReport], columns: Sequence[str] | None = None, *, average: str = "macro"
 ) -> str:
@@ -372,16 +388,6 @@ def format_reports(
         [str(name)] + [_format_value(c, value(report, c), notes=notes) for c in columns]
         for name, report in reports.items()
     ]
-    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return (
-            "| "
-            + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-            + " |"
-        )
-
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
     named: dict[str, list[str]] = {}
     for name, report in reports.items():
         for c in columns:
@@ -392,7 +398,7 @@ def format_reports(
                 and f"{name} {_label(c)[0]}" not in named.get(cell.note, [])
             ):
                 named.setdefault(cell.note, []).append(f"{name} {_label(c)[0]}")
-    lines = [line(header), rule] + [line(row) for row in body]
+    lines = markdown_table(header, body)
     if multilabel:
         lines += [
             "",

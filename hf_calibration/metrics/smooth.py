@@ -111,54 +111,40 @@ def _smce_sweep(p: np.ndarray, r: np.ndarray, max_moves: int) -> tuple[float, in
         off_l = -shift
         off_r = shift
         if s > 0.0:
-            rem = s
-            while rem > 0.0 and nr > 0:
-                moves += 1
-                pos = r_key[nr - 1] + off_r
-                if pos >= 1.0:  # all of R is inactive on [-1, 1]
-                    nr = 0
-                    break
-                w = r_w[nr - 1]
-                c = w if w <= rem else rem
-                if w <= rem:
-                    nr -= 1
-                else:
-                    r_w[nr - 1] = w - rem
-                l_key[nl] = pos - off_l
-                l_w[nl] = c
-                nl += 1
-                best += c * pos
-                rem -= c
-            if rem > 0.0:
-                l_key[nl] = 1.0 - off_l
-                l_w[nl] = rem
-                nl += 1
-                best += rem
+            nr, nl, best, moves = _smce_move(s, 1.0, r_key, r_w, nr, off_r, l_key, l_w, nl, off_l, best, moves)
         elif s < 0.0:
-            rem = -s
-            while rem > 0.0 and nl > 0:
-                moves += 1
-                pos = l_key[nl - 1] + off_l
-                if pos <= -1.0:  # all of L is inactive on [-1, 1]
-                    nl = 0
-                    break
-                w = l_w[nl - 1]
-                c = w if w <= rem else rem
-                if w <= rem:
-                    nl -= 1
-                else:
-                    l_w[nl - 1] = w - rem
-                r_key[nr] = pos - off_r
-                r_w[nr] = c
-                nr += 1
-                best -= c * pos
-                rem -= c
-            if rem > 0.0:
-                r_key[nr] = -1.0 - off_r
-                r_w[nr] = rem
-                nr += 1
-                best += rem
+            nl, nr, best, moves = _smce_move(-s, -1.0, l_key, l_w, nl, off_l, r_key, r_w, nr, off_r, best, moves)
     return best, moves
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _smce_move(rem, sign, src_key, src_w, ns, off_s, dst_key, dst_w, nd, off_d, best, moves):  # pragma: no cover
+    """One group of :func:`_smce_sweep`: weight ``rem`` moves from the top of the source stack to the other one,
+    ``sign = 1`` from R to L (``s > 0``), ``-1`` from L to R; what is left becomes a new point at ``sign``. Returns the
+    stacks' new heights, M and the move count. (``sign * x`` is exact, so both directions compute as written apart.)"""
+    while rem > 0.0 and ns > 0:
+        moves += 1
+        pos = src_key[ns - 1] + off_s
+        if sign * pos >= 1.0:  # all of the source is inactive on [-1, 1]
+            ns = 0
+            break
+        w = src_w[ns - 1]
+        c = w if w <= rem else rem
+        if w <= rem:
+            ns -= 1
+        else:
+            src_w[ns - 1] = w - rem
+        dst_key[nd] = pos - off_d
+        dst_w[nd] = c
+        nd += 1
+        best += sign * c * pos
+        rem -= c
+    if rem > 0.0:
+        dst_key[nd] = sign - off_d
+        dst_w[nd] = rem
+        nd += 1
+        best += rem
+    return ns, nd, best, moves
 
 
 # Balanced-tree fallback.  The stacks above move points one at a time; a block of many light

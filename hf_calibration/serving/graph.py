@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hf_calibration._core.inputs import model_logits
 from hf_calibration.calibrators import Calibrator
 from hf_calibration.calibrators.attach import uncalibrated_forward
 from hf_calibration.conformal.scores import conformity_scores_graph, sets_from_scores_graph
@@ -75,20 +76,6 @@ def _sigmoid_model(model: nn.Module, kind: str) -> bool:
     from hf_calibration._core.tasks import task_of_model
 
     return kind == "multi_label_classification" or (kind == "binary" and task_of_model(model) != "multiclass")
-
-
-def model_logits(output: Any) -> torch.Tensor:
-    """The (N, K) logits of a model's output: a ``ModelOutput`` / dict with ``logits``, a tuple, or a tensor (timm)."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = output.get("logits") if isinstance(output, dict) else None
-    if logits is None and isinstance(output, tuple):
-        logits = next(
-            (t for t in output if isinstance(t, torch.Tensor) and t.ndim == 2 and t.is_floating_point()), None
-        )
-    if logits is None:
-        raise ValueError("The model's output holds no (N, K) logits.")
-    return logits
 
 
 def _set_kind(model: nn.Module, task: str, predictor: Any) -> str:

@@ -340,8 +340,7 @@ def fit_eval_calibration(
     """
     from hf_calibration._core.inputs import logits_and_labels as _labels_of
     from hf_calibration._core.inputs import read_multiclass
-    from hf_calibration.calibrators import compare_calibrators, held_out_checked
-    from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator, sigmoid_task_of
+    from hf_calibration.calibrators.selection import sigmoid_task_of
 
     logits, labels = _labels_of(logits, labels)
     sigmoid = sigmoid_task_of(logits, labels, task)
@@ -349,79 +348,24 @@ def fit_eval_calibration(
         calibrator if sigmoid is None or calibrator != DEFAULT_CALIBRATOR else True, sigmoid or "multiclass"
     )
     if sigmoid is not None:
-        return _fit_eval_sigmoid(
-            np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid, who
-        )
+        return _fit_eval(np.asarray(logits, dtype=np.float64), np.asarray(labels), template, cv, seed, sigmoid, who)
     inputs = read_multiclass(
         logits, labels, from_logits=True, preds_name="logits", target_name="labels"
     )  # drops -100 rows
-    z, y = np.asarray(inputs.preds, dtype=np.float64), np.asarray(inputs.target)
-    before = _measure(z, y)
-    template, declined = _auto_pick(template, z, y, None)
-    if template is None:
-        return _left_uncalibrated(z, y, before, declined, cv, seed, "multiclass", who)
-    try:
-        table = compare_calibrators(
-            z,
-            y,
-            {template.kind: dict(template._hub_mixin_config or {})},
-            cv=cv,
-            seed=seed,
-            metric="ece",
-            race=False,
-            fit_seeds=1,
-            n_bins=N_BINS,
-            from_logits=True,
-            keep_predictions=True,
-            progress_bar=False,
-        )
-        crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
-        chosen, reason = table.decide("ece")
-    except ValueError as err:  # fewer samples than folds
-        crossfit, errors = None, str(err)
-        chosen, reason = UNCALIBRATED, f"it could not be cross-fitted ({err})"
-    after = None
-    if crossfit is not None and np.isfinite(crossfit).all():
-        after = _measure(crossfit, y)
-    else:
-        logger.warning(
-            "%s: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
-            "the uncalibrated numbers only.",
-            who,
-            template.kind,
-            len(y),
-            errors,
-        )
-    if chosen == UNCALIBRATED:
-        reason = f"{template.kind} did not qualify: {reason}"
-        fitted = identity_calibrator(z, y, True, reason, who=who)
-    else:
-        with held_out_checked():  # the cross-fitting above is its held-out check
-            fitted = template.fit(z, y, from_logits=True, progress_bar=False)
-    result = EvalCalibration(
-        fitted, before, after, num_samples=int(len(y)), cv=cv, seed=seed, candidate=template.kind, reason=reason
+    return _fit_eval(
+        np.asarray(inputs.preds, dtype=np.float64), np.asarray(inputs.target), template, cv, seed, "multiclass", who
     )
-    logger.info(
-        "%s: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s",
-        who,
-        template.kind,
-        len(y),
-        _cell("ece", before["ece"]),
-        _cell("ece", None if after is None else after["ece"]),
-        "" if reason is None else "; not kept, the model stays uncalibrated",
-    )
-    return result
 
 
-def _fit_eval_sigmoid(
-    z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str, who: str
-) -> EvalCalibration:
-    """``fit_eval_calibration`` for a binary or multi-label head, kept by the same rule."""
+def _fit_eval(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str, who: str) -> EvalCalibration:
+    """``fit_eval_calibration`` on checked ``(z, y)`` of a ``task`` head: cross-fit ``template``, keep it by its rule."""
     from hf_calibration.calibrators import compare_calibrators, held_out_checked
     from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator
 
-    before = _measure(z, y, task)
-    template, declined = _auto_pick(template, z, y, task)
+    sigmoid = None if task == "multiclass" else task
+    extra = {} if sigmoid is None else {"task": task}
+    before = _measure(z, y, sigmoid)
+    template, declined = _auto_pick(template, z, y, sigmoid)
     if template is None:
         return _left_uncalibrated(z, y, before, declined, cv, seed, task, who)
     try:
@@ -438,20 +382,20 @@ def _fit_eval_sigmoid(
             from_logits=True,
             keep_predictions=True,
             progress_bar=False,
-            task=task,
+            **extra,
         )
         crossfit, errors = table.predictions[template.kind], "; ".join(table[template.kind].errors)
         chosen, reason = table.decide("ece")
-    except ValueError as err:
+    except ValueError as err:  # fewer samples than folds
         crossfit, errors = None, str(err)
         chosen, reason = UNCALIBRATED, f"it could not be cross-fitted ({err})"
     after = None
-    if crossfit is not None and np.isfinite(crossfit).all():
-        after = _measure(crossfit.reshape(z.shape) if crossfit.size == z.size else crossfit, y, task)
+    if crossfit is not None and np.isfinite(crossfit).all():  # a sigmoid head's may come back flat
+        after = _measure(crossfit.reshape(z.shape) if crossfit.size == z.size else crossfit, y, sigmoid)
     else:
         logger.warning(
-            "%s: %s could not be cross-fitted on the %d eval samples (%s); the card reports the "
-            "uncalibrated numbers only.",
+            "%s: %s could not be cross-fitted on the %d eval samples (%s); the card reports "
+            "the uncalibrated numbers only.",
             who,
             template.kind,
             len(y),
@@ -459,11 +403,11 @@ def _fit_eval_sigmoid(
         )
     if chosen == UNCALIBRATED:
         reason = f"{template.kind} did not qualify: {reason}"
-        fitted = identity_calibrator(z, y, True, reason, who=who, task=task)
+        fitted = identity_calibrator(z, y, True, reason, who=who, **extra)
     else:
         with held_out_checked():  # the cross-fitting above is its held-out check
-            fitted = template.fit(z, y, from_logits=True, progress_bar=False, task=task)
-    return EvalCalibration(
+            fitted = template.fit(z, y, from_logits=True, progress_bar=False, **extra)
+    result = EvalCalibration(
         fitted,
         before,
         after,
@@ -474,6 +418,17 @@ def _fit_eval_sigmoid(
         candidate=template.kind,
         reason=reason,
     )
+    if sigmoid is None:
+        logger.info(
+            "%s: %s fitted on %d eval samples; ECE %s -> %s (cross-fitted)%s",
+            who,
+            template.kind,
+            len(y),
+            _cell("ece", before["ece"]),
+            _cell("ece", None if after is None else after["ece"]),
+            "" if reason is None else "; not kept, the model stays uncalibrated",
+        )
+    return result
 
 
 def _auto_pick(template: Any, z: np.ndarray, y: np.ndarray, task: str | None) -> tuple[Any, str | None]:
