@@ -14,7 +14,7 @@ with the uniform distribution (``eps``, the fit set's N, kept for prediction; "L
 ``ts-mix``) bounds the features below by ``log(eps / K)``: no log-probability of 1e-300 drives the fit. The reference is
 ``probmetrics`` 1.3 (the authors' package, ``get_calibrator("sms")`` / ``("svs")``), read for its defaults: the same
 preprocessing (its temperature by bisection, ours by LBFGS on the same NLL), the same penalties. Where we depart: the
-fit, preconditioned full-batch LBFGS (``_fitting/affine.py``), the matrix products in float32 down to a relative change of
+fit, preconditioned full-batch LBFGS (``_machinery/fitting/affine.py``), the matrix products in float32 down to a relative change of
 ``FLOAT32_TOL`` (the softmax, the NLL and the sums in float64; the reference fits in float32 throughout), then float64
 throughout if a smaller ``tol`` is asked for.
 """
@@ -34,18 +34,18 @@ from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration._core.vmath import exp_into, log_into, max_of, sum_of
-from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
-from hf_calibration.calibrators._fitting.affine import (
+from hf_calibration.calibrators._machinery.base import k_squared_memory, k_squared_reason
+from hf_calibration.calibrators._machinery.fitting.affine import (
     AffineNLL,
     BlockDiagonalNLL,
     fit_affine,
     identity_parameters,
     map_diagonal,
 )
-from hf_calibration.calibrators._fitting.lbfgs import QuadraticPenalty
-from hf_calibration.calibrators._fitting.partition import chunk_rows
-from hf_calibration.calibrators._fitting.rows import MappedRows, as_rows
-from hf_calibration.calibrators._per_class import PerClassCalibrator
+from hf_calibration.calibrators._machinery.fitting.lbfgs import QuadraticPenalty
+from hf_calibration.calibrators._machinery.fitting.partition import chunk_rows
+from hf_calibration.calibrators._machinery.fitting.rows import MappedRows, as_rows
+from hf_calibration.calibrators._machinery.per_class import PerClassCalibrator
 
 FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being able to tell steps apart
 FIT_MARGIN_BYTES = 64 << 20  # SVS keeps its features up to the input's size less this (or 1/64 of it, if smaller)

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from hf_calibration._core.checks import check_choice, check_int
-from hf_calibration.calibrators._forward import graph as _graph
-from hf_calibration.calibrators._piecewise import PiecewiseMaps
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators._toplabel import TopLabelCalibrator
+from hf_calibration.calibrators._machinery.forward import graph as _graph
+from hf_calibration.calibrators._machinery.piecewise import PiecewiseMaps
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.toplabel import TopLabelCalibrator
 
 BINNINGS = ("equal_mass", "equal_width")
 
@@ -63,7 +63,7 @@ class HistogramBinning(
 ):
     """Top-label histogram binning: the top confidence becomes its bin's fit-set accuracy.
 
-    Keeps the argmax (top-label adaptor, ``_toplabel.py``). Deterministic. Needs at least ``min_samples = 10``
+    Keeps the argmax (top-label adaptor, ``_machinery/toplabel.py``). Deterministic. Needs at least ``min_samples = 10``
     labelled samples; a map with fewer fit samples than bins gets one bin per sample. A predicted class too rare
     for a bin of its own uses the pooled binning of all predictions (module docstring). ``fit_info_`` records the
     bin count of every map: ``bins_per_class`` (0: the class uses the pooled map), ``pooled_bins``,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
 from hf_calibration.calibrators._structured import StructuredScaling
 
 

@@ -27,11 +27,16 @@ from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
 from hf_calibration._core.threads import torch_single_threaded
-from hf_calibration.calibrators._fitting.affine import BlockDiagonalNLL, fit_affine, identity_parameters, map_diagonal
-from hf_calibration.calibrators._fitting.lbfgs import odir_penalty
-from hf_calibration.calibrators._fitting.rows import FitRows, MappedRows, uncentred
-from hf_calibration.calibrators._per_class import PerClassCalibrator
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.fitting.affine import (
+    BlockDiagonalNLL,
+    fit_affine,
+    identity_parameters,
+    map_diagonal,
+)
+from hf_calibration.calibrators._machinery.fitting.lbfgs import odir_penalty
+from hf_calibration.calibrators._machinery.fitting.rows import FitRows, MappedRows, uncentred
+from hf_calibration.calibrators._machinery.per_class import PerClassCalibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
 from hf_calibration.calibrators.temperature import TemperatureScaling
 
 

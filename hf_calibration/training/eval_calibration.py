@@ -341,7 +341,7 @@ def fit_eval_calibration(
     from hf_calibration._core.inputs import logits_and_labels as _labels_of
     from hf_calibration._core.inputs import read_multiclass
     from hf_calibration.calibrators import compare_calibrators, held_out_checked
-    from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator, sigmoid_task_of
+    from hf_calibration.calibrators.selection.auto import UNCALIBRATED, identity_calibrator, sigmoid_task_of
 
     logits, labels = _labels_of(logits, labels)
     sigmoid = sigmoid_task_of(logits, labels, task)
@@ -418,7 +418,7 @@ def _fit_eval_sigmoid(
 ) -> EvalCalibration:
     """``fit_eval_calibration`` for a binary or multi-label head, kept by the same rule."""
     from hf_calibration.calibrators import compare_calibrators, held_out_checked
-    from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator
+    from hf_calibration.calibrators.selection.auto import UNCALIBRATED, identity_calibrator
 
     before = _measure(z, y, task)
     template, declined = _auto_pick(template, z, y, task)
@@ -480,7 +480,7 @@ def _auto_pick(template: Any, z: np.ndarray, y: np.ndarray, task: str | None) ->
     """``(template, None)`` for a calibrator; for an ``AutoCalibrator``, an unfitted calibrator of the method it picks on
     ``(z, y)`` (then cross-fitted and kept by the same rule as a named one), or ``(None, why)`` when it picks none."""
     from hf_calibration.calibrators import AutoCalibrator, create_calibrator
-    from hf_calibration.calibrators.selection import UNCALIBRATED
+    from hf_calibration.calibrators.selection.auto import UNCALIBRATED
 
     if not isinstance(template, AutoCalibrator):
         return template, None
@@ -496,7 +496,7 @@ def _left_uncalibrated(
     z: np.ndarray, y: np.ndarray, before: dict, reason: str, cv: int, seed: int, task: str, who: str
 ) -> EvalCalibration:
     """The model left as it is (the identity saved, an ``UncalibratedWarning`` saying ``reason``)."""
-    from hf_calibration.calibrators.selection import identity_calibrator
+    from hf_calibration.calibrators.selection.auto import identity_calibrator
 
     extra = {} if task == "multiclass" else {"task": task}
     fitted = identity_calibrator(z, y, True, reason, who=who, **extra)

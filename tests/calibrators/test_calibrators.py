@@ -21,7 +21,7 @@ from hf_calibration.calibrators import (
     list_calibrators,
     register_calibrator,
 )
-from hf_calibration.calibrators._registry import get_calibrator_class
+from hf_calibration.calibrators._machinery.registry import get_calibrator_class
 
 # fewer steps for speed; 20 fit samples per bin so that per-class histogram binning has bins on 600 samples
 # vector scaling unregularised (Guo et al.'s fit): its default shrinkage trades fit-set ECE (0.047 -> 0.054 on these
@@ -576,7 +576,7 @@ def test_identity_on_some_classes_names_them():
     import warnings
 
     from hf_calibration.calibrators import UncalibratedWarning
-    from hf_calibration.calibrators._toplabel import TopLabelCalibrator
+    from hf_calibration.calibrators._machinery.toplabel import TopLabelCalibrator
 
     class OnlyClassZero(TopLabelCalibrator):
         kind = "only_class_zero_test"

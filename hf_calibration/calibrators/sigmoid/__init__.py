@@ -1,6 +1,6 @@
 """Calibrators of sigmoid heads (binary and multi-label): one map per label, logits in, logits out."""
 
-from hf_calibration.calibrators.sigmoid._base import SigmoidCalibrator
+from hf_calibration.calibrators._machinery.sigmoid.base import SigmoidCalibrator
 from hf_calibration.calibrators.sigmoid.beta import BetaCalibration
 from hf_calibration.calibrators.sigmoid.histogram import SigmoidHistogramBinning
 from hf_calibration.calibrators.sigmoid.isotonic import SigmoidIsotonicRegression

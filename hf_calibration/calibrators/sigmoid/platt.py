@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_int
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators.sigmoid._base import SigmoidCalibrator
-from hf_calibration.calibrators.sigmoid._fit import minimise_bce, platt_targets
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.sigmoid.base import SigmoidCalibrator
+from hf_calibration.calibrators._machinery.sigmoid.fit import minimise_bce, platt_targets
 
 
 @register_calibrator
@@ -23,7 +23,7 @@ class PlattScaling(
     """Platt scaling of a binary or multi-label head: ``sigmoid(a_l z_l + b_l)`` per label ``l``.
 
     Each label's ``(a_l, b_l)`` minimises the binary cross-entropy of its kept fit samples (full-batch float64 LBFGS,
-    all labels at once, ``sigmoid/_fit.py``), against Platt's smoothed targets ``(N_+ + 1)/(N_+ + 2)`` and
+    all labels at once, ``_machinery/sigmoid/fit.py``), against Platt's smoothed targets ``(N_+ + 1)/(N_+ + 2)`` and
     ``1/(N_- + 2)`` by default, as Platt (1999) and scikit-learn's ``CalibratedClassifierCV(method="sigmoid")`` do
     (``smooth_targets=False``: the 0/1 labels, plain logistic regression on the logit, netcal's
     ``LogisticCalibration``). Logits in, logits out. A negative ``a_l`` would reverse the label's ranking; it does not

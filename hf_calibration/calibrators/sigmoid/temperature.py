@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_int
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators.sigmoid._base import SigmoidCalibrator
-from hf_calibration.calibrators.sigmoid._fit import minimise_bce
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.sigmoid.base import SigmoidCalibrator
+from hf_calibration.calibrators._machinery.sigmoid.fit import minimise_bce
 
 # a sigmoid head's logits are each label's log-odds, with no softmax normalisation to absorb a scale: under-confident
 # heads (label-smoothed training) want T well below the softmax bounds' 0.05, logits of 1e4 want T above 100
