@@ -310,7 +310,7 @@ def test_smart_margin_buffers_are_the_fit_statistics(data):
 
 
 def test_early_stopping_restores_the_best_not_the_last(data):
-    from hf_calibration.calibrators import charbonnier_soft_ece
+    from hf_calibration.calibrators.objectives import charbonnier_soft_ece
 
     z, y = data
     # too large a step: the objective oscillates, so the last weights are not the best ones

@@ -7,10 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_calibration.calibrators import brier, charbonnier_soft_ece, nll, soft_ece
 from hf_calibration.calibrators._machinery.fitting.partition import LogPartitionTable
 from hf_calibration.calibrators._machinery.fitting.smart_step import OBJECTIVE_CODES, smart_loss_grad, workspace
-from hf_calibration.calibrators.objectives import get_objective, scaled_stats
+from hf_calibration.calibrators.objectives import (
+    brier,
+    charbonnier_soft_ece,
+    get_objective,
+    nll,
+    scaled_stats,
+    soft_ece,
+)
 
 pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
 

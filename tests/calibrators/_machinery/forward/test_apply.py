@@ -8,8 +8,9 @@ import pytest
 import torch
 from _calibrator_data import overconfident
 
-from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, logit_margin
+from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling
 from hf_calibration.calibrators._machinery.forward import apply as _apply
+from hf_calibration.calibrators.smart import logit_margin
 
 pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
 
