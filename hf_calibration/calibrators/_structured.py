@@ -90,7 +90,7 @@ _TWIN = NumpyTwin(_features_block, serial_twin(_features_block), compile_seconds
 
 class StructuredScaling(PerClassCalibrator):
     """Temperature scaling, then ``softmax(W x + b)`` of the scaled log-probabilities ``x``, with ``W`` shrunk towards
-    the identity. Subclasses set ``diagonal`` (SVS: ``W = diag(w)``) and implement ``_allocate``."""
+    the identity. Subclasses set ``diagonal`` (SVS: ``W = diag(w)``); both start from the identity map."""
 
     diagonal = False
     shift_invariant = True  # log softmax(z / T) ignores a per-row constant
@@ -117,6 +117,12 @@ class StructuredScaling(PerClassCalibrator):
         self.tol = check_float(tol, "tol", minimum=0)
         self.log_temperature = nn.Parameter(torch.zeros((), dtype=torch.float64))
         self.register_buffer("smoothing", torch.zeros((), dtype=torch.float64))  # eps = 1 / (N + 1) of the fit set
+
+    def _allocate(self, k: int) -> None:
+        self.weight = nn.Parameter(
+            torch.ones(k, dtype=torch.float64) if self.diagonal else torch.eye(k, dtype=torch.float64)
+        )
+        self.bias = nn.Parameter(torch.zeros(k, dtype=torch.float64))
 
     # ------------------------------------------------------------------ the map
     @staticmethod

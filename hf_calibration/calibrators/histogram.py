@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_calibration._core.checks import check_choice, check_int
+from hf_calibration._core.checks import check_bool, check_choice, check_int
 from hf_calibration.calibrators._machinery.forward import graph as _graph
 from hf_calibration.calibrators._machinery.piecewise import PiecewiseMaps
 from hf_calibration.calibrators._machinery.registry import register_calibrator
@@ -106,9 +106,7 @@ class HistogramBinning(
         self.n_bins = None if n_bins is None else check_int(n_bins, "n_bins", minimum=1)
         self.points_per_bin = check_int(points_per_bin, "points_per_bin", minimum=1)
         self.binning = check_choice(binning, "binning", BINNINGS)
-        if not isinstance(per_class, bool):
-            raise TypeError(f"Expected argument `per_class` to be a bool, but got {per_class!r}.")
-        self.per_class = per_class
+        self.per_class = check_bool(per_class, "per_class")
         self.maps = PiecewiseMaps()
 
     @property

@@ -23,6 +23,7 @@ from hf_calibration._core import checkpoints as hub
 from hf_calibration._core import tensors as _inputs
 from hf_calibration._core.checks import (
     IGNORE_INDEX,
+    check_bool,
     check_classification_shapes,
     check_labels_in_range,
     resolve_from_logits,
@@ -405,8 +406,7 @@ class Calibrator(
             **objective_options: ``n_bins``, ``sigma``, ``delta`` for the soft-binned objectives.
         """
         objective, kw = self._resolve_objective(objective, objective_options)
-        if not isinstance(progress_bar, bool):
-            raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
+        check_bool(progress_bar, "progress_bar")
         logits, labels = _labels_of(logits, labels)
         shape = getattr(logits, "shape", None)
         if shape is not None and len(shape) == 2:

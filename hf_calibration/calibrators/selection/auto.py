@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from hf_calibration._core import progress as _progress
-from hf_calibration._core.checks import check_choice, check_float, check_int
+from hf_calibration._core.checks import check_bool, check_choice, check_float, check_int
 from hf_calibration._core.inputs import read_multiclass, read_task
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators._machinery.base import NotFittedError, UncalibratedWarning, _labels_of
@@ -267,8 +267,7 @@ def compare_calibrators(
     fit_seeds = check_int(fit_seeds, "fit_seeds", minimum=1)
     n_bins = check_int(n_bins, "n_bins", minimum=1)
     for name, flag in (("race", race), ("keep_predictions", keep_predictions), ("progress_bar", progress_bar)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"Expected argument `{name}` to be a bool, but got {flag!r}.")
+        check_bool(flag, name)
     if sigmoid is None:
         head = _SoftmaxHead(logits, labels, from_logits, n_bins)
     else:
@@ -404,9 +403,7 @@ class AutoCalibrator:
         self.fit_seeds = check_int(fit_seeds, "fit_seeds", minimum=1)
         self.max_accuracy_drop = check_float(max_accuracy_drop, "max_accuracy_drop", minimum=0.0, maximum=1.0)
         self.n_bins = check_int(n_bins, "n_bins", minimum=1)
-        if not isinstance(race, bool):
-            raise TypeError(f"Expected argument `race` to be a bool, but got {race!r}.")
-        self.race = race
+        self.race = check_bool(race, "race")
         self.tie_break = None if tie_break is None else check_choice(tie_break, "tie_break", SELECTION_METRICS)
         self.calibrator_ = None
         self.method_: str | None = None

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hf_calibration._core.checks import check_int
+from hf_calibration._core.checks import check_bool, check_int
 from hf_calibration.calibrators._machinery.registry import register_calibrator
 from hf_calibration.calibrators._machinery.sigmoid.base import SigmoidCalibrator
 from hf_calibration.calibrators._machinery.sigmoid.fit import minimise_bce, platt_targets
@@ -55,9 +55,7 @@ class PlattScaling(
     def __init__(
         self, num_labels: int | None = None, task: str | None = None, smooth_targets: bool = True, max_iter: int = 200
     ):
-        if not isinstance(smooth_targets, bool):
-            raise TypeError(f"Expected argument `smooth_targets` to be a bool, but got {smooth_targets!r}.")
-        self.smooth_targets = smooth_targets
+        self.smooth_targets = check_bool(smooth_targets, "smooth_targets")
         self.max_iter = check_int(max_iter, "max_iter", minimum=1)
         super().__init__(num_labels, task)
 

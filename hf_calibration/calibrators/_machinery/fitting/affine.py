@@ -81,13 +81,7 @@ def _diagonal_nll_grad(z, labels, w, b, with_grad):  # pragma: no cover - compil
                 grad[y] -= np.float64(row[y])
                 grad[k + y] -= 1.0
         part_loss[c] = loss
-    loss = 0.0
-    out = np.zeros(2 * k)
-    for c in range(n_chunks):
-        loss += part_loss[c]
-        for j in range(2 * k):
-            out[j] += part_grad[c, j]
-    return loss / n, out / n
+    return part_loss.sum() / n, _sum_chunks(part_grad) / n
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
@@ -113,12 +107,7 @@ def _diagonal_curvature(z, w, b):  # pragma: no cover - compiled
                 acc[0, j] += v * f * f
                 acc[1, j] += v * f
                 acc[2, j] += v
-    out = np.zeros((3, k))
-    for c in range(n_chunks):
-        for r in range(3):
-            for j in range(k):
-                out[r, j] += part[c, r, j]
-    return out
+    return _sum_chunks(part.reshape(n_chunks, 3 * k)).reshape(3, k)
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})

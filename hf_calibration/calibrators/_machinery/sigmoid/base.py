@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from hf_calibration._core import tensors as _inputs
-from hf_calibration._core.checks import check_choice
+from hf_calibration._core.checks import check_bool, check_choice
 from hf_calibration._core.inputs import binary_labels, scores_kind
 from hf_calibration._core.tasks import SIGMOID_TASKS, check_shapes_for_task
 from hf_calibration._core.tensors import logit
@@ -257,8 +257,7 @@ class SigmoidCalibrator(Calibrator):
         if objective_options:
             raise TypeError(f"Unexpected keyword argument(s) for fit: {sorted(objective_options)}.")
         objective = self._check_objective(objective)
-        if not isinstance(progress_bar, bool):
-            raise TypeError(f"Expected argument `progress_bar` to be a bool, but got {progress_bar!r}.")
+        check_bool(progress_bar, "progress_bar")
         z, y, mask, task, layout, is_logits = self._sigmoid_fit_inputs(logits, labels, from_logits, task)
         return self._fit_sigmoid(z, y, mask, task, layout, is_logits, objective, progress_bar)
 
