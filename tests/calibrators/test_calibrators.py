@@ -342,6 +342,24 @@ def test_smart_bad_arguments(kwargs, match):
         SMARTCalibrator(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kind, argument",
+    [("histogram_binning", "per_class"), ("platt", "smooth_targets"), ("sigmoid_temperature_scaling", "per_label")],
+)
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_flags_refuse_what_is_not_a_bool(kind, argument, value):
+    """A truthy 1 or "yes" is not taken for True: the flag names itself in a TypeError."""
+    with pytest.raises(TypeError, match=f"Expected argument `{argument}` to be a bool, but got {value!r}"):
+        create_calibrator(kind, **{argument: value})
+
+
+def test_auto_calibrator_race_refuses_what_is_not_a_bool():
+    from hf_calibration.calibrators import AutoCalibrator
+
+    with pytest.raises(TypeError, match="Expected argument `race` to be a bool, but got 1"):
+        AutoCalibrator(race=1)
+
+
 def test_fit_argument_types(data):
     z, y = data
     with pytest.raises(TypeError, match="progress_bar"):
