@@ -193,11 +193,11 @@ class StructuredScaling(PerClassCalibrator):
         """The diagonal form (SVS) in blocks of rows: temperature scaling by its block fit, then the features of each
         block (computed once and kept when the rows are in memory, else at every pass) and vector scaling's block
         objective on them."""
-        from hf_calibration.calibrators.temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import nll_temperature
 
         n, k = rows.shape
         self._resize(k)
-        temperature = TemperatureScaling()._fit_rows(rows, labels, "nll", {}, False)["temperature"]
+        temperature = nll_temperature(rows, labels)
         smoothing = 1.0 / (n + 1)
         # the features, kept in memory up to the input's size less a margin for the fit's own working memory (partial
         # sums, LBFGS's state, the report's arrays: 5 MB at 50,000 x 21,843, over the input plus one buffer); the last
@@ -242,12 +242,12 @@ class StructuredScaling(PerClassCalibrator):
     def _fit_matrix(
         self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool
     ) -> dict[str, Any]:
-        from hf_calibration.calibrators.temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import nll_temperature
 
         n, k = logits.shape
         self._resize(k)
         # the preprocessing: temperature scaling by NLL on the same set
-        temperature = TemperatureScaling()._fit(logits, labels, "nll", {}, False)["temperature"]
+        temperature = nll_temperature(logits, labels)
         smoothing = 1.0 / (n + 1)
         with torch.no_grad():
             features = self._features(torch.from_numpy(logits).double(), temperature, smoothing)

@@ -597,14 +597,12 @@ class _Search:
         """Temperature scaling on the same folds: each fold's T (the first candidate's start, ``W = I / T``) and the mean
         held-out NLL (the baseline a K^2 + K fit must beat)."""
         from hf_calibration.calibrators._machinery.fitting.partition import scaled_nll
-        from hf_calibration.calibrators.temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import nll_temperature
 
         temperatures, score = [], 0.0
         for (train, val), fold in zip(self.splits, self.folds):
             # (its fit alone: a fold may hold fewer samples than a user-facing fit's minimum)
-            t = TemperatureScaling()._fit(
-                np.ascontiguousarray(self.logits[train]), self.labels[train], "nll", {}, False
-            )["temperature"]
+            t = nll_temperature(np.ascontiguousarray(self.logits[train]), self.labels[train])
             temperatures.append(t)
             score += (
                 scaled_nll(np.ascontiguousarray(self.logits[val]), np.ascontiguousarray(self.labels[val]), 1 / t)[0]

@@ -230,3 +230,11 @@ class TemperatureScaling(
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
         return {"steps": passes, "best_objective": final}
+
+
+def nll_temperature(rows, labels: np.ndarray) -> float:
+    """Temperature scaling's T fitted by NLL on prepared fit inputs (an array, or rows read in blocks), the fit alone
+    (no fit-set report, no minimum size): the first stage of vector, matrix and structured scaling."""
+    ts = TemperatureScaling()
+    fit = ts._fit_rows if hasattr(rows, "blocks") else ts._fit
+    return fit(rows, labels, "nll", {}, False)["temperature"]
