@@ -43,7 +43,7 @@ OUT = ROOT / "benchmarks" / "results" / "calibrator_selection.md"
 sys.path.insert(0, str(ROOT))
 
 from hf_calibration.calibrators import AutoCalibrator  # noqa: E402
-from hf_calibration.calibrators.selection import DEFAULT_METHODS  # noqa: E402
+from hf_calibration.calibrators.selection.auto import DEFAULT_METHODS  # noqa: E402
 from hf_calibration.metrics import ece, nll  # noqa: E402
 
 logging.getLogger().setLevel(logging.ERROR)
@@ -138,7 +138,7 @@ def _test_scores(auto, zt, yt) -> tuple[float, float]:
 
 def rule_on_full_table(old_table) -> str:
     """Today's rule (``CalibratorComparison.best``) applied to the before-run's table of every method (5 folds each)."""
-    from hf_calibration.calibrators.selection import CalibratorComparison, MethodScores
+    from hf_calibration.calibrators.selection.auto import CalibratorComparison, MethodScores
 
     scores = {}
     for name in old_table.methods:

@@ -37,7 +37,7 @@ OUT_CURVE = ROOT / "benchmarks" / "results" / "calibrator_data_efficiency.png"
 sys.path.insert(0, str(ROOT))
 
 from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling, create_calibrator, list_calibrators  # noqa: E402
-from hf_calibration.calibrators.selection import is_stochastic  # noqa: E402
+from hf_calibration.calibrators.selection.auto import is_stochastic  # noqa: E402
 from hf_calibration.metrics.adaptive import adaece  # noqa: E402
 from hf_calibration.metrics.ece import ece  # noqa: E402
 

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _data import TensorDictDataset  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from hf_calibration._core.features import find_classifier_head  # noqa: E402
-from hf_calibration.maccal import MaCCalConfig, cache_features, maccal_stage  # noqa: E402
+from hf_calibration.maccal import MaCCalConfig, maccal_stage  # noqa: E402
+from hf_calibration.maccal.stage import cache_features  # noqa: E402
 from hf_calibration.metrics import adaece, ece, mce  # noqa: E402
 
 N_BINS = 15

@@ -236,7 +236,8 @@ def corrupted_test_set(
     """``n`` seeded test images under each benchmark corruption × severity (cached), image i seeded with i."""
     from tqdm import tqdm
 
-    from hf_calibration.shift import BENCHMARK_CORRUPTIONS, corrupt
+    from hf_calibration.shift import corrupt
+    from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS
 
     x, y = load_split(cache, "test")
     idx = np.sort(np.random.default_rng(seed).choice(len(y), n, replace=False))
@@ -454,7 +455,8 @@ N_VALIDATION_SHIFT = 500  # validation images (from the second part) under the 4
 def validation_shift_set(cache: Path, seed: int) -> dict[tuple[str, int], np.ndarray]:
     """``N_VALIDATION_SHIFT`` validation images (after the reference part) under each of the 4 held-out corruptions
     (``EXTRA_CORRUPTIONS``, never in the test cells) at severities 1-5 (cached): where the study's choices are made."""
-    from hf_calibration.shift import EXTRA_CORRUPTIONS, corrupt
+    from hf_calibration.shift import corrupt
+    from hf_calibration.shift.parameters import EXTRA_CORRUPTIONS
 
     path = cache / f"val_c_shuffled_{N_VALIDATION_SHIFT}_{seed}.npz"
     if path.exists():
@@ -607,7 +609,7 @@ def study_one(z: dict[str, np.ndarray], y_val, y_test, y_sub, cells) -> dict:
     """Rows of one model: for each route, each cell's metrics on the scored half of that cell (clean test: the second
     half of the 10,000; each corrupted cell: the second half of its images), and the same on the validation cells
     (the 4 held-out corruptions of validation images), where the self-picking route's choice is made."""
-    from hf_calibration.shift import EXTRA_CORRUPTIONS
+    from hf_calibration.shift.parameters import EXTRA_CORRUPTIONS
 
     fitted = fit_routes(z, y_val)
     levels = sorted(int(k.split("_")[1]) for k in z if k.startswith("perturbed_"))
@@ -646,7 +648,7 @@ def study(
     """Issue-41 study: every (loss, seed) model, resumable (each model's results are kept in ``out_json`` as they come)."""
     import json
 
-    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
+    from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS
 
     results = json.loads(out_json.read_text()) if out_json.exists() else {}
     _, _, y_sub = corrupted_test_set(cache, n_corrupt, corrupt_seed)
@@ -813,7 +815,7 @@ def _per_corruption_means(
     results: dict, loss: str, methods: list[str], metric: str, scale: float, unit: str
 ) -> list[str]:
     """Every method by corruption: ``metric`` averaged over severities 1-5 and the seeds."""
-    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
+    from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS
 
     runs = [r for k, r in results.items() if k.split("|")[0] == loss]
     label = metric.upper() if metric != "nll" else "NLL"
@@ -829,7 +831,7 @@ def _per_corruption_means(
 
 
 def _per_corruption_table(results: dict, loss: str, severity: int, methods: list[str]) -> list[str]:
-    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
+    from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS
 
     runs = [r for k, r in results.items() if k.split("|")[0] == loss]
     lines = [f"ECE (%) per corruption at severity {severity}, mean over seeds:", "",

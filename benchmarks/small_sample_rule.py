@@ -41,7 +41,7 @@ def _nll(z: np.ndarray, y: np.ndarray) -> float:
 
 def run(split: str, rule: str) -> list[dict]:
     from hf_calibration.calibrators import AutoCalibrator
-    from hf_calibration.calibrators._fitting import comparison
+    from hf_calibration.calibrators.selection import comparison
 
     if rule == "before":
         comparison.MIN_NONPARAMETRIC_SAMPLES = 100

@@ -235,7 +235,7 @@ def predict(trainer, data: dict[str, TensorDictDataset]) -> dict[str, np.ndarray
 def save_features(trainer, tensors: dict, path: Path) -> None:
     """The stage-1 head's input on every split and the head itself (for exploring MaC-Cal's stage 2 offline)."""
     from hf_calibration._core.features import find_classifier_head
-    from hf_calibration.maccal import cache_features
+    from hf_calibration.maccal.stage import cache_features
 
     linear = find_classifier_head(trainer.model)[2]
     out = {"weight": linear.weight.detach().clone(), "bias": linear.bias.detach().clone()}

@@ -322,7 +322,7 @@ def test_a_smart_that_fails_its_held_out_check_is_stated_not_warned_and_not_ship
     """At the demo's defaults on some CPUs SMART's check fails for one model (0.6822 -> 0.7377 here): make every check
     fail, as the library reports it (a warning and the record), and see what the demo does with it."""
     from hf_calibration.calibrators import HeldOutWorseWarning, load_calibrator
-    from hf_calibration.calibrators._fitting import held_out
+    from hf_calibration.calibrators._machinery.fitting import held_out
 
     real = held_out.run
 

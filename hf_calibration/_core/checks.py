@@ -43,6 +43,12 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
     raise TypeError(f"Expected `{name}` to be a torch.Tensor, numpy array or list, but got {type(x).__name__}.")
 
 
+def check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"Expected argument `{name}` to be a bool, but got {value!r}.")
+    return value
+
+
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"Expected argument `{name}` to be an integer, but got {value!r}.")

@@ -14,7 +14,7 @@ with the uniform distribution (``eps``, the fit set's N, kept for prediction; "L
 ``ts-mix``) bounds the features below by ``log(eps / K)``: no log-probability of 1e-300 drives the fit. The reference is
 ``probmetrics`` 1.3 (the authors' package, ``get_calibrator("sms")`` / ``("svs")``), read for its defaults: the same
 preprocessing (its temperature by bisection, ours by LBFGS on the same NLL), the same penalties. Where we depart: the
-fit, preconditioned full-batch LBFGS (``_fitting/affine.py``), the matrix products in float32 down to a relative change of
+fit, preconditioned full-batch LBFGS (``_machinery/fitting/affine.py``), the matrix products in float32 down to a relative change of
 ``FLOAT32_TOL`` (the softmax, the NLL and the sums in float64; the reference fits in float32 throughout), then float64
 throughout if a smaller ``tol`` is asked for.
 """
@@ -34,18 +34,18 @@ from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration._core.parallel import parallel_kernel, run_pass, serial_twin
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration._core.vmath import exp_into, log_into, max_of, sum_of
-from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason
-from hf_calibration.calibrators._fitting.affine import (
+from hf_calibration.calibrators._machinery.base import k_squared_memory, k_squared_reason
+from hf_calibration.calibrators._machinery.fitting.affine import (
     AffineNLL,
     BlockDiagonalNLL,
     fit_affine,
     identity_parameters,
     map_diagonal,
 )
-from hf_calibration.calibrators._fitting.lbfgs import QuadraticPenalty
-from hf_calibration.calibrators._fitting.partition import chunk_rows
-from hf_calibration.calibrators._fitting.rows import MappedRows, as_rows
-from hf_calibration.calibrators._per_class import PerClassCalibrator
+from hf_calibration.calibrators._machinery.fitting.lbfgs import QuadraticPenalty
+from hf_calibration.calibrators._machinery.fitting.partition import chunk_rows
+from hf_calibration.calibrators._machinery.fitting.rows import MappedRows, as_rows
+from hf_calibration.calibrators._machinery.per_class import PerClassCalibrator
 
 FLOAT32_TOL = 1e-7  # below this relative change, float32 products stop being able to tell steps apart
 FIT_MARGIN_BYTES = 64 << 20  # SVS keeps its features up to the input's size less this (or 1/64 of it, if smaller)
@@ -90,7 +90,7 @@ _TWIN = NumpyTwin(_features_block, serial_twin(_features_block), compile_seconds
 
 class StructuredScaling(PerClassCalibrator):
     """Temperature scaling, then ``softmax(W x + b)`` of the scaled log-probabilities ``x``, with ``W`` shrunk towards
-    the identity. Subclasses set ``diagonal`` (SVS: ``W = diag(w)``) and implement ``_allocate``."""
+    the identity. Subclasses set ``diagonal`` (SVS: ``W = diag(w)``); both start from the identity map."""
 
     diagonal = False
     shift_invariant = True  # log softmax(z / T) ignores a per-row constant
@@ -117,6 +117,12 @@ class StructuredScaling(PerClassCalibrator):
         self.tol = check_float(tol, "tol", minimum=0)
         self.log_temperature = nn.Parameter(torch.zeros((), dtype=torch.float64))
         self.register_buffer("smoothing", torch.zeros((), dtype=torch.float64))  # eps = 1 / (N + 1) of the fit set
+
+    def _allocate(self, k: int) -> None:
+        self.weight = nn.Parameter(
+            torch.ones(k, dtype=torch.float64) if self.diagonal else torch.eye(k, dtype=torch.float64)
+        )
+        self.bias = nn.Parameter(torch.zeros(k, dtype=torch.float64))
 
     # ------------------------------------------------------------------ the map
     @staticmethod
@@ -187,11 +193,11 @@ class StructuredScaling(PerClassCalibrator):
         """The diagonal form (SVS) in blocks of rows: temperature scaling by its block fit, then the features of each
         block (computed once and kept when the rows are in memory, else at every pass) and vector scaling's block
         objective on them."""
-        from hf_calibration.calibrators.temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import nll_temperature
 
         n, k = rows.shape
         self._resize(k)
-        temperature = TemperatureScaling()._fit_rows(rows, labels, "nll", {}, False)["temperature"]
+        temperature = nll_temperature(rows, labels)
         smoothing = 1.0 / (n + 1)
         # the features, kept in memory up to the input's size less a margin for the fit's own working memory (partial
         # sums, LBFGS's state, the report's arrays: 5 MB at 50,000 x 21,843, over the input plus one buffer); the last
@@ -236,12 +242,12 @@ class StructuredScaling(PerClassCalibrator):
     def _fit_matrix(
         self, logits: np.ndarray, labels: np.ndarray, objective: str, kw: dict, progress_bar: bool
     ) -> dict[str, Any]:
-        from hf_calibration.calibrators.temperature import TemperatureScaling
+        from hf_calibration.calibrators.temperature import nll_temperature
 
         n, k = logits.shape
         self._resize(k)
         # the preprocessing: temperature scaling by NLL on the same set
-        temperature = TemperatureScaling()._fit(logits, labels, "nll", {}, False)["temperature"]
+        temperature = nll_temperature(logits, labels)
         smoothing = 1.0 / (n + 1)
         with torch.no_grad():
             features = self._features(torch.from_numpy(logits).double(), temperature, smoothing)

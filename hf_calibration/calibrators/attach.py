@@ -35,11 +35,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_calibration.calibrators._forward import graph as _graph
-
 _ATTR = "_hf_calibration_attachment"  # on the model: its _Attachment
 
 logger = logging.getLogger(__name__)
+
+
+def tracing() -> bool:
+    """Whether a tracer is running: ``torch.compile`` / ``torch.export`` (dynamo or not), the ONNX exporter, TorchScript."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and (compiler.is_compiling() or getattr(compiler, "is_exporting", lambda: False)()):
+        return True
+    return bool(torch.onnx.is_in_onnx_export() or torch.jit.is_tracing() or torch.jit.is_scripting())
 
 
 @dataclass
@@ -65,7 +71,7 @@ def _calibrated_forward(inner: Callable) -> Callable:
         for observe in entry.observers:
             observe(output)
         calibrator = entry.calibrator
-        if _graph.tracing():  # compile / export: the branch-free map, traced into the model's graph
+        if tracing():  # compile / export: the branch-free map, traced into the model's graph
             return _replace_logits(output, calibrator.graph_forward)
         return _replace_logits(
             output, lambda logits: calibrator(logits, from_logits=True)

@@ -11,7 +11,7 @@ classes without a calibration sample keep the initial temperature. A sweep that 
 search (the next would repeat it). ECE improvements below 1e-12 are rounding noise and not taken.
 
 Different temperatures per class reorder a row's logits, so the predicted class can change
-(``preserves_argmax = False``). The search is exact and fast: ``_fitting/cts_search.py`` updates each row's summary in
+(``preserves_argmax = False``). The search is exact and fast: ``_machinery/fitting/cts_search.py`` updates each row's summary in
 O(1) per candidate instead of recomputing a softmax.
 """
 
@@ -27,9 +27,9 @@ from torch import nn
 from hf_calibration._core import progress as _progress
 from hf_calibration._core.checks import check_float, check_int
 from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
-from hf_calibration.calibrators._fitting import cts_search as search
-from hf_calibration.calibrators._per_class import PerClassCalibrator
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.fitting import cts_search as search
+from hf_calibration.calibrators._machinery.per_class import PerClassCalibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
 from hf_calibration.metrics.binning import uniform_edges
 
 DEFAULT_GRID = tuple(float(t) for t in np.round(np.linspace(0.5, 5.0, 46), 12))

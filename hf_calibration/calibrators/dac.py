@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_int
-from hf_calibration.calibrators._base import Calibrator
-from hf_calibration.calibrators._fitting.lbfgs import minimize
-from hf_calibration.calibrators._registry import create_calibrator, register_calibrator
+from hf_calibration.calibrators._machinery.base import Calibrator
+from hf_calibration.calibrators._machinery.fitting.lbfgs import minimize
+from hf_calibration.calibrators._machinery.registry import create_calibrator, register_calibrator
 
 __all__ = ["DAC_REFERENCE", "DensityAwareCalibrator", "knn_distance", "logits_and_features"]
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
 from hf_calibration.calibrators.matrix import MatrixScaling
 
 LOG_EPS = math.log(np.finfo(np.float64).eps)  # the authors' clip of the probabilities, in log space

@@ -28,10 +28,10 @@ from torch import nn
 from hf_calibration._core.checks import check_int
 from hf_calibration._core.threads import ThreadCountChooser, torch_single_threaded
 from hf_calibration._core.vmath import exp_into
-from hf_calibration.calibrators._base import Calibrator
-from hf_calibration.calibrators._fitting.lbfgs import minimize
-from hf_calibration.calibrators._fitting.partition import nll_derivatives
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.base import Calibrator
+from hf_calibration.calibrators._machinery.fitting.lbfgs import minimize
+from hf_calibration.calibrators._machinery.fitting.partition import nll_derivatives
+from hf_calibration.calibrators._machinery.registry import register_calibrator
 from hf_calibration.calibrators.temperature import T_MAX, T_MIN
 
 LOG_T_RANGE = (

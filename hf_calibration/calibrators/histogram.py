@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_calibration._core.checks import check_choice, check_int
-from hf_calibration.calibrators._forward import graph as _graph
-from hf_calibration.calibrators._piecewise import PiecewiseMaps
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators._toplabel import TopLabelCalibrator
+from hf_calibration._core.checks import check_bool, check_choice, check_int
+from hf_calibration.calibrators._machinery.forward import graph as _graph
+from hf_calibration.calibrators._machinery.piecewise import PiecewiseMaps
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.toplabel import TopLabelCalibrator
 
 BINNINGS = ("equal_mass", "equal_width")
 
@@ -63,7 +63,7 @@ class HistogramBinning(
 ):
     """Top-label histogram binning: the top confidence becomes its bin's fit-set accuracy.
 
-    Keeps the argmax (top-label adaptor, ``_toplabel.py``). Deterministic. Needs at least ``min_samples = 10``
+    Keeps the argmax (top-label adaptor, ``_machinery/toplabel.py``). Deterministic. Needs at least ``min_samples = 10``
     labelled samples; a map with fewer fit samples than bins gets one bin per sample. A predicted class too rare
     for a bin of its own uses the pooled binning of all predictions (module docstring). ``fit_info_`` records the
     bin count of every map: ``bins_per_class`` (0: the class uses the pooled map), ``pooled_bins``,
@@ -106,9 +106,7 @@ class HistogramBinning(
         self.n_bins = None if n_bins is None else check_int(n_bins, "n_bins", minimum=1)
         self.points_per_bin = check_int(points_per_bin, "points_per_bin", minimum=1)
         self.binning = check_choice(binning, "binning", BINNINGS)
-        if not isinstance(per_class, bool):
-            raise TypeError(f"Expected argument `per_class` to be a bool, but got {per_class!r}.")
-        self.per_class = per_class
+        self.per_class = check_bool(per_class, "per_class")
         self.maps = PiecewiseMaps()
 
     @property

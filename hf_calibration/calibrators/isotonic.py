@@ -4,7 +4,7 @@ probability estimates", KDD): a non-decreasing map of a probability, fitted by p
 Two ways to use it on K classes:
 
 * ``IsotonicRegression`` (top-label): one map of the top-label confidence to the fit set's correctness, the
-  other classes rescaled in proportion (``_toplabel.py``). Keeps the argmax.
+  other classes rescaled in proportion (``_machinery/toplabel.py``). Keeps the argmax.
 * ``OneVsRestIsotonicRegression`` (Zadrozny & Elkan's multiclass reduction): one map per class ``k`` of
   ``p_k`` to ``[y == k]``, then each row normalised to sum 1. May change the argmax (each class has its own
   map), so ``preserves_argmax = False``.
@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from scipy.special import softmax
 
-from hf_calibration.calibrators._forward import graph as _graph
-from hf_calibration.calibrators._piecewise import PiecewiseCalibrator, PiecewiseMaps
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators._toplabel import TopLabelCalibrator
+from hf_calibration.calibrators._machinery.forward import graph as _graph
+from hf_calibration.calibrators._machinery.piecewise import PiecewiseCalibrator, PiecewiseMaps
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.toplabel import TopLabelCalibrator
 
 CITATION = (
     "B. Zadrozny, C. Elkan, *Transforming classifier scores into accurate multiclass probability estimates*, KDD 2002"
@@ -124,7 +124,7 @@ class OneVsRestIsotonicRegression(
         return {"thresholds": int(self.maps.knots.numel())}
 
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
-        # numpy on the CPU, like the top-label maps (_piecewise.py)
+        # numpy on the CPU, like the top-label maps (_machinery/piecewise.py)
         probs = softmax(z.detach().cpu().numpy().astype(np.float64), axis=1)
         calibrated = np.empty_like(probs)
         for k in range(probs.shape[1]):

@@ -8,7 +8,7 @@ same map on the log-probabilities. Fitted by the regularised NLL of Kull et al. 
               + nu / K sum_j (W_jj - mean_j W_jj)^2                                     (ours, see below)
 
 on the logits relative to their row maximum (``Calibrator`` hands non-shift-invariant maps ``z - max_k z_k``), with
-full-batch LBFGS preconditioned by the Gauss-Newton curvature (``_fitting/affine.py``).
+full-batch LBFGS preconditioned by the Gauss-Newton curvature (``_machinery/fitting/affine.py``).
 
 Where this departs from the paper, and why:
 
@@ -22,7 +22,7 @@ Where this departs from the paper, and why:
   removes that direction (test NLL 0.87, temperature scaling 0.88); ``reg_diagonal=0`` is the paper's objective.
 * **One refit, not five.** The paper's tables report the average of the five fold models' probabilities; here the
   chosen (lambda, mu) is refitted on the whole calibration set, so the calibrator is one map.
-* **Stratified folds** (``_fitting.cv.stratified_folds``, the folds every calibrator of the package shares), not plain k-fold.
+* **Stratified folds** (``_machinery.fitting.cv.stratified_folds``, the folds every calibrator of the package shares), not plain k-fold.
 
 
 The choice of lambda and mu follows the authors' experiment code (their ``tune_cal_odir.py``, which adds
@@ -52,7 +52,7 @@ only rank candidates, run them in float32 (the softmax, the NLL and every sum st
 change of ``CV_TOL`` with one preconditioning round, and start warm: the first candidate from temperature scaling's
 fit on the same fold (``W = I / T``), later ones from the same fold's solution at the nearest candidate seen, moved by
 the step the first fold took. One preconditioner serves them all: the per-class Gauss-Newton blocks (K + 1 square,
-``_fitting.affine.affine_curvature``) computed once on the whole set at the first solution, factored once per lambda with
+``_machinery.fitting.affine.affine_curvature``) computed once on the whole set at the first solution, factored once per lambda with
 that lambda's penalty (3-6x fewer LBFGS evaluations than a diagonal scaling at the weakly regularised candidates). The
 final fit on the whole set starts from the mean of the chosen candidate's fold solutions, goes down to ``CV_TOL`` the
 same way, then finishes in float64 throughout to ``tol``, so its minimiser is the float64 objective's.
@@ -71,8 +71,8 @@ from torch import nn
 from hf_calibration._core import progress as _progress
 from hf_calibration._core.checks import check_float, check_int
 from hf_calibration._core.threads import torch_single_threaded
-from hf_calibration.calibrators._base import k_squared_memory, k_squared_reason, logger
-from hf_calibration.calibrators._fitting.affine import (
+from hf_calibration.calibrators._machinery.base import k_squared_memory, k_squared_reason, logger
+from hf_calibration.calibrators._machinery.fitting.affine import (
     AffineCurvature,
     AffineNLL,
     affine_curvature,
@@ -80,10 +80,10 @@ from hf_calibration.calibrators._fitting.affine import (
     fit_affine,
     identity_parameters,
 )
-from hf_calibration.calibrators._fitting.cv import stratified_folds
-from hf_calibration.calibrators._fitting.lbfgs import Preconditioner, QuadraticPenalty, odir_penalty
-from hf_calibration.calibrators._per_class import PerClassCalibrator
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.fitting.cv import stratified_folds
+from hf_calibration.calibrators._machinery.fitting.lbfgs import Preconditioner, QuadraticPenalty, odir_penalty
+from hf_calibration.calibrators._machinery.per_class import PerClassCalibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
 
 # The authors' grid (their experiment code): weights per entry, 10^i for i from -5 (10 classes) or -2 (100 classes) to 6,
 # lambda's also at 0.25 and 0.5 of each decade.
@@ -596,15 +596,13 @@ class _Search:
     def _temperature_scaling(self) -> tuple[list[float], float]:
         """Temperature scaling on the same folds: each fold's T (the first candidate's start, ``W = I / T``) and the mean
         held-out NLL (the baseline a K^2 + K fit must beat)."""
-        from hf_calibration.calibrators._fitting.partition import scaled_nll
-        from hf_calibration.calibrators.temperature import TemperatureScaling
+        from hf_calibration.calibrators._machinery.fitting.partition import scaled_nll
+        from hf_calibration.calibrators.temperature import nll_temperature
 
         temperatures, score = [], 0.0
         for (train, val), fold in zip(self.splits, self.folds):
             # (its fit alone: a fold may hold fewer samples than a user-facing fit's minimum)
-            t = TemperatureScaling()._fit(
-                np.ascontiguousarray(self.logits[train]), self.labels[train], "nll", {}, False
-            )["temperature"]
+            t = nll_temperature(np.ascontiguousarray(self.logits[train]), self.labels[train])
             temperatures.append(t)
             score += (
                 scaled_nll(np.ascontiguousarray(self.logits[val]), np.ascontiguousarray(self.labels[val]), 1 / t)[0]

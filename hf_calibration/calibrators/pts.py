@@ -37,11 +37,11 @@ from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int, check_seed
 from hf_calibration._core.threads import torch_single_threaded
-from hf_calibration.calibrators._fitting.lbfgs import l2_penalty, minimize
-from hf_calibration.calibrators._fitting.partition import LogPartitionTable
-from hf_calibration.calibrators._forward import graph as _graph
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators._scaling import TemperatureCalibrator
+from hf_calibration.calibrators._machinery.fitting.lbfgs import l2_penalty, minimize
+from hf_calibration.calibrators._machinery.fitting.partition import LogPartitionTable
+from hf_calibration.calibrators._machinery.forward import graph as _graph
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.scaling import TemperatureCalibrator
 from hf_calibration.calibrators.objectives import get_objective
 
 T_FLOOR, T_CEIL = 1e-12, 1e12  # the official code's clip of |MLP| before dividing
@@ -58,7 +58,7 @@ class ParameterizedTemperatureScaling(
     Needs at least ``min_samples = 50`` labelled samples. Deterministic given ``seed`` (the hidden layers'
     initialisation; the rest is full-batch). A fit on at most 1,000 samples checks itself on held-out data (5 folds of
     the fit set) and warns (``HeldOutWorseWarning``) when it leaves the held-out NLL worse than the uncalibrated
-    model's (``_fitting/held_out.py``).
+    model's (``_machinery/fitting/held_out.py``).
 
     Args:
         top_k: how many of the largest logits the MLP sees (10).
@@ -86,7 +86,7 @@ class ParameterizedTemperatureScaling(
         "Post-Hoc Uncertainty Calibration*, ECCV 2022"
     )
     min_samples = 50
-    held_out_check = True  # tens of parameters, a non-convex fit: see _fitting/held_out.py
+    held_out_check = True  # tens of parameters, a non-convex fit: see _machinery/fitting/held_out.py
     default_objective = "brier"
     objectives = ("brier", "nll")
 

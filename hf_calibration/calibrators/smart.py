@@ -29,19 +29,19 @@ from torch import nn
 from hf_calibration._core.checks import check_float, check_int, check_seed
 from hf_calibration._core.numpy_twin import NumpyTwin
 from hf_calibration._core.parallel import serial_twin
-from hf_calibration.calibrators._fitting.optim import adam_early_stopping
-from hf_calibration.calibrators._fitting.partition import GRID, LogPartitionTable
-from hf_calibration.calibrators._fitting.rows import MappedRows
-from hf_calibration.calibrators._fitting.smart_step import (
+from hf_calibration.calibrators._machinery.fitting.optim import adam_early_stopping
+from hf_calibration.calibrators._machinery.fitting.partition import GRID, LogPartitionTable
+from hf_calibration.calibrators._machinery.fitting.rows import MappedRows
+from hf_calibration.calibrators._machinery.fitting.smart_step import (
     OBJECTIVE_CODES,
     ThreadCountChooser,
     smart_step,
     workspace,
 )
-from hf_calibration.calibrators._forward import apply as _apply
-from hf_calibration.calibrators._forward import graph as _graph
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators._scaling import TemperatureCalibrator
+from hf_calibration.calibrators._machinery.forward import apply as _apply
+from hf_calibration.calibrators._machinery.forward import graph as _graph
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.scaling import TemperatureCalibrator
 from hf_calibration.calibrators.objectives import get_objective, objective_kwargs
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class SMARTCalibrator(
     Needs at least ``min_samples = 50`` labelled samples (the smallest validation set the paper reports).
     Fitting is deterministic given ``seed`` (the MLP's initialisation; the rest is full-batch). A fit on at most 1,000
     samples checks itself on held-out data (5 folds of the fit set) and warns (``HeldOutWorseWarning``) when it leaves
-    the held-out NLL worse than the uncalibrated model's (``_fitting/held_out.py``).
+    the held-out NLL worse than the uncalibrated model's (``_machinery/fitting/held_out.py``).
     Method: H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*
     (arXiv:2506.23492).
 
@@ -106,7 +106,7 @@ class SMARTCalibrator(
     kind = "smart"
     fits_in_blocks = True
     min_samples = 50
-    held_out_check = True  # tens of parameters, a non-convex fit: see _fitting/held_out.py
+    held_out_check = True  # tens of parameters, a non-convex fit: see _machinery/fitting/held_out.py
     default_objective = "charbonnier_soft_ece"
     paper_citation = (
         "H. Guo, L. Tao, H. Luo, M. Dong, C. Xu, *Sample Margin-Aware Recalibration of Temperature*, arXiv:2506.23492"

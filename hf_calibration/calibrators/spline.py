@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from hf_calibration._core.checks import check_int
-from hf_calibration.calibrators._forward import graph as _graph
-from hf_calibration.calibrators._piecewise import PiecewiseMaps, clip_linear_map
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators._toplabel import TopLabelCalibrator
+from hf_calibration.calibrators._machinery.forward import graph as _graph
+from hf_calibration.calibrators._machinery.piecewise import PiecewiseMaps, clip_linear_map
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.toplabel import TopLabelCalibrator
 
 
 def ks_spline_map(confidence: np.ndarray, correct: np.ndarray, knots: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,10 +4,7 @@ ridge penalties that scale with K and N (``_structured.py``)."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
 from hf_calibration.calibrators._structured import StructuredScaling
 
 
@@ -45,10 +42,6 @@ class StructuredVectorScaling(
     diagonal = True
     fits_in_blocks = True
     paper_citation = "E. Berta, D. Holzmüller, M. I. Jordan, F. Bach, *Structured Matrix Scaling for Multi-Class Calibration*, AISTATS 2026"
-
-    def _allocate(self, k: int) -> None:
-        self.weight = nn.Parameter(torch.ones(k, dtype=torch.float64))
-        self.bias = nn.Parameter(torch.zeros(k, dtype=torch.float64))
 
     def _card_description(self) -> str:
         return (

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
-from hf_calibration.calibrators._fitting.optim import adam_early_stopping
-from hf_calibration.calibrators._fitting.partition import LogPartitionTable, nll_derivatives
-from hf_calibration.calibrators._forward import apply as _apply
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators._scaling import TemperatureCalibrator
+from hf_calibration.calibrators._machinery.fitting.optim import adam_early_stopping
+from hf_calibration.calibrators._machinery.fitting.partition import LogPartitionTable, nll_derivatives
+from hf_calibration.calibrators._machinery.forward import apply as _apply
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.scaling import TemperatureCalibrator
 from hf_calibration.calibrators.objectives import get_objective
 
 T_MIN, T_MAX = 0.05, 100.0  # the fitted temperature is kept in this range (all-correct fit sets drive T to 0)
@@ -202,7 +202,7 @@ class TemperatureScaling(
         return info
 
     def _warn_bound(self, t: float, labels: np.ndarray, rows) -> None:
-        from hf_calibration.calibrators._base import logger
+        from hf_calibration.calibrators._machinery.base import logger
 
         correct = all(
             bool((block.argmax(1) == labels[start : start + block.shape[0]]).all()) for start, block in rows.blocks()
@@ -230,3 +230,11 @@ class TemperatureScaling(
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
         return {"steps": passes, "best_objective": final}
+
+
+def nll_temperature(rows, labels: np.ndarray) -> float:
+    """Temperature scaling's T fitted by NLL on prepared fit inputs (an array, or rows read in blocks), the fit alone
+    (no fit-set report, no minimum size): the first stage of vector, matrix and structured scaling."""
+    ts = TemperatureScaling()
+    fit = ts._fit_rows if hasattr(rows, "blocks") else ts._fit
+    return fit(rows, labels, "nll", {}, False)["temperature"]

@@ -27,12 +27,17 @@ from torch import nn
 
 from hf_calibration._core.checks import check_float, check_int
 from hf_calibration._core.threads import torch_single_threaded
-from hf_calibration.calibrators._fitting.affine import BlockDiagonalNLL, fit_affine, identity_parameters, map_diagonal
-from hf_calibration.calibrators._fitting.lbfgs import odir_penalty
-from hf_calibration.calibrators._fitting.rows import FitRows, MappedRows, uncentred
-from hf_calibration.calibrators._per_class import PerClassCalibrator
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators.temperature import TemperatureScaling
+from hf_calibration.calibrators._machinery.fitting.affine import (
+    BlockDiagonalNLL,
+    fit_affine,
+    identity_parameters,
+    map_diagonal,
+)
+from hf_calibration.calibrators._machinery.fitting.lbfgs import odir_penalty
+from hf_calibration.calibrators._machinery.fitting.rows import FitRows, MappedRows, uncentred
+from hf_calibration.calibrators._machinery.per_class import PerClassCalibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators.temperature import nll_temperature
 
 
 @register_calibrator
@@ -121,7 +126,7 @@ class VectorScaling(PerClassCalibrator, tags=["vector-scaling"], paper_url="http
         reg_lambda = k / 100 if self.reg_lambda is None else self.reg_lambda
         reg_mu = k / 1000 if self.reg_mu is None else self.reg_mu
         penalty = odir_penalty(k, reg_lambda, reg_mu, diagonal=True)
-        temperature = TemperatureScaling()._fit_rows(uncentred(rows), labels, "nll", {}, False)["temperature"]
+        temperature = nll_temperature(uncentred(rows), labels)
         x0 = identity_parameters(k, diagonal=True)
         x0[:k] = 1.0 / temperature
         result = fit_affine(

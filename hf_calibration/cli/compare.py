@@ -22,7 +22,7 @@ from hf_calibration.cli._common import (
 )
 from hf_calibration.cli._inputs import add_input_options, load_inputs
 
-SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")  # as hf_calibration.calibrators.selection
+SELECTION_METRICS = ("ece", "adaece", "smce", "nll", "brier")  # as hf_calibration.calibrators.selection.auto
 
 
 def add_selection_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -158,7 +158,7 @@ def diagram_title(source: str, name: str, table) -> str:
 
 def run(args) -> int:
     from hf_calibration.calibrators import compare_calibrators
-    from hf_calibration.calibrators.selection import UNCALIBRATED, _method_specs
+    from hf_calibration.calibrators.selection.auto import UNCALIBRATED, _method_specs
 
     methods = parse_methods(args.methods)
     check_paired_options(args)

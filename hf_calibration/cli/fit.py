@@ -90,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from hf_calibration.calibrators import create_calibrator
-    from hf_calibration.calibrators.selection import is_stochastic
+    from hf_calibration.calibrators.selection.auto import is_stochastic
     from hf_calibration.metrics import calibration_report, format_reports
 
     auto = args.method.lower() == "auto"

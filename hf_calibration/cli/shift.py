@@ -38,7 +38,8 @@ def _severities(text: str) -> list[int]:
 
 
 def _corruptions(text: str) -> list[str]:
-    from hf_calibration.shift import BENCHMARK_CORRUPTIONS, CORRUPTIONS, EXTRA_CORRUPTIONS
+    from hf_calibration.shift import CORRUPTIONS
+    from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, EXTRA_CORRUPTIONS
 
     named = {"all": CORRUPTIONS, "benchmark": BENCHMARK_CORRUPTIONS, "extra": EXTRA_CORRUPTIONS}
     if text in named:
@@ -165,8 +166,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from hf_calibration.io.logits_cache import default_cache_dir
-    from hf_calibration.shift import BENCHMARK_CORRUPTIONS
     from hf_calibration.shift.model import model_shift_report
+    from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS
 
     if args.logits is not None or args.labels is not None:
         raise CLIError("shift corrupts images: give --model M and --dataset D, not --logits.")

@@ -9,29 +9,17 @@ multi-label sets with a controlled false-negative rate (conformal risk control),
     predictor.push_to_hub("me/vit", path_in_repo="conformal")
 """
 
-from hf_calibration.conformal.metrics import coverage, set_size, set_sizes
-from hf_calibration.conformal.multilabel import MultiLabelConformalPredictor, crc_threshold, false_negative_rate
+from hf_calibration.conformal.metrics import coverage, set_size
+from hf_calibration.conformal.multilabel import MultiLabelConformalPredictor, false_negative_rate
 from hf_calibration.conformal.predictor import ConformalPredictor
-from hf_calibration.conformal.quantile import conformal_quantile, quantile_rank
-from hf_calibration.conformal.scores import METHODS, conformity_scores
-from hf_calibration.conformal.tuning import LAMBDA_GRID, choose_k_reg, choose_penalty
 
 __all__ = [
-    "LAMBDA_GRID",
-    "METHODS",
     "ConformalPredictor",
     "MultiLabelConformalPredictor",
-    "crc_threshold",
     "false_negative_rate",
     "load_conformal_predictor",
-    "choose_k_reg",
-    "choose_penalty",
-    "conformal_quantile",
-    "conformity_scores",
     "coverage",
-    "quantile_rank",
     "set_size",
-    "set_sizes",
 ]
 
 

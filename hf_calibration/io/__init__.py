@@ -7,16 +7,12 @@ from hf_calibration._core.tasks import resolve_task
 from hf_calibration.io.disk_logits import DiskLogits, LogitsWriter, open_logits
 from hf_calibration.io.inference import predict_logits
 from hf_calibration.io.logits_files import Logits, LogitsFileError, load_logits, save_logits
-from hf_calibration.io.model_loading import load_classifier, load_image_classifier, load_image_processor
 
 __all__ = [
     "DiskLogits",
     "Logits",
     "LogitsFileError",
     "LogitsWriter",
-    "load_classifier",
-    "load_image_classifier",
-    "load_image_processor",
     "load_logits",
     "open_logits",
     "predict_logits",

@@ -4,13 +4,7 @@ the asymmetric loss for sigmoid (binary, multi-label) heads. Usable as Trainer's
 from hf_calibration.losses._base import CalibrationLoss
 from hf_calibration.losses._registry import LOSS_MAPPING, get_loss, list_losses
 from hf_calibration.losses.cross_entropy import CrossEntropyLoss
-from hf_calibration.losses.fedlas import (
-    BidirectionalCalibrationGate,
-    FeDLaSLoss,
-    FeDLaSLSLoss,
-    FeDLaSMbLSLoss,
-    straight_through_sign,
-)
+from hf_calibration.losses.fedlas import FeDLaSLoss, FeDLaSLSLoss, FeDLaSMbLSLoss
 from hf_calibration.losses.focal import FLSD53Loss, FocalLoss
 from hf_calibration.losses.label_smoothing import LabelSmoothingLoss
 from hf_calibration.losses.margin import MbLSLoss
@@ -24,7 +18,6 @@ from hf_calibration.losses.multilabel import (
 
 __all__ = [
     "AsymmetricLoss",
-    "BidirectionalCalibrationGate",
     "BinaryCrossEntropyLoss",
     "BinaryLabelSmoothingLoss",
     "CalibrationLoss",
@@ -41,5 +34,4 @@ __all__ = [
     "SigmoidLoss",
     "get_loss",
     "list_losses",
-    "straight_through_sign",
 ]

@@ -9,31 +9,14 @@
 """
 
 from hf_calibration.maccal.config import MaCCalConfig
-from hf_calibration.maccal.head import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
-from hf_calibration.maccal.persistence import (
-    MODEL_TYPE,
-    head_path,
-    install_head,
-    load_maccal_model,
-    maccal_config_class,
-)
-from hf_calibration.maccal.retention import clip_bound, update_retention
-from hf_calibration.maccal.stage import MaCCalResult, cache_features, maccal_stage, train_masked_head
+from hf_calibration.maccal.head import MaskedBottleneckHead
+from hf_calibration.maccal.persistence import load_maccal_model
+from hf_calibration.maccal.stage import MaCCalResult, maccal_stage
 
 __all__ = [
-    "FlatHeadTrainer",
-    "MODEL_TYPE",
     "MaCCalConfig",
     "MaCCalResult",
     "MaskedBottleneckHead",
-    "MaskedSGD",
-    "cache_features",
-    "clip_bound",
-    "head_path",
-    "install_head",
     "load_maccal_model",
-    "maccal_config_class",
     "maccal_stage",
-    "train_masked_head",
-    "update_retention",
 ]

@@ -11,7 +11,7 @@ q_hat, or a multi-label predictor's threshold), so a server needs nothing else t
 Every registered calibrator exports: the linear families, temperature-based ones (TS, SMART, PTS, CTS), ETS, the
 piecewise maps (histogram binning, isotonic regression, splines) as comparisons against their knots, and the sigmoid
 calibrators of binary and multi-label heads (Platt, temperature, beta, isotonic and histogram binning per label; the
-probabilities are then per-label sigmoids), each from ``graph_forward`` (``calibrators/_forward/graph.py``). A calibrator class
+probabilities are then per-label sigmoids), each from ``graph_forward`` (``calibrators/_machinery/forward/graph.py``). A calibrator class
 that cannot says so in ``export_refusal`` and is refused by name before
 anything is traced. The exported graph is checked against the PyTorch module with onnxruntime when it is installed
 (``verify=True``): the largest probability difference must stay below ``1e-5`` and the sets must be equal.

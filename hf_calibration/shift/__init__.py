@@ -8,36 +8,20 @@ deployment data without labels (ATC, Garg et al., ICLR 2022). The corruption fun
 scikit-image and the ``imagecorruptions`` package's frost textures); they are imported on first use.
 """
 
-from hf_calibration.shift.ladder import adapt_on_ladder, label_free_check, ladder_table
-from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, EXTRA_CORRUPTIONS, IMAGENET_C
-from hf_calibration.shift.perturbation import (
-    ShiftTradeoffWarning,
-    fit_for_shift,
-    fit_on_perturbed,
-    perturb,
-    strength_schedule,
-)
+from hf_calibration.shift.ladder import adapt_on_ladder, label_free_check
+from hf_calibration.shift.perturbation import ShiftTradeoffWarning, fit_for_shift, fit_on_perturbed
 from hf_calibration.shift.report import ShiftReport, shift_report
-from hf_calibration.shift.transform import CORRUPTIONS, SEVERITIES, corrupt, corruption_transform, preset_for_size
+from hf_calibration.shift.transform import CORRUPTIONS, corrupt, corruption_transform
 
 __all__ = [
-    "BENCHMARK_CORRUPTIONS",
-    "CIFAR_C",
     "CORRUPTIONS",
-    "EXTRA_CORRUPTIONS",
-    "IMAGENET_C",
-    "SEVERITIES",
     "adapt_on_ladder",
     "label_free_check",
-    "ladder_table",
     "ShiftReport",
     "ShiftTradeoffWarning",
     "corrupt",
     "fit_for_shift",
     "fit_on_perturbed",
-    "perturb",
-    "strength_schedule",
     "corruption_transform",
-    "preset_for_size",
     "shift_report",
 ]

@@ -103,7 +103,7 @@ def adapt_on_ladder(calibrator: Any, unlabeled_logits: Any, table: dict | None =
         table = ((calibrator.fit_info_ or {}).get("shift_fit") or {}).get("ladder")
         if table is None:
             raise ValueError(
-                "Expected argument `table` (hf_calibration.shift.ladder_table): this calibrator was not fitted by "
+                "Expected argument `table` (hf_calibration.shift.ladder.ladder_table): this calibrator was not fitted by "
                 "fit_for_shift, which records its ladder."
             )
 

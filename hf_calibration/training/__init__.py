@@ -4,10 +4,9 @@ ends (``CalibrationTrainer(calibrate_on_eval=...)`` adds one)."""
 
 from hf_calibration.training.callback import CalibrationCallback
 from hf_calibration.training.eval_calibration import EvalCalibration, fit_eval_calibration
-from hf_calibration.training.trainer import LOSS_STATE_NAME, CalibrationLossCallback, CalibrationTrainer
+from hf_calibration.training.trainer import CalibrationLossCallback, CalibrationTrainer
 
 __all__ = [
-    "LOSS_STATE_NAME",
     "CalibrationCallback",
     "CalibrationLossCallback",
     "CalibrationTrainer",

@@ -340,7 +340,7 @@ def fit_eval_calibration(
     """
     from hf_calibration._core.inputs import logits_and_labels as _labels_of
     from hf_calibration._core.inputs import read_multiclass
-    from hf_calibration.calibrators.selection import sigmoid_task_of
+    from hf_calibration.calibrators.selection.auto import sigmoid_task_of
 
     logits, labels = _labels_of(logits, labels)
     sigmoid = sigmoid_task_of(logits, labels, task)
@@ -360,7 +360,7 @@ def fit_eval_calibration(
 def _fit_eval(z: np.ndarray, y: np.ndarray, template: Any, cv: int, seed: int, task: str, who: str) -> EvalCalibration:
     """``fit_eval_calibration`` on checked ``(z, y)`` of a ``task`` head: cross-fit ``template``, keep it by its rule."""
     from hf_calibration.calibrators import compare_calibrators, held_out_checked
-    from hf_calibration.calibrators.selection import UNCALIBRATED, identity_calibrator
+    from hf_calibration.calibrators.selection.auto import UNCALIBRATED, identity_calibrator
 
     sigmoid = None if task == "multiclass" else task
     extra = {} if sigmoid is None else {"task": task}
@@ -435,7 +435,7 @@ def _auto_pick(template: Any, z: np.ndarray, y: np.ndarray, task: str | None) ->
     """``(template, None)`` for a calibrator; for an ``AutoCalibrator``, an unfitted calibrator of the method it picks on
     ``(z, y)`` (then cross-fitted and kept by the same rule as a named one), or ``(None, why)`` when it picks none."""
     from hf_calibration.calibrators import AutoCalibrator, create_calibrator
-    from hf_calibration.calibrators.selection import UNCALIBRATED
+    from hf_calibration.calibrators.selection.auto import UNCALIBRATED
 
     if not isinstance(template, AutoCalibrator):
         return template, None
@@ -451,7 +451,7 @@ def _left_uncalibrated(
     z: np.ndarray, y: np.ndarray, before: dict, reason: str, cv: int, seed: int, task: str, who: str
 ) -> EvalCalibration:
     """The model left as it is (the identity saved, an ``UncalibratedWarning`` saying ``reason``)."""
-    from hf_calibration.calibrators.selection import identity_calibrator
+    from hf_calibration.calibrators.selection.auto import identity_calibrator
 
     extra = {} if task == "multiclass" else {"task": task}
     fitted = identity_calibrator(z, y, True, reason, who=who, **extra)

@@ -131,7 +131,7 @@ def test_the_streaming_classwise_sums(n_bins, path):
 
 def test_cts_bins_its_confidences_by_the_rule():
     """CTS's grid search bins each candidate confidence with the one rule (it once had inline copies)."""
-    from hf_calibration.calibrators._fitting import cts_search
+    from hf_calibration.calibrators._machinery.fitting import cts_search
 
     edges = uniform_edges(10)
     tot = 1.0 / np.clip(_edge_values(10), 1e-3, 1.0)  # a row's sum of exp(z - z_top): its confidence is 1 / tot

@@ -15,8 +15,9 @@ import torch
 
 from hf_calibration._core import finite as _finite
 from hf_calibration._core import row_kinds as _row_kinds
-from hf_calibration.calibrators import _base, create_calibrator
-from hf_calibration.calibrators._fitting import rows as _rows
+from hf_calibration.calibrators import create_calibrator
+from hf_calibration.calibrators._machinery import base as _base
+from hf_calibration.calibrators._machinery.fitting import rows as _rows
 from hf_calibration.metrics import ece
 
 pytestmark = pytest.mark.kernels

@@ -14,8 +14,8 @@ import torch
 
 from hf_calibration._core import finite, parallel, rowpass
 from hf_calibration.calibrators import create_calibrator
-from hf_calibration.calibrators._fitting import smart_step
-from hf_calibration.calibrators._forward import apply
+from hf_calibration.calibrators._machinery.fitting import smart_step
+from hf_calibration.calibrators._machinery.forward import apply
 from hf_calibration.conformal import ConformalPredictor
 from hf_calibration.metrics import ece
 
@@ -87,7 +87,7 @@ def test_the_twin_runs_until_its_passes_have_paid_for_the_parallel_compile(monke
     """One thread: always the twin. More: the twin until its passes (its own compile not counted) reach
     PARALLEL_COMPILE_SECONDS, then the parallel kernel; a pass of PARALLEL_AT_ONCE_ELEMENTS or more, or a parallel
     kernel already compiled, runs the parallel kernel at once."""
-    from hf_calibration.calibrators._fitting.partition import _nll_derivatives_parallel as kernel
+    from hf_calibration.calibrators._machinery.fitting.partition import _nll_derivatives_parallel as kernel
 
     twin = parallel._TWINS[id(kernel)]
     ran = []

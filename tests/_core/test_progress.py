@@ -85,7 +85,7 @@ def test_iterator_bars_follow_the_same_switches(capfd, monkeypatch):
 def _lbfgs_fit():
     import torch
 
-    from hf_calibration.calibrators._fitting.lbfgs import minimize
+    from hf_calibration.calibrators._machinery.fitting.lbfgs import minimize
 
     target = torch.arange(5, dtype=torch.float64)
     minimize(lambda x: ((x - target) ** 2).sum(), torch.zeros(5), progress_bar=True, desc="LBFGS unit")

@@ -47,7 +47,7 @@ def confidence_as_computed(logits: np.ndarray, reference: np.ndarray) -> np.ndar
     Piecewise maps fitted on confidences turn last-bit differences of their input into larger ones where two
     knots are very close; comparing maps on the very same inputs isolates the fit from the softmax.
     """
-    from hf_calibration.calibrators._toplabel import top_label
+    from hf_calibration.calibrators._machinery.toplabel import top_label
 
     ours = top_label(logits).confidence
     np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-15)

@@ -1,2 +1,2 @@
 """Calibrator tests: this folder is on sys.path (as every conftest folder is), so the tests in its subfolders
-(``sigmoid/``, ``_fitting/``, ``_forward/``) import the shared fixtures (``_calibrator_data``, ``_affine_reference``, ...)."""
+(``sigmoid/``, ``selection/``, ``_machinery/``) import the shared fixtures (``_calibrator_data``, ``_affine_reference``, ...)."""

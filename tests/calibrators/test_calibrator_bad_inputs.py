@@ -956,7 +956,7 @@ def small_sample_cases(tmp: Path) -> list[Case]:
     cases: list[Case] = []
     add = cases.append
     # configurations where main's AutoCalibrator made the test NLL worse (benchmarks/results/small_sample_selection.md)
-    # (2, 20, 7) and (2, 50, 6) are in tests/calibrators/_fitting/test_held_out.py
+    # (2, 20, 7) and (2, 50, 6) are in tests/calibrators/_machinery/fitting/test_held_out.py
     for k, n, seed in ((2, 20, 2), (2, 20, 4), (2, 50, 3), (10, 20, 7), (10, 50, 0)):
 
         def no_worse(k=k, n=n, seed=seed):
@@ -974,7 +974,7 @@ def small_sample_cases(tmp: Path) -> list[Case]:
                 reference=lambda: True,
             )
         )
-    # SMART and PTS alone warn exactly when the held-out NLL is worse: tests/calibrators/_fitting/test_held_out.py
+    # SMART and PTS alone warn exactly when the held-out NLL is worse: tests/calibrators/_machinery/fitting/test_held_out.py
     # (the same draws, the warning and the cross-fitted NLL by hand)
     rng = np.random.default_rng(3)
     yc = rng.integers(0, 2, 200)

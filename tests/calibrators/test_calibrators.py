@@ -21,7 +21,7 @@ from hf_calibration.calibrators import (
     list_calibrators,
     register_calibrator,
 )
-from hf_calibration.calibrators._registry import get_calibrator_class
+from hf_calibration.calibrators._machinery.registry import get_calibrator_class
 
 # fewer steps for speed; 20 fit samples per bin so that per-class histogram binning has bins on 600 samples
 # vector scaling unregularised (Guo et al.'s fit): its default shrinkage trades fit-set ECE (0.047 -> 0.054 on these
@@ -310,7 +310,7 @@ def test_smart_margin_buffers_are_the_fit_statistics(data):
 
 
 def test_early_stopping_restores_the_best_not_the_last(data):
-    from hf_calibration.calibrators import charbonnier_soft_ece
+    from hf_calibration.calibrators.objectives import charbonnier_soft_ece
 
     z, y = data
     # too large a step: the objective oscillates, so the last weights are not the best ones
@@ -340,6 +340,24 @@ def test_early_stopping_stops_on_a_plateau(data):
 def test_smart_bad_arguments(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         SMARTCalibrator(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kind, argument",
+    [("histogram_binning", "per_class"), ("platt", "smooth_targets"), ("sigmoid_temperature_scaling", "per_label")],
+)
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_flags_refuse_what_is_not_a_bool(kind, argument, value):
+    """A truthy 1 or "yes" is not taken for True: the flag names itself in a TypeError."""
+    with pytest.raises(TypeError, match=f"Expected argument `{argument}` to be a bool, but got {value!r}"):
+        create_calibrator(kind, **{argument: value})
+
+
+def test_auto_calibrator_race_refuses_what_is_not_a_bool():
+    from hf_calibration.calibrators import AutoCalibrator
+
+    with pytest.raises(TypeError, match="Expected argument `race` to be a bool, but got 1"):
+        AutoCalibrator(race=1)
 
 
 def test_fit_argument_types(data):
@@ -576,7 +594,7 @@ def test_identity_on_some_classes_names_them():
     import warnings
 
     from hf_calibration.calibrators import UncalibratedWarning
-    from hf_calibration.calibrators._toplabel import TopLabelCalibrator
+    from hf_calibration.calibrators._machinery.toplabel import TopLabelCalibrator
 
     class OnlyClassZero(TopLabelCalibrator):
         kind = "only_class_zero_test"

@@ -11,7 +11,7 @@ from _calibrator_data import overconfident
 from scipy.special import softmax
 
 from hf_calibration.calibrators import ClassBasedTemperatureScaling, TemperatureScaling
-from hf_calibration.calibrators._fitting import cts_search as search
+from hf_calibration.calibrators._machinery.fitting import cts_search as search
 from hf_calibration.metrics.binning import uniform_edges
 
 

@@ -15,7 +15,7 @@ from _paths import shared_params
 
 from hf_calibration.calibrators import DirichletCalibration, MatrixScaling, TemperatureScaling
 from hf_calibration.calibrators import matrix as matrix_module
-from hf_calibration.calibrators._fitting.cv import stratified_folds
+from hf_calibration.calibrators._machinery.fitting.cv import stratified_folds
 
 
 @pytest.mark.parametrize("lam, mu, nu", [(0.0, 0.0, 0.0), (2.0, 0.5, 0.0), (2.0, 0.5, None), (50.0, 50.0, 3.0)])

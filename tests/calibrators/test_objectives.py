@@ -7,10 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_calibration.calibrators import brier, charbonnier_soft_ece, nll, soft_ece
-from hf_calibration.calibrators._fitting.partition import LogPartitionTable
-from hf_calibration.calibrators._fitting.smart_step import OBJECTIVE_CODES, smart_loss_grad, workspace
-from hf_calibration.calibrators.objectives import get_objective, scaled_stats
+from hf_calibration.calibrators._machinery.fitting.partition import LogPartitionTable
+from hf_calibration.calibrators._machinery.fitting.smart_step import OBJECTIVE_CODES, smart_loss_grad, workspace
+from hf_calibration.calibrators.objectives import (
+    brier,
+    charbonnier_soft_ece,
+    get_objective,
+    nll,
+    scaled_stats,
+    soft_ece,
+)
 
 pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
 
@@ -110,7 +116,7 @@ def test_table_matches_exact_softmax(k):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("beta", [0.01, 0.7, 3.0, 40.0])
 def test_scaled_nll_is_cross_entropy_of_scaled_logits_and_its_derivative(dtype, beta):
-    from hf_calibration.calibrators._fitting.partition import scaled_nll
+    from hf_calibration.calibrators._machinery.fitting.partition import scaled_nll
 
     rng = np.random.default_rng(2)
     z = (rng.normal(size=(257, 13)) * 4).astype(dtype)
@@ -126,7 +132,7 @@ def test_scaled_nll_is_cross_entropy_of_scaled_logits_and_its_derivative(dtype, 
 
 def _fused_and_autograd(smart, z, y, objective, sigma=0.05, force_exp=False):
     """(value, grad) of the fused step and of torch autograd through ``smart._torch_objective``, at ``smart``'s weights."""
-    from hf_calibration.calibrators._fitting.partition import GRID
+    from hf_calibration.calibrators._machinery.fitting.partition import GRID
     from hf_calibration.calibrators.smart import logit_margin
 
     binned = OBJECTIVE_CODES[objective] >= 2

@@ -10,7 +10,8 @@ from _paths import shared_params
 from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp
 
-from hf_calibration.calibrators import OBJECTIVES, SMARTCalibrator, TemperatureScaling
+from hf_calibration.calibrators import SMARTCalibrator, TemperatureScaling
+from hf_calibration.calibrators.objectives import OBJECTIVES
 from hf_calibration.metrics.ece import ece
 
 needs_shared = pytest.mark.skipif(not shared_files(), reason="the shared real-logit files are not beside the repo")

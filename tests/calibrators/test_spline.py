@@ -89,7 +89,7 @@ def test_knots_argument():
 def test_the_stored_map_is_the_applied_one_clipped_to_probabilities():
     # issue 23 item 12: spline values left [0, 1] (clipped only when applied), so a tampered value could not be told
     # from a fitted one; the map is now stored as applied and a loaded value outside [0, 1] is refused
-    from hf_calibration.calibrators._piecewise import clip_linear_map
+    from hf_calibration.calibrators._machinery.piecewise import clip_linear_map
 
     xp, fp = (
         np.array([0.0, 0.5, 0.8, 1.0]),

@@ -118,7 +118,7 @@ def test_starts_at_temperature_scaling_and_reports_what_the_forward_gives(kind):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_reports_compiled_map_is_the_forwards_arithmetic_bit_for_bit(dtype):
-    from hf_calibration.calibrators._fitting.affine import diagonal_map
+    from hf_calibration.calibrators._machinery.fitting.affine import diagonal_map
 
     rng = np.random.default_rng(0)
     z = (5 * rng.standard_normal((500, 301))).astype(dtype)
@@ -137,7 +137,7 @@ def test_the_reports_compiled_map_is_the_forwards_arithmetic_bit_for_bit(dtype):
 def test_passes_of_seconds_take_their_threads_from_the_load_and_fit_the_same(monkeypatch):
     """From LONG_PASS_VALUES logits a pass runs on the threads the load average leaves (``run_pass``) rather than the
     timed choice, whose first passes ran on one thread; the kernels' sums do not depend on it."""
-    from hf_calibration.calibrators._fitting import affine as _affine
+    from hf_calibration.calibrators._machinery.fitting import affine as _affine
 
     z, y = overconfident(2000, 30, seed=5)
     timed = VectorScaling().fit(z, y, progress_bar=False)

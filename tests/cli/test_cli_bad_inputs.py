@@ -919,7 +919,7 @@ def friction_cases(tmp: Path) -> list[Case]:
     # item 14: the names the README imports are the public face's, checked by tests/test_package.py
 
     def identity_notice():
-        from hf_calibration.calibrators.selection import identity_calibrator
+        from hf_calibration.calibrators.selection.auto import identity_calibrator
         from hf_calibration.conformal import ConformalPredictor
 
         pipe, _ = tiny_pipeline()

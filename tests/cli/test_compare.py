@@ -258,7 +258,7 @@ def test_paired_bootstrap_against_the_best(capsys, npz_file, tmp_path):
 
 
 def test_default_candidates_racing_and_the_nll_column(capsys, npz_file, tmp_path):
-    from hf_calibration.calibrators.selection import DEFAULT_METHODS
+    from hf_calibration.calibrators.selection.auto import DEFAULT_METHODS
 
     path, z, y = npz_file
     code, out, err = _run(capsys, "compare", "--logits", path, "--cv", "3", "--metric", "smce", "--out", tmp_path / "a")

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from hf_calibration.conformal import ConformalPredictor, conformity_scores
+from hf_calibration.conformal import ConformalPredictor
 from hf_calibration.conformal._kernels import label_scores, set_rows
-from hf_calibration.conformal.scores import label_ranks, sets_from_scores
+from hf_calibration.conformal.scores import conformity_scores, label_ranks, sets_from_scores
 
 pytestmark = pytest.mark.kernels  # also run with numba targeting a CPU without AVX-512 (.ci/run)
 

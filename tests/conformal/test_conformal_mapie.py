@@ -13,8 +13,9 @@ import torch
 from _conformal_data import shared_file, synthetic
 from scipy.special import softmax
 
-from hf_calibration.conformal import ConformalPredictor, conformal_quantile, conformity_scores
-from hf_calibration.conformal.scores import sets_from_scores
+from hf_calibration.conformal import ConformalPredictor
+from hf_calibration.conformal.quantile import conformal_quantile
+from hf_calibration.conformal.scores import conformity_scores, sets_from_scores
 
 pytest.importorskip("mapie", reason="MAPIE is not installed (pip install -e '.[test]')")
 from mapie.classification import SplitConformalClassifier  # noqa: E402

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_calibration.conformal import coverage, set_size, set_sizes
+from hf_calibration.conformal import coverage, set_size
+from hf_calibration.conformal.metrics import set_sizes
 
 SETS = np.array([[True, False, True], [False, False, False], [True, True, True], [False, True, False]])
 LABELS = np.array([2, 0, 1, 0])

@@ -183,7 +183,7 @@ def test_stream_draws_stay_available_on_request():
 def test_no_calibrator_notice_for_an_identity_calibrator(caplog):
     """Issue 29 item 14: a calibrator that leaves the model as it is (T = 1, chosen when nothing helped) changes no
     score, so attaching the predictor says nothing about it."""
-    from hf_calibration.calibrators.selection import identity_calibrator
+    from hf_calibration.calibrators.selection.auto import identity_calibrator
 
     pipe, _, _ = _pipeline()
     z, y = _fit_data()

@@ -11,7 +11,8 @@ from _conformal_data import synthetic
 from scipy.special import softmax
 
 from hf_calibration.calibrators import NotFittedError, TemperatureScaling, VectorScaling
-from hf_calibration.conformal import ConformalPredictor, choose_k_reg, choose_penalty, coverage, set_size
+from hf_calibration.conformal import ConformalPredictor, coverage, set_size
+from hf_calibration.conformal.tuning import choose_k_reg, choose_penalty
 
 
 @pytest.fixture(scope="module")

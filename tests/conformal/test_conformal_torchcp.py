@@ -14,7 +14,9 @@ import pytest
 import torch
 from _conformal_data import shared_file, synthetic
 
-from hf_calibration.conformal import ConformalPredictor, conformal_quantile, conformity_scores
+from hf_calibration.conformal import ConformalPredictor
+from hf_calibration.conformal.quantile import conformal_quantile
+from hf_calibration.conformal.scores import conformity_scores
 
 torchcp = pytest.importorskip("torchcp.classification", reason="TorchCP is not installed")
 

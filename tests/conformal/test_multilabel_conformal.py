@@ -10,10 +10,10 @@ import torch
 from hf_calibration.conformal import (
     ConformalPredictor,
     MultiLabelConformalPredictor,
-    crc_threshold,
     false_negative_rate,
     load_conformal_predictor,
 )
+from hf_calibration.conformal.multilabel import crc_threshold
 
 
 def _calibrated_multilabel(n, labels=5, seed=0):

@@ -41,7 +41,9 @@ def test_a_file_rewritten_during_a_fit_is_refused(tmp_path, monkeypatch):
         return read(self, start, stop, out)
 
     monkeypatch.setattr(disk_logits.DiskLogits, "read", read_then_rewrite)
-    monkeypatch.setattr("hf_calibration.calibrators._fitting.rows.BLOCK_ELEMENTS", 4000)  # many blocks, many reads
+    monkeypatch.setattr(
+        "hf_calibration.calibrators._machinery.fitting.rows.BLOCK_ELEMENTS", 4000
+    )  # many blocks, many reads
     with pytest.raises(ValueError, match="changed since it was opened"):
         TemperatureScaling().fit(logits, progress_bar=False)
     assert len(calls) >= 6

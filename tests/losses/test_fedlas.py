@@ -443,7 +443,7 @@ def test_the_unfused_reference_treats_non_finite_rows_the_same():
 
 # -- the gate: seeded, built later -------------------------------------------------------------------
 def test_a_seeded_gate_is_nn_linears_own_initialisation_from_that_seed():
-    from hf_calibration.losses import BidirectionalCalibrationGate
+    from hf_calibration.losses.fedlas import BidirectionalCalibrationGate
 
     torch.manual_seed(5)
     reference = BidirectionalCalibrationGate(10)  # nn.Linear's default init from the global RNG seeded with 5

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_calibration.maccal import FlatHeadTrainer, MaskedBottleneckHead, MaskedSGD
+from hf_calibration.maccal import MaskedBottleneckHead
+from hf_calibration.maccal.head import FlatHeadTrainer, MaskedSGD
 
 torch.set_num_threads(1)
 

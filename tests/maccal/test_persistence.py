@@ -20,7 +20,8 @@ import torch
 from _models import HEAD_PATHS, digits, digits_dataset, head_input, make_model
 from transformers import AutoConfig, AutoModelForImageClassification, ViTImageProcessor, pipeline
 
-from hf_calibration.maccal import MODEL_TYPE, MaCCalConfig, MaskedBottleneckHead, load_maccal_model, maccal_stage
+from hf_calibration.maccal import MaCCalConfig, MaskedBottleneckHead, load_maccal_model, maccal_stage
+from hf_calibration.maccal.persistence import MODEL_TYPE
 
 torch.set_num_threads(1)
 FAST = dict(epochs=3, batch_size=64, progress=False)

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_calibration.maccal import MaCCalConfig, clip_bound, update_retention
+from hf_calibration.maccal import MaCCalConfig
+from hf_calibration.maccal.retention import clip_bound, update_retention
 
 
 def test_clip_bound_decays_exponentially():

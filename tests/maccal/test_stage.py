@@ -13,7 +13,8 @@ from torch.nn import functional as F
 from transformers import TrainerCallback
 
 from hf_calibration._core.features import find_classifier_head
-from hf_calibration.maccal import MaCCalConfig, MaskedBottleneckHead, cache_features, load_maccal_model, maccal_stage
+from hf_calibration.maccal import MaCCalConfig, MaskedBottleneckHead, load_maccal_model, maccal_stage
+from hf_calibration.maccal.stage import cache_features
 
 torch.set_num_threads(1)
 FAST = dict(epochs=3, batch_size=64, progress=False)
@@ -367,7 +368,7 @@ def _reference_training(params, loss_params, draws, epochs_batches, lr, momentum
     "momentum, weight_decay, rescale, adaptive", [(0.9, 0.01, True, True), (0.0, 0.0, False, False)]
 )
 def test_fast_training_equals_autograd_with_reference_masked_sgd(loss_name, momentum, weight_decay, rescale, adaptive):
-    from hf_calibration.maccal import train_masked_head
+    from hf_calibration.maccal.stage import train_masked_head
 
     x_all, y_all = digits(slice(0, 150))
     x_all = x_all.flatten(1).double()
@@ -430,7 +431,7 @@ def test_fast_training_equals_autograd_with_reference_masked_sgd(loss_name, mome
 
 
 def test_fast_training_ignores_an_outer_autocast():
-    from hf_calibration.maccal import train_masked_head
+    from hf_calibration.maccal.stage import train_masked_head
 
     x, y = digits(slice(0, 96))
     x = x.flatten(1)

@@ -90,7 +90,7 @@ def test_a_task_that_contradicts_the_config_is_a_clear_error(bert_folder, capsys
     from hf_calibration.cli import main
 
     with pytest.raises(ValueError, match="Expected an image classifier.*`model` is a text-classification model"):
-        hf_calibration.io.load_image_classifier(folder)  # what the shift tools load: they perturb images
+        hf_calibration.io.model_loading.load_image_classifier(folder)  # what the shift tools load: they perturb images
     argv = ["shift", "--model", str(folder), "--dataset", str(folder), "--severities", "1"]
     assert main(argv) == 1  # the CLI says the same, naming --model (not a task the user never gave)
     assert "--model is a text-classification model" in capsys.readouterr().err

@@ -16,8 +16,9 @@ pytest.importorskip("cv2")
 pytest.importorskip("skimage")
 imagecorruptions = pytest.importorskip("imagecorruptions")
 
-from hf_calibration.shift import BENCHMARK_CORRUPTIONS, CIFAR_C, CORRUPTIONS, IMAGENET_C, corrupt  # noqa: E402
+from hf_calibration.shift import CORRUPTIONS, corrupt  # noqa: E402
 from hf_calibration.shift import corruptions as C  # noqa: E402
+from hf_calibration.shift.parameters import BENCHMARK_CORRUPTIONS, CIFAR_C, IMAGENET_C  # noqa: E402
 
 
 def smooth_image(size: int, seed: int = 0) -> np.ndarray:
@@ -357,7 +358,7 @@ def test_seed_reproduces_a_script_run_after_np_random_seed():
 
 
 def test_preset_follows_the_image_size():
-    from hf_calibration.shift import preset_for_size
+    from hf_calibration.shift.transform import preset_for_size
 
     assert preset_for_size(32, 32) == "cifar" and preset_for_size(64, 64) == "cifar"
     assert preset_for_size(224, 224) == "imagenet" and preset_for_size(96, 300) == "imagenet"

@@ -16,7 +16,7 @@ from transformers import TrainerCallback, TrainingArguments
 
 from hf_calibration import CalibrationTrainer, load_calibrated_model
 from hf_calibration.calibrators import SMARTCalibrator
-from hf_calibration.calibrators._fitting.cv import stratified_folds
+from hf_calibration.calibrators._machinery.fitting.cv import stratified_folds
 from hf_calibration.calibrators.attach import attached_calibrator
 from hf_calibration.training.eval_calibration import EvalCalibration, MetricValue, dataset_fields
 
@@ -396,7 +396,7 @@ def test_the_uncalibrated_model_wins_where_its_ece_is_clearly_lower():
     calibrator whose NLL gain is significant but whose held-out ECE is worse beyond one standard error is not kept."""
     from scipy.stats import sem
 
-    from hf_calibration.calibrators.selection import CalibratorComparison, MethodScores
+    from hf_calibration.calibrators.selection.auto import CalibratorComparison, MethodScores
 
     def scores(name, ece, nll):
         s = MethodScores(name)

@@ -1,6 +1,5 @@
 """Calibrators of sigmoid heads (binary and multi-label): one map per label, logits in, logits out."""
 
-from hf_calibration.calibrators.sigmoid._base import SigmoidCalibrator
 from hf_calibration.calibrators.sigmoid.beta import BetaCalibration
 from hf_calibration.calibrators.sigmoid.histogram import SigmoidHistogramBinning
 from hf_calibration.calibrators.sigmoid.isotonic import SigmoidIsotonicRegression
@@ -10,7 +9,6 @@ from hf_calibration.calibrators.sigmoid.temperature import SigmoidTemperatureSca
 __all__ = [
     "BetaCalibration",
     "PlattScaling",
-    "SigmoidCalibrator",
     "SigmoidHistogramBinning",
     "SigmoidIsotonicRegression",
     "SigmoidTemperatureScaling",

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hf_calibration._core.checks import check_int
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators.sigmoid._base import SigmoidCalibrator
-from hf_calibration.calibrators.sigmoid._fit import minimise_bce
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.sigmoid.base import SigmoidCalibrator
+from hf_calibration.calibrators._machinery.sigmoid.fit import minimise_bce
 
 
 def beta_map(z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from hf_calibration._core.checks import check_choice, check_int
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.sigmoid.piecewise import PiecewiseSigmoidCalibrator
 from hf_calibration.calibrators.histogram import BINNINGS, bin_frequencies, equal_mass_edges
-from hf_calibration.calibrators.sigmoid._piecewise import PiecewiseSigmoidCalibrator
 
 
 @register_calibrator
@@ -18,7 +18,7 @@ class SigmoidHistogramBinning(
 ):
     """Histogram binning of a binary or multi-label head: each label's probability becomes the fraction of positives
     among the fit samples of its bin (``e_{b-1} < p <= e_b``; an empty bin returns its centre), kept off 0 and 1
-    (``sigmoid/_piecewise.py``).
+    (``_machinery/sigmoid/piecewise.py``).
 
     Args:
         num_labels, task, num_knots: set by the fit (a loaded checkpoint passes them).

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hf_calibration.calibrators._registry import register_calibrator
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.sigmoid.piecewise import PiecewiseSigmoidCalibrator
 from hf_calibration.calibrators.isotonic import CITATION, fit_isotonic
-from hf_calibration.calibrators.sigmoid._piecewise import PiecewiseSigmoidCalibrator
 
 
 @register_calibrator
@@ -17,7 +17,7 @@ class SigmoidIsotonicRegression(
 ):
     """Isotonic regression of a binary or multi-label head: one non-decreasing map of each label's probability to its 0/1
     label, fitted by pool-adjacent-violators (scikit-learn's ``IsotonicRegression(out_of_bounds="clip")``: linear between
-    its thresholds, constant beyond them), the probability then kept off 0 and 1 (``sigmoid/_piecewise.py``).
+    its thresholds, constant beyond them), the probability then kept off 0 and 1 (``_machinery/sigmoid/piecewise.py``).
     Deterministic. Needs at least ``min_samples = 10`` labelled samples per label.
 
     Example:

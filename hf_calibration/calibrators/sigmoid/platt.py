@@ -8,10 +8,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from hf_calibration._core.checks import check_int
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators.sigmoid._base import SigmoidCalibrator
-from hf_calibration.calibrators.sigmoid._fit import minimise_bce, platt_targets
+from hf_calibration._core.checks import check_bool, check_int
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.sigmoid.base import SigmoidCalibrator
+from hf_calibration.calibrators._machinery.sigmoid.fit import minimise_bce, platt_targets
 
 
 @register_calibrator
@@ -23,7 +23,7 @@ class PlattScaling(
     """Platt scaling of a binary or multi-label head: ``sigmoid(a_l z_l + b_l)`` per label ``l``.
 
     Each label's ``(a_l, b_l)`` minimises the binary cross-entropy of its kept fit samples (full-batch float64 LBFGS,
-    all labels at once, ``sigmoid/_fit.py``), against Platt's smoothed targets ``(N_+ + 1)/(N_+ + 2)`` and
+    all labels at once, ``_machinery/sigmoid/fit.py``), against Platt's smoothed targets ``(N_+ + 1)/(N_+ + 2)`` and
     ``1/(N_- + 2)`` by default, as Platt (1999) and scikit-learn's ``CalibratedClassifierCV(method="sigmoid")`` do
     (``smooth_targets=False``: the 0/1 labels, plain logistic regression on the logit, netcal's
     ``LogisticCalibration``). Logits in, logits out. A negative ``a_l`` would reverse the label's ranking; it does not
@@ -55,9 +55,7 @@ class PlattScaling(
     def __init__(
         self, num_labels: int | None = None, task: str | None = None, smooth_targets: bool = True, max_iter: int = 200
     ):
-        if not isinstance(smooth_targets, bool):
-            raise TypeError(f"Expected argument `smooth_targets` to be a bool, but got {smooth_targets!r}.")
-        self.smooth_targets = smooth_targets
+        self.smooth_targets = check_bool(smooth_targets, "smooth_targets")
         self.max_iter = check_int(max_iter, "max_iter", minimum=1)
         super().__init__(num_labels, task)
 

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from hf_calibration._core.checks import check_int
-from hf_calibration.calibrators._registry import register_calibrator
-from hf_calibration.calibrators.sigmoid._base import SigmoidCalibrator
-from hf_calibration.calibrators.sigmoid._fit import minimise_bce
+from hf_calibration._core.checks import check_bool, check_int
+from hf_calibration.calibrators._machinery.registry import register_calibrator
+from hf_calibration.calibrators._machinery.sigmoid.base import SigmoidCalibrator
+from hf_calibration.calibrators._machinery.sigmoid.fit import minimise_bce
 
 # a sigmoid head's logits are each label's log-odds, with no softmax normalisation to absorb a scale: under-confident
 # heads (label-smoothed training) want T well below the softmax bounds' 0.05, logits of 1e4 want T above 100
@@ -61,9 +61,7 @@ class SigmoidTemperatureScaling(
     def __init__(
         self, num_labels: int | None = None, task: str | None = None, per_label: bool = False, max_iter: int = 100
     ):
-        if not isinstance(per_label, bool):
-            raise TypeError(f"Expected argument `per_label` to be a bool, but got {per_label!r}.")
-        self.per_label_temperature = per_label
+        self.per_label_temperature = check_bool(per_label, "per_label")
         self.max_iter = check_int(max_iter, "max_iter", minimum=1)
         super().__init__(num_labels, task)
 
