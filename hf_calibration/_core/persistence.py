@@ -7,8 +7,9 @@ under ``checkpoint_key``, ``format_version`` and the ``fit`` record) and the mod
 ``push_to_hub``, ``from_pretrained``, the card and the check that ``config.json`` still says what the weights file
 recorded at the save (an edited config is refused; a NaN in a fit record saves and loads, as JSON writes it).
 
-A subclass sets ``checkpoint_key`` / ``checkpoint_what`` / ``save_subfolder``, implements ``checkpoint_kind``,
-``is_fitted`` and ``_check_fitted``, and may override the hooks (each documented where it is defined):
+A subclass sets ``checkpoint_key`` / ``checkpoint_what`` / ``save_subfolder`` and its ``kind`` (what is saved under
+``checkpoint_key``: override ``checkpoint_kind`` / ``_own_kinds`` where that is not one class-wide name), implements
+``_check_fitted``, and may override the hooks (each documented where it is defined):
 ``_card_values``, ``_check_config``, ``_check_loaded``, ``_before_save``, ``_after_save`` and ``_after_load``.
 
 Arrays whose size is decided by the fit (bin edges, a feature bank): register them as buffers of any size, then
@@ -95,12 +96,17 @@ class Saved(nn.Module, PyTorchModelHubMixin):
     format_version: ClassVar[int] = hub.CHECKPOINT_FORMAT_VERSION
     shaped_buffers: ClassVar[tuple[str, ...]] = ()  # buffers whose shape a load takes from the checkpoint
 
+    kind: ClassVar[str] = ""  # the class's name of its checkpoints: "temperature_scaling", "box_logistic"
     fit_info_: dict[str, Any] | None
 
     @property
+    def is_fitted(self) -> bool:
+        return self.fit_info_ is not None
+
+    @property
     def checkpoint_kind(self) -> str:
-        """The value saved under ``checkpoint_key`` (a calibrator's ``kind``, a predictor's ``method``)."""
-        raise NotImplementedError
+        """The value saved under ``checkpoint_key`` (a calibrator's ``kind``; a conformal predictor's ``method``)."""
+        return self.kind
 
     def _check_fitted(self) -> None:
         raise NotImplementedError
@@ -145,7 +151,8 @@ class Saved(nn.Module, PyTorchModelHubMixin):
 
     @classmethod
     def _own_kinds(cls) -> Any:
-        raise NotImplementedError
+        """The kind(s) this class loads: its ``kind``, or a list of them."""
+        return cls.kind
 
     @classmethod
     def _is_own_kind(cls, kind: Any) -> bool:

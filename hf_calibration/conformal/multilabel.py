@@ -180,10 +180,6 @@ class MultiLabelConformalPredictor(
         self.__dict__["_attached_to"] = None
 
     @property
-    def is_fitted(self) -> bool:
-        return self.fit_info_ is not None
-
-    @property
     def randomized(self) -> bool:
         """False: a label is in the set when its probability exceeds the threshold; no draw is involved."""
         return False

@@ -229,10 +229,6 @@ class ConformalPredictor(
 
     # ------------------------------------------------------------------ state
     @property
-    def is_fitted(self) -> bool:
-        return self.fit_info_ is not None
-
-    @property
     def calibrator(self) -> Calibrator | None:
         """The calibrator applied to the logits before the scores (None: plain softmax)."""
         return self.__dict__["calibrator_"]

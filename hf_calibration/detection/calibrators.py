@@ -113,21 +113,9 @@ class DetectionCalibrator(
         self.fit_info_: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ state (Saved's hooks)
-    @property
-    def is_fitted(self) -> bool:
-        return self.fit_info_ is not None
-
     def _check_fitted(self) -> None:
         if not self.is_fitted:
             raise ValueError(f"{type(self).__name__} is not fitted: call `fit` (or `from_pretrained`) first.")
-
-    @property
-    def checkpoint_kind(self) -> str:
-        return self.kind
-
-    @classmethod
-    def _own_kinds(cls) -> str:
-        return cls.kind
 
     @classmethod
     def _wrong_kind_hint(cls, config: dict) -> str:

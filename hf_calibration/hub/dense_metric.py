@@ -25,6 +25,7 @@ import evaluate
 import numpy as np
 
 from hf_calibration.detection import d_ece, detection_ece, laece, match_detections
+from hf_calibration.hub.evaluate_metric import metric_card_prose
 from hf_calibration.segmentation import PixelCalibrationAccumulator, pixel_calibration_report
 
 __all__ = ["DENSE_METRICS", "dense_metric_class"]
@@ -151,26 +152,21 @@ def pixel_report(predictions: list, references: list, **kwargs: Any) -> dict[str
 
 
 def dense_metric_class(
-    name: str,
-    module: str,
-    *,
-    description: str = "",
-    citation: str = "",
-    examples: str = "",
-    reference_urls: list[str] | None = None,
-    class_name: str | None = None,
+    name: str, module: str, *, reference_urls: list[str] | None = None, class_name: str | None = None
 ) -> type[evaluate.Metric]:
     """The ``evaluate.Metric`` class of ``name`` (a key of :data:`DENSE_METRICS`), defined in the script ``module``
-    (its ``__name__``); ``description``, ``citation``, ``examples`` (a doctest) and ``reference_urls`` are its card."""
+    (its ``__name__``); its description, example (a doctest) and citation are read from the metric card beside the
+    script, as for the table's metrics; ``reference_urls`` complete it."""
     if name not in DENSE_METRICS:
         raise ValueError(f"Expected argument `name` to be one of {sorted(DENSE_METRICS)}, but got {name!r}.")
     function, extra = DENSE_METRICS[name]
+    prose = metric_card_prose(name)
     inputs = _PIXEL_ARGS if name == "pixel_ece" else _DETECTION_ARGS.format(extra=extra, name=name)
-    if examples:
-        inputs += f"\nExamples:\n{examples}"
+    if prose["examples"]:
+        inputs += f"\nExamples:\n{prose['examples']}"
     card = dict(
-        description=description or (function.__doc__ or "").split("\n\n")[0],
-        citation=citation,
+        description=prose["description"] or (function.__doc__ or "").split("\n\n")[0],
+        citation=prose["citation"],
         inputs=inputs,
         reference_urls=list(reference_urls or []),
     )

@@ -167,7 +167,7 @@ class _TableMetric(evaluate.Metric):
         return flat_intervals({f"{REPORT}_{key}": v for key, v in value.items()})
 
 
-def _card(name: str) -> dict[str, str]:
+def metric_card_prose(name: str) -> dict[str, str]:
     """The prose of the script of ``name`` from its metric card (``metric_scripts/<name>/README.md``, the one place it is
     written): the Metric Description section, the Examples block (a doctest) and the Citation's BibTeX."""
     if name not in list_metric_scripts():  # a metric of the table with no bundled script (yet): no card
@@ -196,7 +196,7 @@ def metric_class(
     doctest) and citation are read from the metric card beside the script (a metric without one: its function's
     docstring); ``reference_urls`` complete it and ``extra_args`` documents arguments of its own."""
     spec = _spec(name)
-    prose = _card(name)
+    prose = metric_card_prose(name)
     inputs = f"Args:\n{_arguments(name, spec, extra_args)}\n\nReturns:\n{_results(name)}\n"
     if prose["examples"]:
         inputs += f"\nExamples:\n{prose['examples']}"

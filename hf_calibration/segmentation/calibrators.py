@@ -211,21 +211,9 @@ class LocalTemperatureScaling(
         return out
 
     # ------------------------------------------------------------------ Saved's hooks
-    @property
-    def is_fitted(self) -> bool:
-        return self.fit_info_ is not None
-
     def _check_fitted(self) -> None:
         if not self.is_fitted:
             raise ValueError("LocalTemperatureScaling is not fitted: call `fit` (or `from_pretrained`) first.")
-
-    @property
-    def checkpoint_kind(self) -> str:
-        return self.kind
-
-    @classmethod
-    def _own_kinds(cls) -> str:
-        return cls.kind
 
     def _card_values(self, values: dict[str, Any]) -> dict[str, Any]:
         info = self.fit_info_ or {}

@@ -274,10 +274,6 @@ class Calibrator(
 
     # ------------------------------------------------------------------ state
     @property
-    def is_fitted(self) -> bool:
-        return self.fit_info_ is not None
-
-    @property
     def is_identity(self) -> bool:
         """Whether it leaves every prediction as the model gave it (``fit_info_["uncalibrated"]`` covers all classes):
         ``AutoCalibrator`` or ``calibrate_on_eval`` left the model as it was, or the fit moved nothing."""
@@ -796,14 +792,6 @@ class Calibrator(
         return _fit_state(self)
 
     # ------------------------------------------------------------------ Hub (save / load: _core/persistence.py)
-    @property
-    def checkpoint_kind(self) -> str:
-        return self.kind
-
-    @classmethod
-    def _own_kinds(cls) -> str:
-        return cls.kind
-
     @classmethod
     def _wrong_kind_hint(cls, config: dict) -> str:
         return ". Use hf_calibration.calibrators.load_calibrator to load any kind."

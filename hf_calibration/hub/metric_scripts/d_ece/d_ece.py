@@ -2,34 +2,4 @@
 
 from hf_calibration.hub.dense_metric import dense_metric_class
 
-_DESCRIPTION = """
-As detection ECE, with the detections binned jointly over the confidence and the box geometry `features` (cx, cy, w, h as fractions of the image; `n_bins` per dimension): Küppers et al. 2020, eq. 5; netcal's `ECE(bins, detection=True)`.
-"""
-
-_EXAMPLES = """    >>> import evaluate
-    >>> import hf_calibration
-    >>> metric = evaluate.load(hf_calibration.metric_path("d_ece"))
-    >>> preds = [{"boxes": [[0, 0, 10, 10], [50, 50, 60, 60]], "scores": [0.9, 0.6], "labels": [0, 0]}]
-    >>> refs = [{"boxes": [[0, 0, 10, 10]], "labels": [0], "image_size": [100, 100]}]
-    >>> round(metric.compute(predictions=preds, references=refs)["d_ece"], 4)
-    0.35
-"""
-
-_CITATION = """
-@inproceedings{kuppers2020multivariate,
-  title={Multivariate Confidence Calibration for Object Detection},
-  author={K{\"u}ppers, Fabian and Kronenberger, Jan and Shantia, Amirhossein and Haselhoff, Anselm},
-  booktitle={IEEE/CVF Conference on Computer Vision and Pattern Recognition Workshops},
-  year={2020}
-}
-"""
-
-DECE = dense_metric_class(
-    "d_ece",
-    __name__,
-    description=_DESCRIPTION,
-    citation=_CITATION,
-    examples=_EXAMPLES,
-    reference_urls=["https://arxiv.org/abs/2004.13546"],
-    class_name="DECE",
-)
+DECE = dense_metric_class("d_ece", __name__, reference_urls=["https://arxiv.org/abs/2004.13546"], class_name="DECE")
