@@ -37,6 +37,7 @@ __all__ = [  # the metrics' input toolkit: the core's input type and top-label p
     "TopLabel",
     "check_average_for",
     "check_rows",
+    "markdown_table",
     "prepare",
     "probability_chunks",
     "read_inputs",
@@ -156,3 +157,19 @@ def probability_chunks(inputs: Inputs):
         else:
             with np.errstate(divide="ignore"):
                 yield rows, chunk, np.log(chunk)
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table: ``header``, the rule (first column left-aligned, the others right-aligned) and
+    the ``body`` rows, each column padded to its widest cell."""
+    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return (
+            "| "
+            + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            + " |"
+        )
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
+    return [line(header), rule] + [line(row) for row in body]

@@ -40,7 +40,7 @@ import numpy as np
 from hf_calibration._core.checks import IGNORE_INDEX, check_choice
 from hf_calibration._core.inputs import Inputs, read_inputs
 from hf_calibration.metrics._binned import _adaece_statistic
-from hf_calibration.metrics._format import AVERAGES, check_average_for  # noqa: F401 - also their names here
+from hf_calibration.metrics._format import AVERAGES, check_average_for, markdown_table  # noqa: F401 - also their names here
 from hf_calibration.metrics.binning import _bin_sums, _check_n_bins, _uniform_bin_index
 from hf_calibration.metrics.bootstrap import (
     Bootstrap,
@@ -529,17 +529,7 @@ class SigmoidCalibrationReport:
         body = [[self._names(i)] + [_cell(c, self.per_label[c][i]) for c in columns] for i in range(self.num_labels)]
         body.append(["macro (mean)"] + [_cell(c, self.macro[c]) for c in columns])
         body.append(["pooled (micro)"] + [_cell(c, self.micro[c]) for c in columns])
-        widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
-
-        def line(cells):
-            return (
-                "| "
-                + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-                + " |"
-            )
-
-        rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
-        return "\n".join([line(header), rule] + [line(r) for r in body])
+        return "\n".join(markdown_table(header, body))
 
 
 def sigmoid_calibration_report(

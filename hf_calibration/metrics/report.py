@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from hf_calibration._core.checks import IGNORE_INDEX, check_choice
-from hf_calibration.metrics._format import read_inputs, top_label
+from hf_calibration.metrics._format import markdown_table, read_inputs, top_label
 from hf_calibration.metrics._probability_pass import probability_rows
 from hf_calibration.metrics.adaptive import _adaece_compute, _adaece_statistic
 from hf_calibration.metrics.binning import _check_n_bins
@@ -327,22 +327,6 @@ def calibration_report(
         values.update(top_label_intervals(values, conf, correct, rows.scores, n_bins, boot, smooth_boot))
         values["classwise_ece"] = smooth_boot.interval(values["classwise_ece"], rows.replicates, "classwise_ece")
     return _report(n, values, n_bins, inputs.from_logits)
-
-
-def markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
-    """The lines of a Markdown table: ``header``, the rule (first column left-aligned, the others right-aligned) and
-    the ``body`` rows, each column padded to its widest cell."""
-    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return (
-            "| "
-            + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-            + " |"
-        )
-
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
-    return [line(header), rule] + [line(row) for row in body]
 
 
 def format_reports(

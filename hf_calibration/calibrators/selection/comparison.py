@@ -15,6 +15,7 @@ import numpy as np
 
 from hf_calibration._core.checks import check_choice, check_float
 from hf_calibration.calibrators._machinery.registry import get_calibrator_class, list_calibrators
+from hf_calibration.metrics.report import markdown_table
 
 UNCALIBRATED = "uncalibrated"
 # column -> (printed label, percent?) ; lower is better for all but accuracy_change
@@ -445,16 +446,6 @@ class CalibratorComparison:
         columns = self.columns()
         header = ["method"] + [COLUMNS[c][0] for c in columns] + ["folds"]
         body = [[name] + [self._cell(s, c) for c in columns] + [self._folds_cell(s)] for name, s in self.scores.items()]
-        widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
-
-        def line(cells: list[str]) -> str:
-            return (
-                "| "
-                + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-                + " |"
-            )
-
-        rule = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
         seeds = sorted({s.fit_seeds for s in self.scores.values() if s.fit_seeds > 1})
         lines = [
             f"{self.cv}-fold cross-validation on the calibration set (N = {self.num_samples}, "
@@ -468,9 +459,8 @@ class CalibratorComparison:
             + (f"; seeded methods averaged over {seeds[0]} fit seeds" if seeds else "")
             + ".",
             "",
-            line(header),
-            rule,
-        ] + [line(row) for row in body]
+            *markdown_table(header, body),
+        ]
         notes = [(name, e) for name, s in self.scores.items() for e in s.errors]
         notes += [
             (name, f"stopped after {len(s.fold_ids)}/{self.cv} folds: {s.stopped}")
