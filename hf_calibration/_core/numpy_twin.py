@@ -1,12 +1,10 @@
 """Numpy twins of compiled kernels: what a process runs before a kernel's compile has paid for itself.
 
 A numba kernel compiles on its first call in a process whose kernel cache does not hold it (after ``pip install``;
-0.2-3 s a kernel on this project's 2-core machine, ``benchmarks/cold_start.py``), and a metric's first call at
-5,000 x 100 spent 99.9 % of its time there. A kernel registered here has a numpy twin: the same computation in numpy,
-the same result bit for bit (tested for each). :meth:`NumpyTwin.use` says which to run:
+``benchmarks/cold_start.py`` measures it), and a small metric call can spend nearly all of its time there. A kernel
+registered here has a numpy twin: the same computation in numpy, the same result bit for bit (tested for each). :meth:`NumpyTwin.use` says which to run:
 
-- the kernel, when it is compiled in this process or numba's on-disk cache holds it for this machine (loading it
-  takes ~0.05 s);
+- the kernel, when it is compiled in this process or numba's on-disk cache holds it for this machine;
 - else the twin, while the twin's calls (this one's estimate included) have taken less than the kernel's compile
   time; then the kernel, compiled once. The rent-or-buy rule: a process that stops early paid no compile, and one
   that goes on pays at most about twice what knowing its future would have cost.

@@ -1,8 +1,8 @@
 """One-shot compiled passes (a metric, a fit's few passes over the logits): on how many threads they run.
 
 A numba parallel region ends when its slowest thread does, and on cores other processes also use a thread is often
-descheduled. Measured on this project's 2-core machine at load 8: two threads made the top-label pass and temperature
-scaling's Newton pass 2-4x slower than one; on an idle machine they are 1.8x faster. A fit of thousands of steps
+descheduled: on a busy machine two threads can make a pass slower than one, on an idle one faster
+(``benchmarks/RESULTS.md``). A fit of thousands of steps
 learns the better count by timing its own calls (``calibrators._threads.ThreadCountChooser``); a pass that runs a few
 times cannot, so it reads the machine's 1-minute load average instead: all of numba's threads while the load leaves
 a core for each of them, fewer as it rises, one thread on a busy machine. This process's own share of that average (its
@@ -10,15 +10,15 @@ CPU seconds per second, averaged the same way) is not counted: a fit whose passe
 2 and dropped to one thread for the rest of its passes (it counts as one at least, as the load average's rule
 counted it before). Below ``PARALLEL_MIN_ELEMENTS`` values a pass
 runs on one thread (waking the others costs more than it saves). Every kernel adds its chunks in order, so the thread
-count never changes a result. (numba's dynamic scheduling, ``parallel_chunksize``, made these kernels 5x slower here,
-even on one thread: the loops are split statically.)
+count never changes a result. (The loops are split statically: numba's dynamic scheduling, ``parallel_chunksize``, made these kernels slower,
+even on one thread.)
 
 A ``prange`` kernel costs about a second more to compile than the same loop compiled serially (numba's parfor
-lowering: 2.8 s against 1.6 s for temperature scaling's objective), which a first call pays in full (see
+lowering), which a first call pays in full (see
 ``benchmarks/cold_start.py``). A kernel declared with :func:`parallel_kernel` is compiled both ways, each when first
 used. ``run_pass`` runs the serial twin whenever the pass gets one thread, and also on more threads until the twin's
-passes have taken what the parallel compile adds (``PARALLEL_COMPILE_SECONDS`` times the kernel's measured extra,
-about 1 s; its own compile not counted) or a pass is ``PARALLEL_AT_ONCE_ELEMENTS``
+passes have taken what the parallel compile adds (``PARALLEL_COMPILE_SECONDS`` times the kernel's measured extra;
+its own compile not counted) or a pass is ``PARALLEL_AT_ONCE_ELEMENTS``
 long: the rent-or-buy rule, which costs at most about twice what knowing in advance whether the parallel compile pays
 would. Once the parallel kernel is compiled it is used. The twin is the same code with ``prange`` read as ``range``,
 its chunks and their order unchanged, so the result is the same bit for bit (tested for every such kernel).

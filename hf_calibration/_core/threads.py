@@ -1,9 +1,8 @@
 """How many threads a fit's inner step runs on: chosen by timing, so a busy machine does not stall it.
 
 A parallel region ends when its slowest worker does. On cores shared with other processes a worker is often
-descheduled and the region waits for it: on this project's 2-core machine under load, one vector-scaling
-gradient took 3.5 ms on one thread and 125 ms on two, a SMART step up to 40x longer than on one thread. On an
-idle machine two threads are faster. So the count is measured, not assumed:
+descheduled and the region waits for it: on a busy machine two threads can take many times longer than one
+(``benchmarks/RESULTS.md``); on an idle one they are faster. So the count is measured, not assumed:
 
 * the first call runs on one thread (it also pays for loading compiled code); then one call on one thread and
   one on all of them (numba's or torch's default count) are compared, and the faster is kept (several threads
