@@ -231,3 +231,70 @@ def tiny_wav2vec2(num_labels: int = 3):
     )
     extractor = transformers.Wav2Vec2FeatureExtractor(return_attention_mask=True)
     return transformers.Wav2Vec2ForSequenceClassification(config), extractor
+
+
+@_seeded
+def tiny_yolos(num_labels: int = 3, image_size: int = 32, detection_tokens: int = 12):
+    """A one-layer YOLOS and its image processor (no padding: every image is ``image_size`` square)."""
+    from transformers import YolosConfig, YolosForObjectDetection, YolosImageProcessor
+
+    config = YolosConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        image_size=[image_size, image_size],
+        patch_size=8,
+        num_detection_tokens=detection_tokens,
+        num_labels=num_labels,
+        use_mid_position_embeddings=False,
+    )
+    size = {"height": image_size, "width": image_size}
+    return YolosForObjectDetection(config).eval(), YolosImageProcessor(size=size, do_pad=False)
+
+
+@_seeded
+def tiny_detr(num_labels: int = 3, image_size: int = 32, queries: int = 10):
+    """A one-layer DETR on a two-stage ResNet built from its config (no timm, nothing downloaded)."""
+    from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig
+
+    backbone = ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", out_features=["stage2"]
+    )
+    config = DetrConfig(
+        use_timm_backbone=False,
+        use_pretrained_backbone=False,
+        backbone_config=backbone,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        num_queries=queries,
+        num_labels=num_labels,
+    )
+    size = {"height": image_size, "width": image_size}
+    return DetrForObjectDetection(config).eval(), DetrImageProcessor(size=size, do_pad=False)
+
+
+@_seeded
+def tiny_segformer(num_labels: int = 4, image_size: int = 32):
+    """A one-block SegFormer (logits at half the input size) and its image processor."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation, SegformerImageProcessor
+
+    config = SegformerConfig(
+        num_encoder_blocks=1,
+        depths=[1],
+        sr_ratios=[1],
+        hidden_sizes=[8],
+        num_attention_heads=[1],
+        patch_sizes=[3],
+        strides=[2],
+        mlp_ratios=[1],
+        decoder_hidden_size=8,
+        num_labels=num_labels,
+    )
+    size = {"height": image_size, "width": image_size}
+    return SegformerForSemanticSegmentation(config).eval(), SegformerImageProcessor(size=size, do_reduce_labels=False)

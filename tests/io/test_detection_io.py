@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from _models import tiny_segformer, tiny_yolos
 
 from hf_calibration.detection import detection_calibration_report, match_detections
 from hf_calibration.io.detection import predict_detections, stream_pixel_metrics
@@ -26,22 +27,7 @@ def test_shapes_are_deterministic(shapes):
 
 
 def test_yolos_detections_match_and_calibrate(shapes):
-    from transformers import YolosConfig, YolosForObjectDetection, YolosImageProcessor
-
-    torch.manual_seed(0)
-    config = YolosConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        image_size=[32, 32],
-        patch_size=8,
-        num_detection_tokens=12,
-        num_labels=3,
-        use_mid_position_embeddings=False,
-    )
-    model = YolosForObjectDetection(config)
-    processor = YolosImageProcessor(size={"height": 32, "width": 32}, do_pad=False)
+    model, processor = tiny_yolos()
     preds, target, sizes = predict_detections(model, processor, shapes, threshold=0.0, batch_size=4)
     assert len(preds) == len(target) == 6 and sizes[0] == (32, 32)
     assert all(p["logits"].shape == (p["scores"].shape[0], 4) for p in preds)  # 3 classes + "no object"
@@ -57,23 +43,7 @@ def test_yolos_detections_match_and_calibrate(shapes):
 
 
 def test_segformer_pixel_metrics_stream(shapes):
-    from transformers import SegformerConfig, SegformerForSemanticSegmentation, SegformerImageProcessor
-
-    torch.manual_seed(0)
-    config = SegformerConfig(
-        num_encoder_blocks=1,
-        depths=[1],
-        sr_ratios=[1],
-        hidden_sizes=[8],
-        num_attention_heads=[1],
-        patch_sizes=[3],
-        strides=[2],
-        mlp_ratios=[1],
-        decoder_hidden_size=8,
-        num_labels=4,
-    )
-    model = SegformerForSemanticSegmentation(config)
-    processor = SegformerImageProcessor(size={"height": 32, "width": 32}, do_reduce_labels=False)
+    model, processor = tiny_segformer()
     acc = stream_pixel_metrics(model, processor, shapes, batch_size=4, boundary_width=1)
     got = acc.compute()
     masks = np.stack([np.asarray(m) for m in shapes["mask"]])
@@ -87,25 +57,12 @@ def test_segformer_pixel_metrics_stream(shapes):
 
 
 def test_pipeline_serves_calibrated_detection_scores(shapes):
-    from transformers import YolosConfig, YolosForObjectDetection, YolosImageProcessor, pipeline
+    from transformers import pipeline
 
     from hf_calibration.detection import DetectionPlatt, DetectionTemperatureScaling
     from hf_calibration.serving.detection import attach_logit_calibrator, calibrate_results, detach_logit_calibrator
 
-    torch.manual_seed(0)
-    config = YolosConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        image_size=[32, 32],
-        patch_size=8,
-        num_detection_tokens=12,
-        num_labels=3,
-        use_mid_position_embeddings=False,
-    )
-    model = YolosForObjectDetection(config).eval()
-    processor = YolosImageProcessor(size={"height": 32, "width": 32}, do_pad=False)
+    model, processor = tiny_yolos()
     preds, target, sizes = predict_detections(model, processor, shapes, threshold=0.0)
     d = match_detections(preds, target, image_sizes=sizes)
     # a fit needs true and false positives: on random weights, mark every third detection a true one
@@ -127,25 +84,10 @@ def test_pipeline_serves_calibrated_detection_scores(shapes):
 
 
 def test_segformer_logits_calibrated_by_an_attached_local_temperature(shapes):
-    from transformers import SegformerConfig, SegformerForSemanticSegmentation
-
     from hf_calibration.segmentation import LocalTemperatureScaling
     from hf_calibration.serving.detection import attach_logit_calibrator, detach_logit_calibrator
 
-    torch.manual_seed(0)
-    config = SegformerConfig(
-        num_encoder_blocks=1,
-        depths=[1],
-        sr_ratios=[1],
-        hidden_sizes=[8],
-        num_attention_heads=[1],
-        patch_sizes=[3],
-        strides=[2],
-        mlp_ratios=[1],
-        decoder_hidden_size=8,
-        num_labels=4,
-    )
-    model = SegformerForSemanticSegmentation(config).eval()
+    model, processor = tiny_segformer()
     lts = LocalTemperatureScaling(4, image_channels=3)
     torch.nn.init.normal_(lts.net[-1].weight, std=0.5)  # a non-constant temperature map
     x = torch.randn(2, 3, 32, 32)

@@ -6,6 +6,7 @@ transformers alone) and the calibrator's parameters."""
 import numpy as np
 import pytest
 import torch
+from _models import tiny_detr, tiny_segformer, tiny_yolos
 
 from hf_calibration import load_calibrated_model, pipeline
 from hf_calibration.detection import (
@@ -22,68 +23,6 @@ from hf_calibration.segmentation import LocalTemperatureScaling, pixel_rows
 @pytest.fixture(scope="module")
 def shapes():
     return shapes_dataset(4, size=32, seed=3)
-
-
-def _yolos():
-    from transformers import YolosConfig, YolosForObjectDetection, YolosImageProcessor
-
-    torch.manual_seed(0)
-    config = YolosConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        image_size=[32, 32],
-        patch_size=8,
-        num_detection_tokens=12,
-        num_labels=3,
-        use_mid_position_embeddings=False,
-    )
-    return YolosForObjectDetection(config).eval(), YolosImageProcessor(size={"height": 32, "width": 32}, do_pad=False)
-
-
-def _detr():
-    from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig
-
-    torch.manual_seed(0)
-    backbone = ResNetConfig(
-        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", out_features=["stage2"]
-    )
-    config = DetrConfig(
-        use_timm_backbone=False,
-        use_pretrained_backbone=False,
-        backbone_config=backbone,
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=16,
-        decoder_ffn_dim=16,
-        num_queries=10,
-        num_labels=3,
-    )
-    return DetrForObjectDetection(config).eval(), DetrImageProcessor(size={"height": 32, "width": 32}, do_pad=False)
-
-
-def _segformer():
-    from transformers import SegformerConfig, SegformerForSemanticSegmentation, SegformerImageProcessor
-
-    torch.manual_seed(0)
-    config = SegformerConfig(
-        num_encoder_blocks=1,
-        depths=[1],
-        sr_ratios=[1],
-        hidden_sizes=[8],
-        num_attention_heads=[1],
-        patch_sizes=[3],
-        strides=[2],
-        mlp_ratios=[1],
-        decoder_hidden_size=8,
-        num_labels=4,
-    )
-    processor = SegformerImageProcessor(size={"height": 32, "width": 32}, do_reduce_labels=False)
-    return SegformerForSemanticSegmentation(config).eval(), processor
 
 
 def _folder(tmp_path, model, processor, calibrator, name):
@@ -126,7 +65,7 @@ def _expected_boxes(raw, model):
 
 @pytest.mark.parametrize("kind", ["platt", "box_logistic"])
 def test_yolos_folder_serves_calibrated_scores(shapes, tmp_path, kind):
-    model, processor = _yolos()
+    model, processor = tiny_yolos()
     forced = _detections(model, processor, shapes)
     calibrator = (DetectionPlatt() if kind == "platt" else BoxLogisticCalibration()).fit(forced)
     folder = _folder(tmp_path, model, processor, calibrator, "yolos")
@@ -152,7 +91,7 @@ def test_yolos_folder_serves_calibrated_scores(shapes, tmp_path, kind):
 
 
 def test_detr_folder_serves_a_temperature_on_the_logits(shapes, tmp_path):
-    model, processor = _detr()
+    model, processor = tiny_detr()
     ts = DetectionTemperatureScaling("softmax").fit(_detections(model, processor, shapes))
     assert abs(ts.temperature - 1) > 1e-3
     folder = _folder(tmp_path, model, processor, ts, "detr")
@@ -178,7 +117,7 @@ def test_segformer_folder_serves_calibrated_probability_maps(shapes, tmp_path, k
     from hf_calibration.calibrators import TemperatureScaling
     from hf_calibration.io.detection import pixel_logits
 
-    model, processor = _segformer()
+    model, processor = tiny_segformer()
     masks = torch.stack([torch.as_tensor(np.array(m), dtype=torch.int64) for m in shapes["mask"]])
     logits = torch.cat(pixel_logits(model, processor, shapes["image"], [(32, 32)] * len(shapes)))
     if kind == "local":
@@ -206,7 +145,7 @@ def test_segformer_folder_serves_calibrated_probability_maps(shapes, tmp_path, k
 
 
 def test_a_calibrator_of_another_model_is_refused(shapes, tmp_path):
-    model, processor = _yolos()
+    model, processor = tiny_yolos()
     lts = LocalTemperatureScaling(3, image_channels=0, hidden=2)
     lts.fit(torch.randn(1, 3, 4, 4), torch.randint(0, 3, (1, 4, 4)), steps=1)
     folder = _folder(tmp_path, model, processor, lts, "mixed")
