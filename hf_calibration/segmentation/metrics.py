@@ -182,7 +182,7 @@ class PixelCalibrationAccumulator:
             # is right when its label's logit is the maximum and no earlier class ties it (argmax's first index);
             # a tie puts two exp(0) = 1 terms in the sum, so only pixels with a sum >= 2 need the full argmax.
             top = z.amax(0)
-            total = torch.exp(z - top).sum(0)
+            total = (z - top).exp_().sum(0)
             right = z.gather(0, yy.unsqueeze(0)).squeeze(0) == top
             tied = right & (total >= 2)
             if bool(tied.any()):
