@@ -51,16 +51,21 @@ def _kept(detections: Any, score_threshold: float) -> Detections:
 
 @numba.njit(cache=True, nogil=True)
 def _joint_gap_sums(scores, features, columns, edges, n_bins, target, out):  # pragma: no cover - compiled
-    """One pass: the joint bin of each detection (confidence, then ``features[:, columns]``; ``uniform_bin``'s rule
-    in every dimension, ``edges[d, : n_bins[d] + 1]``) and, per bin, ``out[b, 0] += target``, ``out[b, 1] += score``."""
-    equal = (n_bins == n_bins[0]).all()  # whole rows of ``edges``: no slice per value (half the time)
-    for i in range(scores.shape[0]):
-        index = uniform_bin(scores[i], edges[0] if equal else edges[0, : n_bins[0] + 1])
-        for d in range(columns.shape[0]):
-            row = edges[d + 1] if equal else edges[d + 1, : n_bins[d + 1] + 1]
-            index = index * n_bins[d + 1] + uniform_bin(features[i, columns[d]], row)
-        out[index, 0] += target[i]
-        out[index, 1] += scores[i]
+    """The joint bin of each detection (confidence, then ``features[:, columns]``; ``uniform_bin``'s rule in every
+    dimension, ``edges[d, : n_bins[d] + 1]``), one dimension at a time, then per bin ``out[b, 0] += target``,
+    ``out[b, 1] += score``."""
+    n = scores.shape[0]
+    index = np.empty(n, np.int64)
+    row = edges[0, : n_bins[0] + 1]
+    for i in range(n):
+        index[i] = uniform_bin(scores[i], row)
+    for d in range(columns.shape[0]):
+        row, width, column = edges[d + 1, : n_bins[d + 1] + 1], n_bins[d + 1], columns[d]
+        for i in range(n):
+            index[i] = index[i] * width + uniform_bin(features[i, column], row)
+    for i in range(n):
+        out[index[i], 0] += target[i]
+        out[index[i], 1] += scores[i]
 
 
 def _gap_total(kept: Detections, features: Sequence[str], n_bins: tuple[int, ...], target: np.ndarray) -> float:

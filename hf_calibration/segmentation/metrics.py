@@ -31,7 +31,8 @@ from hf_calibration._core.bins import uniform_bin_index_torch
 
 __all__ = ["PixelCalibrationAccumulator", "pixel_calibration_report"]
 
-_SLAB_ELEMENTS = 1 << 18  # values of one (K, rows, W) slab: its temporaries (1 MB in float32) stay in cache
+_SLAB_ELEMENTS = 1 << 20  # values of one (K, rows, W) slab: 4 MB of float32 temporaries, few enough slabs that the
+# per-operation cost stays small (2^18-2^22 measured: benchmarks/RESULTS.md)
 
 
 def _as_tensor(x: Any, name: str) -> torch.Tensor:
