@@ -133,7 +133,7 @@ class PixelCalibrationAccumulator:
             raise ValueError(
                 f"Expected `target` labels in [0, {self.num_classes}) or `ignore_index` ({self.ignore_index}), but got {bad}."
             )
-        if self.from_logits is None:
+        if self.from_logits is None and preds.numel():  # an empty batch decides nothing (and adds nothing)
             probs = bool(preds.min() >= 0) and bool(preds.max() <= 1) and bool(((preds.sum(1) - 1).abs() <= 1e-3).all())
             self.from_logits = not probs
 

@@ -136,3 +136,15 @@ def test_all_ignored_and_bad_arguments():
         PixelCalibrationAccumulator(K, ignore_index=3)
     with pytest.raises(ValueError, match="`boundary_width`"):
         PixelCalibrationAccumulator(K, boundary_width=0)
+
+
+@pytest.mark.parametrize("shape", [(0, K, 4, 4), (1, K, 0, 5), (1, K, 5, 0)])
+def test_an_empty_batch_adds_nothing(shape):
+    acc = PixelCalibrationAccumulator(K)
+    acc.update(torch.randn(*shape), torch.zeros(shape[0], *shape[2:], dtype=torch.long))
+    with pytest.raises(ValueError, match="at least one labelled pixel"):
+        acc.compute()
+    logits = torch.randn(1, K, 2, 2, dtype=torch.float64)
+    target = torch.tensor([[[0, 1], [2, 3]]])
+    acc.update(logits, target)  # then a real batch counts as if it came first
+    assert acc.compute()["ece"] == pixel_calibration_report(logits, target)["ece"]
