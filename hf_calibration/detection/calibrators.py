@@ -100,7 +100,6 @@ class DetectionCalibrator(
     ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, an edited ``config.json`` refused at load.
     """
 
-    kind: ClassVar[str] = ""
     needs: ClassVar[tuple[str, ...]] = ()  # what besides the scores the map reads: "labels", "features", "logits"
     paper_citation: ClassVar[str] = ""
     checkpoint_key: ClassVar[str] = "calibrator"

@@ -187,7 +187,6 @@ class Calibrator(
     weights no fit could give.
     """
 
-    kind: ClassVar[str] = ""
     min_samples: ClassVar[int] = 2
     default_objective: ClassVar[str] = "nll"
     objectives: ClassVar[tuple[str, ...]] = ("nll",)
