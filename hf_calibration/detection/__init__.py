@@ -16,6 +16,7 @@ from hf_calibration.detection.metrics import (
     detection_ece,
     detection_reliability,
     laece,
+    ranking_ap,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "laece",
     "load_detection_calibrator",
     "match_detections",
+    "ranking_ap",
 ]

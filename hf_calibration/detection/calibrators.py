@@ -11,8 +11,9 @@ on matched held-out detections (``match_detections``) to the target "this detect
 * ``BoxLogisticCalibration``: ``sigmoid(w . [logit(s), cx, cy, w, h] + b)`` (Küppers et al. 2020, eq. 9; netcal's
   ``LogisticCalibration(detection=True)``).
 
-The first three are monotone in the score within a class (the detector's ranking, hence mAP, is kept up to the ties
-isotonic regression creates); the box-conditioned map is not. All fit by maximum likelihood (binary cross-entropy),
+Platt, the isotonic map and the sigmoid temperature are increasing in the score within a class (each class's ranking,
+hence mAP, is kept); the softmax temperature and the box-conditioned map are not, and ``fit`` warns when one lowers the
+ranking AP (``ranking_ap``) of the held-out (else the fit) detections. All fit by maximum likelihood (binary cross-entropy),
 Platt and the box logistic map by Newton's method, the temperature by L-BFGS, in float64. Saved, loaded and pushed
 like every calibrator (:class:`hf_calibration._core.persistence.Saved`: ``model.safetensors``, ``config.json`` with
 the fit record, a model card with the metrics before / after); ``load_detection_calibrator`` loads any kind.
@@ -20,6 +21,7 @@ the fit record, a model card with the metrics before / after); ``load_detection_
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -29,7 +31,7 @@ from torch import nn
 from hf_calibration._core.persistence import Saved
 from hf_calibration._core.vision_card import VISION_CARD_TEMPLATE, metric_rows
 from hf_calibration.detection.matching import Detections, _check_threshold
-from hf_calibration.detection.metrics import BOX_FEATURES, d_ece, detection_ece, laece
+from hf_calibration.detection.metrics import BOX_FEATURES, d_ece, detection_ece, laece, ranking_ap
 
 __all__ = [
     "DETECTION_CALIBRATORS",
@@ -42,7 +44,13 @@ __all__ = [
 ]
 
 _EPS = 1e-12
-_CARD_METRICS = {"d_ece": "D-ECE", "detection_ece": "detection ECE", "laece": "LaECE"}
+_CARD_METRICS = {
+    "d_ece": "D-ECE",
+    "detection_ece": "detection ECE",
+    "laece": "LaECE",
+    "ranking_ap": "ranking AP (higher is better)",
+}
+_RANKING_TOLERANCE = 0.005  # a fall of the ranking AP beyond this is reported at fit
 
 
 def _logit(p: torch.Tensor) -> torch.Tensor:
@@ -179,13 +187,30 @@ class DetectionCalibrator(
         self.fit_info_["fit_set"] = self._measure(kept)
         if held_out is not None:
             self.fit_info_["held_out"] = self._measure(held_out.above(threshold))
+        record = self.fit_info_.get("held_out", self.fit_info_["fit_set"])
+        if record["ranking_ap_after"] < record["ranking_ap_before"] - _RANKING_TOLERANCE:
+            warnings.warn(
+                f"{type(self).__name__} re-ranks the detections: their ranking AP (true positives above false ones, "
+                f"class mean) falls from {record['ranking_ap_before']:.4f} to {record['ranking_ap_after']:.4f} on the "
+                f"{'held-out' if 'held_out' in self.fit_info_ else 'fit'} detections, which lowers mAP. Rank by the "
+                "raw score and read the calibrated one as the confidence, or use a map increasing in the score "
+                "(DetectionPlatt, DetectionIsotonic).",
+                UserWarning,
+                stacklevel=2,
+            )
         return self
 
     def _measure(self, kept: Detections) -> dict[str, float]:
-        """Detection ECE, D-ECE (with the geometry) and LaECE of ``kept`` before and after the map (NaN: no detection)."""
+        """Detection ECE, D-ECE (with the geometry), LaECE and the ranking AP of ``kept`` before and after the map
+        (NaN: no detection)."""
         after = self.calibrate(kept) if len(kept) else kept
         out = {}
-        for key, fn in (("detection_ece", detection_ece), ("d_ece", d_ece), ("laece", laece)):
+        for key, fn in (
+            ("detection_ece", detection_ece),
+            ("d_ece", d_ece),
+            ("laece", laece),
+            ("ranking_ap", ranking_ap),
+        ):
             if key == "d_ece" and kept.features is None:
                 continue
             for when, d in (("before", kept), ("after", after)):
@@ -282,7 +307,9 @@ class BoxLogisticCalibration(DetectionCalibrator):
 class DetectionTemperatureScaling(DetectionCalibrator):
     """One temperature on a DETR-style head's class logits (N, C): ``softmax(z / T)[label]`` with the last logit
     "no object" (``activation="softmax"``: DETR, YOLOS) or ``sigmoid(z[label] / T)`` (``"sigmoid"``: Deformable DETR,
-    RT-DETR). ``labels`` is the class the detection was given; the map keeps the within-class ranking."""
+    RT-DETR). ``labels`` is the class the detection was given. The sigmoid form keeps the order of a class's
+    detections; the softmax form does not (one temperature moves each query's mass between its class and "no object"
+    by how peaked its logits are), and may cost mAP: ``fit`` warns when the ranking AP falls."""
 
     kind = "detection_temperature"
     needs = ("labels", "logits")
@@ -319,13 +346,16 @@ class DetectionTemperatureScaling(DetectionCalibrator):
 
 
 class DetectionIsotonic(DetectionCalibrator):
-    """A non-decreasing map of the score, one per predicted class (``num_classes`` of them; scikit-learn's isotonic
-    regression, clipped outside the fitted range, linear between its knots); a class without fit detections keeps
-    its scores. ``max_knots`` bounds the saved knots (the fit's own are thinned evenly beyond it)."""
+    """A strictly increasing isotonic map of the score, one per predicted class (``num_classes`` of them): centred
+    isotonic regression (Oron & Flournoy 2017), the pool-adjacent-violators fit with each pooled block's value placed
+    at the block's mean score (the lowest and highest block at the fit's extreme scores) and linear between, so the
+    map keeps the order of every two detections of a class inside the fitted score range (a step function would tie
+    them, and the evaluation would break the ties in a new order); clipped outside it. A class without fit
+    detections keeps its scores. ``max_knots`` bounds the saved knots (thinned evenly beyond it)."""
 
     kind = "detection_isotonic"
     needs = ("labels",)
-    paper_citation = "Oksuz et al., CVPR 2023, Sec. 5"
+    paper_citation = "Oksuz et al., CVPR 2023, Sec. 5; Oron & Flournoy, Stat. Biopharm. Res. 2017 (centred isotonic)"
 
     def __init__(self, num_classes: int, max_knots: int = 256) -> None:
         super().__init__()
@@ -349,8 +379,12 @@ class DetectionIsotonic(DetectionCalibrator):
         m = self.x.shape[1]
         for c in np.unique(labels):
             keep = labels == c
-            iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(scores[keep], target.numpy()[keep])
-            xs, ys = iso.X_thresholds_, iso.y_thresholds_
+            x = np.sort(scores[keep])
+            fitted = IsotonicRegression(y_min=0.0, y_max=1.0).fit(scores[keep], target.numpy()[keep]).predict(x)
+            starts = np.flatnonzero(np.r_[True, np.diff(fitted) != 0])  # the pooled blocks (PAV's level sets)
+            xs = np.add.reduceat(x, starts) / np.diff(np.r_[starts, x.size])  # each block's mean score
+            xs[0], xs[-1] = x[0], x[-1]  # (one block: a constant map over the fitted range)
+            ys = fitted[starts]
             pick = np.unique(np.round(np.linspace(0, xs.size - 1, m)).astype(int))
             xs, ys = xs[pick], ys[pick]
             self.x[c] = torch.from_numpy(np.pad(xs, (0, m - xs.size), mode="edge"))

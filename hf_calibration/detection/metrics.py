@@ -26,7 +26,15 @@ import numpy as np
 from hf_calibration._core.bins import uniform_bin, uniform_bin_index, uniform_edges
 from hf_calibration.detection.matching import Detections, _check_threshold
 
-__all__ = ["BOX_FEATURES", "d_ece", "detection_calibration_report", "detection_ece", "detection_reliability", "laece"]
+__all__ = [
+    "BOX_FEATURES",
+    "d_ece",
+    "detection_calibration_report",
+    "detection_ece",
+    "detection_reliability",
+    "laece",
+    "ranking_ap",
+]
 
 BOX_FEATURES = ("cx", "cy", "w", "h")
 
@@ -173,3 +181,20 @@ def detection_calibration_report(
     if kept.features is not None:
         out["d_ece"] = d_ece(kept, n_bins=d_ece_bins, score_threshold=score_threshold)
     return out
+
+
+def ranking_ap(detections: Detections, *, score_threshold: float = 0.5) -> float:
+    """How well the scores rank true positives above false ones: the average precision of ``matched`` against the
+    score (scikit-learn's ``average_precision_score``), averaged over the predicted classes that have a true and a
+    false positive at ``score_threshold``; NaN where none has. COCO's AP of a class reads the same order of that
+    class's detections (its recall also counts the missed objects), so a map that lowers this lowers mAP, and a map
+    increasing in the score within each class leaves both unchanged."""
+    from sklearn.metrics import average_precision_score
+
+    kept = _kept(detections, _check_threshold(score_threshold, "score_threshold"))
+    aps = [
+        average_precision_score(kept.matched[keep], kept.scores[keep])
+        for keep in (kept.labels == c for c in np.unique(kept.labels))
+        if 0 < kept.matched[keep].sum() < keep.sum()
+    ]
+    return float(np.mean(aps)) if aps else float("nan")

@@ -2,6 +2,7 @@
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -109,11 +110,12 @@ def test_isotonic_per_class_by_hand():
         iou_threshold=0.5,
         num_ground_truth=3,
     )
+    # centred: blocks {.2} -> 0, {.4, .6} -> .5 placed at their mean .5, {.8} -> 1; linear between the three knots
     iso = DetectionIsotonic(num_classes=3).fit(d)
-    np.testing.assert_allclose(iso(d.scores[:4], d.labels[:4]).numpy(), [0, 0.5, 0.5, 1], atol=1e-15)
+    np.testing.assert_allclose(iso(d.scores[:4], d.labels[:4]).numpy(), [0, 1 / 3, 2 / 3, 1], atol=1e-15)
     np.testing.assert_allclose(
-        iso([0.5, 0.1, 0.9], [0, 0, 0]).numpy(), [0.5, 0, 1], atol=1e-15
-    )  # between knots, clipped
+        iso([0.5, 0.1, 0.9, 0.35], [0, 0, 0, 0]).numpy(), [0.5, 0, 1, 0.25], atol=1e-15
+    )  # at a knot, clipped below / above the fitted range, between knots
     np.testing.assert_allclose(iso([0.3, 0.42], [2, 2]).numpy(), [0.3, 0.42], atol=1e-15)  # class 2 never fitted
 
 
@@ -177,3 +179,41 @@ def test_bad_use(overconfident):
         DetectionPlatt().fit(overconfident.above(0.999999))
     with pytest.raises(ValueError, match="`activation`"):
         DetectionTemperatureScaling("relu")
+
+
+def _positional(seed: int, by_position: bool) -> Detections:
+    """600 detections of one class, true positives with probability (cx + score) / 2 (``by_position``) or the score."""
+    rng = np.random.default_rng(seed)
+    n = 600
+    scores, features = rng.uniform(0.1, 0.9, n), rng.uniform(0.05, 0.95, (n, 4))
+    tp = rng.random(n) < ((features[:, 0] + scores) / 2 if by_position else scores)
+    return Detections(
+        scores=scores,
+        labels=np.zeros(n, int),
+        matched=tp,
+        iou=np.where(tp, 0.8, 0.0),
+        image=np.zeros(n, int),
+        features=features,
+        logits=None,
+        iou_threshold=0.5,
+        num_ground_truth=int(tp.sum()),
+    )
+
+
+def test_fit_warns_when_the_map_lowers_the_held_out_ranking():
+    """A box map fitted where position counts, measured where only the score does: it ranks the held-out detections
+    by position, their ranking AP (scikit-learn's, recomputed here) falls and ``fit`` says so; Platt keeps the order."""
+    from sklearn.metrics import average_precision_score
+
+    fit_set, held_out = _positional(0, by_position=True), _positional(1, by_position=False)
+    with pytest.warns(UserWarning, match="re-ranks the detections.*held-out"):
+        box = BoxLogisticCalibration().fit(fit_set, held_out=held_out)
+    record = box.fit_info_["held_out"]
+    assert record["ranking_ap_before"] == pytest.approx(average_precision_score(held_out.matched, held_out.scores))
+    after = box.calibrate(held_out).scores
+    assert record["ranking_ap_after"] == pytest.approx(average_precision_score(held_out.matched, after))
+    assert record["ranking_ap_after"] < record["ranking_ap_before"] - 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        platt = DetectionPlatt().fit(fit_set, held_out=held_out)
+    assert platt.fit_info_["held_out"]["ranking_ap_after"] == pytest.approx(record["ranking_ap_before"], abs=1e-12)

@@ -1,5 +1,7 @@
 """Detection matching against pycocotools, D-ECE against netcal, LaECE by hand, and the bad inputs."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from hf_calibration.detection import (
     detection_ece,
     laece,
     match_detections,
+    ranking_ap,
 )
 
 # the matching and D-ECE kernels: CI runs these again with numba targeting a CPU without AVX-512 (.ci/run)
@@ -199,3 +202,21 @@ def test_thresholds_follow_the_current_scores(matched):
     lowered = high.with_scores(high.scores / 2)  # calibrated scores: a threshold on the old ones no longer holds
     assert lowered.score_threshold == 0.0
     assert len(lowered.above(0.3)) == int((high.scores / 2 >= 0.3).sum()) < len(high)
+
+
+def test_ranking_ap_by_hand():
+    # class 0: .9 T, .8 F, .7 T, .6 F -> AP = .5 * 1 + .5 * 2/3; class 1: .5 F, .4 T -> .5; class 2: no false positive
+    d = Detections(
+        scores=np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.95]),
+        labels=np.array([0, 0, 0, 0, 1, 1, 2]),
+        matched=np.array([True, False, True, False, False, True, True]),
+        iou=np.zeros(7),
+        image=np.zeros(7, int),
+        features=None,
+        logits=None,
+        iou_threshold=0.5,
+        num_ground_truth=3,
+    )
+    assert ranking_ap(d, score_threshold=0.0) == pytest.approx((0.5 + 1 / 3 + 0.5) / 2, abs=1e-15)
+    assert ranking_ap(d, score_threshold=0.45) == pytest.approx(0.5 + 1 / 3, abs=1e-15)  # class 1: no true positive
+    assert math.isnan(ranking_ap(d, score_threshold=0.92))  # only class 2 is left
