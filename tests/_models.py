@@ -298,3 +298,40 @@ def tiny_segformer(num_labels: int = 4, image_size: int = 32):
     )
     size = {"height": image_size, "width": image_size}
     return SegformerForSemanticSegmentation(config).eval(), SegformerImageProcessor(size=size, do_reduce_labels=False)
+
+
+def tiny_mask2former(num_labels: int = 4, image_size: int = 32):
+    """A one-layer Mask2Former (a one-block-per-stage Swin backbone, 8 queries) and its image processor."""
+    from transformers import (
+        Mask2FormerConfig,
+        Mask2FormerForUniversalSegmentation,
+        Mask2FormerImageProcessor,
+        SwinConfig,
+    )
+
+    backbone = SwinConfig(
+        image_size=image_size,
+        patch_size=4,
+        embed_dim=16,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 1, 1],
+        window_size=4,
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    config = Mask2FormerConfig(
+        backbone_config=backbone,
+        backbone=None,
+        use_pretrained_backbone=False,
+        num_labels=num_labels,
+        num_queries=8,
+        hidden_dim=32,
+        mask_feature_size=32,
+        feature_size=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_feedforward_dim=64,
+        dim_feedforward=64,
+        num_attention_heads=2,
+    )
+    size = {"height": image_size, "width": image_size}
+    return Mask2FormerForUniversalSegmentation(config).eval(), Mask2FormerImageProcessor(size=size, do_pad=False)

@@ -4,13 +4,15 @@
 ``post_process_object_detection`` and returns what :func:`~hf_calibration.detection.match_detections` takes:
 predictions (with each detection's class logits, for temperature scaling, where the head scores each query by its
 best class as DETR and YOLOS do), COCO-style targets (``objects`` with ``bbox`` [x, y, w, h] in pixels and
-``category``), and the image sizes. ``stream_pixel_metrics`` runs an ``AutoModelForSemanticSegmentation``,
-upsamples its logits to each mask as ``post_process_semantic_segmentation`` does (bilinear), and feeds a
+``category``), and the image sizes. ``stream_pixel_metrics`` runs an ``AutoModelForSemanticSegmentation`` (or a
+universal head: MaskFormer, Mask2Former, OneFormer), takes its pixel logits at each mask's size as
+``post_process_semantic_segmentation`` does (``pixel_logits``), and feeds a
 :class:`~hf_calibration.segmentation.PixelCalibrationAccumulator` batch by batch (masks stored as images).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -103,13 +105,27 @@ def predict_detections(
 
 @torch.inference_mode()
 def pixel_logits(model: nn.Module, processor: Any, images: list, sizes: list[tuple[int, int]]) -> list[torch.Tensor]:
-    """Each image's ``(1, K, H, W)`` logits, upsampled (bilinear, as ``post_process_semantic_segmentation``) to its size."""
+    """Each image's ``(1, K, H, W)`` logits at its size: a semantic head's logits upsampled (bilinear, as
+    ``post_process_semantic_segmentation`` does); for a universal head (MaskFormer, Mask2Former, OneFormer: class and
+    mask logits per query), the log of the class-probability map its processor's ``post_process_semantic_segmentation``
+    takes the argmax of (``return_segmentation_scores=True``: ``sum_q p_q(k) sigmoid(m_q)``), normalised over the
+    classes, so that its softmax is that map and its argmax the processor's segmentation."""
     model.eval()
     device = next(model.parameters()).device
     inputs = processor(images=[_rgb(im) for im in images], return_tensors="pt").to(device)
-    logits = model(**inputs).logits
+    outputs = model(**inputs)
+    if getattr(outputs, "class_queries_logits", None) is not None:
+        post = processor.post_process_semantic_segmentation
+        if "return_segmentation_scores" not in inspect.signature(post).parameters:
+            raise ValueError(
+                f"{type(model).__name__} is a universal segmentation head: its pixel probabilities come from its "
+                "processor's post_process_semantic_segmentation(..., return_segmentation_scores=True), which this "
+                "transformers release does not have (5.25 has it)."
+            )
+        scores = [out.segmentation_scores for out in post(outputs, target_sizes=sizes, return_segmentation_scores=True)]
+        return [torch.log(s / s.sum(0, keepdim=True)).unsqueeze(0) for s in scores]
     return [
-        nn.functional.interpolate(logits[i : i + 1], size=size, mode="bilinear", align_corners=False)
+        nn.functional.interpolate(outputs.logits[i : i + 1], size=size, mode="bilinear", align_corners=False)
         for i, size in enumerate(sizes)
     ]
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from _models import tiny_segformer, tiny_yolos
+from _models import tiny_mask2former, tiny_segformer, tiny_yolos
 
 from hf_calibration.detection import detection_calibration_report, match_detections
 from hf_calibration.io.detection import predict_detections, stream_pixel_metrics
@@ -54,6 +54,38 @@ def test_segformer_pixel_metrics_stream(shapes):
     assert one.compute()["ece"] == pytest.approx(got["ece"], abs=1e-6)  # batching does not change the pixels
     hot = stream_pixel_metrics(model, processor, shapes, calibrate=lambda z: z * 50).compute()
     assert hot["ece"] != got["ece"]
+
+
+def test_mask2former_pixel_metrics_are_its_post_processed_map(shapes):
+    """A universal head's pixel probabilities: transformers' semantic score map, normalised over the classes; its argmax
+    is the processor's segmentation, and the streamed ECE is torchmetrics' on that map."""
+    import inspect
+
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    from hf_calibration.io.detection import pixel_logits
+
+    model, processor = tiny_mask2former()
+    post = processor.post_process_semantic_segmentation
+    if "return_segmentation_scores" not in inspect.signature(post).parameters:
+        with pytest.raises(ValueError, match="universal segmentation head"):
+            stream_pixel_metrics(model, processor, shapes)
+        return
+    masks = [torch.as_tensor(np.array(m), dtype=torch.int64) for m in shapes["mask"]]
+    sizes = [tuple(m.shape) for m in masks]
+    with torch.no_grad():
+        outputs = model(**processor(images=[im.convert("RGB") for im in shapes["image"]], return_tensors="pt"))
+    theirs = post(outputs, target_sizes=sizes, return_segmentation_scores=True)
+    ours = pixel_logits(model, processor, shapes["image"], sizes)
+    for z, out in zip(ours, theirs):
+        assert torch.equal(z[0].argmax(0), out.segmentation)
+    probs = torch.cat([(s.segmentation_scores / s.segmentation_scores.sum(0)).flatten(1).T for s in theirs]).double()
+    labels = torch.cat([m.flatten() for m in masks])
+    keep = labels != 255
+    expected = multiclass_calibration_error(probs[keep], labels[keep], num_classes=4, n_bins=15).item()
+    got = stream_pixel_metrics(model, processor, shapes, batch_size=4).compute()
+    assert got["pixels"] == int(keep.sum())
+    assert got["ece"] == pytest.approx(expected, abs=1e-6)  # the model's float32 map
 
 
 def test_pipeline_serves_calibrated_detection_scores(shapes):
