@@ -17,6 +17,10 @@ anything else multi-class. An explicit ``task=`` wins over both (and is checked 
 A binary problem has two spellings of its head: one logit (a sigmoid) or two softmax logits, whose log-odds is
 ``z_1 - z_0``. Binary metrics and calibrators accept both (``task="binary"`` with ``(N, 2)`` logits), so a model of
 either spelling gives the same calibrated probabilities.
+
+The pipeline task of a model is asked here too: the classification tasks (``CLASSIFICATION_TASKS``,
+``pipeline_task_of_config``) and the dense-prediction ones, object detection and semantic segmentation
+(``DENSE_TASKS``, ``dense_task_of_config``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, Literal
 
 __all__ = [
     "CLASSIFICATION_TASKS",
+    "DENSE_TASKS",
     "HEADS",
     "IMAGE_TASK",
     "SIGMOID_TASKS",
@@ -33,6 +38,7 @@ __all__ = [
     "check_task",
     "compatible_head",
     "check_pipeline_task",
+    "dense_task_of_config",
     "head_of",
     "pipeline_task_of_config",
     "pipeline_task_of_folder",
@@ -379,3 +385,34 @@ def resolve_pipeline_task(task: str | None = None, config: Any = None) -> str:
             f"({why}, which {CLASSIFICATION_TASKS[found][0]} loads). Leave task=None to read it from the config."
         )
     return task or found or IMAGE_TASK
+
+
+# the pipeline task -> (Auto model class, transformers' table of the classes it loads, class-name ending)
+DENSE_TASKS = {
+    "object-detection": (
+        "AutoModelForObjectDetection",
+        "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+        "ForObjectDetection",
+    ),
+    "image-segmentation": (
+        "AutoModelForSemanticSegmentation",
+        "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+        "ForSemanticSegmentation",
+    ),
+}
+
+
+def dense_task_of_config(config: Any) -> str | None:
+    """``"object-detection"`` / ``"image-segmentation"`` when a transformers config (or its ``config.json`` as a dict)
+    is a detector's / semantic segmenter's (its ``architectures`` in transformers' Auto tables, or by the class name's
+    ending), else None."""
+    from transformers.models.auto import modeling_auto
+
+    def field(key):
+        return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+    for name in field("architectures") or ():
+        for task, (_, table, suffix) in DENSE_TASKS.items():
+            if name in getattr(modeling_auto, table, {}).values() or str(name).endswith(suffix):
+                return task
+    return None

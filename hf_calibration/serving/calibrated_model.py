@@ -36,10 +36,9 @@ from torch import nn
 
 from hf_calibration._core import checkpoints as hub
 from hf_calibration._core.checks import check_folder_or_hub_id
-from hf_calibration._core.tasks import check_pipeline_task, resolve_pipeline_task
+from hf_calibration._core.tasks import DENSE_TASKS, check_pipeline_task, dense_task_of_config, resolve_pipeline_task
 from hf_calibration.calibrators import load_calibrator
 from hf_calibration.io.model_loading import _HUB_KWARGS, _load_model, load_image_processor, load_processor
-from hf_calibration.serving.dense_tasks import DENSE_TASKS, dense_task_of_config
 
 __all__ = ["CALIBRATOR_FOLDER", "CONFORMAL_FOLDER", "load_calibrated_model", "pipeline"]
 

@@ -14,10 +14,10 @@ pipeline's results instead: ``calibrate_results(results, calibrator, image_size)
 removes the hook.
 
 A model folder (or Hub repo) holding a detector or a semantic segmenter and, in ``calibrator/``, its calibrator is
-loaded by ``hf_calibration.load_calibrated_model`` / ``hf_calibration.pipeline`` through what this module adds:
-``dense_task_of_config`` (which of the two tasks a config is for), ``load_dense_calibrator`` (any detection or
-segmentation calibrator, or a package calibrator fitted on pixel rows), ``serve_calibrator`` and the two pipeline
-classes of ``calibrated_pipeline_class``:
+loaded by ``hf_calibration.load_calibrated_model`` / ``hf_calibration.pipeline`` (the task read by
+``hf_calibration._core.tasks.dense_task_of_config``) through what this module adds: ``load_dense_calibrator`` (any
+detection or segmentation calibrator, or a package calibrator fitted on pixel rows), ``serve_calibrator`` and the two
+pipeline classes of ``calibrated_pipeline_class``:
 
 * object detection: transformers' output (``score``, ``label``, ``box``) with calibrated scores. The detector's
   post-processing runs at threshold 0, the calibrator maps every detection's score, and the pipeline's ``threshold``
@@ -38,17 +38,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from hf_calibration._core.tasks import DENSE_TASKS
 from hf_calibration.detection import DetectionTemperatureScaling
 from hf_calibration.detection.calibrators import DetectionCalibrator
 from hf_calibration.segmentation import LocalTemperatureScaling, calibrate_pixels
-from hf_calibration.serving.dense_tasks import DENSE_TASKS, dense_task_of_config
 
 __all__ = [
-    "DENSE_TASKS",
     "attach_logit_calibrator",
     "calibrate_results",
     "calibrated_pipeline_class",
-    "dense_task_of_config",
     "detach_logit_calibrator",
     "load_dense_calibrator",
     "serve_calibrator",

@@ -3,6 +3,8 @@
 built from configs; every served number is recomputed by hand from the plain model's outputs (loaded with
 transformers alone) and the calibrator's parameters."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -142,6 +144,9 @@ def test_segformer_folder_serves_calibrated_probability_maps(shapes, tmp_path, k
         np.testing.assert_array_equal(mask, (up.argmax(0) == c).numpy())  # the masks of the calibrated logits
         np.testing.assert_allclose(r["probabilities"], probs[c].numpy(), atol=1e-5)
         assert r["score"] == pytest.approx(float(probs[c][torch.from_numpy(mask)].mean()), abs=1e-5)
+    card = Path(folder, "calibrator", "README.md").read_text()
+    assert "image-segmentation" in card.split("---")[1]  # tagged with the segmenter's task, either kind
+    assert 'pipeline("image-segmentation"' in card and "load_classifier" not in card
 
 
 def test_a_calibrator_of_another_model_is_refused(shapes, tmp_path):

@@ -13,6 +13,7 @@ import contextvars
 import json
 import logging
 import warnings
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,7 +34,13 @@ from hf_calibration._core.finite import first_non_finite
 from hf_calibration._core.inputs import logits_and_labels, read_multiclass, scores_kind, whole_labels
 from hf_calibration._core.persistence import Saved
 from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, top_label_pass
-from hf_calibration._core.tasks import CLASSIFICATION_TASKS, IMAGE_TASK, check_pipeline_task, pipeline_task_of_folder
+from hf_calibration._core.tasks import (
+    CLASSIFICATION_TASKS,
+    IMAGE_TASK,
+    check_pipeline_task,
+    dense_task_of_config,
+    pipeline_task_of_folder,
+)
 from hf_calibration._core.threads import torch_single_threaded
 from hf_calibration.calibrators import attach as _attach
 from hf_calibration.calibrators._machinery.card import CALIBRATOR_CARD_TEMPLATE
@@ -843,6 +850,9 @@ class Calibrator(
         }
         values.update(kwargs)
         task = values.get("pipeline_task")
+        if task == SEGMENTATION_TASK:  # fitted on a semantic segmenter's pixel rows (``pixel_rows``)
+            values.setdefault("model_kind", "a semantic segmenter's pixels")
+            return values  # the usage: hf_calibration.pipeline, below the Auto-class block the card leaves out
         if task is not None:
             check_pipeline_task(task, "model_card_kwargs['pipeline_task']")
         auto_class, argument = CLASSIFICATION_TASKS[task][:2] if task else (None, None)
@@ -860,9 +870,11 @@ class Calibrator(
     def _before_save(self, folder, overwrite: bool, card: dict[str, Any]) -> None:
         # the card names the model's pipeline task, Auto class and preprocessor: model_card_kwargs["pipeline_task"],
         # else the task of the model saved in the parent folder (its config.json, hf_calibration._core.tasks)
+        # (a semantic segmenter's folder: "image-segmentation", the calibrator fitted on its pixel rows)
         if card.get("pipeline_task") is None:
-            card["pipeline_task"] = pipeline_task_of_folder(folder.parent)
-        else:  # refused before anything is written
+            parent = folder.parent
+            card["pipeline_task"] = _segmentation_task_of_folder(parent) or pipeline_task_of_folder(parent)
+        elif card["pipeline_task"] != SEGMENTATION_TASK:  # refused before anything is written
             check_pipeline_task(card["pipeline_task"], "model_card_kwargs['pipeline_task']")
         super()._before_save(folder, overwrite, card)
 
@@ -887,6 +899,18 @@ class Calibrator(
     def _check_loaded(self, path: str) -> None:
         super()._check_loaded(path)
         self._check_state(path)
+
+
+SEGMENTATION_TASK = "image-segmentation"
+
+
+def _segmentation_task_of_folder(folder: Path) -> str | None:
+    """``"image-segmentation"`` when ``folder`` holds a semantic segmenter's ``config.json``, else None."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return SEGMENTATION_TASK if isinstance(config, dict) and dense_task_of_config(config) == SEGMENTATION_TASK else None
 
 
 def scores_fingerprint(calibrator: Calibrator | None) -> str | None:

@@ -30,7 +30,16 @@ ECE is measured on the data the calibrator was fitted on; report held-out number
 
 ## Usage
 
-```python
+{% if pipeline_task == "image-segmentation" %}```python
+import hf_calibration
+
+segmenter = hf_calibration.pipeline("image-segmentation", model="{{ model_repo | default("<model repo>", true) }}")
+segmenter(image)  # transformers' masks, each with a calibrated score and probability map
+```
+
+With the calibrator saved in the segmenter's `calibrator/` folder, `hf_calibration.load_calibrated_model` loads both
+(`model(...).logits` calibrated per pixel).
+{% else %}```python
 {% if auto_class %}from transformers import {{ auto_class }}, {{ processor_class }}, pipeline
 from hf_calibration.calibrators import load_calibrator
 
@@ -49,7 +58,7 @@ classifier = pipeline("{{ pipeline_task }}", model=model, {{ processor_argument 
 
 With the calibrator saved in the model repo's `calibrator/` folder, one call loads both (the task read from the model's
 config): `hf_calibration.pipeline(model="{{ model_repo | default("<model repo>", true) }}")`.
-{% if selection %}
+{% endif %}{% if selection %}
 ## How this calibrator was chosen
 
 {{ selection }}
