@@ -11,12 +11,13 @@ on matched held-out detections (``match_detections``) to the target "this detect
 * ``BoxLogisticCalibration``: ``sigmoid(w . [logit(s), cx, cy, w, h] + b)`` (Küppers et al. 2020, eq. 9; netcal's
   ``LogisticCalibration(detection=True)``).
 
-Platt, the isotonic map and the sigmoid temperature are increasing in the score within a class (each class's ranking,
-hence mAP, is kept); the softmax temperature and the box-conditioned map are not, and ``fit`` warns when one lowers the
-ranking AP (``ranking_ap``) of the held-out (else the fit) detections. All fit by maximum likelihood (binary cross-entropy),
-Platt and the box logistic map by Newton's method, the temperature by L-BFGS, in float64. Saved, loaded and pushed
-like every calibrator (:class:`hf_calibration._core.persistence.Saved`: ``model.safetensors``, ``config.json`` with
-the fit record, a model card with the metrics before / after); ``load_detection_calibrator`` loads any kind.
+The isotonic map, the sigmoid temperature and Platt (with a positive slope: scores that rank the fit's true positives
+first) are increasing in the score within a class (each class's ranking, hence mAP, is kept); the softmax temperature
+and the box-conditioned map are not, and ``fit`` warns when one lowers the ranking AP (``ranking_ap``) of the held-out
+(else the fit) detections. All fit by maximum likelihood (binary cross-entropy), Platt and the box logistic map by
+Newton's method, the temperature by L-BFGS, in float64. Saved, loaded and pushed like every calibrator
+(:class:`hf_calibration._core.persistence.Saved`: ``model.safetensors``, ``config.json`` with the fit record, a model
+card with the metrics before / after); ``load_detection_calibrator`` loads any kind.
 """
 
 from __future__ import annotations
@@ -193,8 +194,8 @@ class DetectionCalibrator(
                 f"{type(self).__name__} re-ranks the detections: their ranking AP (true positives above false ones, "
                 f"class mean) falls from {record['ranking_ap_before']:.4f} to {record['ranking_ap_after']:.4f} on the "
                 f"{'held-out' if 'held_out' in self.fit_info_ else 'fit'} detections, which lowers mAP. Rank by the "
-                "raw score and read the calibrated one as the confidence, or use a map increasing in the score "
-                "(DetectionPlatt, DetectionIsotonic).",
+                "raw score and read the calibrated one as the confidence, or use DetectionIsotonic, which keeps each "
+                "class's order (as Platt does when the scores rank the fit's true positives first).",
                 UserWarning,
                 stacklevel=2,
             )
