@@ -30,6 +30,7 @@ from typing import Any, Literal
 __all__ = [
     "CLASSIFICATION_TASKS",
     "DENSE_TASKS",
+    "SEGMENTATION_TASK",
     "HEADS",
     "IMAGE_TASK",
     "SIGMOID_TASKS",
@@ -39,6 +40,7 @@ __all__ = [
     "compatible_head",
     "check_pipeline_task",
     "dense_task_of_config",
+    "dense_task_of_folder",
     "head_of",
     "pipeline_task_of_config",
     "pipeline_task_of_folder",
@@ -357,9 +359,9 @@ def pipeline_task_of_config(config: Any) -> tuple[str | None, str]:
     return None, f"config.architectures={_field(config, 'architectures')!r}, config.model_type={model_type!r}"
 
 
-def pipeline_task_of_folder(folder: Any) -> str | None:
-    """The pipeline task of the model saved in ``folder`` (its ``config.json``, :func:`pipeline_task_of_config`), or
-    None: no model there (no config, or the config of a calibrator or conformal predictor saved there)."""
+def _model_config_of_folder(folder: Any) -> dict | None:
+    """The ``config.json`` of the model saved in ``folder``, or None: no model there (no config, or the config of a
+    calibrator or conformal predictor saved there)."""
     import json
     from pathlib import Path
 
@@ -367,9 +369,20 @@ def pipeline_task_of_folder(folder: Any) -> str | None:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict) or "calibrator" in config or "conformal" in config:
-        return None
-    return pipeline_task_of_config(config)[0]
+    return None if not isinstance(config, dict) or "calibrator" in config or "conformal" in config else config
+
+
+def pipeline_task_of_folder(folder: Any) -> str | None:
+    """The pipeline task of the model saved in ``folder`` (its ``config.json``, :func:`pipeline_task_of_config`), or
+    None: no model there."""
+    config = _model_config_of_folder(folder)
+    return None if config is None else pipeline_task_of_config(config)[0]
+
+
+def dense_task_of_folder(folder: Any) -> str | None:
+    """The dense-prediction task of the model saved in ``folder`` (:func:`dense_task_of_config`), or None."""
+    config = _model_config_of_folder(folder)
+    return None if config is None else dense_task_of_config(config)
 
 
 def resolve_pipeline_task(task: str | None = None, config: Any = None) -> str:
@@ -388,13 +401,14 @@ def resolve_pipeline_task(task: str | None = None, config: Any = None) -> str:
 
 
 # the pipeline task -> (Auto model class, transformers' table of the classes it loads, class-name ending)
+SEGMENTATION_TASK = "image-segmentation"
 DENSE_TASKS = {
     "object-detection": (
         "AutoModelForObjectDetection",
         "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
         "ForObjectDetection",
     ),
-    "image-segmentation": (
+    SEGMENTATION_TASK: (
         "AutoModelForSemanticSegmentation",
         "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
         "ForSemanticSegmentation",

@@ -13,7 +13,6 @@ import contextvars
 import json
 import logging
 import warnings
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,8 +36,9 @@ from hf_calibration._core.rowpass import TopLabel, raise_row_error, top_label, t
 from hf_calibration._core.tasks import (
     CLASSIFICATION_TASKS,
     IMAGE_TASK,
+    SEGMENTATION_TASK,
     check_pipeline_task,
-    dense_task_of_config,
+    dense_task_of_folder,
     pipeline_task_of_folder,
 )
 from hf_calibration._core.threads import torch_single_threaded
@@ -873,7 +873,8 @@ class Calibrator(
         # (a semantic segmenter's folder: "image-segmentation", the calibrator fitted on its pixel rows)
         if card.get("pipeline_task") is None:
             parent = folder.parent
-            card["pipeline_task"] = _segmentation_task_of_folder(parent) or pipeline_task_of_folder(parent)
+            segmenter = dense_task_of_folder(parent) == SEGMENTATION_TASK
+            card["pipeline_task"] = SEGMENTATION_TASK if segmenter else pipeline_task_of_folder(parent)
         elif card["pipeline_task"] != SEGMENTATION_TASK:  # refused before anything is written
             check_pipeline_task(card["pipeline_task"], "model_card_kwargs['pipeline_task']")
         super()._before_save(folder, overwrite, card)
@@ -899,18 +900,6 @@ class Calibrator(
     def _check_loaded(self, path: str) -> None:
         super()._check_loaded(path)
         self._check_state(path)
-
-
-SEGMENTATION_TASK = "image-segmentation"
-
-
-def _segmentation_task_of_folder(folder: Path) -> str | None:
-    """``"image-segmentation"`` when ``folder`` holds a semantic segmenter's ``config.json``, else None."""
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return SEGMENTATION_TASK if isinstance(config, dict) and dense_task_of_config(config) == SEGMENTATION_TASK else None
 
 
 def scores_fingerprint(calibrator: Calibrator | None) -> str | None:
